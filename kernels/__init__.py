@@ -1,0 +1,237 @@
+"""Numba kernels over whole columns: decay, recency, combined scores, surprise EMA, top-k, filters.
+
+These functions know nothing of gRPC or LMDB. Each public wrapper checks dtypes, shapes and
+contiguity and raises ``ValueError`` before any kernel runs; it converts inputs only where a copy is
+cheap and unavoidable (scalars, small lookup tables). ``warm_up()`` compiles every kernel (or loads it
+from Numba's on-disk cache) so the server reports SERVING only once scoring is ready.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _jit
+
+__all__ = [
+    "DEFAULT_SURPRISE_ALPHA",
+    "combined_scores",
+    "decay_importance",
+    "filter_mask",
+    "recency",
+    "score_rows",
+    "surprise_ema",
+    "topk",
+    "warm_up",
+]
+
+DEFAULT_SURPRISE_ALPHA = 0.3
+
+
+def _check(name: str, a: np.ndarray, dtype: type, n: int | None = None) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != np.dtype(dtype):
+        raise ValueError(f"{name} must have dtype {np.dtype(dtype)}, got {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be contiguous")
+    if n is not None and a.shape[0] != n:
+        raise ValueError(f"{name} must have length {n}, got {a.shape[0]}")
+    return a
+
+
+def _half_lives(half_life_hours: np.ndarray | list[float]) -> np.ndarray:
+    hl = np.ascontiguousarray(half_life_hours, dtype=np.float64)
+    if hl.ndim != 1 or hl.shape[0] < 5:
+        raise ValueError("half_life_hours must have one entry per tier value 0..4")
+    if np.any(np.isnan(hl)):
+        raise ValueError("half_life_hours must not be NaN")
+    return hl
+
+
+def _check_tiers(tier: np.ndarray) -> None:
+    if tier.shape[0] and (int(tier.min()) < 0 or int(tier.max()) > 4):
+        raise ValueError("tier values must be in 0..4")
+
+
+def decay_importance(
+    importance: np.ndarray,
+    created_at: np.ndarray,
+    tier: np.ndarray,
+    now: float,
+    half_life_hours: np.ndarray | list[float],
+    floor: float = 0.0,
+) -> np.ndarray:
+    """importance * 0.5**(age_hours / half_life[tier]), never below ``floor * importance``.
+
+    Ages below zero count as zero; a half-life <= 0 or infinite means no decay.
+    importance: float32, created_at: float64 epoch seconds, tier: int8 (0..4).
+    """
+    n = _check("importance", importance, np.float32).shape[0]
+    _check("created_at", created_at, np.float64, n)
+    _check("tier", tier, np.int8, n)
+    _check_tiers(tier)
+    out = np.empty(n, np.float32)
+    _jit.decay_importance(importance, created_at, tier, float(now), _half_lives(half_life_hours), float(floor), out)
+    return out
+
+
+def recency(last_access: np.ndarray, now: float, tau_seconds: float) -> np.ndarray:
+    """exp(-max(0, now - last_access) / tau_seconds) as float32; tau_seconds must be > 0."""
+    n = _check("last_access", last_access, np.float64).shape[0]
+    if not tau_seconds > 0:
+        raise ValueError("tau_seconds must be > 0")
+    out = np.empty(n, np.float32)
+    _jit.recency(last_access, float(now), float(tau_seconds), out)
+    return out
+
+
+def combined_scores(
+    relevance: np.ndarray, rec: np.ndarray, imp: np.ndarray, alpha: float, beta: float, gamma: float
+) -> np.ndarray:
+    """alpha*relevance + beta*recency + gamma*importance, elementwise, as float32."""
+    n = _check("relevance", relevance, np.float32).shape[0]
+    _check("recency", rec, np.float32, n)
+    _check("importance", imp, np.float32, n)
+    out = np.empty(n, np.float32)
+    _jit.combined(relevance, rec, imp, float(alpha), float(beta), float(gamma), out)
+    return out
+
+
+def score_rows(
+    rows: np.ndarray,
+    relevance: np.ndarray,
+    *,
+    importance: np.ndarray,
+    created_at: np.ndarray,
+    last_access: np.ndarray,
+    tier: np.ndarray,
+    now: float,
+    tau_seconds: float,
+    half_life_hours: np.ndarray | list[float],
+    floor: float,
+    alpha: float,
+    beta: float,
+    gamma: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Score the rows ``rows`` of the columns in one pass: returns (score, recency, importance).
+
+    ``relevance[i]`` is the similarity of row ``rows[i]``; importance is decayed as in
+    ``decay_importance``. This is the fused form the search path uses.
+    """
+    m = _check("rows", rows, np.int64).shape[0]
+    _check("relevance", relevance, np.float32, m)
+    n = _check("importance", importance, np.float32).shape[0]
+    _check("created_at", created_at, np.float64, n)
+    _check("last_access", last_access, np.float64, n)
+    _check("tier", tier, np.int8, n)
+    if m and (int(rows.min()) < 0 or int(rows.max()) >= n):
+        raise ValueError("rows out of range")
+    if not tau_seconds > 0:
+        raise ValueError("tau_seconds must be > 0")
+    score = np.empty(m, np.float32)
+    rec = np.empty(m, np.float32)
+    imp = np.empty(m, np.float32)
+    _jit.score_rows(
+        rows, relevance, importance, created_at, last_access, tier, float(now), float(tau_seconds),
+        _half_lives(half_life_hours), float(floor), float(alpha), float(beta), float(gamma), score, rec, imp,
+    )
+    return score, rec, imp
+
+
+def surprise_ema(
+    state: np.ndarray,
+    index: np.ndarray,
+    predicted: np.ndarray,
+    actual: np.ndarray,
+    alpha: float = DEFAULT_SURPRISE_ALPHA,
+) -> np.ndarray:
+    """Apply a batch of feedback in order: s <- alpha*max(0, actual - predicted) + (1 - alpha)*s.
+
+    ``state`` (float32, one value per distinct memory) is updated in place; item i updates
+    ``state[index[i]]``. Returns each item's surprise right after it was applied.
+    """
+    k = _check("state", state, np.float32).shape[0]
+    n = _check("index", index, np.int64).shape[0]
+    _check("predicted", predicted, np.float32, n)
+    _check("actual", actual, np.float32, n)
+    if n and (int(index.min()) < 0 or int(index.max()) >= k):
+        raise ValueError("index out of range")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError("alpha must be in [0, 1]")
+    out = np.empty(n, np.float32)
+    _jit.surprise_ema(state, index, predicted, actual, float(alpha), out)
+    return out
+
+
+def topk(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores, best first (ties: lower index first; NaN never selected)."""
+    if not isinstance(scores, np.ndarray) or scores.dtype not in (np.float32, np.float64):
+        raise ValueError("scores must be a float32 or float64 numpy array")
+    _check("scores", scores, scores.dtype.type)
+    if k < 0:
+        raise ValueError("k must be >= 0")
+    if k == 0:
+        return np.empty(0, np.int64)
+    return _jit.topk(scores, int(k))
+
+
+def filter_mask(
+    *,
+    alive: np.ndarray,
+    ns_id: np.ndarray,
+    ns_ok: np.ndarray,
+    tier: np.ndarray,
+    tier_ok: np.ndarray,
+    kind_id: np.ndarray,
+    kind_ok: np.ndarray,
+    created_at: np.ndarray,
+    created_lo: float,
+    created_hi: float,
+    expire_at: np.ndarray,
+    now: float,
+) -> tuple[np.ndarray, int]:
+    """Rows that are alive, in an allowed namespace, tier and kind, created in [lo, hi), unexpired.
+
+    ``ns_ok``/``tier_ok``/``kind_ok`` are bool lookup tables indexed by id (``kind_ok`` empty: any
+    kind). Returns (bool mask, count).
+    """
+    n = _check("alive", alive, np.bool_).shape[0]
+    _check("ns_id", ns_id, np.int32, n)
+    _check("ns_ok", ns_ok, np.bool_)
+    _check("tier", tier, np.int8, n)
+    _check("tier_ok", tier_ok, np.bool_, 5)
+    _check("kind_id", kind_id, np.int32, n)
+    _check("kind_ok", kind_ok, np.bool_)
+    _check("created_at", created_at, np.float64, n)
+    _check("expire_at", expire_at, np.float64, n)
+    _check_tiers(tier)
+    out = np.empty(n, np.bool_)
+    count = _jit.filter_mask(
+        alive, ns_id, ns_ok, tier, tier_ok, kind_id, kind_ok, created_at, float(created_lo),
+        float(created_hi), expire_at, float(now), out,
+    )
+    return out, int(count)
+
+
+def warm_up() -> None:
+    """Compile (or load from cache) every kernel on tiny inputs."""
+    f32 = np.array([0.5, 0.25], np.float32)
+    f64 = np.array([0.0, 10.0], np.float64)
+    t8 = np.array([1, 4], np.int8)
+    hl = np.ones(5, np.float64)
+    decay_importance(f32, f64, t8, 1.0, hl, 0.1)
+    rec = recency(f64, 1.0, 60.0)
+    combined_scores(f32, rec, f32, 0.5, 0.3, 0.2)
+    rows = np.array([1, 0], np.int64)
+    score_rows(rows, f32, importance=f32, created_at=f64, last_access=f64, tier=t8, now=1.0, tau_seconds=60.0,
+               half_life_hours=hl, floor=0.1, alpha=0.5, beta=0.3, gamma=0.2)
+    surprise_ema(f32.copy(), rows, f32, f32)
+    topk(f32, 1)
+    topk(f64, 1)
+    b = np.ones(2, np.bool_)
+    i32 = np.zeros(2, np.int32)
+    filter_mask(alive=b, ns_id=i32, ns_ok=b, tier=t8, tier_ok=np.ones(5, np.bool_), kind_id=i32,
+                kind_ok=np.zeros(0, np.bool_), created_at=f64, created_lo=-np.inf, created_hi=np.inf,
+                expire_at=f64, now=1.0)

@@ -1,0 +1,176 @@
+"""Private Numba kernels. Callers go through the checked wrappers in ``tiermem.kernels``.
+
+Every kernel is serial and ``nogil=True``: gRPC handlers are threads, and serial nogil kernels let
+two of them score at once (a ``prange`` kernel called from two threads aborts under the workqueue
+threading layer; see PERF-FACTS.md). Inputs are contiguous arrays of the dtypes the wrappers enforce.
+No ``fastmath``: inputs may hold NaN or Inf and the kernels must treat them deterministically.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+_OPTS = {"nogil": True, "cache": True, "error_model": "numpy"}
+
+HOURS = 3600.0
+
+
+@njit(**_OPTS)
+def _decayed(importance, age_seconds, half_life_hours, floor):
+    if half_life_hours <= 0.0 or math.isinf(half_life_hours):
+        return importance
+    age_h = age_seconds / HOURS
+    if age_h < 0.0:
+        age_h = 0.0
+    d = importance * 0.5 ** (age_h / half_life_hours)
+    lo = importance * floor
+    return d if d > lo else lo
+
+
+@njit(**_OPTS)
+def _recency(last_access, now, tau_seconds):
+    dt = now - last_access
+    if dt < 0.0:
+        dt = 0.0
+    return math.exp(-dt / tau_seconds)
+
+
+@njit(**_OPTS)
+def decay_importance(importance, created_at, tier, now, half_life_hours, floor, out):
+    for i in range(importance.shape[0]):
+        out[i] = _decayed(importance[i], now - created_at[i], half_life_hours[tier[i]], floor)
+
+
+@njit(**_OPTS)
+def recency(last_access, now, tau_seconds, out):
+    for i in range(last_access.shape[0]):
+        out[i] = _recency(last_access[i], now, tau_seconds)
+
+
+@njit(**_OPTS)
+def combined(relevance, rec, imp, alpha, beta, gamma, out):
+    for i in range(relevance.shape[0]):
+        out[i] = alpha * relevance[i] + beta * rec[i] + gamma * imp[i]
+
+
+@njit(**_OPTS)
+def score_rows(rows, relevance, importance, created_at, last_access, tier, now, tau_seconds,
+               half_life_hours, floor, alpha, beta, gamma, score, rec, imp):
+    """Fused gather + decay + recency + combined score over the rows ``rows`` of the columns."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        d = _decayed(importance[r], now - created_at[r], half_life_hours[tier[r]], floor)
+        c = _recency(last_access[r], now, tau_seconds)
+        imp[i] = d
+        rec[i] = c
+        score[i] = alpha * relevance[i] + beta * c + gamma * d
+
+
+@njit(**_OPTS)
+def surprise_ema(state, index, predicted, actual, alpha, out):
+    """Apply feedback items in order: s <- alpha*max(0, actual-predicted) + (1-alpha)*s.
+
+    ``state`` holds one value per distinct memory and is updated in place; ``index`` maps each
+    item to its memory, so repeated memories in one batch compound in item order.
+    """
+    for i in range(index.shape[0]):
+        j = index[i]
+        gain = actual[i] - predicted[i]
+        if gain < 0.0:
+            gain = 0.0
+        s = alpha * gain + (1.0 - alpha) * state[j]
+        state[j] = s
+        out[i] = s
+
+
+@njit(**_OPTS)
+def _sift_down(hs, hi, n, pos):
+    # Min-heap on (score, -index): the root is the worst kept item (lowest score, highest index).
+    while True:
+        left = 2 * pos + 1
+        if left >= n:
+            return
+        child = left
+        right = left + 1
+        if right < n and (hs[right] < hs[left] or (hs[right] == hs[left] and hi[right] > hi[left])):
+            child = right
+        if hs[child] < hs[pos] or (hs[child] == hs[pos] and hi[child] > hi[pos]):
+            hs[child], hs[pos] = hs[pos], hs[child]
+            hi[child], hi[pos] = hi[pos], hi[child]
+            pos = child
+        else:
+            return
+
+
+@njit(**_OPTS)
+def topk(scores, k):
+    """Indices of the k highest scores, best first; ties go to the lower index; NaN never wins."""
+    n = scores.shape[0]
+    hs = np.empty(k, np.float64)
+    hi = np.empty(k, np.int64)
+    size = 0
+    for i in range(n):
+        s = scores[i]
+        if math.isnan(s):
+            continue
+        if size < k:
+            # sift up
+            pos = size
+            hs[pos] = s
+            hi[pos] = i
+            size += 1
+            while pos > 0:
+                parent = (pos - 1) // 2
+                if hs[pos] < hs[parent] or (hs[pos] == hs[parent] and hi[pos] > hi[parent]):
+                    hs[pos], hs[parent] = hs[parent], hs[pos]
+                    hi[pos], hi[parent] = hi[parent], hi[pos]
+                    pos = parent
+                else:
+                    break
+        elif s > hs[0]:
+            hs[0] = s
+            hi[0] = i
+            _sift_down(hs, hi, size, 0)
+    # Pop the heap from worst to best.
+    out = np.empty(size, np.int64)
+    m = size
+    while m > 0:
+        out[m - 1] = hi[0]
+        m -= 1
+        hs[0] = hs[m]
+        hi[0] = hi[m]
+        _sift_down(hs, hi, m, 0)
+    return out
+
+
+@njit(**_OPTS)
+def filter_mask(alive, ns_id, ns_ok, tier, tier_ok, kind_id, kind_ok, created_at, created_lo,
+                created_hi, expire_at, now, out):
+    """out[i] = row i is alive, in an allowed namespace/tier/kind, in the creation window, unexpired.
+
+    ``kind_ok`` of length 0 allows every kind. Returns the number of rows kept.
+    """
+    count = 0
+    any_kind = kind_ok.shape[0] == 0
+    for i in range(alive.shape[0]):
+        ok = alive[i] != 0
+        if ok:
+            ns = ns_id[i]
+            ok = ns >= 0 and ns < ns_ok.shape[0] and ns_ok[ns] != 0
+        if ok:
+            ok = tier_ok[tier[i]] != 0
+        if ok and not any_kind:
+            kd = kind_id[i]
+            ok = kd >= 0 and kd < kind_ok.shape[0] and kind_ok[kd] != 0
+        if ok:
+            c = created_at[i]
+            ok = c >= created_lo and c < created_hi
+        if ok:
+            ok = not (expire_at[i] <= now)
+        out[i] = ok
+        if ok:
+            count += 1
+    return count
