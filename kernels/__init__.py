@@ -128,6 +128,7 @@ def score_rows(
     _check("tier", tier, np.int8, n)
     if m and (int(rows.min()) < 0 or int(rows.max()) >= n):
         raise ValueError("rows out of range")
+    _check_tiers(tier[rows])
     if not tau_seconds > 0:
         raise ValueError("tau_seconds must be > 0")
     score = np.empty(m, np.float32)
@@ -172,9 +173,10 @@ def topk(scores: np.ndarray, k: int) -> np.ndarray:
     _check("scores", scores, scores.dtype.type)
     if k < 0:
         raise ValueError("k must be >= 0")
+    k = min(int(k), scores.shape[0])
     if k == 0:
         return np.empty(0, np.int64)
-    return _jit.topk(scores, int(k))
+    return _jit.topk(scores, k)
 
 
 def filter_mask(

@@ -1,0 +1,193 @@
+"""In-memory columns of the per-record fields that kernels read, one row per record.
+
+Rows are assigned in creation order and never reused while the process runs, so a row seen by a
+concurrent search always refers to the same record (a dead row stays dead). Only the writer thread
+mutates; readers take ``view()``, a consistent set of array references (growth swaps in new arrays,
+it never resizes one in place). The columns are derived from LMDB at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .records import Record
+
+_SPEC: dict[str, tuple[type, float | int | bool]] = {
+    "alive": (np.bool_, False),
+    "ns": (np.int32, -1),
+    "tier": (np.int8, 0),
+    "kind": (np.int32, -1),
+    "source": (np.int32, -1),
+    "topic": (np.int32, -1),
+    "space": (np.int32, -1),
+    "vpos": (np.int64, -1),
+    "importance": (np.float32, 0.0),
+    "created": (np.float64, 0.0),
+    "accessed": (np.float64, 0.0),
+    "access_count": (np.int64, 0),
+    "surprise": (np.float32, 0.0),
+    "success": (np.int64, 0),
+    "expire": (np.float64, np.inf),
+    "rid": (np.int64, 0),
+}
+
+
+class Interner:
+    """Maps strings to dense ids (and back) for columns and lookup tables."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def id(self, name: str) -> int:
+        i = self.ids.get(name)
+        if i is None:
+            i = len(self.names)
+            self.ids[name] = i
+            self.names.append(name)
+        return i
+
+    def get(self, name: str) -> int:
+        return self.ids.get(name, -1)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class ColumnsView:
+    """A consistent snapshot of array references (rows [0, n))."""
+
+    n: int
+    alive: np.ndarray
+    ns: np.ndarray
+    tier: np.ndarray
+    kind: np.ndarray
+    source: np.ndarray
+    topic: np.ndarray
+    space: np.ndarray
+    vpos: np.ndarray
+    importance: np.ndarray
+    created: np.ndarray
+    accessed: np.ndarray
+    access_count: np.ndarray
+    surprise: np.ndarray
+    success: np.ndarray
+    expire: np.ndarray
+    rid: np.ndarray
+
+
+class Columns:
+    def __init__(self, capacity: int = 1024) -> None:
+        self.n = 0
+        self._arrays = {name: np.full(capacity, fill, dtype) for name, (dtype, fill) in _SPEC.items()}
+        self._view = self._make_view()
+        self.rows: dict[int, int] = {}  # rid -> row
+        self.namespaces = Interner()
+        self.kinds = Interner()
+        self.sources = Interner()
+        self.topics = Interner()
+        self.ns_counts: dict[str, int] = {}
+        self.tags: dict[str, set[int]] = {}  # tag -> rows of live records carrying it
+        self._row_tags: dict[int, tuple[str, ...]] = {}
+
+    def _make_view(self) -> ColumnsView:
+        return ColumnsView(n=self.n, **{k: v[: self.n] for k, v in self._arrays.items()})
+
+    def view(self) -> ColumnsView:
+        return self._view
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _grow(self, need: int) -> None:
+        cap = next(iter(self._arrays.values())).shape[0]
+        if need <= cap:
+            return
+        new_cap = max(need, cap * 2)
+        for name, (dtype, fill) in _SPEC.items():
+            grown = np.full(new_cap, fill, dtype)
+            grown[: self.n] = self._arrays[name][: self.n]
+            self._arrays[name] = grown
+
+    def add(self, rec: Record, space: int, vpos: int, *, alive: bool = True) -> int:
+        """Append a row for ``rec``; with ``alive=False`` it stays invisible until ``activate``."""
+        row = self.n
+        self._grow(row + 1)
+        a = self._arrays
+        a["rid"][row] = rec.rid
+        a["ns"][row] = self.namespaces.id(rec.namespace)
+        a["created"][row] = rec.created_at
+        self.n = row + 1
+        self.rows[rec.rid] = row
+        self.ns_counts[rec.namespace] = self.ns_counts.get(rec.namespace, 0) + 1
+        self.set(row, rec, space, vpos)
+        a["alive"][row] = alive
+        self._view = self._make_view()
+        return row
+
+    def activate(self, rows: np.ndarray, vpos: np.ndarray) -> None:
+        """Set the vector locations of new rows, then make them visible to readers."""
+        self._arrays["vpos"][rows] = vpos
+        self._arrays["alive"][rows] = True
+
+    def set(self, row: int, rec: Record, space: int, vpos: int) -> None:
+        """Refresh the mutable fields of a live row from its record."""
+        a = self._arrays
+        a["tier"][row] = rec.tier
+        a["kind"][row] = self.kinds.id(rec.kind)
+        a["source"][row] = self.sources.id(rec.source)
+        a["topic"][row] = self.topics.id(rec.topic)
+        a["space"][row] = space
+        a["vpos"][row] = vpos
+        a["importance"][row] = rec.importance
+        a["accessed"][row] = rec.accessed_at
+        a["access_count"][row] = rec.access_count
+        a["surprise"][row] = rec.surprise
+        a["success"][row] = rec.success_count
+        a["expire"][row] = np.inf if rec.expire_at is None else rec.expire_at
+        old = self._row_tags.get(row, ())
+        new = tuple(rec.tags)
+        if old != new:
+            for t in old:
+                rows = self.tags.get(t)
+                if rows is not None:
+                    rows.discard(row)
+                    if not rows:
+                        del self.tags[t]
+            for t in new:
+                self.tags.setdefault(t, set()).add(row)
+            self._row_tags[row] = new
+
+    def remove(self, rid: int, namespace: str) -> int:
+        row = self.rows.pop(rid)
+        self._arrays["alive"][row] = False
+        for t in self._row_tags.pop(row, ()):
+            rows = self.tags.get(t)
+            if rows is not None:
+                rows.discard(row)
+                if not rows:
+                    del self.tags[t]
+        left = self.ns_counts[namespace] - 1
+        if left:
+            self.ns_counts[namespace] = left
+        else:
+            del self.ns_counts[namespace]
+        return row
+
+    def tag_mask(self, tags: list[str], n: int, require_all: bool) -> np.ndarray:
+        """Rows [0, n) carrying any (or all) of ``tags``."""
+        mask = np.ones(n, np.bool_) if require_all else np.zeros(n, np.bool_)
+        for t in tags:
+            # list() copies the set atomically under the GIL while the writer may be changing it.
+            rows = np.fromiter(list(self.tags.get(t, ())), np.int64)
+            rows = rows[rows < n]
+            if require_all:
+                m = np.zeros(n, np.bool_)
+                m[rows] = True
+                mask &= m
+            else:
+                mask[rows] = True
+        return mask

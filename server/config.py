@@ -1,0 +1,118 @@
+"""Server configuration: every tunable with its default, in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+# Tier values match the proto enum tiermem.v1.Tier.
+TIER_FAST, TIER_MEDIUM, TIER_SLOW, TIER_GLACIAL = 1, 2, 3, 4
+TIERS = (TIER_FAST, TIER_MEDIUM, TIER_SLOW, TIER_GLACIAL)
+TIER_NAMES = {TIER_FAST: "FAST", TIER_MEDIUM: "MEDIUM", TIER_SLOW: "SLOW", TIER_GLACIAL: "GLACIAL"}
+
+# Importance half-lives by tier (hours): faster tiers forget faster. Index 0 is TIER_UNSPECIFIED.
+DEFAULT_HALF_LIFE_HOURS = (0.0, 1.0, 24.0, 24.0 * 7, 24.0 * 30)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one tiermem server. ``from_env`` reads ``TIERMEM_<FIELD>`` overrides."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    data_dir: Path = Path("./data")
+
+    # gRPC
+    max_workers: int = 32
+    max_concurrent_rpcs: int = 256  # beyond this, calls get RESOURCE_EXHAUSTED at once
+    max_message_bytes: int = 64 * 1024 * 1024
+    shutdown_grace_seconds: float = 5.0
+
+    # LMDB. map_size is address space, not disk: reserve it large once (set_mapsize invalidates
+    # open transactions); on MapFullError the writer doubles it, up to max_map_size.
+    map_size: int = 64 * 1024**3
+    max_map_size: int = 1024**4
+    # sync=True: every acknowledged write is fsynced (one fsync per commit group) and survives
+    # kill -9 and power loss. sync=False trades the power-loss guarantee (not kill -9) for speed.
+    sync: bool = True
+    max_group_ops: int = 1024  # most write operations committed together with one fsync
+
+    # Limits on input
+    max_content_bytes: int = 65536
+    max_metadata_bytes: int = 16384
+    max_metadata_keys: int = 64
+    max_tags: int = 32
+    max_batch_size: int = 1000
+    max_search_limit: int = 1000
+    max_page_size: int = 1000
+    default_page_size: int = 100
+    max_dimension: int = 4096
+
+    # Records
+    default_tier: int = TIER_SLOW
+    default_importance: float = 0.5
+    default_kind: str = "observation"
+
+    # Scoring (seed 002): score = alpha*relevance + beta*recency + gamma*importance
+    alpha: float = 0.5
+    beta: float = 0.3
+    gamma: float = 0.2
+    recency_tau_seconds: float = 86400.0
+    half_life_hours: tuple[float, ...] = DEFAULT_HALF_LIFE_HOURS
+    importance_floor: float = 0.1  # decayed importance never falls below floor * base importance
+    surprise_alpha: float = 0.3
+    default_predicted_relevance: float = 0.5
+
+    # Vectors: FAISS HNSW per (embedding space, tier)
+    builtin_model: str = "tiermem-hash-v1"
+    builtin_dimension: int = 384
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 128
+    hnsw_ef_search: int = 64
+    # When a search's filter keeps at most this many rows, they are scored exactly instead of
+    # through HNSW (filtered HNSW loses recall at low selectivity; exact is ~0.03 ms per 1k rows).
+    exact_search_max_rows: int = 4096
+    snapshot_on_shutdown: bool = True
+
+    # Whole-tier maintenance runs elsewhere; the request path uses serial kernels.
+    log_level: str = "INFO"
+
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:
+        """Defaults, then ``TIERMEM_*`` environment variables, then explicit overrides."""
+        env = dict(os.environ if env is None else env)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"TIERMEM_{f.name.upper()}")
+            if raw is None or f.name == "extra":
+                continue
+            values[f.name] = _parse(f.name, raw, getattr(cls(), f.name))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "data_dir" in values:
+            values["data_dir"] = Path(values["data_dir"])
+        return replace(cls(), **values)
+
+
+def _parse(name: str, raw: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        if isinstance(default, tuple):
+            return tuple(float(x) for x in raw.split(","))
+        if isinstance(default, Path):
+            return Path(raw)
+        return raw
+    except ValueError as e:
+        raise ValueError(f"TIERMEM_{name.upper()}={raw!r} is not a valid {type(default).__name__}") from e

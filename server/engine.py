@@ -1,0 +1,796 @@
+"""The transport-free memory engine: create, read, update, delete, list, search, feedback, stats.
+
+State and who owns it:
+- LMDB (``Store``) is the source of truth. Every write goes through the ``Writer`` thread and is
+  durable before the call returns.
+- ``Columns`` mirror the per-record fields the kernels read, one row per record.
+- ``VectorIndex`` (HNSW) per (embedding space, tier) holds the vectors; see vector_index.py for why
+  entries are tombstoned and how snapshots are reconciled with LMDB at start-up.
+
+Search ranks by score = alpha*relevance + beta*recency + gamma*importance. Rows allowed by the
+request (namespaces, filter, space, alive, unexpired) are found by a kernel over the columns. Few
+rows: every one is scored exactly. Many rows: candidates are the HNSW top-K by similarity (searched
+with the allowed rows as an ID selector) joined with the top-K by beta*recency + gamma*importance,
+which the kernels compute exactly over all allowed rows. A memory outside both lists scores at most
+alpha*sim_K + prior_K; when the limit-th candidate beats that bound the ranking is final, else K
+grows. So a memory with modest similarity but high recency and importance is not lost because the
+ANN stage did not propose it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faiss
+import lmdb
+import msgpack
+import numpy as np
+
+from tiermem import __version__
+from tiermem import kernels
+
+from . import validation as check
+from .columns import Columns, ColumnsView
+from .config import TIERS, ServerConfig
+from .embedder import HashEmbedder
+from .errors import AlreadyExists, InvalidArgument, NotFound
+from .records import NewMemory, Record
+from .storage import Store
+from .vector_index import VectorIndex
+from .writer import Writer
+
+logger = logging.getLogger(__name__)
+
+# A row's vector location packed in one int64 so a concurrent reader never sees half of a move:
+# space id (bits 52..62) | tier (48..51) | FAISS internal id (0..47).
+_TIER_SHIFT = 48
+_SPACE_SHIFT = 52
+_INTERNAL_MASK = (1 << _TIER_SHIFT) - 1
+
+
+def _loc(space: int, tier: int, internal: int) -> int:
+    return (space << _SPACE_SHIFT) | (tier << _TIER_SHIFT) | internal
+
+
+@dataclass
+class Filter:
+    tiers: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    tags_any: list[str] = field(default_factory=list)
+    tags_all: list[str] = field(default_factory=list)
+    source: str = ""
+    topic: str = ""
+    created_after: float | None = None
+    created_before: float | None = None
+
+
+@dataclass
+class SearchQuery:
+    namespaces: list[str]
+    embedding: Any = None
+    embedding_model: str = ""
+    text: str = ""
+    filter: Filter = field(default_factory=Filter)
+    limit: int = 0
+    min_similarity: float | None = None
+    alpha: float | None = None
+    beta: float | None = None
+    gamma: float | None = None
+    recency_tau_seconds: float | None = None
+    as_of: float | None = None
+
+
+@dataclass
+class SearchHit:
+    record: Record
+    score: float
+    relevance: float
+    recency: float
+    importance: float
+    vector: np.ndarray | None = None
+
+
+@dataclass
+class FeedbackItem:
+    id: str
+    predicted_relevance: float | None = None
+    actual_usefulness: float | None = None
+    success: bool = False
+
+
+@dataclass
+class Space:
+    id: int
+    model: str
+    dim: int
+    indexes: dict[int, VectorIndex] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.started = time.monotonic()
+        faiss.omp_set_num_threads(1)  # per-query search on gRPC threads; OpenMP would oversubscribe
+        data = Path(config.data_dir)
+        self.index_dir = data / "indexes"
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(data / "lmdb", map_size=config.map_size, max_map_size=config.max_map_size,
+                           sync=config.sync)
+        self.embedder = HashEmbedder(config.builtin_dimension, config.builtin_model)
+        self.columns = Columns()
+        self.spaces: dict[str, Space] = {}
+        self._space_by_id: list[Space] = []
+        self._half_lives = np.asarray(config.half_life_hours, np.float64)
+        self._load()
+        self.writer = Writer(self.store, max_group=config.max_group_ops, before_commit=self._persist_counters)
+        kernels.warm_up()
+
+    # -- start-up and shutdown ------------------------------------------------------------------
+    def _space(self, model: str, dim: int) -> Space:
+        sp = self.spaces.get(model)
+        if sp is None:
+            sp = Space(len(self._space_by_id), model, dim)
+            self._space_by_id.append(sp)
+            self.spaces[model] = sp
+        return sp
+
+    def _index(self, sp: Space, tier: int) -> VectorIndex:
+        idx = sp.indexes.get(tier)
+        if idx is None:
+            idx = VectorIndex(sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction)
+            sp.indexes[tier] = idx
+        return idx
+
+    def _snapshot_base(self, sp: Space, tier: int) -> Path:
+        return self.index_dir / f"{sp.model.encode().hex()}.{tier}"
+
+    def _load(self) -> None:
+        t0 = time.monotonic()
+        pending: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        with self.store.read() as txn:
+            self._next_rid, self._next_vk = self.store.counters(txn)
+            for model, dim in self.store.spaces(txn).items():
+                self._space(model, dim)
+            for rec in self.store.iter_records(txn):
+                sp = self.spaces[rec.embedding_model]
+                row = self.columns.add(rec, sp.id, -1, alive=False)
+                pending.setdefault((sp.id, rec.tier), []).append((row, rec.vk, rec.rid))
+            for (sid, tier), items in pending.items():
+                self._load_index(txn, self._space_by_id[sid], tier, items)
+        logger.info("loaded %d memories in %d spaces in %.2f s", len(self.columns), len(self.spaces),
+                    time.monotonic() - t0)
+
+    def _load_index(self, txn: lmdb.Transaction, sp: Space, tier: int, items: list[tuple[int, int, int]]) -> None:
+        rows = np.array([r for r, _, _ in items], np.int64)
+        vks = np.array([v for _, v, _ in items], np.int64)
+        rids = [rid for _, _, rid in items]
+        internal = np.full(rows.shape[0], -1, np.int64)
+        loaded = VectorIndex.load(self._snapshot_base(sp, tier), sp.model, sp.dim, self.config.hnsw_ef_construction)
+        if loaded is not None:
+            idx, snap_vks = loaded
+            order = np.argsort(snap_vks, kind="stable")
+            pos = np.searchsorted(snap_vks[order], vks)
+            pos = np.minimum(pos, max(0, order.shape[0] - 1))
+            hit = (order.shape[0] > 0) & (snap_vks[order[pos]] == vks) if order.shape[0] else np.zeros_like(vks, bool)
+            internal[hit] = order[pos[hit]]
+            dead_after = idx.n - int(hit.sum())
+            if idx.n and dead_after / idx.n > 0.25:  # compaction: too many tombstones, rebuild
+                logger.info("rebuilding index %s/%d: %d of %d entries dead", sp.model, tier, dead_after, idx.n)
+                idx, internal[:] = self._new_index(sp), -1
+            else:
+                idx.revive(internal[hit], rows[hit])
+        else:
+            idx = self._new_index(sp)
+        sp.indexes[tier] = idx
+        missing = np.flatnonzero(internal < 0)
+        for start in range(0, missing.shape[0], 4096):
+            chunk = missing[start : start + 4096]
+            vecs = np.empty((chunk.shape[0], sp.dim), np.float32)
+            for j, i in enumerate(chunk):
+                v = self.store.get_vector(txn, rids[i])
+                if v is None or v.shape[0] != sp.dim:
+                    raise RuntimeError(f"record {rids[i]} has no valid vector in LMDB")
+                vecs[j] = v
+            internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk])
+        self.columns.activate(rows, np.array([_loc(sp.id, tier, int(i)) for i in internal], np.int64))
+        if missing.shape[0]:
+            logger.info("index %s/%d: %d vectors from snapshot, %d added from LMDB", sp.model, tier,
+                        rows.shape[0] - missing.shape[0], missing.shape[0])
+
+    def _new_index(self, sp: Space) -> VectorIndex:
+        return VectorIndex(sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction)
+
+    def close(self) -> None:
+        """Drain queued writes, snapshot the indexes, close LMDB."""
+        self.writer.close()
+        if self.config.snapshot_on_shutdown:
+            self.snapshot()
+        self.store.close()
+
+    def snapshot(self) -> None:
+        t0 = time.monotonic()
+        for sp in list(self.spaces.values()):
+            for tier, idx in list(sp.indexes.items()):
+                idx.save(self._snapshot_base(sp, tier), sp.model)
+        logger.info("index snapshots written in %.2f s", time.monotonic() - t0)
+
+    def _persist_counters(self, txn: lmdb.Transaction) -> None:
+        self.store.put_counters(txn, self._next_rid, self._next_vk)
+
+    def _alloc(self) -> tuple[int, int]:
+        rid, vk = self._next_rid, self._next_vk
+        self._next_rid += 1
+        self._next_vk += 1
+        return rid, vk
+
+    # -- create ---------------------------------------------------------------------------------
+    def create(self, memories: list[NewMemory], request_id: str = "", *, batch: bool = False) -> list[Record]:
+        """Store memories all-or-nothing. ``batch`` only changes field names in errors."""
+        if not memories:
+            raise InvalidArgument("memories", "must hold at least one memory")
+        if len(memories) > self.config.max_batch_size:
+            raise InvalidArgument("memories", f"holds {len(memories)} memories, the limit is "
+                                  f"{self.config.max_batch_size}", reason="BATCH_TOO_LARGE")
+        check.request_id("request_id", request_id)
+        seen: dict[tuple[str, str], int] = {}
+        for i, m in enumerate(memories):
+            prefix = f"memories[{i}]." if batch else "memory."
+            check.new_memory(prefix, m, self.config)
+            if m.id:
+                j = seen.setdefault((m.namespace, m.id), i)
+                if j != i:
+                    raise InvalidArgument(f"{prefix}id", f"repeats memories[{j}].id in the same batch")
+            if m.embedding is None:
+                m.embedding = self.embedder.embed(m.content)
+                m.embedding_model = self.embedder.model
+        fingerprint = hashlib.blake2b(
+            msgpack.packb([m.fingerprint_parts() for m in memories], use_bin_type=True), digest_size=16
+        ).digest()
+        now = self.clock()
+
+        def prepare(txn: lmdb.Transaction) -> tuple[str, Any]:
+            if request_id:
+                prior = self.store.get_request(txn, request_id)
+                if prior is not None:
+                    if prior["fp"] != fingerprint:
+                        raise AlreadyExists(f"request_id {request_id!r} was used for a different request",
+                                            reason="REQUEST_ID_REUSED")
+                    return "replay", prior["rids"]
+            spaces = self.store.spaces(txn)
+            out: list[tuple[Record, np.ndarray]] = []
+            for i, m in enumerate(memories):
+                prefix = f"memories[{i}]." if batch else "memory."
+                dim = int(m.embedding.shape[0])
+                known = spaces.get(m.embedding_model)
+                if known is None:
+                    self.store.put_space(txn, m.embedding_model, dim)
+                    spaces[m.embedding_model] = dim
+                elif known != dim:
+                    raise InvalidArgument(
+                        f"{prefix}embedding",
+                        f"has dimension {dim}, but embedding space {m.embedding_model!r} has dimension {known}",
+                        reason="EMBEDDING_DIMENSION_MISMATCH")
+                if m.id:
+                    if self.store.lookup(txn, m.namespace, m.id) is not None:
+                        raise AlreadyExists(f"memory {m.id!r} already exists in namespace {m.namespace!r}")
+                    mid = m.id
+                else:
+                    mid = uuid.uuid4().hex
+                rid, vk = self._alloc()
+                created = now if m.created_at is None else m.created_at
+                rec = Record(
+                    rid=rid, id=mid, namespace=m.namespace, content=m.content, kind=m.kind, tier=m.tier,
+                    importance=float(m.importance or 0.0), source=m.source, topic=m.topic, tags=m.tags,
+                    metadata=m.metadata, embedding_model=m.embedding_model, created_at=created,
+                    updated_at=created, accessed_at=created,
+                    token_cost=m.token_cost or math.ceil(len(m.content.encode()) / 4),
+                    source_ids=list(m.source_ids), expire_at=m.expire_at, vk=vk,
+                )
+                self.store.put(txn, rec)
+                self.store.put_vector(txn, rid, m.embedding)
+                out.append((rec, m.embedding))
+            if request_id:
+                self.store.put_request(txn, request_id, fingerprint, [r.rid for r, _ in out])
+            return "new", out
+
+        def apply(prepared: tuple[str, Any]) -> list[Record]:
+            what, payload = prepared
+            if what == "replay":
+                with self.store.read() as txn:
+                    return [r for r in (self.store.get(txn, rid) for rid in payload) if r is not None]
+            self._index_new(payload)
+            return [rec for rec, _ in payload]
+
+        result: list[Record] = self.writer.submit(prepare, apply)
+        return result
+
+    def _index_new(self, items: list[tuple[Record, np.ndarray]]) -> None:
+        """Writer thread: add committed records to HNSW first, then make their rows visible."""
+        groups: dict[tuple[int, int], list[tuple[int, Record, np.ndarray]]] = {}
+        for rec, vec in items:
+            sp = self._space(rec.embedding_model, int(vec.shape[0]))
+            row = self.columns.add(rec, sp.id, -1, alive=False)
+            groups.setdefault((sp.id, rec.tier), []).append((row, rec, vec))
+        for (sid, tier), group in groups.items():
+            sp = self._space_by_id[sid]
+            rows = np.array([g[0] for g in group], np.int64)
+            internal = self._index(sp, tier).add(
+                np.stack([g[2] for g in group]), rows, np.array([g[1].vk for g in group], np.int64))
+            self.columns.activate(rows, (sid << _SPACE_SHIFT) | (tier << _TIER_SHIFT) | internal)
+
+    # -- read -----------------------------------------------------------------------------------
+    def get(self, namespace: str, memory_id: str, include_embedding: bool = False) -> tuple[Record, np.ndarray | None]:
+        check.namespace("namespace", namespace)
+        check.memory_id("id", memory_id)
+        with self.store.read() as txn:
+            rid = self.store.lookup(txn, namespace, memory_id)
+            rec = None if rid is None else self.store.get(txn, rid)
+            if rec is None or self._expired(rec):
+                raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
+            vec = self.store.get_vector(txn, rid) if include_embedding and rid is not None else None
+        return rec, vec
+
+    def vectors_of(self, records: list[Record]) -> list[np.ndarray | None]:
+        with self.store.read() as txn:
+            return [self.store.get_vector(txn, r.rid) for r in records]
+
+    def _expired(self, rec: Record) -> bool:
+        return rec.expire_at is not None and rec.expire_at <= self.clock()
+
+    # -- update ---------------------------------------------------------------------------------
+    UPDATABLE = frozenset({"content", "kind", "tier", "importance", "source", "topic", "tags", "metadata",
+                           "embedding", "embedding_model", "token_cost", "source_memory_ids", "expire_time"})
+
+    def update(self, namespace: str, memory_id: str, changes: NewMemory, mask: list[str]) -> Record:
+        """Apply the fields named in ``mask`` from ``changes`` (a NewMemory holding new values)."""
+        check.namespace("memory.namespace", namespace)
+        check.memory_id("memory.id", memory_id)
+        if not mask:
+            raise InvalidArgument("update_mask", "must name at least one field")
+        for path in mask:
+            if path not in self.UPDATABLE:
+                raise InvalidArgument("update_mask", f"field {path!r} cannot be updated; updatable: "
+                                      f"{', '.join(sorted(self.UPDATABLE))}")
+        fields_ = set(mask)
+        c = changes
+        if "content" in fields_:
+            if not c.content:
+                raise InvalidArgument("memory.content", "is required")
+            check.text("memory.content", c.content, self.config.max_content_bytes)
+        if "kind" in fields_:
+            c.kind = check.kind("memory.kind", c.kind) if c.kind else self.config.default_kind
+        if "tier" in fields_:
+            check.tier("memory.tier", c.tier)
+        if "importance" in fields_:
+            if c.importance is None:
+                raise InvalidArgument("memory.importance", "must be set when named in update_mask")
+            check.unit_interval("memory.importance", c.importance)
+        if "source" in fields_:
+            check.text("memory.source", c.source)
+        if "topic" in fields_:
+            check.text("memory.topic", c.topic)
+        if "tags" in fields_:
+            c.tags = check.tags("memory.tags", c.tags, self.config)
+        if "metadata" in fields_:
+            check.metadata("memory.metadata", c.metadata, self.config)
+        if "token_cost" in fields_ and c.token_cost < 0:
+            raise InvalidArgument("memory.token_cost", "must be >= 0")
+        if "source_memory_ids" in fields_:
+            for i, sid in enumerate(c.source_ids):
+                check.memory_id(f"memory.source_memory_ids[{i}]", sid)
+        if "expire_time" in fields_ and c.expire_at is not None:
+            check.finite_time("memory.expire_time", c.expire_at)
+        new_vec: np.ndarray | None = None
+        if "embedding" in fields_ or "embedding_model" in fields_:
+            if "embedding" not in fields_ or c.embedding is None:
+                raise InvalidArgument("memory.embedding", "must be set (with embedding_model) to change it")
+            new_vec = check.vector("memory.embedding", c.embedding, self.config)
+            check.model("memory.embedding_model", c.embedding_model)
+        content_vec = self.embedder.embed(c.content) if "content" in fields_ and new_vec is None else None
+        now = self.clock()
+
+        def prepare(txn: lmdb.Transaction) -> tuple[Record, Record, np.ndarray | None]:
+            rid = self.store.lookup(txn, namespace, memory_id)
+            old = None if rid is None else self.store.get(txn, rid)
+            if old is None or old.expire_at is not None and old.expire_at <= now:
+                raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
+            rec = Record.unpack(old.pack())
+            vec = new_vec
+            if "content" in fields_:
+                rec.content = c.content
+                if vec is None and old.embedding_model == self.embedder.model:
+                    vec = content_vec  # built-in vectors follow their content
+                if "token_cost" not in fields_:
+                    rec.token_cost = math.ceil(len(c.content.encode()) / 4)
+            for name in ("kind", "tier", "importance", "source", "topic", "tags", "metadata", "token_cost"):
+                if name in fields_:
+                    setattr(rec, name, getattr(c, name))
+            if "source_memory_ids" in fields_:
+                rec.source_ids = list(c.source_ids)
+            if "expire_time" in fields_:
+                rec.expire_at = c.expire_at
+            if vec is not None:
+                model = c.embedding_model if new_vec is not None else rec.embedding_model
+                dim = self.store.spaces(txn).get(model)
+                if dim is None:
+                    self.store.put_space(txn, model, int(vec.shape[0]))
+                elif dim != vec.shape[0]:
+                    raise InvalidArgument("memory.embedding", f"has dimension {vec.shape[0]}, but embedding "
+                                          f"space {model!r} has dimension {dim}",
+                                          reason="EMBEDDING_DIMENSION_MISMATCH")
+                rec.embedding_model = model
+                self.store.put_vector(txn, rid, vec)
+            if vec is not None or rec.tier != old.tier:
+                _, rec.vk = self._alloc()
+            rec.updated_at = now
+            self.store.put(txn, rec)
+            return old, rec, vec
+
+        def apply(prepared: tuple[Record, Record, np.ndarray | None]) -> Record:
+            old, rec, vec = prepared
+            self._reindex(old, rec, vec)
+            return rec
+
+        result: Record = self.writer.submit(prepare, apply)
+        return result
+
+    def _reindex(self, old: Record, rec: Record, vec: np.ndarray | None) -> None:
+        """Writer thread: refresh a row; when its vector moved, add the new entry, then kill the old."""
+        row = self.columns.rows[rec.rid]
+        loc = int(self.columns.view().vpos[row])
+        old_sp = self.spaces[old.embedding_model]
+        if rec.vk == old.vk:
+            self.columns.set(row, rec, old_sp.id, loc)
+            return
+        old_index = old_sp.indexes[old.tier]
+        old_internal = np.array([loc & _INTERNAL_MASK], np.int64)
+        if vec is None:  # tier move: same vector, new index
+            vec = old_index.vectors(old_internal)[0]
+        sp = self._space(rec.embedding_model, int(vec.shape[0]))
+        internal = self._index(sp, rec.tier).add(vec[None, :], np.array([row], np.int64),
+                                                  np.array([rec.vk], np.int64))
+        self.columns.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
+        old_index.kill(old_internal)
+
+    # -- delete ---------------------------------------------------------------------------------
+    def delete(self, namespace: str, memory_id: str) -> None:
+        check.namespace("namespace", namespace)
+        check.memory_id("id", memory_id)
+
+        def prepare(txn: lmdb.Transaction) -> list[Record]:
+            rid = self.store.lookup(txn, namespace, memory_id)
+            rec = None if rid is None else self.store.get(txn, rid)
+            if rec is None:
+                raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
+            self.store.delete(txn, rec)
+            return [rec]
+
+        self.writer.submit(prepare, self._unindex)
+
+    def delete_namespace(self, namespace: str) -> int:
+        check.namespace("namespace", namespace)
+
+        def prepare(txn: lmdb.Transaction) -> list[Record]:
+            # Read the ids from LMDB, not the columns: this sees writes of the same commit group.
+            prefix = namespace.encode() + b"\x00"
+            rids = []
+            cur = txn.cursor(db=self.store.ids)
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if not k.startswith(prefix):
+                        break
+                    rids.append(v)
+            recs = [r for r in (self.store.get(txn, int.from_bytes(v, "big")) for v in rids) if r is not None]
+            for rec in recs:
+                self.store.delete(txn, rec)
+            return recs
+
+        deleted: int = self.writer.submit(prepare, self._unindex)
+        return deleted
+
+    def _unindex(self, recs: list[Record]) -> int:
+        """Writer thread: hide rows first, then tombstone their HNSW entries."""
+        for rec in recs:
+            row = self.columns.remove(rec.rid, rec.namespace)
+            loc = int(self.columns.view().vpos[row])
+            sp = self.spaces[rec.embedding_model]
+            sp.indexes[rec.tier].kill([loc & _INTERNAL_MASK])
+        return len(recs)
+
+    # -- feedback -------------------------------------------------------------------------------
+    def feedback(self, namespace: str, items: list[FeedbackItem], as_of: float | None = None) -> list[Record]:
+        check.namespace("namespace", namespace)
+        if not items:
+            raise InvalidArgument("items", "must hold at least one feedback item")
+        if len(items) > self.config.max_batch_size:
+            raise InvalidArgument("items", f"holds {len(items)} items, the limit is {self.config.max_batch_size}",
+                                  reason="BATCH_TOO_LARGE")
+        for i, it in enumerate(items):
+            check.memory_id(f"items[{i}].id", it.id)
+            if it.predicted_relevance is not None:
+                check.unit_interval(f"items[{i}].predicted_relevance", it.predicted_relevance)
+            if it.actual_usefulness is not None:
+                check.unit_interval(f"items[{i}].actual_usefulness", it.actual_usefulness)
+        when = self.clock() if as_of is None else check.finite_time("as_of", as_of)
+        distinct = list(dict.fromkeys(it.id for it in items))
+        position = {mid: j for j, mid in enumerate(distinct)}
+        rated = [it for it in items if it.actual_usefulness is not None]
+        index = np.array([position[it.id] for it in rated], np.int64)
+        default_pred = self.config.default_predicted_relevance
+        predicted = np.array([default_pred if it.predicted_relevance is None else it.predicted_relevance
+                              for it in rated], np.float32)
+        actual = np.array([it.actual_usefulness for it in rated], np.float32)
+
+        def prepare(txn: lmdb.Transaction) -> list[Record]:
+            recs: list[Record] = []
+            for mid in distinct:
+                rid = self.store.lookup(txn, namespace, mid)
+                rec = None if rid is None else self.store.get(txn, rid)
+                if rec is None:
+                    i = next(i for i, it in enumerate(items) if it.id == mid)
+                    raise NotFound(f"items[{i}].id: memory {mid!r} not found in namespace {namespace!r}")
+                recs.append(rec)
+            state = np.array([r.surprise for r in recs], np.float32)
+            kernels.surprise_ema(state, index, predicted, actual, self.config.surprise_alpha)
+            for it in items:
+                rec = recs[position[it.id]]
+                rec.access_count += 1
+                rec.success_count += int(it.success)
+                rec.accessed_at = max(rec.accessed_at, when)
+            for rec, s in zip(recs, state.tolist(), strict=True):
+                rec.surprise = float(s)
+                self.store.put(txn, rec)
+            return recs
+
+        def apply(recs: list[Record]) -> list[Record]:
+            view = self.columns.view()
+            for rec in recs:
+                row = self.columns.rows[rec.rid]
+                self.columns.set(row, rec, int(view.space[row]), int(view.vpos[row]))
+            return [recs[position[it.id]] for it in items]
+
+        result: list[Record] = self.writer.submit(prepare, apply)
+        return result
+
+    # -- list -----------------------------------------------------------------------------------
+    def list(self, namespace: str, page_size: int, page_token: str, flt: Filter) -> tuple[list[Record], str]:
+        check.namespace("namespace", namespace)
+        size = check.page_size("page_size", page_size, self.config)
+        after = _decode_token("page_token", page_token, int) if page_token else 0
+        view = self.columns.view()
+        mask, _ = self._mask(view, [namespace], flt, self.clock())
+        rows = np.flatnonzero(mask)
+        rids = view.rid[rows]
+        rids = rids[rids > after]  # rows are in creation (rid) order
+        out: list[Record] = []
+        pos = 0
+        with self.store.read() as txn:
+            while len(out) < size and pos < rids.shape[0]:
+                rec = self.store.get(txn, int(rids[pos]))
+                pos += 1
+                if rec is not None and rec.namespace == namespace:
+                    out.append(rec)
+        token = _encode_token(out[-1].rid) if out and pos < rids.shape[0] else ""
+        return out, token
+
+    def _mask(self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float) -> tuple[np.ndarray, int]:
+        cols = self.columns
+        ns_ok = np.zeros(len(cols.namespaces), np.bool_)
+        for name in namespaces:
+            i = cols.namespaces.get(name)
+            if i >= 0:
+                ns_ok[i] = True
+        tier_ok = np.zeros(5, np.bool_)
+        for t in flt.tiers or TIERS:
+            tier_ok[t] = True
+        kind_ok = np.zeros(0, np.bool_)
+        if flt.kinds:
+            kind_ok = np.zeros(max(1, len(cols.kinds)), np.bool_)
+            ids = [cols.kinds.get(k) for k in flt.kinds]
+            kind_ok[[i for i in ids if i >= 0]] = True
+            if not kind_ok.any():
+                return np.zeros(view.n, np.bool_), 0
+        lo = -np.inf if flt.created_after is None else flt.created_after
+        hi = np.inf if flt.created_before is None else flt.created_before
+        mask, count = kernels.filter_mask(
+            alive=view.alive, ns_id=view.ns, ns_ok=ns_ok, tier=view.tier, tier_ok=tier_ok, kind_id=view.kind,
+            kind_ok=kind_ok, created_at=view.created, created_lo=lo, created_hi=hi, expire_at=view.expire, now=now)
+        extra = False
+        if flt.source:
+            mask &= view.source == cols.sources.get(flt.source)
+            extra = True
+        if flt.topic:
+            mask &= view.topic == cols.topics.get(flt.topic)
+            extra = True
+        if flt.tags_any:
+            mask &= cols.tag_mask(flt.tags_any, view.n, require_all=False)
+            extra = True
+        if flt.tags_all:
+            mask &= cols.tag_mask(flt.tags_all, view.n, require_all=True)
+            extra = True
+        return mask, (int(mask.sum()) if extra else count)
+
+    def check_filter(self, flt: Filter, prefix: str = "filter.") -> Filter:
+        for i, t in enumerate(flt.tiers):
+            check.tier(f"{prefix}tiers[{i}]", t)
+        for i, k in enumerate(flt.kinds):
+            check.kind(f"{prefix}kinds[{i}]", k)
+        return flt
+
+    # -- search ---------------------------------------------------------------------------------
+    def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
+        cfg = self.config
+        if not q.namespaces:
+            raise InvalidArgument("namespaces", "must name at least one namespace")
+        if len(q.namespaces) > 64:
+            raise InvalidArgument("namespaces", "names more than 64 namespaces")
+        for i, ns in enumerate(q.namespaces):
+            check.namespace(f"namespaces[{i}]", ns)
+        self.check_filter(q.filter)
+        if q.limit < 0:
+            raise InvalidArgument("limit", "must not be negative")
+        limit = min(q.limit or 10, cfg.max_search_limit)
+        alpha = _weight("alpha", q.alpha, cfg.alpha)
+        beta = _weight("beta", q.beta, cfg.beta)
+        gamma = _weight("gamma", q.gamma, cfg.gamma)
+        tau = cfg.recency_tau_seconds if q.recency_tau_seconds is None else q.recency_tau_seconds
+        if not (math.isfinite(tau) and tau > 0):
+            raise InvalidArgument("recency_tau_seconds", "must be a finite number > 0")
+        if q.min_similarity is not None and not (-1.0 <= q.min_similarity <= 1.0):
+            raise InvalidArgument("min_similarity", "must be in [-1, 1]")
+        now = self.clock() if q.as_of is None else check.finite_time("as_of", q.as_of)
+        if q.embedding is not None:
+            model = check.model("embedding_model", q.embedding_model)
+            query = check.vector("query_embedding", q.embedding, cfg)
+        elif q.text:
+            check.text("query_text", q.text, cfg.max_content_bytes)
+            model, query = self.embedder.model, self.embedder.embed(q.text)
+        else:
+            raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")
+        sp = self.spaces.get(model)
+        if sp is None:
+            if model == self.embedder.model:
+                return []  # nothing embedded yet
+            raise NotFound(f"no memories in embedding space {model!r}", reason="EMBEDDING_SPACE_NOT_FOUND")
+        if query.shape[0] != sp.dim:
+            raise InvalidArgument("query_embedding", f"has dimension {query.shape[0]}, but embedding space "
+                                  f"{model!r} has dimension {sp.dim}", reason="EMBEDDING_DIMENSION_MISMATCH")
+
+        view = self.columns.view()
+        mask, count = self._mask(view, q.namespaces, q.filter, self.clock())
+        mask &= view.space == sp.id
+        if count:
+            count = int(mask.sum())
+        if count == 0:
+            return []
+        score_args = {
+            "importance": view.importance, "created_at": view.created, "last_access": view.accessed,
+            "tier": view.tier, "now": now, "tau_seconds": tau, "half_life_hours": self._half_lives,
+            "floor": cfg.importance_floor,
+        }
+
+        def rank(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            rows, vecs = self._vectors(view, sp, rows)
+            rel = (vecs @ query).astype(np.float32)
+            parts = kernels.score_rows(rows, rel, alpha=alpha, beta=beta, gamma=gamma, **score_args)
+            if q.min_similarity is not None:
+                parts[0][rel < q.min_similarity] = np.nan
+            return rows, rel, parts
+
+        if count <= cfg.exact_search_max_rows:
+            rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
+            top = kernels.topk(score, limit)
+        else:
+            allowed = np.flatnonzero(mask)
+            prior, _, _ = kernels.score_rows(allowed, np.zeros(allowed.shape[0], np.float32), alpha=0.0,
+                                             beta=beta, gamma=gamma, **score_args)
+            k = max(2 * limit, 32)
+            while True:
+                cands = [allowed[kernels.topk(prior, k)]]
+                sim_bound = -np.inf
+                for index in list(sp.indexes.values()):
+                    got, sims = index.search(query, k, mask, max(cfg.hnsw_ef_search, k))
+                    cands.append(got)
+                    if got.shape[0] == k:
+                        sim_bound = max(sim_bound, float(sims[-1]))
+                rows, rel, (score, rec, imp) = rank(np.unique(np.concatenate(cands)))
+                top = kernels.topk(score, limit)
+                prior_bound = float(prior[kernels.topk(prior, k)[-1]]) if k < allowed.shape[0] else -np.inf
+                bound = alpha * sim_bound + prior_bound
+                if k >= allowed.shape[0] or (top.shape[0] == limit and score[top[-1]] >= bound):
+                    break
+                k *= 4
+        hits: list[SearchHit] = []
+        wanted = set(q.namespaces)
+        with self.store.read() as txn:
+            for i in top.tolist():
+                record = self.store.get(txn, int(view.rid[rows[i]]))
+                if record is None or record.namespace not in wanted:
+                    continue  # deleted meanwhile
+                vec = self.store.get_vector(txn, record.rid) if include_embedding else None
+                hits.append(SearchHit(record, float(score[i]), float(rel[i]), float(rec[i]), float(imp[i]), vec))
+        return hits
+
+    def _vectors(self, view: ColumnsView, sp: Space, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectors of ``rows`` from their HNSW storage; rows that left the space meanwhile are dropped."""
+        loc = view.vpos[rows]
+        keep = (loc >= 0) & ((loc >> _SPACE_SHIFT) == sp.id)
+        rows, loc = rows[keep], loc[keep]
+        tiers = (loc >> _TIER_SHIFT) & 0xF
+        vecs = np.empty((rows.shape[0], sp.dim), np.float32)
+        for t in np.unique(tiers).tolist():
+            sel = tiers == t
+            vecs[sel] = sp.indexes[t].vectors(loc[sel] & _INTERNAL_MASK)
+        return rows, vecs
+
+    # -- stats and namespaces -------------------------------------------------------------------
+    def stats(self, namespace: str = "") -> dict[str, Any]:
+        view = self.columns.view()
+        mask = view.alive.copy()
+        if namespace:
+            check.namespace("namespace", namespace)
+            mask &= view.ns == self.columns.namespaces.get(namespace)
+        tiers = view.tier[mask]
+        counts = np.bincount(tiers, minlength=5)
+        imp = np.bincount(tiers, weights=view.importance[mask], minlength=5)
+        sur = np.bincount(tiers, weights=view.surprise[mask], minlength=5)
+        spaces = []
+        for sp in self.spaces.values():
+            spaces.append({"model": sp.model, "dim": sp.dim,
+                           "live": sum(i.live_count() for i in sp.indexes.values()),
+                           "indexed": sum(i.n for i in sp.indexes.values())})
+        ns_count = len(self.columns.ns_counts) if not namespace else int(namespace in self.columns.ns_counts)
+        return {
+            "memory_count": int(mask.sum()),
+            "namespace_count": ns_count,
+            "tiers": [{"tier": t, "count": int(counts[t]),
+                       "avg_importance": float(imp[t] / counts[t]) if counts[t] else 0.0,
+                       "avg_surprise": float(sur[t] / counts[t]) if counts[t] else 0.0} for t in TIERS],
+            "spaces": spaces,
+            "writes_committed": self.writer.ops_committed,
+            "commit_groups": self.writer.groups_committed,
+            "uptime_seconds": time.monotonic() - self.started,
+            "storage_bytes": self.store.used_bytes(),
+            "version": __version__,
+        }
+
+    def list_namespaces(self, prefix: str, page_size: int, page_token: str) -> tuple[list[tuple[str, int]], str]:
+        size = check.page_size("page_size", page_size, self.config)
+        after = _decode_token("page_token", page_token, str) if page_token else ""
+        counts = dict(self.columns.ns_counts)
+        names = sorted(n for n in counts if n.startswith(prefix) and n > after)
+        page = names[:size]
+        token = _encode_token(page[-1]) if len(names) > size else ""
+        return [(n, counts[n]) for n in page], token
+
+
+def _weight(name: str, value: float | None, default: float) -> float:
+    if value is None:
+        return default
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidArgument(name, "must be a finite number >= 0")
+    return float(value)
+
+
+def _encode_token(value: int | str) -> str:
+    return base64.urlsafe_b64encode(msgpack.packb(["v1", value])).decode()
+
+
+def _decode_token(field_name: str, token: str, kind: type) -> Any:
+    try:
+        tag, value = msgpack.unpackb(base64.urlsafe_b64decode(token.encode()))
+        if tag != "v1" or not isinstance(value, kind):
+            raise ValueError(token)
+        return value
+    except Exception:
+        raise InvalidArgument(field_name, "is not a token this server issued") from None

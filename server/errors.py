@@ -1,0 +1,80 @@
+"""Domain errors of tiermem, independent of gRPC.
+
+Each error carries a status name (a gRPC status code name, mapped to ``grpc.StatusCode`` in one
+table in ``tiermem.server.status``), a stable machine-readable ``reason`` that clients match on,
+a human message, and for bad input the violated fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One invalid field: ``field`` is the request path (e.g. ``memories[2].importance``)."""
+
+    field: str
+    description: str
+
+
+@dataclass
+class TiermemError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+    message: str
+    reason: str = "INTERNAL"
+    status: str = "INTERNAL"
+    violations: list[FieldViolation] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(TiermemError):
+    """A request field is malformed or out of range; nothing was changed."""
+
+    def __init__(self, field_name: str, description: str, reason: str = "INVALID_FIELD") -> None:
+        super().__init__(
+            message=f"{field_name}: {description}",
+            reason=reason,
+            status="INVALID_ARGUMENT",
+            violations=[FieldViolation(field_name, description)],
+            metadata={"field": field_name},
+        )
+
+
+class NotFound(TiermemError):
+    def __init__(self, message: str, reason: str = "MEMORY_NOT_FOUND") -> None:
+        super().__init__(message=message, reason=reason, status="NOT_FOUND")
+
+
+class AlreadyExists(TiermemError):
+    def __init__(self, message: str, reason: str = "MEMORY_ALREADY_EXISTS") -> None:
+        super().__init__(message=message, reason=reason, status="ALREADY_EXISTS")
+
+
+class FailedPrecondition(TiermemError):
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message=message, reason=reason, status="FAILED_PRECONDITION")
+
+
+class ResourceExhausted(TiermemError):
+    def __init__(self, message: str, reason: str = "STORAGE_FULL") -> None:
+        super().__init__(message=message, reason=reason, status="RESOURCE_EXHAUSTED")
+
+
+class Unavailable(TiermemError):
+    def __init__(self, message: str, reason: str = "SHUTTING_DOWN") -> None:
+        super().__init__(message=message, reason=reason, status="UNAVAILABLE")
+
+
+class StorageError(TiermemError):
+    """The data directory cannot be used (wrong schema version, corrupt, not writable)."""
+
+    def __init__(self, message: str, reason: str = "STORAGE_ERROR") -> None:
+        super().__init__(message=message, reason=reason, status="INTERNAL")

@@ -1,0 +1,78 @@
+"""The memory record as the engine sees it, and its msgpack form in LMDB."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgpack
+
+MetadataValue = str | int | float | bool
+
+
+@dataclass(slots=True)
+class Record:
+    """One stored memory. Times are float epoch seconds; ``expire_at`` is None for no expiry.
+
+    ``rid`` is the record's internal key (monotonic, never reused); ``vk`` identifies the record's
+    current vector entry in its tier's HNSW index and changes whenever the vector moves (new
+    embedding, new tier), so a stale entry in an index snapshot can never be mistaken for a live one.
+    """
+
+    rid: int
+    id: str
+    namespace: str
+    content: str
+    kind: str
+    tier: int
+    importance: float
+    source: str = ""
+    topic: str = ""
+    tags: list[str] = field(default_factory=list)
+    metadata: dict[str, MetadataValue] = field(default_factory=dict)
+    embedding_model: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    accessed_at: float = 0.0
+    access_count: int = 0
+    surprise: float = 0.0
+    success_count: int = 0
+    token_cost: int = 0
+    source_ids: list[str] = field(default_factory=list)
+    expire_at: float | None = None
+    vk: int = 0
+
+    def pack(self) -> bytes:
+        return msgpack.packb(asdict(self), use_bin_type=True)
+
+    @classmethod
+    def unpack(cls, raw: bytes | memoryview) -> Record:
+        return cls(**msgpack.unpackb(raw, raw=False))
+
+
+@dataclass(slots=True)
+class NewMemory:
+    """A validated create request for one memory (vector already normalized, or None to embed)."""
+
+    namespace: str
+    content: str
+    id: str = ""
+    kind: str = ""
+    tier: int = 0
+    importance: float | None = None
+    source: str = ""
+    topic: str = ""
+    tags: list[str] = field(default_factory=list)
+    metadata: dict[str, MetadataValue] = field(default_factory=dict)
+    embedding: Any = None  # np.ndarray float32, or None
+    embedding_model: str = ""
+    created_at: float | None = None
+    token_cost: int = 0
+    source_ids: list[str] = field(default_factory=list)
+    expire_at: float | None = None
+
+    def fingerprint_parts(self) -> list[Any]:
+        emb = None if self.embedding is None else bytes(self.embedding.tobytes())
+        return [self.namespace, self.content, self.id, self.kind, self.tier, self.importance, self.source,
+                self.topic, self.tags, sorted(self.metadata.items()), emb, self.embedding_model,
+                self.created_at, self.token_cost, self.source_ids, self.expire_at]

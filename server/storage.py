@@ -1,0 +1,182 @@
+"""LMDB storage: the source of truth for records, vectors, id lookups and idempotent requests.
+
+One environment with named sub-databases:
+
+- ``meta``:     schema version, id counters, embedding spaces (model -> dimension)
+- ``records``:  rid (8-byte big-endian, so LMDB order is creation order) -> msgpack Record
+- ``ids``:      namespace NUL id -> rid
+- ``vectors``:  rid -> float32 bytes of the normalized vector
+- ``requests``: request_id -> msgpack {fingerprint, rids} for idempotent retries
+
+Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
+readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
+data and meta pages, so a commit that returned survives kill -9 and power loss; ``writemap`` stays off
+(nested transactions, used to roll back one failed operation of a group, need it off, and a stray
+write through the map could corrupt the file).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+import numpy as np
+
+from .errors import StorageError
+from .records import Record
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_RID = struct.Struct(">Q")
+_META_SCHEMA = b"schema_version"
+_META_NEXT_RID = b"next_rid"
+_META_NEXT_VK = b"next_vk"
+_META_SPACE = b"space:"
+
+
+def rid_key(rid: int) -> bytes:
+    return _RID.pack(rid)
+
+
+def rid_of(key: bytes) -> int:
+    return int(_RID.unpack(key)[0])
+
+
+def id_key(namespace: str, memory_id: str) -> bytes:
+    # Namespaces and ids never contain NUL (validated), so the key is unambiguous.
+    return namespace.encode() + b"\x00" + memory_id.encode()
+
+
+class Store:
+    """Owns the LMDB environment and the encoding of every key and value in it."""
+
+    def __init__(self, path: Path, *, map_size: int, max_map_size: int, sync: bool = True) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.max_map_size = max_map_size
+        try:
+            self.env = lmdb.open(
+                str(path), map_size=map_size, max_dbs=8, subdir=True, sync=sync, metasync=sync,
+                writemap=False, map_async=False, max_readers=1024, readahead=False,
+            )
+        except lmdb.Error as e:
+            raise StorageError(f"cannot open LMDB at {path}: {e}") from e
+        self.meta = self.env.open_db(b"meta")
+        self.records = self.env.open_db(b"records")
+        self.ids = self.env.open_db(b"ids")
+        self.vectors = self.env.open_db(b"vectors")
+        self.requests = self.env.open_db(b"requests")
+        self._check_schema()
+
+    def _check_schema(self) -> None:
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(_META_SCHEMA, db=self.meta)
+            if raw is None:
+                if txn.stat(self.records)["entries"]:
+                    raise StorageError(f"{self.path}: records without a schema version")
+                txn.put(_META_SCHEMA, msgpack.packb(SCHEMA_VERSION), db=self.meta)
+                return
+            version = msgpack.unpackb(raw)
+            if version != SCHEMA_VERSION:
+                raise StorageError(
+                    f"{self.path}: schema version {version}, this server reads version {SCHEMA_VERSION}",
+                    reason="SCHEMA_VERSION_MISMATCH",
+                )
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- transactions -------------------------------------------------------------------------
+    def read(self) -> lmdb.Transaction:
+        return self.env.begin(write=False)
+
+    def write(self) -> lmdb.Transaction:
+        return self.env.begin(write=True)
+
+    def grow(self) -> int:
+        """Double the map size (no transaction may be open in this process's writer). Returns it."""
+        size = self.env.info()["map_size"]
+        if size >= self.max_map_size:
+            return -1
+        new = min(size * 2, self.max_map_size)
+        self.env.set_mapsize(new)
+        logger.warning("LMDB map grown from %d to %d bytes", size, new)
+        return new
+
+    def used_bytes(self) -> int:
+        info = self.env.info()
+        return int((info["last_pgno"] + 1) * self.env.stat()["psize"])
+
+    # -- counters ------------------------------------------------------------------------------
+    def counters(self, txn: lmdb.Transaction) -> tuple[int, int]:
+        rid = txn.get(_META_NEXT_RID, db=self.meta)
+        vk = txn.get(_META_NEXT_VK, db=self.meta)
+        return (msgpack.unpackb(rid) if rid else 1, msgpack.unpackb(vk) if vk else 1)
+
+    def put_counters(self, txn: lmdb.Transaction, next_rid: int, next_vk: int) -> None:
+        txn.put(_META_NEXT_RID, msgpack.packb(next_rid), db=self.meta)
+        txn.put(_META_NEXT_VK, msgpack.packb(next_vk), db=self.meta)
+
+    # -- embedding spaces ----------------------------------------------------------------------
+    def spaces(self, txn: lmdb.Transaction) -> dict[str, int]:
+        out: dict[str, int] = {}
+        cur = txn.cursor(db=self.meta)
+        if cur.set_range(_META_SPACE):
+            for k, v in cur:
+                if not k.startswith(_META_SPACE):
+                    break
+                out[k[len(_META_SPACE):].decode()] = int(msgpack.unpackb(v))
+        return out
+
+    def put_space(self, txn: lmdb.Transaction, model: str, dimension: int) -> None:
+        txn.put(_META_SPACE + model.encode(), msgpack.packb(dimension), db=self.meta)
+
+    # -- records -------------------------------------------------------------------------------
+    def lookup(self, txn: lmdb.Transaction, namespace: str, memory_id: str) -> int | None:
+        raw = txn.get(id_key(namespace, memory_id), db=self.ids)
+        return None if raw is None else rid_of(raw)
+
+    def get(self, txn: lmdb.Transaction, rid: int) -> Record | None:
+        raw = txn.get(rid_key(rid), db=self.records)
+        return None if raw is None else Record.unpack(raw)
+
+    def put(self, txn: lmdb.Transaction, rec: Record) -> None:
+        txn.put(rid_key(rec.rid), rec.pack(), db=self.records)
+        txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
+
+    def delete(self, txn: lmdb.Transaction, rec: Record) -> None:
+        key = rid_key(rec.rid)
+        txn.delete(key, db=self.records)
+        txn.delete(key, db=self.vectors)
+        txn.delete(id_key(rec.namespace, rec.id), db=self.ids)
+
+    def iter_records(self, txn: lmdb.Transaction) -> Iterator[Record]:
+        for _, raw in txn.cursor(db=self.records):
+            yield Record.unpack(raw)
+
+    def record_count(self, txn: lmdb.Transaction) -> int:
+        return int(txn.stat(self.records)["entries"])
+
+    # -- vectors -------------------------------------------------------------------------------
+    def put_vector(self, txn: lmdb.Transaction, rid: int, vector: np.ndarray) -> None:
+        txn.put(rid_key(rid), np.ascontiguousarray(vector, dtype=np.float32).tobytes(), db=self.vectors)
+
+    def get_vector(self, txn: lmdb.Transaction, rid: int) -> np.ndarray | None:
+        raw = txn.get(rid_key(rid), db=self.vectors)
+        return None if raw is None else np.frombuffer(raw, dtype=np.float32).copy()
+
+    # -- idempotent requests -------------------------------------------------------------------
+    def get_request(self, txn: lmdb.Transaction, request_id: str) -> dict[str, Any] | None:
+        raw = txn.get(request_id.encode(), db=self.requests)
+        return None if raw is None else msgpack.unpackb(raw, raw=False)
+
+    def put_request(self, txn: lmdb.Transaction, request_id: str, fingerprint: bytes, rids: list[int]) -> None:
+        txn.put(request_id.encode(), msgpack.packb({"fp": fingerprint, "rids": rids}, use_bin_type=True),
+                db=self.requests)

@@ -1,0 +1,175 @@
+"""Input checks. Each failure names the request field (e.g. ``memories[3].importance``)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from .config import TIERS, ServerConfig
+from .errors import InvalidArgument
+from .records import NewMemory
+
+_SEGMENT = r"[A-Za-z0-9._:\-]+"
+NAMESPACE_RE = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT})*$")
+ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+KIND_RE = re.compile(r"^[a-z0-9_]{1,64}$")
+MAX_NAMESPACE = 256
+MAX_TEXT_FIELD = 256
+MAX_TAG = 128
+MAX_MODEL = 256
+MAX_REQUEST_ID = 128
+
+
+def namespace(field: str, value: str) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > MAX_NAMESPACE:
+        raise InvalidArgument(field, f"is {len(value)} characters long, the limit is {MAX_NAMESPACE}")
+    if not NAMESPACE_RE.match(value):
+        raise InvalidArgument(
+            field, "must be segments of [A-Za-z0-9._:-] separated by single '/' (e.g. 'user:ana/project:x')"
+        )
+    return value
+
+
+def memory_id(field: str, value: str) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if not ID_RE.match(value):
+        raise InvalidArgument(field, "must be 1-128 characters of [A-Za-z0-9._:-]")
+    return value
+
+
+def request_id(field: str, value: str) -> str:
+    if len(value) > MAX_REQUEST_ID:
+        raise InvalidArgument(field, f"is longer than {MAX_REQUEST_ID} characters")
+    return value
+
+
+def unit_interval(field: str, value: float) -> float:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise InvalidArgument(field, f"must be in [0, 1], got {value}")
+    return float(value)
+
+
+def finite_time(field: str, value: float) -> float:
+    if not math.isfinite(value) or abs(value) > 1e11:
+        raise InvalidArgument(field, "is not a valid time")
+    return value
+
+
+def text(field: str, value: str, limit: int = MAX_TEXT_FIELD) -> str:
+    size = len(value.encode())
+    if size > limit:
+        raise InvalidArgument(field, f"is {size} bytes, the limit is {limit}", reason="FIELD_TOO_LARGE")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters")
+    return value
+
+
+def kind(field: str, value: str) -> str:
+    if not KIND_RE.match(value):
+        raise InvalidArgument(field, "must be 1-64 characters of [a-z0-9_]")
+    return value
+
+
+def tier(field: str, value: int) -> int:
+    if value not in TIERS:
+        raise InvalidArgument(field, "must be TIER_FAST, TIER_MEDIUM, TIER_SLOW or TIER_GLACIAL")
+    return value
+
+
+def tags(field: str, values: list[str], config: ServerConfig) -> list[str]:
+    out = list(dict.fromkeys(values))
+    if len(out) > config.max_tags:
+        raise InvalidArgument(field, f"has {len(out)} tags, the limit is {config.max_tags}", reason="FIELD_TOO_LARGE")
+    for i, t in enumerate(out):
+        if not t:
+            raise InvalidArgument(f"{field}[{i}]", "must not be empty")
+        text(f"{field}[{i}]", t, MAX_TAG)
+    return out
+
+
+def metadata(field: str, values: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
+    if len(values) > config.max_metadata_keys:
+        raise InvalidArgument(field, f"has {len(values)} keys, the limit is {config.max_metadata_keys}",
+                              reason="FIELD_TOO_LARGE")
+    for k, v in values.items():
+        if not k:
+            raise InvalidArgument(field, "keys must not be empty")
+        text(f"{field}[{k!r}]", k, MAX_TEXT_FIELD)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InvalidArgument(f"{field}[{k!r}]", "must be a finite number")
+        if not isinstance(v, str | int | float | bool):
+            raise InvalidArgument(f"{field}[{k!r}]", "must have a value")
+    size = len(msgpack.packb(values, use_bin_type=True))
+    if size > config.max_metadata_bytes:
+        raise InvalidArgument(field, f"is {size} bytes serialized, the limit is {config.max_metadata_bytes}",
+                              reason="FIELD_TOO_LARGE")
+    return values
+
+
+def vector(field: str, values: Any, config: ServerConfig) -> np.ndarray:
+    """A finite, non-zero vector, returned L2-normalized as float32."""
+    vec = np.asarray(values, dtype=np.float32)
+    if vec.ndim != 1 or vec.shape[0] == 0:
+        raise InvalidArgument(field, "must be a non-empty list of floats")
+    if vec.shape[0] > config.max_dimension:
+        raise InvalidArgument(field, f"has dimension {vec.shape[0]}, the limit is {config.max_dimension}",
+                              reason="FIELD_TOO_LARGE")
+    if not np.all(np.isfinite(vec)):
+        raise InvalidArgument(field, "must not contain NaN or Inf")
+    norm = float(np.linalg.norm(vec.astype(np.float64)))
+    if not norm > 0.0 or not math.isfinite(norm):
+        raise InvalidArgument(field, "must have a non-zero norm")
+    return (vec / norm).astype(np.float32)
+
+
+def model(field: str, value: str) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required with an embedding")
+    return text(field, value, MAX_MODEL)
+
+
+def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
+    """Check and normalize one create request in place; ``prefix`` is e.g. ``memories[2].``."""
+    namespace(f"{prefix}namespace", m.namespace)
+    if m.id:
+        memory_id(f"{prefix}id", m.id)
+    if not m.content:
+        raise InvalidArgument(f"{prefix}content", "is required")
+    text(f"{prefix}content", m.content, config.max_content_bytes)
+    m.kind = kind(f"{prefix}kind", m.kind) if m.kind else config.default_kind
+    m.tier = tier(f"{prefix}tier", m.tier) if m.tier else config.default_tier
+    m.importance = (config.default_importance if m.importance is None
+                    else unit_interval(f"{prefix}importance", m.importance))
+    text(f"{prefix}source", m.source)
+    text(f"{prefix}topic", m.topic)
+    m.tags = tags(f"{prefix}tags", m.tags, config)
+    metadata(f"{prefix}metadata", m.metadata, config)
+    if m.embedding is not None:
+        m.embedding = vector(f"{prefix}embedding", m.embedding, config)
+        model(f"{prefix}embedding_model", m.embedding_model)
+    elif m.embedding_model:
+        raise InvalidArgument(f"{prefix}embedding", "is required with embedding_model")
+    if m.created_at is not None:
+        finite_time(f"{prefix}create_time", m.created_at)
+    if m.expire_at is not None:
+        finite_time(f"{prefix}expire_time", m.expire_at)
+    if m.token_cost < 0:
+        raise InvalidArgument(f"{prefix}token_cost", "must be >= 0")
+    for i, sid in enumerate(m.source_ids):
+        memory_id(f"{prefix}source_memory_ids[{i}]", sid)
+    return m
+
+
+def page_size(field: str, value: int, config: ServerConfig) -> int:
+    if value < 0:
+        raise InvalidArgument(field, "must not be negative")
+    if value == 0:
+        return config.default_page_size
+    return min(value, config.max_page_size)

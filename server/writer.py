@@ -1,0 +1,142 @@
+"""The single LMDB writer: queued write operations committed in groups, one fsync per group.
+
+LMDB allows one write transaction at a time and it belongs to the thread that opened it, so all
+writes go through this thread. Callers block until their operation is durable (committed) and
+applied to the in-memory state (columns, HNSW), then get its result or its error. Operations that
+arrive while a commit is in flight are committed together in the next group: under load many writes
+share one fsync (a synced commit costs ~0.4 ms; 1,000 puts per commit run ~65x faster than 1 per
+commit, PERF-FACTS).
+
+Each operation runs ``prepare(txn)`` in a nested transaction: if it raises, only that operation is
+rolled back and fails; the others of the group still commit. ``apply(prepared)`` runs after the
+commit, in this thread, in submission order.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+
+from .errors import ResourceExhausted, TiermemError, Unavailable
+from .storage import Store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Op:
+    prepare: Callable[[lmdb.Transaction], Any]
+    apply: Callable[[Any], Any]
+    future: Future[Any] = field(default_factory=Future)
+    prepared: Any = None
+    error: BaseException | None = None
+
+
+_STOP = object()
+
+
+class Writer:
+    def __init__(self, store: Store, *, max_group: int, before_commit: Callable[[lmdb.Transaction], None]) -> None:
+        self._store = store
+        self._max_group = max_group
+        self._before_commit = before_commit
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self.ops_committed = 0
+        self.groups_committed = 0
+        self.last_group_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, prepare: Callable[[lmdb.Transaction], Any], apply: Callable[[Any], Any]) -> Any:
+        """Run one write operation; returns apply's result once durable, or raises its error."""
+        op = _Op(prepare, apply)
+        with self._lock:
+            if self._closed:
+                raise Unavailable("server is shutting down")
+            self._queue.put(op)
+        return op.future.result()
+
+    def close(self) -> None:
+        """Finish every queued operation, then stop the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        self._thread.join()
+
+    # -- writer thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            group = [first]
+            while len(group) < self._max_group:
+                try:
+                    op = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if op is _STOP:
+                    stop = True
+                    break
+                group.append(op)
+            self._commit_group(group)
+
+    def _commit_group(self, group: list[_Op]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._write_group(group)
+        except BaseException as e:  # the whole group failed: nothing of it was committed
+            logger.exception("commit of %d write operations failed", len(group))
+            err = e if isinstance(e, TiermemError) else TiermemError(f"write failed: {e}")
+            for op in group:
+                op.future.set_exception(err)
+            return
+        self.groups_committed += 1
+        self.last_group_seconds = time.perf_counter() - t0
+        for op in group:
+            if op.error is not None:
+                op.future.set_exception(op.error)
+                continue
+            self.ops_committed += 1
+            try:
+                op.future.set_result(op.apply(op.prepared))
+            except BaseException as e:  # a bug: the write is durable but in-memory state may lag
+                logger.exception("applying a committed write failed")
+                op.future.set_exception(TiermemError(f"write committed but not applied: {e}"))
+
+    def _write_group(self, group: list[_Op]) -> None:
+        for attempt in range(8):
+            try:
+                with self._store.write() as txn:
+                    for op in group:
+                        op.error = None
+                        try:
+                            with self._store.env.begin(write=True, parent=txn) as child:
+                                op.prepared = op.prepare(child)
+                        except lmdb.MapFullError:
+                            raise
+                        except TiermemError as e:
+                            op.error = e
+                        except Exception as e:
+                            logger.exception("write operation failed")
+                            op.error = TiermemError(f"write failed: {e}")
+                    self._before_commit(txn)
+                return
+            except lmdb.MapFullError:
+                if self._store.grow() < 0:
+                    raise ResourceExhausted("storage map is full (max_map_size reached)") from None
+                logger.info("retrying write group after map growth (attempt %d)", attempt + 1)
+        raise ResourceExhausted("storage map is full")
