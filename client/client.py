@@ -1,0 +1,298 @@
+"""``MemoryClient``: typed Python access to a tiermem server.
+
+Results are the generated ``tiermem.v1`` messages (``Memory``, ``SearchResult``), so every field of
+the contract is there, typed by the shipped ``.pyi`` stubs. Failures raise ``TiermemError``
+subclasses carrying ``code``, ``reason`` and the invalid ``fields``.
+
+Creates always carry a ``request_id`` (a fresh one unless you pass yours), and the channel retries
+calls that failed with UNAVAILABLE; a retried create returns the first result instead of storing
+the memory twice. ``RecordFeedback`` is not retried (it counts accesses).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import field_mask_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tiermem.v1 import memory_pb2 as pb
+from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+from .errors import from_rpc_error
+
+TimeLike = dt.datetime | float | int
+
+_RETRY_CONFIG = json.dumps({
+    "methodConfig": [{
+        "name": [{"service": "tiermem.v1.MemoryService", "method": m} for m in (
+            "CreateMemory", "BatchCreateMemories", "GetMemory", "UpdateMemory", "DeleteMemory", "ListMemories",
+            "SearchMemories", "GetStats", "ListNamespaces", "DeleteNamespace")],
+        "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"]},
+    }]
+})
+
+
+def tier_value(tier: int | str | None) -> int:
+    """Tier from an enum value or a name: 'fast', 'FAST' or 'TIER_FAST'; None means unspecified."""
+    if tier is None:
+        return pb.TIER_UNSPECIFIED
+    if isinstance(tier, str):
+        name = tier.upper()
+        return int(pb.Tier.Value(name if name.startswith("TIER_") else f"TIER_{name}"))
+    return int(tier)
+
+
+def _timestamp(value: TimeLike) -> Timestamp:
+    ts = Timestamp()
+    if isinstance(value, dt.datetime):
+        ts.FromDatetime(value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc))
+    else:
+        seconds = int(value // 1)
+        ts.seconds, ts.nanos = seconds, int(round((value - seconds) * 1e9))
+    return ts
+
+
+def _metadata(target: Any, values: Mapping[str, Any]) -> None:
+    for key, v in values.items():
+        slot = target[key]
+        if isinstance(v, bool):
+            slot.bool_value = v
+        elif isinstance(v, int):
+            slot.int_value = v
+        elif isinstance(v, float):
+            slot.double_value = v
+        elif isinstance(v, str):
+            slot.string_value = v
+        else:
+            raise TypeError(f"metadata[{key!r}] must be str, int, float or bool, not {type(v).__name__}")
+
+
+def metadata_dict(memory: pb.Memory) -> dict[str, Any]:
+    """A memory's metadata as plain Python values."""
+    return {k: getattr(v, v.WhichOneof("kind")) for k, v in memory.metadata.items() if v.WhichOneof("kind")}
+
+
+def build_memory(
+    namespace: str,
+    content: str,
+    *,
+    id: str = "",
+    kind: str = "",
+    tier: int | str | None = None,
+    importance: float | None = None,
+    source: str = "",
+    topic: str = "",
+    tags: Iterable[str] = (),
+    metadata: Mapping[str, Any] | None = None,
+    embedding: Sequence[float] | Any = None,
+    embedding_model: str = "",
+    create_time: TimeLike | None = None,
+    expire_time: TimeLike | None = None,
+    token_cost: int = 0,
+    source_memory_ids: Iterable[str] = (),
+) -> pb.Memory:
+    """A ``Memory`` message from Python values (numpy arrays are fine for ``embedding``)."""
+    m = pb.Memory(namespace=namespace, content=content, id=id, kind=kind, tier=tier_value(tier),  # type: ignore[arg-type]
+                  source=source, topic=topic, tags=list(tags), embedding_model=embedding_model,
+                  token_cost=token_cost, source_memory_ids=list(source_memory_ids))
+    if importance is not None:
+        m.importance = importance
+    if metadata:
+        _metadata(m.metadata, metadata)
+    if embedding is not None:
+        m.embedding.extend([float(x) for x in embedding])
+    if create_time is not None:
+        m.create_time.CopyFrom(_timestamp(create_time))
+    if expire_time is not None:
+        m.expire_time.CopyFrom(_timestamp(expire_time))
+    return m
+
+
+def build_filter(
+    *,
+    tiers: Iterable[int | str] = (),
+    kinds: Iterable[str] = (),
+    tags_any: Iterable[str] = (),
+    tags_all: Iterable[str] = (),
+    source: str = "",
+    topic: str = "",
+    created_after: TimeLike | None = None,
+    created_before: TimeLike | None = None,
+) -> pb.MemoryFilter:
+    f = pb.MemoryFilter(tiers=[tier_value(t) for t in tiers], kinds=list(kinds), tags_any=list(tags_any),  # type: ignore[misc]
+                        tags_all=list(tags_all), source=source, topic=topic)
+    if created_after is not None:
+        f.created_after.CopyFrom(_timestamp(created_after))
+    if created_before is not None:
+        f.created_before.CopyFrom(_timestamp(created_before))
+    return f
+
+
+class MemoryClient:
+    """A connection to one tiermem server. Thread-safe; use as a context manager or call ``close``."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
+                 channel: grpc.Channel | None = None, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+        self.timeout = timeout
+        self._own_channel = channel is None
+        self.channel = channel or grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.service_config", _RETRY_CONFIG),
+            ("grpc.enable_retries", 1),
+        ])
+        self.stub = pb_grpc.MemoryServiceStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    def close(self) -> None:
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> MemoryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the server reports SERVING (raises UnavailableError after ``timeout``)."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+            resp = self._health.Check(health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService"),
+                                      timeout=timeout, wait_for_ready=True)
+        except (grpc.FutureTimeoutError, grpc.RpcError) as e:
+            from .errors import UnavailableError
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"server not ready: {e}") from None
+        if resp.status != health_pb2.HealthCheckResponse.SERVING:
+            from .errors import UnavailableError
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "server is not SERVING")
+
+    # -- memories -------------------------------------------------------------------------------
+    def create(self, namespace: str, content: str, *, request_id: str = "", **fields: Any) -> pb.Memory:
+        """Store one memory; ``fields`` are those of ``build_memory`` (tier, importance, tags, ...)."""
+        req = pb.CreateMemoryRequest(memory=build_memory(namespace, content, **fields),
+                                     request_id=request_id or uuid.uuid4().hex)
+        return self._call(self.stub.CreateMemory, req).memory
+
+    def create_batch(self, memories: Iterable[pb.Memory | Mapping[str, Any]], *, request_id: str = "") -> list[pb.Memory]:
+        """Store all memories or none; items are ``Memory`` messages or dicts of ``build_memory`` args."""
+        msgs = [m if isinstance(m, pb.Memory) else build_memory(**m) for m in memories]
+        req = pb.BatchCreateMemoriesRequest(memories=msgs, request_id=request_id or uuid.uuid4().hex)
+        return list(self._call(self.stub.BatchCreateMemories, req).memories)
+
+    def get(self, namespace: str, id: str, *, include_embedding: bool = False) -> pb.Memory:
+        req = pb.GetMemoryRequest(namespace=namespace, id=id, include_embedding=include_embedding)
+        return self._call(self.stub.GetMemory, req).memory
+
+    def update(self, namespace: str, id: str, **fields: Any) -> pb.Memory:
+        """Change the given fields only (e.g. ``update(ns, id, importance=0.9, tags=["x"])``)."""
+        if not fields:
+            raise ValueError("update needs at least one field")
+        memory = build_memory(namespace, fields.get("content", ""), id=id,
+                              **{k: v for k, v in fields.items() if k != "content"})
+        paths = list(fields)
+        if "embedding" in fields and "embedding_model" not in fields:
+            raise ValueError("embedding needs embedding_model")
+        req = pb.UpdateMemoryRequest(memory=memory, update_mask=field_mask_pb2.FieldMask(paths=paths))
+        return self._call(self.stub.UpdateMemory, req).memory
+
+    def delete(self, namespace: str, id: str) -> None:
+        self._call(self.stub.DeleteMemory, pb.DeleteMemoryRequest(namespace=namespace, id=id))
+
+    def list_page(self, namespace: str, *, page_size: int = 0, page_token: str = "",
+                  include_embedding: bool = False, **filter_fields: Any) -> tuple[list[pb.Memory], str]:
+        """One page of a namespace, oldest first, and the token of the next page ('' at the end)."""
+        req = pb.ListMemoriesRequest(namespace=namespace, page_size=page_size, page_token=page_token,
+                                     filter=build_filter(**filter_fields), include_embedding=include_embedding)
+        resp = self._call(self.stub.ListMemories, req)
+        return list(resp.memories), resp.next_page_token
+
+    def list(self, namespace: str, *, page_size: int = 0, include_embedding: bool = False,
+             **filter_fields: Any) -> Iterator[pb.Memory]:
+        """Every memory of a namespace (matching the filter), fetched page by page."""
+        token = ""
+        while True:
+            page, token = self.list_page(namespace, page_size=page_size, page_token=token,
+                                         include_embedding=include_embedding, **filter_fields)
+            yield from page
+            if not token:
+                return
+
+    def search(
+        self,
+        namespaces: str | Sequence[str],
+        query: str | Sequence[float] | Any,
+        *,
+        embedding_model: str = "",
+        limit: int = 10,
+        min_similarity: float | None = None,
+        alpha: float | None = None,
+        beta: float | None = None,
+        gamma: float | None = None,
+        recency_tau_seconds: float | None = None,
+        as_of: TimeLike | None = None,
+        include_embedding: bool = False,
+        **filter_fields: Any,
+    ) -> list[pb.SearchResult]:
+        """Rank memories by alpha*relevance + beta*recency + gamma*importance, best first.
+
+        ``query`` is text (embedded by the server's built-in embedder) or a vector of the space
+        named by ``embedding_model``. Filters: tiers, kinds, tags_any, tags_all, source, topic,
+        created_after, created_before.
+        """
+        req = pb.SearchMemoriesRequest(
+            namespaces=[namespaces] if isinstance(namespaces, str) else list(namespaces), limit=limit,
+            filter=build_filter(**filter_fields), include_embedding=include_embedding,
+            embedding_model=embedding_model)
+        if isinstance(query, str):
+            req.query_text = query
+        else:
+            req.query_embedding.extend([float(x) for x in query])
+        for name, value in (("min_similarity", min_similarity), ("alpha", alpha), ("beta", beta),
+                            ("gamma", gamma), ("recency_tau_seconds", recency_tau_seconds)):
+            if value is not None:
+                setattr(req, name, value)
+        if as_of is not None:
+            req.as_of.CopyFrom(_timestamp(as_of))
+        return list(self._call(self.stub.SearchMemories, req).results)
+
+    def feedback(self, namespace: str, items: Iterable[Mapping[str, Any]], *,
+                 as_of: TimeLike | None = None) -> list[pb.Memory]:
+        """Report use of retrieved memories: each item has ``id`` and optionally
+        ``predicted_relevance``, ``actual_usefulness`` (both in [0, 1]) and ``success``."""
+        req = pb.RecordFeedbackRequest(namespace=namespace, items=[pb.Feedback(**dict(i)) for i in items])
+        if as_of is not None:
+            req.as_of.CopyFrom(_timestamp(as_of))
+        return list(self._call(self.stub.RecordFeedback, req).memories)
+
+    # -- server and namespaces ------------------------------------------------------------------
+    def stats(self, namespace: str = "") -> pb.GetStatsResponse:
+        return self._call(self.stub.GetStats, pb.GetStatsRequest(namespace=namespace))
+
+    def list_namespaces(self, prefix: str = "", *, page_size: int = 0) -> Iterator[pb.NamespaceInfo]:
+        token = ""
+        while True:
+            resp = self._call(self.stub.ListNamespaces,
+                              pb.ListNamespacesRequest(prefix=prefix, page_size=page_size, page_token=token))
+            yield from resp.namespaces
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def delete_namespace(self, namespace: str) -> int:
+        """Delete every memory of a namespace; returns how many were deleted."""
+        return int(self._call(self.stub.DeleteNamespace, pb.DeleteNamespaceRequest(namespace=namespace)).deleted_count)

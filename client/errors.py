@@ -1,0 +1,88 @@
+"""Errors raised by the tiermem client: one hierarchy, matched on ``reason``, never on message text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class TiermemError(Exception):
+    """A failed call: ``code`` (grpc.StatusCode), ``reason`` (e.g. ``MEMORY_NOT_FOUND``),
+    ``message``, ``field_violations`` (for INVALID_ARGUMENT) and ``metadata`` from ErrorInfo."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "",
+                 field_violations: tuple[FieldViolation, ...] = (), metadata: dict[str, str] | None = None) -> None:
+        super().__init__(f"{code.name}: {message}" + (f" [{reason}]" if reason else ""))
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.field_violations = field_violations
+        self.metadata = metadata or {}
+
+    @property
+    def fields(self) -> list[str]:
+        """Names of the invalid request fields."""
+        return [v.field for v in self.field_violations]
+
+
+class InvalidArgumentError(TiermemError):
+    pass
+
+
+class NotFoundError(TiermemError):
+    pass
+
+
+class AlreadyExistsError(TiermemError):
+    pass
+
+
+class FailedPreconditionError(TiermemError):
+    pass
+
+
+class ResourceExhaustedError(TiermemError):
+    pass
+
+
+class UnavailableError(TiermemError):
+    pass
+
+
+_BY_CODE: dict[grpc.StatusCode, type[TiermemError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+}
+
+
+def from_rpc_error(err: grpc.RpcError) -> TiermemError:
+    """Build the matching TiermemError from a failed call, reading google.rpc.Status details."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    message = err.details() if hasattr(err, "details") else str(err)
+    reason, metadata, violations = "", {}, []
+    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None  # type: ignore[arg-type]
+    if status is not None:
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason, metadata = info.reason, dict(info.metadata)
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations = [FieldViolation(v.field, v.description) for v in bad.field_violations]
+    cls = _BY_CODE.get(code, TiermemError)
+    return cls(code, message or "", reason, tuple(violations), metadata)

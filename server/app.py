@@ -1,0 +1,92 @@
+"""Server assembly: ``create_server(config)`` for tests and embedding, ``serve()`` for the command line."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tiermem.v1 import memory_pb2, memory_pb2_grpc
+
+from .config import ServerConfig
+from .engine import Engine
+from .servicer import MemoryServicer
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    port: int
+    engine: Engine
+    health: health.HealthServicer
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop taking calls, let running ones finish, drain writes, snapshot indexes, close LMDB."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        self.engine.close()
+
+
+def create_server(config: ServerConfig, clock: Callable[[], float] | None = None) -> RunningServer:
+    """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), then report SERVING."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    servicer = MemoryServicer()
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise RuntimeError(f"cannot bind {config.host}:{config.port}")
+    server.start()
+    try:
+        engine = Engine(config) if clock is None else Engine(config, clock=clock)
+    except BaseException:
+        server.stop(None)
+        raise
+    servicer.engine = engine
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server, port, engine, health_servicer)
+
+
+def serve(config: ServerConfig) -> None:
+    running = create_server(config)
+    logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())
+    print(f"tiermem listening on {config.host}:{running.port}", flush=True)
+    done = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logger.info("signal %d: shutting down", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    done.wait()
+    running.stop(config.shutdown_grace_seconds)
+    logger.info("stopped")
+    sys.stdout.flush()

@@ -1,0 +1,130 @@
+"""Conversion between tiermem.v1 messages and engine types. No logic beyond field mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from tiermem.v1 import memory_pb2 as pb
+
+from .engine import FeedbackItem, Filter, SearchHit, SearchQuery
+from .errors import InvalidArgument
+from .records import NewMemory, Record
+
+
+def ts_to_float(msg: Any, name: str) -> float | None:
+    if not msg.HasField(name):
+        return None
+    ts: Timestamp = getattr(msg, name)
+    return ts.seconds + ts.nanos / 1e9
+
+
+def _set_ts(ts: Timestamp, value: float) -> None:
+    seconds = int(value // 1)
+    ts.seconds = seconds
+    ts.nanos = min(int(round((value - seconds) * 1e9)), 999_999_999)
+
+
+def metadata_from_pb(values: Any, field: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in values.items():
+        which = v.WhichOneof("kind")
+        if which is None:
+            raise InvalidArgument(f"{field}[{key!r}]", "must have a value")
+        out[key] = getattr(v, which)
+    return out
+
+
+def _metadata_to_pb(target: Any, values: dict[str, Any]) -> None:
+    for key, v in values.items():
+        slot = target[key]
+        if isinstance(v, bool):
+            slot.bool_value = v
+        elif isinstance(v, int):
+            slot.int_value = v
+        elif isinstance(v, float):
+            slot.double_value = v
+        else:
+            slot.string_value = v
+
+
+def new_memory_from_pb(m: pb.Memory, field: str) -> NewMemory:
+    return NewMemory(
+        namespace=m.namespace, content=m.content, id=m.id, kind=m.kind, tier=int(m.tier),
+        importance=m.importance if m.HasField("importance") else None, source=m.source, topic=m.topic,
+        tags=list(m.tags), metadata=metadata_from_pb(m.metadata, f"{field}metadata"),
+        embedding=np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None,
+        embedding_model=m.embedding_model, created_at=ts_to_float(m, "create_time"), token_cost=m.token_cost,
+        source_ids=list(m.source_memory_ids), expire_at=ts_to_float(m, "expire_time"),
+    )
+
+
+def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory | None = None) -> pb.Memory:
+    m = pb.Memory() if out is None else out
+    m.id = rec.id
+    m.namespace = rec.namespace
+    m.content = rec.content
+    m.kind = rec.kind
+    m.tier = rec.tier  # type: ignore[assignment]
+    m.importance = rec.importance
+    m.source = rec.source
+    m.topic = rec.topic
+    m.tags.extend(rec.tags)
+    _metadata_to_pb(m.metadata, rec.metadata)
+    if vector is not None:
+        m.embedding.extend(vector.tolist())
+    m.embedding_model = rec.embedding_model
+    _set_ts(m.create_time, rec.created_at)
+    _set_ts(m.update_time, rec.updated_at)
+    _set_ts(m.last_access_time, rec.accessed_at)
+    m.access_count = rec.access_count
+    m.surprise_score = rec.surprise
+    m.success_count = rec.success_count
+    m.token_cost = rec.token_cost
+    m.source_memory_ids.extend(rec.source_ids)
+    if rec.expire_at is not None:
+        _set_ts(m.expire_time, rec.expire_at)
+    return m
+
+
+def filter_from_pb(f: pb.MemoryFilter) -> Filter:
+    return Filter(
+        tiers=[int(t) for t in f.tiers], kinds=list(f.kinds), tags_any=list(f.tags_any),
+        tags_all=list(f.tags_all), source=f.source, topic=f.topic,
+        created_after=ts_to_float(f, "created_after"), created_before=ts_to_float(f, "created_before"),
+    )
+
+
+def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
+    return SearchQuery(
+        namespaces=list(r.namespaces),
+        embedding=np.asarray(r.query_embedding, dtype=np.float32) if len(r.query_embedding) else None,
+        embedding_model=r.embedding_model, text=r.query_text, filter=filter_from_pb(r.filter), limit=r.limit,
+        min_similarity=r.min_similarity if r.HasField("min_similarity") else None,
+        alpha=r.alpha if r.HasField("alpha") else None, beta=r.beta if r.HasField("beta") else None,
+        gamma=r.gamma if r.HasField("gamma") else None,
+        recency_tau_seconds=r.recency_tau_seconds if r.HasField("recency_tau_seconds") else None,
+        as_of=ts_to_float(r, "as_of"),
+    )
+
+
+def hit_to_pb(hit: SearchHit, out: pb.SearchResult) -> None:
+    memory_to_pb(hit.record, hit.vector, out.memory)
+    out.score = hit.score
+    out.relevance = hit.relevance
+    out.recency = hit.recency
+    out.importance = hit.importance
+
+
+def feedback_from_pb(items: Any) -> list[FeedbackItem]:
+    return [
+        FeedbackItem(
+            id=f.id,
+            predicted_relevance=f.predicted_relevance if f.HasField("predicted_relevance") else None,
+            actual_usefulness=f.actual_usefulness if f.HasField("actual_usefulness") else None,
+            success=f.success,
+        )
+        for f in items
+    ]

@@ -1,0 +1,43 @@
+"""The one table from domain errors to gRPC status, and the rich google.rpc.Status they travel as."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from .errors import TiermemError
+
+DOMAIN = "tiermem"
+
+# status name (TiermemError.status) -> (grpc code, google.rpc code)
+STATUS_CODES: dict[str, tuple[grpc.StatusCode, int]] = {
+    "INVALID_ARGUMENT": (grpc.StatusCode.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT),
+    "NOT_FOUND": (grpc.StatusCode.NOT_FOUND, code_pb2.NOT_FOUND),
+    "ALREADY_EXISTS": (grpc.StatusCode.ALREADY_EXISTS, code_pb2.ALREADY_EXISTS),
+    "FAILED_PRECONDITION": (grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION),
+    "RESOURCE_EXHAUSTED": (grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED),
+    "UNAVAILABLE": (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
+    "INTERNAL": (grpc.StatusCode.INTERNAL, code_pb2.INTERNAL),
+}
+
+
+def to_status(err: TiermemError) -> grpc.Status:
+    _, code = STATUS_CODES.get(err.status, STATUS_CODES["INTERNAL"])
+    details = []
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=err.metadata)
+    packed = any_pb2.Any()
+    packed.Pack(info)
+    details.append(packed)
+    if err.violations:
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in err.violations
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(bad)
+        details.append(packed)
+    return rpc_status.to_status(status_pb2.Status(code=code, message=err.message, details=details))

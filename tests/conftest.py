@@ -1,0 +1,134 @@
+"""Shared fixtures: real servers on 127.0.0.1 port 0 with LMDB in a temp dir, in-process or as a
+separate process (for kill -9 and other-language clients)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tiermem.client import MemoryClient
+from tiermem.server.app import RunningServer, create_server
+from tiermem.server.config import ServerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeClock:
+    """An injectable clock for engine time (creation, expiry, recency): tests never sleep."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
+    """``server_factory(data_dir=None, clock=None, **config)`` starts an in-process server."""
+    started: list[RunningServer] = []
+
+    def start(data_dir: Path | None = None, clock: Callable[[], float] | None = None, **overrides: Any) -> RunningServer:
+        config = ServerConfig(host="127.0.0.1", port=0, data_dir=data_dir or tmp_path / "data", **overrides)
+        running = create_server(config, clock=clock)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        try:
+            running.stop(0)
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def server(server_factory: Callable[..., RunningServer]) -> RunningServer:
+    return server_factory()
+
+
+@pytest.fixture
+def client(server: RunningServer) -> Iterator[MemoryClient]:
+    with MemoryClient(f"127.0.0.1:{server.port}", timeout=30) as c:
+        c.wait_ready()
+        yield c
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    port: int
+    data_dir: Path
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+_LISTENING = re.compile(r"tiermem listening on [^:]+:(\d+)")
+
+
+def spawn_server(data_dir: Path, *extra_args: str, env: dict[str, str] | None = None,
+                 timeout: float = 120.0) -> ServerProcess:
+    """Start ``python -m tiermem.server`` on port 0 and wait for its listening line (printed once SERVING)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiermem.server", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir),
+         "--log-level", "WARNING", *extra_args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = _LISTENING.search(line)
+        if m:
+            return ServerProcess(proc, int(m.group(1)), data_dir)
+    proc.kill()
+    raise RuntimeError("server did not start:\n" + "".join(lines))
+
+
+@pytest.fixture
+def server_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    procs: list[ServerProcess] = []
+
+    def start(data_dir: Path | None = None, *args: str, **kw: Any) -> ServerProcess:
+        p = spawn_server(data_dir or tmp_path / "data", *args, **kw)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait()
