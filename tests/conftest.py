@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -113,6 +114,8 @@ def spawn_server(data_dir: Path, *extra_args: str, env: dict[str, str] | None = 
         lines.append(line)
         m = _LISTENING.search(line)
         if m:
+            # Keep draining the pipe so a chatty server never blocks on a full stdout.
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
             return ServerProcess(proc, int(m.group(1)), data_dir)
     proc.kill()
     raise RuntimeError("server did not start:\n" + "".join(lines))
