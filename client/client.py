@@ -29,15 +29,36 @@ from .errors import from_rpc_error
 
 TimeLike = dt.datetime | float | int
 
-_RETRY_CONFIG = json.dumps({
-    "methodConfig": [{
-        "name": [{"service": "tiermem.v1.MemoryService", "method": m} for m in (
-            "CreateMemory", "BatchCreateMemories", "GetMemory", "UpdateMemory", "DeleteMemory", "ListMemories",
-            "SearchMemories", "GetStats", "ListNamespaces", "DeleteNamespace")],
-        "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
-                        "retryableStatusCodes": ["UNAVAILABLE"]},
-    }]
-})
+_RETRY_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [
+                    {"service": "tiermem.v1.MemoryService", "method": m}
+                    for m in (
+                        "CreateMemory",
+                        "BatchCreateMemories",
+                        "GetMemory",
+                        "UpdateMemory",
+                        "DeleteMemory",
+                        "ListMemories",
+                        "SearchMemories",
+                        "GetStats",
+                        "ListNamespaces",
+                        "DeleteNamespace",
+                    )
+                ],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
 
 
 def tier_value(tier: int | str | None) -> int:
@@ -56,7 +77,7 @@ def _timestamp(value: TimeLike) -> Timestamp:
         ts.FromDatetime(value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc))
     else:
         seconds = int(value // 1)
-        ts.seconds, ts.nanos = seconds, int(round((value - seconds) * 1e9))
+        ts.seconds, ts.nanos = seconds, round((value - seconds) * 1e9)
     return ts
 
 
@@ -100,9 +121,19 @@ def build_memory(
     source_memory_ids: Iterable[str] = (),
 ) -> pb.Memory:
     """A ``Memory`` message from Python values (numpy arrays are fine for ``embedding``)."""
-    m = pb.Memory(namespace=namespace, content=content, id=id, kind=kind, tier=tier_value(tier),  # type: ignore[arg-type]
-                  source=source, topic=topic, tags=list(tags), embedding_model=embedding_model,
-                  token_cost=token_cost, source_memory_ids=list(source_memory_ids))
+    m = pb.Memory(
+        namespace=namespace,
+        content=content,
+        id=id,
+        kind=kind,
+        tier=tier_value(tier),  # type: ignore[arg-type,unused-ignore]
+        source=source,
+        topic=topic,
+        tags=list(tags),
+        embedding_model=embedding_model,
+        token_cost=token_cost,
+        source_memory_ids=list(source_memory_ids),
+    )
     if importance is not None:
         m.importance = importance
     if metadata:
@@ -127,8 +158,14 @@ def build_filter(
     created_after: TimeLike | None = None,
     created_before: TimeLike | None = None,
 ) -> pb.MemoryFilter:
-    f = pb.MemoryFilter(tiers=[tier_value(t) for t in tiers], kinds=list(kinds), tags_any=list(tags_any),  # type: ignore[misc]
-                        tags_all=list(tags_all), source=source, topic=topic)
+    f = pb.MemoryFilter(
+        tiers=[tier_value(t) for t in tiers],
+        kinds=list(kinds),
+        tags_any=list(tags_any),
+        tags_all=list(tags_all),
+        source=source,
+        topic=topic,
+    )
     if created_after is not None:
         f.created_after.CopyFrom(_timestamp(created_after))
     if created_before is not None:
@@ -139,16 +176,25 @@ def build_filter(
 class MemoryClient:
     """A connection to one tiermem server. Thread-safe; use as a context manager or call ``close``."""
 
-    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
-                 channel: grpc.Channel | None = None, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        timeout: float = 30.0,
+        channel: grpc.Channel | None = None,
+        max_message_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         self.timeout = timeout
         self._own_channel = channel is None
-        self.channel = channel or grpc.insecure_channel(target, options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.service_config", _RETRY_CONFIG),
-            ("grpc.enable_retries", 1),
-        ])
+        self.channel = channel or grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.service_config", _RETRY_CONFIG),
+                ("grpc.enable_retries", 1),
+            ],
+        )
         self.stub = pb_grpc.MemoryServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -172,23 +218,31 @@ class MemoryClient:
         """Block until the server reports SERVING (raises UnavailableError after ``timeout``)."""
         try:
             grpc.channel_ready_future(self.channel).result(timeout=timeout)
-            resp = self._health.Check(health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService"),
-                                      timeout=timeout, wait_for_ready=True)
+            resp = self._health.Check(
+                health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService"),
+                timeout=timeout,
+                wait_for_ready=True,
+            )
         except (grpc.FutureTimeoutError, grpc.RpcError) as e:
             from .errors import UnavailableError
+
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"server not ready: {e}") from None
         if resp.status != health_pb2.HealthCheckResponse.SERVING:
             from .errors import UnavailableError
+
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "server is not SERVING")
 
     # -- memories -------------------------------------------------------------------------------
     def create(self, namespace: str, content: str, *, request_id: str = "", **fields: Any) -> pb.Memory:
         """Store one memory; ``fields`` are those of ``build_memory`` (tier, importance, tags, ...)."""
-        req = pb.CreateMemoryRequest(memory=build_memory(namespace, content, **fields),
-                                     request_id=request_id or uuid.uuid4().hex)
+        req = pb.CreateMemoryRequest(
+            memory=build_memory(namespace, content, **fields), request_id=request_id or uuid.uuid4().hex
+        )
         return self._call(self.stub.CreateMemory, req).memory
 
-    def create_batch(self, memories: Iterable[pb.Memory | Mapping[str, Any]], *, request_id: str = "") -> list[pb.Memory]:
+    def create_batch(
+        self, memories: Iterable[pb.Memory | Mapping[str, Any]], *, request_id: str = ""
+    ) -> list[pb.Memory]:
         """Store all memories or none; items are ``Memory`` messages or dicts of ``build_memory`` args."""
         msgs = [m if isinstance(m, pb.Memory) else build_memory(**m) for m in memories]
         req = pb.BatchCreateMemoriesRequest(memories=msgs, request_id=request_id or uuid.uuid4().hex)
@@ -202,8 +256,9 @@ class MemoryClient:
         """Change the given fields only (e.g. ``update(ns, id, importance=0.9, tags=["x"])``)."""
         if not fields:
             raise ValueError("update needs at least one field")
-        memory = build_memory(namespace, fields.get("content", ""), id=id,
-                              **{k: v for k, v in fields.items() if k != "content"})
+        memory = build_memory(
+            namespace, fields.get("content", ""), id=id, **{k: v for k, v in fields.items() if k != "content"}
+        )
         paths = list(fields)
         if "embedding" in fields and "embedding_model" not in fields:
             raise ValueError("embedding needs embedding_model")
@@ -213,21 +268,39 @@ class MemoryClient:
     def delete(self, namespace: str, id: str) -> None:
         self._call(self.stub.DeleteMemory, pb.DeleteMemoryRequest(namespace=namespace, id=id))
 
-    def list_page(self, namespace: str, *, page_size: int = 0, page_token: str = "",
-                  include_embedding: bool = False, **filter_fields: Any) -> tuple[list[pb.Memory], str]:
+    def list_page(
+        self,
+        namespace: str,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        include_embedding: bool = False,
+        **filter_fields: Any,
+    ) -> tuple[list[pb.Memory], str]:
         """One page of a namespace, oldest first, and the token of the next page ('' at the end)."""
-        req = pb.ListMemoriesRequest(namespace=namespace, page_size=page_size, page_token=page_token,
-                                     filter=build_filter(**filter_fields), include_embedding=include_embedding)
+        req = pb.ListMemoriesRequest(
+            namespace=namespace,
+            page_size=page_size,
+            page_token=page_token,
+            filter=build_filter(**filter_fields),
+            include_embedding=include_embedding,
+        )
         resp = self._call(self.stub.ListMemories, req)
         return list(resp.memories), resp.next_page_token
 
-    def list(self, namespace: str, *, page_size: int = 0, include_embedding: bool = False,
-             **filter_fields: Any) -> Iterator[pb.Memory]:
+    def list_memories(
+        self, namespace: str, *, page_size: int = 0, include_embedding: bool = False, **filter_fields: Any
+    ) -> Iterator[pb.Memory]:
         """Every memory of a namespace (matching the filter), fetched page by page."""
         token = ""
         while True:
-            page, token = self.list_page(namespace, page_size=page_size, page_token=token,
-                                         include_embedding=include_embedding, **filter_fields)
+            page, token = self.list_page(
+                namespace,
+                page_size=page_size,
+                page_token=token,
+                include_embedding=include_embedding,
+                **filter_fields,
+            )
             yield from page
             if not token:
                 return
@@ -255,23 +328,32 @@ class MemoryClient:
         created_after, created_before.
         """
         req = pb.SearchMemoriesRequest(
-            namespaces=[namespaces] if isinstance(namespaces, str) else list(namespaces), limit=limit,
-            filter=build_filter(**filter_fields), include_embedding=include_embedding,
-            embedding_model=embedding_model)
+            namespaces=[namespaces] if isinstance(namespaces, str) else list(namespaces),
+            limit=limit,
+            filter=build_filter(**filter_fields),
+            include_embedding=include_embedding,
+            embedding_model=embedding_model,
+        )
         if isinstance(query, str):
             req.query_text = query
         else:
             req.query_embedding.extend([float(x) for x in query])
-        for name, value in (("min_similarity", min_similarity), ("alpha", alpha), ("beta", beta),
-                            ("gamma", gamma), ("recency_tau_seconds", recency_tau_seconds)):
+        for name, value in (
+            ("min_similarity", min_similarity),
+            ("alpha", alpha),
+            ("beta", beta),
+            ("gamma", gamma),
+            ("recency_tau_seconds", recency_tau_seconds),
+        ):
             if value is not None:
                 setattr(req, name, value)
         if as_of is not None:
             req.as_of.CopyFrom(_timestamp(as_of))
         return list(self._call(self.stub.SearchMemories, req).results)
 
-    def feedback(self, namespace: str, items: Iterable[Mapping[str, Any]], *,
-                 as_of: TimeLike | None = None) -> list[pb.Memory]:
+    def feedback(
+        self, namespace: str, items: Iterable[Mapping[str, Any]], *, as_of: TimeLike | None = None
+    ) -> list[pb.Memory]:
         """Report use of retrieved memories: each item has ``id`` and optionally
         ``predicted_relevance``, ``actual_usefulness`` (both in [0, 1]) and ``success``."""
         req = pb.RecordFeedbackRequest(namespace=namespace, items=[pb.Feedback(**dict(i)) for i in items])
@@ -286,8 +368,10 @@ class MemoryClient:
     def list_namespaces(self, prefix: str = "", *, page_size: int = 0) -> Iterator[pb.NamespaceInfo]:
         token = ""
         while True:
-            resp = self._call(self.stub.ListNamespaces,
-                              pb.ListNamespacesRequest(prefix=prefix, page_size=page_size, page_token=token))
+            resp = self._call(
+                self.stub.ListNamespaces,
+                pb.ListNamespacesRequest(prefix=prefix, page_size=page_size, page_token=token),
+            )
             yield from resp.namespaces
             token = resp.next_page_token
             if not token:
@@ -295,4 +379,8 @@ class MemoryClient:
 
     def delete_namespace(self, namespace: str) -> int:
         """Delete every memory of a namespace; returns how many were deleted."""
-        return int(self._call(self.stub.DeleteNamespace, pb.DeleteNamespaceRequest(namespace=namespace)).deleted_count)
+        return int(
+            self._call(
+                self.stub.DeleteNamespace, pb.DeleteNamespaceRequest(namespace=namespace)
+            ).deleted_count
+        )

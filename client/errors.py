@@ -19,8 +19,14 @@ class TiermemError(Exception):
     """A failed call: ``code`` (grpc.StatusCode), ``reason`` (e.g. ``MEMORY_NOT_FOUND``),
     ``message``, ``field_violations`` (for INVALID_ARGUMENT) and ``metadata`` from ErrorInfo."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "",
-                 field_violations: tuple[FieldViolation, ...] = (), metadata: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        reason: str = "",
+        field_violations: tuple[FieldViolation, ...] = (),
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(f"{code.name}: {message}" + (f" [{reason}]" if reason else ""))
         self.code = code
         self.message = message
@@ -73,7 +79,7 @@ def from_rpc_error(err: grpc.RpcError) -> TiermemError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = err.details() if hasattr(err, "details") else str(err)
     reason, metadata, violations = "", {}, []
-    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None  # type: ignore[arg-type]
+    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
     if status is not None:
         for detail in status.details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):

@@ -73,7 +73,9 @@ def decay_importance(
     _check("tier", tier, np.int8, n)
     _check_tiers(tier)
     out = np.empty(n, np.float32)
-    _jit.decay_importance(importance, created_at, tier, float(now), _half_lives(half_life_hours), float(floor), out)
+    _jit.decay_importance(
+        importance, created_at, tier, float(now), _half_lives(half_life_hours), float(floor), out
+    )
     return out
 
 
@@ -135,8 +137,22 @@ def score_rows(
     rec = np.empty(m, np.float32)
     imp = np.empty(m, np.float32)
     _jit.score_rows(
-        rows, relevance, importance, created_at, last_access, tier, float(now), float(tau_seconds),
-        _half_lives(half_life_hours), float(floor), float(alpha), float(beta), float(gamma), score, rec, imp,
+        rows,
+        relevance,
+        importance,
+        created_at,
+        last_access,
+        tier,
+        float(now),
+        float(tau_seconds),
+        _half_lives(half_life_hours),
+        float(floor),
+        float(alpha),
+        float(beta),
+        float(gamma),
+        score,
+        rec,
+        imp,
     )
     return score, rec, imp
 
@@ -211,8 +227,19 @@ def filter_mask(
     _check_tiers(tier)
     out = np.empty(n, np.bool_)
     count = _jit.filter_mask(
-        alive, ns_id, ns_ok, tier, tier_ok, kind_id, kind_ok, created_at, float(created_lo),
-        float(created_hi), expire_at, float(now), out,
+        alive,
+        ns_id,
+        ns_ok,
+        tier,
+        tier_ok,
+        kind_id,
+        kind_ok,
+        created_at,
+        float(created_lo),
+        float(created_hi),
+        expire_at,
+        float(now),
+        out,
     )
     return out, int(count)
 
@@ -227,13 +254,37 @@ def warm_up() -> None:
     rec = recency(f64, 1.0, 60.0)
     combined_scores(f32, rec, f32, 0.5, 0.3, 0.2)
     rows = np.array([1, 0], np.int64)
-    score_rows(rows, f32, importance=f32, created_at=f64, last_access=f64, tier=t8, now=1.0, tau_seconds=60.0,
-               half_life_hours=hl, floor=0.1, alpha=0.5, beta=0.3, gamma=0.2)
+    score_rows(
+        rows,
+        f32,
+        importance=f32,
+        created_at=f64,
+        last_access=f64,
+        tier=t8,
+        now=1.0,
+        tau_seconds=60.0,
+        half_life_hours=hl,
+        floor=0.1,
+        alpha=0.5,
+        beta=0.3,
+        gamma=0.2,
+    )
     surprise_ema(f32.copy(), rows, f32, f32)
     topk(f32, 1)
     topk(f64, 1)
     b = np.ones(2, np.bool_)
     i32 = np.zeros(2, np.int32)
-    filter_mask(alive=b, ns_id=i32, ns_ok=b, tier=t8, tier_ok=np.ones(5, np.bool_), kind_id=i32,
-                kind_ok=np.zeros(0, np.bool_), created_at=f64, created_lo=-np.inf, created_hi=np.inf,
-                expire_at=f64, now=1.0)
+    filter_mask(
+        alive=b,
+        ns_id=i32,
+        ns_ok=b,
+        tier=t8,
+        tier_ok=np.ones(5, np.bool_),
+        kind_id=i32,
+        kind_ok=np.zeros(0, np.bool_),
+        created_at=f64,
+        created_lo=-np.inf,
+        created_hi=np.inf,
+        expire_at=f64,
+        now=1.0,
+    )

@@ -13,12 +13,12 @@ import math
 import numpy as np
 from numba import njit
 
-_OPTS = {"nogil": True, "cache": True, "error_model": "numpy"}
+_kernel = njit(nogil=True, cache=True, error_model="numpy")
 
 HOURS = 3600.0
 
 
-@njit(**_OPTS)
+@_kernel
 def _decayed(importance, age_seconds, half_life_hours, floor):
     if half_life_hours <= 0.0 or math.isinf(half_life_hours):
         return importance
@@ -30,7 +30,7 @@ def _decayed(importance, age_seconds, half_life_hours, floor):
     return d if d > lo else lo
 
 
-@njit(**_OPTS)
+@_kernel
 def _recency(last_access, now, tau_seconds):
     dt = now - last_access
     if dt < 0.0:
@@ -38,27 +38,43 @@ def _recency(last_access, now, tau_seconds):
     return math.exp(-dt / tau_seconds)
 
 
-@njit(**_OPTS)
+@_kernel
 def decay_importance(importance, created_at, tier, now, half_life_hours, floor, out):
     for i in range(importance.shape[0]):
         out[i] = _decayed(importance[i], now - created_at[i], half_life_hours[tier[i]], floor)
 
 
-@njit(**_OPTS)
+@_kernel
 def recency(last_access, now, tau_seconds, out):
     for i in range(last_access.shape[0]):
         out[i] = _recency(last_access[i], now, tau_seconds)
 
 
-@njit(**_OPTS)
+@_kernel
 def combined(relevance, rec, imp, alpha, beta, gamma, out):
     for i in range(relevance.shape[0]):
         out[i] = alpha * relevance[i] + beta * rec[i] + gamma * imp[i]
 
 
-@njit(**_OPTS)
-def score_rows(rows, relevance, importance, created_at, last_access, tier, now, tau_seconds,
-               half_life_hours, floor, alpha, beta, gamma, score, rec, imp):
+@_kernel
+def score_rows(
+    rows,
+    relevance,
+    importance,
+    created_at,
+    last_access,
+    tier,
+    now,
+    tau_seconds,
+    half_life_hours,
+    floor,
+    alpha,
+    beta,
+    gamma,
+    score,
+    rec,
+    imp,
+):
     """Fused gather + decay + recency + combined score over the rows ``rows`` of the columns."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -69,7 +85,7 @@ def score_rows(rows, relevance, importance, created_at, last_access, tier, now, 
         score[i] = alpha * relevance[i] + beta * c + gamma * d
 
 
-@njit(**_OPTS)
+@_kernel
 def surprise_ema(state, index, predicted, actual, alpha, out):
     """Apply feedback items in order: s <- alpha*max(0, actual-predicted) + (1-alpha)*s.
 
@@ -86,7 +102,7 @@ def surprise_ema(state, index, predicted, actual, alpha, out):
         out[i] = s
 
 
-@njit(**_OPTS)
+@_kernel
 def _sift_down(hs, hi, n, pos):
     # Min-heap on (score, -index): the root is the worst kept item (lowest score, highest index).
     while True:
@@ -105,7 +121,7 @@ def _sift_down(hs, hi, n, pos):
             return
 
 
-@njit(**_OPTS)
+@_kernel
 def topk(scores, k):
     """Indices of the k highest scores, best first; ties go to the lower index; NaN never wins."""
     n = scores.shape[0]
@@ -146,9 +162,22 @@ def topk(scores, k):
     return out
 
 
-@njit(**_OPTS)
-def filter_mask(alive, ns_id, ns_ok, tier, tier_ok, kind_id, kind_ok, created_at, created_lo,
-                created_hi, expire_at, now, out):
+@_kernel
+def filter_mask(
+    alive,
+    ns_id,
+    ns_ok,
+    tier,
+    tier_ok,
+    kind_id,
+    kind_ok,
+    created_at,
+    created_lo,
+    created_hi,
+    expire_at,
+    now,
+    out,
+):
     """out[i] = row i is alive, in an allowed namespace/tier/kind, in the creation window, unexpired.
 
     ``kind_ok`` of length 0 allows every kind. Returns the number of rows kept.

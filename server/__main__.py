@@ -14,14 +14,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1, env TIERMEM_HOST)")
     p.add_argument("--port", type=int, help="port (default 50051; 0 picks a free one; env TIERMEM_PORT)")
     p.add_argument("--data-dir", help="data directory (default ./data, env TIERMEM_DATA_DIR)")
-    p.add_argument("--no-sync", action="store_true", help="do not fsync commits (survives kill -9, not power loss)")
+    p.add_argument(
+        "--no-sync", action="store_true", help="do not fsync commits (survives kill -9, not power loss)"
+    )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     args = p.parse_args(argv)
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir, "log_level": args.log_level}
     if args.no_sync:
         overrides["sync"] = False
     config = ServerConfig.from_env(**overrides)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     serve(config)
 
 

@@ -6,9 +6,9 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -57,7 +57,8 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
     )
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:

@@ -82,7 +82,9 @@ class ColumnsView:
 class Columns:
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
-        self._arrays = {name: np.full(capacity, fill, dtype) for name, (dtype, fill) in _SPEC.items()}
+        self._arrays: dict[str, np.ndarray] = {
+            name: np.full(capacity, fill, dtype) for name, (dtype, fill) in _SPEC.items()
+        }
         self._view = self._make_view()
         self.rows: dict[int, int] = {}  # rid -> row
         self.namespaces = Interner()
@@ -108,7 +110,7 @@ class Columns:
             return
         new_cap = max(need, cap * 2)
         for name, (dtype, fill) in _SPEC.items():
-            grown = np.full(new_cap, fill, dtype)
+            grown: np.ndarray = np.full(new_cap, fill, dtype)
             grown[: self.n] = self._arrays[name][: self.n]
             self._arrays[name] = grown
 

@@ -24,7 +24,7 @@ def ts_to_float(msg: Any, name: str) -> float | None:
 def _set_ts(ts: Timestamp, value: float) -> None:
     seconds = int(value // 1)
     ts.seconds = seconds
-    ts.nanos = min(int(round((value - seconds) * 1e9)), 999_999_999)
+    ts.nanos = min(round((value - seconds) * 1e9), 999_999_999)
 
 
 def metadata_from_pb(values: Any, field: str) -> dict[str, Any]:
@@ -52,12 +52,22 @@ def _metadata_to_pb(target: Any, values: dict[str, Any]) -> None:
 
 def new_memory_from_pb(m: pb.Memory, field: str) -> NewMemory:
     return NewMemory(
-        namespace=m.namespace, content=m.content, id=m.id, kind=m.kind, tier=int(m.tier),
-        importance=m.importance if m.HasField("importance") else None, source=m.source, topic=m.topic,
-        tags=list(m.tags), metadata=metadata_from_pb(m.metadata, f"{field}metadata"),
+        namespace=m.namespace,
+        content=m.content,
+        id=m.id,
+        kind=m.kind,
+        tier=int(m.tier),
+        importance=m.importance if m.HasField("importance") else None,
+        source=m.source,
+        topic=m.topic,
+        tags=list(m.tags),
+        metadata=metadata_from_pb(m.metadata, f"{field}metadata"),
         embedding=np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None,
-        embedding_model=m.embedding_model, created_at=ts_to_float(m, "create_time"), token_cost=m.token_cost,
-        source_ids=list(m.source_memory_ids), expire_at=ts_to_float(m, "expire_time"),
+        embedding_model=m.embedding_model,
+        created_at=ts_to_float(m, "create_time"),
+        token_cost=m.token_cost,
+        source_ids=list(m.source_memory_ids),
+        expire_at=ts_to_float(m, "expire_time"),
     )
 
 
@@ -67,7 +77,7 @@ def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory |
     m.namespace = rec.namespace
     m.content = rec.content
     m.kind = rec.kind
-    m.tier = rec.tier  # type: ignore[assignment]
+    m.tier = rec.tier  # type: ignore[assignment,unused-ignore]
     m.importance = rec.importance
     m.source = rec.source
     m.topic = rec.topic
@@ -91,9 +101,14 @@ def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory |
 
 def filter_from_pb(f: pb.MemoryFilter) -> Filter:
     return Filter(
-        tiers=[int(t) for t in f.tiers], kinds=list(f.kinds), tags_any=list(f.tags_any),
-        tags_all=list(f.tags_all), source=f.source, topic=f.topic,
-        created_after=ts_to_float(f, "created_after"), created_before=ts_to_float(f, "created_before"),
+        tiers=[int(t) for t in f.tiers],
+        kinds=list(f.kinds),
+        tags_any=list(f.tags_any),
+        tags_all=list(f.tags_all),
+        source=f.source,
+        topic=f.topic,
+        created_after=ts_to_float(f, "created_after"),
+        created_before=ts_to_float(f, "created_before"),
     )
 
 
@@ -101,9 +116,13 @@ def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
     return SearchQuery(
         namespaces=list(r.namespaces),
         embedding=np.asarray(r.query_embedding, dtype=np.float32) if len(r.query_embedding) else None,
-        embedding_model=r.embedding_model, text=r.query_text, filter=filter_from_pb(r.filter), limit=r.limit,
+        embedding_model=r.embedding_model,
+        text=r.query_text,
+        filter=filter_from_pb(r.filter),
+        limit=r.limit,
         min_similarity=r.min_similarity if r.HasField("min_similarity") else None,
-        alpha=r.alpha if r.HasField("alpha") else None, beta=r.beta if r.HasField("beta") else None,
+        alpha=r.alpha if r.HasField("alpha") else None,
+        beta=r.beta if r.HasField("beta") else None,
         gamma=r.gamma if r.HasField("gamma") else None,
         recency_tau_seconds=r.recency_tau_seconds if r.HasField("recency_tau_seconds") else None,
         as_of=ts_to_float(r, "as_of"),

@@ -10,6 +10,7 @@ sending ``embedding`` + ``embedding_model``.
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
 
@@ -33,7 +34,7 @@ class HashEmbedder:
             if len(padded) > 4:
                 for i in range(len(padded) - 2):
                     feats.append((b"c:" + padded[i : i + 3].encode(), 0.35))
-        for a, b in zip(words, words[1:], strict=False):
+        for a, b in itertools.pairwise(words):
             feats.append((b"b:" + a.encode() + b" " + b.encode(), 0.5))
         if not feats:
             feats.append((b"t:" + text.encode(), 1.0))

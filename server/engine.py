@@ -35,8 +35,7 @@ import lmdb
 import msgpack
 import numpy as np
 
-from tiermem import __version__
-from tiermem import kernels
+from tiermem import __version__, kernels
 
 from . import validation as check
 from .columns import Columns, ColumnsView
@@ -124,8 +123,9 @@ class Engine:
         data = Path(config.data_dir)
         self.index_dir = data / "indexes"
         self.index_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(data / "lmdb", map_size=config.map_size, max_map_size=config.max_map_size,
-                           sync=config.sync)
+        self.store = Store(
+            data / "lmdb", map_size=config.map_size, max_map_size=config.max_map_size, sync=config.sync
+        )
         self.embedder = HashEmbedder(config.builtin_dimension, config.builtin_model)
         self.columns = Columns()
         self.spaces: dict[str, Space] = {}
@@ -167,25 +167,39 @@ class Engine:
                 pending.setdefault((sp.id, rec.tier), []).append((row, rec.vk, rec.rid))
             for (sid, tier), items in pending.items():
                 self._load_index(txn, self._space_by_id[sid], tier, items)
-        logger.info("loaded %d memories in %d spaces in %.2f s", len(self.columns), len(self.spaces),
-                    time.monotonic() - t0)
+        logger.info(
+            "loaded %d memories in %d spaces in %.2f s",
+            len(self.columns),
+            len(self.spaces),
+            time.monotonic() - t0,
+        )
 
-    def _load_index(self, txn: lmdb.Transaction, sp: Space, tier: int, items: list[tuple[int, int, int]]) -> None:
+    def _load_index(
+        self, txn: lmdb.Transaction, sp: Space, tier: int, items: list[tuple[int, int, int]]
+    ) -> None:
         rows = np.array([r for r, _, _ in items], np.int64)
         vks = np.array([v for _, v, _ in items], np.int64)
         rids = [rid for _, _, rid in items]
         internal = np.full(rows.shape[0], -1, np.int64)
-        loaded = VectorIndex.load(self._snapshot_base(sp, tier), sp.model, sp.dim, self.config.hnsw_ef_construction)
+        loaded = VectorIndex.load(
+            self._snapshot_base(sp, tier), sp.model, sp.dim, self.config.hnsw_ef_construction
+        )
         if loaded is not None:
             idx, snap_vks = loaded
             order = np.argsort(snap_vks, kind="stable")
             pos = np.searchsorted(snap_vks[order], vks)
             pos = np.minimum(pos, max(0, order.shape[0] - 1))
-            hit = (order.shape[0] > 0) & (snap_vks[order[pos]] == vks) if order.shape[0] else np.zeros_like(vks, bool)
+            hit = (
+                (order.shape[0] > 0) & (snap_vks[order[pos]] == vks)
+                if order.shape[0]
+                else np.zeros_like(vks, bool)
+            )
             internal[hit] = order[pos[hit]]
             dead_after = idx.n - int(hit.sum())
             if idx.n and dead_after / idx.n > 0.25:  # compaction: too many tombstones, rebuild
-                logger.info("rebuilding index %s/%d: %d of %d entries dead", sp.model, tier, dead_after, idx.n)
+                logger.info(
+                    "rebuilding index %s/%d: %d of %d entries dead", sp.model, tier, dead_after, idx.n
+                )
                 idx, internal[:] = self._new_index(sp), -1
             else:
                 idx.revive(internal[hit], rows[hit])
@@ -204,8 +218,13 @@ class Engine:
             internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk])
         self.columns.activate(rows, np.array([_loc(sp.id, tier, int(i)) for i in internal], np.int64))
         if missing.shape[0]:
-            logger.info("index %s/%d: %d vectors from snapshot, %d added from LMDB", sp.model, tier,
-                        rows.shape[0] - missing.shape[0], missing.shape[0])
+            logger.info(
+                "index %s/%d: %d vectors from snapshot, %d added from LMDB",
+                sp.model,
+                tier,
+                rows.shape[0] - missing.shape[0],
+                missing.shape[0],
+            )
 
     def _new_index(self, sp: Space) -> VectorIndex:
         return VectorIndex(sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction)
@@ -239,8 +258,11 @@ class Engine:
         if not memories:
             raise InvalidArgument("memories", "must hold at least one memory")
         if len(memories) > self.config.max_batch_size:
-            raise InvalidArgument("memories", f"holds {len(memories)} memories, the limit is "
-                                  f"{self.config.max_batch_size}", reason="BATCH_TOO_LARGE")
+            raise InvalidArgument(
+                "memories",
+                f"holds {len(memories)} memories, the limit is {self.config.max_batch_size}",
+                reason="BATCH_TOO_LARGE",
+            )
         check.request_id("request_id", request_id)
         seen: dict[tuple[str, str], int] = {}
         for i, m in enumerate(memories):
@@ -263,8 +285,10 @@ class Engine:
                 prior = self.store.get_request(txn, request_id)
                 if prior is not None:
                     if prior["fp"] != fingerprint:
-                        raise AlreadyExists(f"request_id {request_id!r} was used for a different request",
-                                            reason="REQUEST_ID_REUSED")
+                        raise AlreadyExists(
+                            f"request_id {request_id!r} was used for a different request",
+                            reason="REQUEST_ID_REUSED",
+                        )
                     return "replay", prior["rids"]
             spaces = self.store.spaces(txn)
             out: list[tuple[Record, np.ndarray]] = []
@@ -279,7 +303,8 @@ class Engine:
                     raise InvalidArgument(
                         f"{prefix}embedding",
                         f"has dimension {dim}, but embedding space {m.embedding_model!r} has dimension {known}",
-                        reason="EMBEDDING_DIMENSION_MISMATCH")
+                        reason="EMBEDDING_DIMENSION_MISMATCH",
+                    )
                 if m.id:
                     if self.store.lookup(txn, m.namespace, m.id) is not None:
                         raise AlreadyExists(f"memory {m.id!r} already exists in namespace {m.namespace!r}")
@@ -289,12 +314,25 @@ class Engine:
                 rid, vk = self._alloc()
                 created = now if m.created_at is None else m.created_at
                 rec = Record(
-                    rid=rid, id=mid, namespace=m.namespace, content=m.content, kind=m.kind, tier=m.tier,
-                    importance=float(m.importance or 0.0), source=m.source, topic=m.topic, tags=m.tags,
-                    metadata=m.metadata, embedding_model=m.embedding_model, created_at=created,
-                    updated_at=created, accessed_at=created,
+                    rid=rid,
+                    id=mid,
+                    namespace=m.namespace,
+                    content=m.content,
+                    kind=m.kind,
+                    tier=m.tier,
+                    importance=float(m.importance or 0.0),
+                    source=m.source,
+                    topic=m.topic,
+                    tags=m.tags,
+                    metadata=m.metadata,
+                    embedding_model=m.embedding_model,
+                    created_at=created,
+                    updated_at=created,
+                    accessed_at=created,
                     token_cost=m.token_cost or math.ceil(len(m.content.encode()) / 4),
-                    source_ids=list(m.source_ids), expire_at=m.expire_at, vk=vk,
+                    source_ids=list(m.source_ids),
+                    expire_at=m.expire_at,
+                    vk=vk,
                 )
                 self.store.put(txn, rec)
                 self.store.put_vector(txn, rid, m.embedding)
@@ -325,11 +363,14 @@ class Engine:
             sp = self._space_by_id[sid]
             rows = np.array([g[0] for g in group], np.int64)
             internal = self._index(sp, tier).add(
-                np.stack([g[2] for g in group]), rows, np.array([g[1].vk for g in group], np.int64))
+                np.stack([g[2] for g in group]), rows, np.array([g[1].vk for g in group], np.int64)
+            )
             self.columns.activate(rows, (sid << _SPACE_SHIFT) | (tier << _TIER_SHIFT) | internal)
 
     # -- read -----------------------------------------------------------------------------------
-    def get(self, namespace: str, memory_id: str, include_embedding: bool = False) -> tuple[Record, np.ndarray | None]:
+    def get(
+        self, namespace: str, memory_id: str, include_embedding: bool = False
+    ) -> tuple[Record, np.ndarray | None]:
         check.namespace("namespace", namespace)
         check.memory_id("id", memory_id)
         with self.store.read() as txn:
@@ -348,8 +389,23 @@ class Engine:
         return rec.expire_at is not None and rec.expire_at <= self.clock()
 
     # -- update ---------------------------------------------------------------------------------
-    UPDATABLE = frozenset({"content", "kind", "tier", "importance", "source", "topic", "tags", "metadata",
-                           "embedding", "embedding_model", "token_cost", "source_memory_ids", "expire_time"})
+    UPDATABLE = frozenset(
+        {
+            "content",
+            "kind",
+            "tier",
+            "importance",
+            "source",
+            "topic",
+            "tags",
+            "metadata",
+            "embedding",
+            "embedding_model",
+            "token_cost",
+            "source_memory_ids",
+            "expire_time",
+        }
+    )
 
     def update(self, namespace: str, memory_id: str, changes: NewMemory, mask: list[str]) -> Record:
         """Apply the fields named in ``mask`` from ``changes`` (a NewMemory holding new values)."""
@@ -359,8 +415,10 @@ class Engine:
             raise InvalidArgument("update_mask", "must name at least one field")
         for path in mask:
             if path not in self.UPDATABLE:
-                raise InvalidArgument("update_mask", f"field {path!r} cannot be updated; updatable: "
-                                      f"{', '.join(sorted(self.UPDATABLE))}")
+                raise InvalidArgument(
+                    "update_mask",
+                    f"field {path!r} cannot be updated; updatable: {', '.join(sorted(self.UPDATABLE))}",
+                )
         fields_ = set(mask)
         c = changes
         if "content" in fields_:
@@ -402,7 +460,7 @@ class Engine:
         def prepare(txn: lmdb.Transaction) -> tuple[Record, Record, np.ndarray | None]:
             rid = self.store.lookup(txn, namespace, memory_id)
             old = None if rid is None else self.store.get(txn, rid)
-            if old is None or old.expire_at is not None and old.expire_at <= now:
+            if old is None or (old.expire_at is not None and old.expire_at <= now):
                 raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
             rec = Record.unpack(old.pack())
             vec = new_vec
@@ -425,11 +483,13 @@ class Engine:
                 if dim is None:
                     self.store.put_space(txn, model, int(vec.shape[0]))
                 elif dim != vec.shape[0]:
-                    raise InvalidArgument("memory.embedding", f"has dimension {vec.shape[0]}, but embedding "
-                                          f"space {model!r} has dimension {dim}",
-                                          reason="EMBEDDING_DIMENSION_MISMATCH")
+                    raise InvalidArgument(
+                        "memory.embedding",
+                        f"has dimension {vec.shape[0]}, but embedding space {model!r} has dimension {dim}",
+                        reason="EMBEDDING_DIMENSION_MISMATCH",
+                    )
                 rec.embedding_model = model
-                self.store.put_vector(txn, rid, vec)
+                self.store.put_vector(txn, rec.rid, vec)
             if vec is not None or rec.tier != old.tier:
                 _, rec.vk = self._alloc()
             rec.updated_at = now
@@ -457,8 +517,9 @@ class Engine:
         if vec is None:  # tier move: same vector, new index
             vec = old_index.vectors(old_internal)[0]
         sp = self._space(rec.embedding_model, int(vec.shape[0]))
-        internal = self._index(sp, rec.tier).add(vec[None, :], np.array([row], np.int64),
-                                                  np.array([rec.vk], np.int64))
+        internal = self._index(sp, rec.tier).add(
+            vec[None, :], np.array([row], np.int64), np.array([rec.vk], np.int64)
+        )
         self.columns.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
         old_index.kill(old_internal)
 
@@ -487,7 +548,7 @@ class Engine:
             cur = txn.cursor(db=self.store.ids)
             if cur.set_range(prefix):
                 for k, v in cur:
-                    if not k.startswith(prefix):
+                    if not bytes(k).startswith(prefix):
                         break
                     rids.append(v)
             recs = [r for r in (self.store.get(txn, int.from_bytes(v, "big")) for v in rids) if r is not None]
@@ -513,8 +574,11 @@ class Engine:
         if not items:
             raise InvalidArgument("items", "must hold at least one feedback item")
         if len(items) > self.config.max_batch_size:
-            raise InvalidArgument("items", f"holds {len(items)} items, the limit is {self.config.max_batch_size}",
-                                  reason="BATCH_TOO_LARGE")
+            raise InvalidArgument(
+                "items",
+                f"holds {len(items)} items, the limit is {self.config.max_batch_size}",
+                reason="BATCH_TOO_LARGE",
+            )
         for i, it in enumerate(items):
             check.memory_id(f"items[{i}].id", it.id)
             if it.predicted_relevance is not None:
@@ -527,8 +591,10 @@ class Engine:
         rated = [it for it in items if it.actual_usefulness is not None]
         index = np.array([position[it.id] for it in rated], np.int64)
         default_pred = self.config.default_predicted_relevance
-        predicted = np.array([default_pred if it.predicted_relevance is None else it.predicted_relevance
-                              for it in rated], np.float32)
+        predicted = np.array(
+            [default_pred if it.predicted_relevance is None else it.predicted_relevance for it in rated],
+            np.float32,
+        )
         actual = np.array([it.actual_usefulness for it in rated], np.float32)
 
         def prepare(txn: lmdb.Transaction) -> list[Record]:
@@ -563,7 +629,9 @@ class Engine:
         return result
 
     # -- list -----------------------------------------------------------------------------------
-    def list(self, namespace: str, page_size: int, page_token: str, flt: Filter) -> tuple[list[Record], str]:
+    def list_memories(
+        self, namespace: str, page_size: int, page_token: str, flt: Filter
+    ) -> tuple[list[Record], str]:
         check.namespace("namespace", namespace)
         size = check.page_size("page_size", page_size, self.config)
         after = _decode_token("page_token", page_token, int) if page_token else 0
@@ -583,7 +651,9 @@ class Engine:
         token = _encode_token(out[-1].rid) if out and pos < rids.shape[0] else ""
         return out, token
 
-    def _mask(self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float) -> tuple[np.ndarray, int]:
+    def _mask(
+        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float
+    ) -> tuple[np.ndarray, int]:
         cols = self.columns
         ns_ok = np.zeros(len(cols.namespaces), np.bool_)
         for name in namespaces:
@@ -603,8 +673,19 @@ class Engine:
         lo = -np.inf if flt.created_after is None else flt.created_after
         hi = np.inf if flt.created_before is None else flt.created_before
         mask, count = kernels.filter_mask(
-            alive=view.alive, ns_id=view.ns, ns_ok=ns_ok, tier=view.tier, tier_ok=tier_ok, kind_id=view.kind,
-            kind_ok=kind_ok, created_at=view.created, created_lo=lo, created_hi=hi, expire_at=view.expire, now=now)
+            alive=view.alive,
+            ns_id=view.ns,
+            ns_ok=ns_ok,
+            tier=view.tier,
+            tier_ok=tier_ok,
+            kind_id=view.kind,
+            kind_ok=kind_ok,
+            created_at=view.created,
+            created_lo=lo,
+            created_hi=hi,
+            expire_at=view.expire,
+            now=now,
+        )
         extra = False
         if flt.source:
             mask &= view.source == cols.sources.get(flt.source)
@@ -663,8 +744,11 @@ class Engine:
                 return []  # nothing embedded yet
             raise NotFound(f"no memories in embedding space {model!r}", reason="EMBEDDING_SPACE_NOT_FOUND")
         if query.shape[0] != sp.dim:
-            raise InvalidArgument("query_embedding", f"has dimension {query.shape[0]}, but embedding space "
-                                  f"{model!r} has dimension {sp.dim}", reason="EMBEDDING_DIMENSION_MISMATCH")
+            raise InvalidArgument(
+                "query_embedding",
+                f"has dimension {query.shape[0]}, but embedding space {model!r} has dimension {sp.dim}",
+                reason="EMBEDDING_DIMENSION_MISMATCH",
+            )
 
         view = self.columns.view()
         mask, count = self._mask(view, q.namespaces, q.filter, self.clock())
@@ -674,12 +758,19 @@ class Engine:
         if count == 0:
             return []
         score_args = {
-            "importance": view.importance, "created_at": view.created, "last_access": view.accessed,
-            "tier": view.tier, "now": now, "tau_seconds": tau, "half_life_hours": self._half_lives,
+            "importance": view.importance,
+            "created_at": view.created,
+            "last_access": view.accessed,
+            "tier": view.tier,
+            "now": now,
+            "tau_seconds": tau,
+            "half_life_hours": self._half_lives,
             "floor": cfg.importance_floor,
         }
 
-        def rank(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        def rank(
+            rows: np.ndarray,
+        ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
             rows, vecs = self._vectors(view, sp, rows)
             rel = (vecs @ query).astype(np.float32)
             parts = kernels.score_rows(rows, rel, alpha=alpha, beta=beta, gamma=gamma, **score_args)
@@ -692,8 +783,14 @@ class Engine:
             top = kernels.topk(score, limit)
         else:
             allowed = np.flatnonzero(mask)
-            prior, _, _ = kernels.score_rows(allowed, np.zeros(allowed.shape[0], np.float32), alpha=0.0,
-                                             beta=beta, gamma=gamma, **score_args)
+            prior, _, _ = kernels.score_rows(
+                allowed,
+                np.zeros(allowed.shape[0], np.float32),
+                alpha=0.0,
+                beta=beta,
+                gamma=gamma,
+                **score_args,
+            )
             k = max(2 * limit, 32)
             while True:
                 cands = [allowed[kernels.topk(prior, k)]]
@@ -718,7 +815,9 @@ class Engine:
                 if record is None or record.namespace not in wanted:
                     continue  # deleted meanwhile
                 vec = self.store.get_vector(txn, record.rid) if include_embedding else None
-                hits.append(SearchHit(record, float(score[i]), float(rel[i]), float(rec[i]), float(imp[i]), vec))
+                hits.append(
+                    SearchHit(record, float(score[i]), float(rel[i]), float(rec[i]), float(imp[i]), vec)
+                )
         return hits
 
     def _vectors(self, view: ColumnsView, sp: Space, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -746,16 +845,27 @@ class Engine:
         sur = np.bincount(tiers, weights=view.surprise[mask], minlength=5)
         spaces = []
         for sp in self.spaces.values():
-            spaces.append({"model": sp.model, "dim": sp.dim,
-                           "live": sum(i.live_count() for i in sp.indexes.values()),
-                           "indexed": sum(i.n for i in sp.indexes.values())})
+            spaces.append(
+                {
+                    "model": sp.model,
+                    "dim": sp.dim,
+                    "live": sum(i.live_count() for i in sp.indexes.values()),
+                    "indexed": sum(i.n for i in sp.indexes.values()),
+                }
+            )
         ns_count = len(self.columns.ns_counts) if not namespace else int(namespace in self.columns.ns_counts)
         return {
             "memory_count": int(mask.sum()),
             "namespace_count": ns_count,
-            "tiers": [{"tier": t, "count": int(counts[t]),
-                       "avg_importance": float(imp[t] / counts[t]) if counts[t] else 0.0,
-                       "avg_surprise": float(sur[t] / counts[t]) if counts[t] else 0.0} for t in TIERS],
+            "tiers": [
+                {
+                    "tier": t,
+                    "count": int(counts[t]),
+                    "avg_importance": float(imp[t] / counts[t]) if counts[t] else 0.0,
+                    "avg_surprise": float(sur[t] / counts[t]) if counts[t] else 0.0,
+                }
+                for t in TIERS
+            ],
             "spaces": spaces,
             "writes_committed": self.writer.ops_committed,
             "commit_groups": self.writer.groups_committed,
@@ -764,7 +874,9 @@ class Engine:
             "version": __version__,
         }
 
-    def list_namespaces(self, prefix: str, page_size: int, page_token: str) -> tuple[list[tuple[str, int]], str]:
+    def list_namespaces(
+        self, prefix: str, page_size: int, page_token: str
+    ) -> tuple[list[tuple[str, int]], str]:
         size = check.page_size("page_size", page_size, self.config)
         after = _decode_token("page_token", page_token, str) if page_token else ""
         counts = dict(self.columns.ns_counts)

@@ -73,6 +73,21 @@ class NewMemory:
 
     def fingerprint_parts(self) -> list[Any]:
         emb = None if self.embedding is None else bytes(self.embedding.tobytes())
-        return [self.namespace, self.content, self.id, self.kind, self.tier, self.importance, self.source,
-                self.topic, self.tags, sorted(self.metadata.items()), emb, self.embedding_model,
-                self.created_at, self.token_cost, self.source_ids, self.expire_at]
+        return [
+            self.namespace,
+            self.content,
+            self.id,
+            self.kind,
+            self.tier,
+            self.importance,
+            self.source,
+            self.topic,
+            self.tags,
+            sorted(self.metadata.items()),
+            emb,
+            self.embedding_model,
+            self.created_at,
+            self.token_cost,
+            self.source_ids,
+            self.expire_at,
+        ]

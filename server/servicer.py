@@ -46,7 +46,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.engine: Engine | None = engine
 
     @_rpc
-    def CreateMemory(self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext) -> pb.CreateMemoryResponse:
+    def CreateMemory(
+        self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
+    ) -> pb.CreateMemoryResponse:
         spec = convert.new_memory_from_pb(request.memory, "memory.")
         [rec] = self.engine.create([spec], request.request_id)  # type: ignore[union-attr]
         return pb.CreateMemoryResponse(memory=convert.memory_to_pb(rec))
@@ -68,23 +70,29 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         return pb.GetMemoryResponse(memory=convert.memory_to_pb(rec, vec))
 
     @_rpc
-    def UpdateMemory(self, request: pb.UpdateMemoryRequest, context: grpc.ServicerContext) -> pb.UpdateMemoryResponse:
+    def UpdateMemory(
+        self, request: pb.UpdateMemoryRequest, context: grpc.ServicerContext
+    ) -> pb.UpdateMemoryResponse:
         m = request.memory
         changes: NewMemory = convert.new_memory_from_pb(m, "memory.")
         rec = self.engine.update(m.namespace, m.id, changes, list(request.update_mask.paths))  # type: ignore[union-attr]
         return pb.UpdateMemoryResponse(memory=convert.memory_to_pb(rec))
 
     @_rpc
-    def DeleteMemory(self, request: pb.DeleteMemoryRequest, context: grpc.ServicerContext) -> pb.DeleteMemoryResponse:
+    def DeleteMemory(
+        self, request: pb.DeleteMemoryRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteMemoryResponse:
         self.engine.delete(request.namespace, request.id)  # type: ignore[union-attr]
         return pb.DeleteMemoryResponse()
 
     @_rpc
-    def ListMemories(self, request: pb.ListMemoriesRequest, context: grpc.ServicerContext) -> pb.ListMemoriesResponse:
+    def ListMemories(
+        self, request: pb.ListMemoriesRequest, context: grpc.ServicerContext
+    ) -> pb.ListMemoriesResponse:
         eng = self.engine
         assert eng is not None
         flt = eng.check_filter(convert.filter_from_pb(request.filter))
-        recs, token = eng.list(request.namespace, request.page_size, request.page_token, flt)
+        recs, token = eng.list_memories(request.namespace, request.page_size, request.page_token, flt)
         vecs = eng.vectors_of(recs) if request.include_embedding else [None] * len(recs)
         resp = pb.ListMemoriesResponse(next_page_token=token)
         for rec, vec in zip(recs, vecs, strict=True):
@@ -116,13 +124,31 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
         s = self.engine.stats(request.namespace)  # type: ignore[union-attr]
         return pb.GetStatsResponse(
-            memory_count=s["memory_count"], namespace_count=s["namespace_count"],
-            tiers=[pb.TierStats(tier=t["tier"], memory_count=t["count"], avg_importance=t["avg_importance"],
-                                avg_surprise=t["avg_surprise"]) for t in s["tiers"]],
-            spaces=[pb.EmbeddingSpaceStats(embedding_model=sp["model"], dimension=sp["dim"], live_vectors=sp["live"],
-                                           indexed_vectors=sp["indexed"]) for sp in s["spaces"]],
-            writes_committed=s["writes_committed"], commit_groups=s["commit_groups"],
-            uptime_seconds=s["uptime_seconds"], storage_bytes=s["storage_bytes"], server_version=s["version"],
+            memory_count=s["memory_count"],
+            namespace_count=s["namespace_count"],
+            tiers=[
+                pb.TierStats(
+                    tier=t["tier"],
+                    memory_count=t["count"],
+                    avg_importance=t["avg_importance"],
+                    avg_surprise=t["avg_surprise"],
+                )
+                for t in s["tiers"]
+            ],
+            spaces=[
+                pb.EmbeddingSpaceStats(
+                    embedding_model=sp["model"],
+                    dimension=sp["dim"],
+                    live_vectors=sp["live"],
+                    indexed_vectors=sp["indexed"],
+                )
+                for sp in s["spaces"]
+            ],
+            writes_committed=s["writes_committed"],
+            commit_groups=s["commit_groups"],
+            uptime_seconds=s["uptime_seconds"],
+            storage_bytes=s["storage_bytes"],
+            server_version=s["version"],
         )
 
     @_rpc
@@ -131,7 +157,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.ListNamespacesResponse:
         page, token = self.engine.list_namespaces(request.prefix, request.page_size, request.page_token)  # type: ignore[union-attr]
         return pb.ListNamespacesResponse(
-            namespaces=[pb.NamespaceInfo(name=n, memory_count=c) for n, c in page], next_page_token=token)
+            namespaces=[pb.NamespaceInfo(name=n, memory_count=c) for n, c in page], next_page_token=token
+        )
 
     @_rpc
     def DeleteNamespace(

@@ -63,8 +63,16 @@ class Store:
         self.max_map_size = max_map_size
         try:
             self.env = lmdb.open(
-                str(path), map_size=map_size, max_dbs=8, subdir=True, sync=sync, metasync=sync,
-                writemap=False, map_async=False, max_readers=1024, readahead=False,
+                str(path),
+                map_size=map_size,
+                max_dbs=8,
+                subdir=True,
+                sync=sync,
+                metasync=sync,
+                writemap=False,
+                map_async=False,
+                max_readers=1024,
+                readahead=False,
             )
         except lmdb.Error as e:
             raise StorageError(f"cannot open LMDB at {path}: {e}") from e
@@ -130,9 +138,10 @@ class Store:
         cur = txn.cursor(db=self.meta)
         if cur.set_range(_META_SPACE):
             for k, v in cur:
-                if not k.startswith(_META_SPACE):
+                key = bytes(k)
+                if not key.startswith(_META_SPACE):
                     break
-                out[k[len(_META_SPACE):].decode()] = int(msgpack.unpackb(v))
+                out[key[len(_META_SPACE) :].decode()] = int(msgpack.unpackb(v))
         return out
 
     def put_space(self, txn: lmdb.Transaction, model: str, dimension: int) -> None:
@@ -141,7 +150,7 @@ class Store:
     # -- records -------------------------------------------------------------------------------
     def lookup(self, txn: lmdb.Transaction, namespace: str, memory_id: str) -> int | None:
         raw = txn.get(id_key(namespace, memory_id), db=self.ids)
-        return None if raw is None else rid_of(raw)
+        return None if raw is None else rid_of(bytes(raw))
 
     def get(self, txn: lmdb.Transaction, rid: int) -> Record | None:
         raw = txn.get(rid_key(rid), db=self.records)
@@ -177,6 +186,11 @@ class Store:
         raw = txn.get(request_id.encode(), db=self.requests)
         return None if raw is None else msgpack.unpackb(raw, raw=False)
 
-    def put_request(self, txn: lmdb.Transaction, request_id: str, fingerprint: bytes, rids: list[int]) -> None:
-        txn.put(request_id.encode(), msgpack.packb({"fp": fingerprint, "rids": rids}, use_bin_type=True),
-                db=self.requests)
+    def put_request(
+        self, txn: lmdb.Transaction, request_id: str, fingerprint: bytes, rids: list[int]
+    ) -> None:
+        txn.put(
+            request_id.encode(),
+            msgpack.packb({"fp": fingerprint, "rids": rids}, use_bin_type=True),
+            db=self.requests,
+        )

@@ -86,7 +86,9 @@ def tier(field: str, value: int) -> int:
 def tags(field: str, values: list[str], config: ServerConfig) -> list[str]:
     out = list(dict.fromkeys(values))
     if len(out) > config.max_tags:
-        raise InvalidArgument(field, f"has {len(out)} tags, the limit is {config.max_tags}", reason="FIELD_TOO_LARGE")
+        raise InvalidArgument(
+            field, f"has {len(out)} tags, the limit is {config.max_tags}", reason="FIELD_TOO_LARGE"
+        )
     for i, t in enumerate(out):
         if not t:
             raise InvalidArgument(f"{field}[{i}]", "must not be empty")
@@ -96,8 +98,11 @@ def tags(field: str, values: list[str], config: ServerConfig) -> list[str]:
 
 def metadata(field: str, values: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
     if len(values) > config.max_metadata_keys:
-        raise InvalidArgument(field, f"has {len(values)} keys, the limit is {config.max_metadata_keys}",
-                              reason="FIELD_TOO_LARGE")
+        raise InvalidArgument(
+            field,
+            f"has {len(values)} keys, the limit is {config.max_metadata_keys}",
+            reason="FIELD_TOO_LARGE",
+        )
     for k, v in values.items():
         if not k:
             raise InvalidArgument(field, "keys must not be empty")
@@ -108,8 +113,11 @@ def metadata(field: str, values: dict[str, Any], config: ServerConfig) -> dict[s
             raise InvalidArgument(f"{field}[{k!r}]", "must have a value")
     size = len(msgpack.packb(values, use_bin_type=True))
     if size > config.max_metadata_bytes:
-        raise InvalidArgument(field, f"is {size} bytes serialized, the limit is {config.max_metadata_bytes}",
-                              reason="FIELD_TOO_LARGE")
+        raise InvalidArgument(
+            field,
+            f"is {size} bytes serialized, the limit is {config.max_metadata_bytes}",
+            reason="FIELD_TOO_LARGE",
+        )
     return values
 
 
@@ -119,8 +127,11 @@ def vector(field: str, values: Any, config: ServerConfig) -> np.ndarray:
     if vec.ndim != 1 or vec.shape[0] == 0:
         raise InvalidArgument(field, "must be a non-empty list of floats")
     if vec.shape[0] > config.max_dimension:
-        raise InvalidArgument(field, f"has dimension {vec.shape[0]}, the limit is {config.max_dimension}",
-                              reason="FIELD_TOO_LARGE")
+        raise InvalidArgument(
+            field,
+            f"has dimension {vec.shape[0]}, the limit is {config.max_dimension}",
+            reason="FIELD_TOO_LARGE",
+        )
     if not np.all(np.isfinite(vec)):
         raise InvalidArgument(field, "must not contain NaN or Inf")
     norm = float(np.linalg.norm(vec.astype(np.float64)))
@@ -145,8 +156,11 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     text(f"{prefix}content", m.content, config.max_content_bytes)
     m.kind = kind(f"{prefix}kind", m.kind) if m.kind else config.default_kind
     m.tier = tier(f"{prefix}tier", m.tier) if m.tier else config.default_tier
-    m.importance = (config.default_importance if m.importance is None
-                    else unit_interval(f"{prefix}importance", m.importance))
+    m.importance = (
+        config.default_importance
+        if m.importance is None
+        else unit_interval(f"{prefix}importance", m.importance)
+    )
     text(f"{prefix}source", m.source)
     text(f"{prefix}topic", m.topic)
     m.tags = tags(f"{prefix}tags", m.tags, config)

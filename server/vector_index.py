@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -89,12 +90,14 @@ class _Write(_Read):
 class VectorIndex:
     """HNSW (inner product over normalized vectors = cosine) with tombstones and vk bookkeeping."""
 
-    def __init__(self, dim: int, m: int = 32, ef_construction: int = 128, index: faiss.Index | None = None) -> None:
+    def __init__(
+        self, dim: int, m: int = 32, ef_construction: int = 128, index: faiss.Index | None = None
+    ) -> None:
         self.dim = dim
         if index is None:
             index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = ef_construction
-        self.index = index
+        self.index: Any = index
         n = index.ntotal
         self.slots = np.full(max(16, n), -1, np.int64)
         self.vks = np.zeros(max(16, n), np.int64)
@@ -132,7 +135,9 @@ class VectorIndex:
     def live_count(self) -> int:
         return self.n - self.dead
 
-    def search(self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product among live entries whose column row is True in ``allowed``.
 
         Returns (rows, similarities), best first.
@@ -150,7 +155,7 @@ class VectorIndex:
                 return np.empty(0, np.int64), np.empty(0, np.float32)
             bitmap = np.packbits(ok, bitorder="little")
             sel = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
-            params = faiss.SearchParametersHNSW(sel=sel, efSearch=max(ef_search, k))
+            params = faiss.SearchParametersHNSW(sel=sel, efSearch=max(ef_search, k))  # type: ignore[attr-defined]
             sims, ids = self.index.search(query.reshape(1, -1), k, params=params)
             ids = ids[0]
             keep = ids >= 0
@@ -162,7 +167,7 @@ class VectorIndex:
         with _Read(self._lock):
             if internal_ids.shape[0] == 0:
                 return np.empty((0, self.dim), np.float32)
-            storage = faiss.downcast_index(self.index.storage)
+            storage: Any = faiss.downcast_index(self.index.storage)
             xb = faiss.rev_swig_ptr(storage.get_xb(), self.n * self.dim).reshape(self.n, self.dim)
             return xb[internal_ids].copy()
 
@@ -189,20 +194,23 @@ class VectorIndex:
         _fsync(base.parent)
 
     @classmethod
-    def load(cls, base: Path, model: str, dim: int, ef_construction: int) -> tuple[VectorIndex, np.ndarray] | None:
+    def load(
+        cls, base: Path, model: str, dim: int, ef_construction: int
+    ) -> tuple[VectorIndex, np.ndarray] | None:
         """Read a snapshot; returns (index with every entry dead, vks by internal id) or None."""
         try:
             manifest = json.loads(base.with_suffix(".json").read_text())
             if manifest.get("model") != model or manifest.get("dim") != dim or manifest.get("version") != 1:
                 return None
-            index = faiss.read_index(str(base.with_suffix(".faiss")))
+            index: Any = faiss.read_index(str(base.with_suffix(".faiss")))
             vks = np.load(base.with_suffix(".vks.npy"))
             if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
                 return None
         except (OSError, ValueError, RuntimeError) as e:
             logger.warning("ignoring index snapshot %s: %s", base, e)
             return None
-        faiss.downcast_index(index).hnsw.efConstruction = ef_construction
+        hnsw: Any = faiss.downcast_index(index)
+        hnsw.hnsw.efConstruction = ef_construction
         idx = cls(dim, index=index)
         idx.vks[: index.ntotal] = vks
         return idx, vks

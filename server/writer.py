@@ -44,7 +44,9 @@ _STOP = object()
 
 
 class Writer:
-    def __init__(self, store: Store, *, max_group: int, before_commit: Callable[[lmdb.Transaction], None]) -> None:
+    def __init__(
+        self, store: Store, *, max_group: int, before_commit: Callable[[lmdb.Transaction], None]
+    ) -> None:
         self._store = store
         self._max_group = max_group
         self._before_commit = before_commit

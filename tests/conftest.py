@@ -3,6 +3,7 @@ separate process (for kill -9 and other-language clients)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -42,7 +43,9 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
     """``server_factory(data_dir=None, clock=None, **config)`` starts an in-process server."""
     started: list[RunningServer] = []
 
-    def start(data_dir: Path | None = None, clock: Callable[[], float] | None = None, **overrides: Any) -> RunningServer:
+    def start(
+        data_dir: Path | None = None, clock: Callable[[], float] | None = None, **overrides: Any
+    ) -> RunningServer:
         config = ServerConfig(host="127.0.0.1", port=0, data_dir=data_dir or tmp_path / "data", **overrides)
         running = create_server(config, clock=clock)
         started.append(running)
@@ -50,10 +53,8 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
 
     yield start
     for running in started:
-        try:
+        with contextlib.suppress(Exception):
             running.stop(0)
-        except Exception:
-            pass
 
 
 @pytest.fixture
@@ -96,13 +97,29 @@ class ServerProcess:
 _LISTENING = re.compile(r"tiermem listening on [^:]+:(\d+)")
 
 
-def spawn_server(data_dir: Path, *extra_args: str, env: dict[str, str] | None = None,
-                 timeout: float = 120.0) -> ServerProcess:
+def spawn_server(
+    data_dir: Path, *extra_args: str, env: dict[str, str] | None = None, timeout: float = 120.0
+) -> ServerProcess:
     """Start ``python -m tiermem.server`` on port 0 and wait for its listening line (printed once SERVING)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tiermem.server", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir),
-         "--log-level", "WARNING", *extra_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+        [
+            sys.executable,
+            "-m",
+            "tiermem.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+            "--log-level",
+            "WARNING",
+            *extra_args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None

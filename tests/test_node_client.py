@@ -1,0 +1,49 @@
+"""Interop: a Node.js client, with stubs loaded from proto/ alone, talks to a real server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tiermem.server.app import RunningServer
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "tests" / "node"
+SCRIPT = NODE_DIR / "client_test.js"
+
+
+def _node_or_skip() -> str:
+    node = shutil.which("node")
+    missing = None
+    if node is None:
+        missing = "`node` is not on PATH"
+    elif not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir() or not (
+        NODE_DIR / "node_modules" / "@grpc" / "proto-loader"
+    ).is_dir():
+        missing = f"{NODE_DIR / 'node_modules'} is missing (run `cd tests/node && npm ci`)"
+    if missing is not None:
+        if os.environ.get("TIERMEM_REQUIRE_NODE") == "1":
+            pytest.fail(f"TIERMEM_REQUIRE_NODE=1 but the Node.js client cannot run: {missing}")
+        pytest.skip(f"Node.js interop test needs node and tests/node/node_modules: {missing}")
+    assert node is not None
+    return node
+
+
+@pytest.mark.slow
+def test_node_client(server: RunningServer) -> None:
+    node = _node_or_skip()
+    proc = subprocess.run(
+        [node, str(SCRIPT), f"127.0.0.1:{server.port}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = proc.stdout + proc.stderr
+    print(output, end="")
+    assert proc.returncode == 0, f"node client failed (exit {proc.returncode}):\n{output}"
+    assert "node client: OK" in proc.stdout
