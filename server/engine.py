@@ -793,7 +793,8 @@ class Engine:
             )
             k = max(2 * limit, 32)
             while True:
-                cands = [allowed[kernels.topk(prior, k)]]
+                by_prior = kernels.topk(prior, k)
+                cands = [allowed[by_prior]]
                 sim_bound = -np.inf
                 for index in list(sp.indexes.values()):
                     got, sims = index.search(query, k, mask, max(cfg.hnsw_ef_search, k))
@@ -802,10 +803,12 @@ class Engine:
                         sim_bound = max(sim_bound, float(sims[-1]))
                 rows, rel, (score, rec, imp) = rank(np.unique(np.concatenate(cands)))
                 top = kernels.topk(score, limit)
-                prior_bound = float(prior[kernels.topk(prior, k)[-1]]) if k < allowed.shape[0] else -np.inf
+                prior_bound = float(prior[by_prior[-1]]) if k < allowed.shape[0] else -np.inf
                 bound = alpha * sim_bound + prior_bound
                 if k >= allowed.shape[0] or (top.shape[0] == limit and score[top[-1]] >= bound):
                     break
+                if q.min_similarity is not None and sim_bound < q.min_similarity:
+                    break  # no memory outside the candidates is similar enough to be returned
                 k *= 4
         hits: list[SearchHit] = []
         wanted = set(q.namespaces)
