@@ -113,9 +113,10 @@ class Columns:
             grown: np.ndarray = np.full(new_cap, fill, dtype)
             grown[: self.n] = self._arrays[name][: self.n]
             self._arrays[name] = grown
+        self._view = self._make_view()  # readers must not keep arrays that no longer get updates
 
-    def add(self, rec: Record, space: int, vpos: int, *, alive: bool = True) -> int:
-        """Append a row for ``rec``; with ``alive=False`` it stays invisible until ``activate``."""
+    def add(self, rec: Record, space: int) -> int:
+        """Append a hidden row for ``rec``; ``activate`` makes it visible once its vector is indexed."""
         row = self.n
         self._grow(row + 1)
         a = self._arrays
@@ -125,15 +126,15 @@ class Columns:
         self.n = row + 1
         self.rows[rec.rid] = row
         self.ns_counts[rec.namespace] = self.ns_counts.get(rec.namespace, 0) + 1
-        self.set(row, rec, space, vpos)
-        a["alive"][row] = alive
-        self._view = self._make_view()
+        self.set(row, rec, space, -1)
+        a["alive"][row] = False
         return row
 
     def activate(self, rows: np.ndarray, vpos: np.ndarray) -> None:
-        """Set the vector locations of new rows, then make them visible to readers."""
+        """Set the vector locations of new rows, then publish them to readers."""
         self._arrays["vpos"][rows] = vpos
         self._arrays["alive"][rows] = True
+        self._view = self._make_view()
 
     def set(self, row: int, rec: Record, space: int, vpos: int) -> None:
         """Refresh the mutable fields of a live row from its record."""

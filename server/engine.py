@@ -163,7 +163,7 @@ class Engine:
                 self._space(model, dim)
             for rec in self.store.iter_records(txn):
                 sp = self.spaces[rec.embedding_model]
-                row = self.columns.add(rec, sp.id, -1, alive=False)
+                row = self.columns.add(rec, sp.id)
                 pending.setdefault((sp.id, rec.tier), []).append((row, rec.vk, rec.rid))
             for (sid, tier), items in pending.items():
                 self._load_index(txn, self._space_by_id[sid], tier, items)
@@ -216,7 +216,7 @@ class Engine:
                     raise RuntimeError(f"record {rids[i]} has no valid vector in LMDB")
                 vecs[j] = v
             internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk])
-        self.columns.activate(rows, np.array([_loc(sp.id, tier, int(i)) for i in internal], np.int64))
+        self.columns.activate(rows, (sp.id << _SPACE_SHIFT) | (tier << _TIER_SHIFT) | internal)
         if missing.shape[0]:
             logger.info(
                 "index %s/%d: %d vectors from snapshot, %d added from LMDB",
@@ -357,7 +357,7 @@ class Engine:
         groups: dict[tuple[int, int], list[tuple[int, Record, np.ndarray]]] = {}
         for rec, vec in items:
             sp = self._space(rec.embedding_model, int(vec.shape[0]))
-            row = self.columns.add(rec, sp.id, -1, alive=False)
+            row = self.columns.add(rec, sp.id)
             groups.setdefault((sp.id, rec.tier), []).append((row, rec, vec))
         for (sid, tier), group in groups.items():
             sp = self._space_by_id[sid]

@@ -21,9 +21,7 @@ def _node_or_skip() -> str:
     missing = None
     if node is None:
         missing = "`node` is not on PATH"
-    elif not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir() or not (
-        NODE_DIR / "node_modules" / "@grpc" / "proto-loader"
-    ).is_dir():
+    elif not all((NODE_DIR / "node_modules" / "@grpc" / pkg).is_dir() for pkg in ("grpc-js", "proto-loader")):
         missing = f"{NODE_DIR / 'node_modules'} is missing (run `cd tests/node && npm ci`)"
     if missing is not None:
         if os.environ.get("TIERMEM_REQUIRE_NODE") == "1":
