@@ -289,7 +289,13 @@ class Engine:
                             f"request_id {request_id!r} was used for a different request",
                             reason="REQUEST_ID_REUSED",
                         )
-                    return "replay", prior["rids"]
+                    replayed = [self.store.get(txn, rid) for rid in prior["rids"]]
+                    if any(r is None for r in replayed):
+                        raise NotFound(
+                            f"memories created by request_id {request_id!r} were deleted since",
+                            reason="REQUEST_RESULT_DELETED",
+                        )
+                    return "replay", replayed
             spaces = self.store.spaces(txn)
             out: list[tuple[Record, np.ndarray]] = []
             for i, m in enumerate(memories):
@@ -344,8 +350,7 @@ class Engine:
         def apply(prepared: tuple[str, Any]) -> list[Record]:
             what, payload = prepared
             if what == "replay":
-                with self.store.read() as txn:
-                    return [r for r in (self.store.get(txn, rid) for rid in payload) if r is not None]
+                return list(payload)
             self._index_new(payload)
             return [rec for rec, _ in payload]
 
@@ -602,7 +607,7 @@ class Engine:
             for mid in distinct:
                 rid = self.store.lookup(txn, namespace, mid)
                 rec = None if rid is None else self.store.get(txn, rid)
-                if rec is None:
+                if rec is None or self._expired(rec):
                     i = next(i for i, it in enumerate(items) if it.id == mid)
                     raise NotFound(f"items[{i}].id: memory {mid!r} not found in namespace {namespace!r}")
                 recs.append(rec)

@@ -74,6 +74,7 @@ class ServerProcess:
     proc: subprocess.Popen[str]
     port: int
     data_dir: Path
+    drain: threading.Thread | None = None
 
     @property
     def target(self) -> str:
@@ -92,6 +93,16 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def close(self) -> None:
+        """Kill the process if it still runs, then close its stdout once the drain thread is done."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.drain is not None:
+            self.drain.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 _LISTENING = re.compile(r"tiermem listening on [^:]+:(\d+)")
@@ -132,9 +143,12 @@ def spawn_server(
         m = _LISTENING.search(line)
         if m:
             # Keep draining the pipe so a chatty server never blocks on a full stdout.
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-            return ServerProcess(proc, int(m.group(1)), data_dir)
+            drain = threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True)  # type: ignore[union-attr]
+            drain.start()
+            return ServerProcess(proc, int(m.group(1)), data_dir, drain)
     proc.kill()
+    proc.wait()
+    proc.stdout.close()
     raise RuntimeError("server did not start:\n" + "".join(lines))
 
 
@@ -149,6 +163,4 @@ def server_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
 
     yield start
     for p in procs:
-        if p.proc.poll() is None:
-            p.proc.kill()
-            p.proc.wait()
+        p.close()
