@@ -48,8 +48,8 @@ test-fast: proto ## Run the test suite without the slow tests
 	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP) ## Lint and type-check
-	$(VENV)/bin/ruff check server client kernels tests bench
-	$(VENV)/bin/ruff format --check server client kernels tests bench
+	$(VENV)/bin/ruff check server client kernels tests bench proto/tiermem/*.py
+	$(VENV)/bin/ruff format --check server client kernels tests bench proto/tiermem/*.py
 	$(VENV)/bin/mypy server client kernels
 
 bench: proto ## Run the throughput benchmark (store and search RPS, p50/p99)

@@ -22,6 +22,7 @@ from google.protobuf import field_mask_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tiermem._values import metadata_values, set_metadata, set_timestamp
 from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
@@ -76,29 +77,13 @@ def _timestamp(value: TimeLike) -> Timestamp:
     if isinstance(value, dt.datetime):
         ts.FromDatetime(value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc))
     else:
-        seconds = int(value // 1)
-        ts.seconds, ts.nanos = seconds, round((value - seconds) * 1e9)
+        set_timestamp(ts, float(value))
     return ts
-
-
-def _metadata(target: Any, values: Mapping[str, Any]) -> None:
-    for key, v in values.items():
-        slot = target[key]
-        if isinstance(v, bool):
-            slot.bool_value = v
-        elif isinstance(v, int):
-            slot.int_value = v
-        elif isinstance(v, float):
-            slot.double_value = v
-        elif isinstance(v, str):
-            slot.string_value = v
-        else:
-            raise TypeError(f"metadata[{key!r}] must be str, int, float or bool, not {type(v).__name__}")
 
 
 def metadata_dict(memory: pb.Memory) -> dict[str, Any]:
     """A memory's metadata as plain Python values."""
-    return {k: getattr(v, v.WhichOneof("kind")) for k, v in memory.metadata.items() if v.WhichOneof("kind")}
+    return {k: v for k, v in metadata_values(memory.metadata).items() if v is not None}
 
 
 def build_memory(
@@ -137,7 +122,7 @@ def build_memory(
     if importance is not None:
         m.importance = importance
     if metadata:
-        _metadata(m.metadata, metadata)
+        set_metadata(m.metadata, metadata)
     if embedding is not None:
         m.embedding.extend([float(x) for x in embedding])
     if create_time is not None:
@@ -159,7 +144,7 @@ def build_filter(
     created_before: TimeLike | None = None,
 ) -> pb.MemoryFilter:
     f = pb.MemoryFilter(
-        tiers=[tier_value(t) for t in tiers],
+        tiers=[tier_value(t) for t in tiers],  # type: ignore[misc]
         kinds=list(kinds),
         tags_any=list(tags_any),
         tags_all=list(tags_all),

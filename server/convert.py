@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from tiermem._values import metadata_values, set_metadata, set_timestamp, timestamp_seconds
 from tiermem.v1 import memory_pb2 as pb
 
 from .engine import FeedbackItem, Filter, SearchHit, SearchQuery
@@ -15,39 +15,15 @@ from .records import NewMemory, Record
 
 
 def ts_to_float(msg: Any, name: str) -> float | None:
-    if not msg.HasField(name):
-        return None
-    ts: Timestamp = getattr(msg, name)
-    return ts.seconds + ts.nanos / 1e9
-
-
-def _set_ts(ts: Timestamp, value: float) -> None:
-    seconds = int(value // 1)
-    ts.seconds = seconds
-    ts.nanos = min(round((value - seconds) * 1e9), 999_999_999)
+    return timestamp_seconds(getattr(msg, name)) if msg.HasField(name) else None
 
 
 def metadata_from_pb(values: Any, field: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, v in values.items():
-        which = v.WhichOneof("kind")
-        if which is None:
+    out = metadata_values(values)
+    for key, v in out.items():
+        if v is None:
             raise InvalidArgument(f"{field}[{key!r}]", "must have a value")
-        out[key] = getattr(v, which)
     return out
-
-
-def _metadata_to_pb(target: Any, values: dict[str, Any]) -> None:
-    for key, v in values.items():
-        slot = target[key]
-        if isinstance(v, bool):
-            slot.bool_value = v
-        elif isinstance(v, int):
-            slot.int_value = v
-        elif isinstance(v, float):
-            slot.double_value = v
-        else:
-            slot.string_value = v
 
 
 def new_memory_from_pb(m: pb.Memory, field: str) -> NewMemory:
@@ -82,20 +58,20 @@ def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory |
     m.source = rec.source
     m.topic = rec.topic
     m.tags.extend(rec.tags)
-    _metadata_to_pb(m.metadata, rec.metadata)
+    set_metadata(m.metadata, rec.metadata)
     if vector is not None:
         m.embedding.extend(vector.tolist())
     m.embedding_model = rec.embedding_model
-    _set_ts(m.create_time, rec.created_at)
-    _set_ts(m.update_time, rec.updated_at)
-    _set_ts(m.last_access_time, rec.accessed_at)
+    set_timestamp(m.create_time, rec.created_at)
+    set_timestamp(m.update_time, rec.updated_at)
+    set_timestamp(m.last_access_time, rec.accessed_at)
     m.access_count = rec.access_count
     m.surprise_score = rec.surprise
     m.success_count = rec.success_count
     m.token_cost = rec.token_cost
     m.source_memory_ids.extend(rec.source_ids)
     if rec.expire_at is not None:
-        _set_ts(m.expire_time, rec.expire_at)
+        set_timestamp(m.expire_time, rec.expire_at)
     return m
 
 

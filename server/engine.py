@@ -255,14 +255,7 @@ class Engine:
     # -- create ---------------------------------------------------------------------------------
     def create(self, memories: list[NewMemory], request_id: str = "", *, batch: bool = False) -> list[Record]:
         """Store memories all-or-nothing. ``batch`` only changes field names in errors."""
-        if not memories:
-            raise InvalidArgument("memories", "must hold at least one memory")
-        if len(memories) > self.config.max_batch_size:
-            raise InvalidArgument(
-                "memories",
-                f"holds {len(memories)} memories, the limit is {self.config.max_batch_size}",
-                reason="BATCH_TOO_LARGE",
-            )
+        check.batch("memories", memories, self.config.max_batch_size)
         check.request_id("request_id", request_id)
         seen: dict[tuple[str, str], int] = {}
         for i, m in enumerate(memories):
@@ -576,14 +569,7 @@ class Engine:
     # -- feedback -------------------------------------------------------------------------------
     def feedback(self, namespace: str, items: list[FeedbackItem], as_of: float | None = None) -> list[Record]:
         check.namespace("namespace", namespace)
-        if not items:
-            raise InvalidArgument("items", "must hold at least one feedback item")
-        if len(items) > self.config.max_batch_size:
-            raise InvalidArgument(
-                "items",
-                f"holds {len(items)} items, the limit is {self.config.max_batch_size}",
-                reason="BATCH_TOO_LARGE",
-            )
+        check.batch("items", items, self.config.max_batch_size)
         for i, it in enumerate(items):
             check.memory_id(f"items[{i}].id", it.id)
             if it.predicted_relevance is not None:

@@ -181,6 +181,15 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     return m
 
 
+def batch(field: str, items: list[Any], limit: int) -> None:
+    if not items:
+        raise InvalidArgument(field, "must not be empty")
+    if len(items) > limit:
+        raise InvalidArgument(
+            field, f"holds {len(items)} entries, the limit is {limit}", reason="BATCH_TOO_LARGE"
+        )
+
+
 def page_size(field: str, value: int, config: ServerConfig) -> int:
     if value < 0:
         raise InvalidArgument(field, "must not be negative")
