@@ -144,7 +144,7 @@ def build_filter(
     created_before: TimeLike | None = None,
 ) -> pb.MemoryFilter:
     f = pb.MemoryFilter(
-        tiers=[tier_value(t) for t in tiers],  # type: ignore[misc]
+        tiers=[tier_value(t) for t in tiers],  # type: ignore[misc,unused-ignore]
         kinds=list(kinds),
         tags_any=list(tags_any),
         tags_all=list(tags_all),
