@@ -41,13 +41,11 @@ _RETRY_CONFIG = json.dumps(
                         "BatchCreateMemories",
                         "GetMemory",
                         "UpdateMemory",
-                        "DeleteMemory",
                         "ListMemories",
                         "SearchMemories",
                         "GetStats",
                         "ListNamespaces",
-                        "DeleteNamespace",
-                    )
+                    )  # not deletes or feedback: a retry after a lost reply would not repeat their result
                 ],
                 "retryPolicy": {
                     "maxAttempts": 5,

@@ -8,6 +8,8 @@ it never resizes one in place). The columns are derived from LMDB at start-up.
 
 from __future__ import annotations
 
+import bisect
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +47,8 @@ class Interner:
         i = self.ids.get(name)
         if i is None:
             i = len(self.names)
+            self.names.append(name)  # before publishing the id: a reader holding it finds the name
             self.ids[name] = i
-            self.names.append(name)
         return i
 
     def get(self, name: str) -> int:
@@ -92,6 +94,8 @@ class Columns:
         self.sources = Interner()
         self.topics = Interner()
         self.ns_counts: dict[str, int] = {}
+        self._ns_sorted: list[str] = []  # names with live memories, sorted (guarded by _ns_lock)
+        self._ns_lock = threading.Lock()
         self.tags: dict[str, set[int]] = {}  # tag -> rows of live records carrying it
         self._row_tags: dict[int, tuple[str, ...]] = {}
 
@@ -125,7 +129,11 @@ class Columns:
         a["created"][row] = rec.created_at
         self.n = row + 1
         self.rows[rec.rid] = row
-        self.ns_counts[rec.namespace] = self.ns_counts.get(rec.namespace, 0) + 1
+        count = self.ns_counts.get(rec.namespace, 0) + 1
+        self.ns_counts[rec.namespace] = count
+        if count == 1:
+            with self._ns_lock:
+                bisect.insort(self._ns_sorted, rec.namespace)
         self.set(row, rec, space, -1)
         a["alive"][row] = False
         return row
@@ -178,7 +186,20 @@ class Columns:
             self.ns_counts[namespace] = left
         else:
             del self.ns_counts[namespace]
+            with self._ns_lock:
+                self._ns_sorted.pop(bisect.bisect_left(self._ns_sorted, namespace))
         return row
+
+    def namespaces_page(self, prefix: str, after: str, size: int) -> tuple[list[tuple[str, int]], bool]:
+        """Up to ``size`` (name, count) with ``prefix``, names > ``after``; and whether more follow."""
+        with self._ns_lock:
+            names = self._ns_sorted
+            i = bisect.bisect_right(names, after) if after >= prefix else bisect.bisect_left(names, prefix)
+            page: list[tuple[str, int]] = []
+            while i < len(names) and names[i].startswith(prefix) and len(page) < size:
+                page.append((names[i], self.ns_counts.get(names[i], 0)))
+                i += 1
+            return page, i < len(names) and names[i].startswith(prefix)
 
     def tag_mask(self, tags: list[str], n: int, require_all: bool) -> np.ndarray:
         """Rows [0, n) carrying any (or all) of ``tags``."""

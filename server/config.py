@@ -76,6 +76,10 @@ class ServerConfig:
     exact_search_max_rows: int = 4096
     snapshot_on_shutdown: bool = True
 
+    # Maintenance: a background pass deletes expired memories and forgets old request ids.
+    maintenance_interval_seconds: float = 30.0  # 0 disables the background pass (tests call sweep())
+    request_id_ttl_seconds: float = 86400.0  # a create retried within this window is deduplicated
+
     # Whole-tier maintenance runs elsewhere; the request path uses serial kernels.
     log_level: str = "INFO"
 

@@ -2,7 +2,7 @@
 
 Text is lower-cased and split into word tokens; each word, each pair of adjacent words and each
 character trigram of a word is hashed (CRC-32 with a per-feature-type salt) to a signed position of
-a ``dimension``-long vector, which is then L2-normalized. Texts that share words or word pieces get
+a ``dimension``-long vector, which is then L2-normalized. Only the first ``max_words`` words count. Texts that share words or word pieces get
 a positive cosine similarity; unrelated texts are near 0. It is a lexical embedder: good enough for
 tests, demos and keyword-like recall, not a semantic model. Bring real vectors (any model) by
 sending ``embedding`` + ``embedding_model``.
@@ -20,12 +20,13 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 
 class HashEmbedder:
-    def __init__(self, dimension: int = 384, model: str = "tiermem-hash-v1") -> None:
+    def __init__(self, dimension: int = 384, model: str = "tiermem-hash-v1", max_words: int = 2048) -> None:
         self.dimension = dimension
         self.model = model
+        self.max_words = max_words  # longer texts are embedded by their first words (bounds CPU per call)
 
     def _features(self, text: str) -> list[tuple[bytes, float]]:
-        words = _WORD.findall(text.lower())
+        words = _WORD.findall(text.lower())[: self.max_words]
         feats: list[tuple[bytes, float]] = []
         for w in words:
             wb = w.encode()

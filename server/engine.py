@@ -23,6 +23,8 @@ import base64
 import hashlib
 import logging
 import math
+import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -132,8 +134,16 @@ class Engine:
         self._space_by_id: list[Space] = []
         self._half_lives = np.asarray(config.half_life_hours, np.float64)
         self._load()
+        faiss.omp_set_num_threads(1)
         self.writer = Writer(self.store, max_group=config.max_group_ops, before_commit=self._persist_counters)
         kernels.warm_up()
+        self._stop = threading.Event()
+        self._maintenance: threading.Thread | None = None
+        if config.maintenance_interval_seconds > 0:
+            self._maintenance = threading.Thread(
+                target=self._maintain, name="tiermem-maintenance", daemon=True
+            )
+            self._maintenance.start()
 
     # -- start-up and shutdown ------------------------------------------------------------------
     def _space(self, model: str, dim: int) -> Space:
@@ -152,10 +162,12 @@ class Engine:
         return idx
 
     def _snapshot_base(self, sp: Space, tier: int) -> Path:
-        return self.index_dir / f"{sp.model.encode().hex()}.{tier}"
+        # Model names may be long or hold any character: name files by a digest (the manifest keeps the name).
+        return self.index_dir / f"{hashlib.sha256(sp.model.encode()).hexdigest()[:32]}-t{tier}"
 
     def _load(self) -> None:
         t0 = time.monotonic()
+        faiss.omp_set_num_threads(os.cpu_count() or 1)  # rebuilds use every core; no searches yet
         pending: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         with self.store.read() as txn:
             self._next_rid, self._next_vk = self.store.counters(txn)
@@ -182,29 +194,28 @@ class Engine:
         rids = [rid for _, _, rid in items]
         internal = np.full(rows.shape[0], -1, np.int64)
         loaded = VectorIndex.load(
-            self._snapshot_base(sp, tier), sp.model, sp.dim, self.config.hnsw_ef_construction
+            self._snapshot_base(sp, tier),
+            sp.model,
+            sp.dim,
+            self.config.hnsw_ef_construction,
+            self.store.instance,
         )
-        if loaded is not None:
-            idx, snap_vks = loaded
-            order = np.argsort(snap_vks, kind="stable")
-            pos = np.searchsorted(snap_vks[order], vks)
-            pos = np.minimum(pos, max(0, order.shape[0] - 1))
-            hit = (
-                (order.shape[0] > 0) & (snap_vks[order[pos]] == vks)
-                if order.shape[0]
-                else np.zeros_like(vks, bool)
-            )
-            internal[hit] = order[pos[hit]]
-            dead_after = idx.n - int(hit.sum())
-            if idx.n and dead_after / idx.n > 0.25:  # compaction: too many tombstones, rebuild
-                logger.info(
-                    "rebuilding index %s/%d: %d of %d entries dead", sp.model, tier, dead_after, idx.n
-                )
-                idx, internal[:] = self._new_index(sp), -1
-            else:
+        idx = self._new_index(sp)
+        if loaded is not None and loaded[0].n:
+            snap, snap_vks = loaded
+            # Map each record's current vk to its entry in the snapshot; unmatched entries stay dead.
+            order = np.argsort(snap_vks)
+            pos = np.minimum(np.searchsorted(snap_vks, vks, sorter=order), snap.n - 1)
+            hit = snap_vks[order[pos]] == vks
+            dead_after = snap.n - int(hit.sum())
+            if dead_after / snap.n <= 0.25:
+                idx = snap
+                internal[hit] = order[pos[hit]]
                 idx.revive(internal[hit], rows[hit])
-        else:
-            idx = self._new_index(sp)
+            else:  # compaction: too many tombstones, rebuild from LMDB
+                logger.info(
+                    "rebuilding index %s/%d: %d of %d entries dead", sp.model, tier, dead_after, snap.n
+                )
         sp.indexes[tier] = idx
         missing = np.flatnonzero(internal < 0)
         for start in range(0, missing.shape[0], 4096):
@@ -230,7 +241,10 @@ class Engine:
         return VectorIndex(sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction)
 
     def close(self) -> None:
-        """Drain queued writes, snapshot the indexes, close LMDB."""
+        """Stop maintenance, drain queued writes, snapshot the indexes, close LMDB."""
+        self._stop.set()
+        if self._maintenance is not None:
+            self._maintenance.join()
         self.writer.close()
         if self.config.snapshot_on_shutdown:
             self.snapshot()
@@ -240,8 +254,50 @@ class Engine:
         t0 = time.monotonic()
         for sp in list(self.spaces.values()):
             for tier, idx in list(sp.indexes.items()):
-                idx.save(self._snapshot_base(sp, tier), sp.model)
+                idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
         logger.info("index snapshots written in %.2f s", time.monotonic() - t0)
+
+    def _maintain(self) -> None:
+        while not self._stop.wait(self.config.maintenance_interval_seconds):
+            try:
+                self.sweep()
+            except Exception:
+                logger.exception("maintenance pass failed")
+
+    def sweep(self, chunk: int = 1000) -> dict[str, int]:
+        """Delete expired memories and forget request ids older than request_id_ttl_seconds."""
+        now = self.clock()
+        view = self.columns.view()
+        rids = view.rid[np.flatnonzero(view.alive & (view.expire <= now))].tolist()
+        deleted = 0
+        for lo in range(0, len(rids), chunk):
+            batch = rids[lo : lo + chunk]
+
+            def prepare(txn: lmdb.Transaction, batch: list[int] = batch) -> list[Record]:
+                recs = [
+                    r
+                    for r in (self.store.get(txn, rid) for rid in batch)
+                    if r is not None and self._expired(r)
+                ]
+                for rec in recs:
+                    self.store.delete(txn, rec)
+                return recs
+
+            deleted += int(self.writer.submit(prepare, self._unindex))
+        forgotten = 0
+        before = now - self.config.request_id_ttl_seconds
+        while True:
+            n = int(
+                self.writer.submit(lambda txn: self.store.expire_requests(txn, before, chunk), lambda n: n)
+            )
+            forgotten += n
+            if n < chunk:
+                break
+        if deleted or forgotten:
+            logger.info(
+                "maintenance: %d expired memories deleted, %d request ids forgotten", deleted, forgotten
+            )
+        return {"expired_deleted": deleted, "request_ids_forgotten": forgotten}
 
     def _persist_counters(self, txn: lmdb.Transaction) -> None:
         self.store.put_counters(txn, self._next_rid, self._next_vk)
@@ -275,7 +331,7 @@ class Engine:
 
         def prepare(txn: lmdb.Transaction) -> tuple[str, Any]:
             if request_id:
-                prior = self.store.get_request(txn, request_id)
+                prior = self.store.get_request(txn, memories[0].namespace, request_id)
                 if prior is not None:
                     if prior["fp"] != fingerprint:
                         raise AlreadyExists(
@@ -291,6 +347,7 @@ class Engine:
                     return "replay", replayed
             spaces = self.store.spaces(txn)
             out: list[tuple[Record, np.ndarray]] = []
+            freed: list[Record] = []
             for i, m in enumerate(memories):
                 prefix = f"memories[{i}]." if batch else "memory."
                 dim = int(m.embedding.shape[0])
@@ -305,8 +362,15 @@ class Engine:
                         reason="EMBEDDING_DIMENSION_MISMATCH",
                     )
                 if m.id:
-                    if self.store.lookup(txn, m.namespace, m.id) is not None:
-                        raise AlreadyExists(f"memory {m.id!r} already exists in namespace {m.namespace!r}")
+                    old_rid = self.store.lookup(txn, m.namespace, m.id)
+                    old = None if old_rid is None else self.store.get(txn, old_rid)
+                    if old is not None:
+                        if not (old.expire_at is not None and old.expire_at <= now):
+                            raise AlreadyExists(
+                                f"memory {m.id!r} already exists in namespace {m.namespace!r}"
+                            )
+                        self.store.delete(txn, old)  # an expired memory frees its id
+                        freed.append(old)
                     mid = m.id
                 else:
                     mid = uuid.uuid4().hex
@@ -337,17 +401,22 @@ class Engine:
                 self.store.put_vector(txn, rid, m.embedding)
                 out.append((rec, m.embedding))
             if request_id:
-                self.store.put_request(txn, request_id, fingerprint, [r.rid for r, _ in out])
-            return "new", out
+                self.store.put_request(
+                    txn, memories[0].namespace, request_id, fingerprint, [r.rid for r, _ in out], now
+                )
+            return "new", (out, freed)
 
         def apply(prepared: tuple[str, Any]) -> list[Record]:
             what, payload = prepared
             if what == "replay":
                 return list(payload)
+            payload, freed = payload
+            self._unindex(freed)
             self._index_new(payload)
             return [rec for rec, _ in payload]
 
-        result: list[Record] = self.writer.submit(prepare, apply)
+        weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
+        result: list[Record] = self.writer.submit(prepare, apply, weight)
         return result
 
     def _index_new(self, items: list[tuple[Record, np.ndarray]]) -> None:
@@ -786,16 +855,22 @@ class Engine:
             while True:
                 by_prior = kernels.topk(prior, k)
                 cands = [allowed[by_prior]]
-                sim_bound = -np.inf
+                sim_bound = -np.inf  # no memory outside the candidates is more similar than this
                 for index in list(sp.indexes.values()):
-                    got, sims = index.search(query, k, mask, max(cfg.hnsw_ef_search, k))
-                    cands.append(got)
+                    got, sims, n_allowed = index.search(query, k, mask, max(cfg.hnsw_ef_search, k))
                     if got.shape[0] == k:
+                        cands.append(got)
                         sim_bound = max(sim_bound, float(sims[-1]))
+                    elif got.shape[0] < n_allowed:
+                        # Filtered HNSW came back short (low selectivity): score this index's allowed
+                        # rows exactly rather than trust a partial answer.
+                        cands.append(index.allowed_rows(mask))
+                    else:
+                        cands.append(got)  # every allowed entry of this index was returned
                 rows, rel, (score, rec, imp) = rank(np.unique(np.concatenate(cands)))
                 top = kernels.topk(score, limit)
                 prior_bound = float(prior[by_prior[-1]]) if k < allowed.shape[0] else -np.inf
-                bound = alpha * sim_bound + prior_bound
+                bound = (alpha * sim_bound if alpha > 0 else 0.0) + prior_bound
                 if k >= allowed.shape[0] or (top.shape[0] == limit and score[top[-1]] >= bound):
                     break
                 if q.min_similarity is not None and sim_bound < q.min_similarity:
@@ -806,13 +881,21 @@ class Engine:
         with self.store.read() as txn:
             for i in top.tolist():
                 record = self.store.get(txn, int(view.rid[rows[i]]))
-                if record is None or record.namespace not in wanted:
-                    continue  # deleted meanwhile
+                if record is None or not self._still_matches(record, wanted, q.filter):
+                    continue  # deleted, moved or expired while the search ran
                 vec = self.store.get_vector(txn, record.rid) if include_embedding else None
                 hits.append(
                     SearchHit(record, float(score[i]), float(rel[i]), float(rec[i]), float(imp[i]), vec)
                 )
         return hits
+
+    def _still_matches(self, rec: Record, namespaces: set[str], flt: Filter) -> bool:
+        return (
+            rec.namespace in namespaces
+            and not self._expired(rec)
+            and (not flt.tiers or rec.tier in flt.tiers)
+            and (not flt.kinds or rec.kind in flt.kinds)
+        )
 
     def _vectors(self, view: ColumnsView, sp: Space, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectors of ``rows`` from their HNSW storage; rows that left the space meanwhile are dropped."""
@@ -829,7 +912,7 @@ class Engine:
     # -- stats and namespaces -------------------------------------------------------------------
     def stats(self, namespace: str = "") -> dict[str, Any]:
         view = self.columns.view()
-        mask = view.alive.copy()
+        mask = view.alive & (view.expire > self.clock())
         if namespace:
             check.namespace("namespace", namespace)
             mask &= view.ns == self.columns.namespaces.get(namespace)
@@ -838,13 +921,13 @@ class Engine:
         imp = np.bincount(tiers, weights=view.importance[mask], minlength=5)
         sur = np.bincount(tiers, weights=view.surprise[mask], minlength=5)
         spaces = []
-        for sp in self.spaces.values():
+        for sp in list(self.spaces.values()):
             spaces.append(
                 {
                     "model": sp.model,
                     "dim": sp.dim,
-                    "live": sum(i.live_count() for i in sp.indexes.values()),
-                    "indexed": sum(i.n for i in sp.indexes.values()),
+                    "live": sum(i.live_count() for i in list(sp.indexes.values())),
+                    "indexed": sum(i.n for i in list(sp.indexes.values())),
                 }
             )
         ns_count = len(self.columns.ns_counts) if not namespace else int(namespace in self.columns.ns_counts)
@@ -873,11 +956,8 @@ class Engine:
     ) -> tuple[list[tuple[str, int]], str]:
         size = check.page_size("page_size", page_size, self.config)
         after = _decode_token("page_token", page_token, str) if page_token else ""
-        counts = dict(self.columns.ns_counts)
-        names = sorted(n for n in counts if n.startswith(prefix) and n > after)
-        page = names[:size]
-        token = _encode_token(page[-1]) if len(names) > size else ""
-        return [(n, counts[n]) for n in page], token
+        page, more = self.columns.namespaces_page(prefix, after, size)
+        return page, (_encode_token(page[-1][0]) if page and more else "")
 
 
 def _weight(name: str, value: float | None, default: float) -> float:

@@ -6,7 +6,8 @@ One environment with named sub-databases:
 - ``records``:  rid (8-byte big-endian, so LMDB order is creation order) -> msgpack Record
 - ``ids``:      namespace NUL id -> rid
 - ``vectors``:  rid -> float32 bytes of the normalized vector
-- ``requests``: request_id -> msgpack {fingerprint, rids} for idempotent retries
+- ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
+- ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
 
 Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import struct
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ import msgpack
 import numpy as np
 
 from .errors import StorageError
+from .locks import RWLock
 from .records import Record
 
 logger = logging.getLogger(__name__)
@@ -39,6 +43,7 @@ _META_SCHEMA = b"schema_version"
 _META_NEXT_RID = b"next_rid"
 _META_NEXT_VK = b"next_vk"
 _META_SPACE = b"space:"
+_META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots
 
 
 def rid_key(rid: int) -> bytes:
@@ -81,29 +86,39 @@ class Store:
         self.ids = self.env.open_db(b"ids")
         self.vectors = self.env.open_db(b"vectors")
         self.requests = self.env.open_db(b"requests")
-        self._check_schema()
+        self.request_times = self.env.open_db(b"request_times")
+        self._gate = RWLock()
+        self.instance = self._check_schema()
 
-    def _check_schema(self) -> None:
+    def _check_schema(self) -> str:
+        """Check (or, for a new environment, write) the schema version; returns the instance id."""
         with self.env.begin(write=True) as txn:
             raw = txn.get(_META_SCHEMA, db=self.meta)
             if raw is None:
                 if txn.stat(self.records)["entries"]:
                     raise StorageError(f"{self.path}: records without a schema version")
                 txn.put(_META_SCHEMA, msgpack.packb(SCHEMA_VERSION), db=self.meta)
-                return
+                instance = uuid.uuid4().hex
+                txn.put(_META_INSTANCE, instance.encode(), db=self.meta)
+                return instance
             version = msgpack.unpackb(raw)
             if version != SCHEMA_VERSION:
                 raise StorageError(
                     f"{self.path}: schema version {version}, this server reads version {SCHEMA_VERSION}",
                     reason="SCHEMA_VERSION_MISMATCH",
                 )
+            return bytes(txn.get(_META_INSTANCE, db=self.meta) or b"").decode()
 
     def close(self) -> None:
         self.env.close()
 
     # -- transactions -------------------------------------------------------------------------
-    def read(self) -> lmdb.Transaction:
-        return self.env.begin(write=False)
+    @contextmanager
+    def read(self) -> Iterator[lmdb.Transaction]:
+        """A short read transaction. Readers share a gate that map growth takes exclusively:
+        LMDB's set_mapsize must not run while any transaction of this process is open."""
+        with self._gate.read(), self.env.begin(write=False) as txn:
+            yield txn
 
     def write(self) -> lmdb.Transaction:
         return self.env.begin(write=True)
@@ -114,7 +129,8 @@ class Store:
         if size >= self.max_map_size:
             return -1
         new = min(size * 2, self.max_map_size)
-        self.env.set_mapsize(new)
+        with self._gate.write():
+            self.env.set_mapsize(new)
         logger.warning("LMDB map grown from %d to %d bytes", size, new)
         return new
 
@@ -182,15 +198,43 @@ class Store:
         return None if raw is None else np.frombuffer(raw, dtype=np.float32).copy()
 
     # -- idempotent requests -------------------------------------------------------------------
-    def get_request(self, txn: lmdb.Transaction, request_id: str) -> dict[str, Any] | None:
-        raw = txn.get(request_id.encode(), db=self.requests)
+    # Keyed by namespace (of the request's first memory) and request id, so one namespace can never
+    # learn of another's request ids; ``request_times`` orders them by time for expiry.
+    def get_request(self, txn: lmdb.Transaction, namespace: str, request_id: str) -> dict[str, Any] | None:
+        raw = txn.get(id_key(namespace, request_id), db=self.requests)
         return None if raw is None else msgpack.unpackb(raw, raw=False)
 
     def put_request(
-        self, txn: lmdb.Transaction, request_id: str, fingerprint: bytes, rids: list[int]
+        self,
+        txn: lmdb.Transaction,
+        namespace: str,
+        request_id: str,
+        fingerprint: bytes,
+        rids: list[int],
+        now: float,
     ) -> None:
+        key = id_key(namespace, request_id)
         txn.put(
-            request_id.encode(),
-            msgpack.packb({"fp": fingerprint, "rids": rids}, use_bin_type=True),
+            key,
+            msgpack.packb({"fp": fingerprint, "rids": rids, "t": now}, use_bin_type=True),
             db=self.requests,
         )
+        txn.put(_time_key(now) + key, b"", db=self.request_times)
+
+    def expire_requests(self, txn: lmdb.Transaction, before: float, limit: int) -> int:
+        """Forget up to ``limit`` request ids recorded before ``before``; returns how many."""
+        cutoff = _time_key(before)
+        done = 0
+        cur = txn.cursor(db=self.request_times)
+        while done < limit and cur.first():
+            k = bytes(cur.key())
+            if k[:8] >= cutoff:
+                break
+            txn.delete(k[8:], db=self.requests)
+            cur.delete()
+            done += 1
+        return done
+
+
+def _time_key(t: float) -> bytes:
+    return _RID.pack(max(0, int(t * 1000)))

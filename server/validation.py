@@ -45,8 +45,10 @@ def memory_id(field: str, value: str) -> str:
 
 
 def request_id(field: str, value: str) -> str:
-    if len(value) > MAX_REQUEST_ID:
-        raise InvalidArgument(field, f"is longer than {MAX_REQUEST_ID} characters")
+    if len(value.encode()) > MAX_REQUEST_ID:
+        raise InvalidArgument(field, f"is longer than {MAX_REQUEST_ID} bytes")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters")
     return value
 
 

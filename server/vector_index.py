@@ -22,69 +22,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 
+from .locks import RWLock
+
 logger = logging.getLogger(__name__)
-
-
-class RWLock:
-    """Many readers or one writer; a waiting writer blocks new readers (no writer starvation)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._writer = False
-        self._waiting_writers = 0
-
-    def acquire_read(self) -> None:
-        with self._cond:
-            while self._writer or self._waiting_writers:
-                self._cond.wait()
-            self._readers += 1
-
-    def release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            if self._readers == 0:
-                self._cond.notify_all()
-
-    def acquire_write(self) -> None:
-        with self._cond:
-            self._waiting_writers += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._waiting_writers -= 1
-            self._writer = True
-
-    def release_write(self) -> None:
-        with self._cond:
-            self._writer = False
-            self._cond.notify_all()
-
-
-class _Read:
-    def __init__(self, lock: RWLock) -> None:
-        self.lock = lock
-
-    def __enter__(self) -> None:
-        self.lock.acquire_read()
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release_read()
-
-
-class _Write(_Read):
-    def __enter__(self) -> None:
-        self.lock.acquire_write()
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release_write()
 
 
 class VectorIndex:
@@ -104,32 +54,46 @@ class VectorIndex:
         self.n = n
         self.dead = n
         self._lock = RWLock()
+        self.max_pause_seconds = 0.0  # longest write-lock hold of an add (searches wait that long)
 
     # -- writes (writer thread only) ------------------------------------------------------------
+    ADD_CHUNK = 64  # vectors added per write-lock hold: bounds how long an add pauses searches
+
     def add(self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray) -> np.ndarray:
-        """Add rows of ``vectors`` for the given column rows; returns their internal ids."""
+        """Add rows of ``vectors`` for the given column rows; returns their internal ids.
+
+        Adds take the write lock (FAISS allows no search during an add) in chunks, so searches wait
+        at most one chunk's add (~64 x 0.2-0.3 ms), not a whole batch.
+        """
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
-        start = self.n
-        with _Write(self._lock):
-            self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-            need = start + count
-            if need > self.slots.shape[0]:
-                cap = max(need, self.slots.shape[0] * 2)
-                grown = np.full(cap, -1, np.int64)
-                grown[:start] = self.slots[:start]
-                vk_grown = np.zeros(cap, np.int64)
-                vk_grown[:start] = self.vks[:start]
-                self.slots, self.vks = grown, vk_grown
-            self.slots[start:need] = slots
-            self.vks[start:need] = vks
-            self.n = need
-        return np.arange(start, start + count, dtype=np.int64)
+        first = self.n
+        for lo in range(0, count, self.ADD_CHUNK):
+            hi = min(count, lo + self.ADD_CHUNK)
+            with self._lock.write():
+                t0 = time.perf_counter()
+                start = self.n
+                need = start + (hi - lo)
+                if need > self.slots.shape[0]:
+                    cap = max(need, self.slots.shape[0] * 2)
+                    grown = np.full(cap, -1, np.int64)
+                    grown[:start] = self.slots[:start]
+                    vk_grown = np.zeros(cap, np.int64)
+                    vk_grown[:start] = self.vks[:start]
+                    self.slots, self.vks = grown, vk_grown
+                self.index.add(vectors[lo:hi])
+                self.slots[start:need] = slots[lo:hi]
+                self.vks[start:need] = vks[lo:hi]
+                self.n = need
+                self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
+        return np.arange(first, first + count, dtype=np.int64)
 
     def kill(self, internal_ids: np.ndarray | list[int]) -> None:
         ids = np.asarray(internal_ids, dtype=np.int64)
-        live = ids[self.slots[ids] >= 0]
-        self.slots[live] = -1
-        self.dead += int(live.shape[0])
+        with self._lock.write():
+            live = ids[self.slots[ids] >= 0]
+            self.slots[live] = -1
+            self.dead += int(live.shape[0])
 
     # -- reads ----------------------------------------------------------------------------------
     def live_count(self) -> int:
@@ -137,34 +101,51 @@ class VectorIndex:
 
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         """Top-k by inner product among live entries whose column row is True in ``allowed``.
 
-        Returns (rows, similarities), best first.
+        Returns (rows, similarities, number of allowed entries), best first. Filtered HNSW can come
+        back with fewer than min(k, allowed) results; the caller must not read that as exhaustion.
         """
-        with _Read(self._lock):
+        empty = np.empty(0, np.int64), np.empty(0, np.float32), 0
+        with self._lock.read():
             n = self.n
             if n == 0:
-                return np.empty(0, np.int64), np.empty(0, np.float32)
-            slots = self.slots[:n]
+                return empty
+            slots = self.slots[:n]  # stable while the read lock is held: kill and add take the write lock
             ok = slots >= 0
             in_range = ok & (slots < allowed.shape[0])
             ok[in_range] = allowed[slots[in_range]]
             ok &= in_range
-            if not ok.any():
-                return np.empty(0, np.int64), np.empty(0, np.float32)
+            n_allowed = int(np.count_nonzero(ok))
+            if n_allowed == 0:
+                return empty
             bitmap = np.packbits(ok, bitorder="little")
             sel = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
-            params = faiss.SearchParametersHNSW(sel=sel, efSearch=max(ef_search, k))  # type: ignore[attr-defined]
+            # A selective filter leaves fewer allowed nodes on each graph path: widen the beam with
+            # 1/sqrt(selectivity) so recall holds (filtered HNSW collapses at low selectivity otherwise).
+            widen = max(1.0, math.sqrt(n / n_allowed))
+            ef = min(int(max(ef_search, k) * widen), max(2048, k))
+            params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef)  # type: ignore[attr-defined]
             sims, ids = self.index.search(query.reshape(1, -1), k, params=params)
             ids = ids[0]
             keep = ids >= 0
-            ids = ids[keep]
-            return slots[ids].copy(), sims[0][keep].astype(np.float32, copy=False)
+            rows = slots[ids[keep]]
+            sims = sims[0][keep]
+        alive = rows >= 0
+        return rows[alive], sims[alive].astype(np.float32, copy=False), n_allowed
+
+    def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
+        """Column rows of the live entries allowed by ``allowed`` (for exact scoring)."""
+        with self._lock.read():
+            slots = self.slots[: self.n]
+            live = slots[slots >= 0]
+        live = live[live < allowed.shape[0]]
+        return live[allowed[live]]
 
     def vectors(self, internal_ids: np.ndarray) -> np.ndarray:
         """Stored vectors of the given entries (a copy)."""
-        with _Read(self._lock):
+        with self._lock.read():
             if internal_ids.shape[0] == 0:
                 return np.empty((0, self.dim), np.float32)
             storage: Any = faiss.downcast_index(self.index.storage)
@@ -172,41 +153,59 @@ class VectorIndex:
             return xb[internal_ids].copy()
 
     # -- snapshots ------------------------------------------------------------------------------
-    def save(self, base: Path, model: str) -> None:
-        """Write index, vks and a manifest atomically (manifest last: no manifest, no snapshot)."""
-        with _Read(self._lock):
+    # A snapshot is <base>.<token>.faiss + <base>.<token>.vks.npy, named by <base>.json (written
+    # last, atomically). The token ties the three together: a crash mid-save leaves the previous
+    # manifest pointing at the previous, complete files. ``instance`` is the LMDB environment's id,
+    # so a snapshot is never applied to another database (e.g. a restored LMDB backup).
+    def save(self, base: Path, model: str, instance: str) -> None:
+        token = uuid.uuid4().hex[:16]
+        index_path = base.with_name(f"{base.name}.{token}.faiss")
+        vks_path = base.with_name(f"{base.name}.{token}.vks.npy")
+        with self._lock.read():
             n = self.n
-            tmp_index = base.with_suffix(".faiss.tmp")
-            faiss.write_index(self.index, str(tmp_index))
-            tmp_vks = base.with_suffix(".vks.tmp")
-            with open(tmp_vks, "wb") as f:
+            faiss.write_index(self.index, str(index_path))
+            with open(vks_path, "wb") as f:
                 np.save(f, self.vks[:n])
                 f.flush()
                 os.fsync(f.fileno())
-        _fsync(tmp_index)
-        os.replace(tmp_index, base.with_suffix(".faiss"))
-        os.replace(tmp_vks, base.with_suffix(".vks.npy"))
-        manifest = {"model": model, "dim": self.dim, "n": n, "version": 1}
-        tmp_manifest = base.with_suffix(".json.tmp")
+        _fsync(index_path)
+        manifest = {
+            "model": model,
+            "dim": self.dim,
+            "n": n,
+            "token": token,
+            "instance": instance,
+            "version": 2,
+        }
+        tmp_manifest = base.with_name(f"{base.name}.json.tmp")
         tmp_manifest.write_text(json.dumps(manifest))
         _fsync(tmp_manifest)
-        os.replace(tmp_manifest, base.with_suffix(".json"))
+        os.replace(tmp_manifest, base.with_name(f"{base.name}.json"))
         _fsync(base.parent)
+        for old in base.parent.glob(f"{base.name}.*"):
+            if old.suffix in (".faiss", ".npy") and f".{token}." not in old.name:
+                old.unlink(missing_ok=True)
 
     @classmethod
     def load(
-        cls, base: Path, model: str, dim: int, ef_construction: int
+        cls, base: Path, model: str, dim: int, ef_construction: int, instance: str
     ) -> tuple[VectorIndex, np.ndarray] | None:
         """Read a snapshot; returns (index with every entry dead, vks by internal id) or None."""
         try:
-            manifest = json.loads(base.with_suffix(".json").read_text())
-            if manifest.get("model") != model or manifest.get("dim") != dim or manifest.get("version") != 1:
+            manifest = json.loads(base.with_name(f"{base.name}.json").read_text())
+            if (
+                manifest.get("version") != 2
+                or manifest.get("model") != model
+                or manifest.get("dim") != dim
+                or manifest.get("instance") != instance
+            ):
                 return None
-            index: Any = faiss.read_index(str(base.with_suffix(".faiss")))
-            vks = np.load(base.with_suffix(".vks.npy"))
+            token = manifest["token"]
+            index: Any = faiss.read_index(str(base.with_name(f"{base.name}.{token}.faiss")))
+            vks = np.load(base.with_name(f"{base.name}.{token}.vks.npy"))
             if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
                 return None
-        except (OSError, ValueError, RuntimeError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
             logger.warning("ignoring index snapshot %s: %s", base, e)
             return None
         hnsw: Any = faiss.downcast_index(index)

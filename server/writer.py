@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 class _Op:
     prepare: Callable[[lmdb.Transaction], Any]
     apply: Callable[[Any], Any]
+    weight: int = 0
     future: Future[Any] = field(default_factory=Future)
     prepared: Any = None
     error: BaseException | None = None
@@ -45,10 +46,16 @@ _STOP = object()
 
 class Writer:
     def __init__(
-        self, store: Store, *, max_group: int, before_commit: Callable[[lmdb.Transaction], None]
+        self,
+        store: Store,
+        *,
+        max_group: int,
+        before_commit: Callable[[lmdb.Transaction], None],
+        max_group_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._store = store
         self._max_group = max_group
+        self._max_group_bytes = max_group_bytes
         self._before_commit = before_commit
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
@@ -59,9 +66,15 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, prepare: Callable[[lmdb.Transaction], Any], apply: Callable[[Any], Any]) -> Any:
-        """Run one write operation; returns apply's result once durable, or raises its error."""
-        op = _Op(prepare, apply)
+    def submit(
+        self, prepare: Callable[[lmdb.Transaction], Any], apply: Callable[[Any], Any], weight: int = 0
+    ) -> Any:
+        """Run one write operation; returns apply's result once durable, or raises its error.
+
+        ``weight`` estimates the bytes it writes: a group closes past ``max_group_bytes``, which
+        keeps one transaction well under LMDB's dirty-page limit.
+        """
+        op = _Op(prepare, apply, weight)
         with self._lock:
             if self._closed:
                 raise Unavailable("server is shutting down")
@@ -79,21 +92,24 @@ class Writer:
 
     # -- writer thread --------------------------------------------------------------------------
     def _run(self) -> None:
-        stop = False
-        while not stop:
-            first = self._queue.get()
+        carry: Any = None  # an op taken from the queue that did not fit the previous group
+        while True:
+            first = carry if carry is not None else self._queue.get()
+            carry = None
             if first is _STOP:
                 return
             group = [first]
+            size = first.weight
             while len(group) < self._max_group:
                 try:
                     op = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if op is _STOP:
-                    stop = True
+                if op is _STOP or size + op.weight > self._max_group_bytes:
+                    carry = op
                     break
                 group.append(op)
+                size += op.weight
             self._commit_group(group)
 
     def _commit_group(self, group: list[_Op]) -> None:

@@ -19,6 +19,7 @@ maps a snapshot older than LMDB and replays the newer records.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -563,10 +564,11 @@ def test_kill9_then_clean_restart_twice(servers: Servers, tmp_path: Path) -> Non
     _phase(srv, ledger, 2, kill=False, seconds=1.0, min_acked=300, pools=ledger.present_by_ns())
     t0 = time.monotonic()
     assert srv.stop() == 0
-    snapshots = sorted(p.name for p in (data / "indexes").glob("*.json"))
-    print(f"[clean stop] {time.monotonic() - t0:.2f} s, snapshots: {snapshots}")
-    assert any(p.startswith(MODEL.encode().hex()) for p in snapshots)
-    assert any(p.startswith(BUILTIN_MODEL.encode().hex()) for p in snapshots)
+    manifests = [json.loads(p.read_text()) for p in sorted((data / "indexes").glob("*.json"))]
+    print(
+        f"[clean stop] {time.monotonic() - t0:.2f} s, snapshots: {[(m['model'], m['n']) for m in manifests]}"
+    )
+    assert {m["model"] for m in manifests} == {MODEL, BUILTIN_MODEL}
 
     srv = servers.start(data, "2nd restart, after clean stop", env=FORCE_HNSW)
     verify(srv.target, ledger, "2nd restart, after clean stop")

@@ -134,7 +134,7 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListMemories(self, request, context):
-        """ListMemories pages through a namespace in creation order.
+        """ListMemories pages through a namespace in the order its memories were stored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,249 @@
+"""Index snapshots per tier, exact ranking when filtered HNSW comes back short, request-id scope and
+expiry, the maintenance sweep, write-group sizing and searches racing deletes and tier moves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from tiermem.client import AlreadyExistsError, InvalidArgumentError, MemoryClient, NotFoundError, TiermemError
+from tiermem.server.app import RunningServer
+from tiermem.server.storage import Store
+from tiermem.server.writer import Writer
+
+MODEL = "robust"
+
+
+def _client(running: RunningServer) -> MemoryClient:
+    c = MemoryClient(f"127.0.0.1:{running.port}", timeout=60)
+    c.wait_ready()
+    return c
+
+
+def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_every_tier_snapshot_is_reused_after_clean_restart(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    rng = np.random.default_rng(1)
+    vecs = _unit(rng, 40, 8)
+    running = server_factory(data_dir=data)
+    with _client(running) as c:
+        tiers = ["fast", "medium", "slow", "glacial"]
+        for i, v in enumerate(vecs):
+            c.create("ns", f"m{i}", id=f"m{i}", embedding=v, embedding_model=MODEL, tier=tiers[i % 4])
+        for i in range(4):  # one dead entry per tier: well under the 25% compaction threshold
+            c.delete("ns", f"m{i}")
+    running.stop(0)
+    manifests = sorted((data / "indexes").glob("*.json"))
+    assert len(manifests) == 4, manifests
+    assert {json.loads(m.read_text())["n"] for m in manifests} == {10}
+
+    running = server_factory(data_dir=data)
+    with _client(running) as c:
+        [space] = [s for s in c.stats().spaces if s.embedding_model == MODEL]
+        # Snapshots were used, not rebuilt: the dead entries are still in the graphs.
+        assert (space.live_vectors, space.indexed_vectors) == (36, 40)
+        for i in range(4, 40):
+            hits = c.search("ns", vecs[i], embedding_model=MODEL, alpha=1, beta=0, gamma=0, limit=1)
+            assert hits[0].memory.id == f"m{i}"
+            assert hits[0].relevance == pytest.approx(1.0, abs=1e-5)
+
+
+def test_snapshot_of_another_database_is_ignored(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(2)
+    a, b = _unit(rng, 30, 8), _unit(rng, 30, 8)
+    for name, vecs in (("a", a), ("b", b)):
+        running = server_factory(data_dir=tmp_path / name)
+        with _client(running) as c:
+            c.create_batch(
+                [
+                    {
+                        "namespace": "ns",
+                        "content": f"{name}{i}",
+                        "id": f"m{i}",
+                        "embedding": v,
+                        "embedding_model": MODEL,
+                    }
+                    for i, v in enumerate(vecs)
+                ]
+            )
+        running.stop(0)
+    # Put database a's snapshots next to database b (same model, same sizes, same vks).
+    shutil.rmtree(tmp_path / "b" / "indexes")
+    shutil.copytree(tmp_path / "a" / "indexes", tmp_path / "b" / "indexes")
+    running = server_factory(data_dir=tmp_path / "b")
+    with _client(running) as c:
+        for i in (0, 7, 29):
+            hit = c.search("ns", b[i], embedding_model=MODEL, alpha=1, beta=0, gamma=0, limit=1)[0]
+            assert hit.memory.id == f"m{i}"
+            assert hit.relevance == pytest.approx(1.0, abs=1e-5)
+
+
+def test_short_filtered_hnsw_answers_do_not_cut_the_ranking(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A small namespace inside a big index: filtered HNSW often returns fewer than k results."""
+    running = server_factory(exact_search_max_rows=8, hnsw_m=8)
+    rng = np.random.default_rng(3)
+    dim = 16
+    big, small = _unit(rng, 3000, dim), _unit(rng, 120, dim)
+    with _client(running) as c:
+        for lo in range(0, 3000, 500):
+            c.create_batch(
+                [
+                    {"namespace": "big", "content": f"b{lo + j}", "embedding": v, "embedding_model": MODEL}
+                    for j, v in enumerate(big[lo : lo + 500])
+                ]
+            )
+        c.create_batch(
+            [
+                {
+                    "namespace": "small",
+                    "content": f"s{j}",
+                    "id": f"s{j}",
+                    "embedding": v,
+                    "embedding_model": MODEL,
+                }
+                for j, v in enumerate(small)
+            ]
+        )
+        overlaps = []
+        for q in _unit(rng, 20, dim):
+            got = [r.memory.id for r in c.search("small", q, embedding_model=MODEL, alpha=1, beta=0, gamma=0)]
+            want = [f"s{j}" for j in np.argsort(-(small @ q), kind="stable")[:10]]
+            overlaps.append(len(set(got) & set(want)) / 10)
+        print(f"mean overlap with exact ranking: {np.mean(overlaps):.3f}")
+        assert np.mean(overlaps) >= 0.98
+
+        # alpha = 0 ranks by recency and importance alone and must not loop or fail.
+        hits = c.search("small", small[0], embedding_model=MODEL, alpha=0, beta=0, gamma=1, limit=5)
+        assert len(hits) == 5
+
+
+def test_request_ids_are_scoped_by_namespace_and_bounded(client: MemoryClient) -> None:
+    a = client.create("ns-a", "first", request_id="same-request")
+    b = client.create("ns-b", "second", request_id="same-request")
+    assert a.id != b.id and b.namespace == "ns-b"
+    with pytest.raises(InvalidArgumentError) as info:
+        client.create("ns-a", "x", request_id="\N{GRINNING FACE}" * 40)  # 40 characters, 160 bytes
+    assert info.value.fields == ["request_id"]
+
+
+def test_sweep_deletes_expired_memories_and_forgets_old_request_ids(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    clock = FakeClock()
+    running = server_factory(clock=clock, maintenance_interval_seconds=0, request_id_ttl_seconds=3600)
+    with _client(running) as c:
+        c.create("ns", "short-lived", id="tmp", expire_time=clock.now + 10)
+        c.create("ns", "durable", id="keep", request_id="r1")
+        clock.advance(11)
+        assert c.stats("ns").memory_count == 1  # expired memories are not counted
+        # An expired id is free again, even before the sweep.
+        c.create("ns", "reborn", id="tmp")
+        assert c.get("ns", "tmp").content == "reborn"
+        c.update("ns", "tmp", expire_time=clock.now + 5)
+        clock.advance(6)
+        assert running.engine.sweep() == {"expired_deleted": 1, "request_ids_forgotten": 0}
+        with pytest.raises(NotFoundError):
+            c.get("ns", "tmp")
+        assert [(n.name, n.memory_count) for n in c.list_namespaces()] == [("ns", 1)]
+        # Within the TTL a retry is deduplicated; after it the request id is forgotten.
+        assert c.create("ns", "durable", id="keep", request_id="r1").id == "keep"
+        clock.advance(3600)
+        # r1 and the request ids the client generated for the two other creates
+        assert running.engine.sweep()["request_ids_forgotten"] == 3
+        with pytest.raises(AlreadyExistsError):
+            c.create("ns", "durable", id="keep", request_id="r1")
+
+
+def test_write_groups_respect_the_byte_cap(tmp_path: Path) -> None:
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 27)
+    writer = Writer(store, max_group=1000, max_group_bytes=100, before_commit=lambda txn: None)
+    gate = threading.Event()
+    try:
+        # Hold the writer in the first op so the others queue up behind it.
+        first = threading.Thread(target=writer.submit, args=(lambda txn: gate.wait(10), lambda r: r, 1))
+        first.start()
+        time.sleep(0.05)
+        threads = [
+            threading.Thread(target=writer.submit, args=(lambda txn: None, lambda r: r, 60)) for _ in range(6)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.1)
+        gate.set()
+        for t in [first, *threads]:
+            t.join(10)
+        assert writer.ops_committed == 7
+        assert writer.groups_committed == 7  # 60 + 60 > 100: every weighted op got its own commit
+    finally:
+        writer.close()
+        store.close()
+
+
+def test_searches_race_deletes_and_tier_moves_without_errors(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory(exact_search_max_rows=16)
+    rng = np.random.default_rng(5)
+    vecs = _unit(rng, 600, 16)
+    errors: list[BaseException] = []
+    with _client(running) as c:
+        c.create_batch(
+            [
+                {
+                    "namespace": "ns",
+                    "content": f"m{i}",
+                    "id": f"m{i}",
+                    "embedding": v,
+                    "embedding_model": MODEL,
+                }
+                for i, v in enumerate(vecs)
+            ]
+        )
+        stop = time.monotonic() + 2.0
+
+        def searcher() -> None:
+            while time.monotonic() < stop:
+                try:
+                    for r in c.search("ns", rng.normal(size=16), embedding_model=MODEL, limit=20):
+                        assert r.memory.namespace == "ns"
+                except BaseException as e:
+                    errors.append(e)
+                    return
+
+        def mutator() -> None:
+            i = 0
+            while time.monotonic() < stop and i < 600:
+                try:
+                    if i % 3 == 0:
+                        c.delete("ns", f"m{i}")
+                    else:
+                        c.update("ns", f"m{i}", tier=["fast", "medium", "glacial"][i % 3])
+                except TiermemError as e:
+                    errors.append(e)
+                    return
+                i += 1
+
+        threads = [threading.Thread(target=searcher) for _ in range(4)] + [threading.Thread(target=mutator)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors[:3]
