@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_SURPRISE_ALPHA",
     "combined_scores",
     "decay_importance",
+    "dot_rows",
     "filter_mask",
     "recency",
     "score_rows",
@@ -128,9 +129,6 @@ def score_rows(
     _check("created_at", created_at, np.float64, n)
     _check("last_access", last_access, np.float64, n)
     _check("tier", tier, np.int8, n)
-    if m and (int(rows.min()) < 0 or int(rows.max()) >= n):
-        raise ValueError("rows out of range")
-    _check_tiers(tier[rows])
     if not tau_seconds > 0:
         raise ValueError("tau_seconds must be > 0")
     score = np.empty(m, np.float32)
@@ -155,6 +153,20 @@ def score_rows(
         imp,
     )
     return score, rec, imp
+
+
+def dot_rows(xb: np.ndarray, ids: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Inner products of the rows ``ids`` of the (n, d) float32 matrix ``xb`` with ``query``, without
+    copying the rows (``xb`` may be a view of FAISS's vector storage). Inputs must be finite."""
+    if not isinstance(xb, np.ndarray) or xb.dtype != np.float32 or xb.ndim != 2 or not xb.flags.c_contiguous:
+        raise ValueError("xb must be a contiguous 2-D float32 array")
+    m = _check("ids", ids, np.int64).shape[0]
+    _check("query", query, np.float32, xb.shape[1])
+    if m and (int(ids.min()) < 0 or int(ids.max()) >= xb.shape[0]):
+        raise ValueError("ids out of range")
+    out = np.empty(m, np.float32)
+    _jit.dot_rows(xb, ids, query, out)
+    return out
 
 
 def surprise_ema(
@@ -270,6 +282,7 @@ def warm_up() -> None:
         gamma=0.2,
     )
     surprise_ema(f32.copy(), rows, f32, f32)
+    dot_rows(np.ones((2, 2), np.float32), rows, f32)
     topk(f32, 1)
     topk(f64, 1)
     b = np.ones(2, np.bool_)

@@ -75,14 +75,36 @@ def score_rows(
     rec,
     imp,
 ):
-    """Fused gather + decay + recency + combined score over the rows ``rows`` of the columns."""
+    """Fused gather + decay + recency + combined score over the rows ``rows`` of the columns.
+
+    Range checks happen here, in the one pass, rather than as extra passes in the wrapper.
+    """
+    n = importance.shape[0]
     for i in range(rows.shape[0]):
         r = rows[i]
-        d = _decayed(importance[r], now - created_at[r], half_life_hours[tier[r]], floor)
+        if r < 0 or r >= n:
+            raise ValueError("rows out of range")
+        t = tier[r]
+        if t < 0 or t > 4:
+            raise ValueError("tier values must be in 0..4")
+        d = _decayed(importance[r], now - created_at[r], half_life_hours[t], floor)
         c = _recency(last_access[r], now, tau_seconds)
         imp[i] = d
         rec[i] = c
         score[i] = alpha * relevance[i] + beta * c + gamma * d
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def dot_rows(xb, ids, query, out):
+    """out[i] = <xb[ids[i]], query>. fastmath lets LLVM vectorize the reduction: stored vectors and
+    queries are validated finite, so its no-NaN/Inf assumption holds."""
+    d = query.shape[0]
+    for i in range(ids.shape[0]):
+        row = xb[ids[i]]
+        acc = np.float32(0.0)
+        for j in range(d):
+            acc += row[j] * query[j]
+        out[i] = acc
 
 
 @_kernel

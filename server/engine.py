@@ -9,12 +9,10 @@ State and who owns it:
 
 Search ranks by score = alpha*relevance + beta*recency + gamma*importance. Rows allowed by the
 request (namespaces, filter, space, alive, unexpired) are found by a kernel over the columns. Few
-rows: every one is scored exactly. Many rows: candidates are the HNSW top-K by similarity (searched
-with the allowed rows as an ID selector) joined with the top-K by beta*recency + gamma*importance,
-which the kernels compute exactly over all allowed rows. A memory outside both lists scores at most
-alpha*sim_K + prior_K; when the limit-th candidate beats that bound the ranking is final, else K
-grows. So a memory with modest similarity but high recency and importance is not lost because the
-ANN stage did not propose it.
+rows: every one is scored exactly. Many rows: see ``_candidates``: the HNSW top-K by similarity
+(searched with the allowed rows as an ID selector) plus every row whose exactly computed
+beta*recency + gamma*importance could still lift it above the limit-th score. So a memory with
+modest similarity but high recency and importance is not lost because the ANN stage missed it.
 """
 
 from __future__ import annotations
@@ -831,8 +829,7 @@ class Engine:
         def rank(
             rows: np.ndarray,
         ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-            rows, vecs = self._vectors(view, sp, rows)
-            rel = (vecs @ query).astype(np.float32)
+            rows, rel = self._similarities(view, sp, rows, query)
             parts = kernels.score_rows(rows, rel, alpha=alpha, beta=beta, gamma=gamma, **score_args)
             if q.min_similarity is not None:
                 parts[0][rel < q.min_similarity] = np.nan
@@ -840,42 +837,12 @@ class Engine:
 
         if count <= cfg.exact_search_max_rows:
             rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
-            top = kernels.topk(score, limit)
         else:
-            allowed = np.flatnonzero(mask)
-            prior, _, _ = kernels.score_rows(
-                allowed,
-                np.zeros(allowed.shape[0], np.float32),
-                alpha=0.0,
-                beta=beta,
-                gamma=gamma,
-                **score_args,
+            cands = self._candidates(
+                sp, query, mask, limit, alpha, beta, gamma, score_args, q.min_similarity, rank
             )
-            k = max(2 * limit, 32)
-            while True:
-                by_prior = kernels.topk(prior, k)
-                cands = [allowed[by_prior]]
-                sim_bound = -np.inf  # no memory outside the candidates is more similar than this
-                for index in list(sp.indexes.values()):
-                    got, sims, n_allowed = index.search(query, k, mask, max(cfg.hnsw_ef_search, k))
-                    if got.shape[0] == k:
-                        cands.append(got)
-                        sim_bound = max(sim_bound, float(sims[-1]))
-                    elif got.shape[0] < n_allowed:
-                        # Filtered HNSW came back short (low selectivity): score this index's allowed
-                        # rows exactly rather than trust a partial answer.
-                        cands.append(index.allowed_rows(mask))
-                    else:
-                        cands.append(got)  # every allowed entry of this index was returned
-                rows, rel, (score, rec, imp) = rank(np.unique(np.concatenate(cands)))
-                top = kernels.topk(score, limit)
-                prior_bound = float(prior[by_prior[-1]]) if k < allowed.shape[0] else -np.inf
-                bound = (alpha * sim_bound if alpha > 0 else 0.0) + prior_bound
-                if k >= allowed.shape[0] or (top.shape[0] == limit and score[top[-1]] >= bound):
-                    break
-                if q.min_similarity is not None and sim_bound < q.min_similarity:
-                    break  # no memory outside the candidates is similar enough to be returned
-                k *= 4
+            rows, rel, (score, rec, imp) = rank(cands)
+        top = kernels.topk(score, limit)
         hits: list[SearchHit] = []
         wanted = set(q.namespaces)
         with self.store.read() as txn:
@@ -889,6 +856,57 @@ class Engine:
                 )
         return hits
 
+    def _candidates(
+        self,
+        sp: Space,
+        query: np.ndarray,
+        mask: np.ndarray,
+        limit: int,
+        alpha: float,
+        beta: float,
+        gamma: float,
+        score_args: dict[str, Any],
+        min_similarity: float | None,
+        rank: Callable[
+            [np.ndarray], tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]
+        ],
+    ) -> np.ndarray:
+        """Rows that must be scored so the top ``limit`` by combined score is exact (up to HNSW recall).
+
+        A = the HNSW top-K by similarity in each index. Every row outside A is at most sim_K similar,
+        so it can only beat the limit-th score s_L of A if its prior (beta*recency + gamma*importance,
+        computed exactly for every allowed row) exceeds s_L - alpha*sim_K: those rows are B, and
+        A | B is scored exactly. One pass, no growing K.
+        """
+        cfg = self.config
+        allowed = np.flatnonzero(mask)
+        k = max(2 * limit, 32)
+        found, sim_bound = [], -np.inf  # no allowed row outside ``found`` is more similar than sim_bound
+        for index in list(sp.indexes.values()):
+            got, sims, n_allowed = index.search(query, k, mask, cfg.hnsw_ef_search)
+            if got.shape[0] == k:
+                found.append(got)
+                sim_bound = max(sim_bound, float(sims[-1]))
+            elif got.shape[0] < n_allowed:
+                # Filtered HNSW came back short (selective filter): score this index's allowed rows
+                # exactly rather than trust a partial answer.
+                found.append(index.allowed_rows(mask))
+            else:
+                found.append(got)  # every allowed entry of this index was returned
+        a_rows = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+        if sim_bound == -np.inf or (beta == 0 and gamma == 0):
+            return a_rows  # nothing outside A can beat A's scores
+        if min_similarity is not None and sim_bound < min_similarity:
+            return a_rows  # nothing outside A is similar enough to be returned
+        a_rows, _, (a_score, _, _) = rank(a_rows)
+        top = kernels.topk(a_score, limit)
+        s_limit = float(a_score[top[-1]]) if top.shape[0] == limit else -np.inf
+        prior, _, _ = kernels.score_rows(
+            allowed, np.zeros(allowed.shape[0], np.float32), alpha=0.0, beta=beta, gamma=gamma, **score_args
+        )
+        b_rows = allowed[prior > s_limit - alpha * sim_bound]
+        return np.union1d(a_rows, b_rows)
+
     def _still_matches(self, rec: Record, namespaces: set[str], flt: Filter) -> bool:
         return (
             rec.namespace in namespaces
@@ -897,17 +915,20 @@ class Engine:
             and (not flt.kinds or rec.kind in flt.kinds)
         )
 
-    def _vectors(self, view: ColumnsView, sp: Space, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Vectors of ``rows`` from their HNSW storage; rows that left the space meanwhile are dropped."""
+    def _similarities(
+        self, view: ColumnsView, sp: Space, rows: np.ndarray, query: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Cosine of ``rows`` with the query, read from HNSW storage; rows that left the space
+        meanwhile are dropped. Returns (rows, similarities)."""
         loc = view.vpos[rows]
         keep = (loc >= 0) & ((loc >> _SPACE_SHIFT) == sp.id)
         rows, loc = rows[keep], loc[keep]
         tiers = (loc >> _TIER_SHIFT) & 0xF
-        vecs = np.empty((rows.shape[0], sp.dim), np.float32)
+        sims = np.empty(rows.shape[0], np.float32)
         for t in np.unique(tiers).tolist():
             sel = tiers == t
-            vecs[sel] = sp.indexes[t].vectors(loc[sel] & _INTERNAL_MASK)
-        return rows, vecs
+            sims[sel] = sp.indexes[t].similarities(loc[sel] & _INTERNAL_MASK, query)
+        return rows, sims
 
     # -- stats and namespaces -------------------------------------------------------------------
     def stats(self, namespace: str = "") -> dict[str, Any]:

@@ -32,6 +32,8 @@ from typing import Any
 import faiss
 import numpy as np
 
+from tiermem import kernels
+
 from .locks import RWLock
 
 logger = logging.getLogger(__name__)
@@ -142,6 +144,15 @@ class VectorIndex:
             live = slots[slots >= 0]
         live = live[live < allowed.shape[0]]
         return live[allowed[live]]
+
+    def similarities(self, internal_ids: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """Inner products of the given entries' stored vectors with ``query`` (no copy of the vectors)."""
+        with self._lock.read():
+            if internal_ids.shape[0] == 0:
+                return np.empty(0, np.float32)
+            storage: Any = faiss.downcast_index(self.index.storage)
+            xb = faiss.rev_swig_ptr(storage.get_xb(), self.n * self.dim).reshape(self.n, self.dim)
+            return kernels.dot_rows(xb, internal_ids, query)
 
     def vectors(self, internal_ids: np.ndarray) -> np.ndarray:
         """Stored vectors of the given entries (a copy)."""

@@ -1032,3 +1032,36 @@ def test_topk_rejects_other_dtypes(dtype):
 def test_topk_k_zero_returns_empty_int64():
     got = K.topk(np.array([np.nan, 1.0], np.float32), 0)
     assert got.dtype == np.int64 and got.shape == (0,)
+
+
+# --------------------------------------------------------------------------------------------
+# dot_rows
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,d,m", [(1, 1, 0), (1, 3, 1), (50, 384, 17), (1000, 16, 1000)])
+def test_dot_rows_matches_numpy(n: int, d: int, m: int) -> None:
+    rng = np.random.default_rng(n * 31 + d)
+    xb = rng.normal(size=(n, d)).astype(np.float32)
+    xb[0] = 0.0  # a zero row
+    ids = rng.integers(0, n, m).astype(np.int64)
+    q = rng.normal(size=d).astype(np.float32)
+    want = (xb[ids].astype(np.float64) @ q.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(K.dot_rows(xb, ids, q), want, rtol=1e-5, atol=1e-5)
+    out = np.empty(m, np.float32)
+    _jit.dot_rows.py_func(xb, ids, q, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dot_rows_reads_a_view_without_copying_and_checks_inputs() -> None:
+    big = np.arange(12, dtype=np.float32).reshape(4, 3)
+    q = np.array([1.0, 0.0, -1.0], np.float32)
+    np.testing.assert_array_equal(K.dot_rows(big, np.array([3, 0], np.int64), q), [-2.0, -2.0])
+    with pytest.raises(ValueError, match="ids out of range"):
+        K.dot_rows(big, np.array([4], np.int64), q)
+    with pytest.raises(ValueError, match="query"):
+        K.dot_rows(big, np.array([0], np.int64), np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="xb"):
+        K.dot_rows(big.astype(np.float64), np.array([0], np.int64), q)
+    with pytest.raises(ValueError, match="xb"):
+        K.dot_rows(big[:, :2], np.array([0], np.int64), q[:2])
