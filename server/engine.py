@@ -899,13 +899,27 @@ class Engine:
         if min_similarity is not None and sim_bound < min_similarity:
             return a_rows  # nothing outside A is similar enough to be returned
         a_rows, _, (a_score, _, _) = rank(a_rows)
-        top = kernels.topk(a_score, limit)
-        s_limit = float(a_score[top[-1]]) if top.shape[0] == limit else -np.inf
+        best = a_score[kernels.topk(a_score, limit)]  # the running top scores, best first
         prior, _, _ = kernels.score_rows(
             allowed, np.zeros(allowed.shape[0], np.float32), alpha=0.0, beta=beta, gamma=gamma, **score_args
         )
-        b_rows = allowed[prior > s_limit - alpha * sim_bound]
-        return np.union1d(a_rows, b_rows)
+
+        def threshold() -> float:  # a row outside A must have a prior above this to enter the top
+            return (float(best[-1]) if best.shape[0] == limit else -np.inf) - alpha * sim_bound
+
+        b_rows = allowed[prior > threshold()]
+        b_prior = prior[prior > threshold()]
+        order = np.argsort(-b_prior, kind="stable")
+        b_rows, b_prior = b_rows[order], b_prior[order]
+        # Score B best-prior first; each chunk can raise the limit-th score and cut the rest.
+        taken = 0
+        while taken < b_rows.shape[0] and b_prior[taken] > threshold():
+            chunk = b_rows[taken : taken + 1024]
+            taken += chunk.shape[0]
+            _, _, (c_score, _, _) = rank(chunk)
+            merged = np.concatenate([best, c_score])
+            best = merged[kernels.topk(merged, limit)]
+        return np.union1d(a_rows, b_rows[:taken])
 
     def _still_matches(self, rec: Record, namespaces: set[str], flt: Filter) -> bool:
         return (
