@@ -235,8 +235,9 @@ class MemoryClient:
         req = pb.GetMemoryRequest(namespace=namespace, id=id, include_embedding=include_embedding)
         return self._call(self.stub.GetMemory, req).memory
 
-    def update(self, namespace: str, id: str, **fields: Any) -> pb.Memory:
-        """Change the given fields only (e.g. ``update(ns, id, importance=0.9, tags=["x"])``)."""
+    def update(self, namespace: str, id: str, *, confirm: bool = False, **fields: Any) -> pb.Memory:
+        """Change the given fields only (e.g. ``update(ns, id, importance=0.9, tags=["x"])``);
+        ``confirm=True`` is needed in a protected namespace."""
         if not fields:
             raise ValueError("update needs at least one field")
         memory = build_memory(
@@ -245,11 +246,16 @@ class MemoryClient:
         paths = list(fields)
         if "embedding" in fields and "embedding_model" not in fields:
             raise ValueError("embedding needs embedding_model")
-        req = pb.UpdateMemoryRequest(memory=memory, update_mask=field_mask_pb2.FieldMask(paths=paths))
+        req = pb.UpdateMemoryRequest(
+            memory=memory, update_mask=field_mask_pb2.FieldMask(paths=paths), confirm=confirm
+        )
         return self._call(self.stub.UpdateMemory, req).memory
 
-    def delete(self, namespace: str, id: str) -> None:
-        self._call(self.stub.DeleteMemory, pb.DeleteMemoryRequest(namespace=namespace, id=id))
+    def delete(self, namespace: str, id: str, *, confirm: bool = False) -> None:
+        """Delete a memory (``confirm=True`` in a protected namespace)."""
+        self._call(
+            self.stub.DeleteMemory, pb.DeleteMemoryRequest(namespace=namespace, id=id, confirm=confirm)
+        )
 
     def list_page(
         self,
@@ -360,10 +366,102 @@ class MemoryClient:
             if not token:
                 return
 
-    def delete_namespace(self, namespace: str) -> int:
-        """Delete every memory of a namespace; returns how many were deleted."""
-        return int(
-            self._call(
-                self.stub.DeleteNamespace, pb.DeleteNamespaceRequest(namespace=namespace)
-            ).deleted_count
+    def delete_namespace(
+        self, namespace: str, *, include_children: bool = False, confirm: bool = False
+    ) -> int:
+        """Delete every memory of a namespace (and of ``namespace/...`` with ``include_children``):
+        the one call that clears a task or session scope. Returns how many were deleted."""
+        req = pb.DeleteNamespaceRequest(
+            namespace=namespace, include_children=include_children, confirm=confirm
         )
+        return int(self._call(self.stub.DeleteNamespace, req).deleted_count)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def get_namespace_config(self, namespace: str) -> pb.GetNamespaceConfigResponse:
+        """The namespace's stored settings (``.config``) and the complete policy in effect (``.effective``)."""
+        return self._call(self.stub.GetNamespaceConfig, pb.GetNamespaceConfigRequest(namespace=namespace))
+
+    def update_namespace_config(
+        self,
+        namespace: str,
+        *,
+        protected: bool | None = None,
+        tiers: Mapping[int | str, Mapping[str, float]] | None = None,
+        retention: str | int | None = None,
+        delete_from_glacial: bool | None = None,
+        promote_access_count: int | None = None,
+        promote_surprise: float | None = None,
+        promote_success_count: int | None = None,
+        reset_policy: bool = False,
+        confirm: bool = False,
+    ) -> pb.UpdateNamespaceConfigResponse:
+        """Change only what is given. ``tiers`` maps a tier to overrides of ttl_seconds, max_items,
+        importance_threshold, half_life_hours, cadence_seconds (it replaces earlier tier overrides);
+        ``retention`` is importance_weighted, recency, fifo or lru; ``reset_policy`` drops every
+        lifecycle override first. Unprotecting a protected namespace needs ``confirm=True``."""
+        cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(protected))
+        paths = ["protected"] if protected is not None else []
+        if reset_policy:
+            paths.append("policy")
+        if tiers is not None:
+            for tier, fields in tiers.items():
+                cfg.policy.tiers.add(tier=tier_value(tier), **fields)
+            paths.append("policy.tiers")
+        if retention is not None:
+            cfg.policy.retention = (
+                retention
+                if isinstance(retention, int)
+                else pb.RetentionPolicy.Value(f"RETENTION_POLICY_{retention.upper()}")
+            )
+            paths.append("policy.retention")
+        for name, value in (
+            ("delete_from_glacial", delete_from_glacial),
+            ("promote_access_count", promote_access_count),
+            ("promote_surprise", promote_surprise),
+            ("promote_success_count", promote_success_count),
+        ):
+            if value is not None:
+                setattr(cfg.policy, name, value)
+                paths.append(f"policy.{name}")
+        if not paths:
+            raise ValueError("update_namespace_config needs something to change")
+        req = pb.UpdateNamespaceConfigRequest(
+            config=cfg, update_mask=field_mask_pb2.FieldMask(paths=paths), confirm=confirm
+        )
+        return self._call(self.stub.UpdateNamespaceConfig, req)
+
+    def consolidate(
+        self, namespace: str = "", *, dry_run: bool = False, max_reported_moves: int = 0
+    ) -> pb.ConsolidateMemoriesResponse:
+        """Run a lifecycle pass now over one namespace or all (expiry, promotion, demotion, capacity);
+        ``dry_run`` reports the moves without making them."""
+        req = pb.ConsolidateMemoriesRequest(
+            namespace=namespace, dry_run=dry_run, max_reported_moves=max_reported_moves
+        )
+        return self._call(self.stub.ConsolidateMemories, req)
+
+    def transfer(
+        self,
+        namespace: str,
+        id: str,
+        *,
+        mode: str = "copy",
+        target_namespace: str = "",
+        target_tier: int | str | None = None,
+        target_id: str = "",
+        overwrite: bool = False,
+        confirm: bool = False,
+    ) -> pb.Memory:
+        """Copy or move (``mode``) a memory to another namespace and/or tier, e.g. task -> project ->
+        global; the result's ``origin`` names the source."""
+        req = pb.TransferMemoryRequest(
+            namespace=namespace,
+            id=id,
+            target_namespace=target_namespace,
+            target_tier=tier_value(target_tier),
+            mode=pb.TransferMode.Value(f"TRANSFER_MODE_{mode.upper()}"),
+            target_id=target_id,
+            overwrite=overwrite,
+            confirm=confirm,
+        )
+        return self._call(self.stub.TransferMemory, req).memory

@@ -8,6 +8,8 @@ from Numba's on-disk cache) so the server reports SERVING only once scoring is r
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _jit
@@ -18,8 +20,11 @@ __all__ = [
     "decay_importance",
     "dot_rows",
     "filter_mask",
+    "plan_moves",
     "recency",
+    "retention_scores",
     "score_rows",
+    "select_evictions",
     "surprise_ema",
     "topk",
     "warm_up",
@@ -49,6 +54,25 @@ def _half_lives(half_life_hours: np.ndarray | list[float]) -> np.ndarray:
     if np.any(np.isnan(hl)):
         raise ValueError("half_life_hours must not be NaN")
     return hl
+
+
+def _table(name: str, table: np.ndarray | list[Any], dtype: type, width: int | None = 5) -> np.ndarray:
+    """A per-namespace lookup table: (namespaces, width) or, with width None, (namespaces,)."""
+    t = np.ascontiguousarray(table, dtype=dtype)
+    if width is None:
+        if t.ndim != 1 or t.shape[0] == 0:
+            raise ValueError(f"{name} must be a non-empty 1-D table indexed by namespace id")
+    elif t.ndim != 2 or t.shape[1] != width or t.shape[0] == 0:
+        raise ValueError(f"{name} must have shape (namespaces, {width})")
+    if t.dtype.kind == "f" and np.any(np.isnan(t)):
+        raise ValueError(f"{name} must not hold NaN")
+    return t
+
+
+def _half_life_table(half_life_hours: np.ndarray | list[Any]) -> np.ndarray:
+    """One row of 5 (every namespace) or a (namespaces, 5) table, as float64."""
+    hl = np.asarray(half_life_hours, dtype=np.float64)
+    return _table("half_life_hours", hl.reshape(1, -1) if hl.ndim == 1 else hl, np.float64)
 
 
 def _check_tiers(tier: np.ndarray) -> None:
@@ -112,16 +136,19 @@ def score_rows(
     tier: np.ndarray,
     now: float,
     tau_seconds: float,
-    half_life_hours: np.ndarray | list[float],
+    half_life_hours: np.ndarray | list[Any],
     floor: float,
     alpha: float,
     beta: float,
     gamma: float,
+    ns: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Score the rows ``rows`` of the columns in one pass: returns (score, recency, importance).
 
     ``relevance[i]`` is the similarity of row ``rows[i]``; importance is decayed as in
-    ``decay_importance``. This is the fused form the search path uses.
+    ``decay_importance``, by ``half_life_hours``: 5 values by tier for every row, or a
+    (namespaces, 5) table read at the row's ``ns`` (int32 namespace id column). This is the fused
+    form the search path uses.
     """
     m = _check("rows", rows, np.int64).shape[0]
     _check("relevance", relevance, np.float32, m)
@@ -131,6 +158,13 @@ def score_rows(
     _check("tier", tier, np.int8, n)
     if not tau_seconds > 0:
         raise ValueError("tau_seconds must be > 0")
+    hl = _half_life_table(half_life_hours)
+    if hl.shape[0] > 1:
+        if ns is None:
+            raise ValueError("ns is required with a per-namespace half_life_hours table")
+        _check("ns", ns, np.int32, n)
+    else:
+        ns = np.zeros(1, np.int32)
     score = np.empty(m, np.float32)
     rec = np.empty(m, np.float32)
     imp = np.empty(m, np.float32)
@@ -141,9 +175,10 @@ def score_rows(
         created_at,
         last_access,
         tier,
+        ns,
         float(now),
         float(tau_seconds),
-        _half_lives(half_life_hours),
+        hl,
         float(floor),
         float(alpha),
         float(beta),
@@ -256,6 +291,141 @@ def filter_mask(
     return out, int(count)
 
 
+def plan_moves(
+    *,
+    eligible: np.ndarray,
+    ns: np.ndarray,
+    tier: np.ndarray,
+    importance: np.ndarray,
+    created_at: np.ndarray,
+    accessed_at: np.ndarray,
+    tier_since: np.ndarray,
+    access_count: np.ndarray,
+    access_base: np.ndarray,
+    surprise: np.ndarray,
+    success_count: np.ndarray,
+    success_base: np.ndarray,
+    now: float,
+    floor: float,
+    half_life_hours: np.ndarray,
+    ttl_seconds: np.ndarray,
+    threshold: np.ndarray,
+    promote_access: np.ndarray,
+    promote_surprise: np.ndarray,
+    promote_success: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lifecycle decision per row: (action int8, decayed importance float32).
+
+    Actions: 0 none, 1 promote (access), 2 promote (surprise), 3 promote (success), 4 demote (idle),
+    5 demote (decay); see ``_jit.plan_moves`` for the rules. Only ``eligible`` rows get an action;
+    every row with a valid namespace and tier gets its decayed importance. Tables are indexed by
+    namespace id: (namespaces, 5) for half_life_hours, ttl_seconds, threshold; (namespaces,) for
+    the promotion thresholds.
+    """
+    n = _check("eligible", eligible, np.bool_).shape[0]
+    for name, arr, dtype in (
+        ("ns", ns, np.int32),
+        ("tier", tier, np.int8),
+        ("importance", importance, np.float32),
+        ("created_at", created_at, np.float64),
+        ("accessed_at", accessed_at, np.float64),
+        ("tier_since", tier_since, np.float64),
+        ("access_count", access_count, np.int64),
+        ("access_base", access_base, np.int64),
+        ("surprise", surprise, np.float32),
+        ("success_count", success_count, np.int64),
+        ("success_base", success_base, np.int64),
+    ):
+        _check(name, arr, dtype, n)
+    hl = _table("half_life_hours", half_life_hours, np.float64)
+    ttl = _table("ttl_seconds", ttl_seconds, np.float64)
+    thr = _table("threshold", threshold, np.float32)
+    pa = _table("promote_access", promote_access, np.int64, None)
+    ps = _table("promote_surprise", promote_surprise, np.float32, None)
+    pc = _table("promote_success", promote_success, np.int64, None)
+    if not hl.shape[0] == ttl.shape[0] == thr.shape[0] == pa.shape[0] == ps.shape[0] == pc.shape[0]:
+        raise ValueError("lifecycle tables must all have one row per namespace")
+    action = np.empty(n, np.int8)
+    decayed = np.empty(n, np.float32)
+    _jit.plan_moves(
+        eligible,
+        ns,
+        tier,
+        importance,
+        created_at,
+        accessed_at,
+        tier_since,
+        access_count,
+        access_base,
+        surprise,
+        success_count,
+        success_base,
+        float(now),
+        float(floor),
+        hl,
+        ttl,
+        thr,
+        pa,
+        ps,
+        pc,
+        action,
+        decayed,
+    )
+    return action, decayed
+
+
+def retention_scores(
+    *,
+    ns: np.ndarray,
+    policy: np.ndarray,
+    decayed: np.ndarray,
+    accessed_at: np.ndarray,
+    created_at: np.ndarray,
+    tier_since: np.ndarray,
+    now: float,
+    tau_seconds: float,
+) -> np.ndarray:
+    """Per-row score of how much a memory deserves to stay (higher stays), float64, by the
+    namespace's retention policy (``policy[ns]``): 1 importance_weighted = 0.7*decayed +
+    0.3*exp(-(now - accessed)/tau), 2 recency = created_at, 3 fifo = tier_since, 4 lru = accessed_at.
+    Scores compare only within one namespace (one policy)."""
+    n = _check("ns", ns, np.int32).shape[0]
+    pol = _table("policy", policy, np.int8, None)
+    _check("decayed", decayed, np.float32, n)
+    _check("accessed_at", accessed_at, np.float64, n)
+    _check("created_at", created_at, np.float64, n)
+    _check("tier_since", tier_since, np.float64, n)
+    if not tau_seconds > 0:
+        raise ValueError("tau_seconds must be > 0")
+    out = np.empty(n, np.float64)
+    _jit.retention_scores(
+        ns, pol, decayed, accessed_at, created_at, tier_since, float(now), float(tau_seconds), out
+    )
+    return out
+
+
+def select_evictions(
+    group: np.ndarray, score: np.ndarray, candidates: np.ndarray, capacity: np.ndarray
+) -> np.ndarray:
+    """Among ``candidates``, per group (int64 ids 0..len(capacity)-1), mark the lowest-scoring rows
+    beyond ``capacity[group]``; ties evict the lower row index first. Returns a bool mask."""
+    n = _check("group", group, np.int64).shape[0]
+    _check("score", score, np.float64, n)
+    _check("candidates", candidates, np.bool_, n)
+    cap = _table("capacity", capacity, np.int64, None)
+    rows = np.flatnonzero(candidates)
+    g = group[rows]
+    if rows.shape[0] and (int(g.min()) < 0 or int(g.max()) >= cap.shape[0]):
+        raise ValueError("group ids out of range of capacity")
+    if np.any(np.isnan(score[rows])):
+        raise ValueError("score must not be NaN")
+    count = np.bincount(g, minlength=cap.shape[0]).astype(np.int64)
+    order = rows[np.lexsort((rows, score[rows], g))]  # by group, then score, then row
+    evict = np.zeros(n, np.bool_)
+    _jit.mark_evictions(order, group, cap, count, evict)
+    return evict
+
+
 def warm_up() -> None:
     """Compile (or load from cache) every kernel on tiny inputs."""
     f32 = np.array([0.5, 0.25], np.float32)
@@ -301,3 +471,54 @@ def warm_up() -> None:
         expire_at=f64,
         now=1.0,
     )
+    hl2 = np.ones((2, 5), np.float64)
+    score_rows(
+        rows,
+        f32,
+        importance=f32,
+        created_at=f64,
+        last_access=f64,
+        tier=t8,
+        now=1.0,
+        tau_seconds=60.0,
+        half_life_hours=hl2,
+        floor=0.1,
+        alpha=0.5,
+        beta=0.3,
+        gamma=0.2,
+        ns=i32,
+    )
+    i64 = np.zeros(2, np.int64)
+    action, decayed = plan_moves(
+        eligible=b,
+        ns=i32,
+        tier=t8,
+        importance=f32,
+        created_at=f64,
+        accessed_at=f64,
+        tier_since=f64,
+        access_count=i64,
+        access_base=i64,
+        surprise=f32,
+        success_count=i64,
+        success_base=i64,
+        now=1.0,
+        floor=0.1,
+        half_life_hours=hl2,
+        ttl_seconds=hl2,
+        threshold=hl2.astype(np.float32),
+        promote_access=np.ones(2, np.int64),
+        promote_surprise=np.ones(2, np.float32),
+        promote_success=np.ones(2, np.int64),
+    )
+    score = retention_scores(
+        ns=i32,
+        policy=np.ones(2, np.int8),
+        decayed=decayed,
+        accessed_at=f64,
+        created_at=f64,
+        tier_since=f64,
+        now=1.0,
+        tau_seconds=60.0,
+    )
+    select_evictions(i64, score, b, np.zeros(2, np.int64))

@@ -64,6 +64,7 @@ def score_rows(
     created_at,
     last_access,
     tier,
+    ns,
     now,
     tau_seconds,
     half_life_hours,
@@ -77,9 +78,11 @@ def score_rows(
 ):
     """Fused gather + decay + recency + combined score over the rows ``rows`` of the columns.
 
-    Range checks happen here, in the one pass, rather than as extra passes in the wrapper.
+    ``half_life_hours`` is a (namespaces, 5) table; with one table row it applies to every row and
+    ``ns`` is not read. Range checks happen here, in the one pass, not as extra passes in the wrapper.
     """
     n = importance.shape[0]
+    per_ns = half_life_hours.shape[0] > 1
     for i in range(rows.shape[0]):
         r = rows[i]
         if r < 0 or r >= n:
@@ -87,7 +90,12 @@ def score_rows(
         t = tier[r]
         if t < 0 or t > 4:
             raise ValueError("tier values must be in 0..4")
-        d = _decayed(importance[r], now - created_at[r], half_life_hours[t], floor)
+        k = 0
+        if per_ns:
+            k = ns[r]
+            if k < 0 or k >= half_life_hours.shape[0]:
+                raise ValueError("namespace ids out of range of half_life_hours")
+        d = _decayed(importance[r], now - created_at[r], half_life_hours[k, t], floor)
         c = _recency(last_access[r], now, tau_seconds)
         imp[i] = d
         rec[i] = c
@@ -225,3 +233,110 @@ def filter_mask(
         if ok:
             count += 1
     return count
+
+
+# -- lifecycle: whole-array passes, run from one thread (the maintenance pass) -------------------
+
+NONE, PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 0, 1, 2, 3, 4, 5
+
+
+@_kernel
+def plan_moves(
+    eligible,
+    ns,
+    tier,
+    importance,
+    created_at,
+    accessed_at,
+    tier_since,
+    access_count,
+    access_base,
+    surprise,
+    success_count,
+    success_base,
+    now,
+    floor,
+    half_life_hours,
+    ttl_seconds,
+    threshold,
+    promote_access,
+    promote_surprise,
+    promote_success,
+    action,
+    decayed,
+):
+    """Decide each eligible row's promotion or demotion (one tier per pass) and its decayed importance.
+
+    Promotion (not from FAST), first rule that holds: accesses since entering the tier >=
+    promote_access; surprise >= promote_surprise with an access since entering the tier; successes
+    since entering the tier >= promote_success. Demotion (not from GLACIAL): idle (no access, no tier
+    entry) longer than the tier's TTL; or, after one TTL in the tier, decayed importance below the
+    tier's threshold. Tables are indexed [namespace id, tier] or [namespace id].
+    """
+    for i in range(eligible.shape[0]):
+        k = ns[i]
+        t = tier[i]
+        if k < 0 or k >= ttl_seconds.shape[0] or t < 1 or t > 4:
+            action[i] = NONE
+            decayed[i] = importance[i]
+            continue
+        d = _decayed(importance[i], now - created_at[i], half_life_hours[k, t], floor)
+        decayed[i] = d
+        a = NONE
+        if eligible[i]:
+            if t > 1:
+                if access_count[i] - access_base[i] >= promote_access[k]:
+                    a = PROMOTE_ACCESS
+                elif surprise[i] >= promote_surprise[k] and accessed_at[i] > tier_since[i]:
+                    a = PROMOTE_SURPRISE
+                elif success_count[i] - success_base[i] >= promote_success[k]:
+                    a = PROMOTE_SUCCESS
+            if a == NONE and t < 4:
+                last = accessed_at[i] if accessed_at[i] > tier_since[i] else tier_since[i]
+                ttl = ttl_seconds[k, t]
+                if now - last > ttl:
+                    a = DEMOTE_IDLE
+                elif now - tier_since[i] > ttl and d < threshold[k, t]:
+                    a = DEMOTE_DECAY
+        action[i] = a
+
+
+@_kernel
+def retention_scores(ns, policy, decayed, accessed_at, created_at, tier_since, now, tau_seconds, out):
+    """How much each row deserves to stay in its tier (higher stays), by its namespace's policy:
+    1 importance_weighted 0.7*decayed + 0.3*recency, 2 recency (creation time), 3 fifo (tier entry),
+    4 lru (last access)."""
+    for i in range(ns.shape[0]):
+        k = ns[i]
+        p = policy[k] if k >= 0 and k < policy.shape[0] else 1
+        if p == 2:
+            out[i] = created_at[i]
+        elif p == 3:
+            out[i] = tier_since[i]
+        elif p == 4:
+            out[i] = accessed_at[i]
+        else:
+            out[i] = 0.7 * decayed[i] + 0.3 * _recency(accessed_at[i], now, tau_seconds)
+
+
+@_kernel
+def mark_evictions(order, group, capacity, count, evict):
+    """Walk rows sorted by (group, score ascending); in each group mark the first count - capacity.
+
+    ``order`` holds row indexes; ``group[r]`` is row r's group; ``capacity``/``count`` are per group.
+    Returns how many rows were marked.
+    """
+    marked = 0
+    current = -1
+    position = 0
+    for j in range(order.shape[0]):
+        r = order[j]
+        g = group[r]
+        if g != current:
+            current = g
+            position = 0
+        if position < count[g] - capacity[g]:
+            evict[r] = True
+            marked += 1
+        position += 1
+    return marked

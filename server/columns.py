@@ -33,6 +33,9 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "success": (np.int64, 0),
     "expire": (np.float64, np.inf),
     "rid": (np.int64, 0),
+    "tier_since": (np.float64, 0.0),
+    "access_base": (np.int64, 0),
+    "success_base": (np.int64, 0),
 }
 
 
@@ -79,6 +82,9 @@ class ColumnsView:
     success: np.ndarray
     expire: np.ndarray
     rid: np.ndarray
+    tier_since: np.ndarray
+    access_base: np.ndarray
+    success_base: np.ndarray
 
 
 class Columns:
@@ -159,6 +165,9 @@ class Columns:
         a["surprise"][row] = rec.surprise
         a["success"][row] = rec.success_count
         a["expire"][row] = np.inf if rec.expire_at is None else rec.expire_at
+        a["tier_since"][row] = rec.tier_since or rec.created_at
+        a["access_base"][row] = rec.access_base
+        a["success_base"][row] = rec.success_base
         old = self._row_tags.get(row, ())
         new = tuple(rec.tags)
         if old != new:

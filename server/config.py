@@ -12,8 +12,17 @@ TIER_FAST, TIER_MEDIUM, TIER_SLOW, TIER_GLACIAL = 1, 2, 3, 4
 TIERS = (TIER_FAST, TIER_MEDIUM, TIER_SLOW, TIER_GLACIAL)
 TIER_NAMES = {TIER_FAST: "FAST", TIER_MEDIUM: "MEDIUM", TIER_SLOW: "SLOW", TIER_GLACIAL: "GLACIAL"}
 
-# Importance half-lives by tier (hours): faster tiers forget faster. Index 0 is TIER_UNSPECIFIED.
+# Per-tier settings are tuples indexed by tier value; index 0 (TIER_UNSPECIFIED) is unused.
+# Importance half-lives (hours): faster tiers forget faster.
 DEFAULT_HALF_LIFE_HOURS = (0.0, 1.0, 24.0, 24.0 * 7, 24.0 * 30)
+# Seed 000: FAST 60 s / 1000 / 0.8, MEDIUM 1 h / 500 / 0.5, SLOW 1 day / 200 / 0.3, GLACIAL 1 week / 100 / 0.0.
+DEFAULT_TTL_SECONDS = (0.0, 60.0, 3600.0, 86400.0, 604800.0)
+DEFAULT_MAX_ITEMS = (0.0, 1000.0, 500.0, 200.0, 100.0)
+DEFAULT_IMPORTANCE_THRESHOLD = (0.0, 0.8, 0.5, 0.3, 0.0)
+# How often the background pass visits each tier: per event-ish, per round, per cycle, hourly.
+DEFAULT_CADENCE_SECONDS = (0.0, 5.0, 60.0, 600.0, 3600.0)
+
+RETENTION_POLICIES = {"importance_weighted": 1, "recency": 2, "fifo": 3, "lru": 4}
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,20 @@ class ServerConfig:
     exact_search_max_rows: int = 4096
     snapshot_on_shutdown: bool = True
 
-    # Maintenance: a background pass deletes expired memories and forgets old request ids.
-    maintenance_interval_seconds: float = 30.0  # 0 disables the background pass (tests call sweep())
+    # Lifecycle (seed 000), overridable per namespace with UpdateNamespaceConfig.
+    tier_ttl_seconds: tuple[float, ...] = DEFAULT_TTL_SECONDS  # idle longer than this: demote
+    tier_max_items: tuple[float, ...] = DEFAULT_MAX_ITEMS  # capacity per namespace and tier
+    tier_importance_threshold: tuple[float, ...] = DEFAULT_IMPORTANCE_THRESHOLD  # decayed below: demote
+    tier_cadence_seconds: tuple[float, ...] = DEFAULT_CADENCE_SECONDS  # background visits per tier
+    retention: str = "importance_weighted"  # eviction order: importance_weighted, recency, fifo, lru
+    delete_from_glacial: bool = False  # capacity eviction may delete from GLACIAL
+    promote_access_count: int = 5  # accesses since entering the tier that promote
+    promote_surprise: float = 0.5  # surprise (after feedback in the tier) that promotes
+    promote_success_count: int = 3  # successes since entering the tier that promote
+
+    # Maintenance: a background pass deletes expired memories, forgets old request ids and runs the
+    # lifecycle for the tiers whose cadence is due.
+    maintenance_interval_seconds: float = 5.0  # 0 disables the background pass (tests drive it)
     request_id_ttl_seconds: float = 86400.0  # a create retried within this window is deduplicated
 
     # Whole-tier maintenance runs elsewhere; the request path uses serial kernels.

@@ -11,6 +11,7 @@ from tiermem.v1 import memory_pb2 as pb
 
 from .engine import FeedbackItem, Filter, SearchHit, SearchQuery
 from .errors import InvalidArgument
+from .lifecycle import Policy
 from .records import NewMemory, Record
 
 
@@ -72,6 +73,11 @@ def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory |
     m.source_memory_ids.extend(rec.source_ids)
     if rec.expire_at is not None:
         set_timestamp(m.expire_time, rec.expire_at)
+    set_timestamp(m.tier_time, rec.tier_since or rec.created_at)
+    if rec.origin:
+        ns, mid, tier, when = rec.origin
+        m.origin.namespace, m.origin.id, m.origin.tier = ns, mid, tier
+        set_timestamp(m.origin.transfer_time, when)
     return m
 
 
@@ -123,3 +129,65 @@ def feedback_from_pb(items: Any) -> list[FeedbackItem]:
         )
         for f in items
     ]
+
+
+_TIER_FIELDS = ("ttl_seconds", "max_items", "importance_threshold", "half_life_hours", "cadence_seconds")
+_TOP_FIELDS = ("delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count")
+
+
+def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
+    """A LifecyclePolicy message as stored overrides (only the fields that are set)."""
+    out: dict[str, Any] = {}
+    tiers: dict[int, dict[str, Any]] = {}
+    for i, tp in enumerate(p.tiers):
+        if tp.tier == pb.TIER_UNSPECIFIED:
+            raise InvalidArgument(f"config.policy.tiers[{i}].tier", "is required")
+        if int(tp.tier) in tiers:
+            raise InvalidArgument(f"config.policy.tiers[{i}].tier", "appears twice")
+        tiers[int(tp.tier)] = {f: getattr(tp, f) for f in _TIER_FIELDS if tp.HasField(f)}
+    if tiers:
+        out["tiers"] = tiers
+    if p.retention:
+        out["retention"] = int(p.retention)
+    for f in _TOP_FIELDS:
+        if p.HasField(f):
+            out[f] = getattr(p, f)
+    return out
+
+
+def overrides_to_pb(overrides: dict[str, Any], out: pb.LifecyclePolicy) -> None:
+    for tier, fields in sorted((overrides.get("tiers") or {}).items()):
+        tp = out.tiers.add(tier=int(tier))
+        for f, v in fields.items():
+            setattr(tp, f, v)
+    if overrides.get("retention"):
+        out.retention = overrides["retention"]
+    for f in _TOP_FIELDS:
+        if overrides.get(f) is not None:
+            setattr(out, f, overrides[f])
+
+
+def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
+    """A complete (effective) policy."""
+    for tier, s in sorted(policy.tiers.items()):
+        out.tiers.add(
+            tier=tier,
+            ttl_seconds=s.ttl_seconds,
+            max_items=s.max_items,
+            importance_threshold=s.importance_threshold,
+            half_life_hours=s.half_life_hours,
+            cadence_seconds=s.cadence_seconds,
+        )
+    out.retention = policy.retention
+    out.delete_from_glacial = policy.delete_from_glacial
+    out.promote_access_count = policy.promote_access_count
+    out.promote_surprise = policy.promote_surprise
+    out.promote_success_count = policy.promote_success_count
+
+
+def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Policy) -> tuple[Any, Any]:
+    cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(stored.get("protected")))
+    overrides_to_pb(stored.get("policy") or {}, cfg.policy)
+    eff = pb.LifecyclePolicy()
+    policy_to_pb(effective, eff)
+    return cfg, eff

@@ -25,6 +25,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,19 @@ from . import validation as check
 from .columns import Columns, ColumnsView
 from .config import TIERS, ServerConfig
 from .embedder import HashEmbedder
-from .errors import AlreadyExists, InvalidArgument, NotFound
+from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from .lifecycle import (
+    DELETE_CAPACITY,
+    DEMOTIONS,
+    EVICT_CAPACITY,
+    EXPIRED,
+    POLICY_FIELDS,
+    PROMOTIONS,
+    Policy,
+    Tables,
+    check_overrides,
+    plan_pass,
+)
 from .records import NewMemory, Record
 from .storage import Store
 from .vector_index import VectorIndex
@@ -130,7 +143,17 @@ class Engine:
         self.columns = Columns()
         self.spaces: dict[str, Space] = {}
         self._space_by_id: list[Space] = []
-        self._half_lives = np.asarray(config.half_life_hours, np.float64)
+        self.base_policy = Policy.from_config(config)
+        self.ns_config: dict[str, dict[str, Any]] = {}  # namespace -> {"protected", "policy" overrides}
+        self._config_version = 0
+        self._tables_cache: tuple[tuple[int, int], Tables] | None = None
+        self._lcounts: dict[tuple[str, int], list[int]] = {}  # lifecycle totals, persisted
+        self._events: deque[tuple[float, str, int, int, int]] = deque()  # (time, ns, tier, kind, n)
+        self._pass_lock = threading.Lock()  # one lifecycle pass at a time
+        self._last_run = np.full((0, 5), -np.inf)  # last scheduled pass per (namespace id, tier)
+        self._search_lock = threading.Lock()
+        self._search_counts: dict[str, list[int]] = {}  # namespace -> [hits, misses]
+        self._search_total = [0, 0]
         self._load()
         faiss.omp_set_num_threads(1)
         self.writer = Writer(self.store, max_group=config.max_group_ops, before_commit=self._persist_counters)
@@ -169,6 +192,10 @@ class Engine:
         pending: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         with self.store.read() as txn:
             self._next_rid, self._next_vk = self.store.counters(txn)
+            self.ns_config = self.store.namespace_configs(txn)
+            for name in self.ns_config:
+                self.columns.namespaces.id(name)
+            self._lcounts = self.store.lifecycle_counters(txn)
             for model, dim in self.store.spaces(txn).items():
                 self._space(model, dim)
             for rec in self.store.iter_records(txn):
@@ -259,6 +286,10 @@ class Engine:
         while not self._stop.wait(self.config.maintenance_interval_seconds):
             try:
                 self.sweep()
+                report = self.consolidate(scheduled=True, max_reported=0)
+                moved = sum(report[k] for k in ("promoted", "demoted", "evicted", "deleted"))
+                if moved:
+                    logger.info("lifecycle pass: %s", {k: v for k, v in report.items() if k != "moves"})
             except Exception:
                 logger.exception("maintenance pass failed")
 
@@ -390,6 +421,7 @@ class Engine:
                     created_at=created,
                     updated_at=created,
                     accessed_at=created,
+                    tier_since=created,
                     token_cost=m.token_cost or math.ceil(len(m.content.encode()) / 4),
                     source_ids=list(m.source_ids),
                     expire_at=m.expire_at,
@@ -472,10 +504,13 @@ class Engine:
         }
     )
 
-    def update(self, namespace: str, memory_id: str, changes: NewMemory, mask: list[str]) -> Record:
+    def update(
+        self, namespace: str, memory_id: str, changes: NewMemory, mask: list[str], confirm: bool = False
+    ) -> Record:
         """Apply the fields named in ``mask`` from ``changes`` (a NewMemory holding new values)."""
         check.namespace("memory.namespace", namespace)
         check.memory_id("memory.id", memory_id)
+        self._check_protected(namespace, confirm, "changing a memory")
         if not mask:
             raise InvalidArgument("update_mask", "must name at least one field")
         for path in mask:
@@ -555,6 +590,8 @@ class Engine:
                     )
                 rec.embedding_model = model
                 self.store.put_vector(txn, rec.rid, vec)
+            if rec.tier != old.tier:
+                _enter_tier(rec, rec.tier, now)
             if vec is not None or rec.tier != old.tier:
                 _, rec.vk = self._alloc()
             rec.updated_at = now
@@ -589,9 +626,10 @@ class Engine:
         old_index.kill(old_internal)
 
     # -- delete ---------------------------------------------------------------------------------
-    def delete(self, namespace: str, memory_id: str) -> None:
+    def delete(self, namespace: str, memory_id: str, confirm: bool = False) -> None:
         check.namespace("namespace", namespace)
         check.memory_id("id", memory_id)
+        self._check_protected(namespace, confirm, "deleting a memory")
 
         def prepare(txn: lmdb.Transaction) -> list[Record]:
             rid = self.store.lookup(txn, namespace, memory_id)
@@ -603,19 +641,26 @@ class Engine:
 
         self.writer.submit(prepare, self._unindex)
 
-    def delete_namespace(self, namespace: str) -> int:
+    def delete_namespace(self, namespace: str, include_children: bool = False, confirm: bool = False) -> int:
+        """Delete every memory of ``namespace`` (and of ``namespace/...`` with include_children)."""
         check.namespace("namespace", namespace)
+        for name in [
+            namespace,
+            *(n for n in list(self.ns_config) if include_children and n.startswith(namespace + "/")),
+        ]:
+            self._check_protected(name, confirm, "clearing the namespace")
+        prefixes = [namespace.encode() + b"\x00"] + ([namespace.encode() + b"/"] if include_children else [])
 
         def prepare(txn: lmdb.Transaction) -> list[Record]:
             # Read the ids from LMDB, not the columns: this sees writes of the same commit group.
-            prefix = namespace.encode() + b"\x00"
             rids = []
             cur = txn.cursor(db=self.store.ids)
-            if cur.set_range(prefix):
-                for k, v in cur:
-                    if not bytes(k).startswith(prefix):
-                        break
-                    rids.append(v)
+            for prefix in prefixes:
+                if cur.set_range(prefix):
+                    for k, v in cur:
+                        if not bytes(k).startswith(prefix):
+                            break
+                        rids.append(v)
             recs = [r for r in (self.store.get(txn, int.from_bytes(v, "big")) for v in rids) if r is not None]
             for rec in recs:
                 self.store.delete(txn, rec)
@@ -768,6 +813,16 @@ class Engine:
 
     # -- search ---------------------------------------------------------------------------------
     def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
+        hits = self._search(q, include_embedding)
+        found = {h.record.namespace for h in hits}
+        with self._search_lock:  # hit rate: a search "hits" a namespace when it returns some of it
+            self._search_total[0 if hits else 1] += 1
+            for ns in set(q.namespaces):
+                counts = self._search_counts.setdefault(ns, [0, 0])
+                counts[0 if ns in found else 1] += 1
+        return hits
+
+    def _search(self, q: SearchQuery, include_embedding: bool) -> list[SearchHit]:
         cfg = self.config
         if not q.namespaces:
             raise InvalidArgument("namespaces", "must name at least one namespace")
@@ -822,7 +877,8 @@ class Engine:
             "tier": view.tier,
             "now": now,
             "tau_seconds": tau,
-            "half_life_hours": self._half_lives,
+            "half_life_hours": self._tables().half_life,
+            "ns": view.ns,
             "floor": cfg.importance_floor,
         }
 
@@ -944,6 +1000,317 @@ class Engine:
             sims[sel] = sp.indexes[t].similarities(loc[sel] & _INTERNAL_MASK, query)
         return rows, sims
 
+    # -- transfer -------------------------------------------------------------------------------
+    def transfer(
+        self,
+        namespace: str,
+        memory_id: str,
+        *,
+        target_namespace: str = "",
+        target_tier: int = 0,
+        move: bool,
+        target_id: str = "",
+        overwrite: bool = False,
+        confirm: bool = False,
+    ) -> Record:
+        """Copy or move a memory to another tier and/or namespace (task -> project -> global),
+        recording its origin. A move deletes the source in the same commit."""
+        check.namespace("namespace", namespace)
+        check.memory_id("id", memory_id)
+        dest_ns = check.namespace("target_namespace", target_namespace) if target_namespace else namespace
+        if target_tier:
+            check.tier("target_tier", target_tier)
+        if target_id:
+            check.memory_id("target_id", target_id)
+        if move:
+            self._check_protected(namespace, confirm, "moving a memory out")
+        same_place = dest_ns == namespace and (not target_id or target_id == memory_id)
+        if same_place and target_id:
+            raise InvalidArgument("target_id", "names the source memory itself")
+        if move and same_place:
+            raise InvalidArgument(
+                "target_namespace",
+                "a move needs another namespace or target_id; use UpdateMemory to change only the tier",
+            )
+        now = self.clock()
+
+        def prepare(txn: lmdb.Transaction) -> tuple[list[Record], Record, np.ndarray]:
+            rid = self.store.lookup(txn, namespace, memory_id)
+            src = None if rid is None else self.store.get(txn, rid)
+            if src is None or (src.expire_at is not None and src.expire_at <= now):
+                raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
+            vec = self.store.get_vector(txn, src.rid)
+            assert vec is not None
+            dest_id = target_id or (memory_id if dest_ns != namespace or move else uuid.uuid4().hex)
+            freed: list[Record] = []
+            old_rid = self.store.lookup(txn, dest_ns, dest_id)
+            existing = None if old_rid is None else self.store.get(txn, old_rid)
+            if existing is not None:
+                if not overwrite and not (existing.expire_at is not None and existing.expire_at <= now):
+                    raise AlreadyExists(f"memory {dest_id!r} already exists in namespace {dest_ns!r}")
+                self._check_protected(dest_ns, confirm, "overwriting a memory")
+                self.store.delete(txn, existing)
+                freed.append(existing)
+            new = Record.unpack(src.pack())
+            new.rid, new.vk = self._alloc()
+            new.namespace, new.id = dest_ns, dest_id
+            new.updated_at = now
+            new.origin = [namespace, memory_id, src.tier, now]
+            _enter_tier(new, target_tier or src.tier, now)
+            self.store.put(txn, new)
+            self.store.put_vector(txn, new.rid, vec)
+            if move:
+                self.store.delete(txn, src)
+                freed.append(src)
+            return freed, new, vec
+
+        def apply(prepared: tuple[list[Record], Record, np.ndarray]) -> Record:
+            freed, new, vec = prepared
+            self._unindex(freed)
+            self._index_new([(new, vec)])
+            return new
+
+        result: Record = self.writer.submit(prepare, apply)
+        return result
+
+    # -- namespace settings -------------------------------------------------------------------
+    def _check_protected(self, namespace: str, confirm: bool, action: str) -> None:
+        if not confirm and self.ns_config.get(namespace, {}).get("protected"):
+            raise FailedPrecondition(
+                f"namespace {namespace!r} is protected: {action} needs confirm=true",
+                reason="NAMESPACE_PROTECTED",
+            )
+
+    def policy_for(self, namespace: str) -> Policy:
+        overrides = self.ns_config.get(namespace, {}).get("policy")
+        return self.base_policy.with_overrides(overrides) if overrides else self.base_policy
+
+    def _tables(self) -> Tables:
+        """Lifecycle tables for every interned namespace, rebuilt when namespaces or settings change."""
+        key = (len(self.columns.namespaces), self._config_version)
+        cached = self._tables_cache
+        if cached is None or cached[0] != key:
+            ids = self.columns.namespaces
+            overrides = {
+                ids.get(ns): self.policy_for(ns) for ns, c in list(self.ns_config.items()) if c.get("policy")
+            }
+            cached = (
+                key,
+                Tables.build(key[0], self.base_policy, {i: p for i, p in overrides.items() if i >= 0}),
+            )
+            self._tables_cache = cached
+        return cached[1]
+
+    def get_namespace_config(self, namespace: str) -> tuple[dict[str, Any], Policy]:
+        check.namespace("namespace", namespace)
+        return dict(self.ns_config.get(namespace, {})), self.policy_for(namespace)
+
+    def update_namespace_config(
+        self, namespace: str, protected: bool, policy: dict[str, Any], mask: list[str], confirm: bool = False
+    ) -> tuple[dict[str, Any], Policy]:
+        """Change ``protected`` and/or policy overrides (stored form, see lifecycle.check_overrides)."""
+        check.namespace("config.namespace", namespace)
+        fields_ = set(mask or ["protected", "policy"])
+        allowed = {"protected", "policy", "policy.tiers", *(f"policy.{f}" for f in POLICY_FIELDS)}
+        for f in fields_:
+            if f not in allowed:
+                raise InvalidArgument(
+                    "update_mask", f"{f!r} cannot be updated; updatable: {', '.join(sorted(allowed))}"
+                )
+        policy = check_overrides(policy)
+        current = self.ns_config.get(namespace, {})
+        if "protected" in fields_ and current.get("protected") and not protected and not confirm:
+            raise FailedPrecondition(
+                f"namespace {namespace!r} is protected: unprotecting it needs confirm=true",
+                reason="NAMESPACE_PROTECTED",
+            )
+        new_protected = protected if "protected" in fields_ else bool(current.get("protected"))
+        new_policy = dict(policy) if "policy" in fields_ else dict(current.get("policy") or {})
+        for f in fields_:
+            if f.startswith("policy."):
+                name = f.split(".", 1)[1]
+                if name in policy:
+                    new_policy[name] = policy[name]
+                else:
+                    new_policy.pop(name, None)
+        stored: dict[str, Any] = {}
+        if new_protected:
+            stored["protected"] = True
+        if new_policy:
+            stored["policy"] = new_policy
+
+        def prepare(txn: lmdb.Transaction) -> dict[str, Any]:
+            self.store.put_namespace_config(txn, namespace, stored)
+            return stored
+
+        def apply(cfg: dict[str, Any]) -> dict[str, Any]:
+            self.columns.namespaces.id(namespace)  # tables get a row for it
+            if cfg:
+                self.ns_config[namespace] = cfg
+            else:
+                self.ns_config.pop(namespace, None)
+            self._config_version += 1
+            return cfg
+
+        result = self.writer.submit(prepare, apply)
+        return dict(result), self.policy_for(namespace)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def consolidate(
+        self, namespace: str = "", *, dry_run: bool = False, max_reported: int = 1000, scheduled: bool = False
+    ) -> dict[str, Any]:
+        """Run a lifecycle pass (see lifecycle.py) over one namespace or all; returns its report.
+
+        Planning reads the columns only (kernels over whole arrays, no locks). Moves are applied
+        through the writer in chunks, each re-checking that the memory is still where the plan saw
+        it; searches are paused only while a moved vector is added to or tombstoned in an index.
+        """
+        if namespace:
+            check.namespace("namespace", namespace)
+        if max_reported < 0:
+            raise InvalidArgument("max_reported_moves", "must not be negative")
+        with self._pass_lock:
+            t0 = time.perf_counter()
+            now = self.clock()
+            view = self.columns.view()
+            tables = self._tables()
+            if namespace:
+                in_scope = view.alive & (view.ns == self.columns.namespaces.get(namespace))
+            else:
+                in_scope = view.alive.copy()
+            n_ns = tables.ttl.shape[0]
+            if scheduled:
+                if self._last_run.shape[0] < n_ns:
+                    grown = np.full((n_ns, 5), -np.inf)
+                    grown[: self._last_run.shape[0]] = self._last_run
+                    self._last_run = grown
+                due = (now - self._last_run[:n_ns]) >= tables.cadence
+            else:
+                due = np.ones((n_ns, 5), np.bool_)
+            plan = plan_pass(
+                view,
+                tables,
+                now=now,
+                floor=self.config.importance_floor,
+                tau_seconds=self.config.recency_tau_seconds,
+                in_scope=in_scope,
+                due=due,
+            )
+            if scheduled:
+                self._last_run[:n_ns][due] = now
+            plan_seconds = time.perf_counter() - t0
+            rids = view.rid[plan.rows]
+            report: dict[str, Any] = dict(
+                plan.counts,
+                over_capacity=plan.over_capacity,
+                skipped=0,
+                plan_seconds=plan_seconds,
+                apply_seconds=0.0,
+                max_pause_seconds=0.0,
+            )
+            with self.store.read() as txn:
+                listed = [self.store.get(txn, int(r)) for r in rids[:max_reported]]
+            report["moves"] = [
+                {
+                    "namespace": rec.namespace,
+                    "id": rec.id,
+                    "from": int(plan.from_tier[i]),
+                    "to": int(plan.to_tier[i]),
+                    "reason": int(plan.reason[i]),
+                }
+                for i, rec in enumerate(listed)
+                if rec is not None
+            ]
+            if dry_run or plan.rows.shape[0] == 0:
+                return report
+            indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
+            for idx in indexes:
+                idx.max_pause_seconds = 0.0
+            t1 = time.perf_counter()
+            items = list(
+                zip(
+                    rids.tolist(),
+                    plan.from_tier.tolist(),
+                    plan.to_tier.tolist(),
+                    plan.reason.tolist(),
+                    strict=True,
+                )
+            )
+            for lo in range(0, len(items), 256):
+                report["skipped"] += self._apply_moves(items[lo : lo + 256], now)
+            report["apply_seconds"] = time.perf_counter() - t1
+            indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
+            report["max_pause_seconds"] = max([idx.max_pause_seconds for idx in indexes], default=0.0)
+            return report
+
+    def _apply_moves(self, items: list[tuple[int, int, int, int]], now: float) -> int:
+        """Commit one chunk of planned moves; returns how many were skipped (memory changed meanwhile)."""
+
+        def prepare(
+            txn: lmdb.Transaction,
+        ) -> tuple[list[tuple[Record, Record]], list[Record], int, dict[Any, list[int]]]:
+            moved: list[tuple[Record, Record]] = []
+            deleted: list[Record] = []
+            skipped = 0
+            deltas: dict[tuple[str, int], list[int]] = {}
+            for rid, frm, to, reason in items:
+                rec = self.store.get(txn, rid)
+                if (
+                    rec is None
+                    or rec.tier != frm
+                    or (reason == EXPIRED and not (rec.expire_at is not None and rec.expire_at <= now))
+                ):
+                    skipped += 1
+                    continue
+                kind = (
+                    0
+                    if reason in PROMOTIONS
+                    else 1
+                    if reason in DEMOTIONS
+                    else 2
+                    if reason == EVICT_CAPACITY
+                    else 3
+                )
+                d = deltas.setdefault((rec.namespace, frm), [0, 0, 0, 0])
+                d[kind] += 1
+                if reason == DELETE_CAPACITY:
+                    d[2] += 1  # a capacity deletion is an eviction too
+                if to == 0:
+                    self.store.delete(txn, rec)
+                    deleted.append(rec)
+                    continue
+                old = Record.unpack(rec.pack())
+                _enter_tier(rec, to, now)
+                _, rec.vk = self._alloc()
+                self.store.put(txn, rec)
+                moved.append((old, rec))
+            for (ns, tier), d in deltas.items():
+                total = self._lcounts.get((ns, tier), [0, 0, 0, 0])
+                self.store.put_lifecycle_counters(
+                    txn, ns, tier, [a + b for a, b in zip(total, d, strict=True)]
+                )
+            return moved, deleted, skipped, deltas
+
+        def apply(
+            prepared: tuple[list[tuple[Record, Record]], list[Record], int, dict[Any, list[int]]],
+        ) -> int:
+            moved, deleted, skipped, deltas = prepared
+            for old, rec in moved:
+                self._reindex(old, rec, None)
+            self._unindex(deleted)
+            when = self.clock()
+            for (ns, tier), d in deltas.items():
+                total = self._lcounts.setdefault((ns, tier), [0, 0, 0, 0])
+                for kind in range(4):
+                    total[kind] += d[kind]
+                    if d[kind] and kind < 3:
+                        self._events.append((when, ns, tier, kind, d[kind]))
+            while self._events and self._events[0][0] < when - 3600:
+                self._events.popleft()
+            return skipped
+
+        return int(self.writer.submit(prepare, apply))
+
     # -- stats and namespaces -------------------------------------------------------------------
     def stats(self, namespace: str = "") -> dict[str, Any]:
         view = self.columns.view()
@@ -966,7 +1333,20 @@ class Engine:
                 }
             )
         ns_count = len(self.columns.ns_counts) if not namespace else int(namespace in self.columns.ns_counts)
+        totals = np.zeros((5, 4), np.int64)  # tier x [promotions, demotions, evictions, deleted]
+        for (ns, t), c in list(self._lcounts.items()):
+            if not namespace or ns == namespace:
+                totals[t] += c
+        recent = np.zeros((5, 4), np.int64)
+        hour_ago = self.clock() - 3600
+        for when, ns, t, kind, n in list(self._events):
+            if when >= hour_ago and (not namespace or ns == namespace):
+                recent[t, kind] += n
+        with self._search_lock:
+            hits, misses = self._search_counts.get(namespace, [0, 0]) if namespace else self._search_total
         return {
+            "search_hits": hits,
+            "search_misses": misses,
             "memory_count": int(mask.sum()),
             "namespace_count": ns_count,
             "tiers": [
@@ -975,6 +1355,8 @@ class Engine:
                     "count": int(counts[t]),
                     "avg_importance": float(imp[t] / counts[t]) if counts[t] else 0.0,
                     "avg_surprise": float(sur[t] / counts[t]) if counts[t] else 0.0,
+                    "totals": totals[t].tolist(),
+                    "last_hour": recent[t].tolist(),
                 }
                 for t in TIERS
             ],
@@ -993,6 +1375,14 @@ class Engine:
         after = _decode_token("page_token", page_token, str) if page_token else ""
         page, more = self.columns.namespaces_page(prefix, after, size)
         return page, (_encode_token(page[-1][0]) if page and more else "")
+
+
+def _enter_tier(rec: Record, tier: int, now: float) -> None:
+    """Move a record to ``tier``: promotion evidence (accesses, successes) counts from here on."""
+    rec.tier = tier
+    rec.tier_since = now
+    rec.access_base = rec.access_count
+    rec.success_base = rec.success_count
 
 
 def _weight(name: str, value: float | None, default: float) -> float:

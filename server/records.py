@@ -41,6 +41,10 @@ class Record:
     source_ids: list[str] = field(default_factory=list)
     expire_at: float | None = None
     vk: int = 0
+    tier_since: float = 0.0  # when it entered its tier
+    access_base: int = 0  # access_count when it entered its tier
+    success_base: int = 0  # success_count when it entered its tier
+    origin: list[Any] | None = None  # [namespace, id, tier, time] of the memory it was transferred from
 
     def pack(self) -> bytes:
         return msgpack.packb(asdict(self), use_bin_type=True)

@@ -14,8 +14,7 @@ from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
 from . import convert
 from .engine import Engine
-from .errors import TiermemError, Unavailable
-from .records import NewMemory
+from .errors import InvalidArgument, TiermemError, Unavailable
 from .status import to_status
 
 logger = logging.getLogger(__name__)
@@ -29,8 +28,6 @@ def _rpc(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            if self.engine is None:
-                raise Unavailable("server is starting", reason="STARTING")
             return method(self, request, context)
         except TiermemError as e:
             context.abort_with_status(to_status(e))
@@ -43,14 +40,20 @@ def _rpc(method: F) -> F:
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def __init__(self, engine: Engine | None = None) -> None:
-        self.engine: Engine | None = engine
+        self.engine: Engine | None = engine  # None while the server starts (health: NOT_SERVING)
+
+    @property
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise Unavailable("server is starting", reason="STARTING")
+        return self.engine
 
     @_rpc
     def CreateMemory(
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
     ) -> pb.CreateMemoryResponse:
         spec = convert.new_memory_from_pb(request.memory, "memory.")
-        [rec] = self.engine.create([spec], request.request_id)  # type: ignore[union-attr]
+        [rec] = self._engine.create([spec], request.request_id)
         return pb.CreateMemoryResponse(memory=convert.memory_to_pb(rec))
 
     @_rpc
@@ -58,7 +61,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchCreateMemoriesResponse:
         specs = [convert.new_memory_from_pb(m, f"memories[{i}].") for i, m in enumerate(request.memories)]
-        recs = self.engine.create(specs, request.request_id, batch=True)  # type: ignore[union-attr]
+        recs = self._engine.create(specs, request.request_id, batch=True)
         resp = pb.BatchCreateMemoriesResponse()
         for rec in recs:
             convert.memory_to_pb(rec, out=resp.memories.add())
@@ -66,7 +69,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     @_rpc
     def GetMemory(self, request: pb.GetMemoryRequest, context: grpc.ServicerContext) -> pb.GetMemoryResponse:
-        rec, vec = self.engine.get(request.namespace, request.id, request.include_embedding)  # type: ignore[union-attr]
+        rec, vec = self._engine.get(request.namespace, request.id, request.include_embedding)
         return pb.GetMemoryResponse(memory=convert.memory_to_pb(rec, vec))
 
     @_rpc
@@ -74,23 +77,24 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.UpdateMemoryRequest, context: grpc.ServicerContext
     ) -> pb.UpdateMemoryResponse:
         m = request.memory
-        changes: NewMemory = convert.new_memory_from_pb(m, "memory.")
-        rec = self.engine.update(m.namespace, m.id, changes, list(request.update_mask.paths))  # type: ignore[union-attr]
+        changes = convert.new_memory_from_pb(m, "memory.")
+        rec = self._engine.update(
+            m.namespace, m.id, changes, list(request.update_mask.paths), request.confirm
+        )
         return pb.UpdateMemoryResponse(memory=convert.memory_to_pb(rec))
 
     @_rpc
     def DeleteMemory(
         self, request: pb.DeleteMemoryRequest, context: grpc.ServicerContext
     ) -> pb.DeleteMemoryResponse:
-        self.engine.delete(request.namespace, request.id)  # type: ignore[union-attr]
+        self._engine.delete(request.namespace, request.id, request.confirm)
         return pb.DeleteMemoryResponse()
 
     @_rpc
     def ListMemories(
         self, request: pb.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.ListMemoriesResponse:
-        eng = self.engine
-        assert eng is not None
+        eng = self._engine
         flt = eng.check_filter(convert.filter_from_pb(request.filter))
         recs, token = eng.list_memories(request.namespace, request.page_size, request.page_token, flt)
         vecs = eng.vectors_of(recs) if request.include_embedding else [None] * len(recs)
@@ -103,7 +107,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def SearchMemories(
         self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.SearchMemoriesResponse:
-        hits = self.engine.search(convert.search_from_pb(request), request.include_embedding)  # type: ignore[union-attr]
+        hits = self._engine.search(convert.search_from_pb(request), request.include_embedding)
         resp = pb.SearchMemoriesResponse()
         for hit in hits:
             convert.hit_to_pb(hit, resp.results.add())
@@ -114,7 +118,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.RecordFeedbackRequest, context: grpc.ServicerContext
     ) -> pb.RecordFeedbackResponse:
         as_of = convert.ts_to_float(request, "as_of")
-        recs = self.engine.feedback(request.namespace, convert.feedback_from_pb(request.items), as_of)  # type: ignore[union-attr]
+        recs = self._engine.feedback(request.namespace, convert.feedback_from_pb(request.items), as_of)
         resp = pb.RecordFeedbackResponse()
         for rec in recs:
             convert.memory_to_pb(rec, out=resp.memories.add())
@@ -122,7 +126,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     @_rpc
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
-        s = self.engine.stats(request.namespace)  # type: ignore[union-attr]
+        s = self._engine.stats(request.namespace)
+        hits, misses = s["search_hits"], s["search_misses"]
         return pb.GetStatsResponse(
             memory_count=s["memory_count"],
             namespace_count=s["namespace_count"],
@@ -132,6 +137,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     memory_count=t["count"],
                     avg_importance=t["avg_importance"],
                     avg_surprise=t["avg_surprise"],
+                    promotions_total=t["totals"][0],
+                    demotions_total=t["totals"][1],
+                    evictions_total=t["totals"][2],
+                    deleted_total=t["totals"][3],
+                    promotions_last_hour=t["last_hour"][0],
+                    demotions_last_hour=t["last_hour"][1],
+                    evictions_last_hour=t["last_hour"][2],
                 )
                 for t in s["tiers"]
             ],
@@ -149,13 +161,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             uptime_seconds=s["uptime_seconds"],
             storage_bytes=s["storage_bytes"],
             server_version=s["version"],
+            search_hits=hits,
+            search_misses=misses,
+            hit_rate=hits / (hits + misses) if hits + misses else 0.0,
         )
 
     @_rpc
     def ListNamespaces(
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
     ) -> pb.ListNamespacesResponse:
-        page, token = self.engine.list_namespaces(request.prefix, request.page_size, request.page_token)  # type: ignore[union-attr]
+        page, token = self._engine.list_namespaces(request.prefix, request.page_size, request.page_token)
         return pb.ListNamespacesResponse(
             namespaces=[pb.NamespaceInfo(name=n, memory_count=c) for n, c in page], next_page_token=token
         )
@@ -164,4 +179,75 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def DeleteNamespace(
         self, request: pb.DeleteNamespaceRequest, context: grpc.ServicerContext
     ) -> pb.DeleteNamespaceResponse:
-        return pb.DeleteNamespaceResponse(deleted_count=self.engine.delete_namespace(request.namespace))  # type: ignore[union-attr]
+        count = self._engine.delete_namespace(request.namespace, request.include_children, request.confirm)
+        return pb.DeleteNamespaceResponse(deleted_count=count)
+
+    @_rpc
+    def GetNamespaceConfig(
+        self, request: pb.GetNamespaceConfigRequest, context: grpc.ServicerContext
+    ) -> pb.GetNamespaceConfigResponse:
+        stored, effective = self._engine.get_namespace_config(request.namespace)
+        cfg, eff = convert.namespace_config_to_pb(request.namespace, stored, effective)
+        return pb.GetNamespaceConfigResponse(config=cfg, effective=eff)
+
+    @_rpc
+    def UpdateNamespaceConfig(
+        self, request: pb.UpdateNamespaceConfigRequest, context: grpc.ServicerContext
+    ) -> pb.UpdateNamespaceConfigResponse:
+        c = request.config
+        stored, effective = self._engine.update_namespace_config(
+            c.namespace,
+            c.protected,
+            convert.policy_overrides_from_pb(c.policy),
+            list(request.update_mask.paths),
+            request.confirm,
+        )
+        cfg, eff = convert.namespace_config_to_pb(c.namespace, stored, effective)
+        return pb.UpdateNamespaceConfigResponse(config=cfg, effective=eff)
+
+    @_rpc
+    def ConsolidateMemories(
+        self, request: pb.ConsolidateMemoriesRequest, context: grpc.ServicerContext
+    ) -> pb.ConsolidateMemoriesResponse:
+        r = self._engine.consolidate(
+            request.namespace, dry_run=request.dry_run, max_reported=request.max_reported_moves or 1000
+        )
+        return pb.ConsolidateMemoriesResponse(
+            moves=[
+                pb.TierMove(
+                    namespace=m["namespace"],
+                    id=m["id"],
+                    from_tier=m["from"],
+                    to_tier=m["to"],
+                    reason=m["reason"],
+                )
+                for m in r["moves"]
+            ],
+            promoted=r["promoted"],
+            demoted=r["demoted"],
+            evicted=r["evicted"],
+            deleted=r["deleted"],
+            over_capacity=r["over_capacity"],
+            skipped=r["skipped"],
+            plan_seconds=r["plan_seconds"],
+            apply_seconds=r["apply_seconds"],
+            max_search_pause_seconds=r["max_pause_seconds"],
+        )
+
+    @_rpc
+    def TransferMemory(
+        self, request: pb.TransferMemoryRequest, context: grpc.ServicerContext
+    ) -> pb.TransferMemoryResponse:
+        if request.mode == pb.TRANSFER_MODE_UNSPECIFIED:
+            raise InvalidArgument("mode", "must be TRANSFER_MODE_COPY or TRANSFER_MODE_MOVE")
+        rec = self._engine.transfer(
+            request.namespace,
+            request.id,
+            target_namespace=request.target_namespace,
+            target_tier=int(request.target_tier),
+            move=request.mode == pb.TRANSFER_MODE_MOVE,
+            target_id=request.target_id,
+            overwrite=request.overwrite,
+            confirm=request.confirm,
+        )
+        return pb.TransferMemoryResponse(memory=convert.memory_to_pb(rec))

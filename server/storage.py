@@ -43,6 +43,8 @@ _META_SCHEMA = b"schema_version"
 _META_NEXT_RID = b"next_rid"
 _META_NEXT_VK = b"next_vk"
 _META_SPACE = b"space:"
+_META_NSCONF = b"nsconf:"
+_META_LSTAT = b"lstat:"
 _META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots
 
 
@@ -150,15 +152,7 @@ class Store:
 
     # -- embedding spaces ----------------------------------------------------------------------
     def spaces(self, txn: lmdb.Transaction) -> dict[str, int]:
-        out: dict[str, int] = {}
-        cur = txn.cursor(db=self.meta)
-        if cur.set_range(_META_SPACE):
-            for k, v in cur:
-                key = bytes(k)
-                if not key.startswith(_META_SPACE):
-                    break
-                out[key[len(_META_SPACE) :].decode()] = int(msgpack.unpackb(v))
-        return out
+        return {k.decode(): int(msgpack.unpackb(v)) for k, v in self._prefixed(txn, _META_SPACE)}
 
     def put_space(self, txn: lmdb.Transaction, model: str, dimension: int) -> None:
         txn.put(_META_SPACE + model.encode(), msgpack.packb(dimension), db=self.meta)
@@ -196,6 +190,48 @@ class Store:
     def get_vector(self, txn: lmdb.Transaction, rid: int) -> np.ndarray | None:
         raw = txn.get(rid_key(rid), db=self.vectors)
         return None if raw is None else np.frombuffer(raw, dtype=np.float32).copy()
+
+    # -- namespace settings and lifecycle counters ----------------------------------------------
+    def namespace_configs(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
+        return {
+            k.decode(): msgpack.unpackb(v, raw=False, strict_map_key=False)
+            for k, v in self._prefixed(txn, _META_NSCONF)
+        }
+
+    def put_namespace_config(self, txn: lmdb.Transaction, namespace: str, config: dict[str, Any]) -> None:
+        key = _META_NSCONF + namespace.encode()
+        if config:
+            txn.put(key, msgpack.packb(config, use_bin_type=True), db=self.meta)
+        else:
+            txn.delete(key, db=self.meta)
+
+    def lifecycle_counters(self, txn: lmdb.Transaction) -> dict[tuple[str, int], list[int]]:
+        """(namespace, tier) -> [promotions, demotions, evictions, deleted], ever."""
+        out: dict[tuple[str, int], list[int]] = {}
+        for k, v in self._prefixed(txn, _META_LSTAT):
+            ns, _, tier = k.rpartition(b"\x00")
+            out[(ns.decode(), tier[0])] = list(msgpack.unpackb(v))
+        return out
+
+    def put_lifecycle_counters(
+        self, txn: lmdb.Transaction, namespace: str, tier: int, counts: list[int]
+    ) -> None:
+        txn.put(
+            _META_LSTAT + namespace.encode() + b"\x00" + bytes([tier]), msgpack.packb(counts), db=self.meta
+        )
+
+    def delete_lifecycle_counters(self, txn: lmdb.Transaction, namespace: str) -> None:
+        for tier in range(5):
+            txn.delete(_META_LSTAT + namespace.encode() + b"\x00" + bytes([tier]), db=self.meta)
+
+    def _prefixed(self, txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        cur = txn.cursor(db=self.meta)
+        if cur.set_range(prefix):
+            for k, v in cur:
+                key = bytes(k)
+                if not key.startswith(prefix):
+                    break
+                yield key[len(prefix) :], bytes(v)
 
     # -- idempotent requests -------------------------------------------------------------------
     # Keyed by namespace (of the request's first memory) and request id, so one namespace can never

@@ -18,11 +18,54 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_MEDIUM: _ClassVar[Tier]
     TIER_SLOW: _ClassVar[Tier]
     TIER_GLACIAL: _ClassVar[Tier]
+
+class RetentionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RETENTION_POLICY_UNSPECIFIED: _ClassVar[RetentionPolicy]
+    RETENTION_POLICY_IMPORTANCE_WEIGHTED: _ClassVar[RetentionPolicy]
+    RETENTION_POLICY_RECENCY: _ClassVar[RetentionPolicy]
+    RETENTION_POLICY_FIFO: _ClassVar[RetentionPolicy]
+    RETENTION_POLICY_LRU: _ClassVar[RetentionPolicy]
+
+class MoveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MOVE_REASON_UNSPECIFIED: _ClassVar[MoveReason]
+    MOVE_REASON_PROMOTE_ACCESS: _ClassVar[MoveReason]
+    MOVE_REASON_PROMOTE_SURPRISE: _ClassVar[MoveReason]
+    MOVE_REASON_PROMOTE_SUCCESS: _ClassVar[MoveReason]
+    MOVE_REASON_DEMOTE_IDLE: _ClassVar[MoveReason]
+    MOVE_REASON_DEMOTE_DECAY: _ClassVar[MoveReason]
+    MOVE_REASON_EVICT_CAPACITY: _ClassVar[MoveReason]
+    MOVE_REASON_DELETE_CAPACITY: _ClassVar[MoveReason]
+    MOVE_REASON_EXPIRED: _ClassVar[MoveReason]
+
+class TransferMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRANSFER_MODE_UNSPECIFIED: _ClassVar[TransferMode]
+    TRANSFER_MODE_COPY: _ClassVar[TransferMode]
+    TRANSFER_MODE_MOVE: _ClassVar[TransferMode]
 TIER_UNSPECIFIED: Tier
 TIER_FAST: Tier
 TIER_MEDIUM: Tier
 TIER_SLOW: Tier
 TIER_GLACIAL: Tier
+RETENTION_POLICY_UNSPECIFIED: RetentionPolicy
+RETENTION_POLICY_IMPORTANCE_WEIGHTED: RetentionPolicy
+RETENTION_POLICY_RECENCY: RetentionPolicy
+RETENTION_POLICY_FIFO: RetentionPolicy
+RETENTION_POLICY_LRU: RetentionPolicy
+MOVE_REASON_UNSPECIFIED: MoveReason
+MOVE_REASON_PROMOTE_ACCESS: MoveReason
+MOVE_REASON_PROMOTE_SURPRISE: MoveReason
+MOVE_REASON_PROMOTE_SUCCESS: MoveReason
+MOVE_REASON_DEMOTE_IDLE: MoveReason
+MOVE_REASON_DEMOTE_DECAY: MoveReason
+MOVE_REASON_EVICT_CAPACITY: MoveReason
+MOVE_REASON_DELETE_CAPACITY: MoveReason
+MOVE_REASON_EXPIRED: MoveReason
+TRANSFER_MODE_UNSPECIFIED: TransferMode
+TRANSFER_MODE_COPY: TransferMode
+TRANSFER_MODE_MOVE: TransferMode
 
 class Value(_message.Message):
     __slots__ = ("string_value", "int_value", "double_value", "bool_value")
@@ -37,7 +80,7 @@ class Value(_message.Message):
     def __init__(self, string_value: _Optional[str] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: _Optional[bool] = ...) -> None: ...
 
 class Memory(_message.Message):
-    __slots__ = ("id", "namespace", "content", "kind", "tier", "importance", "source", "topic", "tags", "metadata", "embedding", "embedding_model", "create_time", "update_time", "last_access_time", "access_count", "surprise_score", "success_count", "token_cost", "source_memory_ids", "expire_time")
+    __slots__ = ("id", "namespace", "content", "kind", "tier", "importance", "source", "topic", "tags", "metadata", "embedding", "embedding_model", "create_time", "update_time", "last_access_time", "access_count", "surprise_score", "success_count", "token_cost", "source_memory_ids", "expire_time", "tier_time", "origin")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +109,8 @@ class Memory(_message.Message):
     TOKEN_COST_FIELD_NUMBER: _ClassVar[int]
     SOURCE_MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TIER_TIME_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     id: str
     namespace: str
     content: str
@@ -87,7 +132,21 @@ class Memory(_message.Message):
     token_cost: int
     source_memory_ids: _containers.RepeatedScalarFieldContainer[str]
     expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., namespace: _Optional[str] = ..., content: _Optional[str] = ..., kind: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., importance: _Optional[float] = ..., source: _Optional[str] = ..., topic: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Mapping[str, Value]] = ..., embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_access_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_count: _Optional[int] = ..., surprise_score: _Optional[float] = ..., success_count: _Optional[int] = ..., token_cost: _Optional[int] = ..., source_memory_ids: _Optional[_Iterable[str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    tier_time: _timestamp_pb2.Timestamp
+    origin: MemoryOrigin
+    def __init__(self, id: _Optional[str] = ..., namespace: _Optional[str] = ..., content: _Optional[str] = ..., kind: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., importance: _Optional[float] = ..., source: _Optional[str] = ..., topic: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Mapping[str, Value]] = ..., embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_access_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_count: _Optional[int] = ..., surprise_score: _Optional[float] = ..., success_count: _Optional[int] = ..., token_cost: _Optional[int] = ..., source_memory_ids: _Optional[_Iterable[str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tier_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[_Union[MemoryOrigin, _Mapping]] = ...) -> None: ...
+
+class MemoryOrigin(_message.Message):
+    __slots__ = ("namespace", "id", "tier", "transfer_time")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_TIME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    id: str
+    tier: Tier
+    transfer_time: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., transfer_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateMemoryRequest(_message.Message):
     __slots__ = ("memory", "request_id")
@@ -134,12 +193,14 @@ class GetMemoryResponse(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...
 
 class UpdateMemoryRequest(_message.Message):
-    __slots__ = ("memory", "update_mask")
+    __slots__ = ("memory", "update_mask", "confirm")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     update_mask: _field_mask_pb2.FieldMask
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
+    confirm: bool
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class UpdateMemoryResponse(_message.Message):
     __slots__ = ("memory",)
@@ -148,12 +209,14 @@ class UpdateMemoryResponse(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...
 
 class DeleteMemoryRequest(_message.Message):
-    __slots__ = ("namespace", "id")
+    __slots__ = ("namespace", "id", "confirm")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     id: str
-    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+    confirm: bool
+    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class DeleteMemoryResponse(_message.Message):
     __slots__ = ()
@@ -286,16 +349,30 @@ class GetStatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "memory_count", "avg_importance", "avg_surprise")
+    __slots__ = ("tier", "memory_count", "avg_importance", "avg_surprise", "promotions_total", "demotions_total", "evictions_total", "promotions_last_hour", "demotions_last_hour", "evictions_last_hour", "deleted_total")
     TIER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_COUNT_FIELD_NUMBER: _ClassVar[int]
     AVG_IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
     AVG_SURPRISE_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
+    DELETED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     memory_count: int
     avg_importance: float
     avg_surprise: float
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., memory_count: _Optional[int] = ..., avg_importance: _Optional[float] = ..., avg_surprise: _Optional[float] = ...) -> None: ...
+    promotions_total: int
+    demotions_total: int
+    evictions_total: int
+    promotions_last_hour: int
+    demotions_last_hour: int
+    evictions_last_hour: int
+    deleted_total: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., memory_count: _Optional[int] = ..., avg_importance: _Optional[float] = ..., avg_surprise: _Optional[float] = ..., promotions_total: _Optional[int] = ..., demotions_total: _Optional[int] = ..., evictions_total: _Optional[int] = ..., promotions_last_hour: _Optional[int] = ..., demotions_last_hour: _Optional[int] = ..., evictions_last_hour: _Optional[int] = ..., deleted_total: _Optional[int] = ...) -> None: ...
 
 class EmbeddingSpaceStats(_message.Message):
     __slots__ = ("embedding_model", "dimension", "live_vectors", "indexed_vectors")
@@ -310,7 +387,7 @@ class EmbeddingSpaceStats(_message.Message):
     def __init__(self, embedding_model: _Optional[str] = ..., dimension: _Optional[int] = ..., live_vectors: _Optional[int] = ..., indexed_vectors: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("memory_count", "namespace_count", "tiers", "spaces", "writes_committed", "commit_groups", "uptime_seconds", "storage_bytes", "server_version")
+    __slots__ = ("memory_count", "namespace_count", "tiers", "spaces", "writes_committed", "commit_groups", "uptime_seconds", "storage_bytes", "server_version", "search_hits", "search_misses", "hit_rate")
     MEMORY_COUNT_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_COUNT_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +397,9 @@ class GetStatsResponse(_message.Message):
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_HITS_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_MISSES_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     memory_count: int
     namespace_count: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -329,7 +409,10 @@ class GetStatsResponse(_message.Message):
     uptime_seconds: float
     storage_bytes: int
     server_version: str
-    def __init__(self, memory_count: _Optional[int] = ..., namespace_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., spaces: _Optional[_Iterable[_Union[EmbeddingSpaceStats, _Mapping]]] = ..., writes_committed: _Optional[int] = ..., commit_groups: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., storage_bytes: _Optional[int] = ..., server_version: _Optional[str] = ...) -> None: ...
+    search_hits: int
+    search_misses: int
+    hit_rate: float
+    def __init__(self, memory_count: _Optional[int] = ..., namespace_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., spaces: _Optional[_Iterable[_Union[EmbeddingSpaceStats, _Mapping]]] = ..., writes_committed: _Optional[int] = ..., commit_groups: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., storage_bytes: _Optional[int] = ..., server_version: _Optional[str] = ..., search_hits: _Optional[int] = ..., search_misses: _Optional[int] = ..., hit_rate: _Optional[float] = ...) -> None: ...
 
 class ListNamespacesRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -358,13 +441,165 @@ class ListNamespacesResponse(_message.Message):
     def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class DeleteNamespaceRequest(_message.Message):
-    __slots__ = ("namespace",)
+    __slots__ = ("namespace", "include_children", "confirm")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     namespace: str
-    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+    include_children: bool
+    confirm: bool
+    def __init__(self, namespace: _Optional[str] = ..., include_children: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class DeleteNamespaceResponse(_message.Message):
     __slots__ = ("deleted_count",)
     DELETED_COUNT_FIELD_NUMBER: _ClassVar[int]
     deleted_count: int
     def __init__(self, deleted_count: _Optional[int] = ...) -> None: ...
+
+class TierPolicy(_message.Message):
+    __slots__ = ("tier", "ttl_seconds", "max_items", "importance_threshold", "half_life_hours", "cadence_seconds")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    HALF_LIFE_HOURS_FIELD_NUMBER: _ClassVar[int]
+    CADENCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    ttl_seconds: float
+    max_items: int
+    importance_threshold: float
+    half_life_hours: float
+    cadence_seconds: float
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., ttl_seconds: _Optional[float] = ..., max_items: _Optional[int] = ..., importance_threshold: _Optional[float] = ..., half_life_hours: _Optional[float] = ..., cadence_seconds: _Optional[float] = ...) -> None: ...
+
+class LifecyclePolicy(_message.Message):
+    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count")
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FROM_GLACIAL_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_ACCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_SURPRISE_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_SUCCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierPolicy]
+    retention: RetentionPolicy
+    delete_from_glacial: bool
+    promote_access_count: int
+    promote_surprise: float
+    promote_success_count: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ...) -> None: ...
+
+class NamespaceConfig(_message.Message):
+    __slots__ = ("namespace", "protected", "policy")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    protected: bool
+    policy: LifecyclePolicy
+    def __init__(self, namespace: _Optional[str] = ..., protected: _Optional[bool] = ..., policy: _Optional[_Union[LifecyclePolicy, _Mapping]] = ...) -> None: ...
+
+class GetNamespaceConfigRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class GetNamespaceConfigResponse(_message.Message):
+    __slots__ = ("config", "effective")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    config: NamespaceConfig
+    effective: LifecyclePolicy
+    def __init__(self, config: _Optional[_Union[NamespaceConfig, _Mapping]] = ..., effective: _Optional[_Union[LifecyclePolicy, _Mapping]] = ...) -> None: ...
+
+class UpdateNamespaceConfigRequest(_message.Message):
+    __slots__ = ("config", "update_mask", "confirm")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    config: NamespaceConfig
+    update_mask: _field_mask_pb2.FieldMask
+    confirm: bool
+    def __init__(self, config: _Optional[_Union[NamespaceConfig, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ..., confirm: _Optional[bool] = ...) -> None: ...
+
+class UpdateNamespaceConfigResponse(_message.Message):
+    __slots__ = ("config", "effective")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    config: NamespaceConfig
+    effective: LifecyclePolicy
+    def __init__(self, config: _Optional[_Union[NamespaceConfig, _Mapping]] = ..., effective: _Optional[_Union[LifecyclePolicy, _Mapping]] = ...) -> None: ...
+
+class TierMove(_message.Message):
+    __slots__ = ("namespace", "id", "from_tier", "to_tier", "reason")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_TIER_FIELD_NUMBER: _ClassVar[int]
+    TO_TIER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    id: str
+    from_tier: Tier
+    to_tier: Tier
+    reason: MoveReason
+    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., from_tier: _Optional[_Union[Tier, str]] = ..., to_tier: _Optional[_Union[Tier, str]] = ..., reason: _Optional[_Union[MoveReason, str]] = ...) -> None: ...
+
+class ConsolidateMemoriesRequest(_message.Message):
+    __slots__ = ("namespace", "dry_run", "max_reported_moves")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPORTED_MOVES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    dry_run: bool
+    max_reported_moves: int
+    def __init__(self, namespace: _Optional[str] = ..., dry_run: _Optional[bool] = ..., max_reported_moves: _Optional[int] = ...) -> None: ...
+
+class ConsolidateMemoriesResponse(_message.Message):
+    __slots__ = ("moves", "promoted", "demoted", "evicted", "deleted", "over_capacity", "skipped", "plan_seconds", "apply_seconds", "max_search_pause_seconds")
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    DEMOTED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    OVER_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEARCH_PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[TierMove]
+    promoted: int
+    demoted: int
+    evicted: int
+    deleted: int
+    over_capacity: int
+    skipped: int
+    plan_seconds: float
+    apply_seconds: float
+    max_search_pause_seconds: float
+    def __init__(self, moves: _Optional[_Iterable[_Union[TierMove, _Mapping]]] = ..., promoted: _Optional[int] = ..., demoted: _Optional[int] = ..., evicted: _Optional[int] = ..., deleted: _Optional[int] = ..., over_capacity: _Optional[int] = ..., skipped: _Optional[int] = ..., plan_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., max_search_pause_seconds: _Optional[float] = ...) -> None: ...
+
+class TransferMemoryRequest(_message.Message):
+    __slots__ = ("namespace", "id", "target_namespace", "target_tier", "mode", "target_id", "overwrite", "confirm")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TIER_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    id: str
+    target_namespace: str
+    target_tier: Tier
+    mode: TransferMode
+    target_id: str
+    overwrite: bool
+    confirm: bool
+    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., target_namespace: _Optional[str] = ..., target_tier: _Optional[_Union[Tier, str]] = ..., mode: _Optional[_Union[TransferMode, str]] = ..., target_id: _Optional[str] = ..., overwrite: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
+
+class TransferMemoryResponse(_message.Message):
+    __slots__ = ("memory",)
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    memory: Memory
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...

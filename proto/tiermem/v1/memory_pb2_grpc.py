@@ -90,6 +90,26 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.DeleteNamespaceRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.DeleteNamespaceResponse.FromString,
                 _registered_method=True)
+        self.GetNamespaceConfig = channel.unary_unary(
+                '/tiermem.v1.MemoryService/GetNamespaceConfig',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.GetNamespaceConfigRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.GetNamespaceConfigResponse.FromString,
+                _registered_method=True)
+        self.UpdateNamespaceConfig = channel.unary_unary(
+                '/tiermem.v1.MemoryService/UpdateNamespaceConfig',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.UpdateNamespaceConfigRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.UpdateNamespaceConfigResponse.FromString,
+                _registered_method=True)
+        self.ConsolidateMemories = channel.unary_unary(
+                '/tiermem.v1.MemoryService/ConsolidateMemories',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.ConsolidateMemoriesRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.ConsolidateMemoriesResponse.FromString,
+                _registered_method=True)
+        self.TransferMemory = channel.unary_unary(
+                '/tiermem.v1.MemoryService/TransferMemory',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -169,7 +189,37 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteNamespace(self, request, context):
-        """DeleteNamespace removes every memory of a namespace.
+        """DeleteNamespace removes every memory of a namespace (and optionally of its child scopes):
+        clearing a task or session scope when it ends is this one call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetNamespaceConfig(self, request, context):
+        """GetNamespaceConfig returns a namespace's settings and the lifecycle policy in effect for it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateNamespaceConfig(self, request, context):
+        """UpdateNamespaceConfig changes a namespace's protection and lifecycle overrides.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConsolidateMemories(self, request, context):
+        """ConsolidateMemories runs a lifecycle pass now (expiry, promotion, demotion, capacity), for one
+        namespace or all; with dry_run it reports what would move without moving anything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransferMemory(self, request, context):
+        """TransferMemory moves or copies a memory to another tier and/or namespace, keeping provenance.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -232,6 +282,26 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.DeleteNamespace,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.DeleteNamespaceRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.DeleteNamespaceResponse.SerializeToString,
+            ),
+            'GetNamespaceConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNamespaceConfig,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.GetNamespaceConfigRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.GetNamespaceConfigResponse.SerializeToString,
+            ),
+            'UpdateNamespaceConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateNamespaceConfig,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.UpdateNamespaceConfigRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.UpdateNamespaceConfigResponse.SerializeToString,
+            ),
+            'ConsolidateMemories': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsolidateMemories,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.ConsolidateMemoriesRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.ConsolidateMemoriesResponse.SerializeToString,
+            ),
+            'TransferMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferMemory,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -532,6 +602,114 @@ class MemoryService:
             '/tiermem.v1.MemoryService/DeleteNamespace',
             tiermem_dot_v1_dot_memory__pb2.DeleteNamespaceRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.DeleteNamespaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetNamespaceConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/GetNamespaceConfig',
+            tiermem_dot_v1_dot_memory__pb2.GetNamespaceConfigRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.GetNamespaceConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateNamespaceConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/UpdateNamespaceConfig',
+            tiermem_dot_v1_dot_memory__pb2.UpdateNamespaceConfigRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.UpdateNamespaceConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsolidateMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/ConsolidateMemories',
+            tiermem_dot_v1_dot_memory__pb2.ConsolidateMemoriesRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.ConsolidateMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/TransferMemory',
+            tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

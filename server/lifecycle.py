@@ -1,0 +1,295 @@
+"""Tier lifecycle: per-namespace policies and the planning of a consolidation pass.
+
+Planning is pure computation over a ``ColumnsView`` (no LMDB, no gRPC): Numba kernels decide, over
+whole arrays, each memory's promotion or demotion and its retention score, then capacity is enforced
+tier by tier from FAST to GLACIAL (evictions move one tier slower, so they can cascade). The engine
+applies the resulting ``Plan`` through the writer.
+
+A pass, in the order of seed 000: expired memories are deleted; promotion bottom to top and demotion
+(one tier per pass, so a memory never ping-pongs within a pass; promotion evidence counts from the
+memory's entry into its tier); then capacity per namespace and tier by the retention policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tiermem import kernels
+
+from .columns import ColumnsView
+from .config import RETENTION_POLICIES, TIERS, ServerConfig
+from .errors import InvalidArgument
+
+# Move reasons (values of tiermem.v1.MoveReason); 1-5 are the kernel's actions.
+PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 1, 2, 3, 4, 5
+EVICT_CAPACITY, DELETE_CAPACITY, EXPIRED = 6, 7, 8
+PROMOTIONS = (PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS)
+DEMOTIONS = (DEMOTE_IDLE, DEMOTE_DECAY)
+
+TIER_FIELDS = ("ttl_seconds", "max_items", "importance_threshold", "half_life_hours", "cadence_seconds")
+POLICY_FIELDS = (
+    "retention",
+    "delete_from_glacial",
+    "promote_access_count",
+    "promote_surprise",
+    "promote_success_count",
+)
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    ttl_seconds: float
+    max_items: int
+    importance_threshold: float
+    half_life_hours: float
+    cadence_seconds: float
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A complete lifecycle policy (server settings with a namespace's overrides applied)."""
+
+    tiers: dict[int, TierSettings]
+    retention: int
+    delete_from_glacial: bool
+    promote_access_count: int
+    promote_surprise: float
+    promote_success_count: int
+
+    @classmethod
+    def from_config(cls, c: ServerConfig) -> Policy:
+        if c.retention not in RETENTION_POLICIES:
+            raise ValueError(f"retention must be one of {sorted(RETENTION_POLICIES)}, not {c.retention!r}")
+        return cls(
+            tiers={
+                t: TierSettings(
+                    float(c.tier_ttl_seconds[t]),
+                    int(c.tier_max_items[t]),
+                    float(c.tier_importance_threshold[t]),
+                    float(c.half_life_hours[t]),
+                    float(c.tier_cadence_seconds[t]),
+                )
+                for t in TIERS
+            },
+            retention=RETENTION_POLICIES[c.retention],
+            delete_from_glacial=c.delete_from_glacial,
+            promote_access_count=c.promote_access_count,
+            promote_surprise=c.promote_surprise,
+            promote_success_count=c.promote_success_count,
+        )
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Policy:
+        """Apply stored overrides: {"tiers": {tier: {field: value}}, field: value, ...}."""
+        tiers = dict(self.tiers)
+        for t, fields_ in (overrides.get("tiers") or {}).items():
+            tiers[int(t)] = replace(tiers[int(t)], **fields_)
+        top = {k: v for k, v in overrides.items() if k in POLICY_FIELDS and v is not None}
+        return replace(self, tiers=tiers, **top)
+
+
+def check_overrides(overrides: dict[str, Any], prefix: str = "config.policy.") -> dict[str, Any]:
+    """Validate stored-form overrides; returns them without empty parts."""
+    out: dict[str, Any] = {}
+    tiers: dict[int, dict[str, Any]] = {}
+    for t, fields_ in (overrides.get("tiers") or {}).items():
+        if int(t) not in TIERS:
+            raise InvalidArgument(f"{prefix}tiers", "each entry needs a tier other than TIER_UNSPECIFIED")
+        for name, v in fields_.items():
+            f = f"{prefix}tiers.{name}"
+            if name == "max_items":
+                if v < 0:
+                    raise InvalidArgument(f, "must be >= 0")
+            elif name == "importance_threshold":
+                if not 0.0 <= v <= 1.0:
+                    raise InvalidArgument(f, "must be in [0, 1]")
+            elif name in ("ttl_seconds", "half_life_hours"):
+                if not (np.isfinite(v) and v > 0):
+                    raise InvalidArgument(f, "must be a finite number > 0")
+            elif name == "cadence_seconds":
+                if not (np.isfinite(v) and v >= 0):
+                    raise InvalidArgument(f, "must be a finite number >= 0")
+        if fields_:
+            tiers[int(t)] = dict(fields_)
+    if tiers:
+        out["tiers"] = tiers
+    if overrides.get("retention"):
+        if overrides["retention"] not in RETENTION_POLICIES.values():
+            raise InvalidArgument(f"{prefix}retention", "is not a retention policy")
+        out["retention"] = int(overrides["retention"])
+    for name in ("promote_access_count", "promote_success_count"):
+        if overrides.get(name) is not None:
+            if overrides[name] < 1:
+                raise InvalidArgument(f"{prefix}{name}", "must be >= 1")
+            out[name] = int(overrides[name])
+    if overrides.get("promote_surprise") is not None:
+        if not 0.0 <= overrides["promote_surprise"] <= 1.0:
+            raise InvalidArgument(f"{prefix}promote_surprise", "must be in [0, 1]")
+        out["promote_surprise"] = float(overrides["promote_surprise"])
+    if overrides.get("delete_from_glacial") is not None:
+        out["delete_from_glacial"] = bool(overrides["delete_from_glacial"])
+    return out
+
+
+@dataclass
+class Tables:
+    """Per-namespace lookup tables the kernels read, indexed by namespace id (then tier)."""
+
+    half_life: np.ndarray  # (n, 5) float64
+    ttl: np.ndarray  # (n, 5) float64
+    threshold: np.ndarray  # (n, 5) float32
+    capacity: np.ndarray  # (n, 5) int64
+    cadence: np.ndarray  # (n, 5) float64
+    promote_access: np.ndarray  # (n,) int64
+    promote_surprise: np.ndarray  # (n,) float32
+    promote_success: np.ndarray  # (n,) int64
+    retention: np.ndarray  # (n,) int8
+    delete_glacial: np.ndarray  # (n,) bool
+
+    @classmethod
+    def build(cls, n: int, base: Policy, overrides: dict[int, Policy]) -> Tables:
+        """Tables for namespace ids 0..n-1: ``base`` everywhere, ``overrides`` at their ids."""
+        n = max(1, n)
+        t = cls(
+            half_life=np.zeros((n, 5), np.float64),
+            ttl=np.full((n, 5), np.inf, np.float64),
+            threshold=np.zeros((n, 5), np.float32),
+            capacity=np.full((n, 5), np.iinfo(np.int64).max, np.int64),
+            cadence=np.zeros((n, 5), np.float64),
+            promote_access=np.ones(n, np.int64),
+            promote_surprise=np.ones(n, np.float32),
+            promote_success=np.ones(n, np.int64),
+            retention=np.ones(n, np.int8),
+            delete_glacial=np.zeros(n, np.bool_),
+        )
+        t._fill(slice(None), base)
+        for i, p in overrides.items():
+            if i < n:
+                t._fill(i, p)
+        return t
+
+    def _fill(self, i: int | slice, p: Policy) -> None:
+        for tier, s in p.tiers.items():
+            self.half_life[i, tier] = s.half_life_hours
+            self.ttl[i, tier] = s.ttl_seconds
+            self.threshold[i, tier] = s.importance_threshold
+            self.capacity[i, tier] = s.max_items
+            self.cadence[i, tier] = s.cadence_seconds
+        self.promote_access[i] = p.promote_access_count
+        self.promote_surprise[i] = p.promote_surprise
+        self.promote_success[i] = p.promote_success_count
+        self.retention[i] = p.retention
+        self.delete_glacial[i] = p.delete_from_glacial
+
+
+@dataclass
+class Plan:
+    """What a pass decided: parallel arrays over the rows that change."""
+
+    rows: np.ndarray  # column rows
+    from_tier: np.ndarray  # int8
+    to_tier: np.ndarray  # int8; 0 = delete
+    reason: np.ndarray  # int8 MoveReason
+    over_capacity: int = 0  # rows left above capacity in GLACIAL (deleting not allowed)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def plan_pass(
+    view: ColumnsView,
+    tables: Tables,
+    *,
+    now: float,
+    floor: float,
+    tau_seconds: float,
+    in_scope: np.ndarray,
+    due: np.ndarray,
+) -> Plan:
+    """Decide a pass over the rows ``in_scope`` (alive rows of the namespaces concerned), for the
+    (namespace, tier) pairs that ``due`` ((namespaces, 5) bool) marks."""
+    n = view.n
+    ns = view.ns
+    tier = view.tier
+    expired = in_scope & (view.expire <= now)
+    live = in_scope & ~expired
+    ns_ok = (ns >= 0) & (ns < due.shape[0])
+    row_due = np.zeros(n, np.bool_)
+    row_due[ns_ok] = due[ns[ns_ok], tier[ns_ok]]
+    action, decayed = kernels.plan_moves(
+        eligible=live & row_due,
+        ns=ns,
+        tier=tier,
+        importance=view.importance,
+        created_at=view.created,
+        accessed_at=view.accessed,
+        tier_since=view.tier_since,
+        access_count=view.access_count,
+        access_base=view.access_base,
+        surprise=view.surprise,
+        success_count=view.success,
+        success_base=view.success_base,
+        now=now,
+        floor=floor,
+        half_life_hours=tables.half_life,
+        ttl_seconds=tables.ttl,
+        threshold=tables.threshold,
+        promote_access=tables.promote_access,
+        promote_surprise=tables.promote_surprise,
+        promote_success=tables.promote_success,
+    )
+    target = tier.copy()
+    promote = (action >= PROMOTE_ACCESS) & (action <= PROMOTE_SUCCESS)
+    demote = (action == DEMOTE_IDLE) | (action == DEMOTE_DECAY)
+    target[promote] -= 1
+    target[demote] += 1
+    reason = action.copy()
+    reason[expired] = EXPIRED
+    target[expired] = 0
+
+    retention = kernels.retention_scores(
+        ns=ns,
+        policy=tables.retention,
+        decayed=decayed,
+        accessed_at=view.accessed,
+        created_at=view.created,
+        tier_since=view.tier_since,
+        now=now,
+        tau_seconds=tau_seconds,
+    )
+    over_capacity = 0
+    group = ns.astype(np.int64)
+    for t in TIERS:  # fastest first: evictions land in the next tier and count against its capacity
+        candidates = live & (target == t)
+        candidates[ns_ok] &= due[ns[ns_ok], t]
+        if not candidates.any():
+            continue
+        evict = kernels.select_evictions(
+            group, retention, candidates, np.ascontiguousarray(tables.capacity[:, t])
+        )
+        if not evict.any():
+            continue
+        if t < TIERS[-1]:
+            target[evict] = t + 1
+            reason[evict] = EVICT_CAPACITY
+        else:
+            allowed = evict & tables.delete_glacial[np.maximum(ns, 0)]
+            target[allowed] = 0
+            reason[allowed] = DELETE_CAPACITY
+            over_capacity += int((evict & ~allowed).sum())
+    changed = np.flatnonzero(in_scope & ((target != tier) | expired))
+    plan = Plan(
+        rows=changed,
+        from_tier=tier[changed].copy(),
+        to_tier=target[changed],
+        reason=reason[changed],
+        over_capacity=over_capacity,
+    )
+    r = plan.reason
+    plan.counts = {
+        "promoted": int(np.isin(r, PROMOTIONS).sum()),
+        "demoted": int(np.isin(r, DEMOTIONS).sum()),
+        "evicted": int((r == EVICT_CAPACITY).sum()),
+        "deleted": int(((r == DELETE_CAPACITY) | (r == EXPIRED)).sum()),
+    }
+    return plan
