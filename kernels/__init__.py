@@ -58,7 +58,7 @@ def _half_lives(half_life_hours: np.ndarray | list[float]) -> np.ndarray:
 
 def _table(name: str, table: np.ndarray | list[Any], dtype: type, width: int | None = 5) -> np.ndarray:
     """A per-namespace lookup table: (namespaces, width) or, with width None, (namespaces,)."""
-    t = np.ascontiguousarray(table, dtype=dtype)
+    t: np.ndarray = np.ascontiguousarray(table, dtype=dtype)
     if width is None:
         if t.ndim != 1 or t.shape[0] == 0:
             raise ValueError(f"{name} must be a non-empty 1-D table indexed by namespace id")
@@ -489,7 +489,7 @@ def warm_up() -> None:
         ns=i32,
     )
     i64 = np.zeros(2, np.int64)
-    action, decayed = plan_moves(
+    _, decayed = plan_moves(
         eligible=b,
         ns=i32,
         tier=t8,

@@ -108,9 +108,8 @@ def check_overrides(overrides: dict[str, Any], prefix: str = "config.policy.") -
             elif name in ("ttl_seconds", "half_life_hours"):
                 if not (np.isfinite(v) and v > 0):
                     raise InvalidArgument(f, "must be a finite number > 0")
-            elif name == "cadence_seconds":
-                if not (np.isfinite(v) and v >= 0):
-                    raise InvalidArgument(f, "must be a finite number >= 0")
+            elif name == "cadence_seconds" and not (np.isfinite(v) and v >= 0):
+                raise InvalidArgument(f, "must be a finite number >= 0")
         if fields_:
             tiers[int(t)] = dict(fields_)
     if tiers:
