@@ -8,6 +8,7 @@ from Numba's on-disk cache) so the server reports SERVING only once scoring is r
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,10 @@ __all__ = [
 ]
 
 DEFAULT_SURPRISE_ALPHA = 0.3
+
+# Held while a parallel (prange) kernel runs: the whole-array lifecycle passes. Request-path
+# kernels are serial and nogil, so gRPC threads never wait on it.
+PARALLEL_LOCK = threading.Lock()
 
 
 def _check(name: str, a: np.ndarray, dtype: type, n: int | None = None) -> np.ndarray:
@@ -347,30 +352,31 @@ def plan_moves(
         raise ValueError("lifecycle tables must all have one row per namespace")
     action = np.empty(n, np.int8)
     decayed = np.empty(n, np.float32)
-    _jit.plan_moves(
-        eligible,
-        ns,
-        tier,
-        importance,
-        created_at,
-        accessed_at,
-        tier_since,
-        access_count,
-        access_base,
-        surprise,
-        success_count,
-        success_base,
-        float(now),
-        float(floor),
-        hl,
-        ttl,
-        thr,
-        pa,
-        ps,
-        pc,
-        action,
-        decayed,
-    )
+    with PARALLEL_LOCK:
+        _jit.plan_moves(
+            eligible,
+            ns,
+            tier,
+            importance,
+            created_at,
+            accessed_at,
+            tier_since,
+            access_count,
+            access_base,
+            surprise,
+            success_count,
+            success_base,
+            float(now),
+            float(floor),
+            hl,
+            ttl,
+            thr,
+            pa,
+            ps,
+            pc,
+            action,
+            decayed,
+        )
     return action, decayed
 
 
@@ -413,16 +419,9 @@ def select_evictions(
     _check("score", score, np.float64, n)
     _check("candidates", candidates, np.bool_, n)
     cap = _table("capacity", capacity, np.int64, None)
-    rows = np.flatnonzero(candidates)
-    g = group[rows]
-    if rows.shape[0] and (int(g.min()) < 0 or int(g.max()) >= cap.shape[0]):
-        raise ValueError("group ids out of range of capacity")
-    if np.any(np.isnan(score[rows])):
-        raise ValueError("score must not be NaN")
-    count = np.bincount(g, minlength=cap.shape[0]).astype(np.int64)
-    order = rows[np.lexsort((rows, score[rows], g))]  # by group, then score, then row
-    evict = np.zeros(n, np.bool_)
-    _jit.mark_evictions(order, group, cap, count, evict)
+    evict = np.zeros(n, np.bool_)  # the kernel checks group ids and NaN scores of candidates
+    with PARALLEL_LOCK:
+        _jit.select_evictions(group, score, candidates, cap, evict)
     return evict
 
 

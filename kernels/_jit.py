@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
@@ -236,11 +236,14 @@ def filter_mask(
 
 
 # -- lifecycle: whole-array passes, run from one thread (the maintenance pass) -------------------
+# These use prange. Numba's workqueue threading layer aborts the process when parallel kernels run
+# from two threads at once, so their public wrappers hold ``kernels.PARALLEL_LOCK`` while running.
+_pass_kernel = njit(nogil=True, cache=True, error_model="numpy", parallel=True)
 
 NONE, PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 0, 1, 2, 3, 4, 5
 
 
-@_kernel
+@_pass_kernel
 def plan_moves(
     eligible,
     ns,
@@ -273,7 +276,7 @@ def plan_moves(
     entry) longer than the tier's TTL; or, after one TTL in the tier, decayed importance below the
     tier's threshold. Tables are indexed [namespace id, tier] or [namespace id].
     """
-    for i in range(eligible.shape[0]):
+    for i in prange(eligible.shape[0]):
         k = ns[i]
         t = tier[i]
         if k < 0 or k >= ttl_seconds.shape[0] or t < 1 or t > 4:
@@ -301,12 +304,12 @@ def plan_moves(
         action[i] = a
 
 
-@_kernel
+@_pass_kernel
 def retention_scores(ns, policy, decayed, accessed_at, created_at, tier_since, now, tau_seconds, out):
     """How much each row deserves to stay in its tier (higher stays), by its namespace's policy:
     1 importance_weighted 0.7*decayed + 0.3*recency, 2 recency (creation time), 3 fifo (tier entry),
     4 lru (last access)."""
-    for i in range(ns.shape[0]):
+    for i in prange(ns.shape[0]):
         k = ns[i]
         p = policy[k] if k >= 0 and k < policy.shape[0] else 1
         if p == 2:
@@ -319,24 +322,50 @@ def retention_scores(ns, policy, decayed, accessed_at, created_at, tier_since, n
             out[i] = 0.7 * decayed[i] + 0.3 * _recency(accessed_at[i], now, tau_seconds)
 
 
-@_kernel
-def mark_evictions(order, group, capacity, count, evict):
-    """Walk rows sorted by (group, score ascending); in each group mark the first count - capacity.
+@_pass_kernel
+def select_evictions(group, score, candidates, capacity, evict):
+    """Mark, per group, the lowest-scoring candidate rows beyond the group's capacity.
 
-    ``order`` holds row indexes; ``group[r]`` is row r's group; ``capacity``/``count`` are per group.
-    Returns how many rows were marked.
+    Counting pass, then only the groups over capacity are bucketed (counting sort, rows in index
+    order) and each bucket is sorted by score with a stable sort, so ties evict the lower row index
+    first. O(n) when no group is over capacity. Returns how many rows were marked.
     """
+    n_groups = capacity.shape[0]
+    count = np.zeros(n_groups, np.int64)
+    for i in range(group.shape[0]):
+        if candidates[i]:
+            g = group[i]
+            if g < 0 or g >= n_groups:
+                raise ValueError("group ids out of range of capacity")
+            if math.isnan(score[i]):
+                raise ValueError("score must not be NaN")
+            count[g] += 1
+    start = np.zeros(n_groups + 1, np.int64)
+    for g in range(n_groups):
+        over = count[g] if count[g] > capacity[g] else 0
+        start[g + 1] = start[g] + over
+    if start[n_groups] == 0:
+        return 0
+    rows = np.empty(start[n_groups], np.int64)
+    fill = start[:n_groups].copy()
+    for i in range(group.shape[0]):
+        if candidates[i]:
+            g = group[i]
+            if count[g] > capacity[g]:
+                rows[fill[g]] = i
+                fill[g] += 1
     marked = 0
-    current = -1
-    position = 0
-    for j in range(order.shape[0]):
-        r = order[j]
-        g = group[r]
-        if g != current:
-            current = g
-            position = 0
-        if position < count[g] - capacity[g]:
-            evict[r] = True
+    for g in prange(n_groups):
+        lo = start[g]
+        hi = start[g + 1]
+        if hi == lo:
+            continue
+        bucket = rows[lo:hi]
+        keys = np.empty(hi - lo, np.float64)
+        for j in range(hi - lo):
+            keys[j] = score[bucket[j]]
+        order = np.argsort(keys, kind="mergesort")
+        for j in range(count[g] - capacity[g]):
+            evict[bucket[order[j]]] = True
             marked += 1
-        position += 1
     return marked

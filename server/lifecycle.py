@@ -207,16 +207,12 @@ def plan_pass(
 ) -> Plan:
     """Decide a pass over the rows ``in_scope`` (alive rows of the namespaces concerned), for the
     (namespace, tier) pairs that ``due`` ((namespaces, 5) bool) marks."""
-    n = view.n
-    ns = view.ns
+    ns = view.ns  # every row's namespace id is < due.shape[0]: tables cover all interned namespaces
     tier = view.tier
     expired = in_scope & (view.expire <= now)
     live = in_scope & ~expired
-    ns_ok = (ns >= 0) & (ns < due.shape[0])
-    row_due = np.zeros(n, np.bool_)
-    row_due[ns_ok] = due[ns[ns_ok], tier[ns_ok]]
     action, decayed = kernels.plan_moves(
-        eligible=live & row_due,
+        eligible=live & due[ns, tier],
         ns=ns,
         tier=tier,
         importance=view.importance,
@@ -259,8 +255,7 @@ def plan_pass(
     over_capacity = 0
     group = ns.astype(np.int64)
     for t in TIERS:  # fastest first: evictions land in the next tier and count against its capacity
-        candidates = live & (target == t)
-        candidates[ns_ok] &= due[ns[ns_ok], t]
+        candidates = live & (target == t) & due[ns, t]
         if not candidates.any():
             continue
         evict = kernels.select_evictions(
@@ -272,7 +267,7 @@ def plan_pass(
             target[evict] = t + 1
             reason[evict] = EVICT_CAPACITY
         else:
-            allowed = evict & tables.delete_glacial[np.maximum(ns, 0)]
+            allowed = evict & tables.delete_glacial[ns]
             target[allowed] = 0
             reason[allowed] = DELETE_CAPACITY
             over_capacity += int((evict & ~allowed).sum())
@@ -284,11 +279,11 @@ def plan_pass(
         reason=reason[changed],
         over_capacity=over_capacity,
     )
-    r = plan.reason
+    by_reason = np.bincount(plan.reason, minlength=EXPIRED + 1)
     plan.counts = {
-        "promoted": int(np.isin(r, PROMOTIONS).sum()),
-        "demoted": int(np.isin(r, DEMOTIONS).sum()),
-        "evicted": int((r == EVICT_CAPACITY).sum()),
-        "deleted": int(((r == DELETE_CAPACITY) | (r == EXPIRED)).sum()),
+        "promoted": int(by_reason[list(PROMOTIONS)].sum()),
+        "demoted": int(by_reason[list(DEMOTIONS)].sum()),
+        "evicted": int(by_reason[EVICT_CAPACITY]),
+        "deleted": int(by_reason[DELETE_CAPACITY] + by_reason[EXPIRED]),
     }
     return plan
