@@ -52,8 +52,9 @@ lint: $(STAMP) ## Lint and type-check
 	$(VENV)/bin/ruff format --check server client kernels tests bench proto/tiermem/*.py
 	$(VENV)/bin/mypy server client kernels
 
-bench: proto ## Run the throughput benchmark (store and search RPS, p50/p99)
-	$(PY) bench/throughput.py
+bench: proto ## Run the benchmarks: throughput (store/search RPS, p50/p99) and the consolidation pass
+	$(PY) bench/throughput.py --json bench/results/throughput.json
+	$(PY) bench/consolidation.py --engine 20000 --json bench/results/consolidation.json
 
 clean: ## Remove the virtual environment and caches (keeps ./data)
 	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache
