@@ -404,9 +404,10 @@ def retention_scores(
     if not tau_seconds > 0:
         raise ValueError("tau_seconds must be > 0")
     out = np.empty(n, np.float64)
-    _jit.retention_scores(
-        ns, pol, decayed, accessed_at, created_at, tier_since, float(now), float(tau_seconds), out
-    )
+    with PARALLEL_LOCK:
+        _jit.retention_scores(
+            ns, pol, decayed, accessed_at, created_at, tier_since, float(now), float(tau_seconds), out
+        )
     return out
 
 
@@ -419,6 +420,8 @@ def select_evictions(
     _check("score", score, np.float64, n)
     _check("candidates", candidates, np.bool_, n)
     cap = _table("capacity", capacity, np.int64, None)
+    if (cap < 0).any():
+        raise ValueError("capacity must not be negative")
     evict = np.zeros(n, np.bool_)  # the kernel checks group ids and NaN scores of candidates
     with PARALLEL_LOCK:
         _jit.select_evictions(group, score, candidates, cap, evict)

@@ -299,7 +299,7 @@ def plan_moves(
                 ttl = ttl_seconds[k, t]
                 if now - last > ttl:
                     a = DEMOTE_IDLE
-                elif now - tier_since[i] > ttl and d < threshold[k, t]:
+                elif now - tier_since[i] > ttl and decayed[i] < threshold[k, t]:  # as stored (float32)
                     a = DEMOTE_DECAY
         action[i] = a
 
