@@ -91,12 +91,25 @@ def numpy_pass(
     expired = in_scope & (v.expire <= now)
     live = in_scope & ~expired
     eligible = live & due[ns, tier]
-    hl = t.half_life[ns, tier]
-    age_h = np.maximum(now - v.created, 0.0) / 3600.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = np.where((hl <= 0) | np.isinf(hl), 1.0, 0.5 ** (age_h / hl))
-    imp = v.importance.astype(np.float64)
-    decayed = np.maximum(imp * factor, imp * floor).astype(np.float32)
+
+    def decay(idx: np.ndarray | slice, tiers: np.ndarray) -> np.ndarray:
+        hl = t.half_life[ns[idx], tiers]
+        age_h = np.maximum(now - v.created[idx], 0.0) / 3600.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = np.where((hl <= 0) | np.isinf(hl), 1.0, 0.5 ** (age_h / hl))
+        imp = v.importance[idx].astype(np.float64)
+        return np.maximum(imp * factor, imp * floor).astype(np.float32)
+
+    def retention_of(idx: np.ndarray | slice, decayed: np.ndarray, since: np.ndarray) -> np.ndarray:
+        policy = t.retention[ns[idx]]
+        recency = np.exp(-np.maximum(now - v.accessed[idx], 0.0) / tau_seconds)
+        return np.select(
+            [policy == 2, policy == 3, policy == 4],
+            [v.created[idx], since, v.accessed[idx]],
+            0.7 * decayed.astype(np.float64) + 0.3 * recency,
+        )
+
+    decayed = decay(slice(None), tier)
     can_promote = eligible & (tier > 1)
     p_access = can_promote & (v.access_count - v.access_base >= t.promote_access[ns])
     p_surprise = (
@@ -120,13 +133,12 @@ def numpy_pass(
     target[d_idle | d_decay] += 1
     reason[expired] = EXPIRED
     target[expired] = 0
-    policy = t.retention[ns]
-    recency = np.exp(-np.maximum(now - v.accessed, 0.0) / tau_seconds)
-    retention = np.select(
-        [policy == 2, policy == 3, policy == 4],
-        [v.created, v.tier_since, v.accessed],
-        0.7 * decayed.astype(np.float64) + 0.3 * recency,
-    )
+    retention = retention_of(slice(None), decayed, v.tier_since)
+
+    def enter(idx: np.ndarray) -> None:  # rows moving into target rank there as just entered
+        retention[idx] = retention_of(idx, decay(idx, target[idx]), np.full(idx.shape[0], now))
+
+    enter(np.flatnonzero(live & (target != tier)))
     over_capacity = 0
     for tr in TIERS:
         cand = np.flatnonzero(live & (target == tr) & due[ns, tr])
@@ -143,6 +155,7 @@ def numpy_pass(
         if tr < TIERS[-1]:
             target[evict] = tr + 1
             reason[evict] = EVICT_CAPACITY
+            enter(evict)
         else:
             allowed = evict[t.delete_glacial[ns[evict]]]
             target[allowed] = 0

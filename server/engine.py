@@ -297,22 +297,15 @@ class Engine:
         """Delete expired memories and forget request ids older than request_id_ttl_seconds."""
         now = self.clock()
         view = self.columns.view()
-        rids = view.rid[np.flatnonzero(view.alive & (view.expire <= now))].tolist()
-        deleted = 0
-        for lo in range(0, len(rids), chunk):
-            batch = rids[lo : lo + chunk]
-
-            def prepare(txn: lmdb.Transaction, batch: list[int] = batch) -> list[Record]:
-                recs = [
-                    r
-                    for r in (self.store.get(txn, rid) for rid in batch)
-                    if r is not None and self._expired(r)
-                ]
-                for rec in recs:
-                    self.store.delete(txn, rec)
-                return recs
-
-            deleted += int(self.writer.submit(prepare, self._unindex))
+        rows = np.flatnonzero(view.alive & (view.expire <= now))
+        items = [
+            (rid, tier, 0, EXPIRED)
+            for rid, tier in zip(view.rid[rows].tolist(), view.tier[rows].tolist(), strict=True)
+        ]
+        skipped = 0
+        for lo in range(0, len(items), chunk):  # the same path as a pass's expiry: counted in the stats
+            skipped += self._apply_moves(items[lo : lo + chunk], now)
+        deleted = len(items) - skipped
         forgotten = 0
         before = now - self.config.request_id_ttl_seconds
         while True:

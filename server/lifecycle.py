@@ -262,6 +262,37 @@ def plan_pass(
         now=now,
         tau_seconds=tau_seconds,
     )
+
+    def enter(rows: np.ndarray) -> None:
+        """Rows moving into ``target`` this pass rank there as just entered, decaying at its half-life."""
+        _, _, imp = kernels.score_rows(
+            rows,
+            np.zeros(rows.shape[0], np.float32),
+            importance=view.importance,
+            created_at=view.created,
+            last_access=view.accessed,
+            tier=target,
+            ns=ns,
+            now=now,
+            tau_seconds=tau_seconds,
+            half_life_hours=tables.half_life,
+            floor=floor,
+            alpha=0.0,
+            beta=0.0,
+            gamma=1.0,
+        )
+        retention[rows] = kernels.retention_scores(
+            ns=ns[rows],
+            policy=tables.retention,
+            decayed=imp,
+            accessed_at=view.accessed[rows],
+            created_at=view.created[rows],
+            tier_since=np.full(rows.shape[0], now),
+            now=now,
+            tau_seconds=tau_seconds,
+        )
+
+    enter(np.flatnonzero(live & (target != tier)))
     over_capacity = 0
     group = ns.astype(np.int64)
     for t in TIERS:  # fastest first: evictions land in the next tier and count against its capacity
@@ -276,6 +307,7 @@ def plan_pass(
         if t < TIERS[-1]:
             target[evict] = t + 1
             reason[evict] = EVICT_CAPACITY
+            enter(np.flatnonzero(evict))
         else:
             allowed = evict & tables.delete_glacial[ns]
             target[allowed] = 0
