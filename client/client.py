@@ -140,6 +140,7 @@ def build_filter(
     topic: str = "",
     created_after: TimeLike | None = None,
     created_before: TimeLike | None = None,
+    where: str | Mapping[str, Any] | None = None,
 ) -> pb.MemoryFilter:
     f = pb.MemoryFilter(
         tiers=[tier_value(t) for t in tiers],  # type: ignore[misc,unused-ignore]
@@ -153,6 +154,8 @@ def build_filter(
         f.created_after.CopyFrom(_timestamp(created_after))
     if created_before is not None:
         f.created_before.CopyFrom(_timestamp(created_before))
+    if where is not None:
+        f.where = where if isinstance(where, str) else json.dumps(where)
     return f
 
 

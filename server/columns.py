@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "expire": (np.float64, np.inf),
     "rid": (np.int64, 0),
     "tier_since": (np.float64, 0.0),
+    "updated": (np.float64, 0.0),
     "access_base": (np.int64, 0),
     "success_base": (np.int64, 0),
 }
@@ -83,6 +85,7 @@ class ColumnsView:
     expire: np.ndarray
     rid: np.ndarray
     tier_since: np.ndarray
+    updated: np.ndarray
     access_base: np.ndarray
     success_base: np.ndarray
 
@@ -104,6 +107,8 @@ class Columns:
         self._ns_lock = threading.Lock()
         self.tags: dict[str, set[int]] = {}  # tag -> rows of live records carrying it
         self._row_tags: dict[int, tuple[str, ...]] = {}
+        self.metadata: dict[str, dict[int, Any]] = {}  # key -> {row: value} of live records
+        self._row_meta: dict[int, dict[str, Any]] = {}
 
     def _make_view(self) -> ColumnsView:
         return ColumnsView(n=self.n, **{k: v[: self.n] for k, v in self._arrays.items()})
@@ -166,6 +171,18 @@ class Columns:
         a["success"][row] = rec.success_count
         a["expire"][row] = np.inf if rec.expire_at is None else rec.expire_at
         a["tier_since"][row] = rec.tier_since or rec.created_at
+        a["updated"][row] = rec.updated_at
+        old_meta = self._row_meta.get(row, {})
+        if old_meta != rec.metadata:
+            for k in old_meta:
+                if k not in rec.metadata:
+                    self._drop_meta(k, row)
+            for k, v in rec.metadata.items():
+                self.metadata.setdefault(k, {})[row] = v
+            if rec.metadata:
+                self._row_meta[row] = dict(rec.metadata)
+            else:
+                self._row_meta.pop(row, None)
         a["access_base"][row] = rec.access_base
         a["success_base"][row] = rec.success_base
         old = self._row_tags.get(row, ())
@@ -181,9 +198,18 @@ class Columns:
                 self.tags.setdefault(t, set()).add(row)
             self._row_tags[row] = new
 
+    def _drop_meta(self, key: str, row: int) -> None:
+        rows = self.metadata.get(key)
+        if rows is not None:
+            rows.pop(row, None)
+            if not rows:
+                del self.metadata[key]
+
     def remove(self, rid: int, namespace: str) -> int:
         row = self.rows.pop(rid)
         self._arrays["alive"][row] = False
+        for k in self._row_meta.pop(row, {}):
+            self._drop_meta(k, row)
         for t in self._row_tags.pop(row, ()):
             rows = self.tags.get(t)
             if rows is not None:

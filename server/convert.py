@@ -91,6 +91,7 @@ def filter_from_pb(f: pb.MemoryFilter) -> Filter:
         topic=f.topic,
         created_after=ts_to_float(f, "created_after"),
         created_before=ts_to_float(f, "created_before"),
+        where=f.where,
     )
 
 

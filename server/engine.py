@@ -43,6 +43,7 @@ from .columns import Columns, ColumnsView
 from .config import TIERS, ServerConfig
 from .embedder import HashEmbedder
 from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from .filters import compile_where
 from .lifecycle import (
     DELETE_CAPACITY,
     DEMOTIONS,
@@ -83,6 +84,8 @@ class Filter:
     topic: str = ""
     created_after: float | None = None
     created_before: float | None = None
+    where: str = ""
+    compiled: Any = None  # the compiled ``where`` (filters.compile_where), set by Engine.check_filter
 
 
 @dataclass
@@ -795,6 +798,9 @@ class Engine:
         if flt.tags_all:
             mask &= cols.tag_mask(flt.tags_all, view.n, require_all=True)
             extra = True
+        if flt.compiled is not None:
+            mask &= flt.compiled(view, cols)
+            extra = True
         return mask, (int(mask.sum()) if extra else count)
 
     def check_filter(self, flt: Filter, prefix: str = "filter.") -> Filter:
@@ -802,6 +808,9 @@ class Engine:
             check.tier(f"{prefix}tiers[{i}]", t)
         for i, k in enumerate(flt.kinds):
             check.kind(f"{prefix}kinds[{i}]", k)
+        if flt.where and flt.compiled is None:
+            check.text(f"{prefix}where", flt.where, self.config.max_content_bytes)
+            flt.compiled = compile_where(flt.where)
         return flt
 
     # -- search ---------------------------------------------------------------------------------

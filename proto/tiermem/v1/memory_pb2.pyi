@@ -223,7 +223,7 @@ class DeleteMemoryResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class MemoryFilter(_message.Message):
-    __slots__ = ("tiers", "kinds", "tags_any", "tags_all", "source", "topic", "created_after", "created_before")
+    __slots__ = ("tiers", "kinds", "tags_any", "tags_all", "source", "topic", "created_after", "created_before", "where")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
     TAGS_ANY_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +232,7 @@ class MemoryFilter(_message.Message):
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
     CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
     kinds: _containers.RepeatedScalarFieldContainer[str]
     tags_any: _containers.RepeatedScalarFieldContainer[str]
@@ -240,7 +241,8 @@ class MemoryFilter(_message.Message):
     topic: str
     created_after: _timestamp_pb2.Timestamp
     created_before: _timestamp_pb2.Timestamp
-    def __init__(self, tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., kinds: _Optional[_Iterable[str]] = ..., tags_any: _Optional[_Iterable[str]] = ..., tags_all: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., topic: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    where: str
+    def __init__(self, tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., kinds: _Optional[_Iterable[str]] = ..., tags_any: _Optional[_Iterable[str]] = ..., tags_all: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., topic: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., where: _Optional[str] = ...) -> None: ...
 
 class ListMemoriesRequest(_message.Message):
     __slots__ = ("namespace", "page_size", "page_token", "filter", "include_embedding")

@@ -1,0 +1,299 @@
+"""The ``where`` filter language: one JSON grammar for every search and list.
+
+    where     := {"$and": [where, ...]} | {"$or": [where, ...]} | {"$not": where}
+               | {field: value, ...}                  (several keys: all must hold)
+               | {field: {op: value, ...}}            (several ops: all must hold)
+    op        := $eq $ne $gt $gte $lt $lte $in $nin   ($all too, for tags)
+    field     := kind | source | topic | tier | tags | importance | surprise_score | access_count
+               | success_count | create_time | update_time | last_access_time | metadata.<key>
+
+- ``{field: value}`` means ``{field: {"$eq": value}}``.
+- ``tags``: ``{"tags": "x"}`` has tag x; ``$in`` any of; ``$all`` all of; ``$nin`` none of; ``$ne`` not x.
+- ``tier``: 1-4 or a name ("FAST", "TIER_FAST").
+- times: epoch seconds or an RFC 3339 string ("2026-11-21T10:00:00Z").
+- ``metadata.<key>``: compares with values of the same type (numbers with numbers, strings with
+  strings, booleans with booleans); a memory without the key matches only ``$ne`` and ``$nin``.
+
+A filter compiles to a boolean mask over the in-memory columns, so it costs the same whether it keeps
+one memory or all of them, and search ranks exactly over what it keeps.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .columns import Columns, ColumnsView
+from .errors import InvalidArgument
+
+FIELD = "filter.where"
+MAX_DEPTH = 32
+MAX_NODES = 1000
+
+_COMPARE = {"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"}
+_SETS = {"$in", "$nin"}
+_NUMERIC = {
+    "importance": "importance",
+    "surprise_score": "surprise",
+    "access_count": "access_count",
+    "success_count": "success",
+}
+_TIMES = {"create_time": "created", "update_time": "updated", "last_access_time": "accessed"}
+_INTERNED = {"kind": "kinds", "source": "sources", "topic": "topics"}
+_TIER_NAMES = {"FAST": 1, "MEDIUM": 2, "SLOW": 3, "GLACIAL": 4}
+
+Mask = Callable[[ColumnsView, Columns], np.ndarray]
+
+
+def compile_where(text: str) -> Mask | None:
+    """Parse and check a ``where`` JSON text; returns a function building the mask, or None if empty."""
+    if not text.strip():
+        return None
+    try:
+        tree = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(FIELD, f"is not valid JSON: {e.msg} at position {e.pos}") from None
+    counter = [0]
+    return _node(tree, "", 0, counter)
+
+
+def _fail(path: str, msg: str) -> InvalidArgument:
+    return InvalidArgument(FIELD, f"at {path or 'the top'}: {msg}")
+
+
+def _node(tree: Any, path: str, depth: int, counter: list[int]) -> Mask:
+    counter[0] += 1
+    if depth > MAX_DEPTH or counter[0] > MAX_NODES:
+        raise _fail(path, f"the filter is too large (depth {MAX_DEPTH}, {MAX_NODES} nodes at most)")
+    if not isinstance(tree, dict) or not tree:
+        raise _fail(path, "expected a non-empty JSON object")
+    parts: list[Mask] = []
+    for key, value in tree.items():
+        here = f"{path}.{key}" if path else key
+        if key in ("$and", "$or"):
+            if not isinstance(value, list) or not value:
+                raise _fail(here, "expects a non-empty list of filters")
+            subs = [_node(v, f"{here}[{i}]", depth + 1, counter) for i, v in enumerate(value)]
+            parts.append(_all(subs) if key == "$and" else _any(subs))
+        elif key == "$not":
+            sub = _node(value, here, depth + 1, counter)
+            parts.append(lambda v, c, sub=sub: ~sub(v, c))
+        elif key.startswith("$"):
+            raise _fail(here, f"unknown operator {key!r} (use $and, $or, $not at this level)")
+        else:
+            parts.append(_field(key, value, here))
+    return _all(parts)
+
+
+def _all(parts: list[Mask]) -> Mask:
+    if len(parts) == 1:
+        return parts[0]
+
+    def mask(v: ColumnsView, c: Columns) -> np.ndarray:
+        out = parts[0](v, c)
+        for p in parts[1:]:
+            out &= p(v, c)
+        return out
+
+    return mask
+
+
+def _any(parts: list[Mask]) -> Mask:
+    def mask(v: ColumnsView, c: Columns) -> np.ndarray:
+        out = parts[0](v, c)
+        for p in parts[1:]:
+            out |= p(v, c)
+        return out
+
+    return mask
+
+
+def _ops(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict) and value and all(isinstance(k, str) and k.startswith("$") for k in value):
+        return value
+    return {"$eq": value}
+
+
+def _field(name: str, value: Any, path: str) -> Mask:
+    ops = _ops(value)
+    if name == "tags":
+        return _all([_tags(op, arg, f"{path}.{op}") for op, arg in ops.items()])
+    if name == "tier":
+        return _all(
+            [
+                _column_op("tier", op, _tier_arg(op, arg, f"{path}.{op}"), f"{path}.{op}")
+                for op, arg in ops.items()
+            ]
+        )
+    if name in _NUMERIC:
+        return _all(
+            [
+                _column_op(_NUMERIC[name], op, _number_arg(op, arg, f"{path}.{op}"), f"{path}.{op}")
+                for op, arg in ops.items()
+            ]
+        )
+    if name in _TIMES:
+        return _all(
+            [
+                _column_op(_TIMES[name], op, _time_arg(op, arg, f"{path}.{op}"), f"{path}.{op}")
+                for op, arg in ops.items()
+            ]
+        )
+    if name in _INTERNED:
+        return _all([_interned(_INTERNED[name], name, op, arg, f"{path}.{op}") for op, arg in ops.items()])
+    if name.startswith("metadata.") and len(name) > len("metadata."):
+        key = name[len("metadata.") :]
+        return _all([_metadata(key, op, arg, f"{path}.{op}") for op, arg in ops.items()])
+    raise _fail(
+        path,
+        f"unknown field {name!r}; fields: tags, tier, {', '.join(sorted(_NUMERIC))}, "
+        f"{', '.join(sorted(_TIMES))}, {', '.join(sorted(_INTERNED))}, metadata.<key>",
+    )
+
+
+def _check_op(op: str, path: str, allowed: set[str]) -> None:
+    if op not in allowed:
+        raise _fail(path, f"operator {op!r} is not allowed here; use one of {', '.join(sorted(allowed))}")
+
+
+def _listed(op: str, arg: Any, path: str) -> list[Any]:
+    if op in _SETS or op == "$all":
+        if not isinstance(arg, list):
+            raise _fail(path, f"{op} expects a list")
+        return arg
+    return [arg]
+
+
+def _number_arg(op: str, arg: Any, path: str) -> list[float]:
+    _check_op(op, path, _COMPARE | _SETS)
+    out = []
+    for a in _listed(op, arg, path):
+        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isfinite(a):
+            raise _fail(path, f"expects finite numbers, got {a!r}")
+        out.append(float(a))
+    return out
+
+
+def _tier_arg(op: str, arg: Any, path: str) -> list[float]:
+    _check_op(op, path, _COMPARE | _SETS)
+    out = []
+    for a in _listed(op, arg, path):
+        if isinstance(a, str):
+            a = _TIER_NAMES.get(a.upper().removeprefix("TIER_"), a)
+        if isinstance(a, bool) or a not in (1, 2, 3, 4):
+            raise _fail(path, f"expects a tier (1-4 or FAST, MEDIUM, SLOW, GLACIAL), got {a!r}")
+        out.append(float(a))
+    return out
+
+
+def _time_arg(op: str, arg: Any, path: str) -> list[float]:
+    _check_op(op, path, _COMPARE | _SETS)
+    out = []
+    for a in _listed(op, arg, path):
+        if isinstance(a, str):
+            try:
+                t = dt.datetime.fromisoformat(a.replace("Z", "+00:00"))
+            except ValueError:
+                raise _fail(path, f"expects epoch seconds or an RFC 3339 time, got {a!r}") from None
+            out.append((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp())
+        elif isinstance(a, int | float) and not isinstance(a, bool) and math.isfinite(a):
+            out.append(float(a))
+        else:
+            raise _fail(path, f"expects epoch seconds or an RFC 3339 time, got {a!r}")
+    return out
+
+
+def _compare(col: np.ndarray, op: str, values: list[float]) -> np.ndarray:
+    if op == "$in":
+        return np.isin(col, values)
+    if op == "$nin":
+        return ~np.isin(col, values)
+    x = values[0]
+    return {
+        "$eq": col == x,
+        "$ne": col != x,
+        "$gt": col > x,
+        "$gte": col >= x,
+        "$lt": col < x,
+        "$lte": col <= x,
+    }[op]
+
+
+def _column_op(column: str, op: str, values: list[float], path: str) -> Mask:
+    return lambda v, c: _compare(getattr(v, column), op, values)
+
+
+def _interned(table: str, name: str, op: str, arg: Any, path: str) -> Mask:
+    _check_op(op, path, {"$eq", "$ne", "$in", "$nin"})
+    values = _listed(op, arg, path)
+    for a in values:
+        if not isinstance(a, str):
+            raise _fail(path, f"{name} values are strings, got {a!r}")
+    column = {"kinds": "kind", "sources": "source", "topics": "topic"}[table]
+
+    def mask(v: ColumnsView, c: Columns) -> np.ndarray:
+        ids = [getattr(c, table).get(a) for a in values]
+        hit = np.isin(getattr(v, column), [i for i in ids if i >= 0])
+        return ~hit if op in ("$ne", "$nin") else hit
+
+    return mask
+
+
+def _tags(op: str, arg: Any, path: str) -> Mask:
+    _check_op(op, path, {"$eq", "$ne", "$in", "$nin", "$all"})
+    values = _listed(op, arg, path)
+    for a in values:
+        if not isinstance(a, str):
+            raise _fail(path, f"tags are strings, got {a!r}")
+
+    def mask(v: ColumnsView, c: Columns) -> np.ndarray:
+        m = c.tag_mask(values, v.n, require_all=op == "$all")
+        return ~m if op in ("$ne", "$nin") else m
+
+    return mask
+
+
+def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
+    _check_op(op, path, _COMPARE | _SETS)
+    values = _listed(op, arg, path)
+    for a in values:
+        if not isinstance(a, str | int | float | bool) or (isinstance(a, float) and not math.isfinite(a)):
+            raise _fail(path, f"metadata values are strings, numbers or booleans, got {a!r}")
+    if (
+        op not in ("$eq", "$ne", "$in", "$nin")
+        and not all(isinstance(a, int | float) and not isinstance(a, bool) for a in values)
+        and not all(isinstance(a, str) for a in values)
+    ):
+        raise _fail(path, f"{op} compares numbers with numbers or strings with strings")
+
+    def kind(a: Any) -> str:
+        return "b" if isinstance(a, bool) else "n" if isinstance(a, int | float) else "s"
+
+    def test(x: Any) -> bool:
+        same = [a for a in values if kind(a) == kind(x)]
+        if op == "$in":
+            return x in same
+        if op == "$nin":
+            return x not in same
+        if not same:
+            return op == "$ne"
+        a = same[0]
+        return {"$eq": x == a, "$ne": x != a, "$gt": x > a, "$gte": x >= a, "$lt": x < a, "$lte": x <= a}[op]
+
+    def mask(v: ColumnsView, c: Columns) -> np.ndarray:
+        found = np.zeros(v.n, np.bool_)
+        hit = np.zeros(v.n, np.bool_)
+        for row, x in list(c.metadata.get(key, {}).items()):
+            if row < v.n:
+                found[row] = True
+                hit[row] = test(x)
+        if op in ("$ne", "$nin"):
+            return hit | ~found  # a memory without the key is "not equal"
+        return hit
+
+    return mask
