@@ -81,13 +81,16 @@ def _node(tree: Any, path: str, depth: int, counter: list[int]) -> Mask:
             subs = [_node(v, f"{here}[{i}]", depth + 1, counter) for i, v in enumerate(value)]
             parts.append(_all(subs) if key == "$and" else _any(subs))
         elif key == "$not":
-            sub = _node(value, here, depth + 1, counter)
-            parts.append(lambda v, c, sub=sub: ~sub(v, c))
+            parts.append(_negate(_node(value, here, depth + 1, counter)))
         elif key.startswith("$"):
             raise _fail(here, f"unknown operator {key!r} (use $and, $or, $not at this level)")
         else:
             parts.append(_field(key, value, here))
     return _all(parts)
+
+
+def _negate(part: Mask) -> Mask:
+    return lambda v, c: ~part(v, c)
 
 
 def _all(parts: list[Mask]) -> Mask:
