@@ -71,6 +71,10 @@ class ServerConfig:
     recency_tau_seconds: float = 86400.0
     half_life_hours: tuple[float, ...] = DEFAULT_HALF_LIFE_HOURS
     importance_floor: float = 0.1  # decayed importance never falls below floor * base importance
+    # Searches count as accesses of what they return (access_count, last_access_time), committed in
+    # the background every access_flush_seconds; a request can opt out with read_only.
+    search_records_access: bool = True
+    access_flush_seconds: float = 1.0
     surprise_alpha: float = 0.3
     default_predicted_relevance: float = 0.5
 

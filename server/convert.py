@@ -9,10 +9,11 @@ import numpy as np
 from tiermem._values import metadata_values, set_metadata, set_timestamp, timestamp_seconds
 from tiermem.v1 import memory_pb2 as pb
 
-from .engine import FeedbackItem, Filter, SearchHit, SearchQuery
+from .engine import FeedbackItem, Filter
 from .errors import InvalidArgument
 from .lifecycle import Policy
 from .records import NewMemory, Record
+from .search import SearchHit, SearchQuery
 
 
 def ts_to_float(msg: Any, name: str) -> float | None:
@@ -109,15 +110,28 @@ def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
         gamma=r.gamma if r.HasField("gamma") else None,
         recency_tau_seconds=r.recency_tau_seconds if r.HasField("recency_tau_seconds") else None,
         as_of=ts_to_float(r, "as_of"),
+        strategy=int(r.strategy),
+        tier_weights={int(tw.tier): tw.weight for tw in r.tier_weights},
+        include_ancestors=r.include_ancestors,
+        scope_weights=list(r.scope_weights),
+        read_only=r.read_only,
     )
 
 
-def hit_to_pb(hit: SearchHit, out: pb.SearchResult) -> None:
+def hit_to_pb(hit: SearchHit, out: pb.SearchResult, explain: bool = False) -> None:
     memory_to_pb(hit.record, hit.vector, out.memory)
     out.score = hit.score
     out.relevance = hit.relevance
     out.recency = hit.recency
     out.importance = hit.importance
+    if explain:
+        e = out.explanation
+        e.strategy = hit.strategy
+        e.alpha, e.beta, e.gamma = hit.weights
+        e.tier_weight, e.scope_weight = hit.tier_weight, hit.scope_weight
+        e.base_score = (
+            hit.weights[0] * hit.relevance + hit.weights[1] * hit.recency + hit.weights[2] * hit.importance
+        )
 
 
 def feedback_from_pb(items: Any) -> list[FeedbackItem]:

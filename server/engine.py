@@ -57,6 +57,7 @@ from .lifecycle import (
     plan_pass,
 )
 from .records import NewMemory, Record
+from .search import Searcher, SearchHit, SearchQuery
 from .storage import Store
 from .vector_index import VectorIndex
 from .writer import Writer
@@ -65,13 +66,13 @@ logger = logging.getLogger(__name__)
 
 # A row's vector location packed in one int64 so a concurrent reader never sees half of a move:
 # space id (bits 52..62) | tier (48..51) | FAISS internal id (0..47).
-_TIER_SHIFT = 48
-_SPACE_SHIFT = 52
-_INTERNAL_MASK = (1 << _TIER_SHIFT) - 1
+TIER_SHIFT = 48
+SPACE_SHIFT = 52
+INTERNAL_MASK = (1 << TIER_SHIFT) - 1
 
 
 def _loc(space: int, tier: int, internal: int) -> int:
-    return (space << _SPACE_SHIFT) | (tier << _TIER_SHIFT) | internal
+    return (space << SPACE_SHIFT) | (tier << TIER_SHIFT) | internal
 
 
 @dataclass
@@ -86,32 +87,6 @@ class Filter:
     created_before: float | None = None
     where: str = ""
     compiled: Any = None  # the compiled ``where`` (filters.compile_where), set by Engine.check_filter
-
-
-@dataclass
-class SearchQuery:
-    namespaces: list[str]
-    embedding: Any = None
-    embedding_model: str = ""
-    text: str = ""
-    filter: Filter = field(default_factory=Filter)
-    limit: int = 0
-    min_similarity: float | None = None
-    alpha: float | None = None
-    beta: float | None = None
-    gamma: float | None = None
-    recency_tau_seconds: float | None = None
-    as_of: float | None = None
-
-
-@dataclass
-class SearchHit:
-    record: Record
-    score: float
-    relevance: float
-    recency: float
-    importance: float
-    vector: np.ndarray | None = None
 
 
 @dataclass
@@ -157,12 +132,19 @@ class Engine:
         self._search_lock = threading.Lock()
         self._search_counts: dict[str, list[int]] = {}  # namespace -> [hits, misses]
         self._search_total = [0, 0]
+        self._access_lock = threading.Lock()
+        self._access_pending: dict[int, tuple[int, float]] = {}  # rid -> (accesses, last access)
+        self.searcher = Searcher(self)
         self._load()
         faiss.omp_set_num_threads(1)
         self.writer = Writer(self.store, max_group=config.max_group_ops, before_commit=self._persist_counters)
         kernels.warm_up()
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
+        self._flusher: threading.Thread | None = None
+        if config.search_records_access and config.access_flush_seconds > 0:
+            self._flusher = threading.Thread(target=self._flush_loop, name="tiermem-access", daemon=True)
+            self._flusher.start()
         if config.maintenance_interval_seconds > 0:
             self._maintenance = threading.Thread(
                 target=self._maintain, name="tiermem-maintenance", daemon=True
@@ -255,7 +237,7 @@ class Engine:
                     raise RuntimeError(f"record {rids[i]} has no valid vector in LMDB")
                 vecs[j] = v
             internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk])
-        self.columns.activate(rows, (sp.id << _SPACE_SHIFT) | (tier << _TIER_SHIFT) | internal)
+        self.columns.activate(rows, (sp.id << SPACE_SHIFT) | (tier << TIER_SHIFT) | internal)
         if missing.shape[0]:
             logger.info(
                 "index %s/%d: %d vectors from snapshot, %d added from LMDB",
@@ -273,6 +255,9 @@ class Engine:
         self._stop.set()
         if self._maintenance is not None:
             self._maintenance.join()
+        if self._flusher is not None:
+            self._flusher.join()
+        self.flush_access()
         self.writer.close()
         if self.config.snapshot_on_shutdown:
             self.snapshot()
@@ -284,6 +269,13 @@ class Engine:
             for tier, idx in list(sp.indexes.items()):
                 idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
         logger.info("index snapshots written in %.2f s", time.monotonic() - t0)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.config.access_flush_seconds):
+            try:
+                self.flush_access()
+            except Exception:
+                logger.exception("recording search accesses failed")
 
     def _maintain(self) -> None:
         while not self._stop.wait(self.config.maintenance_interval_seconds):
@@ -458,7 +450,7 @@ class Engine:
             internal = self._index(sp, tier).add(
                 np.stack([g[2] for g in group]), rows, np.array([g[1].vk for g in group], np.int64)
             )
-            self.columns.activate(rows, (sid << _SPACE_SHIFT) | (tier << _TIER_SHIFT) | internal)
+            self.columns.activate(rows, (sid << SPACE_SHIFT) | (tier << TIER_SHIFT) | internal)
 
     # -- read -----------------------------------------------------------------------------------
     def get(
@@ -469,7 +461,7 @@ class Engine:
         with self.store.read() as txn:
             rid = self.store.lookup(txn, namespace, memory_id)
             rec = None if rid is None else self.store.get(txn, rid)
-            if rec is None or self._expired(rec):
+            if rec is None or self.expired(rec):
                 raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
             vec = self.store.get_vector(txn, rid) if include_embedding and rid is not None else None
         return rec, vec
@@ -478,7 +470,7 @@ class Engine:
         with self.store.read() as txn:
             return [self.store.get_vector(txn, r.rid) for r in records]
 
-    def _expired(self, rec: Record) -> bool:
+    def expired(self, rec: Record) -> bool:
         return rec.expire_at is not None and rec.expire_at <= self.clock()
 
     # -- update ---------------------------------------------------------------------------------
@@ -611,7 +603,7 @@ class Engine:
             self.columns.set(row, rec, old_sp.id, loc)
             return
         old_index = old_sp.indexes[old.tier]
-        old_internal = np.array([loc & _INTERNAL_MASK], np.int64)
+        old_internal = np.array([loc & INTERNAL_MASK], np.int64)
         if vec is None:  # tier move: same vector, new index
             vec = old_index.vectors(old_internal)[0]
         sp = self._space(rec.embedding_model, int(vec.shape[0]))
@@ -671,7 +663,7 @@ class Engine:
             row = self.columns.remove(rec.rid, rec.namespace)
             loc = int(self.columns.view().vpos[row])
             sp = self.spaces[rec.embedding_model]
-            sp.indexes[rec.tier].kill([loc & _INTERNAL_MASK])
+            sp.indexes[rec.tier].kill([loc & INTERNAL_MASK])
         return len(recs)
 
     # -- feedback -------------------------------------------------------------------------------
@@ -701,7 +693,7 @@ class Engine:
             for mid in distinct:
                 rid = self.store.lookup(txn, namespace, mid)
                 rec = None if rid is None else self.store.get(txn, rid)
-                if rec is None or self._expired(rec):
+                if rec is None or self.expired(rec):
                     i = next(i for i, it in enumerate(items) if it.id == mid)
                     raise NotFound(f"items[{i}].id: memory {mid!r} not found in namespace {namespace!r}")
                 recs.append(rec)
@@ -735,7 +727,7 @@ class Engine:
         size = check.page_size("page_size", page_size, self.config)
         after = _decode_token("page_token", page_token, int) if page_token else 0
         view = self.columns.view()
-        mask, _ = self._mask(view, [namespace], flt, self.clock())
+        mask, _ = self.mask(view, [namespace], flt, self.clock())
         rows = np.flatnonzero(mask)
         rids = view.rid[rows]
         rids = rids[rids > after]  # rows are in creation (rid) order
@@ -750,7 +742,7 @@ class Engine:
         token = _encode_token(out[-1].rid) if out and pos < rids.shape[0] else ""
         return out, token
 
-    def _mask(
+    def mask(
         self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float
     ) -> tuple[np.ndarray, int]:
         cols = self.columns
@@ -813,9 +805,9 @@ class Engine:
             flt.compiled = compile_where(flt.where)
         return flt
 
-    # -- search ---------------------------------------------------------------------------------
+    # -- search (see search.py) ---------------------------------------------------------------
     def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
-        hits = self._search(q, include_embedding)
+        hits = self.searcher.search(q, include_embedding)
         found = {h.record.namespace for h in hits}
         with self._search_lock:  # hit rate: a search "hits" a namespace when it returns some of it
             self._search_total[0 if hits else 1] += 1
@@ -824,183 +816,42 @@ class Engine:
                 counts[0 if ns in found else 1] += 1
         return hits
 
-    def _search(self, q: SearchQuery, include_embedding: bool) -> list[SearchHit]:
-        cfg = self.config
-        if not q.namespaces:
-            raise InvalidArgument("namespaces", "must name at least one namespace")
-        if len(q.namespaces) > 64:
-            raise InvalidArgument("namespaces", "names more than 64 namespaces")
-        for i, ns in enumerate(q.namespaces):
-            check.namespace(f"namespaces[{i}]", ns)
-        self.check_filter(q.filter)
-        if q.limit < 0:
-            raise InvalidArgument("limit", "must not be negative")
-        limit = min(q.limit or 10, cfg.max_search_limit)
-        alpha = _weight("alpha", q.alpha, cfg.alpha)
-        beta = _weight("beta", q.beta, cfg.beta)
-        gamma = _weight("gamma", q.gamma, cfg.gamma)
-        tau = cfg.recency_tau_seconds if q.recency_tau_seconds is None else q.recency_tau_seconds
-        if not (math.isfinite(tau) and tau > 0):
-            raise InvalidArgument("recency_tau_seconds", "must be a finite number > 0")
-        if q.min_similarity is not None and not (-1.0 <= q.min_similarity <= 1.0):
-            raise InvalidArgument("min_similarity", "must be in [-1, 1]")
-        now = self.clock() if q.as_of is None else check.finite_time("as_of", q.as_of)
-        if q.embedding is not None:
-            model = check.model("embedding_model", q.embedding_model)
-            query = check.vector("query_embedding", q.embedding, cfg)
-        elif q.text:
-            check.text("query_text", q.text, cfg.max_content_bytes)
-            model, query = self.embedder.model, self.embedder.embed(q.text)
-        else:
-            raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")
-        sp = self.spaces.get(model)
-        if sp is None:
-            if model == self.embedder.model:
-                return []  # nothing embedded yet
-            raise NotFound(f"no memories in embedding space {model!r}", reason="EMBEDDING_SPACE_NOT_FOUND")
-        if query.shape[0] != sp.dim:
-            raise InvalidArgument(
-                "query_embedding",
-                f"has dimension {query.shape[0]}, but embedding space {model!r} has dimension {sp.dim}",
-                reason="EMBEDDING_DIMENSION_MISMATCH",
-            )
+    def record_access(self, rids: list[int], when: float) -> None:
+        """Count an access of each memory (searches returning them); committed in the background."""
+        with self._access_lock:
+            for rid in rids:
+                n, last = self._access_pending.get(rid, (0, when))
+                self._access_pending[rid] = (n + 1, max(last, when))
 
-        view = self.columns.view()
-        mask, count = self._mask(view, q.namespaces, q.filter, self.clock())
-        mask &= view.space == sp.id
-        if count:
-            count = int(mask.sum())
-        if count == 0:
-            return []
-        score_args = {
-            "importance": view.importance,
-            "created_at": view.created,
-            "last_access": view.accessed,
-            "tier": view.tier,
-            "now": now,
-            "tau_seconds": tau,
-            "half_life_hours": self._tables().half_life,
-            "ns": view.ns,
-            "floor": cfg.importance_floor,
-        }
+    def flush_access(self) -> int:
+        """Commit the accesses recorded by searches so far (soft state: a crash may lose the last
+        second of them, never a memory). Returns how many memories were updated."""
+        with self._access_lock:
+            pending, self._access_pending = self._access_pending, {}
+        if not pending:
+            return 0
 
-        def rank(
-            rows: np.ndarray,
-        ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-            rows, rel = self._similarities(view, sp, rows, query)
-            parts = kernels.score_rows(rows, rel, alpha=alpha, beta=beta, gamma=gamma, **score_args)
-            if q.min_similarity is not None:
-                parts[0][rel < q.min_similarity] = np.nan
-            return rows, rel, parts
+        def prepare(txn: lmdb.Transaction) -> list[Record]:
+            recs = []
+            for rid, (n, last) in pending.items():
+                rec = self.store.get(txn, rid)
+                if rec is None:
+                    continue
+                rec.access_count += n
+                rec.accessed_at = max(rec.accessed_at, last)
+                self.store.put(txn, rec)
+                recs.append(rec)
+            return recs
 
-        if count <= cfg.exact_search_max_rows:
-            rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
-        else:
-            cands = self._candidates(
-                sp, query, mask, limit, alpha, beta, gamma, score_args, q.min_similarity, rank
-            )
-            rows, rel, (score, rec, imp) = rank(cands)
-        top = kernels.topk(score, limit)
-        hits: list[SearchHit] = []
-        wanted = set(q.namespaces)
-        with self.store.read() as txn:
-            for i in top.tolist():
-                record = self.store.get(txn, int(view.rid[rows[i]]))
-                if record is None or not self._still_matches(record, wanted, q.filter):
-                    continue  # deleted, moved or expired while the search ran
-                vec = self.store.get_vector(txn, record.rid) if include_embedding else None
-                hits.append(
-                    SearchHit(record, float(score[i]), float(rel[i]), float(rec[i]), float(imp[i]), vec)
-                )
-        return hits
+        def apply(recs: list[Record]) -> int:
+            view = self.columns.view()
+            for rec in recs:
+                row = self.columns.rows.get(rec.rid)
+                if row is not None:
+                    self.columns.set(row, rec, int(view.space[row]), int(view.vpos[row]))
+            return len(recs)
 
-    def _candidates(
-        self,
-        sp: Space,
-        query: np.ndarray,
-        mask: np.ndarray,
-        limit: int,
-        alpha: float,
-        beta: float,
-        gamma: float,
-        score_args: dict[str, Any],
-        min_similarity: float | None,
-        rank: Callable[
-            [np.ndarray], tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]
-        ],
-    ) -> np.ndarray:
-        """Rows that must be scored so the top ``limit`` by combined score is exact (up to HNSW recall).
-
-        A = the HNSW top-K by similarity in each index. Every row outside A is at most sim_K similar,
-        so it can only beat the limit-th score s_L of A if its prior (beta*recency + gamma*importance,
-        computed exactly for every allowed row) exceeds s_L - alpha*sim_K: those rows are B, and
-        A | B is scored exactly. One pass, no growing K.
-        """
-        cfg = self.config
-        allowed = np.flatnonzero(mask)
-        k = max(2 * limit, 32)
-        found, sim_bound = [], -np.inf  # no allowed row outside ``found`` is more similar than sim_bound
-        for index in list(sp.indexes.values()):
-            got, sims, n_allowed = index.search(query, k, mask, cfg.hnsw_ef_search)
-            if got.shape[0] == k:
-                found.append(got)
-                sim_bound = max(sim_bound, float(sims[-1]))
-            elif got.shape[0] < n_allowed:
-                # Filtered HNSW came back short (selective filter): score this index's allowed rows
-                # exactly rather than trust a partial answer.
-                found.append(index.allowed_rows(mask))
-            else:
-                found.append(got)  # every allowed entry of this index was returned
-        a_rows = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
-        if sim_bound == -np.inf or (beta == 0 and gamma == 0):
-            return a_rows  # nothing outside A can beat A's scores
-        if min_similarity is not None and sim_bound < min_similarity:
-            return a_rows  # nothing outside A is similar enough to be returned
-        a_rows, _, (a_score, _, _) = rank(a_rows)
-        best = a_score[kernels.topk(a_score, limit)]  # the running top scores, best first
-        prior, _, _ = kernels.score_rows(
-            allowed, np.zeros(allowed.shape[0], np.float32), alpha=0.0, beta=beta, gamma=gamma, **score_args
-        )
-
-        def threshold() -> float:  # a row outside A must have a prior above this to enter the top
-            return (float(best[-1]) if best.shape[0] == limit else -np.inf) - alpha * sim_bound
-
-        b_rows = allowed[prior > threshold()]
-        b_prior = prior[prior > threshold()]
-        order = np.argsort(-b_prior, kind="stable")
-        b_rows, b_prior = b_rows[order], b_prior[order]
-        # Score B best-prior first; each chunk can raise the limit-th score and cut the rest.
-        taken = 0
-        while taken < b_rows.shape[0] and b_prior[taken] > threshold():
-            chunk = b_rows[taken : taken + 1024]
-            taken += chunk.shape[0]
-            _, _, (c_score, _, _) = rank(chunk)
-            merged = np.concatenate([best, c_score])
-            best = merged[kernels.topk(merged, limit)]
-        return np.union1d(a_rows, b_rows[:taken])
-
-    def _still_matches(self, rec: Record, namespaces: set[str], flt: Filter) -> bool:
-        return (
-            rec.namespace in namespaces
-            and not self._expired(rec)
-            and (not flt.tiers or rec.tier in flt.tiers)
-            and (not flt.kinds or rec.kind in flt.kinds)
-        )
-
-    def _similarities(
-        self, view: ColumnsView, sp: Space, rows: np.ndarray, query: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Cosine of ``rows`` with the query, read from HNSW storage; rows that left the space
-        meanwhile are dropped. Returns (rows, similarities)."""
-        loc = view.vpos[rows]
-        keep = (loc >= 0) & ((loc >> _SPACE_SHIFT) == sp.id)
-        rows, loc = rows[keep], loc[keep]
-        tiers = (loc >> _TIER_SHIFT) & 0xF
-        sims = np.empty(rows.shape[0], np.float32)
-        for t in np.unique(tiers).tolist():
-            sel = tiers == t
-            sims[sel] = sp.indexes[t].similarities(loc[sel] & _INTERNAL_MASK, query)
-        return rows, sims
+        return int(self.writer.submit(prepare, apply))
 
     # -- transfer -------------------------------------------------------------------------------
     def transfer(
@@ -1087,7 +938,7 @@ class Engine:
         overrides = self.ns_config.get(namespace, {}).get("policy")
         return self.base_policy.with_overrides(overrides) if overrides else self.base_policy
 
-    def _tables(self) -> Tables:
+    def tables(self) -> Tables:
         """Lifecycle tables for every interned namespace, rebuilt when namespaces or settings change."""
         key = (len(self.columns.namespaces), self._config_version)
         cached = self._tables_cache
@@ -1175,7 +1026,7 @@ class Engine:
             t0 = time.perf_counter()
             now = self.clock()
             view = self.columns.view()
-            tables = self._tables()
+            tables = self.tables()
             if namespace:
                 in_scope = view.alive & (view.ns == self.columns.namespaces.get(namespace))
             else:
@@ -1385,14 +1236,6 @@ def _enter_tier(rec: Record, tier: int, now: float) -> None:
     rec.tier_since = now
     rec.access_base = rec.access_count
     rec.success_base = rec.success_count
-
-
-def _weight(name: str, value: float | None, default: float) -> float:
-    if value is None:
-        return default
-    if not (math.isfinite(value) and value >= 0):
-        raise InvalidArgument(name, "must be a finite number >= 0")
-    return float(value)
 
 
 def _encode_token(value: int | str) -> str:

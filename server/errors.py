@@ -38,6 +38,11 @@ class TiermemError(Exception):
 class InvalidArgument(TiermemError):
     """A request field is malformed or out of range; nothing was changed."""
 
+    def within(self, prefix: str) -> InvalidArgument:
+        """The same error for a field nested under ``prefix`` (e.g. ``searches[2].``)."""
+        v = self.violations[0]
+        return InvalidArgument(prefix + v.field, v.description, self.reason)
+
     def __init__(self, field_name: str, description: str, reason: str = "INVALID_FIELD") -> None:
         super().__init__(
             message=f"{field_name}: {description}",

@@ -107,10 +107,27 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def SearchMemories(
         self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.SearchMemoriesResponse:
+        return self._search(request)
+
+    def _search(self, request: pb.SearchMemoriesRequest) -> pb.SearchMemoriesResponse:
         hits = self._engine.search(convert.search_from_pb(request), request.include_embedding)
         resp = pb.SearchMemoriesResponse()
         for hit in hits:
-            convert.hit_to_pb(hit, resp.results.add())
+            convert.hit_to_pb(hit, resp.results.add(), request.explain)
+        return resp
+
+    @_rpc
+    def BatchSearchMemories(
+        self, request: pb.BatchSearchMemoriesRequest, context: grpc.ServicerContext
+    ) -> pb.BatchSearchMemoriesResponse:
+        if not 1 <= len(request.searches) <= 100:
+            raise InvalidArgument("searches", "must hold 1 to 100 searches")
+        resp = pb.BatchSearchMemoriesResponse()
+        for i, search in enumerate(request.searches):
+            try:
+                resp.responses.append(self._search(search))
+            except InvalidArgument as e:
+                raise e.within(f"searches[{i}].") from None
         return resp
 
     @_rpc

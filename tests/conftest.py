@@ -49,6 +49,8 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         # The background lifecycle would move memories between tiers while tests look; tests that
         # want it turn it on, the others drive passes explicitly.
         overrides.setdefault("maintenance_interval_seconds", 0)
+        # Likewise searches counting as accesses would change recency between a test's searches.
+        overrides.setdefault("search_records_access", False)
         config = ServerConfig(host="127.0.0.1", port=0, data_dir=data_dir or tmp_path / "data", **overrides)
         running = create_server(config, clock=clock)
         started.append(running)
@@ -133,7 +135,12 @@ def spawn_server(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0", **(env or {})},
+        env={
+            **os.environ,
+            "TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0",
+            "TIERMEM_SEARCH_RECORDS_ACCESS": "0",
+            **(env or {}),
+        },
     )
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None

@@ -19,6 +19,16 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_SLOW: _ClassVar[Tier]
     TIER_GLACIAL: _ClassVar[Tier]
 
+class SearchStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEARCH_STRATEGY_UNSPECIFIED: _ClassVar[SearchStrategy]
+    SEARCH_STRATEGY_COMPREHENSIVE: _ClassVar[SearchStrategy]
+    SEARCH_STRATEGY_WEIGHTED: _ClassVar[SearchStrategy]
+    SEARCH_STRATEGY_FAST_FIRST: _ClassVar[SearchStrategy]
+    SEARCH_STRATEGY_SIMILARITY: _ClassVar[SearchStrategy]
+    SEARCH_STRATEGY_RECENCY: _ClassVar[SearchStrategy]
+    SEARCH_STRATEGY_IMPORTANCE: _ClassVar[SearchStrategy]
+
 class RetentionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RETENTION_POLICY_UNSPECIFIED: _ClassVar[RetentionPolicy]
@@ -49,6 +59,13 @@ TIER_FAST: Tier
 TIER_MEDIUM: Tier
 TIER_SLOW: Tier
 TIER_GLACIAL: Tier
+SEARCH_STRATEGY_UNSPECIFIED: SearchStrategy
+SEARCH_STRATEGY_COMPREHENSIVE: SearchStrategy
+SEARCH_STRATEGY_WEIGHTED: SearchStrategy
+SEARCH_STRATEGY_FAST_FIRST: SearchStrategy
+SEARCH_STRATEGY_SIMILARITY: SearchStrategy
+SEARCH_STRATEGY_RECENCY: SearchStrategy
+SEARCH_STRATEGY_IMPORTANCE: SearchStrategy
 RETENTION_POLICY_UNSPECIFIED: RetentionPolicy
 RETENTION_POLICY_IMPORTANCE_WEIGHTED: RetentionPolicy
 RETENTION_POLICY_RECENCY: RetentionPolicy
@@ -267,7 +284,7 @@ class ListMemoriesResponse(_message.Message):
     def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SearchMemoriesRequest(_message.Message):
-    __slots__ = ("namespaces", "query_embedding", "embedding_model", "query_text", "filter", "limit", "min_similarity", "alpha", "beta", "gamma", "recency_tau_seconds", "as_of", "include_embedding")
+    __slots__ = ("namespaces", "query_embedding", "embedding_model", "query_text", "filter", "limit", "min_similarity", "alpha", "beta", "gamma", "recency_tau_seconds", "as_of", "include_embedding", "strategy", "tier_weights", "include_ancestors", "scope_weights", "explain", "read_only")
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     QUERY_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +298,12 @@ class SearchMemoriesRequest(_message.Message):
     RECENCY_TAU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    TIER_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ANCESTORS_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     namespaces: _containers.RepeatedScalarFieldContainer[str]
     query_embedding: _containers.RepeatedScalarFieldContainer[float]
     embedding_model: str
@@ -294,21 +317,55 @@ class SearchMemoriesRequest(_message.Message):
     recency_tau_seconds: float
     as_of: _timestamp_pb2.Timestamp
     include_embedding: bool
-    def __init__(self, namespaces: _Optional[_Iterable[str]] = ..., query_embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., query_text: _Optional[str] = ..., filter: _Optional[_Union[MemoryFilter, _Mapping]] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., recency_tau_seconds: _Optional[float] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_embedding: _Optional[bool] = ...) -> None: ...
+    strategy: SearchStrategy
+    tier_weights: _containers.RepeatedCompositeFieldContainer[TierWeight]
+    include_ancestors: bool
+    scope_weights: _containers.RepeatedScalarFieldContainer[float]
+    explain: bool
+    read_only: bool
+    def __init__(self, namespaces: _Optional[_Iterable[str]] = ..., query_embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., query_text: _Optional[str] = ..., filter: _Optional[_Union[MemoryFilter, _Mapping]] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., recency_tau_seconds: _Optional[float] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_embedding: _Optional[bool] = ..., strategy: _Optional[_Union[SearchStrategy, str]] = ..., tier_weights: _Optional[_Iterable[_Union[TierWeight, _Mapping]]] = ..., include_ancestors: _Optional[bool] = ..., scope_weights: _Optional[_Iterable[float]] = ..., explain: _Optional[bool] = ..., read_only: _Optional[bool] = ...) -> None: ...
+
+class TierWeight(_message.Message):
+    __slots__ = ("tier", "weight")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    weight: float
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class SearchExplanation(_message.Message):
+    __slots__ = ("strategy", "alpha", "beta", "gamma", "tier_weight", "scope_weight", "base_score")
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    TIER_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    BASE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    strategy: SearchStrategy
+    alpha: float
+    beta: float
+    gamma: float
+    tier_weight: float
+    scope_weight: float
+    base_score: float
+    def __init__(self, strategy: _Optional[_Union[SearchStrategy, str]] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tier_weight: _Optional[float] = ..., scope_weight: _Optional[float] = ..., base_score: _Optional[float] = ...) -> None: ...
 
 class SearchResult(_message.Message):
-    __slots__ = ("memory", "score", "relevance", "recency", "importance")
+    __slots__ = ("memory", "score", "relevance", "recency", "importance", "explanation")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RELEVANCE_FIELD_NUMBER: _ClassVar[int]
     RECENCY_FIELD_NUMBER: _ClassVar[int]
     IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     score: float
     relevance: float
     recency: float
     importance: float
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recency: _Optional[float] = ..., importance: _Optional[float] = ...) -> None: ...
+    explanation: SearchExplanation
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recency: _Optional[float] = ..., importance: _Optional[float] = ..., explanation: _Optional[_Union[SearchExplanation, _Mapping]] = ...) -> None: ...
 
 class SearchMemoriesResponse(_message.Message):
     __slots__ = ("results",)
@@ -605,3 +662,15 @@ class TransferMemoryResponse(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...
+
+class BatchSearchMemoriesRequest(_message.Message):
+    __slots__ = ("searches",)
+    SEARCHES_FIELD_NUMBER: _ClassVar[int]
+    searches: _containers.RepeatedCompositeFieldContainer[SearchMemoriesRequest]
+    def __init__(self, searches: _Optional[_Iterable[_Union[SearchMemoriesRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchSearchMemoriesResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[SearchMemoriesResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[SearchMemoriesResponse, _Mapping]]] = ...) -> None: ...

@@ -70,6 +70,11 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.SearchMemoriesRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.SearchMemoriesResponse.FromString,
                 _registered_method=True)
+        self.BatchSearchMemories = channel.unary_unary(
+                '/tiermem.v1.MemoryService/BatchSearchMemories',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.BatchSearchMemoriesRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.BatchSearchMemoriesResponse.FromString,
+                _registered_method=True)
         self.RecordFeedback = channel.unary_unary(
                 '/tiermem.v1.MemoryService/RecordFeedback',
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.RecordFeedbackRequest.SerializeToString,
@@ -162,6 +167,13 @@ class MemoryServiceServicer:
 
     def SearchMemories(self, request, context):
         """SearchMemories ranks memories by alpha*relevance + beta*recency + gamma*importance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchSearchMemories(self, request, context):
+        """BatchSearchMemories runs several searches in one call (agents that fan out).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -262,6 +274,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.SearchMemories,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.SearchMemoriesRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.SearchMemoriesResponse.SerializeToString,
+            ),
+            'BatchSearchMemories': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchSearchMemories,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.BatchSearchMemoriesRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.BatchSearchMemoriesResponse.SerializeToString,
             ),
             'RecordFeedback': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordFeedback,
@@ -494,6 +511,33 @@ class MemoryService:
             '/tiermem.v1.MemoryService/SearchMemories',
             tiermem_dot_v1_dot_memory__pb2.SearchMemoriesRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.SearchMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchSearchMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/BatchSearchMemories',
+            tiermem_dot_v1_dot_memory__pb2.BatchSearchMemoriesRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.BatchSearchMemoriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

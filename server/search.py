@@ -1,0 +1,397 @@
+"""The read path: ranking memories for a query, with strategies, scopes and exact candidate sets.
+
+score = alpha*relevance + beta*recency + gamma*importance (seed 002), multiplied by a per-row weight:
+the tier weight under the ``weighted`` strategy (FAST > MEDIUM > SLOW > GLACIAL, seed 000) times the
+scope weight when a search spans a namespace and its ancestors (session before project before user).
+
+Rows allowed by the request (namespaces, filter, space, alive, unexpired) come from a kernel over the
+columns. Few rows: every one is scored exactly. Many rows: see ``_candidates``: the HNSW top-K by
+similarity (searched with the allowed rows as an ID selector) plus every row whose exactly computed
+weighted prior could still lift it into the top. So a memory with modest similarity but high recency
+and importance is not lost because the ANN stage missed it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tiermem import kernels
+
+from . import validation as check
+from .columns import ColumnsView
+from .config import TIERS
+from .errors import InvalidArgument, NotFound
+from .records import Record
+
+if TYPE_CHECKING:
+    from .engine import Engine, Filter, Space
+
+# Values of tiermem.v1.SearchStrategy.
+COMPREHENSIVE, WEIGHTED, FAST_FIRST, SIMILARITY, RECENCY, IMPORTANCE = 1, 2, 3, 4, 5, 6
+STRATEGY_NAMES = {
+    COMPREHENSIVE: "comprehensive",
+    WEIGHTED: "weighted",
+    FAST_FIRST: "fast_first",
+    SIMILARITY: "similarity",
+    RECENCY: "recency",
+    IMPORTANCE: "importance",
+}
+DEFAULT_TIER_WEIGHTS = {1: 1.0, 2: 0.85, 3: 0.7, 4: 0.55}
+DEFAULT_SCOPE_WEIGHTS = (1.0, 0.8, 0.6, 0.4)  # the namespace itself, its parent, grandparent, ...
+
+Parts = tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+@dataclass
+class SearchQuery:
+    namespaces: list[str]
+    embedding: Any = None
+    embedding_model: str = ""
+    text: str = ""
+    filter: Filter | None = None
+    limit: int = 0
+    min_similarity: float | None = None
+    alpha: float | None = None
+    beta: float | None = None
+    gamma: float | None = None
+    recency_tau_seconds: float | None = None
+    as_of: float | None = None
+    strategy: int = 0
+    tier_weights: dict[int, float] = field(default_factory=dict)
+    include_ancestors: bool = False
+    scope_weights: list[float] = field(default_factory=list)
+    read_only: bool = False
+
+
+@dataclass
+class SearchHit:
+    record: Record
+    score: float
+    relevance: float
+    recency: float
+    importance: float
+    vector: np.ndarray | None = None
+    tier_weight: float = 1.0
+    scope_weight: float = 1.0
+    strategy: int = COMPREHENSIVE
+    weights: tuple[float, float, float] = (0.0, 0.0, 0.0)  # alpha, beta, gamma used
+
+
+def ancestors(namespace: str) -> list[str]:
+    """The namespace and its ancestors, nearest first: "a/b/c" -> ["a/b/c", "a/b", "a"]."""
+    parts = namespace.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+class Searcher:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
+        eng, cfg = self.engine, self.engine.config
+        from .engine import Filter
+
+        flt = eng.check_filter(q.filter or Filter())
+        if not q.namespaces:
+            raise InvalidArgument("namespaces", "must name at least one namespace")
+        if len(q.namespaces) > 64:
+            raise InvalidArgument("namespaces", "names more than 64 namespaces")
+        for i, ns in enumerate(q.namespaces):
+            check.namespace(f"namespaces[{i}]", ns)
+        if q.limit < 0:
+            raise InvalidArgument("limit", "must not be negative")
+        limit = min(q.limit or 10, cfg.max_search_limit)
+        strategy = q.strategy or COMPREHENSIVE
+        if strategy not in STRATEGY_NAMES:
+            raise InvalidArgument("strategy", "is not a search strategy")
+        alpha = _weight("alpha", q.alpha, cfg.alpha)
+        beta = _weight("beta", q.beta, cfg.beta)
+        gamma = _weight("gamma", q.gamma, cfg.gamma)
+        if strategy in (SIMILARITY, RECENCY, IMPORTANCE):  # single-signal orderings (seed 004)
+            alpha, beta, gamma = (
+                float(strategy == SIMILARITY),
+                float(strategy == RECENCY),
+                float(strategy == IMPORTANCE),
+            )
+        tau = cfg.recency_tau_seconds if q.recency_tau_seconds is None else q.recency_tau_seconds
+        if not (math.isfinite(tau) and tau > 0):
+            raise InvalidArgument("recency_tau_seconds", "must be a finite number > 0")
+        if q.min_similarity is not None and not (-1.0 <= q.min_similarity <= 1.0):
+            raise InvalidArgument("min_similarity", "must be in [-1, 1]")
+        tier_w = dict(DEFAULT_TIER_WEIGHTS) if strategy == WEIGHTED else dict.fromkeys(TIERS, 1.0)
+        for t, w in q.tier_weights.items():
+            check.tier("tier_weights", t)
+            tier_w[t] = _weight("tier_weights", w, 1.0)
+        for i, w in enumerate(q.scope_weights):
+            _weight(f"scope_weights[{i}]", w, 1.0)
+        now = eng.clock() if q.as_of is None else check.finite_time("as_of", q.as_of)
+
+        # Scopes: each named namespace at weight 1 (or scope_weights[0]); with include_ancestors its
+        # ancestors too, weighted by distance. A namespace reached twice keeps its best weight.
+        scope_w: dict[str, float] = {}
+        weights = list(q.scope_weights) or list(DEFAULT_SCOPE_WEIGHTS)
+        for ns in q.namespaces:
+            chain = ancestors(ns) if q.include_ancestors else [ns]
+            for depth, name in enumerate(chain):
+                w = weights[min(depth, len(weights) - 1)] if (q.include_ancestors or q.scope_weights) else 1.0
+                scope_w[name] = max(scope_w.get(name, 0.0), w)
+
+        query, sp = self._query(q, needed=alpha > 0 or q.min_similarity is not None)
+        args = _Args(limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy)
+        if strategy == FAST_FIRST:  # FAST first, falling through to slower tiers until the limit is met
+            hits: list[SearchHit] = []
+            for t in [t for t in TIERS if not flt.tiers or t in flt.tiers]:
+                if len(hits) >= limit:
+                    break
+                sub = replace(args, limit=limit - len(hits))
+                hits += self._rank(sub, flt, query, sp, include_embedding, only_tier=t)
+        else:
+            hits = self._rank(args, flt, query, sp, include_embedding)
+        if hits and not q.read_only and cfg.search_records_access:
+            eng.record_access([h.record.rid for h in hits], now)
+        return hits
+
+    def _query(self, q: SearchQuery, needed: bool) -> tuple[np.ndarray | None, Space | None]:
+        """The query vector and its space; (None, None) when the ordering needs no query."""
+        eng, cfg = self.engine, self.engine.config
+        if q.embedding is not None:
+            model = check.model("embedding_model", q.embedding_model)
+            query = check.vector("query_embedding", q.embedding, cfg)
+        elif q.text:
+            check.text("query_text", q.text, cfg.max_content_bytes)
+            model, query = eng.embedder.model, eng.embedder.embed(q.text)
+        elif needed:
+            raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")
+        else:
+            return None, None
+        sp = eng.spaces.get(model)
+        if sp is None:
+            if model == eng.embedder.model:
+                return query, None  # nothing embedded yet: no results
+            raise NotFound(f"no memories in embedding space {model!r}", reason="EMBEDDING_SPACE_NOT_FOUND")
+        if query.shape[0] != sp.dim:
+            raise InvalidArgument(
+                "query_embedding",
+                f"has dimension {query.shape[0]}, but embedding space {model!r} has dimension {sp.dim}",
+                reason="EMBEDDING_DIMENSION_MISMATCH",
+            )
+        return query, sp
+
+    def _rank(
+        self,
+        a: _Args,
+        flt: Filter,
+        query: np.ndarray | None,
+        sp: Space | None,
+        include_embedding: bool,
+        only_tier: int = 0,
+    ) -> list[SearchHit]:
+        eng = self.engine
+        if query is not None and sp is None:
+            return []
+        view = eng.columns.view()
+        mask, count = eng.mask(view, list(a.scope_w), flt, eng.clock())
+        if only_tier:
+            mask &= view.tier == only_tier
+            count = -1
+        if sp is not None:
+            mask &= view.space == sp.id
+            count = -1
+        if count < 0:
+            count = int(mask.sum())
+        if count == 0:
+            return []
+        tables = eng.tables()
+        row_w = self._row_weights(view, a)
+        score_args = {
+            "importance": view.importance,
+            "created_at": view.created,
+            "last_access": view.accessed,
+            "tier": view.tier,
+            "now": a.now,
+            "tau_seconds": a.tau,
+            "half_life_hours": tables.half_life,
+            "ns": view.ns,
+            "floor": eng.config.importance_floor,
+        }
+
+        def rank(rows: np.ndarray) -> Parts:
+            if query is None or sp is None:
+                rel = np.zeros(rows.shape[0], np.float32)
+            else:
+                rows, rel = self._similarities(view, sp, rows, query)
+            score, rec, imp = kernels.score_rows(
+                rows, rel, alpha=a.alpha, beta=a.beta, gamma=a.gamma, **score_args
+            )
+            if row_w is not None:
+                score = score * row_w[rows]
+            if a.min_similarity is not None:
+                score[rel < a.min_similarity] = np.nan
+            return rows, rel, (score, rec, imp)
+
+        if query is None or sp is None or count <= eng.config.exact_search_max_rows:
+            rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
+        else:
+            rows, rel, (score, rec, imp) = rank(self._candidates(sp, query, mask, a, score_args, row_w, rank))
+        top = kernels.topk(score, a.limit)
+        hits: list[SearchHit] = []
+        with eng.store.read() as txn:
+            for i in top.tolist():
+                record = eng.store.get(txn, int(view.rid[rows[i]]))
+                if record is None or not self._still_matches(record, a.scope_w, flt, only_tier):
+                    continue  # deleted, moved or expired while the search ran
+                vec = eng.store.get_vector(txn, record.rid) if include_embedding else None
+                hits.append(
+                    SearchHit(
+                        record,
+                        float(score[i]),
+                        float(rel[i]),
+                        float(rec[i]),
+                        float(imp[i]),
+                        vec,
+                        tier_weight=a.tier_w.get(record.tier, 1.0),
+                        scope_weight=a.scope_w.get(record.namespace, 1.0),
+                        strategy=a.strategy,
+                        weights=(a.alpha, a.beta, a.gamma),
+                    )
+                )
+        return hits
+
+    def _row_weights(self, view: ColumnsView, a: _Args) -> np.ndarray | None:
+        """tier weight x scope weight per row, or None when every weight is 1."""
+        if all(w == 1.0 for w in a.tier_w.values()) and all(w == 1.0 for w in a.scope_w.values()):
+            return None
+        names = self.engine.columns.namespaces
+        by_ns = np.ones(max(1, len(names)), np.float32)
+        for name, w in a.scope_w.items():
+            i = names.get(name)
+            if 0 <= i < by_ns.shape[0]:
+                by_ns[i] = w
+        by_tier = np.ones(5, np.float32)
+        for t, w in a.tier_w.items():
+            by_tier[t] = w
+        ns = np.minimum(view.ns, by_ns.shape[0] - 1)
+        return (by_ns[ns] * by_tier[view.tier]).astype(np.float32)
+
+    def _candidates(
+        self,
+        sp: Space,
+        query: np.ndarray,
+        mask: np.ndarray,
+        a: _Args,
+        score_args: dict[str, Any],
+        row_w: np.ndarray | None,
+        rank: Callable[[np.ndarray], Parts],
+    ) -> np.ndarray:
+        """Rows that must be scored so the top ``limit`` is exact (up to HNSW recall).
+
+        A = the HNSW top-K by similarity in each index. Every row x outside A is at most sim_K
+        similar, so its score is at most w(x) * (alpha*sim_K + prior(x)), where prior = beta*recency
+        + gamma*importance is computed exactly for every allowed row and w is its tier x scope
+        weight. Rows whose bound beats the limit-th score found so far are B; they are scored best
+        bound first, each chunk raising the bar for the rest. A | B is then ranked exactly.
+        """
+        cfg = self.engine.config
+        allowed = np.flatnonzero(mask)
+        k = max(2 * a.limit, 32)
+        found, sim_bound = [], -np.inf  # no allowed row outside ``found`` is more similar than sim_bound
+        for index in list(sp.indexes.values()):
+            got, sims, n_allowed = index.search(query, k, mask, cfg.hnsw_ef_search)
+            if got.shape[0] == k:
+                found.append(got)
+                sim_bound = max(sim_bound, float(sims[-1]))
+            elif got.shape[0] < n_allowed:
+                # Filtered HNSW came back short (selective filter): score this index's allowed rows
+                # exactly rather than trust a partial answer.
+                found.append(index.allowed_rows(mask))
+            else:
+                found.append(got)  # every allowed entry of this index was returned
+        a_rows = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+        if sim_bound == -np.inf or (a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None):
+            return a_rows  # nothing outside A can beat A's scores
+        if a.min_similarity is not None and sim_bound < a.min_similarity:
+            return a_rows  # nothing outside A is similar enough to be returned
+        a_rows, _, (a_score, _, _) = rank(a_rows)
+        best = a_score[kernels.topk(a_score, a.limit)]  # the running top scores, best first
+        prior, _, _ = kernels.score_rows(
+            allowed,
+            np.zeros(allowed.shape[0], np.float32),
+            alpha=0.0,
+            beta=a.beta,
+            gamma=a.gamma,
+            **score_args,
+        )
+        bound = prior + (a.alpha * sim_bound if a.alpha > 0 else 0.0)
+        if row_w is not None:
+            bound = bound * row_w[allowed]
+
+        def bar() -> float:  # a row outside A must have a bound above this to enter the top
+            return float(best[-1]) if best.shape[0] == a.limit else -np.inf
+
+        keep = bound > bar()
+        b_rows, b_bound = allowed[keep], bound[keep]
+        order = np.argsort(-b_bound, kind="stable")
+        b_rows, b_bound = b_rows[order], b_bound[order]
+        taken = 0
+        while taken < b_rows.shape[0] and b_bound[taken] > bar():
+            chunk = b_rows[taken : taken + 1024]
+            taken += chunk.shape[0]
+            _, _, (c_score, _, _) = rank(chunk)
+            merged = np.concatenate([best, c_score])
+            best = merged[kernels.topk(merged, a.limit)]
+        return np.union1d(a_rows, b_rows[:taken])
+
+    def _still_matches(self, rec: Record, namespaces: dict[str, float], flt: Filter, only_tier: int) -> bool:
+        return (
+            rec.namespace in namespaces
+            and not self.engine.expired(rec)
+            and (not flt.tiers or rec.tier in flt.tiers)
+            and (not only_tier or rec.tier == only_tier)
+            and (not flt.kinds or rec.kind in flt.kinds)
+        )
+
+    def _similarities(
+        self, view: ColumnsView, sp: Space, rows: np.ndarray, query: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Cosine of ``rows`` with the query, read from HNSW storage; rows that left the space
+        meanwhile are dropped. Returns (rows, similarities)."""
+        from .engine import INTERNAL_MASK, SPACE_SHIFT, TIER_SHIFT
+
+        loc = view.vpos[rows]
+        keep = (loc >= 0) & ((loc >> SPACE_SHIFT) == sp.id)
+        rows, loc = rows[keep], loc[keep]
+        tiers = (loc >> TIER_SHIFT) & 0xF
+        sims = np.empty(rows.shape[0], np.float32)
+        for t in np.unique(tiers).tolist():
+            sel = tiers == t
+            sims[sel] = sp.indexes[t].similarities(loc[sel] & INTERNAL_MASK, query)
+        return rows, sims
+
+
+@dataclass(frozen=True)
+class _Args:
+    """The resolved parameters of one ranking."""
+
+    limit: int
+    alpha: float
+    beta: float
+    gamma: float
+    tau: float
+    now: float
+    min_similarity: float | None
+    tier_w: dict[int, float]
+    scope_w: dict[str, float]
+    strategy: int
+
+
+def _weight(name: str, value: float | None, default: float) -> float:
+    if value is None:
+        return default
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidArgument(name, "must be a finite number >= 0")
+    return float(value)
