@@ -219,11 +219,28 @@ class MemoryClient:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "server is not SERVING")
 
     # -- memories -------------------------------------------------------------------------------
-    def create(self, namespace: str, content: str, *, request_id: str = "", **fields: Any) -> pb.Memory:
-        """Store one memory; ``fields`` are those of ``build_memory`` (tier, importance, tags, ...)."""
+    def create(
+        self,
+        namespace: str,
+        content: str,
+        *,
+        request_id: str = "",
+        dedup_similarity: float | None = None,
+        allow_duplicates: bool = False,
+        **fields: Any,
+    ) -> pb.Memory:
+        """Store one memory; ``fields`` are those of ``build_memory`` (tier, importance, tags, ...).
+
+        An exact duplicate (same normalized content in the namespace, no client id) reinforces the
+        existing memory and returns it, unless ``allow_duplicates``; ``dedup_similarity`` also
+        catches near duplicates by vector similarity."""
         req = pb.CreateMemoryRequest(
-            memory=build_memory(namespace, content, **fields), request_id=request_id or uuid.uuid4().hex
+            memory=build_memory(namespace, content, **fields),
+            request_id=request_id or uuid.uuid4().hex,
+            allow_duplicates=allow_duplicates,
         )
+        if dedup_similarity is not None:
+            req.dedup_similarity = dedup_similarity
         return self._call(self.stub.CreateMemory, req).memory
 
     def create_batch(

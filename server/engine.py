@@ -327,9 +327,31 @@ class Engine:
 
     # -- create ---------------------------------------------------------------------------------
     def create(self, memories: list[NewMemory], request_id: str = "", *, batch: bool = False) -> list[Record]:
-        """Store memories all-or-nothing. ``batch`` only changes field names in errors."""
+        """Store memories all-or-nothing (see ``create_ex``); returns the stored records."""
+        return self.create_ex(memories, request_id, batch=batch)[0]
+
+    def create_ex(
+        self,
+        memories: list[NewMemory],
+        request_id: str = "",
+        *,
+        batch: bool = False,
+        dedup_similarity: float | None = None,
+        allow_duplicates: bool = False,
+    ) -> tuple[list[Record], list[bool]]:
+        """Store memories all-or-nothing; returns the records and, per memory, whether it was a
+        duplicate that reinforced an existing memory instead of adding one.
+
+        Deduplication (unless ``allow_duplicates``, and only for memories without a client id): a
+        memory whose normalized content equals one already in its namespace, or, with
+        ``dedup_similarity``, whose vector is at least that similar to one there, reinforces it
+        (importance raised to the larger, one more access, tags merged) and is not stored again.
+        ``batch`` only changes field names in errors.
+        """
         check.batch("memories", memories, self.config.max_batch_size)
         check.request_id("request_id", request_id)
+        if dedup_similarity is not None and not -1.0 <= dedup_similarity <= 1.0:
+            raise InvalidArgument("dedup_similarity", "must be in [-1, 1]")
         seen: dict[tuple[str, str], int] = {}
         for i, m in enumerate(memories):
             prefix = f"memories[{i}]." if batch else "memory."
@@ -361,9 +383,9 @@ class Engine:
                             f"memories created by request_id {request_id!r} were deleted since",
                             reason="REQUEST_RESULT_DELETED",
                         )
-                    return "replay", replayed
+                    return "replay", (replayed, prior.get("dups") or [False] * len(replayed))
             spaces = self.store.spaces(txn)
-            out: list[tuple[Record, np.ndarray]] = []
+            out: list[tuple[Record, np.ndarray | None]] = []  # vector None: a reinforced duplicate
             freed: list[Record] = []
             for i, m in enumerate(memories):
                 prefix = f"memories[{i}]." if batch else "memory."
@@ -378,6 +400,13 @@ class Engine:
                         f"has dimension {dim}, but embedding space {m.embedding_model!r} has dimension {known}",
                         reason="EMBEDDING_DIMENSION_MISMATCH",
                     )
+                if not m.id and not allow_duplicates:
+                    dup = self._find_duplicate(txn, m, dedup_similarity)
+                    if dup is not None:
+                        _reinforce(dup, m, now, self.config.max_tags)
+                        self.store.put(txn, dup)
+                        out.append((dup, None))
+                        continue
                 if m.id:
                     old_rid = self.store.lookup(txn, m.namespace, m.id)
                     old = None if old_rid is None else self.store.get(txn, old_rid)
@@ -418,24 +447,53 @@ class Engine:
                 self.store.put(txn, rec)
                 self.store.put_vector(txn, rid, m.embedding)
                 out.append((rec, m.embedding))
+            dups = [v is None for _, v in out]
             if request_id:
                 self.store.put_request(
-                    txn, memories[0].namespace, request_id, fingerprint, [r.rid for r, _ in out], now
+                    txn, memories[0].namespace, request_id, fingerprint, [r.rid for r, _ in out], now, dups
                 )
             return "new", (out, freed)
 
-        def apply(prepared: tuple[str, Any]) -> list[Record]:
+        def apply(prepared: tuple[str, Any]) -> tuple[list[Record], list[bool]]:
             what, payload = prepared
             if what == "replay":
-                return list(payload)
-            payload, freed = payload
+                return list(payload[0]), list(payload[1])
+            items, freed = payload
             self._unindex(freed)
-            self._index_new(payload)
-            return [rec for rec, _ in payload]
+            view = self.columns.view()
+            for rec, vec in items:
+                if vec is None and rec.rid in self.columns.rows:  # reinforced: refresh its row
+                    row = self.columns.rows[rec.rid]
+                    self.columns.set(row, rec, int(view.space[row]), int(view.vpos[row]))
+            self._index_new([(rec, vec) for rec, vec in items if vec is not None])
+            return [rec for rec, _ in items], [vec is None for _, vec in items]
 
         weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
-        result: list[Record] = self.writer.submit(prepare, apply, weight)
+        result: tuple[list[Record], list[bool]] = self.writer.submit(prepare, apply, weight)
         return result
+
+    def _find_duplicate(
+        self, txn: lmdb.Transaction, m: NewMemory, min_similarity: float | None
+    ) -> Record | None:
+        """An existing memory of m's namespace with the same normalized content or, with
+        ``min_similarity``, a vector in m's space at least that similar (writer thread)."""
+        rec = self.store.find_content(txn, m.namespace, m.content)
+        if rec is not None and not self.expired(rec):
+            return rec
+        sp = self.spaces.get(m.embedding_model)
+        nid = self.columns.namespaces.get(m.namespace)
+        if min_similarity is None or sp is None or nid < 0:
+            return None
+        view = self.columns.view()
+        allowed = view.alive & (view.ns == nid) & (view.space == sp.id) & (view.expire > self.clock())
+        best_row, best = -1, -np.inf
+        for index in list(sp.indexes.values()):
+            rows, sims, _ = index.search(m.embedding, 1, allowed, self.config.hnsw_ef_search)
+            if rows.shape[0] and sims[0] > best:
+                best_row, best = int(rows[0]), float(sims[0])
+        if best_row < 0 or best < min_similarity:
+            return None
+        return self.store.get(txn, int(view.rid[best_row]))
 
     def _index_new(self, items: list[tuple[Record, np.ndarray]]) -> None:
         """Writer thread: add committed records to HNSW first, then make their rows visible."""
@@ -1228,6 +1286,15 @@ class Engine:
         after = _decode_token("page_token", page_token, str) if page_token else ""
         page, more = self.columns.namespaces_page(prefix, after, size)
         return page, (_encode_token(page[-1][0]) if page and more else "")
+
+
+def _reinforce(rec: Record, dup: NewMemory, now: float, max_tags: int) -> None:
+    """A duplicate of ``rec`` was stored again: it counts as an access and can only gain."""
+    rec.importance = max(rec.importance, float(dup.importance or 0.0))
+    rec.access_count += 1
+    rec.accessed_at = max(rec.accessed_at, now)
+    rec.tags = list(dict.fromkeys([*rec.tags, *dup.tags]))[:max_tags]
+    rec.updated_at = now
 
 
 def _enter_tier(rec: Record, tier: int, now: float) -> None:

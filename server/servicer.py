@@ -53,16 +53,27 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
     ) -> pb.CreateMemoryResponse:
         spec = convert.new_memory_from_pb(request.memory, "memory.")
-        [rec] = self._engine.create([spec], request.request_id)
-        return pb.CreateMemoryResponse(memory=convert.memory_to_pb(rec))
+        [rec], [dup] = self._engine.create_ex(
+            [spec],
+            request.request_id,
+            allow_duplicates=request.allow_duplicates,
+            dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
+        )
+        return pb.CreateMemoryResponse(memory=convert.memory_to_pb(rec), deduplicated=dup)
 
     @_rpc
     def BatchCreateMemories(
         self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchCreateMemoriesResponse:
         specs = [convert.new_memory_from_pb(m, f"memories[{i}].") for i, m in enumerate(request.memories)]
-        recs = self._engine.create(specs, request.request_id, batch=True)
-        resp = pb.BatchCreateMemoriesResponse()
+        recs, dups = self._engine.create_ex(
+            specs,
+            request.request_id,
+            batch=True,
+            allow_duplicates=request.allow_duplicates,
+            dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
+        )
+        resp = pb.BatchCreateMemoriesResponse(deduplicated=dups)
         for rec in recs:
             convert.memory_to_pb(rec, out=resp.memories.add())
         return resp

@@ -8,6 +8,7 @@ One environment with named sub-databases:
 - ``vectors``:  rid -> float32 bytes of the normalized vector
 - ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
 - ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
+- ``contents``: namespace NUL blake2b(normalized content) -> rid, for exact-duplicate detection
 
 Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
@@ -18,6 +19,7 @@ write through the map could corrupt the file).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 import uuid
@@ -56,6 +58,17 @@ def rid_of(key: bytes) -> int:
     return int(_RID.unpack(key)[0])
 
 
+def normalize(content: str) -> str:
+    """Content as compared for exact-duplicate detection: case-folded, whitespace collapsed."""
+    return " ".join(content.casefold().split())
+
+
+def content_key(namespace: str, content: str) -> bytes:
+    return (
+        namespace.encode() + b"\x00" + hashlib.blake2b(normalize(content).encode(), digest_size=16).digest()
+    )
+
+
 def id_key(namespace: str, memory_id: str) -> bytes:
     # Namespaces and ids never contain NUL (validated), so the key is unambiguous.
     return namespace.encode() + b"\x00" + memory_id.encode()
@@ -89,6 +102,7 @@ class Store:
         self.vectors = self.env.open_db(b"vectors")
         self.requests = self.env.open_db(b"requests")
         self.request_times = self.env.open_db(b"request_times")
+        self.contents = self.env.open_db(b"contents")
         self._gate = RWLock()
         self.instance = self._check_schema()
 
@@ -169,12 +183,25 @@ class Store:
     def put(self, txn: lmdb.Transaction, rec: Record) -> None:
         txn.put(rid_key(rec.rid), rec.pack(), db=self.records)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
+        txn.put(content_key(rec.namespace, rec.content), rid_key(rec.rid), db=self.contents)
 
     def delete(self, txn: lmdb.Transaction, rec: Record) -> None:
         key = rid_key(rec.rid)
         txn.delete(key, db=self.records)
         txn.delete(key, db=self.vectors)
         txn.delete(id_key(rec.namespace, rec.id), db=self.ids)
+        ckey = content_key(rec.namespace, rec.content)
+        if txn.get(ckey, db=self.contents) == key:
+            txn.delete(ckey, db=self.contents)
+
+    def find_content(self, txn: lmdb.Transaction, namespace: str, content: str) -> Record | None:
+        """The memory of ``namespace`` whose normalized content equals ``content``'s, if any."""
+        raw = txn.get(content_key(namespace, content), db=self.contents)
+        rec = None if raw is None else self.get(txn, rid_of(bytes(raw)))
+        # The entry may be stale (content since updated): check it still matches.
+        if rec is None or rec.namespace != namespace or normalize(rec.content) != normalize(content):
+            return None
+        return rec
 
     def iter_records(self, txn: lmdb.Transaction) -> Iterator[Record]:
         for _, raw in txn.cursor(db=self.records):
@@ -248,13 +275,11 @@ class Store:
         fingerprint: bytes,
         rids: list[int],
         now: float,
+        dups: list[bool] | None = None,
     ) -> None:
         key = id_key(namespace, request_id)
-        txn.put(
-            key,
-            msgpack.packb({"fp": fingerprint, "rids": rids, "t": now}, use_bin_type=True),
-            db=self.requests,
-        )
+        value = {"fp": fingerprint, "rids": rids, "t": now, "dups": dups or []}
+        txn.put(key, msgpack.packb(value, use_bin_type=True), db=self.requests)
         txn.put(_time_key(now) + key, b"", db=self.request_times)
 
     def expire_requests(self, txn: lmdb.Transaction, before: float, limit: int) -> int:

@@ -224,7 +224,7 @@ def test_create_and_get_every_field(client: MemoryClient) -> None:
 def test_create_defaults_and_generated_ids(client: MemoryClient) -> None:
     before = time.time()
     a = client.create(NS, "héllo")  # 6 bytes
-    b = client.create(NS, "héllo")
+    b = client.create(NS, "héllo, again")
     after = time.time()
     assert re.fullmatch(r"[0-9a-f]{32}", a.id) and re.fullmatch(r"[0-9a-f]{32}", b.id)
     assert a.id != b.id

@@ -166,32 +166,44 @@ class MemoryOrigin(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., transfer_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateMemoryRequest(_message.Message):
-    __slots__ = ("memory", "request_id")
+    __slots__ = ("memory", "request_id", "dedup_similarity", "allow_duplicates")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     request_id: str
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    dedup_similarity: float
+    allow_duplicates: bool
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ...) -> None: ...
 
 class CreateMemoryResponse(_message.Message):
-    __slots__ = ("memory",)
+    __slots__ = ("memory", "deduplicated")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...
+    deduplicated: bool
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesRequest(_message.Message):
-    __slots__ = ("memories", "request_id")
+    __slots__ = ("memories", "request_id", "dedup_similarity", "allow_duplicates")
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     memories: _containers.RepeatedCompositeFieldContainer[Memory]
     request_id: str
-    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    dedup_similarity: float
+    allow_duplicates: bool
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesResponse(_message.Message):
-    __slots__ = ("memories",)
+    __slots__ = ("memories", "deduplicated")
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     memories: _containers.RepeatedCompositeFieldContainer[Memory]
-    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ...) -> None: ...
+    deduplicated: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., deduplicated: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class GetMemoryRequest(_message.Message):
     __slots__ = ("namespace", "id", "include_embedding")
