@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .records import Record
+from .text import words as text_words
 
 _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "alive": (np.bool_, False),
@@ -36,6 +37,7 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "rid": (np.int64, 0),
     "tier_since": (np.float64, 0.0),
     "updated": (np.float64, 0.0),
+    "words": (np.int32, 0),
     "access_base": (np.int64, 0),
     "success_base": (np.int64, 0),
 }
@@ -86,6 +88,7 @@ class ColumnsView:
     rid: np.ndarray
     tier_since: np.ndarray
     updated: np.ndarray
+    words: np.ndarray
     access_base: np.ndarray
     success_base: np.ndarray
 
@@ -172,6 +175,7 @@ class Columns:
         a["expire"][row] = np.inf if rec.expire_at is None else rec.expire_at
         a["tier_since"][row] = rec.tier_since or rec.created_at
         a["updated"][row] = rec.updated_at
+        a["words"][row] = rec.words or len(text_words(rec.content))
         old_meta = self._row_meta.get(row, {})
         if old_meta != rec.metadata:
             for k in old_meta:

@@ -74,6 +74,7 @@ class ServerConfig:
     # Searches count as accesses of what they return (access_count, last_access_time), committed in
     # the background every access_flush_seconds; a request can opt out with read_only.
     search_records_access: bool = True
+    max_keyword_postings: int = 200_000  # hybrid search skips terms found in more memories than this
     access_flush_seconds: float = 1.0
     surprise_alpha: float = 0.3
     default_predicted_relevance: float = 0.5

@@ -115,6 +115,10 @@ def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
         include_ancestors=r.include_ancestors,
         scope_weights=list(r.scope_weights),
         read_only=r.read_only,
+        hybrid=r.hybrid.enabled,
+        rrf_k=r.hybrid.rrf_k if r.hybrid.HasField("rrf_k") else 60.0,
+        vector_weight=r.hybrid.vector_weight if r.hybrid.HasField("vector_weight") else 1.0,
+        keyword_weight=r.hybrid.keyword_weight if r.hybrid.HasField("keyword_weight") else 1.0,
     )
 
 
@@ -129,6 +133,8 @@ def hit_to_pb(hit: SearchHit, out: pb.SearchResult, explain: bool = False) -> No
         e.strategy = hit.strategy
         e.alpha, e.beta, e.gamma = hit.weights
         e.tier_weight, e.scope_weight = hit.tier_weight, hit.scope_weight
+        e.vector_rank, e.keyword_rank, e.keyword_score = hit.vector_rank, hit.keyword_rank, hit.keyword_score
+        e.combined_score = hit.base
         e.base_score = (
             hit.weights[0] * hit.relevance + hit.weights[1] * hit.recency + hit.weights[2] * hit.importance
         )

@@ -11,12 +11,11 @@ sending ``embedding`` + ``embedding_model``.
 from __future__ import annotations
 
 import itertools
-import re
 import zlib
 
 import numpy as np
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+from .text import words as text_words
 
 
 class HashEmbedder:
@@ -26,7 +25,7 @@ class HashEmbedder:
         self.max_words = max_words  # longer texts are embedded by their first words (bounds CPU per call)
 
     def _features(self, text: str) -> list[tuple[bytes, float]]:
-        words = _WORD.findall(text.lower())[: self.max_words]
+        words = text_words(text)[: self.max_words]
         feats: list[tuple[bytes, float]] = []
         for w in words:
             wb = w.encode()

@@ -59,6 +59,7 @@ from .lifecycle import (
 from .records import NewMemory, Record
 from .search import Searcher, SearchHit, SearchQuery
 from .storage import Store
+from .text import words as text_words
 from .vector_index import VectorIndex
 from .writer import Writer
 
@@ -443,8 +444,9 @@ class Engine:
                     source_ids=list(m.source_ids),
                     expire_at=m.expire_at,
                     vk=vk,
+                    words=len(text_words(m.content)),
                 )
-                self.store.put(txn, rec)
+                self.store.insert(txn, rec)
                 self.store.put_vector(txn, rid, m.embedding)
                 out.append((rec, m.embedding))
             dups = [v is None for _, v in out]
@@ -641,7 +643,11 @@ class Engine:
             if vec is not None or rec.tier != old.tier:
                 _, rec.vk = self._alloc()
             rec.updated_at = now
-            self.store.put(txn, rec)
+            if rec.content != old.content:
+                rec.words = len(text_words(rec.content))
+                self.store.replace_content(txn, old, rec)
+            else:
+                self.store.put(txn, rec)
             return old, rec, vec
 
         def apply(prepared: tuple[Record, Record, np.ndarray | None]) -> Record:
@@ -968,7 +974,7 @@ class Engine:
             new.updated_at = now
             new.origin = [namespace, memory_id, src.tier, now]
             _enter_tier(new, target_tier or src.tier, now)
-            self.store.put(txn, new)
+            self.store.insert(txn, new)
             self.store.put_vector(txn, new.rid, vec)
             if move:
                 self.store.delete(txn, src)

@@ -27,6 +27,7 @@ from .columns import ColumnsView
 from .config import TIERS
 from .errors import InvalidArgument, NotFound
 from .records import Record
+from .text import term_counts
 
 if TYPE_CHECKING:
     from .engine import Engine, Filter, Space
@@ -66,6 +67,10 @@ class SearchQuery:
     include_ancestors: bool = False
     scope_weights: list[float] = field(default_factory=list)
     read_only: bool = False
+    hybrid: bool = False  # fuse with keyword (BM25) ranking of query_text
+    rrf_k: float = 60.0
+    vector_weight: float = 1.0
+    keyword_weight: float = 1.0
 
 
 @dataclass
@@ -80,6 +85,10 @@ class SearchHit:
     scope_weight: float = 1.0
     strategy: int = COMPREHENSIVE
     weights: tuple[float, float, float] = (0.0, 0.0, 0.0)  # alpha, beta, gamma used
+    vector_rank: int = 0  # 1-based rank in the vector (combined score) list; 0: not in it
+    keyword_rank: int = 0  # 1-based rank in the keyword (BM25) list; 0: not in it
+    keyword_score: float = 0.0  # BM25
+    base: float = 0.0  # the combined score before fusion (score is the fused one when hybrid)
 
 
 def ancestors(namespace: str) -> list[str]:
@@ -142,7 +151,21 @@ class Searcher:
                 scope_w[name] = max(scope_w.get(name, 0.0), w)
 
         query, sp = self._query(q, needed=alpha > 0 or q.min_similarity is not None)
-        args = _Args(limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy)
+        hybrid = None
+        if q.hybrid:
+            if not q.text:
+                raise InvalidArgument(
+                    "query_text", "is required for hybrid search (its keywords are matched)"
+                )
+            if not (math.isfinite(q.rrf_k) and q.rrf_k >= 0):
+                raise InvalidArgument("hybrid.rrf_k", "must be a finite number >= 0")
+            hybrid = (
+                q.text,
+                q.rrf_k,
+                _weight("hybrid.vector_weight", q.vector_weight, 1.0),
+                _weight("hybrid.keyword_weight", q.keyword_weight, 1.0),
+            )
+        args = _Args(limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy, hybrid)
         if strategy == FAST_FIRST:  # FAST first, falling through to slower tiers until the limit is met
             hits: list[SearchHit] = []
             for t in [t for t in TIERS if not flt.tiers or t in flt.tiers]:
@@ -234,10 +257,20 @@ class Searcher:
                 score[rel < a.min_similarity] = np.nan
             return rows, rel, (score, rec, imp)
 
+        fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
+        ranking = replace(a, limit=fused_limit)
         if query is None or sp is None or count <= eng.config.exact_search_max_rows:
             rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
         else:
-            rows, rel, (score, rec, imp) = rank(self._candidates(sp, query, mask, a, score_args, row_w, rank))
+            rows, rel, (score, rec, imp) = rank(
+                self._candidates(sp, query, mask, ranking, score_args, row_w, rank)
+            )
+        base = score
+        v_rank = k_rank = kw = None
+        if a.hybrid is not None:
+            rows, rel, base, rec, imp, score, v_rank, k_rank, kw = self._fuse(
+                view, mask, a, rows, rel, score, rec, imp, fused_limit, rank
+            )
         top = kernels.topk(score, a.limit)
         hits: list[SearchHit] = []
         with eng.store.read() as txn:
@@ -258,9 +291,98 @@ class Searcher:
                         scope_weight=a.scope_w.get(record.namespace, 1.0),
                         strategy=a.strategy,
                         weights=(a.alpha, a.beta, a.gamma),
+                        base=float(base[i]),
+                        vector_rank=int(v_rank[i]) if v_rank is not None else 0,
+                        keyword_rank=int(k_rank[i]) if k_rank is not None else 0,
+                        keyword_score=float(kw[i]) if kw is not None else 0.0,
                     )
                 )
         return hits
+
+    def _fuse(
+        self,
+        view: ColumnsView,
+        mask: np.ndarray,
+        a: _Args,
+        rows: np.ndarray,
+        rel: np.ndarray,
+        score: np.ndarray,
+        rec: np.ndarray,
+        imp: np.ndarray,
+        depth: int,
+        rank: Callable[[np.ndarray], Parts],
+    ) -> tuple[np.ndarray, ...]:
+        """Reciprocal rank fusion of the vector (combined score) list and the keyword (BM25) list,
+        each cut at ``depth``: fused = w_v / (k + rank_v) + w_k / (k + rank_k) (seed 000)."""
+        assert a.hybrid is not None
+        text, k, w_vec, w_kw = a.hybrid
+        v_order = kernels.topk(score, depth)
+        v_rows = rows[v_order]
+        kw_rows, kw_scores = self._bm25(view, mask, text)
+        k_order = kernels.topk(kw_scores, depth)
+        k_rows = kw_rows[k_order]
+        extra = np.setdiff1d(k_rows, v_rows)
+        e_rows, e_rel, (e_score, e_rec, e_imp) = rank(extra)
+        all_rows = np.concatenate([v_rows, e_rows])
+        pos = {int(r): i for i, r in enumerate(all_rows.tolist())}
+        n = all_rows.shape[0]
+        v_rank = np.zeros(n, np.int64)
+        v_rank[: v_rows.shape[0]] = np.arange(1, v_rows.shape[0] + 1)
+        k_rank = np.zeros(n, np.int64)
+        kw_of = np.zeros(n, np.float32)
+        for r, (row, s) in enumerate(zip(k_rows.tolist(), kw_scores[k_order].tolist(), strict=True), start=1):
+            i = pos.get(row)
+            if i is not None:
+                k_rank[i], kw_of[i] = r, s
+        fused = np.zeros(n, np.float32)
+        fused[v_rank > 0] += w_vec / (k + v_rank[v_rank > 0])
+        fused[k_rank > 0] += w_kw / (k + k_rank[k_rank > 0])
+        fused[fused <= 0] = np.nan  # in neither weighted list: not a result
+        cat = np.concatenate
+        return (
+            all_rows,
+            cat([rel[v_order], e_rel]),
+            cat([score[v_order], e_score]),
+            cat([rec[v_order], e_rec]),
+            cat([imp[v_order], e_imp]),
+            fused,
+            v_rank,
+            k_rank,
+            kw_of,
+        )
+
+    def _bm25(
+        self, view: ColumnsView, mask: np.ndarray, text: str, k1: float = 1.2, b: float = 0.75
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 of every allowed row containing a term of ``text``: (rows, scores). Terms in more
+        than max_keyword_postings memories are skipped (they carry almost no information)."""
+        eng = self.engine
+        n_docs = int(mask.sum())
+        if n_docs == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        lengths = view.words
+        avgdl = max(1.0, float(lengths[mask].mean()))
+        acc: dict[int, float] = {}
+        rows_of = eng.columns.rows
+        with eng.store.read() as txn:
+            for term in term_counts(text):
+                posts = eng.store.term_postings(txn, term, eng.config.max_keyword_postings)
+                if not posts:
+                    continue
+                found = [
+                    (row, tf)
+                    for row, tf in ((rows_of.get(rid, -1), tf) for rid, tf in posts)
+                    if 0 <= row < view.n and mask[row]
+                ]
+                if not found:
+                    continue
+                df = len(found)
+                idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+                for row, tf in found:
+                    dl = float(lengths[row])
+                    acc[row] = acc.get(row, 0.0) + idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+        rows = np.fromiter(acc.keys(), np.int64, len(acc))
+        return rows, np.fromiter(acc.values(), np.float32, len(acc))
 
     def _row_weights(self, view: ColumnsView, a: _Args) -> np.ndarray | None:
         """tier weight x scope weight per row, or None when every weight is 1."""
@@ -387,6 +509,7 @@ class _Args:
     tier_w: dict[int, float]
     scope_w: dict[str, float]
     strategy: int
+    hybrid: tuple[str, float, float, float] | None = None  # keywords, rrf k, vector and keyword weights
 
 
 def _weight(name: str, value: float | None, default: float) -> float:

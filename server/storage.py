@@ -9,6 +9,8 @@ One environment with named sub-databases:
 - ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
 - ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
 - ``contents``: namespace NUL blake2b(normalized content) -> rid, for exact-duplicate detection
+- ``postings``: term -> (rid 8 bytes, count 4 bytes) for each memory whose content has the term
+  (sorted duplicates): the keyword (BM25) index, written in the same commit as the record
 
 Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
@@ -35,12 +37,14 @@ import numpy as np
 from .errors import StorageError
 from .locks import RWLock
 from .records import Record
+from .text import MAX_TERM_BYTES, term_counts
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
 _RID = struct.Struct(">Q")
+_COUNT = struct.Struct(">I")
 _META_SCHEMA = b"schema_version"
 _META_NEXT_RID = b"next_rid"
 _META_NEXT_VK = b"next_vk"
@@ -103,6 +107,7 @@ class Store:
         self.requests = self.env.open_db(b"requests")
         self.request_times = self.env.open_db(b"request_times")
         self.contents = self.env.open_db(b"contents")
+        self.postings = self.env.open_db(b"postings", dupsort=True)
         self._gate = RWLock()
         self.instance = self._check_schema()
 
@@ -185,7 +190,40 @@ class Store:
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
         txn.put(content_key(rec.namespace, rec.content), rid_key(rec.rid), db=self.contents)
 
+    def insert(self, txn: lmdb.Transaction, rec: Record) -> None:
+        """Store a new record with its keyword postings."""
+        self.put(txn, rec)
+        self._post(txn, rec, add=True)
+
+    def replace_content(self, txn: lmdb.Transaction, old: Record, rec: Record) -> None:
+        """Store ``rec`` whose content changed from ``old``'s, moving its postings."""
+        self._post(txn, old, add=False)
+        self.put(txn, rec)
+        self._post(txn, rec, add=True)
+
+    def _post(self, txn: lmdb.Transaction, rec: Record, add: bool) -> None:
+        for term, count in term_counts(rec.content).items():
+            value = rid_key(rec.rid) + _COUNT.pack(min(count, 0xFFFFFFFF))
+            if add:
+                txn.put(term.encode(), value, db=self.postings, dupdata=True)
+            else:
+                txn.delete(term.encode(), value, db=self.postings)
+
+    def term_postings(self, txn: lmdb.Transaction, term: str, limit: int) -> list[tuple[int, int]] | None:
+        """(rid, count) of every memory containing ``term``; None when there are more than ``limit``."""
+        cur = txn.cursor(db=self.postings)
+        if not cur.set_key(term.encode()[:MAX_TERM_BYTES]):
+            return []
+        if cur.count() > limit:
+            return None
+        out = []
+        for value in cur.iternext_dup():
+            raw = bytes(value)
+            out.append((rid_of(raw[:8]), _COUNT.unpack(raw[8:])[0]))
+        return out
+
     def delete(self, txn: lmdb.Transaction, rec: Record) -> None:
+        self._post(txn, rec, add=False)
         key = rid_key(rec.rid)
         txn.delete(key, db=self.records)
         txn.delete(key, db=self.vectors)

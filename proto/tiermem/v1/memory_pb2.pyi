@@ -296,7 +296,7 @@ class ListMemoriesResponse(_message.Message):
     def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SearchMemoriesRequest(_message.Message):
-    __slots__ = ("namespaces", "query_embedding", "embedding_model", "query_text", "filter", "limit", "min_similarity", "alpha", "beta", "gamma", "recency_tau_seconds", "as_of", "include_embedding", "strategy", "tier_weights", "include_ancestors", "scope_weights", "explain", "read_only")
+    __slots__ = ("namespaces", "query_embedding", "embedding_model", "query_text", "filter", "limit", "min_similarity", "alpha", "beta", "gamma", "recency_tau_seconds", "as_of", "include_embedding", "strategy", "tier_weights", "include_ancestors", "scope_weights", "explain", "read_only", "hybrid")
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     QUERY_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -316,6 +316,7 @@ class SearchMemoriesRequest(_message.Message):
     SCOPE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    HYBRID_FIELD_NUMBER: _ClassVar[int]
     namespaces: _containers.RepeatedScalarFieldContainer[str]
     query_embedding: _containers.RepeatedScalarFieldContainer[float]
     embedding_model: str
@@ -335,7 +336,20 @@ class SearchMemoriesRequest(_message.Message):
     scope_weights: _containers.RepeatedScalarFieldContainer[float]
     explain: bool
     read_only: bool
-    def __init__(self, namespaces: _Optional[_Iterable[str]] = ..., query_embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., query_text: _Optional[str] = ..., filter: _Optional[_Union[MemoryFilter, _Mapping]] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., recency_tau_seconds: _Optional[float] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_embedding: _Optional[bool] = ..., strategy: _Optional[_Union[SearchStrategy, str]] = ..., tier_weights: _Optional[_Iterable[_Union[TierWeight, _Mapping]]] = ..., include_ancestors: _Optional[bool] = ..., scope_weights: _Optional[_Iterable[float]] = ..., explain: _Optional[bool] = ..., read_only: _Optional[bool] = ...) -> None: ...
+    hybrid: HybridOptions
+    def __init__(self, namespaces: _Optional[_Iterable[str]] = ..., query_embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., query_text: _Optional[str] = ..., filter: _Optional[_Union[MemoryFilter, _Mapping]] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., recency_tau_seconds: _Optional[float] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_embedding: _Optional[bool] = ..., strategy: _Optional[_Union[SearchStrategy, str]] = ..., tier_weights: _Optional[_Iterable[_Union[TierWeight, _Mapping]]] = ..., include_ancestors: _Optional[bool] = ..., scope_weights: _Optional[_Iterable[float]] = ..., explain: _Optional[bool] = ..., read_only: _Optional[bool] = ..., hybrid: _Optional[_Union[HybridOptions, _Mapping]] = ...) -> None: ...
+
+class HybridOptions(_message.Message):
+    __slots__ = ("enabled", "rrf_k", "vector_weight", "keyword_weight")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    RRF_K_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    KEYWORD_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    rrf_k: float
+    vector_weight: float
+    keyword_weight: float
+    def __init__(self, enabled: _Optional[bool] = ..., rrf_k: _Optional[float] = ..., vector_weight: _Optional[float] = ..., keyword_weight: _Optional[float] = ...) -> None: ...
 
 class TierWeight(_message.Message):
     __slots__ = ("tier", "weight")
@@ -346,7 +360,7 @@ class TierWeight(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class SearchExplanation(_message.Message):
-    __slots__ = ("strategy", "alpha", "beta", "gamma", "tier_weight", "scope_weight", "base_score")
+    __slots__ = ("strategy", "alpha", "beta", "gamma", "tier_weight", "scope_weight", "base_score", "vector_rank", "keyword_rank", "keyword_score", "combined_score")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +368,10 @@ class SearchExplanation(_message.Message):
     TIER_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     SCOPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     BASE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_RANK_FIELD_NUMBER: _ClassVar[int]
+    KEYWORD_RANK_FIELD_NUMBER: _ClassVar[int]
+    KEYWORD_SCORE_FIELD_NUMBER: _ClassVar[int]
+    COMBINED_SCORE_FIELD_NUMBER: _ClassVar[int]
     strategy: SearchStrategy
     alpha: float
     beta: float
@@ -361,7 +379,11 @@ class SearchExplanation(_message.Message):
     tier_weight: float
     scope_weight: float
     base_score: float
-    def __init__(self, strategy: _Optional[_Union[SearchStrategy, str]] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tier_weight: _Optional[float] = ..., scope_weight: _Optional[float] = ..., base_score: _Optional[float] = ...) -> None: ...
+    vector_rank: int
+    keyword_rank: int
+    keyword_score: float
+    combined_score: float
+    def __init__(self, strategy: _Optional[_Union[SearchStrategy, str]] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tier_weight: _Optional[float] = ..., scope_weight: _Optional[float] = ..., base_score: _Optional[float] = ..., vector_rank: _Optional[int] = ..., keyword_rank: _Optional[int] = ..., keyword_score: _Optional[float] = ..., combined_score: _Optional[float] = ...) -> None: ...
 
 class SearchResult(_message.Message):
     __slots__ = ("memory", "score", "relevance", "recency", "importance", "explanation")
