@@ -82,6 +82,15 @@ class ServerConfig:
     # Vectors: FAISS HNSW per (embedding space, tier)
     builtin_model: str = "tiermem-hash-v1"
     builtin_dimension: int = 384
+    # The server's embedder for memories and queries sent as text: builtin, openai (any
+    # OpenAI-compatible /embeddings endpoint at embedder_url with model embedder_model) or
+    # sentence_transformers (a local model directory in embedder_model).
+    embedder: str = "builtin"
+    embedder_model: str = ""
+    embedder_url: str = ""
+    embedder_api_key_env: str = "TIERMEM_EMBEDDER_API_KEY"  # the variable holding the API key, if any
+    embedder_timeout_seconds: float = 10.0
+    embedding_cache_size: int = 10000  # LRU cache of embeddings by text
     hnsw_m: int = 32
     hnsw_ef_construction: int = 128
     hnsw_ef_search: int = 64

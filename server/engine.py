@@ -38,11 +38,12 @@ import numpy as np
 
 from tiermem import __version__, kernels
 
+from . import embedders
 from . import validation as check
 from .columns import Columns, ColumnsView
 from .config import TIERS, ServerConfig
-from .embedder import HashEmbedder
-from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from .embedders import EmbedderError
+from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from .filters import compile_where
 from .lifecycle import (
     DELETE_CAPACITY,
@@ -58,7 +59,7 @@ from .lifecycle import (
 )
 from .records import NewMemory, Record
 from .search import Searcher, SearchHit, SearchQuery
-from .storage import Store
+from .storage import Store, rid_key
 from .text import words as text_words
 from .vector_index import VectorIndex
 from .writer import Writer
@@ -70,6 +71,9 @@ logger = logging.getLogger(__name__)
 TIER_SHIFT = 48
 SPACE_SHIFT = 52
 INTERNAL_MASK = (1 << TIER_SHIFT) - 1
+
+
+_NO_VECTOR = np.empty(0, np.float32)  # a memory stored while the embedder failed
 
 
 def _loc(space: int, tier: int, internal: int) -> int:
@@ -118,7 +122,16 @@ class Engine:
         self.store = Store(
             data / "lmdb", map_size=config.map_size, max_map_size=config.max_map_size, sync=config.sync
         )
-        self.embedder = HashEmbedder(config.builtin_dimension, config.builtin_model)
+        self.embedder = embedders.build(
+            config.embedder,
+            model=config.embedder_model,
+            url=config.embedder_url,
+            api_key_env=config.embedder_api_key_env,
+            timeout=config.embedder_timeout_seconds,
+            dimension=config.builtin_dimension,
+            builtin_model=config.builtin_model,
+            cache_size=config.embedding_cache_size,
+        )
         self.columns = Columns()
         self.spaces: dict[str, Space] = {}
         self._space_by_id: list[Space] = []
@@ -184,10 +197,16 @@ class Engine:
             self._lcounts = self.store.lifecycle_counters(txn)
             for model, dim in self.store.spaces(txn).items():
                 self._space(model, dim)
+            unembedded = set(self.store.pending_rids(txn))
+            waiting = []
             for rec in self.store.iter_records(txn):
+                if rec.rid in unembedded:  # stored while the embedder failed: keyword-searchable only
+                    waiting.append(self.columns.add(rec, -1))
+                    continue
                 sp = self.spaces[rec.embedding_model]
                 row = self.columns.add(rec, sp.id)
                 pending.setdefault((sp.id, rec.tier), []).append((row, rec.vk, rec.rid))
+            self.columns.activate(np.array(waiting, np.int64), np.full(len(waiting), -1, np.int64))
             for (sid, tier), items in pending.items():
                 self._load_index(txn, self._space_by_id[sid], tier, items)
         logger.info(
@@ -281,6 +300,7 @@ class Engine:
     def _maintain(self) -> None:
         while not self._stop.wait(self.config.maintenance_interval_seconds):
             try:
+                self.retry_embeddings()
                 self.sweep()
                 report = self.consolidate(scheduled=True, max_reported=0)
                 moved = sum(report[k] for k in ("promoted", "demoted", "evicted", "deleted"))
@@ -288,6 +308,54 @@ class Engine:
                     logger.info("lifecycle pass: %s", {k: v for k, v in report.items() if k != "moves"})
             except Exception:
                 logger.exception("maintenance pass failed")
+
+    def retry_embeddings(self, limit: int = 256) -> int:
+        """Embed memories stored while the embedder failed; returns how many got their vector."""
+        with self.store.read() as txn:
+            recs = [r for r in (self.store.get(txn, rid) for rid in self.store.pending_rids(txn, limit)) if r]
+        done = 0
+        for rec in recs:
+            try:
+                vec = check.vector("embedding", self.embedder.embed(rec.content), self.config)
+            except (EmbedderError, InvalidArgument) as e:
+                logger.warning("embedding still failing (%d waiting): %s", len(recs) - done, e)
+                break
+            done += self._attach_vector(rec.rid, vec)
+        return done
+
+    def _attach_vector(self, rid: int, vec: np.ndarray) -> int:
+        def prepare(txn: lmdb.Transaction) -> Record | None:
+            rec = self.store.get(txn, rid)
+            if rec is None or txn.get(rid_key(rid), db=self.store.pending) is None:
+                return None  # deleted, or done meanwhile
+            dim = self.store.spaces(txn).get(rec.embedding_model)
+            if dim is None:
+                self.store.put_space(txn, rec.embedding_model, int(vec.shape[0]))
+            elif dim != vec.shape[0]:
+                raise InvalidArgument(
+                    "embedding",
+                    f"the embedder returned dimension {vec.shape[0]}, but space "
+                    f"{rec.embedding_model!r} has {dim}",
+                    reason="EMBEDDING_DIMENSION_MISMATCH",
+                )
+            _, rec.vk = self._alloc()
+            self.store.put(txn, rec)
+            self.store.put_vector(txn, rid, vec)
+            self.store.mark_pending(txn, rid, False)
+            return rec
+
+        def apply(rec: Record | None) -> int:
+            if rec is None or rec.rid not in self.columns.rows:
+                return 0
+            sp = self._space(rec.embedding_model, int(vec.shape[0]))
+            row = self.columns.rows[rec.rid]
+            internal = self._index(sp, rec.tier).add(
+                vec[None, :], np.array([row], np.int64), np.array([rec.vk], np.int64)
+            )
+            self.columns.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
+            return 1
+
+        return int(self.writer.submit(prepare, apply))
 
     def sweep(self, chunk: int = 1000) -> dict[str, int]:
         """Delete expired memories and forget request ids older than request_id_ttl_seconds."""
@@ -362,8 +430,12 @@ class Engine:
                 if j != i:
                     raise InvalidArgument(f"{prefix}id", f"repeats memories[{j}].id in the same batch")
             if m.embedding is None:
-                m.embedding = self.embedder.embed(m.content)
                 m.embedding_model = self.embedder.model
+                try:
+                    m.embedding = self.embedder.embed(m.content)
+                except EmbedderError as e:  # store it anyway; the maintenance pass embeds it later
+                    logger.warning("storing a memory without its embedding for now: %s", e)
+                    m.embedding = _NO_VECTOR
         fingerprint = hashlib.blake2b(
             msgpack.packb([m.fingerprint_parts() for m in memories], use_bin_type=True), digest_size=16
         ).digest()
@@ -392,7 +464,9 @@ class Engine:
                 prefix = f"memories[{i}]." if batch else "memory."
                 dim = int(m.embedding.shape[0])
                 known = spaces.get(m.embedding_model)
-                if known is None:
+                if dim == 0:
+                    pass  # no vector yet (embedder failed): the space is checked when it is embedded
+                elif known is None:
                     self.store.put_space(txn, m.embedding_model, dim)
                     spaces[m.embedding_model] = dim
                 elif known != dim:
@@ -447,7 +521,10 @@ class Engine:
                     words=len(text_words(m.content)),
                 )
                 self.store.insert(txn, rec)
-                self.store.put_vector(txn, rid, m.embedding)
+                if m.embedding.shape[0]:
+                    self.store.put_vector(txn, rid, m.embedding)
+                else:
+                    self.store.mark_pending(txn, rid, True)
                 out.append((rec, m.embedding))
             dups = [v is None for _, v in out]
             if request_id:
@@ -484,7 +561,7 @@ class Engine:
             return rec
         sp = self.spaces.get(m.embedding_model)
         nid = self.columns.namespaces.get(m.namespace)
-        if min_similarity is None or sp is None or nid < 0:
+        if min_similarity is None or sp is None or nid < 0 or m.embedding.shape[0] == 0:
             return None
         view = self.columns.view()
         allowed = view.alive & (view.ns == nid) & (view.space == sp.id) & (view.expire > self.clock())
@@ -501,6 +578,11 @@ class Engine:
         """Writer thread: add committed records to HNSW first, then make their rows visible."""
         groups: dict[tuple[int, int], list[tuple[int, Record, np.ndarray]]] = {}
         for rec, vec in items:
+            if vec.shape[0] == 0:  # waiting for its embedding: visible to keyword search only
+                self.columns.activate(
+                    np.array([self.columns.add(rec, -1)], np.int64), np.array([-1], np.int64)
+                )
+                continue
             sp = self._space(rec.embedding_model, int(vec.shape[0]))
             row = self.columns.add(rec, sp.id)
             groups.setdefault((sp.id, rec.tier), []).append((row, rec, vec))
@@ -602,7 +684,14 @@ class Engine:
                 raise InvalidArgument("memory.embedding", "must be set (with embedding_model) to change it")
             new_vec = check.vector("memory.embedding", c.embedding, self.config)
             check.model("memory.embedding_model", c.embedding_model)
-        content_vec = self.embedder.embed(c.content) if "content" in fields_ and new_vec is None else None
+        content_vec = None
+        if "content" in fields_ and new_vec is None:
+            try:
+                content_vec = self.embedder.embed(c.content)
+            except EmbedderError as e:
+                raise Unavailable(
+                    f"the embedder failed, retry later: {e}", reason="EMBEDDER_UNAVAILABLE"
+                ) from e
         now = self.clock()
 
         def prepare(txn: lmdb.Transaction) -> tuple[Record, Record, np.ndarray | None]:
@@ -638,6 +727,7 @@ class Engine:
                     )
                 rec.embedding_model = model
                 self.store.put_vector(txn, rec.rid, vec)
+                self.store.mark_pending(txn, rec.rid, False)
             if rec.tier != old.tier:
                 _enter_tier(rec, rec.tier, now)
             if vec is not None or rec.tier != old.tier:
@@ -661,21 +751,25 @@ class Engine:
     def _reindex(self, old: Record, rec: Record, vec: np.ndarray | None) -> None:
         """Writer thread: refresh a row; when its vector moved, add the new entry, then kill the old."""
         row = self.columns.rows[rec.rid]
-        loc = int(self.columns.view().vpos[row])
-        old_sp = self.spaces[old.embedding_model]
-        if rec.vk == old.vk:
-            self.columns.set(row, rec, old_sp.id, loc)
+        view = self.columns.view()
+        loc = int(view.vpos[row])
+        if rec.vk == old.vk or (loc < 0 and vec is None):  # same vector (or still none)
+            self.columns.set(row, rec, int(view.space[row]), loc)
             return
-        old_index = old_sp.indexes[old.tier]
+        old_index = (
+            self._space_by_id[loc >> SPACE_SHIFT].indexes[(loc >> TIER_SHIFT) & 0xF] if loc >= 0 else None
+        )
         old_internal = np.array([loc & INTERNAL_MASK], np.int64)
         if vec is None:  # tier move: same vector, new index
+            assert old_index is not None
             vec = old_index.vectors(old_internal)[0]
         sp = self._space(rec.embedding_model, int(vec.shape[0]))
         internal = self._index(sp, rec.tier).add(
             vec[None, :], np.array([row], np.int64), np.array([rec.vk], np.int64)
         )
         self.columns.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
-        old_index.kill(old_internal)
+        if old_index is not None:
+            old_index.kill(old_internal)
 
     # -- delete ---------------------------------------------------------------------------------
     def delete(self, namespace: str, memory_id: str, confirm: bool = False) -> None:
@@ -726,8 +820,9 @@ class Engine:
         for rec in recs:
             row = self.columns.remove(rec.rid, rec.namespace)
             loc = int(self.columns.view().vpos[row])
-            sp = self.spaces[rec.embedding_model]
-            sp.indexes[rec.tier].kill([loc & INTERNAL_MASK])
+            if loc >= 0:  # (a memory still waiting for its embedding has no index entry)
+                sp = self._space_by_id[loc >> SPACE_SHIFT]
+                sp.indexes[(loc >> TIER_SHIFT) & 0xF].kill([loc & INTERNAL_MASK])
         return len(recs)
 
     # -- feedback -------------------------------------------------------------------------------
@@ -957,7 +1052,6 @@ class Engine:
             if src is None or (src.expire_at is not None and src.expire_at <= now):
                 raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
             vec = self.store.get_vector(txn, src.rid)
-            assert vec is not None
             dest_id = target_id or (memory_id if dest_ns != namespace or move else uuid.uuid4().hex)
             freed: list[Record] = []
             old_rid = self.store.lookup(txn, dest_ns, dest_id)
@@ -975,7 +1069,11 @@ class Engine:
             new.origin = [namespace, memory_id, src.tier, now]
             _enter_tier(new, target_tier or src.tier, now)
             self.store.insert(txn, new)
-            self.store.put_vector(txn, new.rid, vec)
+            if vec is None:  # the source still waits for its embedding; so does the copy
+                vec = _NO_VECTOR
+                self.store.mark_pending(txn, new.rid, True)
+            else:
+                self.store.put_vector(txn, new.rid, vec)
             if move:
                 self.store.delete(txn, src)
                 freed.append(src)

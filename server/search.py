@@ -13,6 +13,7 @@ and importance is not lost because the ANN stage missed it.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,12 +26,15 @@ from tiermem import kernels
 from . import validation as check
 from .columns import ColumnsView
 from .config import TIERS
+from .embedders import EmbedderError
 from .errors import InvalidArgument, NotFound
 from .records import Record
 from .text import term_counts
 
 if TYPE_CHECKING:
     from .engine import Engine, Filter, Space
+
+logger = logging.getLogger(__name__)
 
 # Values of tiermem.v1.SearchStrategy.
 COMPREHENSIVE, WEIGHTED, FAST_FIRST, SIMILARITY, RECENCY, IMPORTANCE = 1, 2, 3, 4, 5, 6
@@ -150,9 +154,17 @@ class Searcher:
                 w = weights[min(depth, len(weights) - 1)] if (q.include_ancestors or q.scope_weights) else 1.0
                 scope_w[name] = max(scope_w.get(name, 0.0), w)
 
-        query, sp = self._query(q, needed=alpha > 0 or q.min_similarity is not None)
         hybrid = None
-        if q.hybrid:
+        try:
+            query, sp = self._query(q, needed=alpha > 0 or q.min_similarity is not None)
+        except EmbedderError as e:
+            if not q.text:
+                raise
+            # The embedder is down: memories stay findable by keyword (seed 003).
+            logger.warning("embedder failed, searching by keyword only: %s", e)
+            query, sp = None, None
+            hybrid = (q.text, q.rrf_k, 0.0, 1.0)
+        if q.hybrid and hybrid is None:
             if not q.text:
                 raise InvalidArgument(
                     "query_text", "is required for hybrid search (its keywords are matched)"
@@ -222,6 +234,7 @@ class Searcher:
         if only_tier:
             mask &= view.tier == only_tier
             count = -1
+        keyword_mask = mask.copy() if a.hybrid is not None else mask  # keywords also find vectorless memories
         if sp is not None:
             mask &= view.space == sp.id
             count = -1
@@ -243,9 +256,13 @@ class Searcher:
             "floor": eng.config.importance_floor,
         }
 
-        def rank(rows: np.ndarray) -> Parts:
+        def rank(rows: np.ndarray, keep_vectorless: bool = False) -> Parts:
             if query is None or sp is None:
                 rel = np.zeros(rows.shape[0], np.float32)
+            elif keep_vectorless:  # keyword hits without a vector yet rank with relevance 0
+                got, sims = self._similarities(view, sp, rows, query)
+                rel = np.zeros(rows.shape[0], np.float32)
+                rel[np.searchsorted(rows, got)] = sims
             else:
                 rows, rel = self._similarities(view, sp, rows, query)
             score, rec, imp = kernels.score_rows(
@@ -269,7 +286,7 @@ class Searcher:
         v_rank = k_rank = kw = None
         if a.hybrid is not None:
             rows, rel, base, rec, imp, score, v_rank, k_rank, kw = self._fuse(
-                view, mask, a, rows, rel, score, rec, imp, fused_limit, rank
+                view, keyword_mask, a, rows, rel, score, rec, imp, fused_limit, rank
             )
         top = kernels.topk(score, a.limit)
         hits: list[SearchHit] = []
@@ -310,7 +327,7 @@ class Searcher:
         rec: np.ndarray,
         imp: np.ndarray,
         depth: int,
-        rank: Callable[[np.ndarray], Parts],
+        rank: Callable[..., Parts],
     ) -> tuple[np.ndarray, ...]:
         """Reciprocal rank fusion of the vector (combined score) list and the keyword (BM25) list,
         each cut at ``depth``: fused = w_v / (k + rank_v) + w_k / (k + rank_k) (seed 000)."""
@@ -321,8 +338,8 @@ class Searcher:
         kw_rows, kw_scores = self._bm25(view, mask, text)
         k_order = kernels.topk(kw_scores, depth)
         k_rows = kw_rows[k_order]
-        extra = np.setdiff1d(k_rows, v_rows)
-        e_rows, e_rel, (e_score, e_rec, e_imp) = rank(extra)
+        extra = np.setdiff1d(k_rows, v_rows)  # sorted, as rank(keep_vectorless=True) needs
+        e_rows, e_rel, (e_score, e_rec, e_imp) = rank(extra, True)
         all_rows = np.concatenate([v_rows, e_rows])
         pos = {int(r): i for i, r in enumerate(all_rows.tolist())}
         n = all_rows.shape[0]

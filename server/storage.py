@@ -9,6 +9,7 @@ One environment with named sub-databases:
 - ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
 - ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
 - ``contents``: namespace NUL blake2b(normalized content) -> rid, for exact-duplicate detection
+- ``pending``: rid -> b"" for memories stored without a vector (the embedder failed); retried
 - ``postings``: term -> (rid 8 bytes, count 4 bytes) for each memory whose content has the term
   (sorted duplicates): the keyword (BM25) index, written in the same commit as the record
 
@@ -89,7 +90,7 @@ class Store:
             self.env = lmdb.open(
                 str(path),
                 map_size=map_size,
-                max_dbs=8,
+                max_dbs=16,
                 subdir=True,
                 sync=sync,
                 metasync=sync,
@@ -108,6 +109,7 @@ class Store:
         self.request_times = self.env.open_db(b"request_times")
         self.contents = self.env.open_db(b"contents")
         self.postings = self.env.open_db(b"postings", dupsort=True)
+        self.pending = self.env.open_db(b"pending")
         self._gate = RWLock()
         self.instance = self._check_schema()
 
@@ -222,8 +224,23 @@ class Store:
             out.append((rid_of(raw[:8]), _COUNT.unpack(raw[8:])[0]))
         return out
 
+    def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
+        if pending:
+            txn.put(rid_key(rid), b"", db=self.pending)
+        else:
+            txn.delete(rid_key(rid), db=self.pending)
+
+    def pending_rids(self, txn: lmdb.Transaction, limit: int | None = None) -> list[int]:
+        out = []
+        for key in txn.cursor(db=self.pending).iternext(keys=True, values=False):
+            out.append(rid_of(bytes(key)))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
     def delete(self, txn: lmdb.Transaction, rec: Record) -> None:
         self._post(txn, rec, add=False)
+        txn.delete(rid_key(rec.rid), db=self.pending)
         key = rid_key(rec.rid)
         txn.delete(key, db=self.records)
         txn.delete(key, db=self.vectors)
