@@ -966,7 +966,22 @@ class Engine:
 
     # -- search (see search.py) ---------------------------------------------------------------
     def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
-        hits = self.searcher.search(q, include_embedding)
+        return self.account(q, self.searcher.search(q, include_embedding))
+
+    def search_many(self, queries: list[tuple[SearchQuery, bool]]) -> list[list[SearchHit]]:
+        """Several searches; their side effects (accesses, hit counts) happen only if all succeed."""
+        results = []
+        for i, (q, include_embedding) in enumerate(queries):
+            try:
+                results.append(self.searcher.search(q, include_embedding))
+            except InvalidArgument as e:
+                raise e.within(f"searches[{i}].") from None
+        return [self.account(q, hits) for (q, _), hits in zip(queries, results, strict=True)]
+
+    def account(self, q: SearchQuery, hits: list[SearchHit]) -> list[SearchHit]:
+        """A search's side effects: its results count as accessed (unless read_only) and as hits."""
+        if hits and not q.read_only and self.config.search_records_access:
+            self.record_access([h.record.rid for h in hits], self.clock() if q.as_of is None else q.as_of)
         found = {h.record.namespace for h in hits}
         with self._search_lock:  # hit rate: a search "hits" a namespace when it returns some of it
             self._search_total[0 if hits else 1] += 1

@@ -200,7 +200,7 @@ def _time_arg(op: str, arg: Any, path: str) -> list[float]:
     for a in _listed(op, arg, path):
         if isinstance(a, str):
             try:
-                t = dt.datetime.fromisoformat(a.replace("Z", "+00:00"))
+                t = dt.datetime.fromisoformat(a.upper().replace("Z", "+00:00"))
             except ValueError:
                 raise _fail(path, f"expects epoch seconds or an RFC 3339 time, got {a!r}") from None
             out.append((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp())
@@ -212,11 +212,13 @@ def _time_arg(op: str, arg: Any, path: str) -> list[float]:
 
 
 def _compare(col: np.ndarray, op: str, values: list[float]) -> np.ndarray:
+    # Compare in the column's precision (float32 importance stores 0.7 as 0.699999988...).
+    typed = np.asarray(values, dtype=col.dtype)
     if op == "$in":
-        return np.isin(col, values)
+        return np.isin(col, typed)
     if op == "$nin":
-        return ~np.isin(col, values)
-    x = values[0]
+        return ~np.isin(col, typed)
+    x = typed[0]
     return {
         "$eq": col == x,
         "$ne": col != x,

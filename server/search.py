@@ -187,8 +187,6 @@ class Searcher:
                 hits += self._rank(sub, flt, query, sp, include_embedding, only_tier=t)
         else:
             hits = self._rank(args, flt, query, sp, include_embedding)
-        if hits and not q.read_only and cfg.search_records_access:
-            eng.record_access([h.record.rid for h in hits], now)
         return hits
 
     def _query(self, q: SearchQuery, needed: bool) -> tuple[np.ndarray | None, Space | None]:

@@ -133,12 +133,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.BatchSearchMemoriesResponse:
         if not 1 <= len(request.searches) <= 100:
             raise InvalidArgument("searches", "must hold 1 to 100 searches")
+        results = self._engine.search_many(
+            [(convert.search_from_pb(s), s.include_embedding) for s in request.searches]
+        )
         resp = pb.BatchSearchMemoriesResponse()
-        for i, search in enumerate(request.searches):
-            try:
-                resp.responses.append(self._search(search))
-            except InvalidArgument as e:
-                raise e.within(f"searches[{i}].") from None
+        for search, hits in zip(request.searches, results, strict=True):
+            out = resp.responses.add()
+            for hit in hits:
+                convert.hit_to_pb(hit, out.results.add(), search.explain)
         return resp
 
     @_rpc

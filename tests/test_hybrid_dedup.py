@@ -1,0 +1,238 @@
+"""Hybrid keyword + vector search (BM25 in LMDB, reciprocal rank fusion) and store-time deduplication."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from tiermem.client import InvalidArgumentError, MemoryClient
+from tiermem.client.errors import from_rpc_error
+from tiermem.server.app import RunningServer
+from tiermem.server.text import words
+from tiermem.v1 import memory_pb2 as pb
+
+DOCS = [
+    "The SLA breach happened at 3am on the payments API",
+    "service level agreement was violated overnight",
+    "we had pizza for lunch with the team",
+    "SLA review meeting moved to Friday, SLA dashboard updated",
+    "deploy pipeline failed because of a missing env var",
+    "the payments API latency doubled after the deploy",
+] + [f"routine status note number {i} about nothing much" for i in range(24)]
+
+
+def _client(running: RunningServer) -> MemoryClient:
+    c = MemoryClient(f"127.0.0.1:{running.port}", timeout=30)
+    c.wait_ready()
+    return c
+
+
+def _bm25(docs: dict[str, str], query: str, k1: float = 1.2, b: float = 0.75) -> dict[str, float]:
+    """Okapi BM25 with idf = ln(1 + (N - df + 0.5) / (df + 0.5)), written from the formula."""
+    toks = {i: words(t) for i, t in docs.items()}
+    n = len(docs)
+    avgdl = sum(len(t) for t in toks.values()) / n
+    out: dict[str, float] = {}
+    for term in set(words(query)):
+        df = sum(term in t for t in toks.values())
+        if not df:
+            continue
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        for i, t in toks.items():
+            tf = Counter(t)[term]
+            if tf:
+                out[i] = out.get(i, 0.0) + idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(t) / avgdl))
+    return out
+
+
+def _hybrid(c: MemoryClient, query: str, **opts: float) -> list[pb.SearchResult]:
+    req = pb.SearchMemoriesRequest(
+        namespaces=["ns"],
+        query_text=query,
+        limit=10,
+        explain=True,
+        read_only=True,
+        hybrid=pb.HybridOptions(enabled=True, **opts),
+    )
+    return list(c.stub.SearchMemories(req).results)
+
+
+@pytest.fixture
+def loaded(server_factory: Callable[..., RunningServer]) -> tuple[MemoryClient, dict[str, str]]:
+    c = _client(server_factory(clock=FakeClock()))  # a fixed clock: recency identical across searches
+    ids = {c.create("ns", t).id: t for t in DOCS}
+    return c, ids
+
+
+def test_keyword_ranking_is_bm25_and_fusion_is_rrf(loaded: tuple[MemoryClient, dict[str, str]]) -> None:
+    c, docs = loaded
+    results = _hybrid(c, "SLA breach", rrf_k=60)
+    expected = _bm25(docs, "SLA breach")
+    keyword = sorted(
+        (r for r in results if r.explanation.keyword_rank), key=lambda r: r.explanation.keyword_rank
+    )
+    assert [r.memory.id for r in keyword] == sorted(expected, key=lambda i: -expected[i])
+    for r in keyword:
+        assert r.explanation.keyword_score == pytest.approx(expected[r.memory.id], rel=1e-4)
+    for r in results:
+        e = r.explanation
+        want = (1 / (60 + e.vector_rank) if e.vector_rank else 0) + (
+            1 / (60 + e.keyword_rank) if e.keyword_rank else 0
+        )
+        assert r.score == pytest.approx(want, rel=1e-5)
+    assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+    # The exact-term documents lead: they are in both lists.
+    assert {results[0].memory.content, results[1].memory.content} == {DOCS[0], DOCS[3]}
+
+
+def test_fusion_weights_and_keyword_only(loaded: tuple[MemoryClient, dict[str, str]]) -> None:
+    c, docs = loaded
+    only_kw = _hybrid(c, "payments API", vector_weight=0)
+    expected = _bm25(docs, "payments API")
+    assert [r.memory.id for r in only_kw] == sorted(expected, key=lambda i: -expected[i])
+    only_vec = _hybrid(c, "payments API", keyword_weight=0)
+    plain = c.stub.SearchMemories(
+        pb.SearchMemoriesRequest(namespaces=["ns"], query_text="payments API", limit=10, read_only=True)
+    ).results
+    assert [r.memory.id for r in only_vec] == [r.memory.id for r in plain]
+
+
+def test_keyword_index_follows_updates_and_deletes(
+    loaded: tuple[MemoryClient, dict[str, str]], server_factory: Callable[..., RunningServer]
+) -> None:
+    c, docs = loaded
+    sla = next(i for i, t in docs.items() if t.startswith("SLA review"))
+    c.update("ns", sla, content="quarterly planning notes")
+    assert sla not in {r.memory.id for r in _hybrid(c, "SLA", vector_weight=0)}
+    assert sla in {r.memory.id for r in _hybrid(c, "quarterly planning", vector_weight=0)}
+    breach = next(i for i, t in docs.items() if "breach" in t)
+    c.delete("ns", breach)
+    assert _hybrid(c, "breach", vector_weight=0) == []
+
+
+def _search(c: MemoryClient, req: pb.SearchMemoriesRequest) -> pb.SearchMemoriesResponse:
+    try:
+        return c.stub.SearchMemories(req)
+    except grpc.RpcError as e:
+        raise from_rpc_error(e) from None
+
+
+def test_hybrid_needs_query_text_and_valid_options(loaded: tuple[MemoryClient, dict[str, str]]) -> None:
+    c, _ = loaded
+    with pytest.raises(InvalidArgumentError) as info:
+        _search(
+            c,
+            pb.SearchMemoriesRequest(
+                namespaces=["ns"],
+                query_embedding=[1.0] * 384,
+                embedding_model="tiermem-hash-v1",
+                hybrid=pb.HybridOptions(enabled=True),
+            ),
+        )
+    assert info.value.fields == ["query_text"]
+    for opts, field in (({"rrf_k": -1}, "hybrid.rrf_k"), ({"vector_weight": -1}, "hybrid.vector_weight")):
+        with pytest.raises(InvalidArgumentError) as info:
+            _search(
+                c,
+                pb.SearchMemoriesRequest(
+                    namespaces=["ns"], query_text="x", hybrid=pb.HybridOptions(enabled=True, **opts)
+                ),
+            )
+        assert info.value.fields == [field]
+
+
+def test_exact_duplicates_reinforce_instead_of_adding(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    running = server_factory(data_dir=tmp_path / "d")
+    with _client(running) as c:
+        first = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(
+                    namespace="ns", content="The  user prefers DARK mode", importance=0.4, tags=["ui"]
+                )
+            )
+        )
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(
+                    namespace="ns", content="the user prefers dark   mode", importance=0.9, tags=["prefs"]
+                )
+            )
+        )
+        assert again.deduplicated and not first.deduplicated
+        assert again.memory.id == first.memory.id
+        assert again.memory.importance == pytest.approx(0.9)  # raised, never lowered
+        assert again.memory.access_count == 1
+        assert list(again.memory.tags) == ["ui", "prefs"]
+        lower = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content="THE USER PREFERS DARK MODE", importance=0.1)
+            )
+        )
+        assert lower.deduplicated and lower.memory.importance == pytest.approx(0.9)
+        # Other namespaces, explicit ids and allow_duplicates store new memories.
+        other = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns2", content="the user prefers dark mode"))
+        )
+        assert not other.deduplicated
+        forced = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content="the user prefers dark mode"), allow_duplicates=True
+            )
+        )
+        assert not forced.deduplicated and forced.memory.id != first.memory.id
+        named = c.create("ns", "the user prefers dark mode", id="explicit")
+        assert named.id == "explicit"
+        # Within one batch the second copy reinforces the first.
+        batch = c.stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(
+                memories=[
+                    pb.Memory(namespace="ns", content="standup at 9"),
+                    pb.Memory(namespace="ns", content="Standup at 9"),
+                ]
+            )
+        )
+        assert list(batch.deduplicated) == [False, True] and batch.memories[0].id == batch.memories[1].id
+        assert c.stats("ns").memory_count == 4  # dark mode x3 (first, forced, explicit) + standup
+    running.stop(0)
+    running = server_factory(data_dir=tmp_path / "d")  # the content index is durable
+    with _client(running) as c:
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="standup AT 9"))
+        )
+        assert again.deduplicated
+
+
+def test_near_duplicates_by_similarity(server_factory: Callable[..., RunningServer]) -> None:
+    with _client(server_factory()) as c:
+        rng = np.random.default_rng(3)
+        v = rng.normal(size=8)
+        base = c.create("ns", "original", embedding=v, embedding_model="m8")
+        close = v + 0.01 * rng.normal(size=8)
+        far = rng.normal(size=8)
+        cos = float(np.dot(v, close) / np.linalg.norm(v) / np.linalg.norm(close))
+        assert cos > 0.99
+
+        def create(content: str, vec: np.ndarray, threshold: float | None) -> pb.CreateMemoryResponse:
+            req = pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content=content, embedding=list(vec), embedding_model="m8")
+            )
+            if threshold is not None:
+                req.dedup_similarity = threshold
+            return c.stub.CreateMemory(req)
+
+        assert not create("near copy", close, None).deduplicated  # no threshold: exact content only
+        hit = create("near copy 2", close, 0.99)
+        assert hit.deduplicated and hit.memory.id in {base.id} | {m.id for m in c.list_memories("ns")}
+        assert not create("unrelated", far, 0.99).deduplicated
+        with pytest.raises(InvalidArgumentError) as info:
+            c.create("ns", "x", dedup_similarity=1.5)
+        assert info.value.fields == ["dedup_similarity"]
