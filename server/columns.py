@@ -93,6 +93,17 @@ class ColumnsView:
     success_base: np.ndarray
 
 
+@dataclass(frozen=True)
+class MetadataArrays:
+    """One metadata key over the rows that have it: kind 0 bool, 1 number, 2 string."""
+
+    rows: np.ndarray
+    kind: np.ndarray
+    numbers: np.ndarray
+    bools: np.ndarray
+    strings: np.ndarray
+
+
 class Columns:
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
@@ -111,6 +122,8 @@ class Columns:
         self.tags: dict[str, set[int]] = {}  # tag -> rows of live records carrying it
         self._row_tags: dict[int, tuple[str, ...]] = {}
         self.metadata: dict[str, dict[int, Any]] = {}  # key -> {row: value} of live records
+        self._meta_version: dict[str, int] = {}  # bumped whenever a key's values change
+        self._meta_arrays: dict[str, tuple[int, MetadataArrays]] = {}
         self._row_meta: dict[int, dict[str, Any]] = {}
 
     def _make_view(self) -> ColumnsView:
@@ -183,6 +196,7 @@ class Columns:
                     self._drop_meta(k, row)
             for k, v in rec.metadata.items():
                 self.metadata.setdefault(k, {})[row] = v
+                self._meta_version[k] = self._meta_version.get(k, 0) + 1
             if rec.metadata:
                 self._row_meta[row] = dict(rec.metadata)
             else:
@@ -202,7 +216,33 @@ class Columns:
                 self.tags.setdefault(t, set()).add(row)
             self._row_tags[row] = new
 
+    def metadata_arrays(self, key: str) -> MetadataArrays:
+        """A key's values as arrays (cached until the key's values change), for vectorized filters."""
+        version = self._meta_version.get(key, 0)
+        cached = self._meta_arrays.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        items = list(self.metadata.get(key, {}).items())
+        values = [v for _, v in items]
+        kind = np.array(
+            [0 if isinstance(v, bool) else 1 if isinstance(v, int | float) else 2 for v in values], np.int8
+        )
+        arrays = MetadataArrays(
+            rows=np.array([r for r, _ in items], np.int64),
+            kind=kind,
+            numbers=np.array(
+                [float(v) if k == 1 else np.nan for v, k in zip(values, kind, strict=True)], np.float64
+            ),
+            bools=np.array(
+                [bool(v) if k == 0 else False for v, k in zip(values, kind, strict=True)], np.bool_
+            ),
+            strings=np.array([v if k == 2 else "" for v, k in zip(values, kind, strict=True)], dtype=object),
+        )
+        self._meta_arrays[key] = (version, arrays)
+        return arrays
+
     def _drop_meta(self, key: str, row: int) -> None:
+        self._meta_version[key] = self._meta_version.get(key, 0) + 1
         rows = self.metadata.get(key)
         if rows is not None:
             rows.pop(row, None)

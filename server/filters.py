@@ -276,29 +276,43 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
     ):
         raise _fail(path, f"{op} compares numbers with numbers or strings with strings")
 
-    def kind(a: Any) -> str:
-        return "b" if isinstance(a, bool) else "n" if isinstance(a, int | float) else "s"
-
-    def test(x: Any) -> bool:
-        same = [a for a in values if kind(a) == kind(x)]
-        if op == "$in":
-            return x in same
-        if op == "$nin":
-            return x not in same
-        if not same:
-            return op == "$ne"
-        a = same[0]
-        return {"$eq": x == a, "$ne": x != a, "$gt": x > a, "$gte": x >= a, "$lt": x < a, "$lte": x <= a}[op]
+    groups: dict[int, list[Any]] = {  # the operator's values by type; each compares only with stored values of its type
+        0: [a for a in values if isinstance(a, bool)],
+        1: [a for a in values if isinstance(a, int | float) and not isinstance(a, bool)],
+        2: [a for a in values if isinstance(a, str)],
+    }
 
     def mask(v: ColumnsView, c: Columns) -> np.ndarray:
-        found = np.zeros(v.n, np.bool_)
-        hit = np.zeros(v.n, np.bool_)
-        for row, x in list(c.metadata.get(key, {}).items()):
-            if row < v.n:
-                found[row] = True
-                hit[row] = test(x)
-        if op in ("$ne", "$nin"):
-            return hit | ~found  # a memory without the key is "not equal"
-        return hit
+        arr = c.metadata_arrays(key)
+        in_view = arr.rows < v.n
+        rows, kind = arr.rows[in_view], arr.kind[in_view]
+        stored = {0: arr.bools[in_view], 1: arr.numbers[in_view], 2: arr.strings[in_view]}
+        hit = np.zeros(rows.shape[0], np.bool_)
+        for k, wanted in groups.items():
+            same = kind == k
+            if not same.any():
+                continue
+            col = stored[k][same]
+            if op in ("$in", "$nin", "$eq", "$ne"):
+                res = (
+                    np.isin(col, np.array(wanted, dtype=col.dtype))
+                    if wanted
+                    else np.zeros(col.shape[0], np.bool_)
+                )
+            elif wanted:
+                x = wanted[0]
+                res = {"$gt": col > x, "$gte": col >= x, "$lt": col < x, "$lte": col <= x}[op].astype(
+                    np.bool_
+                )
+            else:
+                res = np.zeros(col.shape[0], np.bool_)
+            hit[same] = res
+        out = np.zeros(v.n, np.bool_)
+        if op in ("$ne", "$nin"):  # a memory without the key (or with another type) is "not equal"
+            out[:] = True
+            out[rows[hit]] = False
+            return out
+        out[rows[hit]] = True
+        return out
 
     return mask

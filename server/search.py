@@ -470,7 +470,7 @@ class Searcher:
         def bar() -> float:  # a row outside A must have a bound above this to enter the top
             return float(best[-1]) if best.shape[0] == a.limit else -np.inf
 
-        keep = bound > bar()
+        keep = (bound > bar()) & ~np.isin(allowed, a_rows)  # A is already scored: never count it twice
         b_rows, b_bound = allowed[keep], bound[keep]
         order = np.argsort(-b_bound, kind="stable")
         b_rows, b_bound = b_rows[order], b_bound[order]
