@@ -276,7 +276,8 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
     ):
         raise _fail(path, f"{op} compares numbers with numbers or strings with strings")
 
-    groups: dict[int, list[Any]] = {  # the operator's values by type; each compares only with stored values of its type
+    # The operator's values by type; each compares only with stored values of its type.
+    groups: dict[int, list[Any]] = {
         0: [a for a in values if isinstance(a, bool)],
         1: [a for a in values if isinstance(a, int | float) and not isinstance(a, bool)],
         2: [a for a in values if isinstance(a, str)],
