@@ -165,3 +165,34 @@ def test_memories_stored_while_the_embedder_fails_are_kept_and_embedded_later(
 def test_unknown_embedder_kind_is_rejected_at_start(server_factory: Callable[..., RunningServer]) -> None:
     with pytest.raises(ValueError, match="embedder must be"):
         server_factory(embedder="nope")
+
+
+def test_sentence_transformers_embedder_loads_a_local_model(
+    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The optional extra is not installed here: a stand-in module checks the wiring (local path,
+    no hub access, encode per text)."""
+    import sys
+    import types
+
+    loaded: list[tuple[str, bool]] = []
+
+    class FakeSentenceTransformer:
+        def __init__(self, path: str, local_files_only: bool = False) -> None:
+            loaded.append((path, local_files_only))
+
+        def encode(self, text: str) -> np.ndarray:
+            return REFERENCE.embed(text)
+
+    monkeypatch.setitem(
+        sys.modules,
+        "sentence_transformers",
+        types.SimpleNamespace(SentenceTransformer=FakeSentenceTransformer),
+    )
+    model_dir = tmp_path / "all-MiniLM-L6-v2"
+    model_dir.mkdir()
+    with _client(server_factory(embedder="sentence_transformers", embedder_model=str(model_dir))) as c:
+        m = c.create("ns", "sentence transformers run locally")
+        assert m.embedding_model == "st:all-MiniLM-L6-v2"
+        assert c.search("ns", "transformers locally")[0].memory.id == m.id
+    assert loaded == [(str(model_dir), True)]  # loaded once, from the local path only
