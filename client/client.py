@@ -79,6 +79,10 @@ def _timestamp(value: TimeLike) -> Timestamp:
     return ts
 
 
+def _seconds(value: TimeLike) -> float:
+    return value.timestamp() if isinstance(value, dt.datetime) else float(value)
+
+
 def metadata_dict(memory: pb.Memory) -> dict[str, Any]:
     """A memory's metadata as plain Python values."""
     return {k: v for k, v in metadata_values(memory.metadata).items() if v is not None}
@@ -485,3 +489,71 @@ class MemoryClient:
             confirm=confirm,
         )
         return self._call(self.stub.TransferMemory, req).memory
+
+    # -- streams, debates, backup ---------------------------------------------------------------
+    def timeline(
+        self,
+        namespace: str,
+        *,
+        since: TimeLike | None = None,
+        until: TimeLike | None = None,
+        page_size: int = 0,
+        **filter_fields: Any,
+    ) -> Iterator[pb.Memory]:
+        """An agent's memory stream, newest first, optionally within [since, until) (seed 000)."""
+        where: dict[str, Any] = {}
+        if since is not None:
+            where["create_time"] = {"$gte": _seconds(since)}
+        if until is not None:
+            where.setdefault("create_time", {})["$lt"] = _seconds(until)
+        token = ""
+        while True:
+            req = pb.ListMemoriesRequest(
+                namespace=namespace,
+                page_size=page_size,
+                page_token=token,
+                newest_first=True,
+                filter=build_filter(where=where or None, **filter_fields),
+            )
+            resp = self._call(self.stub.ListMemories, req)
+            yield from resp.memories
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def find_similar_debates(
+        self, namespaces: str | Sequence[str], topic: str, *, limit: int = 5, **kwargs: Any
+    ) -> list[pb.SearchResult]:
+        """Consensus and dissent records (kinds "consensus", "dissent") closest to ``topic`` (seed 000)."""
+        return self.search(namespaces, topic, limit=limit, kinds=["consensus", "dissent"], **kwargs)
+
+    def export_memories(
+        self, namespace: str = "", *, include_children: bool = False
+    ) -> Iterator[pb.ExportMemoriesResponse]:
+        """Stream a consistent snapshot: the header chunk, then every memory with its vector."""
+        try:
+            yield from self.stub.ExportMemories(
+                pb.ExportMemoriesRequest(namespace=namespace, include_children=include_children), timeout=None
+            )
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def import_memories(
+        self, chunks: Iterable[pb.ExportMemoriesResponse], *, target_namespace: str = ""
+    ) -> pb.ImportMemoriesResponse:
+        """Restore the chunks of an export (e.g. ``export_memories``' output, possibly saved and
+        read back), optionally under another namespace."""
+
+        def requests() -> Iterator[pb.ImportMemoriesRequest]:
+            for i, chunk in enumerate(chunks):
+                req = pb.ImportMemoriesRequest(target_namespace=target_namespace if i == 0 else "")
+                if chunk.HasField("header"):
+                    req.header.CopyFrom(chunk.header)
+                else:
+                    req.memory.CopyFrom(chunk.memory)
+                yield req
+
+        try:
+            return self.stub.ImportMemories(requests(), timeout=None)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None

@@ -14,6 +14,7 @@ from .errors import InvalidArgument
 from .lifecycle import Policy
 from .records import NewMemory, Record
 from .search import SearchHit, SearchQuery
+from .validation import new_memory as check_new_memory
 
 
 def ts_to_float(msg: Any, name: str) -> float | None:
@@ -212,3 +213,67 @@ def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Po
     eff = pb.LifecyclePolicy()
     policy_to_pb(effective, eff)
     return cfg, eff
+
+
+def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.ndarray | None]:
+    """An exported memory as a record to restore: content fields validated, history kept."""
+    spec = check_new_memory(field, new_memory_from_pb(m, field), config)
+    created = spec.created_at if spec.created_at is not None else 0.0
+    rec = Record(
+        rid=0,
+        id=m.id,
+        namespace=spec.namespace,
+        content=spec.content,
+        kind=spec.kind,
+        tier=spec.tier,
+        importance=float(spec.importance or 0.0),
+        source=spec.source,
+        topic=spec.topic,
+        tags=spec.tags,
+        metadata=spec.metadata,
+        embedding_model=m.embedding_model,
+        created_at=created,
+        updated_at=ts_to_float(m, "update_time") or created,
+        accessed_at=ts_to_float(m, "last_access_time") or created,
+        access_count=m.access_count,
+        surprise=m.surprise_score,
+        success_count=m.success_count,
+        token_cost=m.token_cost,
+        source_ids=list(m.source_memory_ids),
+        expire_at=spec.expire_at,
+        tier_since=ts_to_float(m, "tier_time") or created,
+        origin=[
+            m.origin.namespace,
+            m.origin.id,
+            int(m.origin.tier),
+            ts_to_float(m.origin, "transfer_time") or 0.0,
+        ]
+        if m.HasField("origin")
+        else None,
+    )
+    return rec, (np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None)
+
+
+def header_to_pb(h: dict[str, Any]) -> pb.ExportHeader:
+    out = pb.ExportHeader(
+        format_version=h["format_version"],
+        server_version=h["server_version"],
+        embedder_model=h["embedder_model"],
+        namespace=h["namespace"],
+    )
+    set_timestamp(out.export_time, h["export_time"])
+    return out
+
+
+def header_from_pb(h: pb.ExportHeader) -> dict[str, Any]:
+    if h.format_version != 1:
+        raise InvalidArgument(
+            "header.format_version", f"{h.format_version} is not a format this server reads (1)"
+        )
+    return {
+        "format_version": 1,
+        "server_version": h.server_version,
+        "embedder_model": h.embedder_model,
+        "namespace": h.namespace,
+        "export_time": ts_to_float(h, "export_time"),
+    }

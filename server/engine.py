@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -880,16 +880,22 @@ class Engine:
 
     # -- list -----------------------------------------------------------------------------------
     def list_memories(
-        self, namespace: str, page_size: int, page_token: str, flt: Filter
+        self, namespace: str, page_size: int, page_token: str, flt: Filter, newest_first: bool = False
     ) -> tuple[list[Record], str]:
+        """A page of a namespace in storage order, or newest first (an agent's timeline)."""
         check.namespace("namespace", namespace)
         size = check.page_size("page_size", page_size, self.config)
-        after = _decode_token("page_token", page_token, int) if page_token else 0
+        after = _decode_token("page_token", page_token, int) if page_token else None
         view = self.columns.view()
         mask, _ = self.mask(view, [namespace], flt, self.clock())
         rows = np.flatnonzero(mask)
-        rids = view.rid[rows]
-        rids = rids[rids > after]  # rows are in creation (rid) order
+        rids = view.rid[rows]  # rows are in creation (rid) order
+        if newest_first:
+            rids = rids[::-1]
+            if after is not None:
+                rids = rids[rids < after]
+        elif after is not None:
+            rids = rids[rids > after]
         out: list[Record] = []
         pos = 0
         with self.store.read() as txn:
@@ -1102,6 +1108,123 @@ class Engine:
 
         result: Record = self.writer.submit(prepare, apply)
         return result
+
+    # -- backup and restore ---------------------------------------------------------------------
+    def export(self, namespace: str = "", include_children: bool = False) -> Iterator[Any]:
+        """Yield a header dict, then (Record, vector or None) for every memory of the namespace (or
+        all), from one LMDB read transaction: a consistent snapshot while writes go on."""
+        if namespace:
+            check.namespace("namespace", namespace)
+        prefixes = (
+            [namespace.encode() + b"\x00"] + ([namespace.encode() + b"/"] if include_children else [])
+            if namespace
+            else [b""]
+        )
+        yield {
+            "format_version": 1,
+            "server_version": __version__,
+            "export_time": self.clock(),
+            "embedder_model": self.embedder.model,
+            "namespace": namespace,
+        }
+        now = self.clock()
+        with self.store.read() as txn:
+            cur = txn.cursor(db=self.store.ids)
+            for prefix in prefixes:
+                if not cur.set_range(prefix):
+                    continue
+                for key, value in cur:
+                    if not bytes(key).startswith(prefix):
+                        break
+                    rec = self.store.get(txn, int.from_bytes(value, "big"))
+                    if rec is not None and not (rec.expire_at is not None and rec.expire_at <= now):
+                        yield rec, self.store.get_vector(txn, rec.rid)
+
+    def restore(
+        self,
+        header: dict[str, Any],
+        items: Iterator[tuple[Record, np.ndarray | None]],
+        target_namespace: str = "",
+        batch: int = 500,
+    ) -> tuple[int, int]:
+        """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``.
+        Memories the exporting server embedded are re-embedded when this server's embedder differs.
+        Returns (imported, re-embedded). An id that exists already is ALREADY_EXISTS; the batches
+        committed before it stay."""
+        source_ns = header.get("namespace", "")
+        if target_namespace:
+            check.namespace("target_namespace", target_namespace)
+        reembed_model = header.get("embedder_model", "")
+        imported = reembedded = 0
+        pending: list[tuple[Record, np.ndarray | None]] = []
+
+        def flush() -> None:
+            nonlocal imported
+            if pending:
+                imported += self._restore_batch(list(pending))
+                pending.clear()
+
+        for i, (rec, vec) in enumerate(items):
+            field = f"memories[{i}]."
+            if target_namespace:
+                if source_ns and (rec.namespace == source_ns or rec.namespace.startswith(source_ns + "/")):
+                    rec.namespace = target_namespace + rec.namespace[len(source_ns) :]
+                elif not source_ns:
+                    rec.namespace = f"{target_namespace}/{rec.namespace}"
+            check.namespace(field + "namespace", rec.namespace)
+            check.memory_id(field + "id", rec.id)
+            if (rec.embedding_model == reembed_model and reembed_model != self.embedder.model) or vec is None:
+                try:
+                    vec = self.embedder.embed(rec.content)
+                    rec.embedding_model = self.embedder.model
+                    reembedded += 1
+                except EmbedderError:
+                    vec = None  # stored now, embedded by the maintenance pass
+                    rec.embedding_model = self.embedder.model
+            else:
+                vec = check.vector(field + "embedding", vec, self.config)
+            pending.append((rec, vec))
+            if len(pending) >= batch:
+                flush()
+        flush()
+        return imported, reembedded
+
+    def _restore_batch(self, items: list[tuple[Record, np.ndarray | None]]) -> int:
+        def prepare(txn: lmdb.Transaction) -> list[tuple[Record, np.ndarray]]:
+            spaces = self.store.spaces(txn)
+            out = []
+            for rec, vec in items:
+                if self.store.lookup(txn, rec.namespace, rec.id) is not None:
+                    raise AlreadyExists(f"memory {rec.id!r} already exists in namespace {rec.namespace!r}")
+                if vec is not None:
+                    known = spaces.get(rec.embedding_model)
+                    if known is None:
+                        self.store.put_space(txn, rec.embedding_model, int(vec.shape[0]))
+                        spaces[rec.embedding_model] = int(vec.shape[0])
+                    elif known != vec.shape[0]:
+                        raise InvalidArgument(
+                            "embedding",
+                            f"has dimension {vec.shape[0]}, but embedding space "
+                            f"{rec.embedding_model!r} has dimension {known}",
+                            reason="EMBEDDING_DIMENSION_MISMATCH",
+                        )
+                rec.rid, rec.vk = self._alloc()
+                rec.words = len(text_words(rec.content))
+                self.store.insert(txn, rec)
+                if vec is None:
+                    self.store.mark_pending(txn, rec.rid, True)
+                    vec = _NO_VECTOR
+                else:
+                    self.store.put_vector(txn, rec.rid, vec)
+                out.append((rec, vec))
+            return out
+
+        def apply(out: list[tuple[Record, np.ndarray]]) -> int:
+            self._index_new(out)
+            return len(out)
+
+        weight = sum(len(r.content) + 4 * (0 if v is None else v.shape[0]) + 512 for r, v in items)
+        return int(self.writer.submit(prepare, apply, weight))
 
     # -- namespace settings -------------------------------------------------------------------
     def _check_protected(self, namespace: str, confirm: bool, action: str) -> None:

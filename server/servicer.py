@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -29,6 +29,22 @@ def _rpc(method: F) -> F:
     def wrapper(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
+        except TiermemError as e:
+            context.abort_with_status(to_status(e))
+        except Exception as e:
+            logger.exception("%s failed", method.__name__)
+            context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _rpc_stream(method: F) -> F:
+    """``_rpc`` for server-streaming methods: errors raised while streaming become statuses too."""
+
+    @functools.wraps(method)
+    def wrapper(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            yield from method(self, request, context)
         except TiermemError as e:
             context.abort_with_status(to_status(e))
         except Exception as e:
@@ -107,7 +123,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.ListMemoriesResponse:
         eng = self._engine
         flt = eng.check_filter(convert.filter_from_pb(request.filter))
-        recs, token = eng.list_memories(request.namespace, request.page_size, request.page_token, flt)
+        recs, token = eng.list_memories(
+            request.namespace, request.page_size, request.page_token, flt, request.newest_first
+        )
         vecs = eng.vectors_of(recs) if request.include_embedding else [None] * len(recs)
         resp = pb.ListMemoriesResponse(next_page_token=token)
         for rec, vec in zip(recs, vecs, strict=True):
@@ -281,3 +299,33 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             confirm=request.confirm,
         )
         return pb.TransferMemoryResponse(memory=convert.memory_to_pb(rec))
+
+    @_rpc_stream
+    def ExportMemories(
+        self, request: pb.ExportMemoriesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ExportMemoriesResponse]:
+        chunks = self._engine.export(request.namespace, request.include_children)
+        yield pb.ExportMemoriesResponse(header=convert.header_to_pb(next(chunks)))
+        for rec, vec in chunks:
+            yield pb.ExportMemoriesResponse(memory=convert.memory_to_pb(rec, vec))
+
+    @_rpc
+    def ImportMemories(
+        self, request_iterator: Iterator[pb.ImportMemoriesRequest], context: grpc.ServicerContext
+    ) -> pb.ImportMemoriesResponse:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("chunk") != "header":
+            raise InvalidArgument("header", "the first chunk of an import must be the export header")
+        header = convert.header_from_pb(first.header)
+        engine = self._engine
+
+        def memories() -> Iterator[Any]:
+            for i, chunk in enumerate(request_iterator):
+                if chunk.WhichOneof("chunk") != "memory":
+                    raise InvalidArgument(
+                        f"chunks[{i + 1}]", "after the header, every chunk must be a memory"
+                    )
+                yield convert.record_from_pb(chunk.memory, f"memories[{i}].", engine.config)
+
+        imported, reembedded = engine.restore(header, memories(), first.target_namespace)
+        return pb.ImportMemoriesResponse(imported=imported, reembedded=reembedded)

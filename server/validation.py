@@ -139,6 +139,8 @@ def vector(field: str, values: Any, config: ServerConfig) -> np.ndarray:
     norm = float(np.linalg.norm(vec.astype(np.float64)))
     if not norm > 0.0 or not math.isfinite(norm):
         raise InvalidArgument(field, "must have a non-zero norm")
+    if abs(norm - 1.0) < 1e-6:
+        return vec  # already unit length: normalizing again would only move the last bits
     return (vec / norm).astype(np.float32)
 
 

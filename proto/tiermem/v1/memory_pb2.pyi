@@ -274,18 +274,20 @@ class MemoryFilter(_message.Message):
     def __init__(self, tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., kinds: _Optional[_Iterable[str]] = ..., tags_any: _Optional[_Iterable[str]] = ..., tags_all: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., topic: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., where: _Optional[str] = ...) -> None: ...
 
 class ListMemoriesRequest(_message.Message):
-    __slots__ = ("namespace", "page_size", "page_token", "filter", "include_embedding")
+    __slots__ = ("namespace", "page_size", "page_token", "filter", "include_embedding", "newest_first")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     page_size: int
     page_token: str
     filter: MemoryFilter
     include_embedding: bool
-    def __init__(self, namespace: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[_Union[MemoryFilter, _Mapping]] = ..., include_embedding: _Optional[bool] = ...) -> None: ...
+    newest_first: bool
+    def __init__(self, namespace: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[_Union[MemoryFilter, _Mapping]] = ..., include_embedding: _Optional[bool] = ..., newest_first: _Optional[bool] = ...) -> None: ...
 
 class ListMemoriesResponse(_message.Message):
     __slots__ = ("memories", "next_page_token")
@@ -708,3 +710,51 @@ class BatchSearchMemoriesResponse(_message.Message):
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     responses: _containers.RepeatedCompositeFieldContainer[SearchMemoriesResponse]
     def __init__(self, responses: _Optional[_Iterable[_Union[SearchMemoriesResponse, _Mapping]]] = ...) -> None: ...
+
+class ExportMemoriesRequest(_message.Message):
+    __slots__ = ("namespace", "include_children")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    include_children: bool
+    def __init__(self, namespace: _Optional[str] = ..., include_children: _Optional[bool] = ...) -> None: ...
+
+class ExportHeader(_message.Message):
+    __slots__ = ("format_version", "server_version", "export_time", "embedder_model", "namespace")
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TIME_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    format_version: int
+    server_version: str
+    export_time: _timestamp_pb2.Timestamp
+    embedder_model: str
+    namespace: str
+    def __init__(self, format_version: _Optional[int] = ..., server_version: _Optional[str] = ..., export_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., embedder_model: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class ExportMemoriesResponse(_message.Message):
+    __slots__ = ("header", "memory")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    header: ExportHeader
+    memory: Memory
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...
+
+class ImportMemoriesRequest(_message.Message):
+    __slots__ = ("header", "memory", "target_namespace")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    header: ExportHeader
+    memory: Memory
+    target_namespace: str
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., target_namespace: _Optional[str] = ...) -> None: ...
+
+class ImportMemoriesResponse(_message.Message):
+    __slots__ = ("imported", "reembedded")
+    IMPORTED_FIELD_NUMBER: _ClassVar[int]
+    REEMBEDDED_FIELD_NUMBER: _ClassVar[int]
+    imported: int
+    reembedded: int
+    def __init__(self, imported: _Optional[int] = ..., reembedded: _Optional[int] = ...) -> None: ...

@@ -115,6 +115,16 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.FromString,
                 _registered_method=True)
+        self.ExportMemories = channel.unary_stream(
+                '/tiermem.v1.MemoryService/ExportMemories',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.ExportMemoriesResponse.FromString,
+                _registered_method=True)
+        self.ImportMemories = channel.stream_unary(
+                '/tiermem.v1.MemoryService/ImportMemories',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -237,6 +247,22 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportMemories(self, request, context):
+        """ExportMemories streams a consistent snapshot of one namespace (or all) while writes continue:
+        a header, then every memory with its vector.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportMemories(self, request_iterator, context):
+        """ImportMemories restores an export into an empty or another namespace; the client streams the
+        chunks of an export (the header first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -319,6 +345,16 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.TransferMemory,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.SerializeToString,
+            ),
+            'ExportMemories': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportMemories,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.ExportMemoriesRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.ExportMemoriesResponse.SerializeToString,
+            ),
+            'ImportMemories': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportMemories,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -754,6 +790,60 @@ class MemoryService:
             '/tiermem.v1.MemoryService/TransferMemory',
             tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/ExportMemories',
+            tiermem_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.ExportMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportMemories(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tiermem.v1.MemoryService/ImportMemories',
+            tiermem_dot_v1_dot_memory__pb2.ImportMemoriesRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.ImportMemoriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,182 @@
+"""Backup and restore (streaming export/import), memory streams (timelines) and debate records."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from tiermem.client import AlreadyExistsError, InvalidArgumentError, MemoryClient
+from tiermem.client.client import metadata_dict
+from tiermem.server.app import RunningServer
+from tiermem.v1 import memory_pb2 as pb
+
+
+def _client(running: RunningServer) -> MemoryClient:
+    c = MemoryClient(f"127.0.0.1:{running.port}", timeout=60)
+    c.wait_ready()
+    return c
+
+
+def _state(m: pb.Memory) -> tuple:
+    """Everything an export must carry over, but the namespace."""
+    return (
+        m.id,
+        m.content,
+        m.kind,
+        m.tier,
+        round(m.importance, 6),
+        m.source,
+        m.topic,
+        tuple(m.tags),
+        tuple(sorted(metadata_dict(m).items())),
+        m.embedding_model,
+        tuple(np.round(m.embedding, 6)),
+        m.create_time.seconds,
+        m.last_access_time.seconds,
+        m.access_count,
+        round(m.surprise_score, 6),
+        m.success_count,
+        m.token_cost,
+        tuple(m.source_memory_ids),
+        m.tier_time.seconds,
+    )
+
+
+def test_export_import_round_trip_under_concurrent_writes(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    source = server_factory(data_dir=tmp_path / "a", clock=clock)
+    rng = np.random.default_rng(5)
+    with _client(source) as c:
+        for i in range(300):
+            kw = {"embedding": rng.normal(size=8), "embedding_model": "m8"} if i % 2 else {}
+            c.create(
+                "user:a/project:x",
+                f"memory {i}",
+                id=f"m{i}",
+                importance=float(rng.random()),
+                tier=["fast", "medium", "slow", "glacial"][i % 4],
+                tags=[f"t{i % 3}"],
+                metadata={"n": i, "odd": bool(i % 2)},
+                source="agent",
+                topic="tests",
+                **kw,
+            )
+        c.create("user:a/project:x/task:1", "a child scope memory", id="child")
+        c.create("user:b", "another user's memory", id="other")
+        c.feedback("user:a/project:x", [{"id": "m1", "actual_usefulness": 1.0, "success": True}])
+        before = {m.id: m for m in c.list_memories("user:a/project:x", include_embedding=True)}
+
+        # Export while another client keeps writing to the same namespace.
+        stop = threading.Event()
+        written: list[str] = []
+
+        def writer() -> None:
+            with _client(source) as w:
+                i = 0
+                while not stop.is_set():
+                    written.append(w.create("user:a/project:x", f"late {i}", id=f"late{i}").id)
+                    i += 1
+
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            chunks = list(c.export_memories("user:a/project:x", include_children=True))
+        finally:
+            stop.set()
+            t.join()
+        assert written, "the concurrent writer made no progress"
+        assert chunks[0].HasField("header") and chunks[0].header.namespace == "user:a/project:x"
+        exported = [ch.memory for ch in chunks[1:]]
+        ids = {m.id for m in exported}
+        assert {f"m{i}" for i in range(300)} | {"child"} <= ids
+        assert "other" not in ids
+        # A consistent snapshot: late writes are all in or all out up to a point (a prefix).
+        late = sorted(int(i[4:]) for i in ids if i.startswith("late"))
+        assert late == list(range(len(late)))
+
+    target = server_factory(data_dir=tmp_path / "b", clock=clock)
+    with _client(target) as c:
+        resp = c.import_memories(chunks, target_namespace="user:a/project:y")
+        assert resp.imported == len(exported) and resp.reembedded == 0
+        after = {m.id: m for m in c.list_memories("user:a/project:y", include_embedding=True)}
+        for mid, m in before.items():
+            assert _state(after[mid]) == _state(m), mid
+        assert c.get("user:a/project:y/task:1", "child").content == "a child scope memory"
+        # Searchable after restore, by vector and by text.
+        v = before["m7"].embedding
+        top = c.search("user:a/project:y", list(v), embedding_model="m8", alpha=1, beta=0, gamma=0, limit=1)[
+            0
+        ]
+        assert top.memory.id == "m7" and top.relevance == pytest.approx(1.0, abs=1e-5)
+        assert c.search("user:a/project:y", "memory 10", limit=1)[0].memory.id == "m10"
+        # Importing again into the same place collides, naming the memory.
+        with pytest.raises(AlreadyExistsError):
+            c.import_memories(chunks, target_namespace="user:a/project:y")
+
+
+def test_import_reembeds_when_the_embedder_differs(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    source = server_factory(data_dir=tmp_path / "a")
+    with _client(source) as c:
+        c.create("ns", "embedded by the server", id="s")
+        c.create("ns", "brought its own vector", id="v", embedding=[1.0, 0.0, 0.0], embedding_model="own")
+        chunks = list(c.export_memories("ns"))
+    target = server_factory(data_dir=tmp_path / "b", builtin_model="hash-v2", builtin_dimension=64)
+    with _client(target) as c:
+        resp = c.import_memories(chunks)
+        assert (resp.imported, resp.reembedded) == (2, 1)
+        s = c.get("ns", "s", include_embedding=True)
+        assert s.embedding_model == "hash-v2" and len(s.embedding) == 64
+        v = c.get("ns", "v", include_embedding=True)
+        assert v.embedding_model == "own" and list(v.embedding) == [1.0, 0.0, 0.0]
+
+
+def test_import_needs_the_header_first(client: MemoryClient) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        client.import_memories(
+            [pb.ExportMemoriesResponse(memory=pb.Memory(namespace="ns", content="x", id="a"))]
+        )
+    assert info.value.fields == ["header"]
+    bad = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=9))
+    with pytest.raises(InvalidArgumentError) as info:
+        client.import_memories([bad])
+    assert info.value.fields == ["header.format_version"]
+
+
+def test_timeline_is_newest_first_paged_and_time_bounded(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    clock = FakeClock()
+    with _client(server_factory(clock=clock)) as c:
+        t0 = clock.now
+        for i in range(25):
+            c.create("agent:1", f"event {i}", id=f"e{i}")
+            clock.advance(60)
+        c.create("agent:2", "someone else's event")
+        got = [m.id for m in c.timeline("agent:1", page_size=7)]
+        assert got == [f"e{i}" for i in reversed(range(25))]
+        window = [m.id for m in c.timeline("agent:1", since=t0 + 5 * 60, until=t0 + 10 * 60)]
+        assert window == [f"e{i}" for i in (9, 8, 7, 6, 5)]
+
+
+def test_debate_records_and_similar_debates(client: MemoryClient) -> None:
+    client.create(
+        "debates", "consensus: ship the cache behind a flag", kind="consensus", topic="caching rollout"
+    )
+    client.create("debates", "dissent: the cache hides stale reads", kind="dissent", topic="caching rollout")
+    client.create("debates", "consensus: adopt trunk-based development", kind="consensus", topic="branching")
+    client.create("debates", "an ordinary observation about caching", kind="observation")
+    found = client.find_similar_debates("debates", "cache rollout")
+    assert {r.memory.kind for r in found} <= {"consensus", "dissent"}
+    assert {r.memory.content for r in found[:2]} == {
+        "consensus: ship the cache behind a flag",
+        "dissent: the cache hides stale reads",
+    }
