@@ -557,3 +557,56 @@ class MemoryClient:
             return self.stub.ImportMemories(requests(), timeout=None)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
+
+    # -- agent memory: reflection and summaries (seeds 002, 003) ---------------------------------
+    def observe(
+        self, namespace: str, content: str, *, kind: str = "observation", request_id: str = "", **fields: Any
+    ) -> pb.CreateMemoryResponse:
+        """Store an observation and return the whole response: ``.memory``, ``.reflection_due`` and
+        ``.summary_due`` tell the agent when to reflect or summarize."""
+        req = pb.CreateMemoryRequest(
+            memory=build_memory(namespace, content, kind=kind, **fields),
+            request_id=request_id or uuid.uuid4().hex,
+        )
+        return self._call(self.stub.CreateMemory, req)
+
+    def reflection_candidates(self, namespace: str, *, limit: int = 0) -> pb.GetReflectionCandidatesResponse:
+        """The most recent observations (newest first) and the reflection accumulator."""
+        req = pb.GetReflectionCandidatesRequest(namespace=namespace, limit=limit)
+        return self._call(self.stub.GetReflectionCandidates, req)
+
+    def reflect(
+        self,
+        namespace: str,
+        insight: str,
+        *,
+        source_memory_ids: Iterable[str],
+        questions: Iterable[str] = (),
+        importance: float = 0.9,
+        **fields: Any,
+    ) -> pb.Memory:
+        """Store a reflection (kind "reflection", importance >= 0.8) derived from observations;
+        it resets the namespace's reflection accumulator."""
+        m = build_memory(
+            namespace,
+            insight,
+            kind="reflection",
+            importance=importance,
+            source_memory_ids=source_memory_ids,
+            **fields,
+        )
+        m.questions.extend(questions)
+        req = pb.CreateMemoryRequest(memory=m, request_id=uuid.uuid4().hex)
+        return self._call(self.stub.CreateMemory, req).memory
+
+    def build_summary(self, namespace: str, *, max_tokens: int = 0) -> pb.BuildSummaryResponse:
+        """A built-in extractive summary of the memories since the last summary (no LLM)."""
+        req = pb.BuildSummaryRequest(namespace=namespace, max_tokens=max_tokens)
+        return self._call(self.stub.BuildSummary, req)
+
+    def summarize(
+        self, namespace: str, text: str, *, source_memory_ids: Iterable[str], **fields: Any
+    ) -> pb.Memory:
+        """Store a rolling summary of the scope: it replaces the previous summary and resets the
+        summary token count (seed 003)."""
+        return self.create(namespace, text, kind="summary", source_memory_ids=source_memory_ids, **fields)

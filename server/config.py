@@ -61,7 +61,12 @@ class ServerConfig:
 
     # Records
     default_tier: int = TIER_SLOW
-    default_importance: float = 0.5
+    # Memories stored without importance get importance.estimate() (a heuristic), not a constant.
+    # Agent memory (seeds 002, 003): per namespace, observation importance accumulates until a
+    # reflection is due (seed 002's 100 on its 1-10 scale is 10 on ours); raw events' tokens
+    # accumulate until a summary is due.
+    reflection_threshold: float = 10.0
+    summary_token_threshold: int = 8000
     default_kind: str = "observation"
 
     # Scoring (seed 002): score = alpha*relevance + beta*recency + gamma*importance

@@ -10,6 +10,8 @@ from tiermem._values import metadata_values, set_metadata, set_timestamp, timest
 from tiermem.v1 import memory_pb2 as pb
 
 from .engine import FeedbackItem, Filter
+
+__all__ = ["Filter"]
 from .errors import InvalidArgument
 from .lifecycle import Policy
 from .records import NewMemory, Record
@@ -47,6 +49,7 @@ def new_memory_from_pb(m: pb.Memory, field: str) -> NewMemory:
         token_cost=m.token_cost,
         source_ids=list(m.source_memory_ids),
         expire_at=ts_to_float(m, "expire_time"),
+        questions=list(m.questions),
     )
 
 
@@ -73,6 +76,7 @@ def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory |
     m.success_count = rec.success_count
     m.token_cost = rec.token_cost
     m.source_memory_ids.extend(rec.source_ids)
+    m.questions.extend(rec.questions)
     if rec.expire_at is not None:
         set_timestamp(m.expire_time, rec.expire_at)
     set_timestamp(m.tier_time, rec.tier_since or rec.created_at)
@@ -250,6 +254,7 @@ def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.nd
         ]
         if m.HasField("origin")
         else None,
+        questions=spec.questions,
     )
     return rec, (np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None)
 

@@ -399,6 +399,18 @@ class Engine:
         """Store memories all-or-nothing (see ``create_ex``); returns the stored records."""
         return self.create_ex(memories, request_id, batch=batch)[0]
 
+    def scope(self, namespace: str) -> dict[str, Any]:
+        """A namespace's reflection and summary accumulators."""
+        with self.store.read() as txn:
+            refl, tokens, summary_rid = self.store.scope_state(txn, namespace)
+        return {
+            "reflection_importance": refl,
+            "reflection_due": refl >= self.config.reflection_threshold,
+            "summary_tokens": tokens,
+            "summary_due": tokens >= self.config.summary_token_threshold,
+            "summary_rid": summary_rid,
+        }
+
     def create_ex(
         self,
         memories: list[NewMemory],
@@ -407,9 +419,10 @@ class Engine:
         batch: bool = False,
         dedup_similarity: float | None = None,
         allow_duplicates: bool = False,
-    ) -> tuple[list[Record], list[bool]]:
-        """Store memories all-or-nothing; returns the records and, per memory, whether it was a
-        duplicate that reinforced an existing memory instead of adding one.
+    ) -> tuple[list[Record], list[bool], dict[str, tuple[bool, bool]]]:
+        """Store memories all-or-nothing; returns the records, per memory whether it was a duplicate
+        that reinforced an existing memory instead of adding one, and per namespace whether a
+        reflection and a summary are due.
 
         Deduplication (unless ``allow_duplicates``, and only for memories without a client id): a
         memory whose normalized content equals one already in its namespace, or, with
@@ -456,10 +469,12 @@ class Engine:
                             f"memories created by request_id {request_id!r} were deleted since",
                             reason="REQUEST_RESULT_DELETED",
                         )
-                    return "replay", (replayed, prior.get("dups") or [False] * len(replayed))
+                    dues = {ns: self._dues(txn, ns) for ns in {m.namespace for m in memories}}
+                    return "replay", (replayed, prior.get("dups") or [False] * len(replayed), dues)
             spaces = self.store.spaces(txn)
             out: list[tuple[Record, np.ndarray | None]] = []  # vector None: a reinforced duplicate
             freed: list[Record] = []
+            scopes: dict[str, list[Any]] = {}  # namespace -> reflection/summary state (Store.scope_state)
             for i, m in enumerate(memories):
                 prefix = f"memories[{i}]." if batch else "memory."
                 dim = int(m.embedding.shape[0])
@@ -519,6 +534,7 @@ class Engine:
                     expire_at=m.expire_at,
                     vk=vk,
                     words=len(text_words(m.content)),
+                    questions=list(m.questions),
                 )
                 self.store.insert(txn, rec)
                 if m.embedding.shape[0]:
@@ -526,18 +542,22 @@ class Engine:
                 else:
                     self.store.mark_pending(txn, rid, True)
                 out.append((rec, m.embedding))
+                freed += self._track_scope(txn, scopes, rec)
+            for ns, state in scopes.items():
+                self.store.put_scope_state(txn, ns, state)
+            dues = {ns: self._dues(txn, ns) for ns in {m.namespace for m in memories}}
             dups = [v is None for _, v in out]
             if request_id:
                 self.store.put_request(
                     txn, memories[0].namespace, request_id, fingerprint, [r.rid for r, _ in out], now, dups
                 )
-            return "new", (out, freed)
+            return "new", (out, freed, dues)
 
-        def apply(prepared: tuple[str, Any]) -> tuple[list[Record], list[bool]]:
+        def apply(prepared: tuple[str, Any]) -> tuple[list[Record], list[bool], dict[str, tuple[bool, bool]]]:
             what, payload = prepared
             if what == "replay":
-                return list(payload[0]), list(payload[1])
-            items, freed = payload
+                return list(payload[0]), list(payload[1]), payload[2]
+            items, freed, dues = payload
             self._unindex(freed)
             view = self.columns.view()
             for rec, vec in items:
@@ -545,11 +565,39 @@ class Engine:
                     row = self.columns.rows[rec.rid]
                     self.columns.set(row, rec, int(view.space[row]), int(view.vpos[row]))
             self._index_new([(rec, vec) for rec, vec in items if vec is not None])
-            return [rec for rec, _ in items], [vec is None for _, vec in items]
+            return [rec for rec, _ in items], [vec is None for _, vec in items], dues
 
         weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
-        result: tuple[list[Record], list[bool]] = self.writer.submit(prepare, apply, weight)
+        result: tuple[list[Record], list[bool], dict[str, tuple[bool, bool]]] = self.writer.submit(
+            prepare, apply, weight
+        )
         return result
+
+    def _track_scope(self, txn: lmdb.Transaction, scopes: dict[str, list[Any]], rec: Record) -> list[Record]:
+        """Count a new memory toward its namespace's reflection and summary thresholds. A reflection
+        resets the importance; a summary resets the tokens and replaces the previous summary, which
+        is returned to be unindexed."""
+        state = scopes.get(rec.namespace)
+        if state is None:
+            state = scopes[rec.namespace] = self.store.scope_state(txn, rec.namespace)
+        replaced: list[Record] = []
+        if rec.kind == "reflection":
+            state[0] = 0.0
+        elif rec.kind == "observation":
+            state[0] += rec.importance
+        if rec.kind == "summary":
+            prev = self.store.get(txn, state[2]) if state[2] else None
+            if prev is not None and prev.namespace == rec.namespace and prev.kind == "summary":
+                self.store.delete(txn, prev)
+                replaced.append(prev)
+            state[1], state[2] = 0, rec.rid
+        else:
+            state[1] += rec.token_cost
+        return replaced
+
+    def _dues(self, txn: lmdb.Transaction, namespace: str) -> tuple[bool, bool]:
+        refl, tokens, _ = self.store.scope_state(txn, namespace)
+        return refl >= self.config.reflection_threshold, tokens >= self.config.summary_token_threshold
 
     def _find_duplicate(
         self, txn: lmdb.Transaction, m: NewMemory, min_similarity: float | None
@@ -1109,6 +1157,37 @@ class Engine:
         result: Record = self.writer.submit(prepare, apply)
         return result
 
+    # -- summaries ------------------------------------------------------------------------------
+    def build_summary(self, namespace: str, max_tokens: int) -> tuple[str, list[str], int]:
+        """An extractive summary (no LLM) of the namespace's memories since its last summary: the
+        first sentence of each, best first by 0.7 * importance + 0.3 * rank in time, kept within
+        max_tokens, then put back in time order. Returns (text, covered ids, tokens)."""
+        check.namespace("namespace", namespace)
+        since = self.scope(namespace)["summary_rid"]
+        view = self.columns.view()
+        mask, _ = self.mask(view, [namespace], Filter(), self.clock())
+        rows = np.flatnonzero(mask & (view.rid > since))
+        with self.store.read() as txn:
+            recs = [
+                r
+                for r in (self.store.get(txn, int(view.rid[row])) for row in rows)
+                if r and r.kind != "summary"
+            ]
+        if not recs:
+            return "", [], 0
+        n = len(recs)
+        order = sorted(range(n), key=lambda i: -(0.7 * recs[i].importance + 0.3 * (i + 1) / n))
+        chosen, used = [], 0
+        for i in order:
+            sentence = _first_sentence(recs[i].content)
+            cost = math.ceil(len(sentence.encode()) / 4) + 1
+            if used + cost > max_tokens:
+                continue
+            chosen.append(i)
+            used += cost
+        text = " ".join(_first_sentence(recs[i].content) for i in sorted(chosen))
+        return text, [r.id for r in recs][:1000], math.ceil(len(text.encode()) / 4)
+
     # -- backup and restore ---------------------------------------------------------------------
     def export(self, namespace: str = "", include_children: bool = False) -> Iterator[Any]:
         """Yield a header dict, then (Record, vector or None) for every memory of the namespace (or
@@ -1528,6 +1607,14 @@ class Engine:
         after = _decode_token("page_token", page_token, str) if page_token else ""
         page, more = self.columns.namespaces_page(prefix, after, size)
         return page, (_encode_token(page[-1][0]) if page and more else "")
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    for i, ch in enumerate(text):
+        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] == " "):
+            return text[: i + 1]
+    return text
 
 
 def _reinforce(rec: Record, dup: NewMemory, now: float, max_tags: int) -> None:

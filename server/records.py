@@ -46,6 +46,7 @@ class Record:
     success_base: int = 0  # success_count when it entered its tier
     origin: list[Any] | None = None  # [namespace, id, tier, time] of the memory it was transferred from
     words: int = 0  # word tokens in content (keyword index document length)
+    questions: list[str] = field(default_factory=list)  # questions a reflection addresses
 
     def pack(self) -> bytes:
         return msgpack.packb(asdict(self), use_bin_type=True)
@@ -75,6 +76,7 @@ class NewMemory:
     token_cost: int = 0
     source_ids: list[str] = field(default_factory=list)
     expire_at: float | None = None
+    questions: list[str] = field(default_factory=list)
 
     def fingerprint_parts(self) -> list[Any]:
         emb = None if self.embedding is None else bytes(self.embedding.tobytes())
@@ -95,4 +97,5 @@ class NewMemory:
             self.token_cost,
             self.source_ids,
             self.expire_at,
+            self.questions,
         ]

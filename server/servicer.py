@@ -69,27 +69,34 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
     ) -> pb.CreateMemoryResponse:
         spec = convert.new_memory_from_pb(request.memory, "memory.")
-        [rec], [dup] = self._engine.create_ex(
+        [rec], [dup], dues = self._engine.create_ex(
             [spec],
             request.request_id,
             allow_duplicates=request.allow_duplicates,
             dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
         )
-        return pb.CreateMemoryResponse(memory=convert.memory_to_pb(rec), deduplicated=dup)
+        refl, summ = dues[rec.namespace]
+        return pb.CreateMemoryResponse(
+            memory=convert.memory_to_pb(rec), deduplicated=dup, reflection_due=refl, summary_due=summ
+        )
 
     @_rpc
     def BatchCreateMemories(
         self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchCreateMemoriesResponse:
         specs = [convert.new_memory_from_pb(m, f"memories[{i}].") for i, m in enumerate(request.memories)]
-        recs, dups = self._engine.create_ex(
+        recs, dups, dues = self._engine.create_ex(
             specs,
             request.request_id,
             batch=True,
             allow_duplicates=request.allow_duplicates,
             dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
         )
-        resp = pb.BatchCreateMemoriesResponse(deduplicated=dups)
+        resp = pb.BatchCreateMemoriesResponse(
+            deduplicated=dups,
+            reflection_due_namespaces=sorted(ns for ns, (refl, _) in dues.items() if refl),
+            summary_due_namespaces=sorted(ns for ns, (_, summ) in dues.items() if summ),
+        )
         for rec in recs:
             convert.memory_to_pb(rec, out=resp.memories.add())
         return resp
@@ -176,6 +183,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
         s = self._engine.stats(request.namespace)
         hits, misses = s["search_hits"], s["search_misses"]
+        scope: dict[str, Any] = {}
+        if request.namespace:
+            st = self._engine.scope(request.namespace)
+            scope = {
+                k: st[k] for k in ("reflection_importance", "reflection_due", "summary_tokens", "summary_due")
+            }
         return pb.GetStatsResponse(
             memory_count=s["memory_count"],
             namespace_count=s["namespace_count"],
@@ -212,6 +225,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             search_hits=hits,
             search_misses=misses,
             hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+            **scope,
         )
 
     @_rpc
@@ -329,3 +343,31 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
         imported, reembedded = engine.restore(header, memories(), first.target_namespace)
         return pb.ImportMemoriesResponse(imported=imported, reembedded=reembedded)
+
+    @_rpc
+    def GetReflectionCandidates(
+        self, request: pb.GetReflectionCandidatesRequest, context: grpc.ServicerContext
+    ) -> pb.GetReflectionCandidatesResponse:
+        eng = self._engine
+        if request.limit < 0:
+            raise InvalidArgument("limit", "must not be negative")
+        flt = eng.check_filter(convert.Filter(kinds=["observation"]))
+        recs, _ = eng.list_memories(
+            request.namespace, min(request.limit or 100, 1000), "", flt, newest_first=True
+        )
+        st = eng.scope(request.namespace)
+        return pb.GetReflectionCandidatesResponse(
+            observations=[convert.memory_to_pb(r) for r in recs],
+            accumulated_importance=st["reflection_importance"],
+            threshold=eng.config.reflection_threshold,
+            reflection_due=st["reflection_due"],
+        )
+
+    @_rpc
+    def BuildSummary(
+        self, request: pb.BuildSummaryRequest, context: grpc.ServicerContext
+    ) -> pb.BuildSummaryResponse:
+        if request.max_tokens < 0:
+            raise InvalidArgument("max_tokens", "must not be negative")
+        text, ids, tokens = self._engine.build_summary(request.namespace, request.max_tokens or 500)
+        return pb.BuildSummaryResponse(text=text, source_memory_ids=ids, token_count=tokens)

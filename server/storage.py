@@ -51,6 +51,7 @@ _META_NEXT_RID = b"next_rid"
 _META_NEXT_VK = b"next_vk"
 _META_SPACE = b"space:"
 _META_NSCONF = b"nsconf:"
+_META_SCOPE = b"scope:"
 _META_LSTAT = b"lstat:"
 _META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots
 
@@ -305,6 +306,19 @@ class Store:
     def delete_lifecycle_counters(self, txn: lmdb.Transaction, namespace: str) -> None:
         for tier in range(5):
             txn.delete(_META_LSTAT + namespace.encode() + b"\x00" + bytes([tier]), db=self.meta)
+
+    def scope_state(self, txn: lmdb.Transaction, namespace: str) -> list[Any]:
+        """[observation importance since the last reflection, tokens since the last summary, rid of
+        the current summary (0: none)] of a namespace."""
+        raw = txn.get(_META_SCOPE + namespace.encode(), db=self.meta)
+        return list(msgpack.unpackb(raw)) if raw else [0.0, 0, 0]
+
+    def put_scope_state(self, txn: lmdb.Transaction, namespace: str, state: list[Any] | None) -> None:
+        key = _META_SCOPE + namespace.encode()
+        if state is None:
+            txn.delete(key, db=self.meta)
+        else:
+            txn.put(key, msgpack.packb(state), db=self.meta)
 
     def _prefixed(self, txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         cur = txn.cursor(db=self.meta)

@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from . import importance
 from .config import TIERS, ServerConfig
 from .errors import InvalidArgument
 from .records import NewMemory
@@ -160,11 +161,14 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     text(f"{prefix}content", m.content, config.max_content_bytes)
     m.kind = kind(f"{prefix}kind", m.kind) if m.kind else config.default_kind
     m.tier = tier(f"{prefix}tier", m.tier) if m.tier else config.default_tier
-    m.importance = (
-        config.default_importance
-        if m.importance is None
-        else unit_interval(f"{prefix}importance", m.importance)
-    )
+    if m.importance is None:
+        m.importance = importance.estimate(m.content, m.kind)  # a documented heuristic (importance.py)
+    else:
+        unit_interval(f"{prefix}importance", m.importance)
+    if m.kind == "reflection" and m.importance < 0.8:
+        raise InvalidArgument(
+            f"{prefix}importance", "a reflection's importance must be at least 0.8 (seed 002)"
+        )
     text(f"{prefix}source", m.source)
     text(f"{prefix}topic", m.topic)
     m.tags = tags(f"{prefix}tags", m.tags, config)
@@ -182,6 +186,12 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
         raise InvalidArgument(f"{prefix}token_cost", "must be >= 0")
     for i, sid in enumerate(m.source_ids):
         memory_id(f"{prefix}source_memory_ids[{i}]", sid)
+    if len(m.questions) > config.max_tags:
+        raise InvalidArgument(
+            f"{prefix}questions", f"has {len(m.questions)} questions, the limit is {config.max_tags}"
+        )
+    for i, q in enumerate(m.questions):
+        text(f"{prefix}questions[{i}]", q, 1024)
     return m
 
 

@@ -230,7 +230,7 @@ def test_create_defaults_and_generated_ids(client: MemoryClient) -> None:
     assert a.id != b.id
     assert a.kind == "observation"
     assert a.tier == pb.TIER_SLOW
-    assert a.importance == 0.5
+    assert a.importance == pytest.approx(0.3)  # no importance given: the heuristic's baseline
     assert a.token_cost == 2  # ceil(6 / 4)
     assert a.embedding_model == BUILTIN
     assert not a.HasField("expire_time")
@@ -1529,7 +1529,7 @@ def test_stats(client: MemoryClient) -> None:
     assert got == [(1, 2), (2, 1), (3, 3), (4, 1)]
     avg = {t.tier: t.avg_importance for t in s.tiers}
     assert avg[1] == pytest.approx((f32(0.2) + f32(0.4)) / 2, abs=1e-6)
-    assert avg[3] == pytest.approx((0.5 + f32(0.1) + f32(0.3)) / 3, abs=1e-6)
+    assert avg[3] == pytest.approx((f32(0.3) + f32(0.1) + f32(0.3)) / 3, abs=1e-6)  # s1: heuristic 0.3
     assert avg[4] == pytest.approx(f32(0.9), abs=1e-6)
     spaces = {sp.embedding_model: (sp.dimension, sp.live_vectors, sp.indexed_vectors) for sp in s.spaces}
     assert spaces == {BUILTIN: (384, 5, 5), MODEL: (DIM, 2, 2)}

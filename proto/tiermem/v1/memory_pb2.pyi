@@ -97,7 +97,7 @@ class Value(_message.Message):
     def __init__(self, string_value: _Optional[str] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: _Optional[bool] = ...) -> None: ...
 
 class Memory(_message.Message):
-    __slots__ = ("id", "namespace", "content", "kind", "tier", "importance", "source", "topic", "tags", "metadata", "embedding", "embedding_model", "create_time", "update_time", "last_access_time", "access_count", "surprise_score", "success_count", "token_cost", "source_memory_ids", "expire_time", "tier_time", "origin")
+    __slots__ = ("id", "namespace", "content", "kind", "tier", "importance", "source", "topic", "tags", "metadata", "embedding", "embedding_model", "create_time", "update_time", "last_access_time", "access_count", "surprise_score", "success_count", "token_cost", "source_memory_ids", "expire_time", "tier_time", "origin", "questions")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class Memory(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     TIER_TIME_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    QUESTIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     namespace: str
     content: str
@@ -151,7 +152,8 @@ class Memory(_message.Message):
     expire_time: _timestamp_pb2.Timestamp
     tier_time: _timestamp_pb2.Timestamp
     origin: MemoryOrigin
-    def __init__(self, id: _Optional[str] = ..., namespace: _Optional[str] = ..., content: _Optional[str] = ..., kind: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., importance: _Optional[float] = ..., source: _Optional[str] = ..., topic: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Mapping[str, Value]] = ..., embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_access_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_count: _Optional[int] = ..., surprise_score: _Optional[float] = ..., success_count: _Optional[int] = ..., token_cost: _Optional[int] = ..., source_memory_ids: _Optional[_Iterable[str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tier_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[_Union[MemoryOrigin, _Mapping]] = ...) -> None: ...
+    questions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., namespace: _Optional[str] = ..., content: _Optional[str] = ..., kind: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., importance: _Optional[float] = ..., source: _Optional[str] = ..., topic: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Mapping[str, Value]] = ..., embedding: _Optional[_Iterable[float]] = ..., embedding_model: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_access_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., access_count: _Optional[int] = ..., surprise_score: _Optional[float] = ..., success_count: _Optional[int] = ..., token_cost: _Optional[int] = ..., source_memory_ids: _Optional[_Iterable[str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tier_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[_Union[MemoryOrigin, _Mapping]] = ..., questions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MemoryOrigin(_message.Message):
     __slots__ = ("namespace", "id", "tier", "transfer_time")
@@ -178,12 +180,16 @@ class CreateMemoryRequest(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ...) -> None: ...
 
 class CreateMemoryResponse(_message.Message):
-    __slots__ = ("memory", "deduplicated")
+    __slots__ = ("memory", "deduplicated", "reflection_due", "summary_due")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    REFLECTION_DUE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_DUE_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     deduplicated: bool
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+    reflection_due: bool
+    summary_due: bool
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., deduplicated: _Optional[bool] = ..., reflection_due: _Optional[bool] = ..., summary_due: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesRequest(_message.Message):
     __slots__ = ("memories", "request_id", "dedup_similarity", "allow_duplicates")
@@ -198,12 +204,16 @@ class BatchCreateMemoriesRequest(_message.Message):
     def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesResponse(_message.Message):
-    __slots__ = ("memories", "deduplicated")
+    __slots__ = ("memories", "deduplicated", "reflection_due_namespaces", "summary_due_namespaces")
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    REFLECTION_DUE_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_DUE_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     memories: _containers.RepeatedCompositeFieldContainer[Memory]
     deduplicated: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., deduplicated: _Optional[_Iterable[bool]] = ...) -> None: ...
+    reflection_due_namespaces: _containers.RepeatedScalarFieldContainer[str]
+    summary_due_namespaces: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., deduplicated: _Optional[_Iterable[bool]] = ..., reflection_due_namespaces: _Optional[_Iterable[str]] = ..., summary_due_namespaces: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetMemoryRequest(_message.Message):
     __slots__ = ("namespace", "id", "include_embedding")
@@ -482,7 +492,7 @@ class EmbeddingSpaceStats(_message.Message):
     def __init__(self, embedding_model: _Optional[str] = ..., dimension: _Optional[int] = ..., live_vectors: _Optional[int] = ..., indexed_vectors: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("memory_count", "namespace_count", "tiers", "spaces", "writes_committed", "commit_groups", "uptime_seconds", "storage_bytes", "server_version", "search_hits", "search_misses", "hit_rate")
+    __slots__ = ("memory_count", "namespace_count", "tiers", "spaces", "writes_committed", "commit_groups", "uptime_seconds", "storage_bytes", "server_version", "search_hits", "search_misses", "hit_rate", "reflection_importance", "reflection_due", "summary_tokens", "summary_due")
     MEMORY_COUNT_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_COUNT_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -495,6 +505,10 @@ class GetStatsResponse(_message.Message):
     SEARCH_HITS_FIELD_NUMBER: _ClassVar[int]
     SEARCH_MISSES_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    REFLECTION_IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    REFLECTION_DUE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_DUE_FIELD_NUMBER: _ClassVar[int]
     memory_count: int
     namespace_count: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -507,7 +521,11 @@ class GetStatsResponse(_message.Message):
     search_hits: int
     search_misses: int
     hit_rate: float
-    def __init__(self, memory_count: _Optional[int] = ..., namespace_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., spaces: _Optional[_Iterable[_Union[EmbeddingSpaceStats, _Mapping]]] = ..., writes_committed: _Optional[int] = ..., commit_groups: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., storage_bytes: _Optional[int] = ..., server_version: _Optional[str] = ..., search_hits: _Optional[int] = ..., search_misses: _Optional[int] = ..., hit_rate: _Optional[float] = ...) -> None: ...
+    reflection_importance: float
+    reflection_due: bool
+    summary_tokens: int
+    summary_due: bool
+    def __init__(self, memory_count: _Optional[int] = ..., namespace_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., spaces: _Optional[_Iterable[_Union[EmbeddingSpaceStats, _Mapping]]] = ..., writes_committed: _Optional[int] = ..., commit_groups: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., storage_bytes: _Optional[int] = ..., server_version: _Optional[str] = ..., search_hits: _Optional[int] = ..., search_misses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., reflection_importance: _Optional[float] = ..., reflection_due: _Optional[bool] = ..., summary_tokens: _Optional[int] = ..., summary_due: _Optional[bool] = ...) -> None: ...
 
 class ListNamespacesRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -758,3 +776,41 @@ class ImportMemoriesResponse(_message.Message):
     imported: int
     reembedded: int
     def __init__(self, imported: _Optional[int] = ..., reembedded: _Optional[int] = ...) -> None: ...
+
+class GetReflectionCandidatesRequest(_message.Message):
+    __slots__ = ("namespace", "limit")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    limit: int
+    def __init__(self, namespace: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GetReflectionCandidatesResponse(_message.Message):
+    __slots__ = ("observations", "accumulated_importance", "threshold", "reflection_due")
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ACCUMULATED_IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    REFLECTION_DUE_FIELD_NUMBER: _ClassVar[int]
+    observations: _containers.RepeatedCompositeFieldContainer[Memory]
+    accumulated_importance: float
+    threshold: float
+    reflection_due: bool
+    def __init__(self, observations: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., accumulated_importance: _Optional[float] = ..., threshold: _Optional[float] = ..., reflection_due: _Optional[bool] = ...) -> None: ...
+
+class BuildSummaryRequest(_message.Message):
+    __slots__ = ("namespace", "max_tokens")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    max_tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class BuildSummaryResponse(_message.Message):
+    __slots__ = ("text", "source_memory_ids", "token_count")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    source_memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    token_count: int
+    def __init__(self, text: _Optional[str] = ..., source_memory_ids: _Optional[_Iterable[str]] = ..., token_count: _Optional[int] = ...) -> None: ...

@@ -115,6 +115,16 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.FromString,
                 _registered_method=True)
+        self.GetReflectionCandidates = channel.unary_unary(
+                '/tiermem.v1.MemoryService/GetReflectionCandidates',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.GetReflectionCandidatesRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.GetReflectionCandidatesResponse.FromString,
+                _registered_method=True)
+        self.BuildSummary = channel.unary_unary(
+                '/tiermem.v1.MemoryService/BuildSummary',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryResponse.FromString,
+                _registered_method=True)
         self.ExportMemories = channel.unary_stream(
                 '/tiermem.v1.MemoryService/ExportMemories',
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
@@ -247,6 +257,22 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReflectionCandidates(self, request, context):
+        """GetReflectionCandidates returns the observations to reflect on (the most recent first) and the
+        accumulator that says whether a reflection is due (seed 002).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BuildSummary(self, request, context):
+        """BuildSummary returns a built-in extractive summary of a namespace's memories since its last
+        summary (no LLM): a fallback an agent may store as its summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExportMemories(self, request, context):
         """ExportMemories streams a consistent snapshot of one namespace (or all) while writes continue:
         a header, then every memory with its vector.
@@ -345,6 +371,16 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.TransferMemory,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.SerializeToString,
+            ),
+            'GetReflectionCandidates': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReflectionCandidates,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.GetReflectionCandidatesRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.GetReflectionCandidatesResponse.SerializeToString,
+            ),
+            'BuildSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.BuildSummary,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryResponse.SerializeToString,
             ),
             'ExportMemories': grpc.unary_stream_rpc_method_handler(
                     servicer.ExportMemories,
@@ -790,6 +826,60 @@ class MemoryService:
             '/tiermem.v1.MemoryService/TransferMemory',
             tiermem_dot_v1_dot_memory__pb2.TransferMemoryRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.TransferMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReflectionCandidates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/GetReflectionCandidates',
+            tiermem_dot_v1_dot_memory__pb2.GetReflectionCandidatesRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.GetReflectionCandidatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/BuildSummary',
+            tiermem_dot_v1_dot_memory__pb2.BuildSummaryRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.BuildSummaryResponse.FromString,
             options,
             channel_credentials,
             insecure,
