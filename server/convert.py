@@ -282,3 +282,47 @@ def header_from_pb(h: pb.ExportHeader) -> dict[str, Any]:
         "namespace": h.namespace,
         "export_time": ts_to_float(h, "export_time"),
     }
+
+
+def node_from_pb(n: pb.GraphNode) -> dict[str, Any]:
+    return {
+        "id": n.id,
+        "label": n.label,
+        "properties": metadata_from_pb(n.properties, "node.properties"),
+        "memory_ids": list(n.memory_ids),
+    }
+
+
+def node_to_pb(node: dict[str, Any]) -> pb.GraphNode:
+    out = pb.GraphNode(id=node["id"], label=node.get("label", ""), memory_ids=node.get("memory_ids", []))
+    set_metadata(out.properties, node.get("properties", {}))
+    set_timestamp(out.update_time, node.get("updated", 0.0))
+    return out
+
+
+def edge_from_pb(e: pb.GraphEdge) -> dict[str, Any]:
+    return {
+        "source_id": e.source_id,
+        "target_id": e.target_id,
+        "relation": e.relation,
+        "properties": metadata_from_pb(e.properties, "edge.properties"),
+        "memory_ids": list(e.memory_ids),
+        "valid_from": ts_to_float(e, "valid_from"),
+        "invalid_from": ts_to_float(e, "invalid_from"),
+    }
+
+
+def edge_to_pb(edge: dict[str, Any]) -> pb.GraphEdge:
+    out = pb.GraphEdge(
+        id=edge["id"],
+        source_id=edge["source_id"],
+        target_id=edge["target_id"],
+        relation=edge["relation"],
+        memory_ids=edge.get("memory_ids", []),
+    )
+    set_metadata(out.properties, edge.get("properties", {}))
+    set_timestamp(out.valid_from, edge["valid_from"])
+    if edge.get("invalid_from") is not None:
+        set_timestamp(out.invalid_from, edge["invalid_from"])
+    set_timestamp(out.create_time, edge.get("created", 0.0))
+    return out

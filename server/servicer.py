@@ -13,6 +13,7 @@ from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
 from . import convert
+from .context import ScopeSpec
 from .engine import Engine
 from .errors import InvalidArgument, TiermemError, Unavailable
 from .status import to_status
@@ -371,3 +372,80 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             raise InvalidArgument("max_tokens", "must not be negative")
         text, ids, tokens = self._engine.build_summary(request.namespace, request.max_tokens or 500)
         return pb.BuildSummaryResponse(text=text, source_memory_ids=ids, token_count=tokens)
+
+    @_rpc
+    def UpsertGraphNode(
+        self, request: pb.UpsertGraphNodeRequest, context: grpc.ServicerContext
+    ) -> pb.UpsertGraphNodeResponse:
+        node = self._engine.upsert_node(request.namespace, convert.node_from_pb(request.node))
+        return pb.UpsertGraphNodeResponse(node=convert.node_to_pb(node))
+
+    @_rpc
+    def AddGraphEdge(
+        self, request: pb.AddGraphEdgeRequest, context: grpc.ServicerContext
+    ) -> pb.AddGraphEdgeResponse:
+        edge = self._engine.add_edge(request.namespace, convert.edge_from_pb(request.edge))
+        return pb.AddGraphEdgeResponse(edge=convert.edge_to_pb(edge))
+
+    @_rpc
+    def InvalidateGraphEdge(
+        self, request: pb.InvalidateGraphEdgeRequest, context: grpc.ServicerContext
+    ) -> pb.InvalidateGraphEdgeResponse:
+        edge = self._engine.invalidate_edge(
+            request.namespace, request.edge_id, convert.ts_to_float(request, "invalid_from")
+        )
+        return pb.InvalidateGraphEdgeResponse(edge=convert.edge_to_pb(edge))
+
+    @_rpc
+    def GetGraphNeighbors(
+        self, request: pb.GetGraphNeighborsRequest, context: grpc.ServicerContext
+    ) -> pb.GetGraphNeighborsResponse:
+        nodes, edges = self._engine.neighbors(
+            request.namespace,
+            request.node_id,
+            request.depth or 1,
+            request.limit,
+            convert.ts_to_float(request, "as_of"),
+            request.include_invalid,
+        )
+        return pb.GetGraphNeighborsResponse(
+            nodes=[convert.node_to_pb(n) for n in nodes], edges=[convert.edge_to_pb(e) for e in edges]
+        )
+
+    @_rpc
+    def BuildContext(
+        self, request: pb.BuildContextRequest, context: grpc.ServicerContext
+    ) -> pb.BuildContextResponse:
+        scopes = [
+            ScopeSpec(
+                s.namespace,
+                s.share if s.HasField("share") else None,
+                s.semantic_k if s.HasField("semantic_k") else None,
+                s.recent_window if s.HasField("recent_window") else None,
+            )
+            for s in request.scopes
+        ]
+        r = self._engine.assembler.build(
+            scopes,
+            request.query_text,
+            request.token_budget,
+            request.head_tail,
+            request.graph_facts if request.HasField("graph_facts") else True,
+            request.read_only,
+        )
+        return pb.BuildContextResponse(
+            sections=[
+                pb.ContextSection(
+                    namespace=s.namespace,
+                    kind=s.kind,
+                    tokens=s.tokens,
+                    items=[
+                        pb.ContextItem(memory_id=x.memory_id, text=x.text, tokens=x.tokens) for x in s.items
+                    ],
+                )
+                for s in r["sections"]
+            ],
+            tokens_used=r["tokens_used"],
+            candidate_tokens=r["candidate_tokens"],
+            compression_ratio=r["compression_ratio"],
+        )

@@ -9,6 +9,8 @@ One environment with named sub-databases:
 - ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
 - ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
 - ``contents``: namespace NUL blake2b(normalized content) -> rid, for exact-duplicate detection
+- ``graph``: namespace NUL "n" NUL node id -> node; namespace NUL "e" NUL edge id -> edge;
+  namespace NUL "a" NUL node id NUL edge id -> b"" (adjacency, both ends)
 - ``pending``: rid -> b"" for memories stored without a vector (the embedder failed); retried
 - ``postings``: term -> (rid 8 bytes, count 4 bytes) for each memory whose content has the term
   (sorted duplicates): the keyword (BM25) index, written in the same commit as the record
@@ -111,6 +113,7 @@ class Store:
         self.contents = self.env.open_db(b"contents")
         self.postings = self.env.open_db(b"postings", dupsort=True)
         self.pending = self.env.open_db(b"pending")
+        self.graph = self.env.open_db(b"graph")
         self._gate = RWLock()
         self.instance = self._check_schema()
 
@@ -319,6 +322,59 @@ class Store:
             txn.delete(key, db=self.meta)
         else:
             txn.put(key, msgpack.packb(state), db=self.meta)
+
+    # -- graph memory ---------------------------------------------------------------------------
+    @staticmethod
+    def _gkey(namespace: str, kind: bytes, *parts: str) -> bytes:
+        return b"\x00".join([namespace.encode(), kind, *(p.encode() for p in parts)])
+
+    def get_node(self, txn: lmdb.Transaction, namespace: str, node_id: str) -> dict[str, Any] | None:
+        raw = txn.get(self._gkey(namespace, b"n", node_id), db=self.graph)
+        return None if raw is None else msgpack.unpackb(raw, raw=False)
+
+    def put_node(self, txn: lmdb.Transaction, namespace: str, node: dict[str, Any]) -> None:
+        txn.put(
+            self._gkey(namespace, b"n", node["id"]), msgpack.packb(node, use_bin_type=True), db=self.graph
+        )
+
+    def get_edge(self, txn: lmdb.Transaction, namespace: str, edge_id: str) -> dict[str, Any] | None:
+        raw = txn.get(self._gkey(namespace, b"e", edge_id), db=self.graph)
+        return None if raw is None else msgpack.unpackb(raw, raw=False)
+
+    def put_edge(self, txn: lmdb.Transaction, namespace: str, edge: dict[str, Any]) -> None:
+        txn.put(
+            self._gkey(namespace, b"e", edge["id"]), msgpack.packb(edge, use_bin_type=True), db=self.graph
+        )
+        for end in (edge["source_id"], edge["target_id"]):
+            txn.put(self._gkey(namespace, b"a", end, edge["id"]), b"", db=self.graph)
+
+    def nodes(self, txn: lmdb.Transaction, namespace: str) -> Iterator[dict[str, Any]]:
+        prefix = self._gkey(namespace, b"n") + b"\x00"
+        cur = txn.cursor(db=self.graph)
+        if cur.set_range(prefix):
+            for key, value in cur:
+                if not bytes(key).startswith(prefix):
+                    break
+                yield msgpack.unpackb(value, raw=False)
+
+    def edges_of(self, txn: lmdb.Transaction, namespace: str, node_id: str) -> list[str]:
+        prefix = self._gkey(namespace, b"a", node_id) + b"\x00"
+        out = []
+        cur = txn.cursor(db=self.graph)
+        if cur.set_range(prefix):
+            for key in cur.iternext(keys=True, values=False):
+                key = bytes(key)
+                if not key.startswith(prefix):
+                    break
+                out.append(key[len(prefix) :].decode())
+        return out
+
+    def delete_graph(self, txn: lmdb.Transaction, namespace: str, include_children: bool) -> None:
+        prefixes = [namespace.encode() + b"\x00"] + ([namespace.encode() + b"/"] if include_children else [])
+        cur = txn.cursor(db=self.graph)
+        for prefix in prefixes:
+            while cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):
+                cur.delete()
 
     def _prefixed(self, txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         cur = txn.cursor(db=self.meta)

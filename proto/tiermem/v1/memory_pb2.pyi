@@ -814,3 +814,183 @@ class BuildSummaryResponse(_message.Message):
     source_memory_ids: _containers.RepeatedScalarFieldContainer[str]
     token_count: int
     def __init__(self, text: _Optional[str] = ..., source_memory_ids: _Optional[_Iterable[str]] = ..., token_count: _Optional[int] = ...) -> None: ...
+
+class GraphNode(_message.Message):
+    __slots__ = ("id", "label", "properties", "memory_ids", "update_time")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    label: str
+    properties: _containers.MessageMap[str, Value]
+    memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., label: _Optional[str] = ..., properties: _Optional[_Mapping[str, Value]] = ..., memory_ids: _Optional[_Iterable[str]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GraphEdge(_message.Message):
+    __slots__ = ("id", "source_id", "target_id", "relation", "properties", "memory_ids", "valid_from", "invalid_from", "create_time")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    RELATION_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    VALID_FROM_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FROM_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    source_id: str
+    target_id: str
+    relation: str
+    properties: _containers.MessageMap[str, Value]
+    memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    valid_from: _timestamp_pb2.Timestamp
+    invalid_from: _timestamp_pb2.Timestamp
+    create_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., source_id: _Optional[str] = ..., target_id: _Optional[str] = ..., relation: _Optional[str] = ..., properties: _Optional[_Mapping[str, Value]] = ..., memory_ids: _Optional[_Iterable[str]] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., invalid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class UpsertGraphNodeRequest(_message.Message):
+    __slots__ = ("namespace", "node")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    node: GraphNode
+    def __init__(self, namespace: _Optional[str] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ...) -> None: ...
+
+class UpsertGraphNodeResponse(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: GraphNode
+    def __init__(self, node: _Optional[_Union[GraphNode, _Mapping]] = ...) -> None: ...
+
+class AddGraphEdgeRequest(_message.Message):
+    __slots__ = ("namespace", "edge")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    edge: GraphEdge
+    def __init__(self, namespace: _Optional[str] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ...) -> None: ...
+
+class AddGraphEdgeResponse(_message.Message):
+    __slots__ = ("edge",)
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    edge: GraphEdge
+    def __init__(self, edge: _Optional[_Union[GraphEdge, _Mapping]] = ...) -> None: ...
+
+class InvalidateGraphEdgeRequest(_message.Message):
+    __slots__ = ("namespace", "edge_id", "invalid_from")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_ID_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FROM_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    edge_id: str
+    invalid_from: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., edge_id: _Optional[str] = ..., invalid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class InvalidateGraphEdgeResponse(_message.Message):
+    __slots__ = ("edge",)
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    edge: GraphEdge
+    def __init__(self, edge: _Optional[_Union[GraphEdge, _Mapping]] = ...) -> None: ...
+
+class GetGraphNeighborsRequest(_message.Message):
+    __slots__ = ("namespace", "node_id", "depth", "limit", "as_of", "include_invalid")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_INVALID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    node_id: str
+    depth: int
+    limit: int
+    as_of: _timestamp_pb2.Timestamp
+    include_invalid: bool
+    def __init__(self, namespace: _Optional[str] = ..., node_id: _Optional[str] = ..., depth: _Optional[int] = ..., limit: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_invalid: _Optional[bool] = ...) -> None: ...
+
+class GetGraphNeighborsResponse(_message.Message):
+    __slots__ = ("nodes", "edges")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[GraphNode]
+    edges: _containers.RepeatedCompositeFieldContainer[GraphEdge]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[GraphNode, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[GraphEdge, _Mapping]]] = ...) -> None: ...
+
+class ContextScope(_message.Message):
+    __slots__ = ("namespace", "share", "semantic_k", "recent_window")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_K_FIELD_NUMBER: _ClassVar[int]
+    RECENT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    share: float
+    semantic_k: int
+    recent_window: int
+    def __init__(self, namespace: _Optional[str] = ..., share: _Optional[float] = ..., semantic_k: _Optional[int] = ..., recent_window: _Optional[int] = ...) -> None: ...
+
+class BuildContextRequest(_message.Message):
+    __slots__ = ("scopes", "query_text", "token_budget", "head_tail", "graph_facts", "read_only")
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    QUERY_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    HEAD_TAIL_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FACTS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    scopes: _containers.RepeatedCompositeFieldContainer[ContextScope]
+    query_text: str
+    token_budget: int
+    head_tail: int
+    graph_facts: bool
+    read_only: bool
+    def __init__(self, scopes: _Optional[_Iterable[_Union[ContextScope, _Mapping]]] = ..., query_text: _Optional[str] = ..., token_budget: _Optional[int] = ..., head_tail: _Optional[int] = ..., graph_facts: _Optional[bool] = ..., read_only: _Optional[bool] = ...) -> None: ...
+
+class ContextItem(_message.Message):
+    __slots__ = ("memory_id", "text", "tokens")
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    memory_id: str
+    text: str
+    tokens: int
+    def __init__(self, memory_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class ContextSection(_message.Message):
+    __slots__ = ("namespace", "kind", "items", "tokens")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    kind: str
+    items: _containers.RepeatedCompositeFieldContainer[ContextItem]
+    tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ContextItem, _Mapping]]] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class BuildContextResponse(_message.Message):
+    __slots__ = ("sections", "tokens_used", "candidate_tokens", "compression_ratio")
+    SECTIONS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    sections: _containers.RepeatedCompositeFieldContainer[ContextSection]
+    tokens_used: int
+    candidate_tokens: int
+    compression_ratio: float
+    def __init__(self, sections: _Optional[_Iterable[_Union[ContextSection, _Mapping]]] = ..., tokens_used: _Optional[int] = ..., candidate_tokens: _Optional[int] = ..., compression_ratio: _Optional[float] = ...) -> None: ...

@@ -125,6 +125,31 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryResponse.FromString,
                 _registered_method=True)
+        self.UpsertGraphNode = channel.unary_unary(
+                '/tiermem.v1.MemoryService/UpsertGraphNode',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.UpsertGraphNodeRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.UpsertGraphNodeResponse.FromString,
+                _registered_method=True)
+        self.AddGraphEdge = channel.unary_unary(
+                '/tiermem.v1.MemoryService/AddGraphEdge',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.AddGraphEdgeRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.AddGraphEdgeResponse.FromString,
+                _registered_method=True)
+        self.InvalidateGraphEdge = channel.unary_unary(
+                '/tiermem.v1.MemoryService/InvalidateGraphEdge',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.InvalidateGraphEdgeRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.InvalidateGraphEdgeResponse.FromString,
+                _registered_method=True)
+        self.GetGraphNeighbors = channel.unary_unary(
+                '/tiermem.v1.MemoryService/GetGraphNeighbors',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.GetGraphNeighborsRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.GetGraphNeighborsResponse.FromString,
+                _registered_method=True)
+        self.BuildContext = channel.unary_unary(
+                '/tiermem.v1.MemoryService/BuildContext',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.BuildContextRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.BuildContextResponse.FromString,
+                _registered_method=True)
         self.ExportMemories = channel.unary_stream(
                 '/tiermem.v1.MemoryService/ExportMemories',
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
@@ -273,6 +298,41 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpsertGraphNode(self, request, context):
+        """UpsertGraphNode creates or replaces a node of a namespace's graph (facts the agent writes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddGraphEdge(self, request, context):
+        """AddGraphEdge links two nodes, optionally with a validity interval.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InvalidateGraphEdge(self, request, context):
+        """InvalidateGraphEdge ends an edge's validity: a superseded fact stays in history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGraphNeighbors(self, request, context):
+        """GetGraphNeighbors walks a node's edges valid at as_of, breadth first, to a depth.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BuildContext(self, request, context):
+        """BuildContext assembles a token-budgeted context package for an agent turn (seeds 001, 003, 004).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExportMemories(self, request, context):
         """ExportMemories streams a consistent snapshot of one namespace (or all) while writes continue:
         a header, then every memory with its vector.
@@ -381,6 +441,31 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.BuildSummary,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.BuildSummaryResponse.SerializeToString,
+            ),
+            'UpsertGraphNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpsertGraphNode,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.UpsertGraphNodeRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.UpsertGraphNodeResponse.SerializeToString,
+            ),
+            'AddGraphEdge': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddGraphEdge,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.AddGraphEdgeRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.AddGraphEdgeResponse.SerializeToString,
+            ),
+            'InvalidateGraphEdge': grpc.unary_unary_rpc_method_handler(
+                    servicer.InvalidateGraphEdge,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.InvalidateGraphEdgeRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.InvalidateGraphEdgeResponse.SerializeToString,
+            ),
+            'GetGraphNeighbors': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGraphNeighbors,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.GetGraphNeighborsRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.GetGraphNeighborsResponse.SerializeToString,
+            ),
+            'BuildContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.BuildContext,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.BuildContextRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.BuildContextResponse.SerializeToString,
             ),
             'ExportMemories': grpc.unary_stream_rpc_method_handler(
                     servicer.ExportMemories,
@@ -880,6 +965,141 @@ class MemoryService:
             '/tiermem.v1.MemoryService/BuildSummary',
             tiermem_dot_v1_dot_memory__pb2.BuildSummaryRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.BuildSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpsertGraphNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/UpsertGraphNode',
+            tiermem_dot_v1_dot_memory__pb2.UpsertGraphNodeRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.UpsertGraphNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddGraphEdge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/AddGraphEdge',
+            tiermem_dot_v1_dot_memory__pb2.AddGraphEdgeRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.AddGraphEdgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InvalidateGraphEdge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/InvalidateGraphEdge',
+            tiermem_dot_v1_dot_memory__pb2.InvalidateGraphEdgeRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.InvalidateGraphEdgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGraphNeighbors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/GetGraphNeighbors',
+            tiermem_dot_v1_dot_memory__pb2.GetGraphNeighborsRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.GetGraphNeighborsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/BuildContext',
+            tiermem_dot_v1_dot_memory__pb2.BuildContextRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.BuildContextResponse.FromString,
             options,
             channel_credentials,
             insecure,
