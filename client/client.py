@@ -610,3 +610,94 @@ class MemoryClient:
         """Store a rolling summary of the scope: it replaces the previous summary and resets the
         summary token count (seed 003)."""
         return self.create(namespace, text, kind="summary", source_memory_ids=source_memory_ids, **fields)
+
+    # -- graph memory (seed 003) ------------------------------------------------------------------
+    def upsert_node(
+        self,
+        namespace: str,
+        node_id: str,
+        *,
+        label: str = "",
+        properties: Mapping[str, Any] | None = None,
+        memory_ids: Iterable[str] = (),
+    ) -> pb.GraphNode:
+        """Create or replace a graph node (an entity the agent records explicitly)."""
+        node = pb.GraphNode(id=node_id, label=label, memory_ids=list(memory_ids))
+        if properties:
+            set_metadata(node.properties, properties)
+        return self._call(
+            self.stub.UpsertGraphNode, pb.UpsertGraphNodeRequest(namespace=namespace, node=node)
+        ).node
+
+    def add_edge(
+        self,
+        namespace: str,
+        source_id: str,
+        relation: str,
+        target_id: str,
+        *,
+        properties: Mapping[str, Any] | None = None,
+        memory_ids: Iterable[str] = (),
+        valid_from: TimeLike | None = None,
+        invalid_from: TimeLike | None = None,
+    ) -> pb.GraphEdge:
+        """Link two nodes: ``source_id relation target_id``, valid over [valid_from, invalid_from)."""
+        edge = pb.GraphEdge(
+            source_id=source_id, target_id=target_id, relation=relation, memory_ids=list(memory_ids)
+        )
+        if properties:
+            set_metadata(edge.properties, properties)
+        if valid_from is not None:
+            edge.valid_from.CopyFrom(_timestamp(valid_from))
+        if invalid_from is not None:
+            edge.invalid_from.CopyFrom(_timestamp(invalid_from))
+        return self._call(self.stub.AddGraphEdge, pb.AddGraphEdgeRequest(namespace=namespace, edge=edge)).edge
+
+    def invalidate_edge(self, namespace: str, edge_id: str, *, at: TimeLike | None = None) -> pb.GraphEdge:
+        """End a fact's validity (it stays in history)."""
+        req = pb.InvalidateGraphEdgeRequest(namespace=namespace, edge_id=edge_id)
+        if at is not None:
+            req.invalid_from.CopyFrom(_timestamp(at))
+        return self._call(self.stub.InvalidateGraphEdge, req).edge
+
+    def neighbors(
+        self,
+        namespace: str,
+        node_id: str,
+        *,
+        depth: int = 1,
+        limit: int = 0,
+        as_of: TimeLike | None = None,
+        include_invalid: bool = False,
+    ) -> pb.GetGraphNeighborsResponse:
+        """Nodes (breadth first) and edges around ``node_id`` that hold at ``as_of``."""
+        req = pb.GetGraphNeighborsRequest(
+            namespace=namespace, node_id=node_id, depth=depth, limit=limit, include_invalid=include_invalid
+        )
+        if as_of is not None:
+            req.as_of.CopyFrom(_timestamp(as_of))
+        return self._call(self.stub.GetGraphNeighbors, req)
+
+    # -- context assembly -------------------------------------------------------------------------
+    def build_context(
+        self,
+        scopes: Sequence[str | Mapping[str, Any]],
+        *,
+        token_budget: int,
+        query: str = "",
+        head_tail: int = 0,
+        graph_facts: bool = True,
+        read_only: bool = False,
+    ) -> pb.BuildContextResponse:
+        """A token-budgeted context package for an agent turn: ``scopes`` narrowest first (namespace
+        strings, or dicts with namespace, share, semantic_k, recent_window)."""
+        req = pb.BuildContextRequest(
+            query_text=query,
+            token_budget=token_budget,
+            head_tail=head_tail,
+            graph_facts=graph_facts,
+            read_only=read_only,
+        )
+        for scope in scopes:
+            req.scopes.add(**({"namespace": scope} if isinstance(scope, str) else dict(scope)))
+        return self._call(self.stub.BuildContext, req)
