@@ -547,10 +547,17 @@ class MemoryClient:
         def requests() -> Iterator[pb.ImportMemoriesRequest]:
             for i, chunk in enumerate(chunks):
                 req = pb.ImportMemoriesRequest(target_namespace=target_namespace if i == 0 else "")
-                if chunk.HasField("header"):
+                which = chunk.WhichOneof("chunk")
+                if which == "header":
                     req.header.CopyFrom(chunk.header)
-                else:
+                elif which == "memory":
                     req.memory.CopyFrom(chunk.memory)
+                elif which == "node":
+                    req.node.CopyFrom(chunk.node)
+                    req.graph_namespace = chunk.graph_namespace
+                else:
+                    req.edge.CopyFrom(chunk.edge)
+                    req.graph_namespace = chunk.graph_namespace
                 yield req
 
         try:

@@ -1316,8 +1316,9 @@ class Engine:
 
     # -- backup and restore ---------------------------------------------------------------------
     def export(self, namespace: str = "", include_children: bool = False) -> Iterator[Any]:
-        """Yield a header dict, then (Record, vector or None) for every memory of the namespace (or
-        all), from one LMDB read transaction: a consistent snapshot while writes go on."""
+        """Yield a header dict, then ("memory", Record, vector or None) for every memory of the
+        namespace (or all), then ("node" | "edge", namespace, item) for its graph, all from one LMDB
+        read transaction: a consistent snapshot while writes go on."""
         if namespace:
             check.namespace("namespace", namespace)
         prefixes = (
@@ -1343,25 +1344,37 @@ class Engine:
                         break
                     rec = self.store.get(txn, int.from_bytes(value, "big"))
                     if rec is not None and not (rec.expire_at is not None and rec.expire_at <= now):
-                        yield rec, self.store.get_vector(txn, rec.rid)
+                        yield "memory", rec, self.store.get_vector(txn, rec.rid)
+            graph = self.store.graph_items(txn, prefixes)
+            yield from sorted(graph, key=lambda item: item[0] == "edge")  # nodes before the edges using them
 
     def restore(
         self,
         header: dict[str, Any],
-        items: Iterator[tuple[Record, np.ndarray | None]],
+        items: Iterator[tuple[Any, Any, Any]],
         target_namespace: str = "",
         batch: int = 500,
-    ) -> tuple[int, int]:
-        """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``.
-        Memories the exporting server embedded are re-embedded when this server's embedder differs.
-        Returns (imported, re-embedded). An id that exists already is ALREADY_EXISTS; the batches
-        committed before it stay."""
+    ) -> tuple[int, int, int]:
+        """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``,
+        then the exported graph ("node" / "edge", namespace, item). Memories the exporting server
+        embedded are re-embedded when this server's embedder differs. Returns (memories imported,
+        re-embedded, graph items). An id that exists already is ALREADY_EXISTS; the batches committed
+        before it stay."""
         source_ns = header.get("namespace", "")
         if target_namespace:
             check.namespace("target_namespace", target_namespace)
         reembed_model = header.get("embedder_model", "")
         imported = reembedded = 0
         pending: list[tuple[Record, np.ndarray | None]] = []
+        graph: list[tuple[str, str, dict[str, Any]]] = []
+
+        def rename(ns: str) -> str:
+            if target_namespace:
+                if source_ns and (ns == source_ns or ns.startswith(source_ns + "/")):
+                    return target_namespace + ns[len(source_ns) :]
+                if not source_ns:
+                    return f"{target_namespace}/{ns}"
+            return ns
 
         def flush() -> None:
             nonlocal imported
@@ -1369,13 +1382,12 @@ class Engine:
                 imported += self._restore_batch(list(pending))
                 pending.clear()
 
-        for i, (rec, vec) in enumerate(items):
+        for i, (what, rec, vec) in enumerate(items):
+            if what in ("node", "edge"):
+                graph.append((what, check.namespace(f"chunks[{i}].graph_namespace", rename(rec)), vec))
+                continue
             field = f"memories[{i}]."
-            if target_namespace:
-                if source_ns and (rec.namespace == source_ns or rec.namespace.startswith(source_ns + "/")):
-                    rec.namespace = target_namespace + rec.namespace[len(source_ns) :]
-                elif not source_ns:
-                    rec.namespace = f"{target_namespace}/{rec.namespace}"
+            rec.namespace = rename(rec.namespace)
             check.namespace(field + "namespace", rec.namespace)
             check.memory_id(field + "id", rec.id)
             if (rec.embedding_model == reembed_model and reembed_model != self.embedder.model) or vec is None:
@@ -1392,7 +1404,19 @@ class Engine:
             if len(pending) >= batch:
                 flush()
         flush()
-        return imported, reembedded
+        for lo in range(0, len(graph), batch):
+            chunk = graph[lo : lo + batch]
+
+            def prepare(txn: lmdb.Transaction, chunk: list[tuple[str, str, dict[str, Any]]] = chunk) -> int:
+                for what, ns, item in chunk:
+                    if what == "node":
+                        self.store.put_node(txn, ns, item)
+                    else:
+                        self.store.put_edge(txn, ns, item)
+                return len(chunk)
+
+            self.writer.submit(prepare, lambda n: n)
+        return imported, reembedded, len(graph)
 
     def _restore_batch(self, items: list[tuple[Record, np.ndarray | None]]) -> int:
         def prepare(txn: lmdb.Transaction) -> list[tuple[Record, np.ndarray]]:
@@ -1416,6 +1440,12 @@ class Engine:
                 rec.rid, rec.vk = self._alloc()
                 rec.words = len(text_words(rec.content))
                 self.store.insert(txn, rec)
+                if rec.kind == "summary":  # the latest restored summary is the scope's current one
+                    state = self.store.scope_state(txn, rec.namespace)
+                    current = self.store.get(txn, state[2]) if state[2] else None
+                    if current is None or current.created_at <= rec.created_at:
+                        state[1], state[2] = 0, rec.rid
+                        self.store.put_scope_state(txn, rec.namespace, state)
                 if vec is None:
                     self.store.mark_pending(txn, rec.rid, True)
                     vec = _NO_VECTOR

@@ -321,8 +321,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> Iterator[pb.ExportMemoriesResponse]:
         chunks = self._engine.export(request.namespace, request.include_children)
         yield pb.ExportMemoriesResponse(header=convert.header_to_pb(next(chunks)))
-        for rec, vec in chunks:
-            yield pb.ExportMemoriesResponse(memory=convert.memory_to_pb(rec, vec))
+        for what, a, b in chunks:
+            if what == "memory":
+                yield pb.ExportMemoriesResponse(memory=convert.memory_to_pb(a, b))
+            elif what == "node":
+                yield pb.ExportMemoriesResponse(node=convert.node_to_pb(b), graph_namespace=a)
+            else:
+                yield pb.ExportMemoriesResponse(edge=convert.edge_to_pb(b), graph_namespace=a)
 
     @_rpc
     def ImportMemories(
@@ -334,16 +339,29 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         header = convert.header_from_pb(first.header)
         engine = self._engine
 
-        def memories() -> Iterator[Any]:
+        def items() -> Iterator[Any]:
             for i, chunk in enumerate(request_iterator):
-                if chunk.WhichOneof("chunk") != "memory":
-                    raise InvalidArgument(
-                        f"chunks[{i + 1}]", "after the header, every chunk must be a memory"
+                which = chunk.WhichOneof("chunk")
+                if which == "memory":
+                    yield ("memory", *convert.record_from_pb(chunk.memory, f"memories[{i}].", engine.config))
+                elif which == "node":
+                    node = convert.node_from_pb(chunk.node)
+                    node["updated"] = convert.ts_to_float(chunk.node, "update_time")
+                    yield "node", chunk.graph_namespace, node
+                elif which == "edge":
+                    edge = convert.edge_from_pb(chunk.edge)
+                    edge["id"], edge["created"] = (
+                        chunk.edge.id,
+                        convert.ts_to_float(chunk.edge, "create_time"),
                     )
-                yield convert.record_from_pb(chunk.memory, f"memories[{i}].", engine.config)
+                    yield "edge", chunk.graph_namespace, edge
+                else:
+                    raise InvalidArgument(
+                        f"chunks[{i + 1}]", "after the header, chunks are memories or graph items"
+                    )
 
-        imported, reembedded = engine.restore(header, memories(), first.target_namespace)
-        return pb.ImportMemoriesResponse(imported=imported, reembedded=reembedded)
+        imported, reembedded, graph_items = engine.restore(header, items(), first.target_namespace)
+        return pb.ImportMemoriesResponse(imported=imported, reembedded=reembedded, graph_items=graph_items)
 
     @_rpc
     def GetReflectionCandidates(

@@ -369,6 +369,26 @@ class Store:
                 out.append(key[len(prefix) :].decode())
         return out
 
+    def graph_items(
+        self, txn: lmdb.Transaction, prefixes: list[bytes]
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        """("node" | "edge", namespace, item) of every graph entry under the namespace key prefixes."""
+        out = []
+        cur = txn.cursor(db=self.graph)
+        for prefix in prefixes:
+            if not cur.set_range(prefix):
+                continue
+            for key, value in cur:
+                key = bytes(key)
+                if not key.startswith(prefix):
+                    break
+                ns, kind, _ = key.split(b"\x00", 2)
+                if kind in (b"n", b"e"):
+                    out.append(
+                        ("node" if kind == b"n" else "edge", ns.decode(), msgpack.unpackb(value, raw=False))
+                    )
+        return out
+
     def delete_graph(self, txn: lmdb.Transaction, namespace: str, include_children: bool) -> None:
         prefixes = [namespace.encode() + b"\x00"] + ([namespace.encode() + b"/"] if include_children else [])
         cur = txn.cursor(db=self.graph)

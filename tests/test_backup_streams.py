@@ -180,3 +180,33 @@ def test_debate_records_and_similar_debates(client: MemoryClient) -> None:
         "consensus: ship the cache behind a flag",
         "dissent: the cache hides stale reads",
     }
+
+
+def test_export_carries_the_graph_and_the_current_summary(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    source = server_factory(data_dir=tmp_path / "a")
+    with _client(source) as c:
+        m = c.create("p", "Ana owns billing")
+        c.upsert_node("p", "ana", label="person", properties={"age": 41}, memory_ids=[m.id])
+        c.upsert_node("p", "billing", label="service")
+        old = c.add_edge("p", "ana", "owned", "billing", valid_from=1.0, invalid_from=2.0)
+        c.add_edge("p", "ana", "owns", "billing")
+        c.summarize("p", "First summary.", source_memory_ids=[])
+        c.summarize("p", "Current summary.", source_memory_ids=[m.id])
+        chunks = list(c.export_memories("p"))
+    kinds = [ch.WhichOneof("chunk") for ch in chunks]
+    assert kinds.count("node") == 2 and kinds.count("edge") == 2
+    assert kinds.index("edge") > max(i for i, k in enumerate(kinds) if k == "node")  # nodes come first
+    target = server_factory(data_dir=tmp_path / "b")
+    with _client(target) as c:
+        resp = c.import_memories(chunks, target_namespace="q")
+        assert resp.graph_items == 4
+        now = c.neighbors("q", "ana")
+        assert [(e.source_id, e.relation, e.target_id) for e in now.edges] == [("ana", "owns", "billing")]
+        history = c.neighbors("q", "ana", as_of=1.5)
+        assert [e.id for e in history.edges] == [old.id]
+        assert dict(now.nodes[0].properties)["age"].int_value == 41
+        ctx = c.build_context(["q"], token_budget=100, read_only=True)
+        summary = next(s for s in ctx.sections if s.kind == "summary")
+        assert [i.text for i in summary.items] == ["Current summary."]

@@ -752,30 +752,44 @@ class ExportHeader(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., server_version: _Optional[str] = ..., export_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., embedder_model: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class ExportMemoriesResponse(_message.Message):
-    __slots__ = ("header", "memory")
+    __slots__ = ("header", "memory", "node", "edge", "graph_namespace")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     header: ExportHeader
     memory: Memory
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...
+    node: GraphNode
+    edge: GraphEdge
+    graph_namespace: str
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., graph_namespace: _Optional[str] = ...) -> None: ...
 
 class ImportMemoriesRequest(_message.Message):
-    __slots__ = ("header", "memory", "target_namespace")
+    __slots__ = ("header", "memory", "node", "edge", "graph_namespace", "target_namespace")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TARGET_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     header: ExportHeader
     memory: Memory
+    node: GraphNode
+    edge: GraphEdge
+    graph_namespace: str
     target_namespace: str
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., target_namespace: _Optional[str] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ...) -> None: ...
 
 class ImportMemoriesResponse(_message.Message):
-    __slots__ = ("imported", "reembedded")
+    __slots__ = ("imported", "graph_items", "reembedded")
     IMPORTED_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_ITEMS_FIELD_NUMBER: _ClassVar[int]
     REEMBEDDED_FIELD_NUMBER: _ClassVar[int]
     imported: int
+    graph_items: int
     reembedded: int
-    def __init__(self, imported: _Optional[int] = ..., reembedded: _Optional[int] = ...) -> None: ...
+    def __init__(self, imported: _Optional[int] = ..., graph_items: _Optional[int] = ..., reembedded: _Optional[int] = ...) -> None: ...
 
 class GetReflectionCandidatesRequest(_message.Message):
     __slots__ = ("namespace", "limit")
