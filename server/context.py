@@ -4,8 +4,9 @@ The token budget is split across scopes (default shares by position: 0.4 task/se
 0.2 global/user; unused tokens of a scope carry to the next). Within each scope the order is fixed:
 summary -> recent window -> semantic hits -> graph facts. Items already taken (same memory, or the
 same normalized text) are skipped in later sections and scopes. A section that does not fit takes its
-items in order while they fit; with ``head_tail`` it first keeps its first and last ``head_tail``
-items (seed 001). The package never exceeds the budget.
+items in order, skipping any that no longer fits; with ``head_tail`` it first keeps its first and
+last ``head_tail`` items (seed 001). The package never exceeds the budget. ``candidate_tokens``
+counts every distinct candidate once.
 
 Token counts: a memory's ``token_cost`` (the client's, or ceil(bytes / 4)); other text is counted
 by ``Assembler.count_tokens``, the same estimate unless replaced (it is pluggable).
@@ -100,6 +101,17 @@ class Assembler:
 
         taken_ids: set[int] = set()
         taken_texts: set[str] = set()
+        counted: set[str] = set()  # candidates already counted in candidate_tokens (one count each)
+
+        def count(items: list[Item]) -> int:
+            new = 0
+            for x in items:
+                key = f"r{x.rid}" if x.rid else "t" + normalize(x.text)
+                if key not in counted:
+                    counted.add(key)
+                    new += x.tokens
+            return new
+
         sections: list[Section] = []
         candidate_tokens = used = 0
         carry = 0
@@ -118,7 +130,7 @@ class Assembler:
             ]
             for kind, cands in candidates:
                 fresh = self._fresh(cands, taken_ids, taken_texts)
-                candidate_tokens += sum(x.tokens for x in fresh)
+                candidate_tokens += count(fresh)
                 section = Section(scope.namespace, kind, self._fit(fresh, remaining, head_tail))
                 remaining -= section.tokens
                 used += section.tokens
@@ -129,7 +141,7 @@ class Assembler:
             if graph_facts:
                 chosen = {x.memory_id for s in sections if s.namespace == scope.namespace for x in s.items}
                 facts = self._fresh(self._facts(scope.namespace, chosen), taken_ids, taken_texts)
-                candidate_tokens += sum(x.tokens for x in facts)
+                candidate_tokens += count(facts)
                 section = Section(scope.namespace, "graph", self._fit(facts, remaining, head_tail))
                 remaining -= section.tokens
                 used += section.tokens
