@@ -162,7 +162,7 @@ async function main() {
     assert.equal(plain.content, 'the quick brown fox jumps over the lazy dog');
     assert.equal(plain.kind, 'observation');
     assert.equal(plain.tier, 'TIER_SLOW', 'default tier');
-    approx(plain.importance, 0.5, 1e-6, 'default importance');
+    approx(plain.importance, 0.3, 1e-6, 'heuristic importance of a short plain sentence');
     assert.equal(plain.embedding_model, 'tiermem-hash-v1', 'built-in embedder');
     assert.deepEqual(plain.embedding, [], 'embedding is not returned unless asked for');
     assert.ok(plain.create_time && Number(plain.create_time.seconds) > 0, 'create_time is set');
