@@ -37,16 +37,13 @@ import argparse
 import json
 import os
 import platform
-import re
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import clustered_vectors, start_server
 
 from tiermem.client import MemoryClient
 from tiermem.client.client import build_filter
@@ -64,45 +61,6 @@ FLOOR = 0.1
 HALF_LIFE_H = np.array([0.0, 1.0, 24.0, 168.0, 720.0])
 SLOW = 3
 SELECTIVITIES = (100, 10, 1)  # percent of the memories a search may return
-
-
-def clustered_vectors(n: int, dim: int, clusters: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded, clustered, normalized vectors and their cluster centres (same as bench/throughput.py)."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((clusters, dim)).astype(np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    labels = rng.integers(0, clusters, n)
-    x = centres[labels] + 0.35 * rng.standard_normal((n, dim)).astype(np.float32) / np.sqrt(dim) * 4
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x.astype(np.float32), centres
-
-
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    """``python -m tiermem.server`` on port 0 with the lifecycle off; returns (process, target)."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tiermem.server",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            "--log-level",
-            "WARNING",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"},
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        m = re.search(r"listening on ([^:]+):(\d+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-            return proc, f"{m.group(1)}:{m.group(2)}"
-    raise RuntimeError("server did not start")
 
 
 def machine() -> dict[str, Any]:
@@ -262,7 +220,7 @@ def main() -> None:
     }
     timeout = 120.0
     with tempfile.TemporaryDirectory(prefix="tiermem-recall-") as tmp:
-        proc, target = start_server(Path(tmp) / "data")
+        proc, target = start_server(Path(tmp) / "data", {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"})
         try:
             with MemoryClient(target, timeout=timeout) as client:
                 client.wait_ready()

@@ -16,9 +16,6 @@ import argparse
 import json
 import os
 import platform
-import re
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,47 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from common import clustered_vectors, start_server
 
 from tiermem.client import MemoryClient
 
 MODEL = "bench-384"
-
-
-def clustered_vectors(n: int, dim: int, clusters: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded, clustered, normalized vectors that behave like text embeddings, and cluster centres."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((clusters, dim)).astype(np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    labels = rng.integers(0, clusters, n)
-    x = centres[labels] + 0.35 * rng.standard_normal((n, dim)).astype(np.float32) / np.sqrt(dim) * 4
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x.astype(np.float32), centres
-
-
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tiermem.server",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            "--log-level",
-            "WARNING",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        m = re.search(r"listening on ([^:]+):(\d+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-            return proc, f"{m.group(1)}:{m.group(2)}"
-    raise RuntimeError("server did not start")
 
 
 def run_load(fn: Callable[[int], None], concurrency: int, seconds: float) -> dict[str, float]:
