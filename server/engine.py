@@ -46,6 +46,7 @@ from .context import Assembler
 from .embedders import EmbedderError
 from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from .filters import compile_where
+from .graph import GraphMemory
 from .lifecycle import (
     DELETE_CAPACITY,
     DEMOTIONS,
@@ -151,6 +152,7 @@ class Engine:
         self._access_pending: dict[int, tuple[int, float]] = {}  # rid -> (accesses, last access)
         self.searcher = Searcher(self)
         self.assembler = Assembler(self)  # context packages (context.py); its count_tokens is pluggable
+        self.graph = GraphMemory(self)  # nodes and edges per namespace (graph.py)
         self._load()
         faiss.omp_set_num_threads(1)
         self.writer = Writer(self.store, max_group=config.max_group_ops, before_commit=self._persist_counters)
@@ -1161,127 +1163,6 @@ class Engine:
 
         result: Record = self.writer.submit(prepare, apply)
         return result
-
-    # -- graph memory (seed 003) -----------------------------------------------------------------
-    def upsert_node(self, namespace: str, node: dict[str, Any]) -> dict[str, Any]:
-        check.namespace("namespace", namespace)
-        check.memory_id("node.id", node["id"])
-        check.text("node.label", node.get("label", ""))
-        check.metadata("node.properties", node.get("properties", {}), self.config)
-        for i, mid in enumerate(node.get("memory_ids", [])):
-            check.memory_id(f"node.memory_ids[{i}]", mid)
-        node = {**node, "updated": self.clock()}
-
-        def prepare(txn: lmdb.Transaction) -> dict[str, Any]:
-            self.store.put_node(txn, namespace, node)
-            return node
-
-        return dict(self.writer.submit(prepare, lambda n: n))
-
-    def add_edge(self, namespace: str, edge: dict[str, Any]) -> dict[str, Any]:
-        check.namespace("namespace", namespace)
-        check.memory_id("edge.source_id", edge["source_id"])
-        check.memory_id("edge.target_id", edge["target_id"])
-        if not edge.get("relation"):
-            raise InvalidArgument("edge.relation", "is required")
-        check.text("edge.relation", edge["relation"], 128)
-        check.metadata("edge.properties", edge.get("properties", {}), self.config)
-        now = self.clock()
-        vf = edge.get("valid_from")
-        vf = now if vf is None else check.finite_time("edge.valid_from", vf)
-        inv = edge.get("invalid_from")
-        if inv is not None and check.finite_time("edge.invalid_from", inv) <= vf:
-            raise InvalidArgument("edge.invalid_from", "must be after valid_from")
-        edge = {**edge, "id": uuid.uuid4().hex, "valid_from": vf, "invalid_from": inv, "created": now}
-
-        def prepare(txn: lmdb.Transaction) -> dict[str, Any]:
-            for end in ("source_id", "target_id"):
-                if self.store.get_node(txn, namespace, edge[end]) is None:
-                    raise NotFound(
-                        f"edge.{end}: node {edge[end]!r} not found in namespace {namespace!r}",
-                        reason="NODE_NOT_FOUND",
-                    )
-            self.store.put_edge(txn, namespace, edge)
-            return edge
-
-        return dict(self.writer.submit(prepare, lambda e: e))
-
-    def invalidate_edge(self, namespace: str, edge_id: str, invalid_from: float | None) -> dict[str, Any]:
-        check.namespace("namespace", namespace)
-        check.memory_id("edge_id", edge_id)
-        when = self.clock() if invalid_from is None else check.finite_time("invalid_from", invalid_from)
-
-        def prepare(txn: lmdb.Transaction) -> dict[str, Any]:
-            edge = self.store.get_edge(txn, namespace, edge_id)
-            if edge is None:
-                raise NotFound(
-                    f"edge {edge_id!r} not found in namespace {namespace!r}", reason="EDGE_NOT_FOUND"
-                )
-            if when <= edge["valid_from"]:
-                raise InvalidArgument("invalid_from", "must be after the edge's valid_from")
-            edge["invalid_from"] = when
-            self.store.put_edge(txn, namespace, edge)
-            return edge
-
-        return dict(self.writer.submit(prepare, lambda e: e))
-
-    def neighbors(
-        self,
-        namespace: str,
-        node_id: str,
-        depth: int = 1,
-        limit: int = 100,
-        as_of: float | None = None,
-        include_invalid: bool = False,
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Breadth-first from ``node_id`` over edges valid at ``as_of``: (nodes, edges)."""
-        check.namespace("namespace", namespace)
-        check.memory_id("node_id", node_id)
-        if not 0 <= depth <= 5:
-            raise InvalidArgument("depth", "must be in 0..5")
-        if limit < 0:
-            raise InvalidArgument("limit", "must not be negative")
-        limit = min(limit or 100, 1000)
-        t = self.clock() if as_of is None else check.finite_time("as_of", as_of)
-        with self.store.read() as txn:
-            start = self.store.get_node(txn, namespace, node_id)
-            if start is None:
-                raise NotFound(
-                    f"node {node_id!r} not found in namespace {namespace!r}", reason="NODE_NOT_FOUND"
-                )
-            nodes, edges, seen_edges = [start], [], set()
-            frontier, seen = [node_id], {node_id}
-            for _ in range(depth or 1):
-                nxt = []
-                for nid in frontier:
-                    for eid in self.store.edges_of(txn, namespace, nid):
-                        if eid in seen_edges:
-                            continue
-                        edge = self.store.get_edge(txn, namespace, eid)
-                        if edge is None:
-                            continue
-                        valid = edge["valid_from"] <= t and (
-                            edge["invalid_from"] is None or t < edge["invalid_from"]
-                        )
-                        if not valid and not include_invalid:
-                            continue
-                        other = edge["target_id"] if edge["source_id"] == nid else edge["source_id"]
-                        if other not in seen:
-                            if len(nodes) >= limit:
-                                continue
-                            node = self.store.get_node(txn, namespace, other)
-                            if node is None:
-                                continue
-                            seen.add(other)
-                            nodes.append(node)
-                            nxt.append(other)
-                        seen_edges.add(eid)
-                        edges.append(edge)
-                frontier = nxt
-                if depth == 0:
-                    edges = []
-                    break
-        return nodes, edges
 
     # -- summaries ------------------------------------------------------------------------------
     def build_summary(self, namespace: str, max_tokens: int) -> tuple[str, list[str], int]:

@@ -395,21 +395,21 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def UpsertGraphNode(
         self, request: pb.UpsertGraphNodeRequest, context: grpc.ServicerContext
     ) -> pb.UpsertGraphNodeResponse:
-        node = self._engine.upsert_node(request.namespace, convert.node_from_pb(request.node))
+        node = self._engine.graph.upsert_node(request.namespace, convert.node_from_pb(request.node))
         return pb.UpsertGraphNodeResponse(node=convert.node_to_pb(node))
 
     @_rpc
     def AddGraphEdge(
         self, request: pb.AddGraphEdgeRequest, context: grpc.ServicerContext
     ) -> pb.AddGraphEdgeResponse:
-        edge = self._engine.add_edge(request.namespace, convert.edge_from_pb(request.edge))
+        edge = self._engine.graph.add_edge(request.namespace, convert.edge_from_pb(request.edge))
         return pb.AddGraphEdgeResponse(edge=convert.edge_to_pb(edge))
 
     @_rpc
     def InvalidateGraphEdge(
         self, request: pb.InvalidateGraphEdgeRequest, context: grpc.ServicerContext
     ) -> pb.InvalidateGraphEdgeResponse:
-        edge = self._engine.invalidate_edge(
+        edge = self._engine.graph.invalidate_edge(
             request.namespace, request.edge_id, convert.ts_to_float(request, "invalid_from")
         )
         return pb.InvalidateGraphEdgeResponse(edge=convert.edge_to_pb(edge))
@@ -418,7 +418,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def GetGraphNeighbors(
         self, request: pb.GetGraphNeighborsRequest, context: grpc.ServicerContext
     ) -> pb.GetGraphNeighborsResponse:
-        nodes, edges = self._engine.neighbors(
+        nodes, edges = self._engine.graph.neighbors(
             request.namespace,
             request.node_id,
             request.depth or 1,
