@@ -562,13 +562,14 @@ class Engine:
             if what == "replay":
                 return list(payload[0]), list(payload[1]), payload[2]
             items, freed, dues = payload
-            self._unindex(freed)
             view = self.columns.view()
             for rec, vec in items:
                 if vec is None and rec.rid in self.columns.rows:  # reinforced: refresh its row
                     row = self.columns.rows[rec.rid]
                     self.columns.set(row, rec, int(view.space[row]), int(view.vpos[row]))
             self._index_new([(rec, vec) for rec, vec in items if vec is not None])
+            # After indexing: a summary replaced by a later one of the same batch is in both lists.
+            self._unindex(freed)
             return [rec for rec, _ in items], [vec is None for _, vec in items], dues
 
         weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)

@@ -111,3 +111,14 @@ def test_summary_due_replacement_and_extractive_summary(server_factory: Callable
         assert c.build_summary("task:1").source_memory_ids[0] != s1.id  # covers only what came after
         s2 = c.summarize("task:1", "Second summary.", source_memory_ids=[])
         assert [m.id for m in c.list_memories("task:1", kinds=["summary"])] == [s2.id]  # s1 replaced
+
+
+def test_two_summaries_in_one_batch_keep_only_the_last(client: MemoryClient) -> None:
+    client.create_batch(
+        [
+            {"namespace": "task:2", "content": "first summary", "kind": "summary"},
+            {"namespace": "task:2", "content": "second summary", "kind": "summary"},
+        ]
+    )
+    assert [m.content for m in client.list_memories("task:2")] == ["second summary"]
+    assert client.stats("task:2").memory_count == 1
