@@ -52,8 +52,9 @@ lint: $(STAMP) ## Lint and type-check
 	$(VENV)/bin/ruff format --check server client kernels tests bench proto/tiermem/*.py
 	$(VENV)/bin/mypy server client kernels
 
-bench: proto ## Run the benchmarks: throughput (store/search RPS, p50/p99) and the consolidation pass
-	$(PY) bench/throughput.py --json bench/results/throughput.json
+bench: proto ## Run the benchmarks: suite (vs empty RPC and FAISS), recall, consolidation pass
+	$(PY) bench/suite.py --out bench/results
+	$(PY) bench/recall.py --json bench/results/recall.json
 	$(PY) bench/consolidation.py --engine 20000 --json bench/results/consolidation.json
 
 clean: ## Remove the virtual environment and caches (keeps ./data)
