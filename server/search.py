@@ -455,6 +455,15 @@ class Searcher:
             return a_rows  # nothing outside A is similar enough to be returned
         a_rows, _, (a_score, _, _) = rank(a_rows)
         best = a_score[kernels.topk(a_score, a.limit)]  # the running top scores, best first
+        if best.shape[0] == a.limit:
+            # Cheap bound first: recency <= 1 and decayed importance <= base importance, so no row
+            # outside A scores above w_max * (alpha*sim_K + beta + gamma*max importance). Often that
+            # settles it without computing the prior of every allowed row.
+            w_max = float(row_w[allowed].max()) if row_w is not None else 1.0
+            imp_max = float(score_args["importance"][allowed].max())
+            ceiling = w_max * ((a.alpha * sim_bound if a.alpha > 0 else 0.0) + a.beta + a.gamma * imp_max)
+            if ceiling <= float(best[-1]):
+                return a_rows
         prior, _, _ = kernels.score_rows(
             allowed,
             np.zeros(allowed.shape[0], np.float32),
