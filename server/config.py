@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +123,6 @@ class ServerConfig:
     # Whole-tier maintenance runs elsewhere; the request path uses serial kernels.
     log_level: str = "INFO"
 
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:
         """Defaults, then ``TIERMEM_*`` environment variables, then explicit overrides."""
@@ -132,7 +130,7 @@ class ServerConfig:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(f"TIERMEM_{f.name.upper()}")
-            if raw is None or f.name == "extra":
+            if raw is None:
                 continue
             values[f.name] = _parse(f.name, raw, getattr(cls(), f.name))
         values.update({k: v for k, v in overrides.items() if v is not None})
