@@ -122,13 +122,16 @@ class VectorIndex:
             n_allowed = int(np.count_nonzero(ok))
             if n_allowed == 0:
                 return empty
-            bitmap = np.packbits(ok, bitorder="little")
-            sel = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
             # A selective filter leaves fewer allowed nodes on each graph path: widen the beam with
             # 1/sqrt(selectivity) so recall holds (filtered HNSW collapses at low selectivity otherwise).
             widen = max(1.0, math.sqrt(n / n_allowed))
             ef = min(int(max(ef_search, k) * widen), max(2048, k))
-            params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef)  # type: ignore[attr-defined]
+            if n_allowed == n:  # nothing dead, nothing filtered out: no selector to consult per node
+                params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
+            else:
+                bitmap = np.packbits(ok, bitorder="little")
+                sel = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
+                params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef)  # type: ignore[attr-defined]
             sims, ids = self.index.search(query.reshape(1, -1), k, params=params)
             ids = ids[0]
             keep = ids >= 0
