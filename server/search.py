@@ -277,9 +277,7 @@ class Searcher:
         if query is None or sp is None or count <= eng.config.exact_search_max_rows:
             rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
         else:
-            rows, rel, (score, rec, imp) = rank(
-                self._candidates(sp, query, mask, ranking, score_args, row_w, rank)
-            )
+            rows, rel, (score, rec, imp) = self._candidates(sp, query, mask, ranking, score_args, row_w, rank)
         base = score
         v_rank = k_rank = kw = None
         if a.hybrid is not None:
@@ -423,9 +421,10 @@ class Searcher:
         a: _Args,
         score_args: dict[str, Any],
         row_w: np.ndarray | None,
-        rank: Callable[[np.ndarray], Parts],
-    ) -> np.ndarray:
-        """Rows that must be scored so the top ``limit`` is exact (up to HNSW recall).
+        rank: Callable[..., Parts],
+    ) -> Parts:
+        """Score every row that could enter the exact top ``limit`` (up to HNSW recall); returns the
+        scored rows (rows, relevance, (score, recency, importance)).
 
         A = the HNSW top-K by similarity in each index. Every row x outside A is at most sim_K
         similar, so its score is at most w(x) * (alpha*sim_K + prior(x)), where prior = beta*recency
@@ -449,11 +448,12 @@ class Searcher:
             else:
                 found.append(got)  # every allowed entry of this index was returned
         a_rows = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+        scored = rank(a_rows)
         if sim_bound == -np.inf or (a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None):
-            return a_rows  # nothing outside A can beat A's scores
+            return scored  # nothing outside A can beat A's scores
         if a.min_similarity is not None and sim_bound < a.min_similarity:
-            return a_rows  # nothing outside A is similar enough to be returned
-        a_rows, _, (a_score, _, _) = rank(a_rows)
+            return scored  # nothing outside A is similar enough to be returned
+        a_rows, _, (a_score, _, _) = scored
         best = a_score[kernels.topk(a_score, a.limit)]  # the running top scores, best first
         if best.shape[0] == a.limit:
             # Cheap bound first: recency <= 1 and decayed importance <= base importance, so no row
@@ -463,7 +463,7 @@ class Searcher:
             imp_max = float(score_args["importance"][allowed].max())
             ceiling = w_max * ((a.alpha * sim_bound if a.alpha > 0 else 0.0) + a.beta + a.gamma * imp_max)
             if ceiling <= float(best[-1]):
-                return a_rows
+                return scored
         prior, _, _ = kernels.score_rows(
             allowed,
             np.zeros(allowed.shape[0], np.float32),
@@ -484,13 +484,20 @@ class Searcher:
         order = np.argsort(-b_bound, kind="stable")
         b_rows, b_bound = b_rows[order], b_bound[order]
         taken = 0
+        parts = [scored]
         while taken < b_rows.shape[0] and b_bound[taken] > bar():
             chunk = b_rows[taken : taken + 1024]
             taken += chunk.shape[0]
-            _, _, (c_score, _, _) = rank(chunk)
-            merged = np.concatenate([best, c_score])
+            parts.append(rank(chunk))
+            merged = np.concatenate([best, parts[-1][2][0]])
             best = merged[kernels.topk(merged, a.limit)]
-        return np.union1d(a_rows, b_rows[:taken])
+        # A and B are disjoint and each row was scored once: concatenate the scored parts.
+        cat = np.concatenate
+        return (
+            cat([p[0] for p in parts]),
+            cat([p[1] for p in parts]),
+            tuple(cat([p[2][i] for p in parts]) for i in range(3)),
+        )  # type: ignore[return-value]
 
     def _still_matches(self, rec: Record, namespaces: dict[str, float], flt: Filter, only_tier: int) -> bool:
         return (
