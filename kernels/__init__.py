@@ -276,7 +276,6 @@ def filter_mask(
     _check("kind_ok", kind_ok, np.bool_)
     _check("created_at", created_at, np.float64, n)
     _check("expire_at", expire_at, np.float64, n)
-    _check_tiers(tier)
     out = np.empty(n, np.bool_)
     count = _jit.filter_mask(
         alive,

@@ -215,12 +215,15 @@ def filter_mask(
     count = 0
     any_kind = kind_ok.shape[0] == 0
     for i in range(alive.shape[0]):
+        t = tier[i]
+        if t < 0 or t > 4:  # checked here, in the one pass, not as extra passes in the wrapper
+            raise ValueError("tier values must be in 0..4")
         ok = alive[i] != 0
         if ok:
             ns = ns_id[i]
             ok = ns >= 0 and ns < ns_ok.shape[0] and ns_ok[ns] != 0
         if ok:
-            ok = tier_ok[tier[i]] != 0
+            ok = tier_ok[t] != 0
         if ok and not any_kind:
             kd = kind_id[i]
             ok = kd >= 0 and kd < kind_ok.shape[0] and kind_ok[kd] != 0

@@ -10,8 +10,6 @@ from tiermem._values import metadata_values, set_metadata, set_timestamp, timest
 from tiermem.v1 import memory_pb2 as pb
 
 from .engine import FeedbackItem, Filter
-
-__all__ = ["Filter"]
 from .errors import InvalidArgument
 from .lifecycle import Policy
 from .records import NewMemory, Record

@@ -61,7 +61,7 @@ from .lifecycle import (
 )
 from .records import NewMemory, Record
 from .search import Searcher, SearchHit, SearchQuery
-from .storage import Store, rid_key
+from .storage import Store
 from .text import words as text_words
 from .vector_index import VectorIndex
 from .writer import Writer
@@ -78,7 +78,8 @@ INTERNAL_MASK = (1 << TIER_SHIFT) - 1
 _NO_VECTOR = np.empty(0, np.float32)  # a memory stored while the embedder failed
 
 
-def _loc(space: int, tier: int, internal: int) -> int:
+def _loc(space: int, tier: int, internal: Any) -> Any:
+    """The packed location of one internal id (int) or of many (int64 array)."""
     return (space << SPACE_SHIFT) | (tier << TIER_SHIFT) | internal
 
 
@@ -261,7 +262,7 @@ class Engine:
                     raise RuntimeError(f"record {rids[i]} has no valid vector in LMDB")
                 vecs[j] = v
             internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk])
-        self.columns.activate(rows, (sp.id << SPACE_SHIFT) | (tier << TIER_SHIFT) | internal)
+        self.columns.activate(rows, _loc(sp.id, tier, internal))
         if missing.shape[0]:
             logger.info(
                 "index %s/%d: %d vectors from snapshot, %d added from LMDB",
@@ -330,7 +331,7 @@ class Engine:
     def _attach_vector(self, rid: int, vec: np.ndarray) -> int:
         def prepare(txn: lmdb.Transaction) -> Record | None:
             rec = self.store.get(txn, rid)
-            if rec is None or txn.get(rid_key(rid), db=self.store.pending) is None:
+            if rec is None or not self.store.is_pending(txn, rid):
                 return None  # deleted, or done meanwhile
             dim = self.store.spaces(txn).get(rec.embedding_model)
             if dim is None:
@@ -402,6 +403,14 @@ class Engine:
     def create(self, memories: list[NewMemory], request_id: str = "", *, batch: bool = False) -> list[Record]:
         """Store memories all-or-nothing (see ``create_ex``); returns the stored records."""
         return self.create_ex(memories, request_id, batch=batch)[0]
+
+    def reflection_candidates(self, namespace: str, limit: int) -> tuple[list[Record], dict[str, Any]]:
+        """The most recent observations (default 100, at most 1000) and the scope's accumulators."""
+        if limit < 0:
+            raise InvalidArgument("limit", "must not be negative")
+        flt = self.check_filter(Filter(kinds=["observation"]))
+        recs, _ = self.list_memories(namespace, min(limit or 100, 1000), "", flt, newest_first=True)
+        return recs, self.scope(namespace)
 
     def scope(self, namespace: str) -> dict[str, Any]:
         """A namespace's reflection and summary accumulators."""
@@ -505,7 +514,7 @@ class Engine:
                     old_rid = self.store.lookup(txn, m.namespace, m.id)
                     old = None if old_rid is None else self.store.get(txn, old_rid)
                     if old is not None:
-                        if not (old.expire_at is not None and old.expire_at <= now):
+                        if not old.expired(now):
                             raise AlreadyExists(
                                 f"memory {m.id!r} already exists in namespace {m.namespace!r}"
                             )
@@ -645,7 +654,7 @@ class Engine:
             internal = self._index(sp, tier).add(
                 np.stack([g[2] for g in group]), rows, np.array([g[1].vk for g in group], np.int64)
             )
-            self.columns.activate(rows, (sid << SPACE_SHIFT) | (tier << TIER_SHIFT) | internal)
+            self.columns.activate(rows, _loc(sid, tier, internal))
 
     # -- read -----------------------------------------------------------------------------------
     def get(
@@ -666,7 +675,7 @@ class Engine:
             return [self.store.get_vector(txn, r.rid) for r in records]
 
     def expired(self, rec: Record) -> bool:
-        return rec.expire_at is not None and rec.expire_at <= self.clock()
+        return rec.expired(self.clock())
 
     # -- update ---------------------------------------------------------------------------------
     UPDATABLE = frozenset(
@@ -750,7 +759,7 @@ class Engine:
         def prepare(txn: lmdb.Transaction) -> tuple[Record, Record, np.ndarray | None]:
             rid = self.store.lookup(txn, namespace, memory_id)
             old = None if rid is None else self.store.get(txn, rid)
-            if old is None or (old.expire_at is not None and old.expire_at <= now):
+            if old is None or old.expired(now):
                 raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
             rec = Record.unpack(old.pack())
             vec = new_vec
@@ -1126,7 +1135,7 @@ class Engine:
         def prepare(txn: lmdb.Transaction) -> tuple[list[Record], Record, np.ndarray]:
             rid = self.store.lookup(txn, namespace, memory_id)
             src = None if rid is None else self.store.get(txn, rid)
-            if src is None or (src.expire_at is not None and src.expire_at <= now):
+            if src is None or src.expired(now):
                 raise NotFound(f"memory {memory_id!r} not found in namespace {namespace!r}")
             vec = self.store.get_vector(txn, src.rid)
             dest_id = target_id or (memory_id if dest_ns != namespace or move else uuid.uuid4().hex)
@@ -1134,7 +1143,7 @@ class Engine:
             old_rid = self.store.lookup(txn, dest_ns, dest_id)
             existing = None if old_rid is None else self.store.get(txn, old_rid)
             if existing is not None:
-                if not overwrite and not (existing.expire_at is not None and existing.expire_at <= now):
+                if not overwrite and not existing.expired(now):
                     raise AlreadyExists(f"memory {dest_id!r} already exists in namespace {dest_ns!r}")
                 self._check_protected(dest_ns, confirm, "overwriting a memory")
                 self.store.delete(txn, existing)
@@ -1225,7 +1234,7 @@ class Engine:
                     if not bytes(key).startswith(prefix):
                         break
                     rec = self.store.get(txn, int.from_bytes(value, "big"))
-                    if rec is not None and not (rec.expire_at is not None and rec.expire_at <= now):
+                    if rec is not None and not rec.expired(now):
                         yield "memory", rec, self.store.get_vector(txn, rec.rid)
             graph = self.store.graph_items(txn, prefixes)
             yield from sorted(graph, key=lambda item: item[0] == "edge")  # nodes before the edges using them
@@ -1525,11 +1534,7 @@ class Engine:
             deltas: dict[tuple[str, int], list[int]] = {}
             for rid, frm, to, reason in items:
                 rec = self.store.get(txn, rid)
-                if (
-                    rec is None
-                    or rec.tier != frm
-                    or (reason == EXPIRED and not (rec.expire_at is not None and rec.expire_at <= now))
-                ):
+                if rec is None or rec.tier != frm or (reason == EXPIRED and not rec.expired(now)):
                     skipped += 1
                     continue
                 kind = (

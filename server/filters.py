@@ -127,25 +127,14 @@ def _field(name: str, value: Any, path: str) -> Mask:
     if name == "tags":
         return _all([_tags(op, arg, f"{path}.{op}") for op, arg in ops.items()])
     if name == "tier":
-        return _all(
-            [
-                _column_op("tier", op, _tier_arg(op, arg, f"{path}.{op}"), f"{path}.{op}")
-                for op, arg in ops.items()
-            ]
-        )
+        return _all([_column_op("tier", op, _tier_arg(op, arg, f"{path}.{op}")) for op, arg in ops.items()])
     if name in _NUMERIC:
         return _all(
-            [
-                _column_op(_NUMERIC[name], op, _number_arg(op, arg, f"{path}.{op}"), f"{path}.{op}")
-                for op, arg in ops.items()
-            ]
+            [_column_op(_NUMERIC[name], op, _number_arg(op, arg, f"{path}.{op}")) for op, arg in ops.items()]
         )
     if name in _TIMES:
         return _all(
-            [
-                _column_op(_TIMES[name], op, _time_arg(op, arg, f"{path}.{op}"), f"{path}.{op}")
-                for op, arg in ops.items()
-            ]
+            [_column_op(_TIMES[name], op, _time_arg(op, arg, f"{path}.{op}")) for op, arg in ops.items()]
         )
     if name in _INTERNED:
         return _all([_interned(_INTERNED[name], name, op, arg, f"{path}.{op}") for op, arg in ops.items()])
@@ -229,7 +218,7 @@ def _compare(col: np.ndarray, op: str, values: list[float]) -> np.ndarray:
     }[op]
 
 
-def _column_op(column: str, op: str, values: list[float], path: str) -> Mask:
+def _column_op(column: str, op: str, values: list[float]) -> Mask:
     return lambda v, c: _compare(getattr(v, column), op, values)
 
 

@@ -48,6 +48,9 @@ class Record:
     words: int = 0  # word tokens in content (keyword index document length)
     questions: list[str] = field(default_factory=list)  # questions a reflection addresses
 
+    def expired(self, now: float) -> bool:
+        return self.expire_at is not None and self.expire_at <= now
+
     def pack(self) -> bytes:
         return msgpack.packb(asdict(self), use_bin_type=True)
 

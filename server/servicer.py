@@ -367,18 +367,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def GetReflectionCandidates(
         self, request: pb.GetReflectionCandidatesRequest, context: grpc.ServicerContext
     ) -> pb.GetReflectionCandidatesResponse:
-        eng = self._engine
-        if request.limit < 0:
-            raise InvalidArgument("limit", "must not be negative")
-        flt = eng.check_filter(convert.Filter(kinds=["observation"]))
-        recs, _ = eng.list_memories(
-            request.namespace, min(request.limit or 100, 1000), "", flt, newest_first=True
-        )
-        st = eng.scope(request.namespace)
+        recs, st = self._engine.reflection_candidates(request.namespace, request.limit)
         return pb.GetReflectionCandidatesResponse(
             observations=[convert.memory_to_pb(r) for r in recs],
             accumulated_importance=st["reflection_importance"],
-            threshold=eng.config.reflection_threshold,
+            threshold=self._engine.config.reflection_threshold,
             reflection_due=st["reflection_due"],
         )
 

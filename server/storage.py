@@ -234,6 +234,9 @@ class Store:
         else:
             txn.delete(rid_key(rid), db=self.pending)
 
+    def is_pending(self, txn: lmdb.Transaction, rid: int) -> bool:
+        return txn.get(rid_key(rid), db=self.pending) is not None
+
     def pending_rids(self, txn: lmdb.Transaction, limit: int | None = None) -> list[int]:
         out = []
         for key in txn.cursor(db=self.pending).iternext(keys=True, values=False):

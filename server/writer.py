@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -62,7 +61,6 @@ class Writer:
         self._lock = threading.Lock()
         self.ops_committed = 0
         self.groups_committed = 0
-        self.last_group_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 
@@ -113,7 +111,6 @@ class Writer:
             self._commit_group(group)
 
     def _commit_group(self, group: list[_Op]) -> None:
-        t0 = time.perf_counter()
         try:
             self._write_group(group)
         except BaseException as e:  # the whole group failed: nothing of it was committed
@@ -123,7 +120,6 @@ class Writer:
                 op.future.set_exception(err)
             return
         self.groups_committed += 1
-        self.last_group_seconds = time.perf_counter() - t0
         for op in group:
             if op.error is not None:
                 op.future.set_exception(op.error)
