@@ -9,12 +9,19 @@ STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 PROTO_FILES := $(wildcard proto/tiermem/v1/*.proto)
 
+# The benchmark's own environment: chromadb (the peer) and matplotlib (plots), kept out of $(VENV)
+# because chromadb brings its own grpcio/protobuf pins. BENCH_ARGS go to bench/suite.py.
+BENCH_VENV ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
+BENCH_PACKAGES ?= chromadb matplotlib numpy
+BENCH_ARGS ?=
+
 # Server settings for `make serve` (see README "Configuration").
 HOST ?= 127.0.0.1
 PORT ?= 50051
 DATA_DIR ?= ./data
 
-.PHONY: help venv proto check-proto serve test test-fast lint bench clean
+.PHONY: help venv proto check-proto serve test test-fast lint bench bench-venv bench-smoke clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -26,6 +33,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP) ## Create the virtual environment and install tiermem with its dev tools
+
+$(BENCH_STAMP):
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet $(BENCH_PACKAGES)
+	touch $(BENCH_STAMP)
+
+bench-venv: $(BENCH_STAMP) ## Create .venv-bench with chromadb and matplotlib (the suite's peer and plots)
 
 proto: $(STAMP) ## Regenerate the Python stubs in proto/tiermem/v1 from the .proto files
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto --grpc_python_out=proto $(PROTO_FILES)
@@ -52,10 +67,13 @@ lint: $(STAMP) ## Lint and type-check
 	$(VENV)/bin/ruff format --check server client kernels tests bench proto/tiermem/*.py
 	$(VENV)/bin/mypy server client kernels
 
-bench: proto ## Run the benchmarks: suite (vs empty RPC and FAISS), recall, consolidation pass
-	$(PY) bench/suite.py --out bench/results
-	$(PY) bench/recall.py --json bench/results/recall.json
-	$(PY) bench/consolidation.py --engine 20000 --json bench/results/consolidation.json
+bench: proto ## Run the benchmark suite at 100k (vs empty RPC, FAISS, Chroma; recall, start-up, plots) and the consolidation kernels
+	@$(MAKE) --no-print-directory $(BENCH_STAMP) || echo "bench: could not set up $(BENCH_VENV); the suite runs without Chroma and plots"
+	$(PY) bench/suite.py --out bench/results $(BENCH_ARGS)
+	$(PY) bench/consolidation.py --n 200000 --engine 20000 --json bench/results/consolidation.json
+
+bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py runs), without Chroma
+	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke
 
 clean: ## Remove the virtual environment and caches (keeps ./data)
-	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -35,18 +35,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import clustered_vectors, start_server
+from common import SLOW, clustered_vectors, evaluate, exact_prior, machine, queries_near, start_server
 
 from tiermem.client import MemoryClient
-from tiermem.client.client import build_filter
 from tiermem.v1 import memory_pb2 as pb
 
 MODEL = "bench-384"
@@ -54,113 +51,7 @@ NAMESPACE = "bench"
 BATCH = 500
 K = 10
 DAY = 86400.0
-# Server defaults (ServerConfig): weights, recency tau, importance floor, half-lives by tier value.
-ALPHA, BETA, GAMMA = 0.5, 0.3, 0.2
-TAU = DAY
-FLOOR = 0.1
-HALF_LIFE_H = np.array([0.0, 1.0, 24.0, 168.0, 720.0])
-SLOW = 3
 SELECTIVITIES = (100, 10, 1)  # percent of the memories a search may return
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-    }
-
-
-def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest scores, best first."""
-    k = min(k, scores.shape[0])
-    part = np.argpartition(-scores, k - 1)[:k]
-    return part[np.argsort(-scores[part], kind="stable")]
-
-
-def request(query: np.ndarray, as_of: float, where: dict[str, Any] | None, similarity: bool) -> Any:
-    req = pb.SearchMemoriesRequest(
-        namespaces=[NAMESPACE],
-        embedding_model=MODEL,
-        limit=K,
-        read_only=True,
-        filter=build_filter(where=where),
-    )
-    req.query_embedding.extend(query.tolist())
-    req.as_of.seconds = int(as_of)  # as_of is a whole second
-    if similarity:
-        req.strategy = pb.SEARCH_STRATEGY_SIMILARITY
-    return req
-
-
-def evaluate(
-    stub: Any,
-    queries: np.ndarray,
-    vectors: np.ndarray,
-    prior: np.ndarray,
-    allowed: np.ndarray,
-    as_of: float,
-    where: dict[str, Any] | None,
-    similarity: bool,
-    timeout: float,
-) -> dict[str, Any]:
-    """Run the searches (timed) and compare each with the exact top 10 over ``allowed`` rows."""
-    idx = np.flatnonzero(allowed)
-    xa = vectors[idx]
-    pa = prior[idx]
-    reqs = [request(q, as_of, where, similarity) for q in queries]
-    for r in reqs[: min(10, len(reqs))]:  # warm-up, not counted
-        stub.SearchMemories(r, timeout=timeout)
-    latencies, strict, tolerant, errors, short = [], [], [], [], 0
-    t_all = time.perf_counter()
-    responses = []
-    for r in reqs:
-        t0 = time.perf_counter()
-        responses.append(stub.SearchMemories(r, timeout=timeout))
-        latencies.append(time.perf_counter() - t0)
-    elapsed = time.perf_counter() - t_all
-    for q, resp in zip(queries, responses, strict=True):
-        sims = (xa @ q).astype(np.float64)
-        exact = sims if similarity else ALPHA * sims + pa
-        ref = top_k(exact, K)
-        ref_rows = set(idx[ref].tolist())
-        kth = exact[ref[-1]]
-        got = [int(res.memory.id[1:]) for res in resp.results]
-        if len(got) < min(K, idx.shape[0]):
-            short += 1
-        pos = np.searchsorted(idx, got)  # rows -> positions in idx (idx is sorted)
-        if not np.all(idx[np.minimum(pos, idx.shape[0] - 1)] == got):
-            raise AssertionError("the server returned a memory the filter should have excluded")
-        got_exact = exact[pos]
-        strict.append(len(ref_rows.intersection(got)) / K)
-        tolerant.append(min(K, int(np.sum(got_exact >= kth - 1e-5))) / K)
-        errors.extend(np.abs(np.array([res.score for res in resp.results]) - got_exact).tolist())
-    lat = np.array(latencies) * 1000
-    return {
-        "allowed": int(idx.shape[0]),
-        "queries": len(reqs),
-        "strict": float(np.mean(strict)),
-        "tolerant": float(np.mean(tolerant)),
-        "min_strict": float(np.min(strict)),
-        "queries_below_1": int(np.sum(np.array(strict) < 1.0)),
-        "short_results": short,
-        "max_score_err": float(max(errors, default=0.0)),
-        "qps": len(reqs) / elapsed,
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "mean_ms": float(lat.mean()),
-    }
 
 
 def main() -> None:
@@ -200,17 +91,8 @@ def main() -> None:
     created = as_of - rng.random(args.n) * 30 * DAY
     bucket = np.arange(args.n) % 100
     tiers = rng.integers(1, 5, args.n) if args.tiers == "mixed" else np.full(args.n, SLOW)
-    # Queries near cluster centres: noise of norm ~0.5 against a unit centre.
-    queries = centres[rng.integers(0, clusters, args.queries)] + 0.5 * rng.standard_normal(
-        (args.queries, args.dim)
-    ).astype(np.float32) / np.sqrt(args.dim)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    queries = queries.astype(np.float32)
-
-    age = as_of - created
-    decayed = importance * 0.5 ** ((age / 3600.0) / HALF_LIFE_H[tiers])
-    decayed = np.maximum(decayed, FLOOR * importance.astype(np.float64))
-    prior = BETA * np.exp(-age / TAU) + GAMMA * decayed  # the exact non-similarity part of the score
+    queries = queries_near(centres, args.queries, rng)
+    prior = exact_prior(importance, created, tiers, as_of)  # the exact non-similarity part of the score
 
     results: dict[str, Any] = {
         "machine": info,
@@ -262,6 +144,10 @@ def main() -> None:
                             where,
                             kind == "similarity",
                             timeout,
+                            row_of=lambda mid: int(mid[1:]),
+                            namespace=NAMESPACE,
+                            model=MODEL,
+                            k=K,
                         )
                         r |= {"selectivity_pct": sel, "kind": kind, "filter": where}
                         rows.append(r)

@@ -1,27 +1,42 @@
-"""Benchmark suite: tiermem against its ceilings (empty gRPC, in-process FAISS), in one command.
+"""Benchmark suite (issue 6): tiermem against its ceilings (empty gRPC, in-process FAISS) and a peer
+(Chroma), on the same data, in one command.
 
-The server runs as a separate process (``python -m tiermem.server``, bench/common.py) on 127.0.0.1 with
-LMDB in a temporary directory, fsync on, and the background lifecycle off
-(TIERMEM_MAINTENANCE_INTERVAL_SECONDS=0, as in bench/recall.py: the default policy would demote or evict
-most of the memories while we measure). The load comes from worker processes (multiprocessing, spawn),
-each with its own channel and a few threads; concurrency = processes x threads. Every timed load runs for
-``--seconds`` between a start and an end time shared by the workers; an op counts when it starts inside
-that window. Client processes share the machine's cores with the server, so on a small machine the
-figures are a floor for what remote clients would see.
+The server runs as a separate process (``python -m tiermem.server``) on 127.0.0.1 with LMDB in a temporary
+directory, fsync on, and the background lifecycle off (TIERMEM_MAINTENANCE_INTERVAL_SECONDS=0: the
+default policy would demote or evict most of the memories while we measure). The load comes from worker
+processes (bench/load.py), each with its own channel and a few threads; concurrency = processes x threads.
+Client processes share the machine's cores with the server, so on a small machine the figures are a floor
+for what remote clients would see.
 
-Phases:
+Data: ``--n`` seeded, clustered, normalized float32 vectors (``--dim`` 384, 768 or 1536), explicit
+embeddings under model "bench-<dim>"; each memory has importance uniform in [0, 1], a create_time uniform
+over the 30 days before the load and metadata ``bucket = i % 100``. Queries are drawn near cluster centres,
+not from the data. Exact ground truth by brute force (NumPy).
+
+Phases, in order:
   1. empty-RPC ceiling: grpc.health.v1.Health/Check on the same server, concurrency 1 and 16.
-  2. ingest: BatchCreateMemories of ``--n`` clustered vectors in batches of 256 (model "bench-384",
-     explicit embeddings); single CreateMemory at concurrency 1 and 16.
-  3. search k=10 by vector (read_only) at concurrency 1 and 16, queries near cluster centres;
-     BatchSearchMemories of 16 queries per call at concurrency 1.
-  4. 90/10 search/create mix at concurrency 16.
-  5. in-process FAISS ceilings (server defaults: IndexHNSWFlat M=32, efConstruction=128, efSearch=64,
-     inner product): add in batches of 256 and single-query search with 1 and 2 threads.
-  6. server RSS (VmRSS) after the batch ingest, per memory, against vector + HNSW links.
+  2. ingest: BatchCreateMemories of n in batches of 256 (progress bar); at 10% and 30% of n a short
+     search load at concurrency 1 and 16 (throughput and p99 against collection size).
+  3. server RSS after the ingest, per memory, against vector + HNSW links.
+  4. search k=10 (read_only, default combined strategy) at concurrency 1, 2, 4, 8, 16; BatchSearchMemories
+     of 16 queries per call at concurrency 1.
+  5. filtered search k=10 with ``where`` keeping 10% and 1% of the memories, concurrency 1 and 16.
+  6. recall: sequential searches with as_of fixed, SIMILARITY strategy (recall@10 vs brute force over the
+     allowed rows) and default strategy (top-10 overlap vs an exact combined scoring), unfiltered, 10%, 1%.
+  7. single CreateMemory at concurrency 1 and 16; 90/10 search/create mix at concurrency 16.
+  8. start-up: SIGTERM (timed), start on the same data dir timed to health SERVING, kill -9, start again
+     timed; then one ConsolidateMemories pass over the namespace (timed) on that server, and a clean stop.
+  9. Chroma as a peer (bench/chroma_peer.py in .venv-bench, tiermem stopped): same vectors, HNSW
+     parameters, batches and concurrency; ingest, search c1/c16, recall@10.
+ 10. in-process FAISS ceilings (IndexHNSWFlat M=32 efConstruction=128 efSearch=64 inner product, one OMP
+     thread): add in batches of 256, single-query search with 1 and 2 threads.
+ 11. optional (``--startup-n N``): a separate data dir of N memories built through BatchCreateMemories,
+     then clean and kill -9 start-ups as in 8.
+ 12. plots: suite_size.png and suite_concurrency.png (bench/plot.py, matplotlib from .venv-bench).
 
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
-    python bench/suite.py --n 20000 --seconds 3 --out bench/results
+    python bench/suite.py --n 20000 --seconds 3 --no-chroma --out bench/results
+    python bench/suite.py --startup-n 1000000               # adds the 1M start-up (many minutes)
 
 Writes ``<out>/suite.json`` and ``<out>/suite.md`` and prints the Markdown. Nothing is asserted: the
 issue's targets are printed next to the ratios.
@@ -31,307 +46,593 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import platform
-import queue
+import shlex
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import clustered_vectors, start_server
-
-MODEL = "bench-384"
-NAMESPACE = "bench"
-BATCH = 256
-K = 10
-BATCH_SEARCH = 16
-HNSW_M, HNSW_EFC, HNSW_EFS = 32, 128, 64  # ServerConfig defaults
-HEALTH_SERVICE = "tiermem.v1.MemoryService"
-NOT_MEASURED = (
-    "Chroma comparison",
-    "plots",
-    "start-up time with 1M memories",
-    "recall (see bench/recall.py)",
+from common import (
+    SLOW,
+    Progress,
+    clustered_chunks,
+    clustered_vectors,
+    evaluate,
+    exact_prior,
+    machine,
+    queries_near,
+    rss_bytes,
+    start_server_timed,
+    stop_server,
+    summarize,
 )
+from load import BATCH_SEARCH, NAMESPACE, K, LoadPool
+from report import compute_ratios, fmt, markdown
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+BATCH = 256
+HNSW_M, HNSW_EFC, HNSW_EFS = 32, 128, 64  # ServerConfig defaults
+SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
+SWEEP = (1, 2, 4, 8, 16)
+SELECTIVITIES = (10, 1)  # percent of the memories a filtered search may return
+DAY = 86400.0
+TIMEOUT = 600.0
 
 
-# -- worker processes --------------------------------------------------------------------------------
-# Each worker process owns one channel and serves load tasks from its own queue, so a load of P
-# processes x T threads always runs in P distinct processes.
+@dataclass
+class Data:
+    model: str
+    vectors: np.ndarray
+    queries: np.ndarray
+    writes: np.ndarray
+    importance: np.ndarray
+    created: np.ndarray
+    bucket: np.ndarray
+    as_of: float
+    prior: np.ndarray
 
 
-def _worker_main(target: str, tasks: Any, results: Any) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from tiermem.v1 import memory_pb2 as pb
-    from tiermem.v1 import memory_pb2_grpc as pb_grpc
-
-    channel = grpc.insecure_channel(
-        target,
-        options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ],
+def make_data(n: int, dim: int, seed: int) -> Data:
+    clusters = max(10, n // 1000)
+    vectors, centres = clustered_vectors(n, dim, clusters, seed)
+    rng = np.random.default_rng(seed + 1)
+    queries = queries_near(centres, 256, rng)
+    writes = vectors[rng.integers(0, n, 1024)]
+    importance = rng.random(n, dtype=np.float32)  # float32, as the server stores it
+    as_of = float(int(time.time()))
+    created = as_of - rng.random(n) * 30 * DAY
+    prior = exact_prior(importance, created, np.full(n, SLOW), as_of)
+    return Data(
+        f"bench-{dim}", vectors, queries, writes, importance, created, np.arange(n) % 100, as_of, prior
     )
-    grpc.channel_ready_future(channel).result(timeout=60)
-    stub = pb_grpc.MemoryServiceStub(channel)
-    health = health_pb2_grpc.HealthStub(channel)
-    pid = os.getpid()
-    while True:
-        task = tasks.get()
-        if task is None:
-            break
-        try:
-            results.put(_run_task(task, stub, health, pb, health_pb2, grpc, pid))
-        except Exception as e:  # reported to the parent, which fails the run
-            results.put({"error": f"{type(e).__name__}: {e}"})
-    channel.close()
 
 
-def _run_task(
-    task: dict[str, Any], stub: Any, health: Any, pb: Any, health_pb2: Any, grpc: Any, pid: int
-) -> Any:
-    op: str = task["op"]
-    threads: int = task["threads"]
-    start_at: float = task["start_at"]
-    end_at: float = task["end_at"]
-    timeout = 60.0
-    queries = task.get("queries")
-    writes = task.get("writes")
-    search_reqs = []
-    if queries is not None:
-        for q in queries:
-            r = pb.SearchMemoriesRequest(
-                namespaces=[NAMESPACE], embedding_model=MODEL, limit=K, read_only=True
-            )
-            r.query_embedding.extend(q.tolist())
-            search_reqs.append(r)
-    batch_reqs = [
-        pb.BatchSearchMemoriesRequest(searches=search_reqs[i : i + BATCH_SEARCH])
-        for i in range(0, len(search_reqs) - BATCH_SEARCH + 1, BATCH_SEARCH)
-    ]
-    write_vecs = [w.tolist() for w in writes] if writes is not None else []
-    health_req = health_pb2.HealthCheckRequest(service=HEALTH_SERVICE)
-
-    def call(kind: str, tid: int, i: int) -> None:
-        if kind == "health":
-            health.Check(health_req, timeout=timeout)
-        elif kind == "search":
-            stub.SearchMemories(search_reqs[i % len(search_reqs)], timeout=timeout)
-        elif kind == "batch_search":
-            stub.BatchSearchMemories(batch_reqs[i % len(batch_reqs)], timeout=timeout)
-        elif kind == "create":
-            m = pb.Memory(
-                namespace=NAMESPACE,
-                content=f"single {task['tag']} {pid} {tid} {i}",  # unique: no content dedup
-                embedding=write_vecs[(i * 7 + tid) % len(write_vecs)],
-                embedding_model=MODEL,
-            )
-            stub.CreateMemory(pb.CreateMemoryRequest(memory=m), timeout=timeout)
-        else:
-            raise ValueError(kind)
-
-    lat: list[dict[str, list[float]]] = [{} for _ in range(threads)]
-    errors = [0] * threads
-
-    def thread(tid: int) -> None:
-        rng = np.random.default_rng(hash((pid, tid, task["tag"])) % 2**32)
-        out = lat[tid]
-        i = int(rng.integers(0, 1 << 20))
-        for _ in range(3):  # warm-up, before the window
-            kind = "search" if op == "mix" else op
-            call(kind, tid, i)
-            i += 1
-        while time.time() < start_at:
-            time.sleep(0.0005)
-        while True:
-            now = time.time()
-            if now >= end_at:
-                break
-            kind = op if op != "mix" else ("search" if rng.random() < task["read_fraction"] else "create")
-            t0 = time.perf_counter()
-            try:
-                call(kind, tid, i)
-            except grpc.RpcError:
-                errors[tid] += 1
-                continue
-            out.setdefault(kind, []).append(time.perf_counter() - t0)
-            i += 1
-
-    ts = [threading.Thread(target=thread, args=(t,)) for t in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    merged: dict[str, np.ndarray] = {}
-    for d in lat:
-        for kind, xs in d.items():
-            merged[kind] = np.concatenate([merged.get(kind, np.empty(0)), np.array(xs)])
-    return {"latencies": merged, "errors": sum(errors)}
+def memory_pb(pb: Any, model: str, i: int, vec: np.ndarray, importance: float, created: float) -> Any:
+    m = pb.Memory(
+        namespace=NAMESPACE,
+        content=f"memory {i}",
+        embedding=vec.tolist(),
+        embedding_model=model,
+        importance=importance,
+    )
+    m.create_time.FromNanoseconds(int(created * 1e9))
+    m.metadata["bucket"].int_value = i % 100
+    return m
 
 
-class LoadPool:
-    """``procs`` spawned worker processes, each with its own channel and task queue."""
+class Server:
+    """A tiermem server process on a data dir; start() and stop() are timed."""
 
-    def __init__(self, target: str, procs: int) -> None:
-        ctx = mp.get_context("spawn")
-        self.results = ctx.Queue()
-        self.queues = [ctx.Queue() for _ in range(procs)]
-        self.procs = [
-            ctx.Process(target=_worker_main, args=(target, q, self.results), daemon=True) for q in self.queues
-        ]
-        for p in self.procs:
-            p.start()
+    def __init__(self, data_dir: Path, log: Path) -> None:
+        self.data_dir, self.log = data_dir, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.target = ""
+        self.channel: Any = None
+        self.stub: Any = None
 
-    def run(self, op: str, procs: int, threads: int, seconds: float, tag: str, **data: Any) -> dict[str, Any]:
-        if procs > len(self.procs):
-            raise ValueError(f"{procs} processes asked, {len(self.procs)} started")
-        # A common window; the lead time covers message transfer, request building and warm-up.
-        start_at = time.time() + 0.3 + 0.01 * threads
-        task = {
-            "op": op,
-            "threads": threads,
-            "start_at": start_at,
-            "end_at": start_at + seconds,
-            "tag": tag,
-            **data,
+    def start(self) -> float:
+        import grpc
+
+        from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+        self.proc, self.target, seconds = start_server_timed(self.data_dir, self.log, SERVER_ENV)
+        self.channel = grpc.insecure_channel(
+            self.target,
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        self.stub = pb_grpc.MemoryServiceStub(self.channel)
+        return seconds
+
+    def stop(self, kill: bool = False) -> float:
+        assert self.proc is not None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        seconds = stop_server(self.proc, kill=kill)
+        self.proc = None
+        return seconds
+
+    def stats(self) -> Any:
+        from tiermem.v1 import memory_pb2 as pb
+
+        return self.stub.GetStats(pb.GetStatsRequest(), timeout=TIMEOUT)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        from tiermem.v1 import memory_pb2 as pb
+
+        self.pb = pb
+        self.args, self.tmp = args, tmp
+        self.hi = args.concurrency
+        self.rows: list[dict[str, Any]] = []
+        self.figures: dict[str, float] = {}
+        self.results: dict[str, Any] = {
+            "memory": {},
+            "timings": [],
+            "startup": [],
+            "size_curve": [],
+            "concurrency_curve": [],
+            "recall": [],
+            "not_measured": [],
         }
-        for q in self.queues[:procs]:
-            q.put(task)
-        outs = []
-        for _ in range(procs):
-            try:
-                out = self.results.get(timeout=seconds + 300)
-            except queue.Empty:
-                raise RuntimeError(f"load {op} timed out") from None
-            if "error" in out:
-                raise RuntimeError(f"load {op} failed in a worker: {out['error']}")
-            outs.append(out)
-        lat: dict[str, np.ndarray] = {}
-        for out in outs:
-            for kind, xs in out["latencies"].items():
-                lat[kind] = np.concatenate([lat.get(kind, np.empty(0)), xs])
-        return {"latencies": lat, "errors": sum(o["errors"] for o in outs), "seconds": seconds}
+        self.data = make_data(args.n, args.dim, args.seed)
+        self.ids: list[str] = []
+        self.row_of: dict[str, int] = {}
+        self.server = Server(tmp / "data", tmp / "server.log")
+        self.pool: LoadPool | None = None
 
-    def close(self) -> None:
-        for q in self.queues:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=10)
+    # -- helpers ---------------------------------------------------------------------------------------
 
+    def add_row(
+        self, phase: str, name: str, conc: int, r: dict[str, Any], unit: str = "ops/s"
+    ) -> dict[str, Any]:
+        row = {"phase": phase, "name": name, "concurrency": conc, "unit": unit, **r}
+        self.rows.append(row)
+        print(
+            f"  {name} c{conc}: {r['ops_per_s']:,.0f} {unit}  p50 {fmt(r.get('p50_ms'))} ms  "
+            f"p95 {fmt(r.get('p95_ms'))} ms  p99 {fmt(r.get('p99_ms'))} ms  errors {r.get('errors', 0)}",
+            flush=True,
+        )
+        return row
 
-def summarize(lat_s: np.ndarray, seconds: float, per_op: int = 1) -> dict[str, Any]:
-    ms = lat_s * 1000
-    pct = (lambda q: float(np.percentile(ms, q))) if ms.size else (lambda q: float("nan"))
-    return {
-        "ops": int(ms.size),
-        "ops_per_s": ms.size * per_op / seconds,
-        "p50_ms": pct(50),
-        "p95_ms": pct(95),
-        "p99_ms": pct(99),
-    }
+    def shape(self, conc: int) -> tuple[int, int]:
+        """(processes, threads) for a concurrency: 1x1, else up to --procs processes."""
+        procs = min(self.args.procs, conc)
+        if conc % procs:
+            raise ValueError(f"concurrency {conc} is not a multiple of {procs} processes")
+        return procs, conc // procs
 
+    def timing(self, name: str, memories: int, seconds: float, detail: str = "") -> None:
+        self.results["timings"].append(
+            {"name": name, "memories": memories, "seconds": seconds, "detail": detail}
+        )
+        print(f"  {name}: {seconds:.3f} s ({memories:,} memories) {detail}", flush=True)
 
-# -- report ------------------------------------------------------------------------------------------
+    def load(
+        self, phase: str, name: str, op: str, conc: int, seconds: float | None = None, **data: Any
+    ) -> dict[str, Any]:
+        assert self.pool is not None
+        seconds = seconds or self.args.seconds
+        procs, threads = self.shape(conc)
+        print(f"[{phase}] {name} at concurrency {conc} ({procs}x{threads}) for {seconds} s ...", flush=True)
+        out = self.pool.run(
+            op, procs, threads, seconds, tag=f"{phase}{name}{conc}", model=self.data.model, **data
+        )
+        per_op = BATCH_SEARCH if op == "batch_search" else 1
+        lat = out["latencies"]
+        all_lat = np.concatenate(list(lat.values())) if lat else np.empty(0)
+        r = summarize(all_lat, out["seconds"], per_op) | {"errors": out["errors"]}
+        if op == "mix":
+            r["by_kind"] = {k: summarize(v, out["seconds"]) for k, v in lat.items()}
+        return self.add_row(phase, name, conc, r, "queries/s" if per_op > 1 else "ops/s")
 
+    def search(
+        self, phase: str, name: str, conc: int, seconds: float | None = None, **data: Any
+    ) -> dict[str, Any]:
+        return self.load(phase, name, "search", conc, seconds, queries=self.data.queries, **data)
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    # -- phases ----------------------------------------------------------------------------------------
 
-    def version(name: str) -> str:
+    def start(self) -> None:
+        print("starting server ...", flush=True)
+        s = self.server.start()
+        self.timing("start-up, empty data dir (process start -> SERVING)", 0, s)
+        print(
+            f"server {self.server.target} pid {self.server.pid}; {self.args.procs} load processes", flush=True
+        )
+        self.pool = LoadPool(self.server.target, self.args.procs)
+
+    def empty_rpc(self) -> None:
+        r1 = self.load("empty_rpc", "health Check", "health", 1)
+        rh = self.load("empty_rpc", "health Check", "health", self.hi)
+        self.figures |= {"empty_c1_p50": r1["p50_ms"], "empty_hi_ops": rh["ops_per_s"]}
+
+    def ingest(self) -> None:
+        pb, d, n = self.pb, self.data, self.args.n
+        checkpoints = sorted(
+            {max(BATCH, int(n * f) // BATCH * BATCH) for f in self.args.size_points if f < 1}
+        )
+        self.results["memory"]["rss_before_bytes"] = rss_bytes(self.server.pid)
+        print(f"[ingest] BatchCreateMemories of {n:,} in batches of {BATCH} ...", flush=True)
+        bar = Progress("  ingest", n, " mem")
+        rpc_s = 0.0
+        t_wall = time.perf_counter()
+        for start in range(0, n, BATCH):
+            stop = min(n, start + BATCH)
+            req = pb.BatchCreateMemoriesRequest(
+                memories=[
+                    memory_pb(pb, d.model, i, d.vectors[i], float(d.importance[i]), float(d.created[i]))
+                    for i in range(start, stop)
+                ]
+            )
+            t0 = time.perf_counter()
+            resp = self.server.stub.BatchCreateMemories(req, timeout=TIMEOUT)
+            rpc_s += time.perf_counter() - t0
+            self.ids.extend(m.id for m in resp.memories)
+            bar.update(stop)
+            if stop in checkpoints and stop < n:
+                bar.close()
+                self.search_at_size(stop)
+                bar = Progress("  ingest", n, " mem")
+                bar.update(stop)
+        bar.close()
+        wall = time.perf_counter() - t_wall
+        if len(self.ids) != n or len(set(self.ids)) != n:
+            raise RuntimeError(f"expected {n} distinct ids, got {len(set(self.ids))}")
+        self.row_of = {mid: i for i, mid in enumerate(self.ids)}
+        r = {"memories": n, "seconds": rpc_s, "wall_seconds": wall, "ops_per_s": n / rpc_s, "errors": 0}
+        self.add_row("ingest", f"BatchCreateMemories x{BATCH}", 1, r, "memories/s")
+        self.figures["batch_ops"] = r["ops_per_s"]
+
+    def search_at_size(self, memories: int) -> None:
+        """Short search loads at this collection size (the size curve)."""
+        point: dict[str, Any] = {"memories": memories}
+        for conc in (1, self.hi):
+            r = self.search(
+                "search_vs_size", f"SearchMemories k={K} at {memories:,}", conc, self.args.size_seconds
+            )
+            point[f"c{conc}"] = {k: r[k] for k in ("ops_per_s", "p50_ms", "p95_ms", "p99_ms", "errors")}
+        self.results["size_curve"].append(point)
+
+    def memory(self) -> None:
+        time.sleep(0.5)
+        n = self.args.n
+        mem = self.results["memory"]
+        rss_after = rss_bytes(self.server.pid)
+        per_vec = self.args.dim * 4 + HNSW_M * 2 * 4
+        mem |= {
+            "memories": n,
+            "rss_after_bytes": rss_after,
+            "rss_per_memory_bytes": rss_after / n,
+            "rss_growth_per_memory_bytes": (rss_after - mem["rss_before_bytes"]) / n,
+            "vector_plus_links_bytes": per_vec,
+        }
+        self.figures["rss_ratio"] = mem["rss_per_memory_bytes"] / per_vec
+        self.figures["rss_growth_ratio"] = mem["rss_growth_per_memory_bytes"] / per_vec
+        print(
+            f"[memory] RSS {mem['rss_before_bytes'] / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB: "
+            f"{rss_after / n:,.0f} B/memory total, {mem['rss_growth_per_memory_bytes']:,.0f} B growth; "
+            f"vector+links {per_vec} B",
+            flush=True,
+        )
+
+    def search_phase(self) -> None:
+        name = f"SearchMemories k={K}"
+        by_conc = {}
+        for conc in sorted({*SWEEP, self.hi}):
+            by_conc[conc] = self.search("search", name, conc)
+        self.load(
+            "search", f"BatchSearchMemories x{BATCH_SEARCH}", "batch_search", 1, queries=self.data.queries
+        )
+        self.results["concurrency_curve"] = [
+            {"concurrency": c, **{k: r[k] for k in ("ops_per_s", "p50_ms", "p95_ms", "p99_ms", "errors")}}
+            for c, r in sorted(by_conc.items())
+        ]
+        c1, chi = by_conc[1], by_conc[self.hi]
+        self.figures |= {
+            "search_c1_p50": c1["p50_ms"],
+            "search_c1_p99": c1["p99_ms"],
+            "search_hi_ops": chi["ops_per_s"],
+        }
+        self.results["size_curve"].append(
+            {
+                "memories": self.args.n,
+                **{
+                    f"c{c}": {k: r[k] for k in ("ops_per_s", "p50_ms", "p95_ms", "p99_ms", "errors")}
+                    for c, r in ((1, c1), (self.hi, chi))
+                },
+            }
+        )
+
+    def filtered_search(self) -> None:
+        for sel in SELECTIVITIES:
+            where = json.dumps({"metadata.bucket": {"$lt": sel}})
+            for conc in (1, self.hi):
+                self.search("filtered_search", f"SearchMemories k={K} where keeps {sel}%", conc, where=where)
+
+    def recall(self) -> None:
+        d = self.data
+        print(f"[recall] {self.args.recall_queries} sequential queries per row ...", flush=True)
+        queries = d.queries[: self.args.recall_queries]
+        for sel in (100, *SELECTIVITIES):
+            where = None if sel == 100 else {"metadata.bucket": {"$lt": sel}}
+            for kind in ("similarity", "combined"):
+                r = evaluate(
+                    self.server.stub,
+                    queries,
+                    d.vectors,
+                    d.prior,
+                    d.bucket < sel,
+                    d.as_of,
+                    where,
+                    kind == "similarity",
+                    TIMEOUT,
+                    row_of=self.row_of.__getitem__,
+                    namespace=NAMESPACE,
+                    model=d.model,
+                    k=K,
+                )
+                r |= {"selectivity_pct": sel, "kind": kind, "filter": where}
+                self.results["recall"].append(r)
+                key = ("recall_" if kind == "similarity" else "overlap_") + str(sel)
+                self.figures[key] = r["strict"]
+                print(
+                    f"  {sel:>3}% {kind:<10} strict {r['strict']:.4f} tolerant {r['tolerant']:.4f} "
+                    f"({r['qps']:,.0f} q/s, p50 {r['p50_ms']:.2f} ms)",
+                    flush=True,
+                )
+
+    def writes(self) -> None:
+        w = self.data.writes
+        self.load("ingest", "CreateMemory", "create", 1, writes=w)
+        r = self.load("ingest", "CreateMemory", "create", self.hi, writes=w)
+        self.figures["create_hi_ops"] = r["ops_per_s"]
+        mix = self.load(
+            "mix",
+            "90% search / 10% create",
+            "mix",
+            self.hi,
+            queries=self.data.queries,
+            writes=w,
+            read_fraction=0.9,
+        )
+        for kind, r in mix["by_kind"].items():
+            print(f"  mix {kind}: {r['ops_per_s']:,.0f} ops/s p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms")
+        st = self.server.stats()
+        self.results["server"] = {
+            "memories": st.memory_count,
+            "writes_committed": st.writes_committed,
+            "commit_groups": st.commit_groups,
+        }
+
+    def restarts_and_consolidation(self) -> None:
+        """Clean stop, timed start-ups (clean, after kill -9), then one consolidation pass."""
+        assert self.pool is not None
+        self.pool.close()
+        self.pool = None
+        count = self.server.stats().memory_count
+        print(f"[startup] {count:,} memories: SIGTERM, start, kill -9, start ...", flush=True)
+        st = self.restart_cycle(self.server, count)
+        self.results["memory"] |= {
+            "rss_after_restart_bytes": st.pop("rss_after_restart_bytes"),
+            "restart_memories": count,
+        }
+        self.results["startup"].append(st)
+        self.consolidation(st["memories"])
+        self.timing("shutdown (SIGTERM -> exit) after consolidation", st["memories"], self.server.stop())
+
+    def restart_cycle(self, server: Server, count: int) -> dict[str, Any]:
+        shutdown = server.stop()
+        self.timing("shutdown (SIGTERM -> exit: drain, snapshot, close)", count, shutdown)
+        clean = server.start()
+        n_clean = server.stats().memory_count
+        rss = rss_bytes(server.pid)
+        self.timing("start-up from clean shutdown (process start -> SERVING)", n_clean, clean)
+        server.stop(kill=True)
+        killed = server.start()
+        n_killed = server.stats().memory_count
+        self.timing("start-up after kill -9 (process start -> SERVING)", n_killed, killed)
+        if not n_clean == n_killed == count:
+            print(f"  WARNING: memory counts differ: before {count}, clean {n_clean}, kill -9 {n_killed}")
+        return {
+            "memories": count,
+            "shutdown_s": shutdown,
+            "clean_start_s": clean,
+            "kill9_start_s": killed,
+            "memories_after_clean": n_clean,
+            "memories_after_kill9": n_killed,
+            "rss_after_restart_bytes": rss,
+        }
+
+    def consolidation(self, memories: int) -> None:
+        pb = self.pb
+        print(f"[consolidation] ConsolidateMemories over namespace {NAMESPACE!r} ...", flush=True)
+        t0 = time.perf_counter()
+        r = self.server.stub.ConsolidateMemories(
+            pb.ConsolidateMemoriesRequest(namespace=NAMESPACE, max_reported_moves=1), timeout=TIMEOUT
+        )
+        seconds = time.perf_counter() - t0
+        out = {
+            "seconds": seconds,
+            "promoted": r.promoted,
+            "demoted": r.demoted,
+            "evicted": r.evicted,
+            "deleted": r.deleted,
+            "over_capacity": r.over_capacity,
+            "skipped": r.skipped,
+            "plan_seconds": r.plan_seconds,
+            "apply_seconds": r.apply_seconds,
+            "max_search_pause_seconds": r.max_search_pause_seconds,
+        }
+        self.results["consolidation"] = out
+        moved = r.promoted + r.demoted + r.evicted + r.deleted
+        self.timing(
+            "ConsolidateMemories pass (one RPC, default policy)",
+            memories,
+            seconds,
+            f"{moved:,} moves (promoted {r.promoted:,}, demoted {r.demoted:,}, evicted {r.evicted:,}, "
+            f"deleted {r.deleted:,}); plan {r.plan_seconds * 1000:.1f} ms, apply {r.apply_seconds:.2f} s, "
+            f"longest search pause {r.max_search_pause_seconds * 1000:.1f} ms",
+        )
+
+    def chroma(self) -> None:
+        a = self.args
+        py = a.chroma_python
+        if a.chroma is False:
+            self.results["chroma"] = {"error": "not run (--no-chroma)."}
+            self.results["not_measured"].append("Chroma comparison (--no-chroma)")
+            return
+        if not py.exists():
+            msg = f"not run: {py} does not exist (make bench-venv creates it)."
+            print(f"[chroma] {msg}", flush=True)
+            self.results["chroma"] = {"error": msg}
+            self.results["not_measured"].append("Chroma comparison (no .venv-bench)")
+            return
+        vec, qs, out = self.tmp / "vectors.npy", self.tmp / "queries.npy", self.tmp / "chroma.json"
+        np.save(vec, self.data.vectors)
+        np.save(qs, self.data.queries)
+        cmd = [
+            str(py),
+            str(BENCH / "chroma_peer.py"),
+            *("--vectors", str(vec), "--queries", str(qs), "--json", str(out)),
+            *("--seconds", str(a.seconds), "--concurrency", str(self.hi), "--procs", str(a.procs)),
+            *("--batch", str(BATCH), "--k", str(K), "--recall-queries", str(a.recall_queries)),
+            *("--m", str(HNSW_M), "--efc", str(HNSW_EFC), "--efs", str(HNSW_EFS)),
+            *("--workdir", str(self.tmp / "chroma")),
+        ]
+        print(f"[chroma] {' '.join(shlex.quote(c) for c in cmd[:2])} ... (tiermem stopped)", flush=True)
         try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "?"
-
-    return {
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "grpcio": version("grpcio"),
-        "faiss": version("faiss-cpu"),
-        "numba": version("numba"),
-        "numpy": np.__version__,
-    }
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-def fmt(x: float, digits: int = 2) -> str:
-    return "-" if x is None or x != x else f"{x:,.{digits}f}"
-
-
-def markdown(res: dict[str, Any]) -> str:
-    m, p = res["machine"], res["params"]
-    lines = [
-        "# tiermem benchmark suite",
-        "",
-        f"- machine: {m['cpus']} cores ({m['cpus_usable']} usable), {m['cpu']}; {m['platform']}",
-        f"- Python {m['python']}, grpcio {m['grpcio']}, faiss-cpu {m['faiss']}, numba {m['numba']}, "
-        f"NumPy {m['numpy']}",
-        f"- parameters: n={p['n']} dim={p['dim']} seconds/load={p['seconds']} seed={p['seed']} "
-        f"batch={BATCH} k={K}; HNSW M={HNSW_M} efConstruction={HNSW_EFC} efSearch={HNSW_EFS} (server defaults); "
-        f"fsync on; lifecycle off",
-        f"- load: worker processes (spawn), each with its own channel; concurrency 1 = 1x1, "
-        f"concurrency {p['concurrency']} = {p['procs']} processes x {p['concurrency'] // p['procs']} threads",
-        "- note: the client processes share this machine's cores with the server (and with each other), "
-        "so the figures are a floor for remote clients.",
-        "",
-        "| phase | measurement | concurrency | ops/s | p50 ms | p95 ms | p99 ms | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in res["rows"]:
-        lines.append(
-            f"| {r['phase']} | {r['name']} | {r['concurrency']} | {fmt(r['ops_per_s'], 0)} {r['unit']} | "
-            f"{fmt(r.get('p50_ms'))} | {fmt(r.get('p95_ms'))} | {fmt(r.get('p99_ms'))} | {r.get('errors', 0)} |"
+            rc = subprocess.run(cmd, timeout=a.chroma_timeout, cwd=ROOT).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        if rc != 0 or not out.exists():
+            msg = f"not measured: bench/chroma_peer.py failed (exit {rc}); its output is above."
+            print(f"[chroma] {msg}", flush=True)
+            self.results["chroma"] = {"error": msg}
+            self.results["not_measured"].append("Chroma comparison (the peer failed)")
+            return
+        c = json.loads(out.read_text())
+        self.results["chroma"] = c
+        ing = c["ingest"]
+        self.add_row("chroma", f"collection.add x{BATCH} (HTTP)", 1, ing, "vectors/s")
+        for key in ("search_c1", c["concurrency_key"]):
+            r = c[key]
+            self.add_row("chroma", f"collection.query k={K} (HTTP)", r["concurrency"], r)
+        self.figures |= {
+            "chroma_ingest_ops": ing["ops_per_s"],
+            "chroma_search_hi_ops": c[c["concurrency_key"]]["ops_per_s"],
+        }
+        self.results["recall"].append(
+            {
+                "selectivity_pct": 100,
+                "kind": "similarity (Chroma)",
+                "allowed": c["count"],
+                "queries": c["recall"]["queries"],
+                "strict": c["recall"]["recall_at_k"],
+                "tolerant": c["recall"]["recall_at_k"],
+                "min_strict": c["recall"]["min_recall"],
+                "queries_below_1": c["recall"]["queries_below_1"],
+                "qps": c["recall"]["qps"],
+                "p50_ms": c["recall"]["p50_ms"],
+                "p99_ms": c["recall"]["p99_ms"],
+            }
         )
-    mem = res["memory"]
-    lines += [
-        "",
-        "| memory | value |",
-        "|---|---:|",
-        f"| server RSS before ingest | {mem['rss_before_bytes'] / 2**20:,.1f} MiB |",
-        f"| server RSS after ingest of {mem['memories']} | {mem['rss_after_bytes'] / 2**20:,.1f} MiB |",
-        f"| RSS per memory (total / n) | {mem['rss_per_memory_bytes']:,.0f} B |",
-        f"| RSS per memory (growth / n) | {mem['rss_growth_per_memory_bytes']:,.0f} B |",
-        f"| vector + HNSW links (dim*4 + M*2*4) | {mem['vector_plus_links_bytes']:,} B |",
-        "",
-        "| ratio | value | issue target | meets |",
-        "|---|---:|---|---|",
-    ]
-    for r in res["ratios"]:
-        lines.append(
-            f"| {r['name']} | {fmt(r['value'], 3)} | {r['target']} | {'yes' if r['meets'] else 'no'} |"
-        )
-    lines += ["", "Not measured in this version: " + "; ".join(NOT_MEASURED) + ".", ""]
-    return "\n".join(lines)
 
+    def faiss(self) -> None:
+        print(f"[faiss] in-process ceilings on the same {self.args.n:,} vectors ...", flush=True)
+        fa = faiss_ceilings(self.data.vectors, self.data.queries, self.args.seconds)
+        self.results["faiss"] = fa
+        self.add_row("faiss", f"index.add x{BATCH} (1 OMP thread)", 1, fa["add"], "vectors/s")
+        self.add_row("faiss", f"index.search k={K} single query", 1, fa["search_t1"], "q/s")
+        self.add_row("faiss", f"index.search k={K} single query", 2, fa["search_t2"], "q/s")
+        r, a = self.figures["empty_hi_ops"], fa["add"]["ops_per_s"]
+        self.figures["faiss_add_ops"] = a
+        self.figures["composed_create_limit"] = 1 / (1 / r + 1 / a)
 
-# -- phases ------------------------------------------------------------------------------------------
+    def startup_big(self) -> None:
+        """--startup-n: build a separate data dir through BatchCreateMemories, then time start-ups."""
+        n = self.args.startup_n
+        if n <= 0:
+            print(
+                "[startup-n] not run (--startup-n 0): start-up with 1,000,000 memories not measured",
+                flush=True,
+            )
+            self.results["not_measured"].append(
+                "start-up with 1,000,000 memories (run with --startup-n 1000000; takes many minutes)"
+            )
+            return
+        pb, dim = self.pb, self.args.dim
+        server = Server(self.tmp / f"data-{n}", self.tmp / f"server-{n}.log")
+        server.start()
+        print(f"[startup-n] building {n:,} memories in {server.data_dir} ...", flush=True)
+        rng = np.random.default_rng(self.args.seed + 2)
+        now = time.time()
+        bar = Progress(f"  build {n:,}", n, " mem")
+        t0 = time.perf_counter()
+        try:
+            for start, chunk in clustered_chunks(n, dim, max(10, n // 1000), self.args.seed + 3, 16 * BATCH):
+                imp = rng.random(chunk.shape[0], dtype=np.float32)
+                created = now - rng.random(chunk.shape[0]) * 30 * DAY
+                for j in range(0, chunk.shape[0], BATCH):
+                    req = pb.BatchCreateMemoriesRequest(
+                        memories=[
+                            memory_pb(
+                                pb, self.data.model, start + i, chunk[i], float(imp[i]), float(created[i])
+                            )
+                            for i in range(j, min(j + BATCH, chunk.shape[0]))
+                        ]
+                    )
+                    server.stub.BatchCreateMemories(req, timeout=TIMEOUT)
+                    bar.update(start + min(j + BATCH, chunk.shape[0]))
+            bar.close()
+            build = time.perf_counter() - t0
+            self.timing(f"build {n:,} memories through BatchCreateMemories", n, build, f"{n / build:,.0f}/s")
+            st = self.restart_cycle(server, server.stats().memory_count)
+            st.pop("rss_after_restart_bytes")
+            self.results["startup"].append(st)
+        finally:
+            if server.proc is not None:
+                server.stop()
+
+    def finish(self, info: dict[str, Any], command: str) -> dict[str, Any]:
+        a = self.args
+        results = {
+            "command": command,
+            "machine": info,
+            "params": vars(a)
+            | {
+                "out": str(a.out),
+                "chroma_python": str(a.chroma_python),
+                "batch": BATCH,
+                "k": K,
+                "hnsw": {"M": HNSW_M, "efConstruction": HNSW_EFC, "efSearch": HNSW_EFS},
+            },
+            "note": "client processes share this machine's cores with the server; lifecycle off; fsync on",
+            "rows": self.rows,
+            "phases": sorted({r["phase"] for r in self.rows} | {"memory", "recall", "startup"}),
+            "figures": self.figures,
+            **self.results,
+        }
+        if "consolidation" in self.results:
+            results["phases"] = sorted({*results["phases"], "consolidation"})
+        results["ratios"] = compute_ratios(results)
+        return results
 
 
 def faiss_ceilings(vectors: np.ndarray, queries: np.ndarray, seconds: float) -> dict[str, Any]:
@@ -341,17 +642,15 @@ def faiss_ceilings(vectors: np.ndarray, queries: np.ndarray, seconds: float) -> 
     faiss.omp_set_num_threads(1)  # as the server's engine, for adds and searches
     index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = HNSW_EFC
-    t0 = time.perf_counter()
     n = vectors.shape[0]
-    last = t0
+    bar = Progress("  faiss add", n, " vec")
+    t0 = time.perf_counter()
     for start in range(0, n, BATCH):
         index.add(vectors[start : start + BATCH])
-        if time.perf_counter() - last > 2:
-            last = time.perf_counter()
-            print(f"  faiss add: {start + BATCH}/{n}", flush=True)
+        bar.update(min(n, start + BATCH))
     add_s = time.perf_counter() - t0
+    bar.close()
     out: dict[str, Any] = {"add": {"vectors": n, "seconds": add_s, "ops_per_s": n / add_s}}
-    print(f"  faiss add: {n} vectors in {add_s:.1f} s = {n / add_s:,.0f}/s", flush=True)
     index.hnsw.efSearch = HNSW_EFS
     for threads in (1, 2):
         lat: list[list[float]] = [[] for _ in range(threads)]
@@ -371,249 +670,116 @@ def faiss_ceilings(vectors: np.ndarray, queries: np.ndarray, seconds: float) -> 
             t.start()
         for t in ts:
             t.join()
-        r = summarize(np.array([x for xs in lat for x in xs]), seconds)
-        out[f"search_t{threads}"] = r
-        print(
-            f"  faiss search, {threads} thread(s): {r['ops_per_s']:,.0f} q/s p50 {r['p50_ms']:.3f} ms",
-            flush=True,
-        )
+        out[f"search_t{threads}"] = summarize(np.array([x for xs in lat for x in xs]), seconds)
     return out
 
 
-def main() -> None:
+def make_plots(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """suite_size.png and suite_concurrency.png by bench/plot.py, with matplotlib from wherever it is."""
+    if args.plots is False:
+        results["plots_note"] = "not made (--no-plots)."
+        return
+    candidates = [args.chroma_python, Path(sys.executable)]
+    for py in candidates:
+        if not py.exists():
+            continue
+        probe = subprocess.run([str(py), "-c", "import matplotlib"], capture_output=True)
+        if probe.returncode != 0:
+            continue
+        r = subprocess.run(
+            [str(py), str(BENCH / "plot.py"), str(args.out / "suite.json")], capture_output=True, text=True
+        )
+        print(r.stdout, end="")
+        if r.returncode == 0:
+            results["plots"] = ["suite_size.png", "suite_concurrency.png"]
+        else:
+            results["plots_note"] = f"bench/plot.py failed: {r.stderr.strip()[-500:]}"
+        return
+    results["plots_note"] = "not made: matplotlib not found (make bench-venv installs it in .venv-bench)."
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=100_000, help="memories to load (default 100000)")
-    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--dim", type=int, default=384, help="384 (default), 768 or 1536")
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each timed load")
+    p.add_argument(
+        "--size-seconds", type=float, default=0.0, help="load duration at size checkpoints (seconds/2)"
+    )
+    p.add_argument(
+        "--size-points",
+        default="0.1,0.3",
+        help="fractions of n where the ingest pauses for a short search load",
+    )
+    p.add_argument("--recall-queries", type=int, default=200, help="sequential queries per recall row")
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="directory for suite.json/.md")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--concurrency", type=int, default=16, help="the high concurrency level")
     p.add_argument("--procs", type=int, default=0, help="load processes at high concurrency (default 2-4)")
+    p.add_argument(
+        "--startup-n", type=int, default=0, help="also build N memories and time start-ups (e.g. 1000000)"
+    )
+    p.add_argument(
+        "--chroma",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the Chroma peer (default: when --chroma-python exists)",
+    )
+    p.add_argument("--chroma-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
+    p.add_argument("--chroma-timeout", type=float, default=1800)
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=None, help="write PNG plots")
     args = p.parse_args()
     if args.procs <= 0:
         args.procs = min(4, max(2, os.cpu_count() or 2))
     if args.concurrency % args.procs:
         p.error("--concurrency must be a multiple of --procs")
-    threads_hi = args.concurrency // args.procs
-    hi = args.concurrency
+    if args.n < 100:
+        p.error("--n must be at least 100 (buckets 0..99)")
+    args.size_seconds = args.size_seconds or args.seconds / 2
+    args.size_points = [float(x) for x in args.size_points.split(",") if x.strip()]
+    return args
 
+
+def main() -> None:
+    args = parse_args()
+    command = " ".join(shlex.quote(a) for a in ["python", "bench/suite.py", *sys.argv[1:]])
     info = machine()
-    params = vars(args) | {"out": str(args.out)}
     print(
-        f"machine: {info['cpus']} cores, {info['cpu']}; Python {info['python']}, grpcio {info['grpcio']}, "
-        f"faiss {info['faiss']}, numba {info['numba']}",
+        f"machine: {info['cpus']} cores, {info['cpu']}; Python {info['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in info["packages"].items()),
         flush=True,
     )
     print(
-        f"params: n={args.n} dim={args.dim} seconds={args.seconds} load {args.procs}x{threads_hi}", flush=True
+        f"params: n={args.n} dim={args.dim} seconds={args.seconds} load {args.procs} processes, "
+        f"concurrency up to {args.concurrency}",
+        flush=True,
     )
-
-    clusters = max(10, args.n // 1000)
-    vectors, centres = clustered_vectors(args.n, args.dim, clusters, args.seed)
-    rng = np.random.default_rng(args.seed + 1)
-    queries = centres[rng.integers(0, clusters, 256)] + 0.5 * rng.standard_normal((256, args.dim)).astype(
-        np.float32
-    ) / np.sqrt(args.dim)
-    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
-    writes = vectors[rng.integers(0, args.n, 1024)]
-
-    rows: list[dict[str, Any]] = []
-
-    def add_row(phase: str, name: str, conc: int, r: dict[str, Any], unit: str = "ops/s") -> dict[str, Any]:
-        row = {"phase": phase, "name": name, "concurrency": conc, "unit": unit, **r}
-        rows.append(row)
-        print(
-            f"  {name} c{conc}: {r['ops_per_s']:,.0f} {unit}  p50 {fmt(r.get('p50_ms'))} ms  "
-            f"p95 {fmt(r.get('p95_ms'))} ms  p99 {fmt(r.get('p99_ms'))} ms  errors {r.get('errors', 0)}",
-            flush=True,
-        )
-        return row
-
-    def load(pool: LoadPool, phase: str, name: str, op: str, conc: int, **data: Any) -> dict[str, Any]:
-        procs, threads = (1, 1) if conc == 1 else (args.procs, threads_hi)
-        print(
-            f"[{phase}] {name} at concurrency {conc} ({procs}x{threads}) for {args.seconds} s ...", flush=True
-        )
-        out = pool.run(op, procs, threads, args.seconds, tag=f"{name}{conc}", **data)
-        per_op = BATCH_SEARCH if op == "batch_search" else 1
-        lat = out["latencies"]
-        all_lat = np.concatenate(list(lat.values())) if lat else np.empty(0)
-        r = summarize(all_lat, out["seconds"], per_op) | {"errors": out["errors"]}
-        if op == "mix":
-            r["by_kind"] = {k: summarize(v, out["seconds"]) for k, v in lat.items()}
-        return add_row(phase, name, conc, r, "queries/s" if per_op > 1 else "ops/s")
-
-    memory: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tiermem-suite-") as tmp:
-        print("starting server ...", flush=True)
-        proc, target = start_server(Path(tmp) / "data", {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"})
-        pool = None
+        suite = Suite(args, Path(tmp))
         try:
-            from tiermem.client import MemoryClient
-            from tiermem.v1 import memory_pb2 as pb
-
-            with MemoryClient(target, timeout=300) as client:
-                client.wait_ready()
-                print(f"server {target} pid {proc.pid}; starting {args.procs} load processes ...", flush=True)
-                pool = LoadPool(target, args.procs)
-
-                # 1. empty-RPC ceiling
-                empty_c1 = load(pool, "empty_rpc", "health Check", "health", 1)
-                empty_hi = load(pool, "empty_rpc", "health Check", "health", hi)
-
-                # 2. ingest
-                rss_before = rss_bytes(proc.pid)
-                print(f"[ingest] BatchCreateMemories of {args.n} in batches of {BATCH} ...", flush=True)
-                rpc_s = 0.0
-                t_wall = time.perf_counter()
-                last = t_wall
-                for start in range(0, args.n, BATCH):
-                    chunk = vectors[start : start + BATCH]
-                    req = pb.BatchCreateMemoriesRequest(
-                        memories=[
-                            pb.Memory(
-                                namespace=NAMESPACE,
-                                content=f"memory {start + j}",
-                                embedding=v.tolist(),
-                                embedding_model=MODEL,
-                                importance=float((start + j) % 10) / 10,
-                            )
-                            for j, v in enumerate(chunk)
-                        ]
-                    )
-                    t0 = time.perf_counter()
-                    client.stub.BatchCreateMemories(req, timeout=300)
-                    rpc_s += time.perf_counter() - t0
-                    if time.perf_counter() - last > 2:
-                        last = time.perf_counter()
-                        print(
-                            f"  ingest: {start + len(chunk)}/{args.n} ({(start + len(chunk)) / rpc_s:,.0f}/s)",
-                            flush=True,
-                        )
-                wall = time.perf_counter() - t_wall
-                batch_row = add_row(
-                    "ingest",
-                    f"BatchCreateMemories x{BATCH}",
-                    1,
-                    {"memories": args.n, "seconds": rpc_s, "wall_seconds": wall, "ops_per_s": args.n / rpc_s},
-                    "memories/s",
-                )
-                time.sleep(0.5)
-                rss_after = rss_bytes(proc.pid)
-                per_vec = args.dim * 4 + HNSW_M * 2 * 4
-                memory = {
-                    "memories": args.n,
-                    "rss_before_bytes": rss_before,
-                    "rss_after_bytes": rss_after,
-                    "rss_per_memory_bytes": rss_after / args.n,
-                    "rss_growth_per_memory_bytes": (rss_after - rss_before) / args.n,
-                    "vector_plus_links_bytes": per_vec,
-                }
-                print(
-                    f"[memory] RSS {rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB: "
-                    f"{rss_after / args.n:,.0f} B/memory total, {(rss_after - rss_before) / args.n:,.0f} B growth; "
-                    f"vector+links {per_vec} B: ratio {rss_after / args.n / per_vec:.2f} "
-                    f"(growth {(rss_after - rss_before) / args.n / per_vec:.2f})",
-                    flush=True,
-                )
-                create_c1 = load(pool, "ingest", "CreateMemory", "create", 1, writes=writes)
-                create_hi = load(pool, "ingest", "CreateMemory", "create", hi, writes=writes)
-
-                # 3. search
-                search_c1 = load(pool, "search", f"SearchMemories k={K}", "search", 1, queries=queries)
-                search_hi = load(pool, "search", f"SearchMemories k={K}", "search", hi, queries=queries)
-                load(
-                    pool, "search", f"BatchSearchMemories x{BATCH_SEARCH}", "batch_search", 1, queries=queries
-                )
-
-                # 4. mix
-                mix = load(
-                    pool,
-                    "mix",
-                    "90% search / 10% create",
-                    "mix",
-                    hi,
-                    queries=queries,
-                    writes=writes,
-                    read_fraction=0.9,
-                )
-                for kind, r in mix["by_kind"].items():
-                    print(
-                        f"  mix {kind}: {r['ops_per_s']:,.0f} ops/s p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms"
-                    )
-                stats = client.stats()
-                server_stats = {
-                    "memories": stats.memory_count,
-                    "writes_committed": stats.writes_committed,
-                    "commit_groups": stats.commit_groups,
-                }
+            suite.start()
+            suite.empty_rpc()
+            suite.ingest()
+            suite.memory()
+            suite.search_phase()
+            suite.filtered_search()
+            suite.recall()
+            suite.writes()
+            suite.restarts_and_consolidation()
         finally:
-            if pool is not None:
-                pool.close()
-            proc.terminate()
-            proc.wait(timeout=120)
-
-    # 5. FAISS ceilings, with the server stopped (it would compete for the cores).
-    print(f"[faiss] in-process ceilings on the same {args.n} vectors ...", flush=True)
-    fa = faiss_ceilings(vectors, queries, args.seconds)
-    add_row("faiss", f"index.add x{BATCH} (1 OMP thread)", 1, fa["add"], "vectors/s")
-    add_row("faiss", f"index.search k={K} single query", 1, fa["search_t1"], "q/s")
-    add_row("faiss", f"index.search k={K} single query", 2, fa["search_t2"], "q/s")
-
-    R, A = empty_hi["ops_per_s"], fa["add"]["ops_per_s"]
-    composed = 1 / (1 / R + 1 / A)
-
-    def ratio(name: str, value: float, target: str, meets: bool) -> dict[str, Any]:
-        return {"name": name, "value": value, "target": target, "meets": bool(meets)}
-
-    rss_ratio = memory["rss_per_memory_bytes"] / memory["vector_plus_links_bytes"]
-    growth_ratio = memory["rss_growth_per_memory_bytes"] / memory["vector_plus_links_bytes"]
-    ratios = [
-        ratio(
-            f"search c{hi} / empty-RPC c{hi} (ops/s)",
-            search_hi["ops_per_s"] / R,
-            ">= 0.7",
-            search_hi["ops_per_s"] / R >= 0.7,
-        ),
-        ratio(
-            "search c1 p50 / empty-RPC c1 p50",
-            search_c1["p50_ms"] / empty_c1["p50_ms"],
-            "<= 1.5",
-            search_c1["p50_ms"] / empty_c1["p50_ms"] <= 1.5,
-        ),
-        ratio("search c1 p99 (ms)", search_c1["p99_ms"], "< 2 ms", search_c1["p99_ms"] < 2),
-        ratio(
-            "batch ingest / FAISS add",
-            batch_row["ops_per_s"] / A,
-            ">= 0.8",
-            batch_row["ops_per_s"] / A >= 0.8,
-        ),
-        ratio(
-            f"create c{hi} / 1/(1/R + 1/A) = {composed:,.0f}/s",
-            create_hi["ops_per_s"] / composed,
-            ">= 0.9",
-            create_hi["ops_per_s"] / composed >= 0.9,
-        ),
-        ratio("RSS per memory (total / n) / (vector + links)", rss_ratio, "< 2", rss_ratio < 2),
-        ratio("RSS growth per memory / (vector + links)", growth_ratio, "< 2", growth_ratio < 2),
-    ]
-    _ = create_c1
-    results = {
-        "machine": info,
-        "params": params,
-        "note": "client processes share this machine's cores with the server; lifecycle off; fsync on",
-        "rows": rows,
-        "phases": sorted({r["phase"] for r in rows} | {"memory"}),
-        "memory": memory,
-        "faiss": fa,
-        "composed_create_limit_per_s": composed,
-        "ratios": ratios,
-        "server": server_stats,
-        "not_measured": list(NOT_MEASURED),
-    }
-    md = markdown(results)
+            if suite.pool is not None:
+                suite.pool.close()
+            if suite.server.proc is not None:
+                suite.server.stop()
+        suite.chroma()
+        suite.faiss()
+        suite.startup_big()
+        results = suite.finish(info, command)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "suite.json").write_text(json.dumps(results, indent=2, default=float))
+    make_plots(args, results)
+    (args.out / "suite.json").write_text(json.dumps(results, indent=2, default=float))
+    md = markdown(results)
     (args.out / "suite.md").write_text(md)
     print()
     print(md)

@@ -1,8 +1,11 @@
-"""Smoke test of bench/suite.py: a tiny run end to end (server process, load processes, FAISS)."""
+"""Smoke test of bench/suite.py: a tiny run end to end (server process, load processes, filtered search,
+recall, start-ups, consolidation, concurrency sweep, FAISS), without Chroma. Figures are printed, not
+asserted; only the structure is checked."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -10,44 +13,63 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = {"empty_rpc", "ingest", "search", "mix", "faiss"}
+PHASES = {"empty_rpc", "ingest", "search", "search_vs_size", "filtered_search", "mix", "faiss"}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(260)
+@pytest.mark.timeout(200)
 def test_bench_suite_smoke(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
             str(ROOT / "bench" / "suite.py"),
-            "--n",
-            "600",
-            "--dim",
-            "32",
-            "--seconds",
-            "0.5",
-            "--out",
-            str(tmp_path),
+            *("--n", "600", "--dim", "32", "--seconds", "0.5", "--recall-queries", "20"),
+            *("--no-chroma", "--out", str(tmp_path)),
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "suite.json").read_text())
     rows = results["rows"]
     assert {r["phase"] for r in rows} == PHASES
+    assert {"memory", "recall", "startup", "consolidation"} <= set(results["phases"])
     for r in rows:
         assert r["ops_per_s"] > 0, r
         assert r.get("errors", 0) == 0, r
     names = {(r["phase"], r["concurrency"]) for r in rows}
-    for phase in ("empty_rpc", "search"):
+    for phase in ("empty_rpc", "search", "filtered_search"):
         assert {(phase, 1), (phase, 16)} <= names
+    assert [p["concurrency"] for p in results["concurrency_curve"]] == [1, 2, 4, 8, 16]
+    assert results["size_curve"][-1]["memories"] == 600 and len(results["size_curve"]) >= 2
+    filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
+    assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
+
+    recall = results["recall"]
+    assert {(r["selectivity_pct"], r["kind"]) for r in recall} == {
+        (s, k) for s in (100, 10, 1) for k in ("similarity", "combined")
+    }
+    for r in recall:
+        assert 0.0 <= r["strict"] <= 1.0 and 0.0 <= r["tolerant"] <= 1.0, r
+
+    (st,) = results["startup"]
+    assert st["clean_start_s"] > 0 and st["kill9_start_s"] > 0
+    assert st["memories_after_clean"] == st["memories_after_kill9"] == st["memories"] >= 600
+    assert results["consolidation"]["seconds"] > 0
+
     assert results["memory"]["rss_after_bytes"] > 0
     assert results["memory"]["memories"] == 600
-    assert len(results["ratios"]) >= 6
+    assert len(results["ratios"]) >= 15
+    assert any("Chroma" in n for n in results["not_measured"])
+    assert any("1,000,000" in n for n in results["not_measured"])
+    for r in results["ratios"]:
+        assert r["meets"] in (True, False, None)
+        assert r["value"] is None or not math.isnan(r["value"]) or r["meets"] is None
+    for png in results.get("plots", []):
+        assert (tmp_path / png).stat().st_size > 0
     md = (tmp_path / "suite.md").read_text()
-    assert "| phase |" in md
-    assert "not measured in this version" in md.lower()
+    assert "| phase |" in md and "| ratio |" in md and "| recall" in md
+    assert "not measured in this run" in md.lower()
     print(md)

@@ -1,0 +1,197 @@
+"""Load generation for bench/suite.py: worker processes, each with its own gRPC channel and a few threads.
+
+A load of P processes x T threads always runs in P distinct processes (spawned once, reused across
+loads). Every timed load runs between a start and an end time shared by the workers; an op counts when it
+starts inside that window. Ops: ``health`` (grpc.health.v1 Check, the empty-RPC ceiling), ``search``
+(SearchMemories k, read_only, optionally with a ``where`` filter), ``batch_search`` (BatchSearchMemories),
+``create`` (CreateMemory with an explicit embedding) and ``mix`` (search or create at random).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+MODEL = "bench-384"
+NAMESPACE = "bench"
+K = 10
+BATCH_SEARCH = 16
+HEALTH_SERVICE = "tiermem.v1.MemoryService"
+
+
+# -- worker processes --------------------------------------------------------------------------------
+# Each worker process owns one channel and serves load tasks from its own queue, so a load of P
+# processes x T threads always runs in P distinct processes.
+
+
+def _worker_main(target: str, tasks: Any, results: Any) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from tiermem.v1 import memory_pb2 as pb
+    from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(
+        target,
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ],
+    )
+    grpc.channel_ready_future(channel).result(timeout=60)
+    stub = pb_grpc.MemoryServiceStub(channel)
+    health = health_pb2_grpc.HealthStub(channel)
+    pid = os.getpid()
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        try:
+            results.put(_run_task(task, stub, health, pb, health_pb2, grpc, pid))
+        except Exception as e:  # reported to the parent, which fails the run
+            results.put({"error": f"{type(e).__name__}: {e}"})
+    channel.close()
+
+
+def _run_task(
+    task: dict[str, Any], stub: Any, health: Any, pb: Any, health_pb2: Any, grpc: Any, pid: int
+) -> Any:
+    op: str = task["op"]
+    threads: int = task["threads"]
+    start_at: float = task["start_at"]
+    end_at: float = task["end_at"]
+    timeout = 60.0
+    queries = task.get("queries")
+    model = task.get("model", MODEL)
+    writes = task.get("writes")
+    search_reqs = []
+    if queries is not None:
+        for q in queries:
+            r = pb.SearchMemoriesRequest(
+                namespaces=[NAMESPACE], embedding_model=model, limit=K, read_only=True
+            )
+            if task.get("where"):
+                r.filter.where = task["where"]
+            r.query_embedding.extend(q.tolist())
+            search_reqs.append(r)
+    batch_reqs = [
+        pb.BatchSearchMemoriesRequest(searches=search_reqs[i : i + BATCH_SEARCH])
+        for i in range(0, len(search_reqs) - BATCH_SEARCH + 1, BATCH_SEARCH)
+    ]
+    write_vecs = [w.tolist() for w in writes] if writes is not None else []
+    health_req = health_pb2.HealthCheckRequest(service=HEALTH_SERVICE)
+
+    def call(kind: str, tid: int, i: int) -> None:
+        if kind == "health":
+            health.Check(health_req, timeout=timeout)
+        elif kind == "search":
+            stub.SearchMemories(search_reqs[i % len(search_reqs)], timeout=timeout)
+        elif kind == "batch_search":
+            stub.BatchSearchMemories(batch_reqs[i % len(batch_reqs)], timeout=timeout)
+        elif kind == "create":
+            m = pb.Memory(
+                namespace=NAMESPACE,
+                content=f"single {task['tag']} {pid} {tid} {i}",  # unique: no content dedup
+                embedding=write_vecs[(i * 7 + tid) % len(write_vecs)],
+                embedding_model=model,
+            )
+            stub.CreateMemory(pb.CreateMemoryRequest(memory=m), timeout=timeout)
+        else:
+            raise ValueError(kind)
+
+    lat: list[dict[str, list[float]]] = [{} for _ in range(threads)]
+    errors = [0] * threads
+
+    def thread(tid: int) -> None:
+        rng = np.random.default_rng(hash((pid, tid, task["tag"])) % 2**32)
+        out = lat[tid]
+        i = int(rng.integers(0, 1 << 20))
+        for _ in range(3):  # warm-up, before the window
+            kind = "search" if op == "mix" else op
+            call(kind, tid, i)
+            i += 1
+        while time.time() < start_at:
+            time.sleep(0.0005)
+        while True:
+            now = time.time()
+            if now >= end_at:
+                break
+            kind = op if op != "mix" else ("search" if rng.random() < task["read_fraction"] else "create")
+            t0 = time.perf_counter()
+            try:
+                call(kind, tid, i)
+            except grpc.RpcError:
+                errors[tid] += 1
+                continue
+            out.setdefault(kind, []).append(time.perf_counter() - t0)
+            i += 1
+
+    ts = [threading.Thread(target=thread, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    merged: dict[str, np.ndarray] = {}
+    for d in lat:
+        for kind, xs in d.items():
+            merged[kind] = np.concatenate([merged.get(kind, np.empty(0)), np.array(xs)])
+    return {"latencies": merged, "errors": sum(errors)}
+
+
+class LoadPool:
+    """``procs`` spawned worker processes, each with its own channel and task queue."""
+
+    def __init__(self, target: str, procs: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.queues = [ctx.Queue() for _ in range(procs)]
+        self.procs = [
+            ctx.Process(target=_worker_main, args=(target, q, self.results), daemon=True) for q in self.queues
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run(self, op: str, procs: int, threads: int, seconds: float, tag: str, **data: Any) -> dict[str, Any]:
+        if procs > len(self.procs):
+            raise ValueError(f"{procs} processes asked, {len(self.procs)} started")
+        # A common window; the lead time covers message transfer, request building and warm-up.
+        start_at = time.time() + 0.3 + 0.01 * threads
+        task = {
+            "op": op,
+            "threads": threads,
+            "start_at": start_at,
+            "end_at": start_at + seconds,
+            "tag": tag,
+            **data,
+        }
+        for q in self.queues[:procs]:
+            q.put(task)
+        outs = []
+        for _ in range(procs):
+            try:
+                out = self.results.get(timeout=seconds + 300)
+            except queue.Empty:
+                raise RuntimeError(f"load {op} timed out") from None
+            if "error" in out:
+                raise RuntimeError(f"load {op} failed in a worker: {out['error']}")
+            outs.append(out)
+        lat: dict[str, np.ndarray] = {}
+        for out in outs:
+            for kind, xs in out["latencies"].items():
+                lat[kind] = np.concatenate([lat.get(kind, np.empty(0)), xs])
+        return {"latencies": lat, "errors": sum(o["errors"] for o in outs), "seconds": seconds}
+
+    def close(self) -> None:
+        for q in self.queues:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
