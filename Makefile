@@ -70,7 +70,7 @@ lint: $(STAMP) ## Lint and type-check
 bench: proto ## Run the benchmark suite at 100k (vs empty RPC, FAISS, Chroma; recall, start-up, plots) and the consolidation kernels
 	@$(MAKE) --no-print-directory $(BENCH_STAMP) || echo "bench: could not set up $(BENCH_VENV); the suite runs without Chroma and plots"
 	$(PY) bench/suite.py --out bench/results $(BENCH_ARGS)
-	$(PY) bench/consolidation.py --n 200000 --engine 20000 --json bench/results/consolidation.json
+	$(PY) bench/consolidation.py --engine 20000 --json bench/results/consolidation.json
 
 bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py runs), without Chroma
 	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke

@@ -13,6 +13,7 @@ tier with cascades. Both versions must produce the identical plan (checked). App
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tiermem.server.columns import _SPEC as COLUMN_SPEC
 from tiermem.server.columns import ColumnsView
 from tiermem.server.config import TIERS, ServerConfig
 from tiermem.server.lifecycle import (
@@ -52,7 +54,7 @@ def synthetic_view(n: int, namespaces: int, seed: int) -> ColumnsView:
     access_count = rng.poisson(3, n).astype(np.int64)
     success = rng.poisson(1, n).astype(np.int64)
     expire = np.where(rng.random(n) < 0.01, NOW - 1.0, np.inf)
-    return ColumnsView(
+    cols = dict(
         n=n,
         alive=np.ones(n, np.bool_),
         ns=rng.integers(0, namespaces, n).astype(np.int32),
@@ -74,6 +76,12 @@ def synthetic_view(n: int, namespaces: int, seed: int) -> ColumnsView:
         access_base=np.minimum(access_count, rng.poisson(1, n)).astype(np.int64),
         success_base=np.minimum(success, rng.poisson(1, n)).astype(np.int64),
     )
+    # Columns the pass does not read (e.g. updated, words) get their defaults, whatever ColumnsView holds.
+    for f in dataclasses.fields(ColumnsView):
+        if f.name not in cols:
+            dtype, fill = COLUMN_SPEC.get(f.name, (np.int64, 0))
+            cols[f.name] = np.full(n, fill, dtype)
+    return ColumnsView(**cols)  # type: ignore[arg-type]
 
 
 def numpy_pass(

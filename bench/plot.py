@@ -17,6 +17,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
+
+THOUSANDS = FuncFormatter(lambda x, _pos: f"{x:,.0f}")
+
+
+def _scale(ax: Any) -> None:
+    """Log y when the series span more than 10x (the ceilings dwarf the measured line), else from 0."""
+    ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
+    if ys and max(ys) / min(ys) > 10:
+        ax.set_yscale("log")
+        ax.set_ylabel(ax.get_ylabel() + " (log scale)")
+        ax.yaxis.set_major_formatter(THOUSANDS)
+    else:
+        ax.set_ylim(bottom=0)
 
 
 def _row(res: dict[str, Any], phase: str, conc: int, name_part: str = "") -> dict[str, Any] | None:
@@ -47,8 +61,9 @@ def plot_size(res: dict[str, Any], path: Path) -> None:
         ax_p.plot(xs, [r["p99_ms"] for _, r in pts], style, label=f"tiermem search k=10, c{conc}")
     for ax, ylabel in ((ax_t, "queries/s"), (ax_p, "p99 latency (ms)")):
         ax.set_xlabel("memories in the collection")
+        ax.xaxis.set_major_formatter(THOUSANDS)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
+        _scale(ax)
         ax.grid(True, alpha=0.3)
         ax.legend()
     ax_t.set_title("Search throughput vs collection size")
@@ -81,7 +96,7 @@ def plot_concurrency(res: dict[str, Any], path: Path) -> None:
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xlabel("concurrency (in-flight requests)")
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
+        _scale(ax)
         ax.grid(True, alpha=0.3)
         ax.legend()
     ax_t.set_title("Throughput vs concurrency")

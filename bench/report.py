@@ -188,7 +188,7 @@ def markdown(res: dict[str, Any]) -> str:
         ]
     lines += ["", "| ratio | value | issue target | meets |", "|---|---:|---|---|"]
     for r in res["ratios"]:
-        lines.append(f"| {r['name']} | {fmt(r['value'], 3)} | {r['target']} | {_meets(r['meets'])} |")
+        lines.append(f"| {r['name']} | {fmt(r['value'], 4)} | {r['target']} | {_meets(r['meets'])} |")
     lines.append("")
     if chroma.get("configuration"):
         lines.append(

@@ -73,7 +73,7 @@ from common import (
     summarize,
 )
 from load import BATCH_SEARCH, NAMESPACE, K, LoadPool
-from report import compute_ratios, fmt, markdown
+from report import TARGET_STARTUP_N, compute_ratios, fmt, markdown
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -577,6 +577,8 @@ class Suite:
                 "start-up with 1,000,000 memories (run with --startup-n 1000000; takes many minutes)"
             )
             return
+        if n < TARGET_STARTUP_N:
+            self.results["not_measured"].append(f"start-up with 1,000,000 memories (--startup-n was {n:,})")
         pb, dim = self.pb, self.args.dim
         server = Server(self.tmp / f"data-{n}", self.tmp / f"server-{n}.log")
         server.start()
