@@ -22,10 +22,12 @@ __all__ = [
     "dot_rows",
     "filter_mask",
     "plan_moves",
+    "prior_bounds",
     "recency",
     "retention_scores",
     "score_rows",
     "select_evictions",
+    "selection_bitmap",
     "surprise_ema",
     "topk",
     "warm_up",
@@ -209,6 +211,72 @@ def dot_rows(xb: np.ndarray, ids: np.ndarray, query: np.ndarray) -> np.ndarray:
     return out
 
 
+def prior_bounds(
+    todo: np.ndarray,
+    *,
+    gen: np.ndarray,
+    gen0: np.ndarray,
+    rec_ub: np.ndarray,
+    imp_ub: np.ndarray,
+    importance: np.ndarray,
+    beta: float,
+    gamma: float,
+    base: float,
+    bar: float,
+    row_w: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``r`` with ``todo[r]`` whose score could still exceed ``bar``: (rows, bounds).
+
+    bound(r) = w(r) * (base + beta*rec_ub[r] + gamma*imp_ub[r]) for rows whose generation ``gen[r]``
+    still equals ``gen0[r]`` (the generation at which ``rec_ub``/``imp_ub``, upper bounds of recency
+    and decayed importance, were computed; rows at or past ``len(gen0)`` are newer), and
+    w(r) * (base + beta + gamma*importance[r]) for every other row. ``row_w`` (float32 per row)
+    defaults to 1. Rows come in row order. Bounds carry a 1e-5 slack for float32 rounding.
+    """
+    n = _check("todo", todo, np.bool_).shape[0]
+    _check("gen", gen, np.int64, n)
+    n0 = _check("gen0", gen0, np.int64).shape[0]
+    if n0 > n:
+        raise ValueError("gen0 must not be longer than todo")
+    _check("rec_ub", rec_ub, np.float32, n0)
+    _check("imp_ub", imp_ub, np.float32, n0)
+    _check("importance", importance, np.float32, n)
+    if row_w is None:
+        w, use_w = np.ones(1, np.float32), False
+    else:
+        w, use_w = _check("row_w", row_w, np.float32, n), True
+    rows = np.empty(n, np.int64)
+    bounds = np.empty(n, np.float32)
+    c = _jit.prior_bounds(
+        todo,
+        gen,
+        gen0,
+        rec_ub,
+        imp_ub,
+        importance,
+        float(beta),
+        float(gamma),
+        float(base),
+        w,
+        use_w,
+        float(bar),
+        rows,
+        bounds,
+    )
+    return rows[:c], bounds[:c]
+
+
+def selection_bitmap(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, int]:
+    """A FAISS ``IDSelectorBitmap`` over entries 0..len(slots)-1 (little-endian bits): bit i is set
+    when the entry is live (``slots[i] >= 0``) and its row is allowed (``allowed[slots[i]]``; rows
+    past the end of ``allowed`` are not). Returns (uint8 bitmap, number of bits set)."""
+    n = _check("slots", slots, np.int64).shape[0]
+    _check("allowed", allowed, np.bool_)
+    bitmap = np.zeros((n + 7) // 8, np.uint8)
+    count = _jit.selection_bitmap(slots, allowed, bitmap)
+    return bitmap, int(count)
+
+
 def surprise_ema(
     state: np.ndarray,
     index: np.ndarray,
@@ -259,13 +327,18 @@ def filter_mask(
     created_at: np.ndarray,
     created_lo: float,
     created_hi: float,
-    expire_at: np.ndarray,
+    expire_at: np.ndarray | None,
     now: float,
+    space_id: np.ndarray | None = None,
+    space: int = -1,
 ) -> tuple[np.ndarray, int]:
-    """Rows that are alive, in an allowed namespace, tier and kind, created in [lo, hi), unexpired.
+    """Rows that are alive, in an allowed namespace, tier and kind, created in [lo, hi), unexpired,
+    and (with ``space >= 0``) in embedding space ``space`` of the ``space_id`` column.
 
     ``ns_ok``/``tier_ok``/``kind_ok`` are bool lookup tables indexed by id (``kind_ok`` empty: any
-    kind). Returns (bool mask, count).
+    kind). An open window (lo = -inf, hi = +inf) does not read ``created_at``; ``expire_at=None``
+    skips the expiry check (for a caller that knows no row has expired by ``now``). Returns
+    (bool mask, count).
     """
     n = _check("alive", alive, np.bool_).shape[0]
     _check("ns_id", ns_id, np.int32, n)
@@ -275,21 +348,41 @@ def filter_mask(
     _check("kind_id", kind_id, np.int32, n)
     _check("kind_ok", kind_ok, np.bool_)
     _check("created_at", created_at, np.float64, n)
-    _check("expire_at", expire_at, np.float64, n)
+    check_expire = expire_at is not None
+    if expire_at is None:
+        expire_at = np.empty(0, np.float64)
+    else:
+        _check("expire_at", expire_at, np.float64, n)
+    if space >= 0:
+        if space_id is None:
+            raise ValueError("space_id is required with space >= 0")
+        _check("space_id", space_id, np.int32, n)
+    else:
+        space_id = np.empty(0, np.int32)
+    lo, hi = float(created_lo), float(created_hi)
+    allowed_ns = np.flatnonzero(ns_ok)
+    one_ns = int(allowed_ns[0]) if allowed_ns.shape[0] == 1 else -1
+    tier_mode = 2 if tier_ok.all() else 1 if tier_ok[1:].all() else 0
     out = np.empty(n, np.bool_)
     count = _jit.filter_mask(
         alive,
         ns_id,
         ns_ok,
+        one_ns,
         tier,
         tier_ok,
+        tier_mode,
         kind_id,
         kind_ok,
         created_at,
-        float(created_lo),
-        float(created_hi),
+        lo,
+        hi,
+        not (lo == -np.inf and hi == np.inf),
         expire_at,
         float(now),
+        check_expire,
+        space_id,
+        int(space),
         out,
     )
     return out, int(count)
@@ -456,6 +549,33 @@ def warm_up() -> None:
     dot_rows(np.ones((2, 2), np.float32), rows, f32)
     topk(f32, 1)
     topk(f64, 1)
+    i64 = np.zeros(2, np.int64)
+    prior_bounds(
+        np.ones(2, np.bool_),
+        gen=i64,
+        gen0=i64,
+        rec_ub=f32,
+        imp_ub=f32,
+        importance=f32,
+        beta=0.3,
+        gamma=0.2,
+        base=0.1,
+        bar=0.0,
+        row_w=f32,
+    )
+    prior_bounds(
+        np.ones(2, np.bool_),
+        gen=i64,
+        gen0=i64,
+        rec_ub=f32,
+        imp_ub=f32,
+        importance=f32,
+        beta=0.3,
+        gamma=0.2,
+        base=0.1,
+        bar=0.0,
+    )
+    selection_bitmap(rows, np.ones(2, np.bool_))
     b = np.ones(2, np.bool_)
     i32 = np.zeros(2, np.int32)
     filter_mask(
@@ -471,6 +591,22 @@ def warm_up() -> None:
         created_hi=np.inf,
         expire_at=f64,
         now=1.0,
+    )
+    filter_mask(
+        alive=b,
+        ns_id=i32,
+        ns_ok=b,
+        tier=t8,
+        tier_ok=np.ones(5, np.bool_),
+        kind_id=i32,
+        kind_ok=np.zeros(0, np.bool_),
+        created_at=f64,
+        created_lo=0.0,
+        created_hi=np.inf,
+        expire_at=None,
+        now=1.0,
+        space_id=i32,
+        space=0,
     )
     hl2 = np.ones((2, 5), np.float64)
     score_rows(

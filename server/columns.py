@@ -40,6 +40,7 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "words": (np.int32, 0),
     "access_base": (np.int64, 0),
     "success_base": (np.int64, 0),
+    "gen": (np.int64, 0),  # bumped by every change of the row (search.PriorBounds relies on it)
 }
 
 
@@ -91,6 +92,7 @@ class ColumnsView:
     words: np.ndarray
     access_base: np.ndarray
     success_base: np.ndarray
+    gen: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ class Columns:
         self._meta_version: dict[str, int] = {}  # bumped whenever a key's values change
         self._meta_arrays: dict[str, tuple[int, MetadataArrays]] = {}
         self._row_meta: dict[int, dict[str, Any]] = {}
+        self.max_importance = 0.0  # the highest importance any row has had (never lowered): a bound
+        self.earliest_expire = np.inf  # no row expires before this (never raised): expiry checks skip
 
     def _make_view(self) -> ColumnsView:
         return ColumnsView(n=self.n, **{k: v[: self.n] for k, v in self._arrays.items()})
@@ -174,6 +178,8 @@ class Columns:
     def set(self, row: int, rec: Record, space: int, vpos: int) -> None:
         """Refresh the mutable fields of a live row from its record."""
         a = self._arrays
+        gen = a["gen"]
+        gen[row] += 1  # before and after the change: a reader that copied the generation mid-change
         a["tier"][row] = rec.tier
         a["kind"][row] = self.kinds.id(rec.kind)
         a["source"][row] = self.sources.id(rec.source)
@@ -215,6 +221,11 @@ class Columns:
             for t in new:
                 self.tags.setdefault(t, set()).add(row)
             self._row_tags[row] = new
+        if rec.expire_at is not None and rec.expire_at < self.earliest_expire:
+            self.earliest_expire = float(rec.expire_at)
+        if rec.importance > self.max_importance:
+            self.max_importance = float(rec.importance)
+        gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
 
     def metadata_arrays(self, key: str) -> MetadataArrays:
         """A key's values as arrays (cached until the key's values change), for vectorized filters."""

@@ -630,6 +630,7 @@ class Engine:
         best_row, best = -1, -np.inf
         for index in list(sp.indexes.values()):
             rows, sims, _ = index.search(m.embedding, 1, allowed, self.config.hnsw_ef_search)
+            # A short filtered answer may miss a duplicate; that memory is then simply stored.
             if rows.shape[0] and sims[0] > best:
                 best_row, best = int(rows[0]), float(sims[0])
         if best_row < 0 or best < min_similarity:
@@ -973,8 +974,10 @@ class Engine:
         return out, token
 
     def mask(
-        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float
+        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
     ) -> tuple[np.ndarray, int]:
+        """Rows allowed by namespaces and filter (and in embedding space ``space`` when >= 0),
+        alive and unexpired at ``now``: (bool mask over the view's rows, count)."""
         cols = self.columns
         ns_ok = np.zeros(len(cols.namespaces), np.bool_)
         for name in namespaces:
@@ -1004,8 +1007,10 @@ class Engine:
             created_at=view.created,
             created_lo=lo,
             created_hi=hi,
-            expire_at=view.expire,
+            expire_at=view.expire if cols.earliest_expire <= now else None,
             now=now,
+            space_id=view.space,
+            space=space,
         )
         extra = False
         if flt.source:
@@ -1363,6 +1368,11 @@ class Engine:
     def policy_for(self, namespace: str) -> Policy:
         overrides = self.ns_config.get(namespace, {}).get("policy")
         return self.base_policy.with_overrides(overrides) if overrides else self.base_policy
+
+    @property
+    def config_version(self) -> int:
+        """Moves whenever a namespace's settings change (cached per-namespace tables are rebuilt)."""
+        return self._config_version
 
     def tables(self) -> Tables:
         """Lifecycle tables for every interned namespace, rebuilt when namespaces or settings change."""

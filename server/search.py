@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -101,9 +102,72 @@ def ancestors(namespace: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
+class PriorBounds:
+    """Upper bounds of every row's recency and decayed importance, shared by searches.
+
+    Both only fall as time passes, so values computed at t0 bound them at any ``now >= t0`` for as
+    long as the row does not change; a row that changes moves its generation (``gen`` column) and
+    falls back to the trivial bound (see ``kernels.prior_bounds``). Computing the exact priors of
+    every row costs two exponentials per row; these bounds cost one cached pass, redone when they
+    are older than ``MAX_AGE`` seconds (they loosen as time passes) or the rows grew by a tenth.
+    """
+
+    MAX_AGE = 30.0
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._cached: tuple[float, float, int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._lock = threading.Lock()
+
+    def get(self, view: ColumnsView, now: float, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(gen0, recency bounds, decayed importance bounds) valid at ``now`` with ``tau``."""
+        eng = self.engine
+        c = self._cached
+        version = eng.config_version
+        valid = c is not None and c[0] <= now and c[1] == tau and c[2] == version
+        if valid and c is not None and now - c[0] <= self.MAX_AGE and view.n <= 1.1 * c[3].shape[0] + 1024:
+            return c[3], c[4], c[5]
+        cacheable = tau == eng.config.recency_tau_seconds
+        if not cacheable or not self._lock.acquire(blocking=False):
+            if valid and c is not None:
+                return c[3], c[4], c[5]  # another search is refreshing them
+            return self._compute(view, now, tau)
+        try:
+            gen0, rec, imp = self._compute(view, now, tau)
+            self._cached = (now, tau, version, gen0, rec, imp)
+            return gen0, rec, imp
+        finally:
+            self._lock.release()
+
+    def _compute(
+        self, view: ColumnsView, now: float, tau: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        eng = self.engine
+        gen0 = view.gen.copy()  # before the fields: a row changing meanwhile moves past this generation
+        rows = np.arange(view.n, dtype=np.int64)
+        _, rec, imp = kernels.score_rows(
+            rows,
+            np.zeros(view.n, np.float32),
+            importance=view.importance,
+            created_at=view.created,
+            last_access=view.accessed,
+            tier=view.tier,
+            now=now,
+            tau_seconds=tau,
+            half_life_hours=eng.tables().half_life,
+            floor=eng.config.importance_floor,
+            alpha=0.0,
+            beta=0.0,
+            gamma=0.0,
+            ns=view.ns,
+        )
+        return gen0, rec, imp
+
+
 class Searcher:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.priors = PriorBounds(engine)
 
     def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
         eng, cfg = self.engine, self.engine.config
@@ -228,12 +292,13 @@ class Searcher:
         if query is not None and sp is None:
             return []
         view = eng.columns.view()
-        mask, count = eng.mask(view, list(a.scope_w), flt, eng.clock())
+        in_space = sp is not None and a.hybrid is None  # keywords also find vectorless memories
+        mask, count = eng.mask(view, list(a.scope_w), flt, eng.clock(), sp.id if in_space and sp else -1)
         if only_tier:
             mask &= view.tier == only_tier
             count = -1
-        keyword_mask = mask.copy() if a.hybrid is not None else mask  # keywords also find vectorless memories
-        if sp is not None:
+        keyword_mask = mask.copy() if a.hybrid is not None else mask
+        if sp is not None and not in_space:
             mask &= view.space == sp.id
             count = -1
         if count < 0:
@@ -277,7 +342,9 @@ class Searcher:
         if query is None or sp is None or count <= eng.config.exact_search_max_rows:
             rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
         else:
-            rows, rel, (score, rec, imp) = self._candidates(sp, query, mask, ranking, score_args, row_w, rank)
+            rows, rel, (score, rec, imp) = self._candidates(
+                view, sp, query, mask, count, ranking, row_w, rank
+            )
         base = score
         v_rank = k_rank = kw = None
         if a.hybrid is not None:
@@ -413,13 +480,51 @@ class Searcher:
         ns = np.minimum(view.ns, by_ns.shape[0] - 1)
         return (by_ns[ns] * by_tier[view.tier]).astype(np.float32)
 
-    def _candidates(
+    def _ann(
         self,
         sp: Space,
         query: np.ndarray,
         mask: np.ndarray,
+        k: int,
+        view: ColumnsView | None = None,
+        count: int = -1,
+    ) -> tuple[np.ndarray, float]:
+        """The HNSW top-``k`` by similarity among the allowed rows of each index of the space:
+        (rows, sim_bound). No allowed row outside ``rows`` is more similar than ``sim_bound``
+        (up to HNSW recall); -inf when every allowed row was returned.
+
+        With ``view`` and ``count`` (the allowed rows, all in this space), per-index allowed counts
+        let an index that holds exactly the allowed rows search without a per-request selector."""
+        indexes = list(sp.indexes.items())
+        counts = [-1] * len(indexes)
+        if view is not None and count >= 0:
+            if len(indexes) == 1:
+                counts = [count]
+            else:
+                counts = [int(np.count_nonzero(mask & (view.tier == t))) for t, _ in indexes]
+        found, sim_bound = [], -np.inf
+        for (_, index), n_allowed in zip(indexes, counts, strict=True):
+            got, _, bound = index.search(query, k, mask, self.engine.config.hnsw_ef_search, n_allowed)
+            if bound != bound:  # NaN: filtered HNSW came back short (selective filter)
+                found.append(index.allowed_rows(mask))  # score this index's allowed rows exactly
+                continue
+            found.append(got)
+            sim_bound = max(sim_bound, bound)
+        rows = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+        return rows, sim_bound
+
+    PRIOR_K = 128  # HNSW depth of the first search when recency/importance/weights enter the score
+    EXACT_ROWS = 2048  # rows left whose bound beats the bar: score them exactly rather than search deeper
+    DEEPEN_LEVELS = 3  # HNSW searches restricted to the rows whose bound still beats the bar
+
+    def _candidates(
+        self,
+        view: ColumnsView,
+        sp: Space,
+        query: np.ndarray,
+        mask: np.ndarray,
+        count: int,
         a: _Args,
-        score_args: dict[str, Any],
         row_w: np.ndarray | None,
         rank: Callable[..., Parts],
     ) -> Parts:
@@ -428,76 +533,76 @@ class Searcher:
 
         A = the HNSW top-K by similarity in each index. Every row x outside A is at most sim_K
         similar, so its score is at most w(x) * (alpha*sim_K + prior(x)), where prior = beta*recency
-        + gamma*importance is computed exactly for every allowed row and w is its tier x scope
-        weight. Rows whose bound beats the limit-th score found so far are B; they are scored best
-        bound first, each chunk raising the bar for the rest. A | B is then ranked exactly.
+        + gamma*decayed importance and w is its tier x scope weight. Priors are bounded from above by
+        ``PriorBounds`` (cached, one cheap pass); rows whose bound beats the limit-th score found so
+        far are B. A large B is searched again by HNSW restricted to B, which lowers sim_K for the
+        rest of B (a few levels); what is left is scored exactly, best bound first, each chunk
+        raising the bar for the rest.
         """
-        cfg = self.engine.config
-        allowed = np.flatnonzero(mask)
-        k = max(2 * a.limit, 32)
-        found, sim_bound = [], -np.inf  # no allowed row outside ``found`` is more similar than sim_bound
-        for index in list(sp.indexes.values()):
-            got, sims, n_allowed = index.search(query, k, mask, cfg.hnsw_ef_search)
-            if got.shape[0] == k:
-                found.append(got)
-                sim_bound = max(sim_bound, float(sims[-1]))
-            elif got.shape[0] < n_allowed:
-                # Filtered HNSW came back short (selective filter): score this index's allowed rows
-                # exactly rather than trust a partial answer.
-                found.append(index.allowed_rows(mask))
-            else:
-                found.append(got)  # every allowed entry of this index was returned
-        a_rows = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
-        scored = rank(a_rows)
-        if sim_bound == -np.inf or (a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None):
-            return scored  # nothing outside A can beat A's scores
-        if a.min_similarity is not None and sim_bound < a.min_similarity:
-            return scored  # nothing outside A is similar enough to be returned
-        a_rows, _, (a_score, _, _) = scored
-        best = a_score[kernels.topk(a_score, a.limit)]  # the running top scores, best first
-        if best.shape[0] == a.limit:
-            # Cheap bound first: recency <= 1 and decayed importance <= base importance, so no row
-            # outside A scores above w_max * (alpha*sim_K + beta + gamma*max importance). Often that
-            # settles it without computing the prior of every allowed row.
-            w_max = float(row_w[allowed].max()) if row_w is not None else 1.0
-            imp_max = float(score_args["importance"][allowed].max())
-            ceiling = w_max * ((a.alpha * sim_bound if a.alpha > 0 else 0.0) + a.beta + a.gamma * imp_max)
-            if ceiling <= float(best[-1]):
-                return scored
-        prior, _, _ = kernels.score_rows(
-            allowed,
-            np.zeros(allowed.shape[0], np.float32),
-            alpha=0.0,
-            beta=a.beta,
-            gamma=a.gamma,
-            **score_args,
-        )
-        bound = prior + (a.alpha * sim_bound if a.alpha > 0 else 0.0)
-        if row_w is not None:
-            bound = bound * row_w[allowed]
+        by_similarity = a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None
+        # When priors count, a deeper A lowers sim_K enough that the cheap ceiling below usually
+        # settles the ranking at once (on clustered data, 128 instead of 32 took that from 0% to
+        # ~90% of queries), which costs less than the bound pass and a restricted search.
+        k = max(2 * a.limit, 32) if by_similarity else min(max(8 * a.limit, self.PRIOR_K), 2048)
+        a_rows, sim_bound = self._ann(sp, query, mask, k, view, count)
+        parts = [rank(a_rows)]
+        if sim_bound == -np.inf or by_similarity:
+            return parts[0]  # nothing outside A can beat A's scores
+        best = parts[0][2][0][kernels.topk(parts[0][2][0], a.limit)]  # the running top scores, best first
 
-        def bar() -> float:  # a row outside A must have a bound above this to enter the top
+        def bar() -> float:  # a row outside the scored ones must have a bound above this to enter the top
             return float(best[-1]) if best.shape[0] == a.limit else -np.inf
 
-        keep = (bound > bar()) & ~np.isin(allowed, a_rows)  # A is already scored: never count it twice
-        b_rows, b_bound = allowed[keep], bound[keep]
+        def add(part: Parts) -> None:
+            nonlocal best
+            parts.append(part)
+            merged = np.concatenate([best, part[2][0]])
+            best = merged[kernels.topk(merged, a.limit)]
+
+        w_max = max([*a.tier_w.values(), 1.0]) * max([*a.scope_w.values(), 1.0]) if row_w is not None else 1.0
+        todo = mask.copy()
+        todo[a_rows] = False  # scored: never count a row twice
+        b_rows = np.empty(0, np.int64)
+        b_bound = np.empty(0, np.float32)
+        for level in range(self.DEEPEN_LEVELS + 1):
+            if a.min_similarity is not None and sim_bound < a.min_similarity:
+                return _concat(parts)  # nothing left is similar enough to be returned
+            base = a.alpha * sim_bound if a.alpha > 0 else 0.0
+            # Cheap ceiling: recency <= 1 and decayed importance <= the highest importance.
+            if w_max * (base + a.beta + a.gamma * self.engine.columns.max_importance) + 1e-5 <= bar():
+                return _concat(parts)
+            gen0, rec_ub, imp_ub = self.priors.get(view, a.now, a.tau)
+            b_rows, b_bound = kernels.prior_bounds(
+                todo,
+                gen=view.gen,
+                gen0=gen0,
+                rec_ub=rec_ub,
+                imp_ub=imp_ub,
+                importance=view.importance,
+                beta=a.beta,
+                gamma=a.gamma,
+                base=base,
+                bar=bar(),
+                row_w=row_w,
+            )
+            if b_rows.shape[0] <= self.EXACT_ROWS or level == self.DEEPEN_LEVELS:
+                break
+            # Deepen: the most similar rows among B. The rest of B is at most as similar as they are.
+            todo = np.zeros(view.n, np.bool_)
+            todo[b_rows] = True
+            deeper, sim_bound = self._ann(sp, query, todo, k)
+            add(rank(deeper))
+            todo[deeper] = False
+            if sim_bound == -np.inf:
+                return _concat(parts)  # every row of B was returned
         order = np.argsort(-b_bound, kind="stable")
         b_rows, b_bound = b_rows[order], b_bound[order]
         taken = 0
-        parts = [scored]
         while taken < b_rows.shape[0] and b_bound[taken] > bar():
             chunk = b_rows[taken : taken + 1024]
             taken += chunk.shape[0]
-            parts.append(rank(chunk))
-            merged = np.concatenate([best, parts[-1][2][0]])
-            best = merged[kernels.topk(merged, a.limit)]
-        # A and B are disjoint and each row was scored once: concatenate the scored parts.
-        cat = np.concatenate
-        return (
-            cat([p[0] for p in parts]),
-            cat([p[1] for p in parts]),
-            tuple(cat([p[2][i] for p in parts]) for i in range(3)),
-        )  # type: ignore[return-value]
+            add(rank(chunk))
+        return _concat(parts)
 
     def _still_matches(self, rec: Record, namespaces: dict[str, float], flt: Filter, only_tier: int) -> bool:
         return (
@@ -541,6 +646,18 @@ class _Args:
     scope_w: dict[str, float]
     strategy: int
     hybrid: tuple[str, float, float, float] | None = None  # keywords, rrf k, vector and keyword weights
+
+
+def _concat(parts: list[Parts]) -> Parts:
+    """Disjoint scored parts as one."""
+    if len(parts) == 1:
+        return parts[0]
+    cat = np.concatenate
+    return (
+        cat([p[0] for p in parts]),
+        cat([p[1] for p in parts]),
+        (cat([p[2][0] for p in parts]), cat([p[2][1] for p in parts]), cat([p[2][2] for p in parts])),
+    )
 
 
 def _weight(name: str, value: float | None, default: float) -> float:

@@ -53,6 +53,8 @@ class VectorIndex:
         n = index.ntotal
         self.slots = np.full(max(16, n), -1, np.int64)
         self.vks = np.zeros(max(16, n), np.int64)
+        # Bit i set = entry i is live: the selector of a search that allows every live entry.
+        self.live_bits = np.zeros((self.slots.shape[0] + 7) // 8, np.uint8)
         self.n = n
         self.dead = n
         self._lock = RWLock()
@@ -82,10 +84,13 @@ class VectorIndex:
                     grown[:start] = self.slots[:start]
                     vk_grown = np.zeros(cap, np.int64)
                     vk_grown[:start] = self.vks[:start]
-                    self.slots, self.vks = grown, vk_grown
+                    bits_grown = np.zeros((cap + 7) // 8, np.uint8)
+                    bits_grown[: self.live_bits.shape[0]] = self.live_bits
+                    self.slots, self.vks, self.live_bits = grown, vk_grown, bits_grown
                 self.index.add(vectors[lo:hi])
                 self.slots[start:need] = slots[lo:hi]
                 self.vks[start:need] = vks[lo:hi]
+                self._set_bits(np.arange(start, need), True)
                 self.n = need
                 self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
         return np.arange(first, first + count, dtype=np.int64)
@@ -95,50 +100,71 @@ class VectorIndex:
         with self._lock.write():
             live = ids[self.slots[ids] >= 0]
             self.slots[live] = -1
+            self._set_bits(live, False)
             self.dead += int(live.shape[0])
+
+    def _set_bits(self, ids: np.ndarray, on: bool) -> None:
+        bits = (1 << (ids & 7)).astype(np.uint8)
+        if on:
+            np.bitwise_or.at(self.live_bits, ids >> 3, bits)
+        else:
+            np.bitwise_and.at(self.live_bits, ids >> 3, ~bits)
 
     # -- reads ----------------------------------------------------------------------------------
     def live_count(self) -> int:
         return self.n - self.dead
 
     def search(
-        self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int
-    ) -> tuple[np.ndarray, np.ndarray, int]:
+        self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int, allowed_count: int = -1
+    ) -> tuple[np.ndarray, np.ndarray, float]:
         """Top-k by inner product among live entries whose column row is True in ``allowed``.
 
-        Returns (rows, similarities, number of allowed entries), best first. Filtered HNSW can come
-        back with fewer than min(k, allowed) results; the caller must not read that as exhaustion.
+        Returns (rows, similarities, bound), best first. Every allowed live entry not returned is at
+        most ``bound`` similar (up to HNSW recall); ``bound`` is -inf when every allowed entry was
+        returned, and NaN when a filtered search came back short (fewer than min(k, allowed)
+        results: the caller must not read that as exhaustion).
+
+        ``allowed_count``, when the caller knows it, is the number of rows allowed in this index. If
+        it equals the live entries, the search needs no per-request selector (no pass over the
+        entries): it runs unfiltered, or with the maintained bitmap of live entries when some are
+        dead, and drops results ``allowed`` rejects (rows added or removed since the caller's view).
         """
-        empty = np.empty(0, np.int64), np.empty(0, np.float32), 0
+        empty = np.empty(0, np.int64), np.empty(0, np.float32), -np.inf
         with self._lock.read():
             n = self.n
             if n == 0:
                 return empty
             slots = self.slots[:n]  # stable while the read lock is held: kill and add take the write lock
-            ok = slots >= 0
-            in_range = ok & (slots < allowed.shape[0])
-            ok[in_range] = allowed[slots[in_range]]
-            ok &= in_range
-            n_allowed = int(np.count_nonzero(ok))
+            live = n - self.dead
+            if allowed_count == live:
+                bitmap, n_allowed = (self.live_bits if self.dead else None), live
+            else:
+                bitmap, n_allowed = kernels.selection_bitmap(slots, allowed)
             if n_allowed == 0:
                 return empty
             # A selective filter leaves fewer allowed nodes on each graph path: widen the beam with
             # 1/sqrt(selectivity) so recall holds (filtered HNSW collapses at low selectivity otherwise).
             widen = max(1.0, math.sqrt(n / n_allowed))
             ef = min(int(max(ef_search, k) * widen), max(2048, k))
-            if n_allowed == n:  # nothing dead, nothing filtered out: no selector to consult per node
+            if bitmap is None or n_allowed == n:  # nothing dead, nothing filtered out
                 params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
             else:
-                bitmap = np.packbits(ok, bitorder="little")
                 sel = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
                 params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef)  # type: ignore[attr-defined]
             sims, ids = self.index.search(query.reshape(1, -1), k, params=params)
             ids = ids[0]
-            keep = ids >= 0
-            rows = slots[ids[keep]]
-            sims = sims[0][keep]
-        alive = rows >= 0
-        return rows[alive], sims[alive].astype(np.float32, copy=False), n_allowed
+            found = ids >= 0
+            ids, sims = ids[found], sims[0][found]
+            rows = slots[ids]
+        if ids.shape[0] == k:
+            bound = float(sims[-1])
+        elif ids.shape[0] < n_allowed:
+            bound = math.nan
+        else:
+            bound = -np.inf
+        keep = (rows >= 0) & (rows < allowed.shape[0])
+        keep[keep] = allowed[rows[keep]]
+        return rows[keep], sims[keep].astype(np.float32, copy=False), bound
 
     def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
         """Column rows of the live entries allowed by ``allowed`` (for exact scoring)."""
@@ -231,6 +257,7 @@ class VectorIndex:
     def revive(self, internal_ids: np.ndarray, slots: np.ndarray) -> None:
         """Mark snapshot entries live again for the given column rows (start-up only)."""
         self.slots[internal_ids] = slots
+        self._set_bits(internal_ids, True)
         self.dead -= int(internal_ids.shape[0])
 
 

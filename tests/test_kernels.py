@@ -111,7 +111,20 @@ def ref_topk(scores, k) -> np.ndarray:
 
 
 def ref_filter(
-    alive, ns_id, ns_ok, tier, tier_ok, kind_id, kind_ok, created_at, created_lo, created_hi, expire_at, now
+    alive,
+    ns_id,
+    ns_ok,
+    tier,
+    tier_ok,
+    kind_id,
+    kind_ok,
+    created_at,
+    created_lo,
+    created_hi,
+    expire_at,
+    now,
+    space_id=None,
+    space=-1,
 ):
     def lookup(ids, table):
         ids = np.asarray(ids, np.int64)
@@ -125,8 +138,12 @@ def ref_filter(
     mask &= tier_ok[tier.astype(np.intp)]
     if len(kind_ok):
         mask &= lookup(kind_id, kind_ok)
-    mask &= (created_at >= created_lo) & (created_at < created_hi)
-    mask &= expire_at > now
+    if not (created_lo == -np.inf and created_hi == np.inf):  # an open window reads no created_at
+        mask &= (created_at >= created_lo) & (created_at < created_hi)
+    if expire_at is not None:  # None: the caller knows nothing has expired
+        mask &= expire_at > now
+    if space >= 0:
+        mask &= space_id == space
     return mask, int(mask.sum())
 
 
@@ -540,10 +557,36 @@ def make_filter_inputs(n: int, rng: np.random.Generator, n_ns: int = 4, n_kind: 
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("variant", ["base", "any-kind", "open-window", "empty-ns", "all-allowed"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "base",
+        "any-kind",
+        "open-window",
+        "empty-ns",
+        "all-allowed",
+        "space",
+        "no-expiry",
+        "half-open",
+        "one-ns-tiers-1-4",  # the kernel's lookup-free paths (one namespace id, tier > 0)
+        "one-ns-every-tier",
+    ],
+)
 def test_filter_mask_random(n, variant):
     rng = rng_for("filter", n, variant)
     args = make_filter_inputs(n, rng)
+    if variant == "space":
+        args["space_id"] = rng.integers(-1, 3, n).astype(np.int32)
+        args["space"] = 1
+    elif variant == "no-expiry":
+        args["expire_at"] = None
+    elif variant.startswith("one-ns"):
+        args["ns_ok"] = np.zeros(4, np.bool_)
+        args["ns_ok"][2] = True
+        args["tier_ok"] = np.array([variant.endswith("every-tier"), True, True, True, True])
+        args["kind_ok"] = np.zeros(0, np.bool_)
+    elif variant == "half-open":
+        args["created_lo"] = -np.inf  # still a window: created_at is read (NaN never passes)
     if variant == "any-kind":
         args["kind_ok"] = np.zeros(0, np.bool_)
     elif variant == "open-window":
@@ -607,7 +650,7 @@ def test_filter_mask_empty_kind_table_allows_any_kind_id():
         kind_id=np.array([-5, 0, 99, 2**31 - 1], np.int32),
         kind_ok=np.zeros(0, np.bool_),
         created_at=np.array([-1e300, 0.0, 1e300, np.inf]),
-        created_lo=-np.inf,
+        created_lo=-1e308,
         created_hi=np.inf,
         expire_at=np.full(n, np.inf),
         now=1e300,
@@ -615,6 +658,33 @@ def test_filter_mask_empty_kind_table_allows_any_kind_id():
     # created_at = +inf is not < +inf, so the last row is outside the half-open window.
     np.testing.assert_array_equal(mask, [True, True, True, False])
     assert count == 3
+
+
+def test_filter_mask_open_window_and_no_expiry_read_neither_column():
+    n = 3
+    args = {
+        "alive": np.ones(n, np.bool_),
+        "ns_id": np.zeros(n, np.int32),
+        "ns_ok": np.ones(1, np.bool_),
+        "tier": np.ones(n, np.int8),
+        "tier_ok": np.ones(5, np.bool_),
+        "kind_id": np.zeros(n, np.int32),
+        "kind_ok": np.zeros(0, np.bool_),
+        "created_at": np.array([np.nan, np.inf, 0.0]),
+        "created_lo": -np.inf,
+        "created_hi": np.inf,
+        "expire_at": None,
+        "now": 10.0,
+        "space_id": np.array([0, 1, 1], np.int32),
+        "space": 1,
+    }
+    mask, count = K.filter_mask(**args)
+    np.testing.assert_array_equal(mask, [False, True, True])
+    assert count == 2
+    args["expire_at"] = np.array([np.inf, 10.0, 11.0])  # expiring exactly now counts as expired
+    mask, count = K.filter_mask(**args)
+    np.testing.assert_array_equal(mask, [False, False, True])
+    assert (mask, count)[1] == ref_filter(**args)[1] == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -718,24 +788,32 @@ def test_py_func_topk(pure_python, dtype, n, k):
 
 @pytest.mark.parametrize("n", [0, 1, 80])
 def test_py_func_filter_mask(pure_python, n):
-    args = make_filter_inputs(n, rng_for("pyfunc-filter", n))
+    rng = rng_for("pyfunc-filter", n)
+    args = make_filter_inputs(n, rng)
+    space_id = rng.integers(0, 3, n).astype(np.int32)
     out = np.empty(n, np.bool_)
     count = _jit.filter_mask.py_func(
         args["alive"],
         args["ns_id"],
         args["ns_ok"],
+        -1,  # lookups (the one_ns and tier_mode shortcuts are compared in test_filter_mask_random)
         args["tier"],
         args["tier_ok"],
+        0,
         args["kind_id"],
         args["kind_ok"],
         args["created_at"],
         args["created_lo"],
         args["created_hi"],
+        True,
         args["expire_at"],
         args["now"],
+        True,
+        space_id,
+        1,
         out,
     )
-    e_mask, e_count = ref_filter(**args)
+    e_mask, e_count = ref_filter(**args, space_id=space_id, space=1)
     np.testing.assert_array_equal(out, e_mask)
     assert count == e_count
 
