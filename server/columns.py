@@ -41,6 +41,7 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "access_base": (np.int64, 0),
     "success_base": (np.int64, 0),
     "gen": (np.int64, 0),  # bumped by every change of the row (search.PriorBounds relies on it)
+    "vk": (np.int64, 0),  # the record's vector key (maps the row to its HNSW snapshot entry)
 }
 
 
@@ -93,6 +94,7 @@ class ColumnsView:
     access_base: np.ndarray
     success_base: np.ndarray
     gen: np.ndarray
+    vk: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,7 @@ class Columns:
                 self._row_meta[row] = dict(rec.metadata)
             else:
                 self._row_meta.pop(row, None)
+        a["vk"][row] = rec.vk
         a["access_base"][row] = rec.access_base
         a["success_base"][row] = rec.success_base
         old = self._row_tags.get(row, ())
@@ -226,6 +229,64 @@ class Columns:
         if rec.importance > self.max_importance:
             self.max_importance = float(rec.importance)
         gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
+
+    # -- snapshots (writer thread: nothing changes while the state is copied) --------------------
+    def state(self) -> dict[str, Any]:
+        """A copy of everything the rows hold, for ``restore`` (see engine.Engine.snapshot)."""
+        rids = np.fromiter(self.rows.keys(), np.int64, len(self.rows))
+        rows = np.fromiter(self.rows.values(), np.int64, len(self.rows))
+        return {
+            "n": self.n,
+            "arrays": {k: v[: self.n].copy() for k, v in self._arrays.items()},
+            "rows": (rids, rows),
+            "interners": {
+                name: list(getattr(self, name).names) for name in ("namespaces", "kinds", "sources", "topics")
+            },
+            "row_tags": dict(self._row_tags),
+            "row_meta": {r: dict(m) for r, m in self._row_meta.items()},
+            "max_importance": self.max_importance,
+            "earliest_expire": self.earliest_expire,
+        }
+
+    @classmethod
+    def restore(cls, state: dict[str, Any]) -> Columns:
+        """Columns from ``state()``; derived indexes (namespace counts, tags, metadata) are rebuilt."""
+        n = int(state["n"])
+        cols = cls(max(1024, n))
+        for name, (dtype, _) in _SPEC.items():
+            saved = state["arrays"].get(name)
+            if saved is not None:
+                cols._arrays[name][:n] = saved.astype(dtype, copy=False)
+        cols.n = n
+        for name, names in state["interners"].items():
+            interner = getattr(cols, name)
+            for value in names:
+                interner.id(value)
+        rids, rows = state["rows"]
+        cols.rows = dict(zip(rids.tolist(), rows.tolist(), strict=True))
+        ns_names = cols.namespaces.names
+        counts = np.bincount(cols._arrays["ns"][rows], minlength=len(ns_names))
+        cols.ns_counts = {ns_names[i]: int(c) for i, c in enumerate(counts.tolist()) if c}
+        cols._ns_sorted = sorted(cols.ns_counts)
+        cols._row_tags = dict(state["row_tags"])
+        for row, tags in cols._row_tags.items():
+            for t in tags:
+                cols.tags.setdefault(t, set()).add(row)
+        cols._row_meta = dict(state["row_meta"])
+        for row, meta in cols._row_meta.items():
+            for k, v in meta.items():
+                cols.metadata.setdefault(k, {})[row] = v
+        cols.max_importance = float(state["max_importance"])
+        cols.earliest_expire = float(state["earliest_expire"])
+        cols._view = cols._make_view()
+        return cols
+
+    def column(self, name: str) -> np.ndarray:
+        """Rows [0, n) of one column, including rows not yet published to views (start-up)."""
+        return self._arrays[name][: self.n]
+
+    def namespace_of(self, row: int) -> str:
+        return self.namespaces.names[int(self._arrays["ns"][row])]
 
     def metadata_arrays(self, key: str) -> MetadataArrays:
         """A key's values as arrays (cached until the key's values change), for vectorized filters."""

@@ -103,6 +103,10 @@ class ServerConfig:
     # through HNSW (filtered HNSW loses recall at low selectivity; exact is ~0.03 ms per 1k rows).
     exact_search_max_rows: int = 4096
     snapshot_on_shutdown: bool = True
+    # Periodic snapshots (0 disables): after this long with any change, or once the changed records
+    # pass max(snapshot_min_changes, 10% of all); they bound the work of a start-up after kill -9.
+    snapshot_interval_seconds: float = 300.0
+    snapshot_min_changes: int = 20000
 
     # Lifecycle (seed 000), overridable per namespace with UpdateNamespaceConfig.
     tier_ttl_seconds: tuple[float, ...] = DEFAULT_TTL_SECONDS  # idle longer than this: demote

@@ -38,7 +38,7 @@ import numpy as np
 
 from tiermem import __version__, kernels
 
-from . import embedders
+from . import embedders, snapshots
 from . import validation as check
 from .columns import Columns, ColumnsView
 from .config import TIERS, ServerConfig
@@ -164,6 +164,15 @@ class Engine:
         if config.search_records_access and config.access_flush_seconds > 0:
             self._flusher = threading.Thread(target=self._flush_loop, name="tiermem-access", daemon=True)
             self._flusher.start()
+        self._snapshot_lock = threading.Lock()
+        self._snapshot_changes = self.store.changed_count
+        self._snapshot_time = time.monotonic()
+        self._snapshotter: threading.Thread | None = None
+        if config.snapshot_interval_seconds > 0:
+            self._snapshotter = threading.Thread(
+                target=self._snapshot_loop, name="tiermem-snapshots", daemon=True
+            )
+            self._snapshotter.start()
         if config.maintenance_interval_seconds > 0:
             self._maintenance = threading.Thread(
                 target=self._maintain, name="tiermem-maintenance", daemon=True
@@ -193,40 +202,62 @@ class Engine:
     def _load(self) -> None:
         t0 = time.monotonic()
         faiss.omp_set_num_threads(os.cpu_count() or 1)  # rebuilds use every core; no searches yet
-        pending: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        snap = snapshots.load_columns(self.index_dir, self.store.instance)
         with self.store.read() as txn:
             self._next_rid, self._next_vk = self.store.counters(txn)
             self.ns_config = self.store.namespace_configs(txn)
-            for name in self.ns_config:
-                self.columns.namespaces.id(name)
             self._lcounts = self.store.lifecycle_counters(txn)
             for model, dim in self.store.spaces(txn).items():
                 self._space(model, dim)
             unembedded = set(self.store.pending_rids(txn))
-            waiting = []
-            for rec in self.store.iter_records(txn):
-                if rec.rid in unembedded:  # stored while the embedder failed: keyword-searchable only
-                    waiting.append(self.columns.add(rec, -1))
-                    continue
-                sp = self.spaces[rec.embedding_model]
-                row = self.columns.add(rec, sp.id)
-                pending.setdefault((sp.id, rec.tier), []).append((row, rec.vk, rec.rid))
-            self.columns.activate(np.array(waiting, np.int64), np.full(len(waiting), -1, np.int64))
-            for (sid, tier), items in pending.items():
-                self._load_index(txn, self._space_by_id[sid], tier, items)
+            if snap is not None:
+                # The snapshot, then every record changed by a later commit (storage.py "changes").
+                self.columns = Columns.restore(snap[0])
+                changed = self.store.changed_since(txn, snap[1])
+                for rid in changed:
+                    self._load_row(txn, rid, self.store.get(txn, rid), unembedded)
+                how = f"from a snapshot and {len(changed)} changed records"
+            else:
+                for rec in self.store.iter_records(txn):
+                    self._load_row(txn, rec.rid, rec, unembedded)
+                how = "by decoding every record"
+            for name in self.ns_config:
+                self.columns.namespaces.id(name)
+            cols = self.columns
+            live = np.sort(np.fromiter(cols.rows.values(), np.int64, len(cols.rows)))
+            space, tier = cols.column("space")[live], cols.column("tier")[live]
+            vks, rids = cols.column("vk")[live], cols.column("rid")[live]
+            waiting = space < 0  # stored while the embedder failed: keyword-searchable only
+            cols.activate(live[waiting], np.full(int(waiting.sum()), -1, np.int64))
+            for sid, t in sorted(
+                {(int(a), int(b)) for a, b in zip(space[~waiting], tier[~waiting], strict=True)}
+            ):
+                sel = (space == sid) & (tier == t)
+                self._load_index(txn, self._space_by_id[sid], t, live[sel], vks[sel], rids[sel])
         logger.info(
-            "loaded %d memories in %d spaces in %.2f s",
+            "loaded %d memories in %d spaces in %.2f s (%s)",
             len(self.columns),
             len(self.spaces),
             time.monotonic() - t0,
+            how,
         )
 
+    def _load_row(self, txn: lmdb.Transaction, rid: int, rec: Record | None, unembedded: set[int]) -> None:
+        """Bring the row of ``rid`` in line with its record (None: deleted). Start-up only."""
+        row = self.columns.rows.get(rid)
+        if rec is None:
+            if row is not None:
+                self.columns.remove(rid, self.columns.namespace_of(row))
+            return
+        space = -1 if rid in unembedded else self.spaces[rec.embedding_model].id
+        if row is None:
+            self.columns.add(rec, space)
+        else:
+            self.columns.set(row, rec, space, -1)
+
     def _load_index(
-        self, txn: lmdb.Transaction, sp: Space, tier: int, items: list[tuple[int, int, int]]
+        self, txn: lmdb.Transaction, sp: Space, tier: int, rows: np.ndarray, vks: np.ndarray, rids: np.ndarray
     ) -> None:
-        rows = np.array([r for r, _, _ in items], np.int64)
-        vks = np.array([v for _, v, _ in items], np.int64)
-        rids = [rid for _, _, rid in items]
         internal = np.full(rows.shape[0], -1, np.int64)
         loaded = VectorIndex.load(
             self._snapshot_base(sp, tier),
@@ -256,10 +287,10 @@ class Engine:
         for start in range(0, missing.shape[0], 4096):
             chunk = missing[start : start + 4096]
             vecs = np.empty((chunk.shape[0], sp.dim), np.float32)
-            for j, i in enumerate(chunk):
-                v = self.store.get_vector(txn, rids[i])
+            for j, i in enumerate(chunk.tolist()):
+                v = self.store.get_vector(txn, int(rids[i]))
                 if v is None or v.shape[0] != sp.dim:
-                    raise RuntimeError(f"record {rids[i]} has no valid vector in LMDB")
+                    raise RuntimeError(f"record {int(rids[i])} has no valid vector in LMDB")
                 vecs[j] = v
             internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk])
         self.columns.activate(rows, _loc(sp.id, tier, internal))
@@ -282,18 +313,55 @@ class Engine:
             self._maintenance.join()
         if self._flusher is not None:
             self._flusher.join()
+        if self._snapshotter is not None:
+            self._snapshotter.join()
         self.flush_access()
         self.writer.close()
         if self.config.snapshot_on_shutdown:
-            self.snapshot()
+            self.snapshot(running=False)
         self.store.close()
 
-    def snapshot(self) -> None:
-        t0 = time.monotonic()
-        for sp in list(self.spaces.values()):
-            for tier, idx in list(sp.indexes.items()):
-                idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
-        logger.info("index snapshots written in %.2f s", time.monotonic() - t0)
+    def snapshot(self, running: bool = True) -> None:
+        """Write the columns and index snapshots that let the next start-up skip decoding and
+        re-indexing every record; then drop the change-log entries the columns snapshot holds.
+
+        ``running``: the writer is up, so the columns are copied in the writer thread between two
+        commit groups (nothing changes while they are copied, and the copy matches the last commit).
+        """
+        with self._snapshot_lock:
+            t0 = time.monotonic()
+            changes = self.store.changed_count
+            if running:
+                state, seq = self.writer.barrier(lambda: (self.columns.state(), self.store.seq))
+            else:
+                state, seq = self.columns.state(), self.store.seq
+            snapshots.save_columns(self.index_dir, state, seq, self.store.instance)
+            del state
+            for sp in list(self.spaces.values()):
+                for tier, idx in list(sp.indexes.items()):
+                    idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
+            if running:
+                self.writer.submit(lambda txn: self.store.forget_changes(txn, seq), lambda n: n)
+            else:
+                with self.store.write() as txn:
+                    self.store.forget_changes(txn, seq)
+            self._snapshot_changes = changes
+            self._snapshot_time = time.monotonic()
+            logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
+
+    def _snapshot_loop(self) -> None:
+        """Periodic snapshots bound what a start-up after kill -9 must redo: records changed since
+        the last one are decoded again, vectors added since are indexed again."""
+        cfg = self.config
+        while not self._stop.wait(min(10.0, cfg.snapshot_interval_seconds)):
+            changed = self.store.changed_count - self._snapshot_changes
+            due = max(cfg.snapshot_min_changes, int(0.1 * len(self.columns)))
+            old = time.monotonic() - self._snapshot_time >= cfg.snapshot_interval_seconds
+            if changed >= due or (changed and old):
+                try:
+                    self.snapshot()
+                except Exception:
+                    logger.exception("periodic snapshot failed")
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.config.access_flush_seconds):
@@ -392,6 +460,7 @@ class Engine:
 
     def _persist_counters(self, txn: lmdb.Transaction) -> None:
         self.store.put_counters(txn, self._next_rid, self._next_vk)
+        self.store.next_seq(txn)
 
     def _alloc(self) -> tuple[int, int]:
         rid, vk = self._next_rid, self._next_vk

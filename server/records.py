@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -52,11 +52,15 @@ class Record:
         return self.expire_at is not None and self.expire_at <= now
 
     def pack(self) -> bytes:
-        return msgpack.packb(asdict(self), use_bin_type=True)
+        # A shallow map (dataclasses.asdict deep-copies every list and dict first: ~3x slower).
+        return msgpack.packb({f: getattr(self, f) for f in _RECORD_FIELDS}, use_bin_type=True)
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> Record:
         return cls(**msgpack.unpackb(raw, raw=False))
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(Record))
 
 
 @dataclass(slots=True)

@@ -126,11 +126,11 @@ class PriorBounds:
         version = eng.config_version
         valid = c is not None and c[0] <= now and c[1] == tau and c[2] == version
         if valid and c is not None and now - c[0] <= self.MAX_AGE and view.n <= 1.1 * c[3].shape[0] + 1024:
-            return c[3], c[4], c[5]
+            return self._fit(c, view)
         cacheable = tau == eng.config.recency_tau_seconds
         if not cacheable or not self._lock.acquire(blocking=False):
             if valid and c is not None:
-                return c[3], c[4], c[5]  # another search is refreshing them
+                return self._fit(c, view)  # another search is refreshing them
             return self._compute(view, now, tau)
         try:
             gen0, rec, imp = self._compute(view, now, tau)
@@ -138,6 +138,15 @@ class PriorBounds:
             return gen0, rec, imp
         finally:
             self._lock.release()
+
+    @staticmethod
+    def _fit(
+        c: tuple[float, float, int, np.ndarray, np.ndarray, np.ndarray], view: ColumnsView
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Cached bounds cut to ``view``: a search may hold a view older (shorter) than the one the
+        bounds were computed from. Rows are never reused, so the first view.n rows still apply."""
+        n = min(view.n, c[3].shape[0])
+        return c[3][:n], c[4][:n], c[5][:n]
 
     def _compute(
         self, view: ColumnsView, now: float, tau: float
@@ -559,7 +568,12 @@ class Searcher:
             merged = np.concatenate([best, part[2][0]])
             best = merged[kernels.topk(merged, a.limit)]
 
-        w_max = max([*a.tier_w.values(), 1.0]) * max([*a.scope_w.values(), 1.0]) if row_w is not None else 1.0
+        # The extreme row weights: a row's score is at most w * x, which is largest at the highest
+        # weight when x >= 0 and at the lowest when x < 0 (small beta/gamma, dissimilar rows).
+        w_max, w_min = 1.0, 1.0
+        if row_w is not None:
+            w_max = max([*a.tier_w.values(), 1.0]) * max([*a.scope_w.values(), 1.0])
+            w_min = min([*a.tier_w.values(), 1.0]) * min([*a.scope_w.values(), 1.0])
         todo = mask.copy()
         todo[a_rows] = False  # scored: never count a row twice
         b_rows = np.empty(0, np.int64)
@@ -569,7 +583,8 @@ class Searcher:
                 return _concat(parts)  # nothing left is similar enough to be returned
             base = a.alpha * sim_bound if a.alpha > 0 else 0.0
             # Cheap ceiling: recency <= 1 and decayed importance <= the highest importance.
-            if w_max * (base + a.beta + a.gamma * self.engine.columns.max_importance) + 1e-5 <= bar():
+            x = base + a.beta + a.gamma * self.engine.columns.max_importance
+            if (w_max if x >= 0 else w_min) * x + 1e-5 <= bar():
                 return _concat(parts)
             gen0, rec_ub, imp_ub = self.priors.get(view, a.now, a.tau)
             b_rows, b_bound = kernels.prior_bounds(

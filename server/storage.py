@@ -14,6 +14,9 @@ One environment with named sub-databases:
 - ``pending``: rid -> b"" for memories stored without a vector (the embedder failed); retried
 - ``postings``: term -> (rid 8 bytes, count 4 bytes) for each memory whose content has the term
   (sorted duplicates): the keyword (BM25) index, written in the same commit as the record
+- ``changes``: rid -> commit sequence number (8 bytes) of the last change of that record, kept until
+  a columns snapshot that includes it is on disk: start-up reloads only these records on top of the
+  snapshot (``meta`` holds the sequence number of the last commit)
 
 Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
@@ -55,6 +58,7 @@ _META_SPACE = b"space:"
 _META_NSCONF = b"nsconf:"
 _META_SCOPE = b"scope:"
 _META_LSTAT = b"lstat:"
+_META_SEQ = b"commit_seq"
 _META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots
 
 
@@ -114,8 +118,13 @@ class Store:
         self.postings = self.env.open_db(b"postings", dupsort=True)
         self.pending = self.env.open_db(b"pending")
         self.graph = self.env.open_db(b"graph")
+        self.changes = self.env.open_db(b"changes")
         self._gate = RWLock()
         self.instance = self._check_schema()
+        with self.env.begin() as txn:
+            raw = txn.get(_META_SEQ, db=self.meta)
+            self.seq = _RID.unpack(raw)[0] if raw else 0  # of the last commit (writer thread only)
+        self.changed_count = 0
 
     def _check_schema(self) -> str:
         """Check (or, for a new environment, write) the schema version; returns the instance id."""
@@ -191,7 +200,29 @@ class Store:
         raw = txn.get(rid_key(rid), db=self.records)
         return None if raw is None else Record.unpack(raw)
 
+    # -- commit sequence and the change log ------------------------------------------------------
+    def next_seq(self, txn: lmdb.Transaction) -> None:
+        """Number the commit about to happen (writer thread, just before it commits)."""
+        self.seq += 1
+        txn.put(_META_SEQ, _RID.pack(self.seq), db=self.meta)
+
+    def _changed(self, txn: lmdb.Transaction, rid: int) -> None:
+        txn.put(rid_key(rid), _RID.pack(self.seq + 1), db=self.changes)
+        self.changed_count += 1  # record writes since start (drives periodic snapshots)
+
+    def changed_since(self, txn: lmdb.Transaction, seq: int) -> list[int]:
+        """rids of the records changed (written or deleted) by commits after ``seq``."""
+        return [rid_of(bytes(k)) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] > seq]
+
+    def forget_changes(self, txn: lmdb.Transaction, upto: int) -> int:
+        """Drop change-log entries of commits up to ``upto`` (a snapshot holding them is on disk)."""
+        old = [bytes(k) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] <= upto]
+        for k in old:
+            txn.delete(k, db=self.changes)
+        return len(old)
+
     def put(self, txn: lmdb.Transaction, rec: Record) -> None:
+        self._changed(txn, rec.rid)
         txn.put(rid_key(rec.rid), rec.pack(), db=self.records)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
         txn.put(content_key(rec.namespace, rec.content), rid_key(rec.rid), db=self.contents)
@@ -246,6 +277,7 @@ class Store:
         return out
 
     def delete(self, txn: lmdb.Transaction, rec: Record) -> None:
+        self._changed(txn, rec.rid)
         self._post(txn, rec, add=False)
         txn.delete(rid_key(rec.rid), db=self.pending)
         key = rid_key(rec.rid)

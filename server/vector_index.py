@@ -201,14 +201,19 @@ class VectorIndex:
         token = uuid.uuid4().hex[:16]
         index_path = base.with_name(f"{base.name}.{token}.faiss")
         vks_path = base.with_name(f"{base.name}.{token}.vks.npy")
-        with self._lock.read():
+        with self._lock.read():  # adds wait only for an in-memory copy, not for the disk
             n = self.n
-            faiss.write_index(self.index, str(index_path))
-            with open(vks_path, "wb") as f:
-                np.save(f, self.vks[:n])
-                f.flush()
-                os.fsync(f.fileno())
-        _fsync(index_path)
+            data = faiss.serialize_index(self.index)
+            vks = self.vks[:n].copy()
+        with open(index_path, "wb") as f:
+            f.write(data.tobytes() if not data.flags.c_contiguous else data.data)
+            f.flush()
+            os.fsync(f.fileno())
+        del data
+        with open(vks_path, "wb") as f:
+            np.save(f, vks)
+            f.flush()
+            os.fsync(f.fileno())
         manifest = {
             "model": model,
             "dim": self.dim,

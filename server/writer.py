@@ -38,6 +38,7 @@ class _Op:
     future: Future[Any] = field(default_factory=Future)
     prepared: Any = None
     error: BaseException | None = None
+    barrier: Callable[[], Any] | None = None  # run alone, between groups (see Writer.barrier)
 
 
 _STOP = object()
@@ -79,6 +80,17 @@ class Writer:
             self._queue.put(op)
         return op.future.result()
 
+    def barrier(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` in the writer thread once every write submitted before it is committed and
+        applied, and before any later one starts: it sees in-memory state that matches the last
+        commit exactly (e.g. to snapshot it). Returns fn's result."""
+        op = _Op(lambda txn: None, lambda prepared: prepared, barrier=fn)
+        with self._lock:
+            if self._closed:
+                raise Unavailable("server is shutting down")
+            self._queue.put(op)
+        return op.future.result()
+
     def close(self) -> None:
         """Finish every queued operation, then stop the thread."""
         with self._lock:
@@ -96,6 +108,12 @@ class Writer:
             carry = None
             if first is _STOP:
                 return
+            if first.barrier is not None:
+                try:
+                    first.future.set_result(first.barrier())
+                except BaseException as e:
+                    first.future.set_exception(e)
+                continue
             group = [first]
             size = first.weight
             while len(group) < self._max_group:
@@ -103,7 +121,7 @@ class Writer:
                     op = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if op is _STOP or size + op.weight > self._max_group_bytes:
+                if op is _STOP or op.barrier is not None or size + op.weight > self._max_group_bytes:
                     carry = op
                     break
                 group.append(op)

@@ -312,7 +312,7 @@ def test_kill9_during_consolidation(server_process: Callable[..., Any], tmp_path
         if cycle == 2:  # a clean stop writes index snapshots; the later kills restart from them + LMDB
             t0 = time.monotonic()
             assert srv.stop() == 0
-            manifests = [json.loads(p.read_text()) for p in sorted((data / "indexes").glob("*.json"))]
+            manifests = [json.loads(p.read_text()) for p in sorted((data / "indexes").glob("*-t[0-9].json"))]
             print(
                 f"[clean stop] {time.monotonic() - t0:.2f} s, snapshots (model, n): "
                 f"{[(m['model'], m['n']) for m in manifests]}"

@@ -47,7 +47,7 @@ def test_every_tier_snapshot_is_reused_after_clean_restart(
         for i in range(4):  # one dead entry per tier: well under the 25% compaction threshold
             c.delete("ns", f"m{i}")
     running.stop(0)
-    manifests = sorted((data / "indexes").glob("*.json"))
+    manifests = sorted((data / "indexes").glob("*-t[0-9].json"))  # index manifests (not columns.json)
     assert len(manifests) == 4, manifests
     assert {json.loads(m.read_text())["n"] for m in manifests} == {10}
 

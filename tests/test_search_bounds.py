@@ -1,0 +1,723 @@
+"""Exactness of the candidate search path (``Searcher._candidates`` with ``PriorBounds``) in-process.
+
+An ``Engine`` with ``exact_search_max_rows=64`` holds 3,000 clustered 32-dim memories in five
+namespaces (a three-level hierarchy plus an unrelated one), with varied importance, tiers, creation
+and access times (a FakeClock advanced between batches, feedback and recorded accesses). Every
+search below allows far more than 64 rows, so it goes through HNSW + prior bounds (spies check that
+the bound kernel really runs); each top 10 is compared with an exact ranking computed here with
+NumPy from the records in LMDB and the documented formula:
+
+    score = w_tier * w_scope * (alpha*cos + beta*exp(-max(0, now - accessed)/tau)
+                                + gamma*max(importance*0.5**(age_h/half_life[ns, tier]), 0.1*importance))
+
+The clusters are few and wide, so many memories are about as similar as the HNSW top-K and their
+recency and importance decide: the bound pass has rows to find. HNSW runs with a wide beam
+(``hnsw_ef_search=512``) so it returns the exact top-K at this size; the comparison allows ties
+(scores within EPS) and nothing else. The world is built once per module and copied per test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from tiermem import kernels
+from tiermem.server import search as search_mod
+from tiermem.server.config import ServerConfig
+from tiermem.server.engine import Engine, FeedbackItem, Filter
+from tiermem.server.records import NewMemory, Record
+from tiermem.server.search import COMPREHENSIVE, WEIGHTED, Searcher, SearchHit, SearchQuery
+
+DIM, CLUSTERS, QUERIES, K = 32, 5, 30, 10
+MODEL = "test-32"
+HOUR, DAY = 3600.0, 86400.0
+NAMESPACES = ["acme", "acme/proj", "acme/proj/s1", "acme/proj/s2", "zeta"]
+NS_P = [0.15, 0.2, 0.25, 0.25, 0.15]
+TIER_W = {1: 1.0, 2: 0.85, 3: 0.7, 4: 0.55}  # the weighted strategy's defaults
+SCOPE_W = (1.0, 0.8, 0.6, 0.4)  # the namespace, its parent, grandparent, ...
+FLOOR = 0.1
+PRIOR_HEAVY = {"alpha": 0.3, "beta": 0.4, "gamma": 0.3}  # recency and importance weigh more than similarity
+EPS = 2e-5  # float32 scores: a difference below this is a tie
+# Depth of the first HNSW search (per tier index) of a top-10 search when priors count.
+FIRST_K = min(max(8 * K, getattr(Searcher, "PRIOR_K", 32)), 2048)
+Key = tuple[str, str]
+
+
+# --------------------------------------------------------------------------------------------
+# The world: an engine with clustered memories
+# --------------------------------------------------------------------------------------------
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def make_config(data_dir: Path) -> ServerConfig:
+    return ServerConfig(
+        data_dir=data_dir,
+        maintenance_interval_seconds=0,
+        exact_search_max_rows=64,
+        search_records_access=False,  # searches must not move recency between comparisons
+        sync=False,
+        hnsw_ef_search=512,
+    )
+
+
+@dataclass
+class World:
+    eng: Engine
+    clock: FakeClock
+    vectors: dict[Key, np.ndarray]
+    cluster: dict[Key, int]
+    centres: np.ndarray
+    queries: np.ndarray
+    query_cluster: np.ndarray
+    rng: np.random.Generator
+    calls: Counter = field(default_factory=Counter)
+    b_seen: set[int] = field(default_factory=set)  # rows the bound kernel returned (row indices)
+    snap: tuple[int, Snapshot] | None = None
+    next_id: int = 0
+
+    def add(
+        self,
+        n: int,
+        *,
+        cluster: Any = None,
+        importance: Any = None,
+        ns: Any = None,
+        age: Any = None,
+        tier: Any = None,
+        vectors: np.ndarray | None = None,
+    ) -> list[Key]:
+        """Create n memories (in batches of at most 1000); returns their keys."""
+        rng = self.rng
+        keys: list[Key] = []
+        for start in range(0, n, 1000):
+            m = min(1000, n - start)
+            cl = rng.integers(0, CLUSTERS, m) if cluster is None else np.broadcast_to(cluster, (m,))
+            if vectors is None:
+                x = _unit(self.centres[cl] + 0.8 * rng.standard_normal((m, DIM)) / np.sqrt(DIM))
+            else:
+                x = _unit(vectors[start : start + m])
+            imp = rng.random(m)
+            imp[rng.random(m) < 0.1] = 0.0
+            imp[rng.random(m) < 0.05] = 1.0
+            if importance is not None:
+                imp[:] = importance
+            names = rng.choice(NAMESPACES, m, p=NS_P) if ns is None else np.broadcast_to(ns, (m,))
+            ages = rng.exponential(2 * DAY, m) if age is None else np.broadcast_to(age, (m,))
+            tiers = rng.integers(1, 5, m) if tier is None else np.broadcast_to(tier, (m,))
+            fresh = rng.random(m) < 0.3
+            mems = []
+            for j in range(m):
+                i = self.next_id
+                self.next_id += 1
+                key = (str(names[j]), f"m{i}")
+                self.vectors[key] = x[j]
+                self.cluster[key] = int(cl[j])
+                keys.append(key)
+                mems.append(
+                    NewMemory(
+                        namespace=key[0],
+                        content=f"memory {i} of cluster {cl[j]}",
+                        id=key[1],
+                        tier=int(tiers[j]),
+                        importance=float(imp[j]),
+                        tags=[f"t{i % 10}"],
+                        metadata={"bucket": i % 100},
+                        embedding=x[j],
+                        embedding_model=MODEL,
+                        created_at=None if (fresh[j] and age is None) else self.clock.now - float(ages[j]),
+                    )
+                )
+            self.eng.create(mems, batch=True)
+        return keys
+
+    def records(self) -> list[Record]:
+        with self.eng.store.read() as txn:
+            return list(self.eng.store.iter_records(txn))
+
+
+def build_world(data_dir: Path, seed: int = 7) -> World:
+    clock = FakeClock()
+    eng = Engine(make_config(data_dir), clock=clock)
+    rng = np.random.default_rng(seed)
+    centres = _unit(rng.standard_normal((CLUSTERS, DIM)))
+    qc = np.arange(QUERIES) % CLUSTERS
+    queries = _unit(centres[qc] + 0.5 * rng.standard_normal((QUERIES, DIM)) / np.sqrt(DIM))
+    w = World(eng, clock, {}, {}, centres, queries, qc, rng)
+    for _ in range(6):  # 3,000 memories created over ~a day, with ages up to weeks
+        clock.advance(float(rng.uniform(1, 6)) * HOUR)
+        w.add(500)
+    keys = list(w.vectors)
+    clock.advance(HOUR)  # feedback moves some accessed times
+    by_ns: dict[str, list[FeedbackItem]] = {}
+    for i in rng.choice(len(keys), 200, replace=False).tolist():
+        by_ns.setdefault(keys[i][0], []).append(FeedbackItem(keys[i][1], actual_usefulness=0.9))
+    for ns, items in by_ns.items():
+        eng.feedback(ns, items)
+    clock.advance(2 * HOUR)  # and so do searches counted as accesses
+    rids = [r.rid for r in w.records()]
+    eng.record_access([rids[i] for i in rng.choice(len(rids), 200, replace=False).tolist()], clock.now)
+    eng.flush_access()
+    clock.advance(HOUR)
+    return w
+
+
+def spy(w: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Count candidate-path searches, bound computations and bound-kernel calls (rows returned)."""
+    searcher = w.eng.searcher
+    orig_candidates, orig_compute = searcher._candidates, searcher.priors._compute
+    orig_bounds = kernels.prior_bounds
+
+    def candidates(*a: Any, **kw: Any) -> Any:
+        w.calls["candidates"] += 1
+        return orig_candidates(*a, **kw)
+
+    def compute(*a: Any, **kw: Any) -> Any:
+        w.calls["compute"] += 1
+        return orig_compute(*a, **kw)
+
+    def bounds(*a: Any, **kw: Any) -> Any:
+        rows, b = orig_bounds(*a, **kw)
+        w.calls["prior_bounds"] += 1
+        w.calls["b_rows"] += int(rows.shape[0])
+        w.b_seen.update(rows.tolist())
+        return rows, b
+
+    monkeypatch.setattr(searcher, "_candidates", candidates)
+    monkeypatch.setattr(searcher.priors, "_compute", compute)
+    monkeypatch.setattr(search_mod.kernels, "prior_bounds", bounds)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> World:
+    w = build_world(tmp_path_factory.mktemp("template") / "data")
+    w.eng.close()  # LMDB and HNSW snapshots: each test opens a copy
+    return w
+
+
+@pytest.fixture
+def world(template: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    data = tmp_path / "data"
+    shutil.copytree(template.eng.config.data_dir, data)
+    clock = FakeClock(template.clock.now)
+    w = World(
+        Engine(make_config(data), clock=clock),
+        clock,
+        dict(template.vectors),
+        dict(template.cluster),
+        template.centres,
+        template.queries,
+        template.query_cluster,
+        np.random.default_rng(11),
+        next_id=template.next_id,
+    )
+    assert len(w.eng.columns) == len(w.vectors)
+    spy(w, monkeypatch)
+    yield w
+    w.eng.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The exact reference
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Snapshot:
+    """The stored state of every memory (LMDB records), as arrays."""
+
+    records: list[Record]
+    keys: list[Key]
+    index: dict[Key, int]
+    names: list[str]  # namespaces; ns holds indexes into it
+    ns: np.ndarray
+    tier: np.ndarray
+    importance: np.ndarray
+    created: np.ndarray
+    accessed: np.ndarray
+    half_life: np.ndarray
+    x: np.ndarray
+
+
+def snapshot(w: World) -> Snapshot:
+    """The records as they are in LMDB now (cached until the next write transaction)."""
+    txn_id = w.eng.store.env.info()["last_txnid"]
+    if w.snap is not None and w.snap[0] == txn_id:
+        return w.snap[1]
+    recs = w.records()
+    names = sorted({r.namespace for r in recs})
+    ns_index = {name: i for i, name in enumerate(names)}
+    policies = {ns: w.eng.policy_for(ns) for ns in names}
+    keys = [(r.namespace, r.id) for r in recs]
+    snap = Snapshot(
+        recs,
+        keys,
+        {k: i for i, k in enumerate(keys)},
+        names,
+        np.array([ns_index[r.namespace] for r in recs]),
+        np.array([r.tier for r in recs]),
+        np.array([r.importance for r in recs], np.float32).astype(np.float64),
+        np.array([r.created_at for r in recs]),
+        np.array([r.accessed_at for r in recs]),
+        np.array([policies[r.namespace].tiers[r.tier].half_life_hours for r in recs]),
+        np.stack([w.vectors[k] for k in keys]).astype(np.float64),
+    )
+    w.snap = (txn_id, snap)
+    return snap
+
+
+def _chain(ns: str) -> list[str]:
+    parts = ns.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+@dataclass
+class Reference:
+    """Exact scores of the allowed memories of one query."""
+
+    snap: Snapshot
+    allowed: np.ndarray  # bool per snapshot row
+    score: np.ndarray  # per snapshot row (meaningful where allowed)
+    cos: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.allowed.sum())
+
+    def order(self) -> np.ndarray:
+        """Allowed snapshot rows, best first."""
+        rows = np.flatnonzero(self.allowed)
+        return rows[np.argsort(-self.score[rows], kind="stable")]
+
+    def top(self, k: int = K) -> list[Key]:
+        return [self.snap.keys[j] for j in self.order()[:k]]
+
+
+def reference(w: World, q: SearchQuery, snap: Snapshot, keep: np.ndarray | None = None) -> Reference:
+    cfg = w.eng.config
+    alpha = cfg.alpha if q.alpha is None else q.alpha
+    beta = cfg.beta if q.beta is None else q.beta
+    gamma = cfg.gamma if q.gamma is None else q.gamma
+    tau = cfg.recency_tau_seconds if q.recency_tau_seconds is None else q.recency_tau_seconds
+    now = w.clock.now if q.as_of is None else q.as_of
+    scope: dict[str, float] = {}
+    sw = list(q.scope_weights) or list(SCOPE_W)
+    for ns in q.namespaces:
+        for depth, name in enumerate(_chain(ns) if q.include_ancestors else [ns]):
+            wt = sw[min(depth, len(sw) - 1)] if (q.include_ancestors or q.scope_weights) else 1.0
+            scope[name] = max(scope.get(name, 0.0), wt)
+    tier_w = dict(TIER_W) if q.strategy == WEIGHTED else dict.fromkeys(TIER_W, 1.0)
+    tier_w.update(q.tier_weights)
+    allowed = np.array([name in scope for name in snap.names])[snap.ns]
+    if keep is not None:
+        allowed &= keep
+    cos = snap.x @ np.asarray(q.embedding, np.float64)
+    imp, hl = snap.importance, snap.half_life
+    age_h = np.maximum(now - snap.created, 0.0) / HOUR
+    decays = (hl > 0) & np.isfinite(hl)
+    decayed = np.where(decays, np.maximum(imp * 0.5 ** (age_h / np.where(decays, hl, 1.0)), FLOOR * imp), imp)
+    rec = np.exp(-np.maximum(now - snap.accessed, 0.0) / tau)
+    by_tier = np.array([0.0] + [tier_w[t] for t in (1, 2, 3, 4)])
+    wt = by_tier[snap.tier] * np.array([scope.get(name, 0.0) for name in snap.names])[snap.ns]
+    score = wt * (alpha * cos + beta * rec + gamma * decayed)
+    return Reference(snap, allowed, score, cos)
+
+
+def query(w: World, i: int, **kw: Any) -> SearchQuery:
+    kw.setdefault("namespaces", list(NAMESPACES))
+    kw.setdefault("embedding", w.queries[i])
+    return SearchQuery(embedding_model=MODEL, read_only=True, limit=K, **kw)
+
+
+def mismatch(hits: list[SearchHit], ref: Reference, limit: int = K) -> str:
+    """'' when the hits are the exact top ``limit`` (up to ties), else a description."""
+    snap = ref.snap
+    order = ref.order()
+    want = min(limit, order.shape[0])
+    got = [(h.record.namespace, h.record.id) for h in hits]
+    problems = []
+    if len(got) != want or len(set(got)) != len(got):
+        problems.append(f"{len(got)} hits ({len(set(got))} distinct), expected {want}")
+    if want == 0:
+        return "; ".join(problems)
+    cut = ref.score[order[want - 1]]
+    for h, k in zip(hits, got, strict=True):
+        j = snap.index.get(k, -1)
+        if j < 0 or not ref.allowed[j]:
+            problems.append(f"{k} is not allowed")
+            continue
+        s = ref.score[j]
+        if s < cut - EPS:
+            problems.append(f"{k} returned with exact score {s:.6f} < 10th {cut:.6f}")
+        if abs(h.score - s) > EPS:
+            problems.append(f"{k} score {h.score:.6f} != exact {s:.6f}")
+    for j in order:
+        if ref.score[j] <= cut + EPS:
+            break
+        if snap.keys[j] not in got:
+            problems.append(
+                f"missed {snap.keys[j]}: exact score {ref.score[j]:.6f} (cos {ref.cos[j]:.4f}) > 10th {cut:.6f}"
+            )
+    scores = [h.score for h in hits]
+    if scores != sorted(scores, reverse=True):
+        problems.append("hits are not sorted by score")
+    return "; ".join(problems)
+
+
+def check_queries(
+    w: World,
+    make: Callable[[int], SearchQuery],
+    keep: Callable[[Record], bool] | None = None,
+    n: int = QUERIES,
+    min_bounded: float = 0.0,
+) -> list[list[Key]]:
+    """Run queries 0..n-1 and require the exact top 10 for each; returns the exact top keys.
+    ``min_bounded``: the fraction of searches that must have run the bound kernel."""
+    snap = snapshot(w)
+    keep_mask = None if keep is None else np.array([keep(r) for r in snap.records])
+    failures, tops = [], []
+    before = Counter(w.calls)
+    bounded = 0
+    for i in range(n):
+        q = make(i)
+        ref = reference(w, q, snap, keep_mask)
+        assert len(ref) > w.eng.config.exact_search_max_rows  # the candidate path, not exact scoring
+        pb = w.calls["prior_bounds"]
+        hits = w.eng.search(q)
+        bounded += w.calls["prior_bounds"] > pb
+        w.calls["bounded"] += w.calls["prior_bounds"] > pb
+        problem = mismatch(hits, ref)
+        if problem:
+            failures.append(f"query {i}: {problem}")
+        tops.append(ref.top())
+    assert w.calls["candidates"] - before["candidates"] == n
+    assert not failures, "\n".join(failures)
+    assert bounded >= min_bounded * n, f"only {bounded} of {n} searches ran the bound kernel"
+    return tops
+
+
+# --------------------------------------------------------------------------------------------
+# a. fresh bounds
+# --------------------------------------------------------------------------------------------
+
+
+def test_fresh_bounds_exact_top10(world: World) -> None:
+    w = world
+    check_queries(w, lambda i: query(w, i), min_bounded=0.5)
+    assert w.calls["compute"] == 1  # one pass computed the bounds; later searches reused them
+    assert w.calls["b_rows"] > 0
+    cached = w.eng.searcher.priors._cached
+    assert cached is not None and cached[0] == w.clock.now
+    tops = check_queries(w, lambda i: query(w, i, **PRIOR_HEAVY), min_bounded=0.5)
+    assert w.calls["compute"] == 1 and w.eng.searcher.priors._cached is cached  # weights: same bounds
+    # The scenario is meaningful: exact top-10 memories outside HNSW's first top-K (per tier), which
+    # only the bound pass can have found.
+    snap = snapshot(w)
+    outside = sum(
+        len(set(top) & {snap.keys[j] for j in outside_top_k(snap, w.queries[i])})
+        for i, top in enumerate(tops)
+    )
+    assert outside >= QUERIES // 2, outside
+
+
+def test_hnsw_is_exact_at_this_size(world: World) -> None:
+    """The premise of the comparisons: with this beam, each tier's HNSW top-K is the exact top-K, so
+    any difference from the reference is the candidate logic's, not HNSW recall's."""
+    w = world
+    sp = w.eng.spaces[MODEL]
+    view = w.eng.columns.view()
+    snap = snapshot(w)
+    key_of = {r.rid: (r.namespace, r.id) for r in snap.records}
+    allowed = view.alive.copy()
+    for i in range(QUERIES):
+        q = w.queries[i]
+        cos = snap.x @ q.astype(np.float64)
+        for t, index in sp.indexes.items():
+            rows, sims = index.search(q, FIRST_K, allowed, w.eng.config.hnsw_ef_search)[:2]
+            got = {key_of[int(view.rid[r])] for r in rows}
+            tier_rows = np.flatnonzero(snap.tier == t)
+            exact = np.sort(cos[tier_rows])[::-1]
+            assert len(got) == FIRST_K
+            kth = exact[FIRST_K - 1]
+            must = {snap.keys[j] for j in tier_rows[cos[tier_rows] > kth + 1e-6]}
+            assert must <= got, (i, t, len(must - got))
+            assert float(np.min(sims)) >= kth - 1e-6
+
+
+def test_similarity_only_also_exact(world: World) -> None:
+    """alpha only (no prior): nothing outside HNSW's top-K can win; the answer is still exact."""
+    w = world
+    check_queries(w, lambda i: query(w, i, alpha=1.0, beta=0.0, gamma=0.0), n=10)
+
+
+# --------------------------------------------------------------------------------------------
+# b. the clock moves on
+# --------------------------------------------------------------------------------------------
+
+
+def both(w: World, n: int = 6, keep: Callable[[Record], bool] | None = None, **kw: Any) -> int:
+    """Check queries with the default weights and with PRIOR_HEAVY; returns how many ran the bound
+    kernel."""
+    before = w.calls["bounded"]
+    check_queries(w, lambda i: query(w, i, **kw), keep, n=n)
+    check_queries(w, lambda i: query(w, i, **{**kw, **PRIOR_HEAVY}), keep, n=n)
+    return w.calls["bounded"] - before
+
+
+@pytest.mark.parametrize("max_age", ["default", "never-refresh"])
+def test_clock_advances(world: World, monkeypatch: pytest.MonkeyPatch, max_age: str) -> None:
+    """Bounds computed earlier stay upper bounds: refreshed after MAX_AGE by default, or (MAX_AGE
+    huge) reused for days, the top 10 stays exact."""
+    w = world
+    if max_age == "never-refresh":
+        monkeypatch.setattr(w.eng.searcher.priors, "MAX_AGE", 1e12)
+    check_queries(w, lambda i: query(w, i), n=5, min_bounded=0.5)
+    t_cached = w.clock.now
+    bounded = 0
+    for step in (10.0, 15.0, 5 * HOUR, 2 * DAY, 20 * DAY):
+        w.clock.advance(step)
+        computed = w.calls["compute"]
+        n = both(w)
+        bounded += n
+        cached = w.eng.searcher.priors._cached
+        assert cached is not None
+        if max_age == "never-refresh" or w.clock.now - t_cached <= 30.0:
+            assert w.calls["compute"] == computed  # the old bounds were used
+        elif n:
+            assert w.calls["compute"] == computed + 1 and cached[0] == w.clock.now
+            t_cached = w.clock.now
+    assert bounded >= 10, bounded
+    if max_age == "never-refresh":
+        assert w.eng.searcher.priors._cached[0] == t_cached
+
+
+# --------------------------------------------------------------------------------------------
+# c. memories change after the bounds were cached
+# --------------------------------------------------------------------------------------------
+
+
+def outside_top_k(snap: Snapshot, q: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Rows (of the snapshot) not among the k most similar of their tier, most similar first: rows
+    the first HNSW stage of a search over every namespace does not return."""
+    k = FIRST_K if k is None else k
+    cos = snap.x @ q.astype(np.float64)
+    out = []
+    for t in range(1, 5):
+        idx = np.flatnonzero(snap.tier == t)
+        out.append(idx[np.argsort(-cos[idx], kind="stable")][k:])
+    rows = np.concatenate(out)
+    return rows[np.argsort(-cos[rows], kind="stable")]
+
+
+@pytest.mark.parametrize("max_age", ["default", "never-refresh"])
+def test_changed_after_cache_still_found(world: World, monkeypatch: pytest.MonkeyPatch, max_age: str) -> None:
+    """Memories that change after the bounds were cached (importance raised to 1, accessed now by
+    feedback or by a recorded search access) and memories added since must rank where they belong.
+    The changed ones are outside HNSW's first top-K, so only the bound pass can find them, and their
+    cached bounds are stale and low: the row generation must send them to the trivial bound."""
+    w = world
+    if max_age == "never-refresh":
+        monkeypatch.setattr(w.eng.searcher.priors, "MAX_AGE", 1e12)
+    heavy = lambda i: query(w, i, **PRIOR_HEAVY)  # noqa: E731
+    tops = check_queries(w, heavy, min_bounded=0.5)
+    check_queries(w, lambda i: query(w, i), n=10)
+    cached = w.eng.searcher.priors._cached
+    assert cached is not None
+    w.clock.advance(10.0)  # within MAX_AGE: the default keeps the cached bounds too
+
+    snap = snapshot(w)
+    now = w.clock.now
+    # not accessed for a day (low cached recency), unimportant, but young for their tier's half-life
+    sleepy = (
+        (now - snap.created < 5 * DAY)
+        & (now - snap.accessed > DAY)
+        & (snap.importance < 0.5)
+        & (snap.tier >= 3)
+    )
+    changed: set[Key] = set()
+    for i in range(QUERIES):
+        picks = [
+            j for j in outside_top_k(snap, w.queries[i])[:60] if sleepy[j] and snap.keys[j] not in changed
+        ][:2]
+        for j, row in enumerate(picks):
+            k, rec = snap.keys[row], snap.records[row]
+            changed.add(k)
+            w.eng.update(k[0], k[1], NewMemory(namespace=k[0], content="", importance=1.0), ["importance"])
+            if j == 0:
+                w.eng.feedback(k[0], [FeedbackItem(k[1], actual_usefulness=1.0)])
+            else:
+                w.eng.record_access([rec.rid], now)
+    assert w.eng.flush_access() > 0
+    new_keys = set(w.add(20, importance=0.9, age=0.0))  # rows past the cached generations
+
+    computed = w.calls["compute"]
+    w.b_seen.clear()
+    new_tops = check_queries(w, heavy, min_bounded=0.5)
+    check_queries(w, lambda i: query(w, i))
+    assert w.calls["compute"] == computed  # the cached bounds were used, with row generations
+    assert w.eng.searcher.priors._cached is cached
+    lifted = {k for t, old in zip(new_tops, tops, strict=True) for k in (set(t) - set(old)) & changed}
+    fresh = {k for t in new_tops for k in set(t) & new_keys}
+    rows = w.eng.columns.rows
+    rids = {(r.namespace, r.id): r.rid for r in w.records()}
+    via_bounds = {k for k in lifted if rows[rids[k]] in w.b_seen}
+    assert len(lifted) >= 10 and len(via_bounds) >= 5 and fresh, (len(lifted), len(via_bounds), len(fresh))
+
+
+# --------------------------------------------------------------------------------------------
+# d. custom tau, as_of before the cache time
+# --------------------------------------------------------------------------------------------
+
+
+def test_custom_tau_and_as_of(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = world
+    check_queries(w, lambda i: query(w, i), n=5, min_bounded=0.5)
+    cached = w.eng.searcher.priors._cached
+    assert cached is not None
+    t_cached = cached[0]
+    for tau in (60.0, 600.0, 7 * DAY):
+        computed = w.calls["compute"]
+        assert both(w, recency_tau_seconds=tau) >= 3
+        assert w.eng.searcher.priors._cached is cached  # another tau neither uses nor replaces the cache
+        assert w.calls["compute"] > computed
+    # as_of earlier than the cache time (before some memories were even created or accessed)
+    assert sum(both(w, as_of=t_cached - back) for back in (5.0, 3 * HOUR, 2 * DAY)) >= 6
+    # as_of later than the clock, then back to now: bounds cached for the future are not used
+    both(w, n=5, as_of=t_cached + DAY)
+    both(w, n=5)
+    # bounds cached by an as_of search hours back, reused for searches at now
+    monkeypatch.setattr(w.eng.searcher.priors, "MAX_AGE", 1e12)
+    assert both(w, n=5, as_of=t_cached - 3 * HOUR) > 0
+    assert w.eng.searcher.priors._cached[0] == t_cached - 3 * HOUR
+    assert both(w) >= 3
+    assert w.eng.searcher.priors._cached[0] == t_cached - 3 * HOUR
+
+
+# --------------------------------------------------------------------------------------------
+# e. weighted strategy, tier weights, scopes with ancestors, per-namespace half-lives
+# --------------------------------------------------------------------------------------------
+
+SCOPED: list[dict[str, Any]] = [
+    {"strategy": WEIGHTED, "namespaces": ["acme/proj/s1"], "include_ancestors": True},
+    {"strategy": WEIGHTED, "namespaces": ["acme/proj/s1", "acme/proj/s2", "zeta"], "include_ancestors": True},
+    {"strategy": COMPREHENSIVE, "namespaces": ["acme/proj/s2"], "include_ancestors": True},
+    {
+        "strategy": COMPREHENSIVE,
+        "namespaces": ["acme/proj/s1", "acme/proj"],
+        "include_ancestors": True,
+        "scope_weights": [1.0, 0.5, 0.25],
+    },
+    {"strategy": WEIGHTED, "namespaces": list(NAMESPACES), "tier_weights": {4: 2.0, 1: 0.3}},
+    {
+        "strategy": WEIGHTED,
+        "namespaces": ["acme/proj/s1"],
+        "include_ancestors": True,
+        "tier_weights": {2: 0.0},
+    },
+]
+
+
+@pytest.mark.parametrize("per_ns_half_life", [False, True], ids=["base-half-life", "per-namespace"])
+def test_weighted_and_scopes(world: World, per_ns_half_life: bool) -> None:
+    w = world
+    if per_ns_half_life:
+        w.eng.update_namespace_config(
+            "acme/proj/s1",
+            False,
+            {
+                "tiers": {
+                    1: {"half_life_hours": 48.0},
+                    2: {"half_life_hours": 0.5},
+                    3: {"half_life_hours": 2.0},
+                }
+            },
+            ["policy"],
+        )
+        w.eng.update_namespace_config("acme", False, {"tiers": {4: {"half_life_hours": 1.0}}}, ["policy"])
+        assert w.eng.tables().half_life.shape[0] > 1
+    bounded = 0
+    for case in SCOPED:
+        bounded += both(w, **case)
+        w.clock.advance(HOUR)
+    assert bounded >= 2 * len(SCOPED) * 6 * 0.25, bounded
+
+
+# --------------------------------------------------------------------------------------------
+# f. filters at ~10% selectivity
+# --------------------------------------------------------------------------------------------
+
+FILTERS: list[tuple[Filter, Callable[[Record], bool]]] = [
+    (Filter(tags_any=["t3"]), lambda r: "t3" in r.tags),
+    (Filter(where=json.dumps({"metadata.bucket": {"$lt": 10}})), lambda r: r.metadata["bucket"] < 10),
+    (
+        Filter(where=json.dumps({"$or": [{"tags": "t1"}, {"importance": {"$gte": 0.95}}]})),
+        lambda r: "t1" in r.tags or r.importance >= np.float32(0.95),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", range(len(FILTERS)), ids=["tags_any", "where-metadata", "where-or"])
+def test_filters_ten_percent(world: World, case: int) -> None:
+    w = world
+    flt, keep = FILTERS[case]
+    count = sum(1 for r in w.records() if keep(r))
+    assert 200 < count < 700, count
+    both(w, keep=keep, filter=replace(flt, compiled=None))
+    scoped = {"strategy": WEIGHTED, "namespaces": ["acme/proj/s2", "acme/proj/s1"], "include_ancestors": True}
+    both(w, keep=keep, filter=replace(flt, compiled=None), **scoped)
+
+
+# --------------------------------------------------------------------------------------------
+# Regressions: two bugs these tests found (fixed in server/search.py)
+# --------------------------------------------------------------------------------------------
+
+
+def _at_cosine(target: np.ndarray, cos: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Unit vectors with the given cosines to the unit vector ``target``."""
+    t = target.astype(np.float64)
+    u = rng.standard_normal((cos.shape[0], t.shape[0]))
+    u -= np.outer(u @ t, t)
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    return (cos[:, None] * t + np.sqrt(1 - cos[:, None] ** 2) * u).astype(np.float32)
+
+
+def test_negative_scores_with_scope_weights(world: World) -> None:
+    """Every memory is dissimilar to the query (cos < 0) and beta = gamma = 0, so each score is
+    w * alpha * cos < 0: the parent namespace's memories (scope weight 0.3, cos ~ -0.8) outrank the
+    child's (weight 1, cos ~ -0.5) although the child's are the more similar ones HNSW returns."""
+    w = world
+    target = w.queries[0]
+    child = _at_cosine(target, w.rng.uniform(-0.55, -0.45, 300), w.rng)
+    parent = _at_cosine(target, w.rng.uniform(-0.85, -0.75, 100), w.rng)
+    w.add(300, ns="neg/child", vectors=child, tier=3, importance=0.5, age=DAY)
+    w.add(100, ns="neg", vectors=parent, tier=3, importance=0.5, age=DAY)
+    scoped = {"namespaces": ["neg/child"], "include_ancestors": True, "scope_weights": [1.0, 0.3]}
+    check_queries(w, lambda i: query(w, 0, beta=0.0, gamma=0.0, **scoped), n=1)
+
+
+def test_search_with_a_view_older_than_the_cached_bounds(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Search A takes its column view; a create adds rows; search B (whose clock read is no later
+    than A's) refreshes the cached bounds from the longer view; then A asks for the bounds. Simulated
+    in one thread by giving A the view it took before the create."""
+    w = world
+    old_view = w.eng.columns.view()
+    w.add(20)
+    before = w.calls["prior_bounds"]
+    check_queries(w, lambda i: query(w, i), n=1)  # search B: computes and caches the bounds
+    assert w.calls["prior_bounds"] > before  # (so search A, the same query, asks for them too)
+    assert w.eng.searcher.priors._cached[3].shape[0] == old_view.n + 20
+    monkeypatch.setattr(w.eng.columns, "view", lambda: old_view)
+    w.eng.search(query(w, 0))  # search A: raises ValueError instead of ranking the rows of its view

@@ -1,0 +1,207 @@
+"""Columns snapshots and the change log (server/snapshots.py, storage ``changes``).
+
+A start-up that restores the columns snapshot and reloads the records changed after it must build
+exactly the state a start-up that decodes every record builds: same records per rid in every column
+that matters, same tags and metadata indexes, same namespace counts, same search results. The
+"crash" here is a close without a snapshot, which leaves LMDB (durable anyway) newer than the
+snapshot on disk: the state kill -9 leaves, as far as snapshots go (tests/test_crash.py kills for real).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from tiermem.server import snapshots
+from tiermem.server.config import ServerConfig
+from tiermem.server.engine import Engine, Filter, SearchQuery
+from tiermem.server.records import NewMemory
+
+MODEL = "snap"
+DIM = 16
+FIELDS = ("tier", "importance", "created", "accessed", "access_count", "expire", "vk", "words", "space")
+
+
+def _engine(data: Path, clock: FakeClock, snapshot_on_shutdown: bool = True) -> Engine:
+    cfg = ServerConfig(
+        data_dir=data,
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        snapshot_on_shutdown=snapshot_on_shutdown,
+        search_records_access=False,
+        exact_search_max_rows=0,  # every search goes through the HNSW graphs
+    )
+    return Engine(cfg, clock=clock)
+
+
+def _vec(rng: np.random.Generator) -> np.ndarray:
+    v = rng.normal(size=DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def _mem(rng: np.random.Generator, i: int, ns: str) -> NewMemory:
+    return NewMemory(
+        namespace=ns,
+        content=f"memory {i} about topic {i % 7}",
+        id=f"m{i}",
+        importance=float(rng.random()),
+        tags=[f"t{i % 3}"] + (["odd"] if i % 2 else []),
+        metadata={"bucket": i % 5, "name": f"n{i % 4}"},
+        embedding=_vec(rng),
+        embedding_model=MODEL,
+        expire_at=None if i % 9 else 1_800_000_000.0,
+    )
+
+
+def _state(e: Engine) -> dict[str, object]:
+    """Everything start-up derives, keyed by rid (row numbers may differ between the two paths)."""
+    cols = e.columns
+    view = cols.view()
+    out: dict[str, object] = {}
+    for rid, row in sorted(cols.rows.items()):
+        rec = {f: getattr(view, f)[row].item() for f in FIELDS}
+        rec["ns"] = cols.namespaces.names[int(view.ns[row])]
+        rec["kind"] = cols.kinds.names[int(view.kind[row])]
+        rec["alive"] = bool(view.alive[row])
+        rec["tags"] = sorted(t for t, rows in cols.tags.items() if row in rows)
+        rec["meta"] = {k: v[row] for k, v in cols.metadata.items() if row in v}
+        rec["indexed"] = int(view.vpos[row]) >= 0
+        out[f"rid{rid}"] = rec
+    out["ns_counts"] = dict(sorted(cols.ns_counts.items()))
+    return out
+
+
+def _searches(e: Engine, queries: np.ndarray) -> list[list[tuple[str, str]]]:
+    results = []
+    for q in queries:
+        for flt in (Filter(), Filter(tags_any=["odd"]), Filter(where='{"metadata.bucket": {"$lt": 2}}')):
+            hits = e.search(
+                SearchQuery(
+                    namespaces=["a", "b"],
+                    embedding=q,
+                    embedding_model=MODEL,
+                    filter=flt,
+                    limit=8,
+                    read_only=True,
+                )
+            )
+            results.append([(h.record.namespace, h.record.id) for h in hits])
+    return results
+
+
+@pytest.mark.timeout(120)
+def test_snapshot_plus_change_log_equals_decoding_every_record(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(5)
+    queries = np.stack([_vec(rng) for _ in range(6)])
+
+    e = _engine(data, clock)
+    e.create([_mem(rng, i, "a" if i % 2 else "b") for i in range(300)], batch=True)
+    e.create([NewMemory(namespace="c", content=f"text only {i}", id=f"c{i}") for i in range(20)])
+    for i in range(0, 40, 4):
+        e.delete("a" if i % 2 else "b", f"m{i}")
+    e.close()  # clean: writes the columns snapshot
+    snap = snapshots.load_columns(data / "indexes", e.store.instance)
+    assert snap is not None
+    seq_at_snapshot = snap[1]
+
+    # Start from the snapshot, change things, and stop without a new snapshot.
+    clock.advance(3600)
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    assert len(e.columns) == 300 - 10 + 20
+    with e.store.read() as txn:
+        assert e.store.changed_since(txn, seq_at_snapshot) == []  # the clean close pruned the log
+    e.create([_mem(rng, i, "a" if i % 3 else "b") for i in range(300, 360)], batch=True)
+    for i in range(41, 80, 2):  # odd ids live in "a"
+        e.update(
+            "a",
+            f"m{i}",
+            NewMemory(namespace="a", content="", importance=1.0, tags=["new"]),
+            ["importance", "tags"],
+        )
+    for i in range(81, 121, 2):
+        e.update(
+            "a",
+            f"m{i}",
+            NewMemory(namespace="a", content="", embedding=_vec(rng), embedding_model=MODEL),
+            ["embedding"],
+        )
+    for i in range(121, 141, 2):  # tier moves: new vector keys, another index
+        e.update("a", f"m{i}", NewMemory(namespace="a", content="", tier=1), ["tier"])
+    for i in range(142, 170, 2):
+        e.delete("b", f"m{i}")
+    e.transfer("b", "m170", target_namespace="c", move=True)
+    with e.store.read() as txn:
+        changed = e.store.changed_since(txn, seq_at_snapshot)
+    assert len(changed) >= 60 + 20 + 20 + 10 + 14
+    e.close()
+
+    restored = _engine(data, clock, snapshot_on_shutdown=False)  # snapshot + change log
+    assert snapshots.load_columns(data / "indexes", restored.store.instance) is not None
+    state_restored = _state(restored)
+    found_restored = _searches(restored, queries)
+    restored.close()
+
+    (data / "indexes" / "columns.json").unlink()  # no snapshot: decode every record
+    scanned = _engine(data, clock, snapshot_on_shutdown=False)
+    state_scanned = _state(scanned)
+    found_scanned = _searches(scanned, queries)
+    scanned.close()
+
+    assert state_restored == state_scanned
+    assert found_restored == found_scanned
+    assert any(found_restored)
+
+
+def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(6)
+    e = _engine(data, clock)
+    e.create([_mem(rng, i, "a") for i in range(50)], batch=True)
+    e.close()
+    manifest = data / "indexes" / "columns.json"
+    [pkl] = list((data / "indexes").glob("columns.*.pkl"))
+    pkl.write_bytes(pkl.read_bytes()[:100])  # truncated
+    e = _engine(data, clock)
+    assert len(e.columns) == 50
+    hits = e.search(
+        SearchQuery(namespaces=["a"], text="", embedding=_vec(rng), embedding_model=MODEL, limit=3)
+    )
+    assert len(hits) == 3
+    e.close()  # writes a good snapshot again
+    assert snapshots.load_columns(data / "indexes", e.store.instance) is not None
+    assert snapshots.load_columns(data / "indexes", "another-instance") is None
+    manifest.write_text("{not json")
+    assert snapshots.load_columns(data / "indexes", e.store.instance) is None
+    e = _engine(data, clock)
+    assert len(e.columns) == 50
+    e.close()
+
+
+def test_periodic_snapshot_runs_while_serving(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(7)
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    e.create([_mem(rng, i, "a") for i in range(40)], batch=True)
+    e.snapshot()  # what the periodic thread calls: columns copied in the writer thread
+    snap = snapshots.load_columns(data / "indexes", e.store.instance)
+    assert snap is not None and snap[0]["n"] == 40
+    with e.store.read() as txn:
+        assert e.store.changed_since(txn, 0) == []  # the log is pruned up to the snapshot
+    e.create([_mem(rng, i, "a") for i in range(40, 45)], batch=True)
+    with e.store.read() as txn:
+        assert len(e.store.changed_since(txn, snap[1])) == 5
+    e.close()
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    assert len(e.columns) == 45
+    assert {
+        h.record.id
+        for h in e.search(SearchQuery(namespaces=["a"], embedding=_vec(rng), embedding_model=MODEL, limit=45))
+    } == {f"m{i}" for i in range(45)}
+    e.close()
