@@ -620,7 +620,7 @@ class Engine:
                 )
                 self.store.insert(txn, rec)
                 if m.embedding.shape[0]:
-                    self.store.put_vector(txn, rid, m.embedding)
+                    self.store.put_vector(txn, rid, m.embedding, new=True)
                 else:
                     self.store.mark_pending(txn, rid, True)
                 out.append((rec, m.embedding))
@@ -1233,7 +1233,7 @@ class Engine:
                 vec = _NO_VECTOR
                 self.store.mark_pending(txn, new.rid, True)
             else:
-                self.store.put_vector(txn, new.rid, vec)
+                self.store.put_vector(txn, new.rid, vec, new=True)
             if move:
                 self.store.delete(txn, src)
                 freed.append(src)
@@ -1415,7 +1415,7 @@ class Engine:
                     self.store.mark_pending(txn, rec.rid, True)
                     vec = _NO_VECTOR
                 else:
-                    self.store.put_vector(txn, rec.rid, vec)
+                    self.store.put_vector(txn, rec.rid, vec, new=True)
                 out.append((rec, vec))
             return out
 

@@ -523,7 +523,9 @@ class Searcher:
         return rows, sim_bound
 
     PRIOR_K = 128  # HNSW depth of the first search when recency/importance/weights enter the score
-    EXACT_ROWS = 2048  # rows left whose bound beats the bar: score them exactly rather than search deeper
+    EXACT_ROWS = 16384  # rows left whose bound beats the bar: bound them by their true similarity
+    # (one dot product each, best bound first, CHUNK at a time) rather than search deeper
+    CHUNK = 1024
     DEEPEN_LEVELS = 3  # HNSW searches restricted to the rows whose bound still beats the bar
 
     def _candidates(
@@ -545,8 +547,8 @@ class Searcher:
         + gamma*decayed importance and w is its tier x scope weight. Priors are bounded from above by
         ``PriorBounds`` (cached, one cheap pass); rows whose bound beats the limit-th score found so
         far are B. A large B is searched again by HNSW restricted to B, which lowers sim_K for the
-        rest of B (a few levels); what is left is scored exactly, best bound first, each chunk
-        raising the bar for the rest.
+        rest of B (a few levels). What is left gets its true similarity (a dot product, no
+        exponentials), which tightens its bound; the rows still above the bar are scored exactly.
         """
         by_similarity = a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None
         # When priors count, a deeper A lowers sim_K enough that the cheap ceiling below usually
@@ -610,13 +612,31 @@ class Searcher:
             todo[deeper] = False
             if sim_bound == -np.inf:
                 return _concat(parts)  # every row of B was returned
-        order = np.argsort(-b_bound, kind="stable")
-        b_rows, b_bound = b_rows[order], b_bound[order]
-        taken = 0
-        while taken < b_rows.shape[0] and b_bound[taken] > bar():
-            chunk = b_rows[taken : taken + 1024]
-            taken += chunk.shape[0]
-            add(rank(chunk))
+        # B's bounds assumed sim_K. Best bound first, a chunk at a time: its true similarities (dot
+        # products, no exponentials) tighten each bound to w * (alpha*sim + prior bound); rows still
+        # above the bar are scored exactly, which raises the bar; stop once no bound left beats it.
+        sim_k = np.float32(sim_bound if a.alpha > 0 else 0.0)
+        alpha = np.float32(a.alpha)
+        while b_rows.shape[0] and float(b_bound.max()) > bar():
+            if b_rows.shape[0] > self.CHUNK:
+                top = np.argpartition(-b_bound, self.CHUNK)[: self.CHUNK]
+                rest = np.ones(b_rows.shape[0], np.bool_)
+                rest[top] = False
+                chunk, chunk_bound = b_rows[top], b_bound[top]
+                b_rows, b_bound = b_rows[rest], b_bound[rest]
+            else:
+                chunk, chunk_bound = b_rows, b_bound
+                b_rows, b_bound = b_rows[:0], b_bound[:0]
+            order = np.argsort(chunk)
+            chunk, chunk_bound = chunk[order], chunk_bound[order]
+            got, sims = self._similarities(view, sp, chunk, query)  # sorted rows in, sorted rows out
+            if got.shape[0] != chunk.shape[0]:  # rows that left the space meanwhile
+                chunk_bound = chunk_bound[np.isin(chunk, got, assume_unique=True)]
+            w = row_w[got] if row_w is not None else np.float32(1.0)
+            tight = chunk_bound + w * alpha * (sims - sim_k)
+            c_rows = got[tight > bar()]
+            if c_rows.shape[0]:
+                add(rank(c_rows))
         return _concat(parts)
 
     def _still_matches(self, rec: Record, namespaces: dict[str, float], flt: Filter, only_tier: int) -> bool:

@@ -86,6 +86,14 @@ def id_key(namespace: str, memory_id: str) -> bytes:
     return namespace.encode() + b"\x00" + memory_id.encode()
 
 
+def _put(txn: lmdb.Transaction, key: bytes, value: bytes, db: Any, new: bool) -> None:
+    """A put; ``new`` keys (fresh rids, above every key of ``db``) are appended: LMDB then fills
+    pages instead of splitting them in half, so the file and the pages mapped into memory are
+    ~2x smaller. A key that is not the highest falls back to an ordinary put."""
+    if not (new and txn.put(key, value, db=db, append=True)):
+        txn.put(key, value, db=db)
+
+
 class Store:
     """Owns the LMDB environment and the encoding of every key and value in it."""
 
@@ -221,15 +229,15 @@ class Store:
             txn.delete(k, db=self.changes)
         return len(old)
 
-    def put(self, txn: lmdb.Transaction, rec: Record) -> None:
+    def put(self, txn: lmdb.Transaction, rec: Record, new: bool = False) -> None:
         self._changed(txn, rec.rid)
-        txn.put(rid_key(rec.rid), rec.pack(), db=self.records)
+        _put(txn, rid_key(rec.rid), rec.pack(), self.records, new)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
         txn.put(content_key(rec.namespace, rec.content), rid_key(rec.rid), db=self.contents)
 
     def insert(self, txn: lmdb.Transaction, rec: Record) -> None:
         """Store a new record with its keyword postings."""
-        self.put(txn, rec)
+        self.put(txn, rec, new=True)
         self._post(txn, rec, add=True)
 
     def replace_content(self, txn: lmdb.Transaction, old: Record, rec: Record) -> None:
@@ -305,8 +313,9 @@ class Store:
         return int(txn.stat(self.records)["entries"])
 
     # -- vectors -------------------------------------------------------------------------------
-    def put_vector(self, txn: lmdb.Transaction, rid: int, vector: np.ndarray) -> None:
-        txn.put(rid_key(rid), np.ascontiguousarray(vector, dtype=np.float32).tobytes(), db=self.vectors)
+    def put_vector(self, txn: lmdb.Transaction, rid: int, vector: np.ndarray, new: bool = False) -> None:
+        raw = np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+        _put(txn, rid_key(rid), raw, self.vectors, new)
 
     def get_vector(self, txn: lmdb.Transaction, rid: int) -> np.ndarray | None:
         raw = txn.get(rid_key(rid), db=self.vectors)
