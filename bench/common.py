@@ -211,10 +211,21 @@ def stop_server(proc: subprocess.Popen[Any], kill: bool = False, timeout: float 
 
 
 def rss_bytes(pid: int) -> int:
+    return rss_parts(pid)["VmRSS"]
+
+
+def rss_parts(pid: int) -> dict[str, int]:
+    """VmRSS and its parts in bytes: RssAnon (the process's own memory: heap, FAISS, columns) and
+    RssFile (file pages mapped in: shared libraries and LMDB's data file, page cache the kernel can
+    reclaim)."""
+    out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+        key = line.split(":", 1)[0]
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            out[key] = int(line.split()[1]) * 1024
+    if "VmRSS" not in out:
+        raise RuntimeError("no VmRSS")
+    return out
 
 
 # -- machine and figures -----------------------------------------------------------------------------

@@ -78,6 +78,8 @@ def _run_task(
             )
             if task.get("where"):
                 r.filter.where = task["where"]
+            if task.get("strategy"):
+                r.strategy = task["strategy"]
             r.query_embedding.extend(q.tolist())
             search_reqs.append(r)
     batch_reqs = [

@@ -68,6 +68,7 @@ from common import (
     machine,
     queries_near,
     rss_bytes,
+    rss_parts,
     start_server_timed,
     stop_server,
     summarize,
@@ -84,6 +85,7 @@ SWEEP = (1, 2, 4, 8, 16)
 SELECTIVITIES = (10, 1)  # percent of the memories a filtered search may return
 DAY = 86400.0
 TIMEOUT = 600.0
+SIMILARITY = 4  # tiermem.v1.SearchStrategy SEARCH_STRATEGY_SIMILARITY: relevance alone
 
 
 @dataclass
@@ -268,7 +270,10 @@ class Suite:
         checkpoints = sorted(
             {max(BATCH, int(n * f) // BATCH * BATCH) for f in self.args.size_points if f < 1}
         )
-        self.results["memory"]["rss_before_bytes"] = rss_bytes(self.server.pid)
+        before = rss_parts(self.server.pid)
+        self.results["memory"]["rss_before_bytes"] = before["VmRSS"]
+        self.results["memory"]["anon_before_bytes"] = before.get("RssAnon", 0)
+        self.results["memory"]["file_before_bytes"] = before.get("RssFile", 0)
         print(f"[ingest] BatchCreateMemories of {n:,} in batches of {BATCH} ...", flush=True)
         bar = Progress("  ingest", n, " mem")
         rpc_s = 0.0
@@ -314,9 +319,16 @@ class Suite:
         time.sleep(0.5)
         n = self.args.n
         mem = self.results["memory"]
-        rss_after = rss_bytes(self.server.pid)
+        parts = rss_parts(self.server.pid)
+        rss_after = parts["VmRSS"]
         per_vec = self.args.dim * 4 + HNSW_M * 2 * 4
+        anon_growth = (parts.get("RssAnon", 0) - mem["anon_before_bytes"]) / n
+        file_growth = (parts.get("RssFile", 0) - mem["file_before_bytes"]) / n
         mem |= {
+            "anon_after_bytes": parts.get("RssAnon", 0),
+            "file_after_bytes": parts.get("RssFile", 0),
+            "anon_growth_per_memory_bytes": anon_growth,
+            "file_growth_per_memory_bytes": file_growth,
             "memories": n,
             "rss_after_bytes": rss_after,
             "rss_per_memory_bytes": rss_after / n,
@@ -325,10 +337,12 @@ class Suite:
         }
         self.figures["rss_ratio"] = mem["rss_per_memory_bytes"] / per_vec
         self.figures["rss_growth_ratio"] = mem["rss_growth_per_memory_bytes"] / per_vec
+        self.figures["anon_growth_ratio"] = anon_growth / per_vec
         print(
             f"[memory] RSS {mem['rss_before_bytes'] / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB: "
             f"{rss_after / n:,.0f} B/memory total, {mem['rss_growth_per_memory_bytes']:,.0f} B growth; "
-            f"vector+links {per_vec} B",
+            f"vector+links {per_vec} B; growth split: anonymous {anon_growth:,.0f} B, "
+            f"file-backed (LMDB pages, libraries) {file_growth:,.0f} B",
             flush=True,
         )
 
@@ -337,6 +351,16 @@ class Suite:
         by_conc = {}
         for conc in sorted({*SWEEP, self.hi}):
             by_conc[conc] = self.search("search", name, conc)
+        # The same searches ranked by similarity alone (strategy SIMILARITY): the like-for-like
+        # comparison with a plain vector search (Chroma, FAISS).
+        sim_name = f"SearchMemories k={K} similarity strategy"
+        s1 = self.search("search", sim_name, 1, strategy=SIMILARITY)
+        shi = self.search("search", sim_name, self.hi, strategy=SIMILARITY)
+        self.figures |= {
+            "sim_c1_p50": s1["p50_ms"],
+            "sim_c1_p99": s1["p99_ms"],
+            "sim_hi_ops": shi["ops_per_s"],
+        }
         self.load(
             "search", f"BatchSearchMemories x{BATCH_SEARCH}", "batch_search", 1, queries=self.data.queries
         )
@@ -564,6 +588,9 @@ class Suite:
         r, a = self.figures["empty_hi_ops"], fa["add"]["ops_per_s"]
         self.figures["faiss_add_ops"] = a
         self.figures["composed_create_limit"] = 1 / (1 / r + 1 / a)
+        # The same composition for search: an RPC plus an HNSW search, sharing the two cores.
+        self.figures["composed_search_limit"] = 1 / (1 / r + 1 / fa["search_t2"]["ops_per_s"])
+        self.figures["composed_search_c1_p50"] = self.figures["empty_c1_p50"] + fa["search_t1"]["p50_ms"]
 
     def startup_big(self) -> None:
         """--startup-n: build a separate data dir through BatchCreateMemories, then time start-ups."""

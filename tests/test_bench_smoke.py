@@ -44,6 +44,9 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
         assert {(phase, 1), (phase, 16)} <= names
     assert [p["concurrency"] for p in results["concurrency_curve"]] == [1, 2, 4, 8, 16]
     assert results["size_curve"][-1]["memories"] == 600 and len(results["size_curve"]) >= 2
+    similarity = {r["concurrency"] for r in rows if "similarity strategy" in r["name"]}
+    assert similarity == {1, 16}
+    assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
 
