@@ -93,6 +93,12 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         0.9,
     )
     ge("batch ingest / FAISS add (vectors/s)", f.get("batch_ops"), f.get("faiss_add_ops"), 0.8)
+    ge(
+        "batch ingest, 2 calls in flight / FAISS add of the same vectors into n",
+        f.get("batch_c2_ops"),
+        f.get("faiss_add_into_n_ops"),
+        0.8,
+    )
     ge("batch ingest / Chroma batch ingest (vectors/s)", f.get("batch_ops"), f.get("chroma_ingest_ops"), 2)
     composed = f.get("composed_create_limit")
     ge(

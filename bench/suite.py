@@ -23,7 +23,9 @@ Phases, in order:
   5. filtered search k=10 with ``where`` keeping 10% and 1% of the memories, concurrency 1 and 16.
   6. recall: sequential searches with as_of fixed, SIMILARITY strategy (recall@10 vs brute force over the
      allowed rows) and default strategy (top-10 overlap vs an exact combined scoring), unfiltered, 10%, 1%.
-  7. single CreateMemory at concurrency 1 and 16; 90/10 search/create mix at concurrency 16.
+  7. single CreateMemory at concurrency 1 and 16; 90/10 search/create mix at concurrency 16; then
+     BatchCreateMemories of n/4 more with two calls in flight (a second namespace), against FAISS adding
+     the same vectors into an index of n.
   8. start-up: SIGTERM (timed), start on the same data dir timed to health SERVING, kill -9, start again
      timed; then one ConsolidateMemories pass over the namespace (timed) on that server, and a clean stop.
   9. Chroma as a peer (bench/chroma_peer.py in .venv-bench, tiermem stopped): same vectors, HNSW
@@ -85,6 +87,7 @@ SWEEP = (1, 2, 4, 8, 16)
 SELECTIVITIES = (10, 1)  # percent of the memories a filtered search may return
 DAY = 86400.0
 TIMEOUT = 600.0
+EXTRA_NAMESPACE = "bench-extra"  # the in-flight ingest's memories (after every search phase)
 SIMILARITY = 4  # tiermem.v1.SearchStrategy SEARCH_STRATEGY_SIMILARITY: relevance alone
 
 
@@ -445,6 +448,59 @@ class Suite:
             "commit_groups": st.commit_groups,
         }
 
+    def ingest_in_flight(self) -> None:
+        """BatchCreateMemories with two calls in flight (a bulk loader with two streams): while the
+        server indexes one batch it receives and validates the next. Into a second namespace, so the
+        index already holds n: compared with FAISS adding the same vectors into an index of n."""
+        pb, d = self.pb, self.data
+        extra = self.extra_n()
+        if not extra:
+            return
+        print(f"[ingest] BatchCreateMemories of {extra:,} more, 2 calls in flight ...", flush=True)
+        starts = list(range(0, extra, BATCH))
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if not starts or errors:
+                        return
+                    start = starts.pop(0)
+                stop = min(extra, start + BATCH)
+                req = pb.BatchCreateMemoriesRequest(
+                    memories=[
+                        memory_pb(pb, d.model, i, d.vectors[i], float(d.importance[i]), float(d.created[i]))
+                        for i in range(start, stop)
+                    ]
+                )
+                for m in req.memories:
+                    m.namespace = EXTRA_NAMESPACE
+                try:
+                    self.server.stub.BatchCreateMemories(req, timeout=TIMEOUT)
+                except BaseException as e:  # reported after the join
+                    with lock:
+                        errors.append(e)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        if errors:
+            raise RuntimeError(f"in-flight ingest failed: {errors[0]}")
+        r = {"memories": extra, "seconds": wall, "ops_per_s": extra / wall, "errors": 0}
+        self.add_row(
+            "ingest", f"BatchCreateMemories x{BATCH}, 2 in flight, into {self.args.n:,}", 2, r, "memories/s"
+        )
+        self.figures["batch_c2_ops"] = r["ops_per_s"]
+
+    def extra_n(self) -> int:
+        """Memories added by ingest_in_flight: a quarter of n, whole batches."""
+        return (self.args.n // 4) // BATCH * BATCH
+
     def restarts_and_consolidation(self) -> None:
         """Clean stop, timed start-ups (clean, after kill -9), then one consolidation pass."""
         assert self.pool is not None
@@ -580,9 +636,18 @@ class Suite:
 
     def faiss(self) -> None:
         print(f"[faiss] in-process ceilings on the same {self.args.n:,} vectors ...", flush=True)
-        fa = faiss_ceilings(self.data.vectors, self.data.queries, self.args.seconds)
+        fa = faiss_ceilings(self.data.vectors, self.data.queries, self.args.seconds, self.extra_n())
         self.results["faiss"] = fa
         self.add_row("faiss", f"index.add x{BATCH} (1 OMP thread)", 1, fa["add"], "vectors/s")
+        if fa.get("add_into_n"):
+            self.add_row(
+                "faiss",
+                f"index.add x{BATCH} of {fa['add_into_n']['vectors']:,} more, into {self.args.n:,}",
+                1,
+                fa["add_into_n"],
+                "vectors/s",
+            )
+            self.figures["faiss_add_into_n_ops"] = fa["add_into_n"]["ops_per_s"]
         self.add_row("faiss", f"index.search k={K} single query", 1, fa["search_t1"], "q/s")
         self.add_row("faiss", f"index.search k={K} single query", 2, fa["search_t2"], "q/s")
         r, a = self.figures["empty_hi_ops"], fa["add"]["ops_per_s"]
@@ -664,7 +729,9 @@ class Suite:
         return results
 
 
-def faiss_ceilings(vectors: np.ndarray, queries: np.ndarray, seconds: float) -> dict[str, Any]:
+def faiss_ceilings(
+    vectors: np.ndarray, queries: np.ndarray, seconds: float, extra: int = 0
+) -> dict[str, Any]:
     import faiss
 
     dim = vectors.shape[1]
@@ -680,6 +747,12 @@ def faiss_ceilings(vectors: np.ndarray, queries: np.ndarray, seconds: float) -> 
     add_s = time.perf_counter() - t0
     bar.close()
     out: dict[str, Any] = {"add": {"vectors": n, "seconds": add_s, "ops_per_s": n / add_s}}
+    if extra:  # the vectors the server got with two calls in flight, added on top of the n
+        t0 = time.perf_counter()
+        for start in range(0, extra, BATCH):
+            index.add(vectors[start : min(extra, start + BATCH)])
+        extra_s = time.perf_counter() - t0
+        out["add_into_n"] = {"vectors": extra, "seconds": extra_s, "ops_per_s": extra / extra_s}
     index.hnsw.efSearch = HNSW_EFS
     for threads in (1, 2):
         lat: list[list[float]] = [[] for _ in range(threads)]
@@ -794,6 +867,7 @@ def main() -> None:
             suite.filtered_search()
             suite.recall()
             suite.writes()
+            suite.ingest_in_flight()
             suite.restarts_and_consolidation()
         finally:
             if suite.pool is not None:

@@ -34,7 +34,7 @@ class ServerConfig:
     data_dir: Path = Path("./data")
 
     # gRPC
-    max_workers: int = 32
+    max_workers: int = 8  # handler threads: more only contend for the cores and the GIL (measured on 2 cores)
     max_concurrent_rpcs: int = 256  # beyond this, calls get RESOURCE_EXHAUSTED at once
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_seconds: float = 5.0

@@ -18,6 +18,7 @@ modest similarity but high recency and importance is not lost because the ANN st
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import math
@@ -353,6 +354,9 @@ class Engine:
         """Periodic snapshots bound what a start-up after kill -9 must redo: records changed since
         the last one are decoded again, vectors added since are indexed again."""
         cfg = self.config
+        # Serialize and write at a lower CPU priority than the threads serving calls (Linux: per thread).
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         while not self._stop.wait(min(10.0, cfg.snapshot_interval_seconds)):
             changed = self.store.changed_count - self._snapshot_changes
             due = max(cfg.snapshot_min_changes, int(0.1 * len(self.columns)))
