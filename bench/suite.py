@@ -26,8 +26,10 @@ Phases, in order:
   7. single CreateMemory at concurrency 1 and 16; 90/10 search/create mix at concurrency 16; then
      BatchCreateMemories of n/4 more with two calls in flight (a second namespace), against FAISS adding
      the same vectors into an index of n.
-  8. start-up: SIGTERM (timed), start on the same data dir timed to health SERVING, kill -9, start again
-     timed; then one ConsolidateMemories pass over the namespace (timed) on that server, and a clean stop.
+  8. start-up: kill -9 the loaded server, start on the same data dir timed to health SERVING (what was
+     written since the last periodic snapshot is reloaded), SIGTERM (timed), start again timed; then one
+     ConsolidateMemories pass over the namespace (timed) on that server, and a clean stop. --startup-n
+     does the same on a separate data dir built with N memories.
   9. Chroma as a peer (bench/chroma_peer.py in .venv-bench, tiermem stopped): same vectors, HNSW
      parameters, batches and concurrency; ingest, search c1/c16, recall@10.
  10. in-process FAISS ceilings (IndexHNSWFlat M=32 efConstruction=128 efSearch=64 inner product, one OMP
@@ -55,6 +57,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -502,12 +506,12 @@ class Suite:
         return (self.args.n // 4) // BATCH * BATCH
 
     def restarts_and_consolidation(self) -> None:
-        """Clean stop, timed start-ups (clean, after kill -9), then one consolidation pass."""
+        """kill -9 and clean stop, each with a timed start-up, then one consolidation pass."""
         assert self.pool is not None
         self.pool.close()
         self.pool = None
         count = self.server.stats().memory_count
-        print(f"[startup] {count:,} memories: SIGTERM, start, kill -9, start ...", flush=True)
+        print(f"[startup] {count:,} memories: kill -9, start, SIGTERM, start ...", flush=True)
         st = self.restart_cycle(self.server, count)
         self.results["memory"] |= {
             "rss_after_restart_bytes": st.pop("rss_after_restart_bytes"),
@@ -518,18 +522,21 @@ class Suite:
         self.timing("shutdown (SIGTERM -> exit) after consolidation", st["memories"], self.server.stop())
 
     def restart_cycle(self, server: Server, count: int) -> dict[str, Any]:
+        """kill -9 the loaded server (records written since its last periodic snapshot are reloaded
+        from the change log, vectors added since are indexed again), time the start; then a clean
+        stop (drain, snapshot) and a timed start from it."""
+        server.stop(kill=True)
+        killed = server.start()
+        n_killed = server.stats().memory_count
+        self.timing("start-up after kill -9 (process start -> SERVING)", n_killed, killed)
         shutdown = server.stop()
         self.timing("shutdown (SIGTERM -> exit: drain, snapshot, close)", count, shutdown)
         clean = server.start()
         n_clean = server.stats().memory_count
         rss = rss_bytes(server.pid)
         self.timing("start-up from clean shutdown (process start -> SERVING)", n_clean, clean)
-        server.stop(kill=True)
-        killed = server.start()
-        n_killed = server.stats().memory_count
-        self.timing("start-up after kill -9 (process start -> SERVING)", n_killed, killed)
         if not n_clean == n_killed == count:
-            print(f"  WARNING: memory counts differ: before {count}, clean {n_clean}, kill -9 {n_killed}")
+            print(f"  WARNING: memory counts differ: before {count}, kill -9 {n_killed}, clean {n_clean}")
         return {
             "memories": count,
             "shutdown_s": shutdown,
@@ -680,20 +687,32 @@ class Suite:
         bar = Progress(f"  build {n:,}", n, " mem")
         t0 = time.perf_counter()
         try:
-            for start, chunk in clustered_chunks(n, dim, max(10, n // 1000), self.args.seed + 3, 16 * BATCH):
-                imp = rng.random(chunk.shape[0], dtype=np.float32)
-                created = now - rng.random(chunk.shape[0]) * 30 * DAY
-                for j in range(0, chunk.shape[0], BATCH):
-                    req = pb.BatchCreateMemoriesRequest(
-                        memories=[
-                            memory_pb(
-                                pb, self.data.model, start + i, chunk[i], float(imp[i]), float(created[i])
-                            )
-                            for i in range(j, min(j + BATCH, chunk.shape[0]))
-                        ]
-                    )
-                    server.stub.BatchCreateMemories(req, timeout=TIMEOUT)
-                    bar.update(start + min(j + BATCH, chunk.shape[0]))
+            # Two calls in flight: the next batch is sent while the server indexes the previous one.
+            with ThreadPoolExecutor(2) as pool:
+                inflight: deque[tuple[Future[Any], int]] = deque()
+                for start, chunk in clustered_chunks(
+                    n, dim, max(10, n // 1000), self.args.seed + 3, 16 * BATCH
+                ):
+                    imp = rng.random(chunk.shape[0], dtype=np.float32)
+                    created = now - rng.random(chunk.shape[0]) * 30 * DAY
+                    for j in range(0, chunk.shape[0], BATCH):
+                        req = pb.BatchCreateMemoriesRequest(
+                            memories=[
+                                memory_pb(
+                                    pb, self.data.model, start + i, chunk[i], float(imp[i]), float(created[i])
+                                )
+                                for i in range(j, min(j + BATCH, chunk.shape[0]))
+                            ]
+                        )
+                        call = pool.submit(server.stub.BatchCreateMemories, req, timeout=TIMEOUT)
+                        inflight.append((call, start + min(j + BATCH, chunk.shape[0])))
+                        while len(inflight) >= 2:
+                            done, upto = inflight.popleft()
+                            done.result()
+                            bar.update(upto)
+                for done, upto in inflight:
+                    done.result()
+                    bar.update(upto)
             bar.close()
             build = time.perf_counter() - t0
             self.timing(f"build {n:,} memories through BatchCreateMemories", n, build, f"{n / build:,.0f}/s")
