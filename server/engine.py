@@ -293,7 +293,7 @@ class Engine:
                 if v is None or v.shape[0] != sp.dim:
                     raise RuntimeError(f"record {int(rids[i])} has no valid vector in LMDB")
                 vecs[j] = v
-            internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk])
+            internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk], chunk=4096)  # no searches yet
         self.columns.activate(rows, _loc(sp.id, tier, internal))
         if missing.shape[0]:
             logger.info(

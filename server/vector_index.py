@@ -71,18 +71,19 @@ class VectorIndex:
     def _chunk(self) -> int:
         return max(self.ADD_CHUNK, min(self.MAX_ADD_CHUNK, self.n // 400))
 
-    def add(self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray) -> np.ndarray:
+    def add(self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray, chunk: int = 0) -> np.ndarray:
         """Add rows of ``vectors`` for the given column rows; returns their internal ids.
 
         Adds take the write lock (FAISS allows no search during an add) in chunks, so searches wait
-        at most one chunk's add (64-256 x 0.2-0.3 ms, see _chunk), not a whole batch.
+        at most one chunk's add (64-256 x 0.2-0.3 ms, see _chunk), not a whole batch. ``chunk``
+        overrides that when no search can wait (start-up), so FAISS adds in big parallel batches.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
         first = self.n
         lo = 0
         while lo < count:
-            hi = min(count, lo + self._chunk())
+            hi = min(count, lo + (chunk or self._chunk()))
             with self._lock.write():
                 t0 = time.perf_counter()
                 start = self.n
