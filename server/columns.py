@@ -182,6 +182,8 @@ class Columns:
         a = self._arrays
         gen = a["gen"]
         gen[row] += 1  # before and after the change: a reader that copied the generation mid-change
+        if rec.importance > self.max_importance:  # raised before the column: it bounds every row
+            self.max_importance = float(rec.importance)
         a["tier"][row] = rec.tier
         a["kind"][row] = self.kinds.id(rec.kind)
         a["source"][row] = self.sources.id(rec.source)
@@ -226,8 +228,6 @@ class Columns:
             self._row_tags[row] = new
         if rec.expire_at is not None and rec.expire_at < self.earliest_expire:
             self.earliest_expire = float(rec.expire_at)
-        if rec.importance > self.max_importance:
-            self.max_importance = float(rec.importance)
         gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
 
     # -- snapshots (writer thread: nothing changes while the state is copied) --------------------

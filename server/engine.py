@@ -18,7 +18,6 @@ modest similarity but high recency and importance is not lost because the ANN st
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import logging
 import math
@@ -45,7 +44,7 @@ from .columns import Columns, ColumnsView
 from .config import TIERS, ServerConfig
 from .context import Assembler
 from .embedders import EmbedderError
-from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StorageError, Unavailable
 from .filters import compile_where
 from .graph import GraphMemory
 from .lifecycle import (
@@ -123,6 +122,14 @@ class Engine:
         data = Path(config.data_dir)
         self.index_dir = data / "indexes"
         self.index_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = _lock_data_dir(data)
+        try:
+            self._open(config, data)
+        except BaseException:
+            self._dir_lock.close()  # a failed start must not keep the directory locked
+            raise
+
+    def _open(self, config: ServerConfig, data: Path) -> None:
         self.store = Store(
             data / "lmdb", map_size=config.map_size, max_map_size=config.max_map_size, sync=config.sync
         )
@@ -211,14 +218,26 @@ class Engine:
             for model, dim in self.store.spaces(txn).items():
                 self._space(model, dim)
             unembedded = set(self.store.pending_rids(txn))
+            if snap is not None and snap[1] > self.store.seq:
+                # Newer than LMDB (LMDB rolled back, e.g. sync off and power lost, or restored from
+                # a copy): it would hold memories LMDB no longer has.
+                logger.warning(
+                    "ignoring a columns snapshot of commit %d: LMDB is at %d", snap[1], self.store.seq
+                )
+                snap = None
             if snap is not None:
                 # The snapshot, then every record changed by a later commit (storage.py "changes").
-                self.columns = Columns.restore(snap[0])
-                changed = self.store.changed_since(txn, snap[1])
-                for rid in changed:
-                    self._load_row(txn, rid, self.store.get(txn, rid), unembedded)
-                how = f"from a snapshot and {len(changed)} changed records"
-            else:
+                try:
+                    self.columns = self._restore_columns(snap[0])
+                    changed = self.store.changed_since(txn, snap[1])
+                    for rid in changed:
+                        self._load_row(txn, rid, self.store.get(txn, rid), unembedded)
+                    how = f"from a snapshot and {len(changed)} changed records"
+                except Exception as e:  # a damaged snapshot: decode every record instead
+                    logger.warning("ignoring a columns snapshot that cannot be restored: %r", e)
+                    self.columns = Columns()
+                    snap = None
+            if snap is None:
                 for rec in self.store.iter_records(txn):
                     self._load_row(txn, rec.rid, rec, unembedded)
                 how = "by decoding every record"
@@ -242,6 +261,19 @@ class Engine:
             time.monotonic() - t0,
             how,
         )
+
+    def _restore_columns(self, state: dict[str, Any]) -> Columns:
+        """Columns from a snapshot, with embedding-space ids renumbered: ids follow the order spaces
+        were first used while serving, but start-up numbers them in LMDB's (model name) order."""
+        cols = Columns.restore(state)
+        space = cols.column("space")
+        models = state["spaces"]
+        remap = np.array([self.spaces[m].id for m in models] or [-1], np.int32)  # KeyError: unusable
+        used = space >= 0
+        if used.any() and int(space[used].max()) >= len(models):
+            raise ValueError("space id beyond the snapshot's spaces")
+        space[used] = remap[space[used]]
+        return cols
 
     def _load_row(self, txn: lmdb.Transaction, rid: int, rec: Record | None, unembedded: set[int]) -> None:
         """Bring the row of ``rid`` in line with its record (None: deleted). Start-up only."""
@@ -321,6 +353,7 @@ class Engine:
         if self.config.snapshot_on_shutdown:
             self.snapshot(running=False)
         self.store.close()
+        self._dir_lock.close()  # releases the data directory for the next server
 
     def snapshot(self, running: bool = True) -> None:
         """Write the columns and index snapshots that let the next start-up skip decoding and
@@ -333,9 +366,9 @@ class Engine:
             t0 = time.monotonic()
             changes = self.store.changed_count
             if running:
-                state, seq = self.writer.barrier(lambda: (self.columns.state(), self.store.seq))
+                state, seq = self.writer.barrier(lambda: (self._columns_state(), self.store.seq))
             else:
-                state, seq = self.columns.state(), self.store.seq
+                state, seq = self._columns_state(), self.store.seq
             snapshots.save_columns(self.index_dir, state, seq, self.store.instance)
             del state
             for sp in list(self.spaces.values()):
@@ -350,13 +383,13 @@ class Engine:
             self._snapshot_time = time.monotonic()
             logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
 
+    def _columns_state(self) -> dict[str, Any]:
+        return self.columns.state() | {"spaces": [sp.model for sp in self._space_by_id]}
+
     def _snapshot_loop(self) -> None:
         """Periodic snapshots bound what a start-up after kill -9 must redo: records changed since
         the last one are decoded again, vectors added since are indexed again."""
         cfg = self.config
-        # Serialize and write at a lower CPU priority than the threads serving calls (Linux: per thread).
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         while not self._stop.wait(min(10.0, cfg.snapshot_interval_seconds)):
             changed = self.store.changed_count - self._snapshot_changes
             due = max(cfg.snapshot_min_changes, int(0.1 * len(self.columns)))
@@ -1772,3 +1805,20 @@ def _decode_token(field_name: str, token: str, kind: type) -> Any:
         return value
     except Exception:
         raise InvalidArgument(field_name, "is not a token this server issued") from None
+
+
+def _lock_data_dir(data: Path) -> Any:
+    """Hold an exclusive lock on ``data/LOCK`` for the engine's lifetime: two servers on one data
+    directory would each keep their own columns and indexes over the same LMDB and snapshot over each
+    other. The lock goes with the process, so a server killed with -9 leaves nothing to clean up."""
+    import fcntl
+
+    f = open(data / "LOCK", "a+")  # noqa: SIM115 (held open until close)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise StorageError(
+            f"data directory {data} is in use by another tiermem server", reason="DATA_DIR_IN_USE"
+        ) from None
+    return f

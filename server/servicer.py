@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -15,7 +17,7 @@ from tiermem.v1 import memory_pb2_grpc as pb_grpc
 from . import convert
 from .context import ScopeSpec
 from .engine import Engine
-from .errors import InvalidArgument, TiermemError, Unavailable
+from .errors import InvalidArgument, ResourceExhausted, TiermemError, Unavailable
 from .status import to_status
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,28 @@ def _rpc_stream(method: F) -> F:
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def __init__(self, engine: Engine | None = None) -> None:
         self.engine: Engine | None = engine  # None while the server starts (health: NOT_SERVING)
+        self._streams: threading.BoundedSemaphore | None = None
+        self._streams_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _stream_slot(self) -> Iterator[None]:
+        """A streaming export or import holds a handler thread for as long as it runs: at most half
+        of them may be streams, so unary calls always find a thread (RESOURCE_EXHAUSTED beyond)."""
+        workers = self._engine.config.max_workers
+        with self._streams_lock:
+            if self._streams is None:
+                self._streams = threading.BoundedSemaphore(max(1, workers // 2))
+            gate = self._streams
+        if not gate.acquire(blocking=False):
+            raise ResourceExhausted(
+                f"at most {max(1, workers // 2)} export/import streams run at once "
+                f"(max_workers={workers}); retry when one finishes",
+                reason="TOO_MANY_STREAMS",
+            )
+        try:
+            yield
+        finally:
+            gate.release()
 
     @property
     def _engine(self) -> Engine:
@@ -319,20 +343,25 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def ExportMemories(
         self, request: pb.ExportMemoriesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ExportMemoriesResponse]:
-        chunks = self._engine.export(request.namespace, request.include_children)
-        yield pb.ExportMemoriesResponse(header=convert.header_to_pb(next(chunks)))
-        for what, a, b in chunks:
-            if what == "memory":
-                yield pb.ExportMemoriesResponse(memory=convert.memory_to_pb(a, b))
-            elif what == "node":
-                yield pb.ExportMemoriesResponse(node=convert.node_to_pb(b), graph_namespace=a)
-            else:
-                yield pb.ExportMemoriesResponse(edge=convert.edge_to_pb(b), graph_namespace=a)
+        with self._stream_slot():
+            chunks = self._engine.export(request.namespace, request.include_children)
+            yield pb.ExportMemoriesResponse(header=convert.header_to_pb(next(chunks)))
+            for what, a, b in chunks:
+                if what == "memory":
+                    yield pb.ExportMemoriesResponse(memory=convert.memory_to_pb(a, b))
+                elif what == "node":
+                    yield pb.ExportMemoriesResponse(node=convert.node_to_pb(b), graph_namespace=a)
+                else:
+                    yield pb.ExportMemoriesResponse(edge=convert.edge_to_pb(b), graph_namespace=a)
 
     @_rpc
     def ImportMemories(
         self, request_iterator: Iterator[pb.ImportMemoriesRequest], context: grpc.ServicerContext
     ) -> pb.ImportMemoriesResponse:
+        with self._stream_slot():
+            return self._import(request_iterator)
+
+    def _import(self, request_iterator: Iterator[pb.ImportMemoriesRequest]) -> pb.ImportMemoriesResponse:
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("chunk") != "header":
             raise InvalidArgument("header", "the first chunk of an import must be the export header")

@@ -60,11 +60,11 @@ def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] |
             return None
         with open(directory / f"columns.{manifest['token']}.pkl", "rb") as f:
             state = pickle.load(f)
-        if not isinstance(state, dict) or "arrays" not in state:
+        if not isinstance(state, dict) or "arrays" not in state or "spaces" not in state:
             return None
         return state, int(manifest["seq"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as e:
+    except Exception as e:  # any damage (a truncated or altered pickle raises many kinds of errors)
         logger.warning("ignoring columns snapshot in %s: %s", directory, e)
         return None

@@ -7,7 +7,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -247,3 +247,59 @@ def test_searches_race_deletes_and_tier_moves_without_errors(
         for t in threads:
             t.join(30)
         assert not errors, errors[:3]
+
+
+def test_a_second_engine_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
+    """Two servers on one data directory would each keep their own columns and indexes over the same
+    LMDB: the second is refused until the first closes."""
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine
+    from tiermem.server.errors import StorageError
+
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
+    )
+    first = Engine(cfg)
+    try:
+        with pytest.raises(StorageError) as err:
+            Engine(cfg)
+        assert err.value.reason == "DATA_DIR_IN_USE"
+    finally:
+        first.close()
+    second = Engine(cfg)  # released by close()
+    second.close()
+
+
+def test_streams_never_take_every_handler_thread(server_factory: Callable[..., RunningServer]) -> None:
+    """An import stream holds a handler thread while its client sends: at most half of them may be
+    streams (RESOURCE_EXHAUSTED beyond), so unary calls are still served."""
+    import queue
+
+    import grpc
+
+    from tiermem.v1 import memory_pb2 as pb
+
+    running = server_factory(max_workers=2)  # one stream slot
+    with _client(running) as c:
+        c.create("ns", "one", embedding=np.ones(4, np.float32), embedding_model=MODEL)
+        header = next(iter(c.export_memories("ns")))
+        gate: queue.Queue[None] = queue.Queue()
+
+        def stalled() -> Iterator[pb.ImportMemoriesRequest]:
+            yield pb.ImportMemoriesRequest(header=header.header)
+            gate.get()  # the client holds its stream open
+
+        holder = threading.Thread(target=lambda: c.stub.ImportMemories(stalled(), timeout=30))
+        holder.start()
+        try:
+            time.sleep(0.5)
+            with pytest.raises(grpc.RpcError) as err:
+                c.stub.ImportMemories(iter([pb.ImportMemoriesRequest(header=header.header)]), timeout=10)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (
+                "TOO_MANY_STREAMS" in str(err.value.debug_error_string()) or "streams" in err.value.details()
+            )
+            assert c.stats().memory_count == 1  # a unary call still finds a thread
+        finally:
+            gate.put(None)
+            holder.join(timeout=30)

@@ -205,3 +205,71 @@ def test_periodic_snapshot_runs_while_serving(tmp_path: Path) -> None:
         for h in e.search(SearchQuery(namespaces=["a"], embedding=_vec(rng), embedding_model=MODEL, limit=45))
     } == {f"m{i}" for i in range(45)}
     e.close()
+
+
+def test_spaces_first_used_in_another_order_than_their_names(tmp_path: Path) -> None:
+    """Space ids follow first use while serving and model-name order at start-up: a snapshot's space
+    column is renumbered, so each memory stays in its own space (different dimensions here)."""
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(8)
+    e = _engine(data, clock)
+    zz = [rng.normal(size=8).astype(np.float32) for _ in range(6)]
+    aa = [rng.normal(size=4).astype(np.float32) for _ in range(6)]
+    e.create(
+        [
+            NewMemory(namespace="n", content=f"z{i}", id=f"z{i}", embedding=v, embedding_model="zz")
+            for i, v in enumerate(zz)
+        ]
+    )
+    e.create(
+        [
+            NewMemory(namespace="n", content=f"a{i}", id=f"a{i}", embedding=v, embedding_model="aa")
+            for i, v in enumerate(aa)
+        ]
+    )
+    assert [sp.model for sp in e._space_by_id[:2]] == ["zz", "aa"]
+    e.close()
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    assert snapshots.load_columns(data / "indexes", e.store.instance) is not None
+    for model, vecs, prefix in (("zz", zz, "z"), ("aa", aa, "a")):
+        for i, v in enumerate(vecs):
+            hits = e.search(
+                SearchQuery(
+                    namespaces=["n"], embedding=v, embedding_model=model, limit=1, alpha=1, beta=0, gamma=0
+                )
+            )
+            assert [h.record.id for h in hits] == [f"{prefix}{i}"]
+    restored = _state(e)
+    e.close()
+    (data / "indexes" / "columns.json").unlink()
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    assert _state(e) == restored
+    e.close()
+
+
+def test_a_snapshot_newer_than_lmdb_is_ignored(tmp_path: Path) -> None:
+    """LMDB restored from an older copy (same instance id) next to a newer snapshot: the snapshot
+    would hold memories LMDB no longer has, so start-up decodes every record instead."""
+    import shutil
+
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(9)
+    e = _engine(data, clock)
+    e.create([_mem(rng, i, "a") for i in range(5)], batch=True)
+    e.close()
+    shutil.copytree(data / "lmdb", tmp_path / "lmdb-copy")
+    e = _engine(data, clock)
+    e.create([_mem(rng, i, "a") for i in range(5, 10)], batch=True)
+    e.close()  # snapshot of 10 memories
+    shutil.rmtree(data / "lmdb")
+    shutil.copytree(tmp_path / "lmdb-copy", data / "lmdb")
+    e = _engine(data, clock)
+    assert len(e.columns) == 5
+    assert e.columns.ns_counts == {"a": 5}
+    e.create([_mem(rng, i, "a") for i in range(10, 12)], batch=True)
+    assert len(e.columns) == 7 and e.columns.ns_counts == {"a": 7}
+    rids = list(e.columns.rows)
+    assert len(rids) == len(set(rids)) == 7
+    e.close()
