@@ -602,7 +602,8 @@ class Searcher:
                 bar=bar(),
                 row_w=row_w,
             )
-            if b_rows.shape[0] <= self.EXACT_ROWS or level == self.DEEPEN_LEVELS:
+            if b_rows.shape[0] <= self.EXACT_ROWS or level == self.DEEPEN_LEVELS or a.alpha == 0:
+                # (with alpha = 0 similarity does not count: a deeper search cannot lower a bound)
                 break
             # Deepen: the most similar rows among B. The rest of B is at most as similar as they are.
             todo = np.zeros(view.n, np.bool_)
@@ -629,11 +630,14 @@ class Searcher:
                 b_rows, b_bound = b_rows[:0], b_bound[:0]
             order = np.argsort(chunk)
             chunk, chunk_bound = chunk[order], chunk_bound[order]
-            got, sims = self._similarities(view, sp, chunk, query)  # sorted rows in, sorted rows out
-            if got.shape[0] != chunk.shape[0]:  # rows that left the space meanwhile
-                chunk_bound = chunk_bound[np.isin(chunk, got, assume_unique=True)]
-            w = row_w[got] if row_w is not None else np.float32(1.0)
-            tight = chunk_bound + w * alpha * (sims - sim_k)
+            if a.alpha > 0:
+                got, sims = self._similarities(view, sp, chunk, query)  # sorted rows in, sorted rows out
+                if got.shape[0] != chunk.shape[0]:  # rows that left the space meanwhile
+                    chunk_bound = chunk_bound[np.isin(chunk, got, assume_unique=True)]
+                w = row_w[got] if row_w is not None else np.float32(1.0)
+                tight = chunk_bound + w * alpha * (sims - sim_k)
+            else:  # similarity does not count: the prior bound is as tight as it gets
+                got, tight = chunk, chunk_bound
             c_rows = got[tight > bar()]
             if c_rows.shape[0]:
                 add(rank(c_rows))

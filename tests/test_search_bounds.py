@@ -461,6 +461,14 @@ def test_similarity_only_also_exact(world: World) -> None:
     check_queries(w, lambda i: query(w, i, alpha=1.0, beta=0.0, gamma=0.0), n=10)
 
 
+def test_priors_only_with_a_query_embedding_also_exact(world: World) -> None:
+    """alpha = 0 (recency and importance only) with a query vector: similarity cannot count, so no
+    deeper HNSW search and no dot products, only prior bounds; the answer is still exact."""
+    w = world
+    check_queries(w, lambda i: query(w, i, alpha=0.0, beta=0.6, gamma=0.4), n=10)
+    check_queries(w, lambda i: query(w, i, alpha=0.0, beta=0.0, gamma=1.0), n=10)
+
+
 # --------------------------------------------------------------------------------------------
 # b. the clock moves on
 # --------------------------------------------------------------------------------------------
