@@ -7,7 +7,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -270,36 +270,25 @@ def test_a_second_engine_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
     second.close()
 
 
-def test_streams_never_take_every_handler_thread(server_factory: Callable[..., RunningServer]) -> None:
-    """An import stream holds a handler thread while its client sends: at most half of them may be
-    streams (RESOURCE_EXHAUSTED beyond), so unary calls are still served."""
-    import queue
+def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
+    """An export or import stream holds a handler thread while it runs: at most half of them may be
+    streams (RESOURCE_EXHAUSTED TOO_MANY_STREAMS beyond), so unary calls always find one."""
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine
+    from tiermem.server.errors import ResourceExhausted
+    from tiermem.server.servicer import MemoryServicer
 
-    import grpc
-
-    from tiermem.v1 import memory_pb2 as pb
-
-    running = server_factory(max_workers=2)  # one stream slot
-    with _client(running) as c:
-        c.create("ns", "one", embedding=np.ones(4, np.float32), embedding_model=MODEL)
-        header = next(iter(c.export_memories("ns")))
-        gate: queue.Queue[None] = queue.Queue()
-
-        def stalled() -> Iterator[pb.ImportMemoriesRequest]:
-            yield pb.ImportMemoriesRequest(header=header.header)
-            gate.get()  # the client holds its stream open
-
-        holder = threading.Thread(target=lambda: c.stub.ImportMemories(stalled(), timeout=30))
-        holder.start()
-        try:
-            time.sleep(0.5)
-            with pytest.raises(grpc.RpcError) as err:
-                c.stub.ImportMemories(iter([pb.ImportMemoriesRequest(header=header.header)]), timeout=10)
-            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert (
-                "TOO_MANY_STREAMS" in str(err.value.debug_error_string()) or "streams" in err.value.details()
-            )
-            assert c.stats().memory_count == 1  # a unary call still finds a thread
-        finally:
-            gate.put(None)
-            holder.join(timeout=30)
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data", max_workers=5, maintenance_interval_seconds=0, snapshot_interval_seconds=0
+    )
+    engine = Engine(cfg)
+    try:
+        servicer = MemoryServicer(engine)
+        with servicer._stream_slot(), servicer._stream_slot():  # 5 // 2 = 2 slots
+            with pytest.raises(ResourceExhausted) as err, servicer._stream_slot():
+                pass
+            assert err.value.reason == "TOO_MANY_STREAMS"
+        with servicer._stream_slot():  # released on exit
+            pass
+    finally:
+        engine.close()
