@@ -550,64 +550,41 @@ def warm_up() -> None:
     topk(f32, 1)
     topk(f64, 1)
     i64 = np.zeros(2, np.int64)
-    prior_bounds(
-        np.ones(2, np.bool_),
-        gen=i64,
-        gen0=i64,
-        rec_ub=f32,
-        imp_ub=f32,
-        importance=f32,
-        beta=0.3,
-        gamma=0.2,
-        base=0.1,
-        bar=0.0,
-        row_w=f32,
-    )
-    prior_bounds(
-        np.ones(2, np.bool_),
-        gen=i64,
-        gen0=i64,
-        rec_ub=f32,
-        imp_ub=f32,
-        importance=f32,
-        beta=0.3,
-        gamma=0.2,
-        base=0.1,
-        bar=0.0,
-    )
-    selection_bitmap(rows, np.ones(2, np.bool_))
     b = np.ones(2, np.bool_)
     i32 = np.zeros(2, np.int32)
-    filter_mask(
-        alive=b,
-        ns_id=i32,
-        ns_ok=b,
-        tier=t8,
-        tier_ok=np.ones(5, np.bool_),
-        kind_id=i32,
-        kind_ok=np.zeros(0, np.bool_),
-        created_at=f64,
-        created_lo=-np.inf,
-        created_hi=np.inf,
-        expire_at=f64,
-        now=1.0,
-    )
-    filter_mask(
-        alive=b,
-        ns_id=i32,
-        ns_ok=b,
-        tier=t8,
-        tier_ok=np.ones(5, np.bool_),
-        kind_id=i32,
-        kind_ok=np.zeros(0, np.bool_),
-        created_at=f64,
-        created_lo=0.0,
-        created_hi=np.inf,
-        expire_at=None,
-        now=1.0,
-        space_id=i32,
-        space=0,
-    )
+    for row_w in (f32, None):  # weighted and unweighted specializations
+        prior_bounds(
+            b,
+            gen=i64,
+            gen0=i64,
+            rec_ub=f32,
+            imp_ub=f32,
+            importance=f32,
+            beta=0.3,
+            gamma=0.2,
+            base=0.1,
+            bar=0.0,
+            row_w=row_w,
+        )
+    selection_bitmap(rows, b)
+    # Both specializations: with the expiry column and space check, and without them.
+    for expire_at, space_id, space in ((f64, None, -1), (None, i32, 0)):
+        filter_mask(
+            alive=b,
+            ns_id=i32,
+            ns_ok=b,
+            tier=t8,
+            tier_ok=np.ones(5, np.bool_),
+            kind_id=i32,
+            kind_ok=np.zeros(0, np.bool_),
+            created_at=f64,
+            created_lo=-np.inf if space < 0 else 0.0,
+            created_hi=np.inf,
+            expire_at=expire_at,
+            now=1.0,
+            space_id=space_id,
+            space=space,
+        )
     hl2 = np.ones((2, 5), np.float64)
     score_rows(
         rows,
@@ -625,7 +602,6 @@ def warm_up() -> None:
         gamma=0.2,
         ns=i32,
     )
-    i64 = np.zeros(2, np.int64)
     _, decayed = plan_moves(
         eligible=b,
         ns=i32,

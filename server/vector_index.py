@@ -217,7 +217,7 @@ class VectorIndex:
             data = faiss.serialize_index(self.index)
             vks = self.vks[:n].copy()
         with open(index_path, "wb") as f:
-            f.write(data.tobytes() if not data.flags.c_contiguous else data.data)
+            f.write(data.data)  # serialize_index returns one contiguous uint8 array
             f.flush()
             os.fsync(f.fileno())
         del data

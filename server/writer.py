@@ -73,18 +73,15 @@ class Writer:
         ``weight`` estimates the bytes it writes: a group closes past ``max_group_bytes``, which
         keeps one transaction well under LMDB's dirty-page limit.
         """
-        op = _Op(prepare, apply, weight)
-        with self._lock:
-            if self._closed:
-                raise Unavailable("server is shutting down")
-            self._queue.put(op)
-        return op.future.result()
+        return self._run_op(_Op(prepare, apply, weight))
 
     def barrier(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` in the writer thread once every write submitted before it is committed and
         applied, and before any later one starts: it sees in-memory state that matches the last
         commit exactly (e.g. to snapshot it). Returns fn's result."""
-        op = _Op(lambda txn: None, lambda prepared: prepared, barrier=fn)
+        return self._run_op(_Op(lambda txn: None, lambda prepared: prepared, barrier=fn))
+
+    def _run_op(self, op: _Op) -> Any:
         with self._lock:
             if self._closed:
                 raise Unavailable("server is shutting down")
