@@ -63,7 +63,7 @@ from .records import NewMemory, Record
 from .search import Searcher, SearchHit, SearchQuery
 from .storage import Store
 from .text import words as text_words
-from .vector_index import VectorIndex
+from .vector_index import Indexer, VectorIndex
 from .writer import Writer
 
 logger = logging.getLogger(__name__)
@@ -162,8 +162,13 @@ class Engine:
         self.searcher = Searcher(self)
         self.assembler = Assembler(self)  # context packages (context.py); its count_tokens is pluggable
         self.graph = GraphMemory(self)  # nodes and edges per namespace (graph.py)
+        self.indexer = Indexer()  # moves acknowledged vectors into HNSW beside the writer
         self._load()
         faiss.omp_set_num_threads(1)
+        for sp in self._space_by_id:
+            for idx in sp.indexes.values():
+                self.indexer.attach(idx)
+        self.indexer.start()
         self.writer = Writer(self.store, max_group=config.max_group_ops, before_commit=self._persist_counters)
         kernels.warm_up()
         self._stop = threading.Event()
@@ -200,6 +205,7 @@ class Engine:
         idx = sp.indexes.get(tier)
         if idx is None:
             idx = VectorIndex(sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction)
+            self.indexer.attach(idx)
             sp.indexes[tier] = idx
         return idx
 
@@ -350,6 +356,7 @@ class Engine:
             self._snapshotter.join()
         self.flush_access()
         self.writer.close()
+        self.indexer.stop()  # every acknowledged vector into HNSW before the snapshot
         if self.config.snapshot_on_shutdown:
             self.snapshot(running=False)
         self.store.close()
@@ -1720,7 +1727,8 @@ class Engine:
                     "model": sp.model,
                     "dim": sp.dim,
                     "live": sum(i.live_count() for i in list(sp.indexes.values())),
-                    "indexed": sum(i.n for i in list(sp.indexes.values())),
+                    "indexed": sum(i.indexed for i in list(sp.indexes.values())),
+                    "pending": sum(i.pending for i in list(sp.indexes.values())),
                 }
             )
         ns_count = len(self.columns.ns_counts) if not namespace else int(namespace in self.columns.ns_counts)

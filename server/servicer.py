@@ -239,6 +239,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     dimension=sp["dim"],
                     live_vectors=sp["live"],
                     indexed_vectors=sp["indexed"],
+                    pending_vectors=sp["pending"],
                 )
                 for sp in s["spaces"]
             ],

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -40,7 +41,19 @@ logger = logging.getLogger(__name__)
 
 
 class VectorIndex:
-    """HNSW (inner product over normalized vectors = cosine) with tombstones and vk bookkeeping."""
+    """HNSW (inner product over normalized vectors = cosine) with tombstones and vk bookkeeping.
+
+    Entries get their internal id when added; the vectors of the newest ones wait in a small
+    pending buffer until an ``Indexer`` thread moves them into HNSW (FAISS numbers entries in add
+    order, so the ids agree). Searches score pending entries exactly, so a write is searchable as
+    soon as it is acknowledged, while the HNSW add (the costliest part of a write) runs beside the
+    writer instead of in front of its acknowledgements, in chunks large enough to amortize FAISS's
+    per-call set-up. Without an indexer (start-up, tests), adds go straight into HNSW.
+    """
+
+    # Pending entries allowed before ``add`` waits for the indexer: bounds their exact scoring per
+    # search (~0.1 ms at 384 dims) and the buffer's memory (pending x dim x 4 bytes).
+    MAX_PENDING = 4096
 
     def __init__(
         self, dim: int, m: int = 32, ef_construction: int = 128, index: faiss.Index | None = None
@@ -55,12 +68,20 @@ class VectorIndex:
         self.vks = np.zeros(max(16, n), np.int64)
         # Bit i set = entry i is live: the selector of a search that allows every live entry.
         self.live_bits = np.zeros((self.slots.shape[0] + 7) // 8, np.uint8)
-        self.n = n
+        self.n = n  # entries, pending included
+        self.indexed = n  # entries in HNSW (== index.ntotal); changes only under the write lock
         self.dead = n
-        self._lock = RWLock()
+        # Vectors of entries indexed..n-1: entry i at _pbuf[i - _pbase]. Appends write past n;
+        # a full buffer is replaced (never rewritten), so a reader's snapshot of it stays valid.
+        self._pbuf = np.empty((0, dim), np.float32)
+        self._pbase = n
+        self._lock = RWLock()  # FAISS: searches share it, an add into HNSW holds it alone
+        self._state = threading.Condition()  # guards n, slots, vks, live_bits, dead, the buffer
+        self._flush_lock = threading.Lock()  # one mover of pending vectors at a time
+        self.indexer: Indexer | None = None
         self.max_pause_seconds = 0.0  # longest write-lock hold of an add (searches wait that long)
 
-    # -- writes (writer thread only) ------------------------------------------------------------
+    # -- writes (writer thread only; flush from the indexer) ------------------------------------
     # Vectors added per write-lock hold, which bounds how long an add pauses searches. Each FAISS add
     # call also costs O(entries) (it sets up one lock per entry of the graph), ~15% of a 64-vector add
     # at 100k entries and more beyond: the chunk grows with the index to keep that share small, so a
@@ -71,44 +92,80 @@ class VectorIndex:
     def _chunk(self) -> int:
         return max(self.ADD_CHUNK, min(self.MAX_ADD_CHUNK, self.n // 400))
 
+    @property
+    def pending(self) -> int:
+        return self.n - self.indexed
+
     def add(self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray, chunk: int = 0) -> np.ndarray:
         """Add rows of ``vectors`` for the given column rows; returns their internal ids.
 
-        Adds take the write lock (FAISS allows no search during an add) in chunks, so searches wait
-        at most one chunk's add (64-256 x 0.2-0.3 ms, see _chunk), not a whole batch. ``chunk``
-        overrides that when no search can wait (start-up), so FAISS adds in big parallel batches.
+        The entries are searchable on return. With an indexer attached they enter HNSW in the
+        background (this waits only while MAX_PENDING are pending); without one, or with ``chunk``
+        (start-up: no search can wait, so FAISS adds in big parallel batches), they are moved into
+        HNSW before returning.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
-        first = self.n
-        lo = 0
-        while lo < count:
-            hi = min(count, lo + (chunk or self._chunk()))
-            with self._lock.write():
-                t0 = time.perf_counter()
-                start = self.n
-                need = start + (hi - lo)
-                if need > self.slots.shape[0]:
-                    cap = max(need, self.slots.shape[0] * 2)
-                    grown = np.full(cap, -1, np.int64)
-                    grown[:start] = self.slots[:start]
-                    vk_grown = np.zeros(cap, np.int64)
-                    vk_grown[:start] = self.vks[:start]
-                    bits_grown = np.zeros((cap + 7) // 8, np.uint8)
-                    bits_grown[: self.live_bits.shape[0]] = self.live_bits
-                    self.slots, self.vks, self.live_bits = grown, vk_grown, bits_grown
-                self.index.add(vectors[lo:hi])
-                self.slots[start:need] = slots[lo:hi]
-                self.vks[start:need] = vks[lo:hi]
-                self._set_bits(np.arange(start, need), True)
-                self.n = need
-                self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
-            lo = hi
+        with self._state:
+            first = self.n
+            need = first + count
+            if need > self.slots.shape[0]:
+                cap = max(need, self.slots.shape[0] * 2)
+                grown = np.full(cap, -1, np.int64)
+                grown[:first] = self.slots[:first]
+                vk_grown = np.zeros(cap, np.int64)
+                vk_grown[:first] = self.vks[:first]
+                bits_grown = np.zeros((cap + 7) // 8, np.uint8)
+                bits_grown[: self.live_bits.shape[0]] = self.live_bits
+                self.slots, self.vks, self.live_bits = grown, vk_grown, bits_grown
+            if need - self._pbase > self._pbuf.shape[0]:  # a new buffer holding the pending ones
+                keep = self._pbuf[self.indexed - self._pbase : first - self._pbase]
+                buf = np.empty((max(1024, 2 * (keep.shape[0] + count)), self.dim), np.float32)
+                buf[: keep.shape[0]] = keep
+                self._pbuf, self._pbase = buf, self.indexed
+            self._pbuf[first - self._pbase : need - self._pbase] = vectors
+            self.slots[first:need] = slots
+            self.vks[first:need] = vks
+            self._set_bits(np.arange(first, need), True)
+            self.n = need
+        indexer = self.indexer
+        if chunk or indexer is None or not indexer.running:
+            self.flush(chunk)
+        else:
+            indexer.notify(self)
+            with self._state:
+                while self.n - self.indexed > self.MAX_PENDING and indexer.running:
+                    self._state.wait(0.5)
+            if self.n - self.indexed > self.MAX_PENDING:  # the indexer stopped meanwhile
+                self.flush()
         return np.arange(first, first + count, dtype=np.int64)
+
+    def flush(self, chunk: int = 0, limit: int = 0) -> int:
+        """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default: see _chunk);
+        at most ``limit`` of them when given. Returns how many are still pending."""
+        with self._flush_lock:
+            moved = 0
+            while True:
+                with self._state:
+                    lo, n = self.indexed, self.n
+                    size = min(n - lo, chunk or self._chunk())
+                    if limit:
+                        size = min(size, limit - moved)
+                    if size <= 0:
+                        return n - lo
+                    batch = self._pbuf[lo - self._pbase : lo + size - self._pbase]
+                with self._lock.write():
+                    t0 = time.perf_counter()
+                    self.index.add(batch)
+                    with self._state:
+                        self.indexed = lo + size
+                        self._state.notify_all()
+                    self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
+                moved += size
 
     def kill(self, internal_ids: np.ndarray | list[int]) -> None:
         ids = np.asarray(internal_ids, dtype=np.int64)
-        with self._lock.write():
+        with self._state:
             live = ids[self.slots[ids] >= 0]
             self.slots[live] = -1
             self._set_bits(live, False)
@@ -125,6 +182,15 @@ class VectorIndex:
     def live_count(self) -> int:
         return self.n - self.dead
 
+    def _pending_view(self) -> tuple[int, int, np.ndarray, np.ndarray, int, np.ndarray]:
+        """(indexed, n, slots, pending vectors, dead, live bits): a consistent snapshot. Call under
+        the read lock, which keeps ``indexed`` fixed; ``slots`` and the bits may still see later
+        kills (their rows then fail the caller's ``allowed``), never a reused entry."""
+        with self._state:
+            lo, n = self.indexed, self.n
+            pvecs = self._pbuf[lo - self._pbase : n - self._pbase]
+            return lo, n, self.slots[:n], pvecs, self.dead, self.live_bits
+
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int, allowed_count: int = -1
     ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -139,69 +205,119 @@ class VectorIndex:
         it equals the live entries, the search needs no per-request selector (no pass over the
         entries): it runs unfiltered, or with the maintained bitmap of live entries when some are
         dead, and drops results ``allowed`` rejects (rows added or removed since the caller's view).
+        Pending entries (not in HNSW yet) are scored exactly and merged.
         """
         empty = np.empty(0, np.int64), np.empty(0, np.float32), -np.inf
         with self._lock.read():
-            n = self.n
+            lo, n, slots, pvecs, dead, live_bits = self._pending_view()
             if n == 0:
                 return empty
-            slots = self.slots[:n]  # stable while the read lock is held: kill and add take the write lock
-            live = n - self.dead
+            # Pending entries: exact similarities of the allowed ones.
+            p_rows = slots[lo:n]
+            ok = (p_rows >= 0) & (p_rows < allowed.shape[0])
+            ok[ok] = allowed[p_rows[ok]]
+            p_ids = np.flatnonzero(ok)
+            p_rows = p_rows[p_ids]
+            p_sims = pvecs[p_ids] @ query if p_ids.shape[0] else np.empty(0, np.float32)
+            live = n - dead
             if allowed_count == live:
-                bitmap, n_allowed = (self.live_bits if self.dead else None), live
+                bitmap = live_bits if dead else None
+                n_allowed = live - int(np.count_nonzero(slots[lo:n] >= 0))
+            elif lo:
+                bitmap, n_allowed = kernels.selection_bitmap(slots[:lo], allowed)
             else:
-                bitmap, n_allowed = kernels.selection_bitmap(slots, allowed)
-            if n_allowed == 0:
-                return empty
-            # A selective filter leaves fewer allowed nodes on each graph path: widen the beam with
-            # 1/sqrt(selectivity) so recall holds (filtered HNSW collapses at low selectivity otherwise).
-            widen = max(1.0, math.sqrt(n / n_allowed))
-            ef = min(int(max(ef_search, k) * widen), max(2048, k))
-            if bitmap is None or n_allowed == n:  # nothing dead, nothing filtered out
-                params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
+                bitmap, n_allowed = None, 0
+            if n_allowed <= 0:
+                h_rows, h_sims, bound = empty
             else:
-                sel = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
-                params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef)  # type: ignore[attr-defined]
-            sims, ids = self.index.search(query.reshape(1, -1), k, params=params)
-            ids = ids[0]
-            found = ids >= 0
-            ids, sims = ids[found], sims[0][found]
-            rows = slots[ids]
+                h_rows, h_sims, bound = self._hnsw(query, k, ef_search, lo, slots, bitmap, n_allowed)
+        keep = (h_rows >= 0) & (h_rows < allowed.shape[0])
+        keep[keep] = allowed[h_rows[keep]]
+        h_rows, h_sims = h_rows[keep], h_sims[keep]
+        if p_ids.shape[0] == 0:
+            return h_rows, h_sims, bound
+        rows = np.concatenate([h_rows, p_rows])
+        sims = np.concatenate([h_sims, p_sims.astype(np.float32, copy=False)])
+        order = np.argsort(-sims, kind="stable")
+        top, rest = order[:k], order[k:]
+        # Entries left out: those HNSW did not return (at most ``bound``) and those cut here.
+        if rest.shape[0] and not math.isnan(bound):
+            bound = max(bound, float(sims[rest].max()))
+        return rows[top], sims[top], bound
+
+    def _hnsw(
+        self,
+        query: np.ndarray,
+        k: int,
+        ef_search: int,
+        lo: int,
+        slots: np.ndarray,
+        bitmap: np.ndarray | None,
+        n_allowed: int,
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """The HNSW part of ``search`` over the ``lo`` indexed entries (under the read lock)."""
+        # A selective filter leaves fewer allowed nodes on each graph path: widen the beam with
+        # 1/sqrt(selectivity) so recall holds (filtered HNSW collapses at low selectivity otherwise).
+        widen = max(1.0, math.sqrt(lo / n_allowed))
+        ef = min(int(max(ef_search, k) * widen), max(2048, k))
+        if bitmap is None or n_allowed == lo:  # nothing dead, nothing filtered out
+            params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
+        else:
+            sel = faiss.IDSelectorBitmap(lo, faiss.swig_ptr(bitmap))
+            params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef)  # type: ignore[attr-defined]
+        sims, ids = self.index.search(query.reshape(1, -1), k, params=params)
+        ids = ids[0]
+        found = ids >= 0
+        ids, sims = ids[found], sims[0][found]
         if ids.shape[0] == k:
             bound = float(sims[-1])
         elif ids.shape[0] < n_allowed:
             bound = math.nan
         else:
             bound = -np.inf
-        keep = (rows >= 0) & (rows < allowed.shape[0])
-        keep[keep] = allowed[rows[keep]]
-        return rows[keep], sims[keep].astype(np.float32, copy=False), bound
+        return slots[ids], sims.astype(np.float32, copy=False), bound
 
     def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
         """Column rows of the live entries allowed by ``allowed`` (for exact scoring)."""
-        with self._lock.read():
+        with self._state:
             slots = self.slots[: self.n]
-            live = slots[slots >= 0]
+        live = slots[slots >= 0]
         live = live[live < allowed.shape[0]]
         return live[allowed[live]]
 
+    def _gather(self, internal_ids: np.ndarray, query: np.ndarray | None) -> np.ndarray:
+        """Similarities with ``query`` (or copies of the vectors, query None) of the given entries,
+        read from HNSW storage or the pending buffer, under the read lock."""
+        with self._lock.read():
+            lo, n, _, pvecs, _, _ = self._pending_view()
+            storage: Any = faiss.downcast_index(self.index.storage)
+            xb = faiss.rev_swig_ptr(storage.get_xb(), max(lo, 1) * self.dim).reshape(max(lo, 1), self.dim)
+            if internal_ids.shape[0] and int(internal_ids.max()) >= n:
+                raise ValueError("internal id out of range")
+            in_hnsw = internal_ids < lo
+            if query is None:
+                out: np.ndarray = np.empty((internal_ids.shape[0], self.dim), np.float32)
+                out[in_hnsw] = xb[internal_ids[in_hnsw]]
+                out[~in_hnsw] = pvecs[internal_ids[~in_hnsw] - lo]
+                return out
+            if in_hnsw.all():
+                return kernels.dot_rows(xb, internal_ids, query)
+            out = np.empty(internal_ids.shape[0], np.float32)
+            out[in_hnsw] = kernels.dot_rows(xb, np.ascontiguousarray(internal_ids[in_hnsw]), query)
+            out[~in_hnsw] = pvecs[internal_ids[~in_hnsw] - lo] @ query
+            return out
+
     def similarities(self, internal_ids: np.ndarray, query: np.ndarray) -> np.ndarray:
         """Inner products of the given entries' stored vectors with ``query`` (no copy of the vectors)."""
-        with self._lock.read():
-            if internal_ids.shape[0] == 0:
-                return np.empty(0, np.float32)
-            storage: Any = faiss.downcast_index(self.index.storage)
-            xb = faiss.rev_swig_ptr(storage.get_xb(), self.n * self.dim).reshape(self.n, self.dim)
-            return kernels.dot_rows(xb, internal_ids, query)
+        if internal_ids.shape[0] == 0:
+            return np.empty(0, np.float32)
+        return self._gather(internal_ids, query)
 
     def vectors(self, internal_ids: np.ndarray) -> np.ndarray:
         """Stored vectors of the given entries (a copy)."""
-        with self._lock.read():
-            if internal_ids.shape[0] == 0:
-                return np.empty((0, self.dim), np.float32)
-            storage: Any = faiss.downcast_index(self.index.storage)
-            xb = faiss.rev_swig_ptr(storage.get_xb(), self.n * self.dim).reshape(self.n, self.dim)
-            return xb[internal_ids].copy()
+        if internal_ids.shape[0] == 0:
+            return np.empty((0, self.dim), np.float32)
+        return self._gather(internal_ids, None)
 
     # -- snapshots ------------------------------------------------------------------------------
     # A snapshot is <base>.<token>.faiss + <base>.<token>.vks.npy, named by <base>.json (written
@@ -213,7 +329,7 @@ class VectorIndex:
         index_path = base.with_name(f"{base.name}.{token}.faiss")
         vks_path = base.with_name(f"{base.name}.{token}.vks.npy")
         with self._lock.read():  # adds wait only for an in-memory copy, not for the disk
-            n = self.n
+            n = self.indexed  # pending entries are left out: start-up adds them again from LMDB
             data = faiss.serialize_index(self.index)
             vks = self.vks[:n].copy()
         with open(index_path, "wb") as f:
@@ -283,3 +399,64 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class Indexer:
+    """One background thread that moves pending vectors into HNSW, a chunk per index in turn.
+
+    If an add into FAISS fails (out of memory), the thread logs it and stops; its entries stay
+    pending (searchable), and later adds move them in the writer thread, where a failure is
+    reported to the writing call.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._work: dict[int, VectorIndex] = {}  # indexes with pending entries, in turn order
+        self._stop = False
+        self.running = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.running = True
+        self._thread = threading.Thread(target=self._run, name="tiermem-indexer", daemon=True)
+        self._thread.start()
+
+    def attach(self, idx: VectorIndex) -> None:
+        idx.indexer = self
+        if idx.pending:
+            self.notify(idx)
+
+    def notify(self, idx: VectorIndex) -> None:
+        with self._cond:
+            self._work[id(idx)] = idx
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """Index everything pending, then stop."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+        self.running = False
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._work and not self._stop:
+                    self._cond.wait()
+                if not self._work:
+                    return
+                key, idx = next(iter(self._work.items()))
+            try:
+                idx.flush(limit=idx._chunk())
+            except Exception:
+                logger.exception("moving pending vectors into HNSW failed; the indexer stops")
+                self.running = False
+                with idx._state:
+                    idx._state.notify_all()  # an add waiting for room flushes by itself
+                return
+            with self._cond:
+                self._work.pop(key, None)
+                if idx.pending:
+                    self._work[key] = idx  # back of the line: indexes take turns

@@ -474,7 +474,10 @@ def verify(target: str, ledger: Ledger, label: str) -> dict[str, Any]:
                 ledger.outcomes[mem.key] = (mem,)
             retried += 1
         ledger.inflight_creates.clear()
-        spaces = {sp.embedding_model: (sp.live_vectors, sp.indexed_vectors) for sp in c.stats().spaces}
+        spaces = {
+            sp.embedding_model: (sp.live_vectors, sp.indexed_vectors + sp.pending_vectors)
+            for sp in c.stats().spaces
+        }
 
     figures = {
         "memories_present": len(present),

@@ -138,7 +138,9 @@ def verify(
         assert counts == {t: by_listing.get(t, 0) for t in TIERS}, (
             f"[{label}] stats {counts} != listing {by_listing}"
         )
-        spaces = {sp.embedding_model: (sp.live_vectors, sp.indexed_vectors) for sp in st.spaces}
+        spaces = {
+            sp.embedding_model: (sp.live_vectors, sp.indexed_vectors + sp.pending_vectors) for sp in st.spaces
+        }
         assert spaces[MODEL][0] == len(vecs), (
             f"[{label}] {spaces[MODEL][0]} live vectors for {len(vecs)} memories"
         )

@@ -1492,7 +1492,7 @@ def test_persistence_across_restart(server_factory: Callable[..., RunningServer]
         assert "v1" in ids_of(c.search(NS, vs["v1"], embedding_model=MODEL, tiers=["fast"]))
         stats = {sp.embedding_model: sp for sp in c.stats().spaces}
         # rebuilt from LMDB: only live vectors are indexed
-        assert stats[MODEL].indexed_vectors == stats[MODEL].live_vectors == 7
+        assert stats[MODEL].indexed_vectors + stats[MODEL].pending_vectors == stats[MODEL].live_vectors == 7
 
 
 # --------------------------------------------------------------------------------------------
@@ -1531,7 +1531,10 @@ def test_stats(client: MemoryClient) -> None:
     assert avg[1] == pytest.approx((f32(0.2) + f32(0.4)) / 2, abs=1e-6)
     assert avg[3] == pytest.approx((f32(0.3) + f32(0.1) + f32(0.3)) / 3, abs=1e-6)  # s1: heuristic 0.3
     assert avg[4] == pytest.approx(f32(0.9), abs=1e-6)
-    spaces = {sp.embedding_model: (sp.dimension, sp.live_vectors, sp.indexed_vectors) for sp in s.spaces}
+    spaces = {
+        sp.embedding_model: (sp.dimension, sp.live_vectors, sp.indexed_vectors + sp.pending_vectors)
+        for sp in s.spaces
+    }
     assert spaces == {BUILTIN: (384, 5, 5), MODEL: (DIM, 2, 2)}
 
     sa = client.stats("A")
@@ -1549,13 +1552,17 @@ def test_stats(client: MemoryClient) -> None:
     s2 = client.stats()
     assert s2.writes_committed == w0 + 4
     assert s2.memory_count == 6
-    spaces = {sp.embedding_model: (sp.live_vectors, sp.indexed_vectors) for sp in s2.spaces}
+    spaces = {
+        sp.embedding_model: (sp.live_vectors, sp.indexed_vectors + sp.pending_vectors) for sp in s2.spaces
+    }
     assert spaces[BUILTIN] == (4, 5)  # the deleted vector is a tombstone
     client.update("B", client.list_page("B")[0][0].id, tier="fast")
     s3 = client.stats()
     assert s3.writes_committed == w0 + 5
     assert [(t.tier, t.memory_count) for t in s3.tiers] == [(1, 3), (2, 1), (3, 2), (4, 0)]
-    assert {sp.embedding_model: (sp.live_vectors, sp.indexed_vectors) for sp in s3.spaces}[MODEL] == (2, 3)
+    assert {
+        sp.embedding_model: (sp.live_vectors, sp.indexed_vectors + sp.pending_vectors) for sp in s3.spaces
+    }[MODEL] == (2, 3)
 
 
 # --------------------------------------------------------------------------------------------

@@ -480,16 +480,18 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., memory_count: _Optional[int] = ..., avg_importance: _Optional[float] = ..., avg_surprise: _Optional[float] = ..., promotions_total: _Optional[int] = ..., demotions_total: _Optional[int] = ..., evictions_total: _Optional[int] = ..., promotions_last_hour: _Optional[int] = ..., demotions_last_hour: _Optional[int] = ..., evictions_last_hour: _Optional[int] = ..., deleted_total: _Optional[int] = ...) -> None: ...
 
 class EmbeddingSpaceStats(_message.Message):
-    __slots__ = ("embedding_model", "dimension", "live_vectors", "indexed_vectors")
+    __slots__ = ("embedding_model", "dimension", "live_vectors", "indexed_vectors", "pending_vectors")
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
     LIVE_VECTORS_FIELD_NUMBER: _ClassVar[int]
     INDEXED_VECTORS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_VECTORS_FIELD_NUMBER: _ClassVar[int]
     embedding_model: str
     dimension: int
     live_vectors: int
     indexed_vectors: int
-    def __init__(self, embedding_model: _Optional[str] = ..., dimension: _Optional[int] = ..., live_vectors: _Optional[int] = ..., indexed_vectors: _Optional[int] = ...) -> None: ...
+    pending_vectors: int
+    def __init__(self, embedding_model: _Optional[str] = ..., dimension: _Optional[int] = ..., live_vectors: _Optional[int] = ..., indexed_vectors: _Optional[int] = ..., pending_vectors: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("memory_count", "namespace_count", "tiers", "spaces", "writes_committed", "commit_groups", "uptime_seconds", "storage_bytes", "server_version", "search_hits", "search_misses", "hit_rate", "reflection_importance", "reflection_due", "summary_tokens", "summary_due")

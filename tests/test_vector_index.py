@@ -1,0 +1,201 @@
+"""VectorIndex with pending entries: acknowledged vectors wait in a buffer until the Indexer thread
+moves them into HNSW. Searches must see them at once (scored exactly), with the same result and
+bound contract as entries in HNSW; similarities, vectors, kills and snapshots must treat both alike.
+
+Real FAISS indexes throughout. The indexer is held back by holding the index's flush lock, which
+is what a slow HNSW add looks like to everyone else."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiermem.server.vector_index import Indexer, VectorIndex
+
+DIM = 32
+
+
+def unit(rng: np.random.Generator, n: int) -> np.ndarray:
+    v = rng.standard_normal((n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def indexer():
+    ix = Indexer()
+    ix.start()
+    yield ix
+    ix.stop()
+
+
+def wait_indexed(idx: VectorIndex, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while idx.pending and time.monotonic() < end:
+        time.sleep(0.01)
+    assert idx.pending == 0
+
+
+def build(indexer: Indexer, base: np.ndarray, held: np.ndarray) -> VectorIndex:
+    """An index whose entries 0..len(base)-1 are in HNSW and the next len(held) are pending; rows
+    are the entry ids. The caller releases ``idx._flush_lock``."""
+    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    indexer.attach(idx)
+    n0 = base.shape[0]
+    idx.add(base, np.arange(n0), np.arange(n0) + 1000)
+    wait_indexed(idx)
+    idx._flush_lock.acquire()
+    m = held.shape[0]
+    idx.add(held, np.arange(n0, n0 + m), np.arange(n0, n0 + m) + 1000)
+    assert (idx.indexed, idx.pending) == (n0, m)
+    return idx
+
+
+def check_search(idx: VectorIndex, vecs: np.ndarray, query: np.ndarray, allowed: np.ndarray, k: int) -> None:
+    rows, sims, bound = idx.search(query, k, allowed, ef_search=400)
+    live = np.flatnonzero(allowed & (idx.slots[: vecs.shape[0]] >= 0))
+    exact = vecs[live] @ query
+    top = live[np.argsort(-exact, kind="stable")[:k]]
+    assert sorted(rows.tolist()) == sorted(top.tolist())  # small index, wide beam: HNSW is exact here
+    assert np.all(np.diff(sims) <= 1e-6)  # best first
+    np.testing.assert_allclose(sims, vecs[rows] @ query, rtol=1e-5, atol=1e-5)
+    left_out = np.setdiff1d(live, rows)
+    if left_out.shape[0] == 0:
+        assert bound == -np.inf
+    else:
+        assert float((vecs[left_out] @ query).max()) <= bound + 1e-5
+        assert bound <= float(sims[-1]) + 1e-6
+
+
+def test_pending_entries_are_searched_exactly_and_merged(indexer: Indexer) -> None:
+    rng = np.random.default_rng(1)
+    vecs = unit(rng, 1500)
+    idx = build(indexer, vecs[:1000], vecs[1000:])
+    try:
+        for trial in range(20):
+            query = vecs[1000 + trial] if trial % 2 else unit(rng, 1)[0]  # half the queries hit a pending one
+            allowed = rng.random(1500) < (1.0 if trial < 10 else 0.5)
+            check_search(idx, vecs, query, allowed, k=10)
+            if trial % 2:
+                rows, _, _ = idx.search(query, 10, allowed, ef_search=400)
+                assert not allowed[1000 + trial] or rows[0] == 1000 + trial
+        # The fast path (allowed_count = the live entries: no per-request selector) gives the same.
+        everything = np.ones(1500, np.bool_)
+        q = unit(rng, 1)[0]
+        assert np.array_equal(
+            idx.search(q, 10, everything, 400)[0], idx.search(q, 10, everything, 400, idx.live_count())[0]
+        )
+        # Fewer allowed entries than k: all of them, bound -inf.
+        few = np.zeros(1500, np.bool_)
+        few[[3, 1200, 1499]] = True
+        rows, _, bound = idx.search(q, 10, few, 400)
+        assert sorted(rows.tolist()) == [3, 1200, 1499] and bound == -np.inf
+    finally:
+        idx._flush_lock.release()
+    wait_indexed(idx)
+    q = unit(rng, 1)[0]
+    check_search(idx, vecs, q, np.ones(1500, np.bool_), k=10)
+
+
+def test_only_pending_entries(indexer: Indexer) -> None:
+    rng = np.random.default_rng(2)
+    vecs = unit(rng, 300)
+    idx = build(indexer, vecs[:0], vecs)
+    try:
+        for _ in range(5):
+            check_search(idx, vecs, unit(rng, 1)[0], rng.random(300) < 0.3, k=10)
+    finally:
+        idx._flush_lock.release()
+
+
+def test_kills_similarities_and_vectors_span_hnsw_and_pending(indexer: Indexer) -> None:
+    rng = np.random.default_rng(3)
+    vecs = unit(rng, 700)
+    idx = build(indexer, vecs[:500], vecs[500:])
+    try:
+        ids = rng.permutation(700)[:120]
+        q = unit(rng, 1)[0]
+        np.testing.assert_allclose(idx.similarities(ids, q), vecs[ids] @ q, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(idx.vectors(ids), vecs[ids])
+        killed = np.array([10, 20, 510, 650])
+        idx.kill(killed)
+        idx.kill(killed)  # twice: counted once
+        assert idx.live_count() == 696
+        for row in killed.tolist():
+            rows, _, _ = idx.search(vecs[row], 5, np.ones(700, np.bool_), 400)
+            assert row not in rows.tolist()
+        check_search(idx, vecs, q, np.ones(700, np.bool_), k=10)
+    finally:
+        idx._flush_lock.release()
+    wait_indexed(idx)
+    # FAISS numbered the moved entries in add order: ids and vectors still agree.
+    np.testing.assert_array_equal(idx.vectors(np.arange(700)), vecs)
+    assert idx.index.ntotal == 700
+    rows, _, _ = idx.search(vecs[650], 5, np.ones(700, np.bool_), 400)
+    assert 650 not in rows.tolist()
+
+
+def test_add_waits_while_max_pending_are_pending(indexer: Indexer) -> None:
+    rng = np.random.default_rng(4)
+    vecs = unit(rng, 200)
+    idx = build(indexer, vecs[:100], vecs[100:150])
+    idx.MAX_PENDING = 60
+    released = threading.Event()
+
+    def release() -> None:
+        time.sleep(0.3)
+        released.set()
+        idx._flush_lock.release()
+
+    t = threading.Thread(target=release)
+    t.start()
+    idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000)  # 100 pending > 60: waits
+    assert released.is_set()
+    assert idx.pending <= 60
+    t.join()
+    wait_indexed(idx)
+    np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
+
+
+def test_snapshot_leaves_pending_entries_out(indexer: Indexer, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    vecs = unit(rng, 400)
+    idx = build(indexer, vecs[:300], vecs[300:])
+    try:
+        idx.save(tmp_path / "snap", "m", "inst")
+    finally:
+        idx._flush_lock.release()
+    loaded = VectorIndex.load(tmp_path / "snap", "m", DIM, 200, "inst")
+    assert loaded is not None
+    snap, vks = loaded
+    assert snap.n == snap.indexed == 300 and snap.live_count() == 0  # every entry dead until revived
+    np.testing.assert_array_equal(vks, np.arange(300) + 1000)
+    snap.revive(np.arange(300), np.arange(300))
+    np.testing.assert_array_equal(snap.vectors(np.arange(300)), vecs[:300])
+
+
+def test_stop_indexes_everything_pending() -> None:
+    rng = np.random.default_rng(6)
+    vecs = unit(rng, 3000)
+    ix = Indexer()
+    ix.start()
+    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    ix.attach(idx)
+    for lo in range(0, 3000, 100):
+        idx.add(vecs[lo : lo + 100], np.arange(lo, lo + 100), np.arange(lo, lo + 100))
+    ix.stop()
+    assert (idx.indexed, idx.pending, idx.index.ntotal) == (3000, 0, 3000)
+    # Once stopped, adds go straight into HNSW.
+    idx.add(vecs[:5], np.arange(3000, 3005), np.arange(3000, 3005))
+    assert (idx.indexed, idx.pending) == (3005, 0)
+
+
+def test_without_an_indexer_adds_go_straight_into_hnsw() -> None:
+    rng = np.random.default_rng(7)
+    vecs = unit(rng, 50)
+    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    idx.add(vecs, np.arange(50), np.arange(50))
+    assert (idx.indexed, idx.pending, idx.index.ntotal) == (50, 0, 50)
