@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir, "log_level": args.log_level}
     if args.no_sync:
         overrides["sync"] = False
-    config = ServerConfig.from_env(**overrides)
+    try:
+        config = ServerConfig.from_env(**overrides)
+    except ValueError as e:
+        p.error(str(e))  # exit status 2 with the setting named
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

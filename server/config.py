@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -126,6 +127,38 @@ class ServerConfig:
 
     # Whole-tier maintenance runs elsewhere; the request path uses serial kernels.
     log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        """Reject settings that would break the server's assumptions, naming the setting."""
+
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"setting {name}={getattr(self, name)!r}: {rule}")
+
+        for name in ("alpha", "beta", "gamma"):
+            need(
+                math.isfinite(getattr(self, name)) and getattr(self, name) >= 0,
+                name,
+                "must be a finite number >= 0",
+            )
+        # Search bounds assume decayed importance never exceeds the base importance.
+        need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
+        need(
+            math.isfinite(self.recency_tau_seconds) and self.recency_tau_seconds > 0,
+            "recency_tau_seconds",
+            "must be > 0",
+        )
+        for name in (
+            "max_workers",
+            "max_concurrent_rpcs",
+            "max_group_ops",
+            "hnsw_ef_construction",
+            "hnsw_ef_search",
+        ):
+            need(getattr(self, name) >= 1, name, "must be >= 1")
+        need(self.hnsw_m >= 2, "hnsw_m", "must be >= 2")
+        for name in ("snapshot_interval_seconds", "maintenance_interval_seconds", "access_flush_seconds"):
+            need(getattr(self, name) >= 0, name, "must be >= 0 (0 disables)")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:

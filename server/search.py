@@ -363,8 +363,8 @@ class Searcher:
         top = kernels.topk(score, a.limit)
         hits: list[SearchHit] = []
         with eng.store.read() as txn:
-            for i in top.tolist():
-                record = eng.store.get(txn, int(view.rid[rows[i]]))
+            records = eng.store.get_many(txn, view.rid[rows[top]].tolist())
+            for i, record in zip(top.tolist(), records, strict=True):
                 if record is None or not self._still_matches(record, a.scope_w, flt, only_tier):
                     continue  # deleted, moved or expired while the search ran
                 vec = eng.store.get_vector(txn, record.rid) if include_embedding else None
@@ -519,7 +519,15 @@ class Searcher:
                 continue
             found.append(got)
             sim_bound = max(sim_bound, bound)
-        rows = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+        # Sorted and distinct (a row moving between entries can show up twice for a moment);
+        # np.unique's own overhead was ~10% of a similarity search.
+        rows = (
+            np.sort(found[0] if len(found) == 1 else np.concatenate(found))
+            if found
+            else np.empty(0, np.int64)
+        )
+        if rows.shape[0] > 1:
+            rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
         return rows, sim_bound
 
     PRIOR_K = 128  # HNSW depth of the first search when recency/importance/weights enter the score

@@ -208,6 +208,14 @@ class Store:
         raw = txn.get(rid_key(rid), db=self.records)
         return None if raw is None else Record.unpack(raw)
 
+    def get_many(self, txn: lmdb.Transaction, rids: list[int]) -> list[Record | None]:
+        """``get`` of each rid, in one call into LMDB (each call releases and retakes the GIL,
+        which costs more than the lookup when other threads are busy)."""
+        keys = [rid_key(r) for r in rids]
+        with txn.cursor(db=self.records) as cur:
+            found = dict(cur.getmulti(keys))
+        return [None if (raw := found.get(k)) is None else Record.unpack(raw) for k in keys]
+
     # -- commit sequence and the change log ------------------------------------------------------
     def next_seq(self, txn: lmdb.Transaction) -> None:
         """Number the commit about to happen (writer thread, just before it commits)."""

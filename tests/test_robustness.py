@@ -4,7 +4,10 @@ expiry, the maintenance sweep, write-group sizing and searches racing deletes an
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +19,7 @@ from conftest import FakeClock
 
 from tiermem.client import AlreadyExistsError, InvalidArgumentError, MemoryClient, NotFoundError, TiermemError
 from tiermem.server.app import RunningServer
+from tiermem.server.config import ServerConfig
 from tiermem.server.storage import Store
 from tiermem.server.writer import Writer
 
@@ -292,3 +296,32 @@ def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
             pass
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"TIERMEM_IMPORTANCE_FLOOR": "1.5"}, "importance_floor"),
+        ({"TIERMEM_ALPHA": "-0.5"}, "alpha"),
+        ({"TIERMEM_GAMMA": "nan"}, "gamma"),
+        ({"TIERMEM_MAX_WORKERS": "0"}, "max_workers"),
+        ({"TIERMEM_HNSW_M": "1"}, "hnsw_m"),
+        ({"TIERMEM_RECENCY_TAU_SECONDS": "0"}, "recency_tau_seconds"),
+        ({"TIERMEM_SNAPSHOT_INTERVAL_SECONDS": "-1"}, "snapshot_interval_seconds"),
+    ],
+)
+def test_invalid_settings_are_refused_with_their_name(
+    env: dict[str, str], named: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=f"setting {named}="):
+        ServerConfig.from_env(env)
+    # The command line refuses to start (exit status 2) and names the setting, before touching data.
+    proc = subprocess.run(
+        [sys.executable, "-m", "tiermem.server", "--port", "0", "--data-dir", str(tmp_path / "d")],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and named in proc.stderr
+    assert not (tmp_path / "d").exists()

@@ -273,3 +273,20 @@ def test_a_snapshot_newer_than_lmdb_is_ignored(tmp_path: Path) -> None:
     rids = list(e.columns.rows)
     assert len(rids) == len(set(rids)) == 7
     e.close()
+
+
+def test_get_many_reads_what_get_reads(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    e = _engine(tmp_path / "d", FakeClock())
+    try:
+        recs = e.create([_mem(rng, i, "ns") for i in range(20)], batch=True)
+        e.delete("ns", "m3")
+        rids = [*[r.rid for r in recs][::-1], 10**9, recs[0].rid]  # reversed, a missing rid, a repeat
+        with e.store.read() as txn:
+            many = e.store.get_many(txn, rids)
+            one = [e.store.get(txn, rid) for rid in rids]
+        assert many == one
+        assert many[-2] is None and many[rids.index(recs[3].rid)] is None
+        assert [r.id for r in many if r is not None][:3] == ["m19", "m18", "m17"]
+    finally:
+        e.close()

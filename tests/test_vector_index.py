@@ -128,9 +128,12 @@ def test_kills_similarities_and_vectors_span_hnsw_and_pending(indexer: Indexer) 
             rows, _, _ = idx.search(vecs[row], 5, np.ones(700, np.bool_), 400)
             assert row not in rows.tolist()
         check_search(idx, vecs, q, np.ones(700, np.bool_), k=10)
+        before = idx.similarities(np.arange(700), q)
     finally:
         idx._flush_lock.release()
     wait_indexed(idx)
+    # Bit for bit the same once the pending entries are in HNSW (the same search, the same scores).
+    np.testing.assert_array_equal(idx.similarities(np.arange(700), q), before)
     # FAISS numbered the moved entries in add order: ids and vectors still agree.
     np.testing.assert_array_equal(idx.vectors(np.arange(700)), vecs)
     assert idx.index.ntotal == 700
@@ -199,3 +202,94 @@ def test_without_an_indexer_adds_go_straight_into_hnsw() -> None:
     idx = VectorIndex(DIM, m=16, ef_construction=64)
     idx.add(vecs, np.arange(50), np.arange(50))
     assert (idx.indexed, idx.pending, idx.index.ntotal) == (50, 0, 50)
+
+
+def test_moves_into_hnsw_wait_for_a_snapshot_in_progress(indexer: Indexer) -> None:
+    """While a snapshot serializes the index (read lock held), the indexer must not queue for the
+    write lock (new searches would wait behind it): entries stay pending and searchable."""
+    rng = np.random.default_rng(8)
+    vecs = unit(rng, 400)
+    idx = build(indexer, vecs[:300], vecs[:0])
+    idx._flush_lock.release()
+    with idx._state:
+        idx._saving += 1  # what save() does before it takes the read lock
+    try:
+        idx.add(vecs[300:], np.arange(300, 400), np.arange(300, 400) + 1000)
+        time.sleep(0.2)
+        assert (idx.indexed, idx.pending) == (300, 100)
+        with idx._lock.read():  # a search that holds the read lock meanwhile is never in the way
+            pass
+        check_search(idx, vecs, vecs[350], np.ones(400, np.bool_), k=10)
+    finally:
+        with idx._state:
+            idx._saving -= 1
+            idx._state.notify_all()
+    wait_indexed(idx)
+    np.testing.assert_array_equal(idx.vectors(np.arange(400)), vecs)
+
+
+def test_save_while_entries_move_keeps_ids_and_vectors_consistent(indexer: Indexer, tmp_path: Path) -> None:
+    """Snapshots taken while the indexer moves entries: each is a prefix of the entries, with the
+    vks of that prefix."""
+    rng = np.random.default_rng(9)
+    vecs = unit(rng, 2000)
+    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    indexer.attach(idx)
+    for lo in range(0, 2000, 50):
+        idx.add(vecs[lo : lo + 50], np.arange(lo, lo + 50), np.arange(lo, lo + 50) + 7)
+        if lo % 400 == 0:
+            idx.save(tmp_path / "s", "m", "i")
+            loaded = VectorIndex.load(tmp_path / "s", "m", DIM, 64, "i")
+            assert loaded is not None
+            snap, vks = loaded
+            np.testing.assert_array_equal(vks, np.arange(snap.n) + 7)
+            snap.revive(np.arange(snap.n), np.arange(snap.n))
+            np.testing.assert_array_equal(snap.vectors(np.arange(snap.n)), vecs[: snap.n])
+    wait_indexed(idx)
+
+
+def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path) -> None:
+    """Through the engine: with the indexer held back, acknowledged memories are found (pending,
+    scored exactly), stats count them as pending, and a clean restart has them all in HNSW."""
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine
+    from tiermem.server.records import NewMemory
+    from tiermem.server.search import SearchQuery
+
+    rng = np.random.default_rng(10)
+    vecs = unit(rng, 60)
+    cfg = ServerConfig(data_dir=tmp_path / "d", maintenance_interval_seconds=0, exact_search_max_rows=0)
+
+    def mem(i: int) -> NewMemory:
+        return NewMemory(namespace="ns", content=f"m {i}", id=f"m{i}", embedding=vecs[i], embedding_model="v")
+
+    def top(e: Engine, i: int) -> str:
+        q = SearchQuery(
+            namespaces=["ns"], embedding=vecs[i], embedding_model="v", limit=3, strategy=4, read_only=True
+        )
+        return e.search(q)[0].record.id
+
+    e = Engine(cfg)
+    try:
+        e.create([mem(i) for i in range(40)], batch=True)
+        idx = next(iter(e.spaces["v"].indexes.values()))
+        wait_indexed(idx)
+        idx._flush_lock.acquire()
+        try:
+            for i in range(40, 60):
+                e.create([mem(i)])
+            assert idx.pending == 20
+            space = e.stats()["spaces"][0]
+            assert (space["indexed"], space["pending"], space["live"]) == (40, 20, 60)
+            assert [top(e, i) for i in range(60)] == [f"m{i}" for i in range(60)]
+        finally:
+            idx._flush_lock.release()
+    finally:
+        e.close()
+    e = Engine(cfg)
+    try:
+        space = e.stats()["spaces"][0]
+        assert (space["indexed"], space["pending"], space["live"]) == (60, 0, 60)
+        assert [top(e, i) for i in range(60)] == [f"m{i}" for i in range(60)]
+    finally:
+        e.close()
