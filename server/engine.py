@@ -1722,13 +1722,14 @@ class Engine:
         sur = np.bincount(tiers, weights=view.surprise[mask], minlength=5)
         spaces = []
         for sp in list(self.spaces.values()):
+            figures = [idx.counts() for idx in list(sp.indexes.values())]  # each index's read together
             spaces.append(
                 {
                     "model": sp.model,
                     "dim": sp.dim,
-                    "live": sum(i.live_count() for i in list(sp.indexes.values())),
-                    "indexed": sum(i.indexed for i in list(sp.indexes.values())),
-                    "pending": sum(i.pending for i in list(sp.indexes.values())),
+                    "live": sum(f[2] for f in figures),
+                    "indexed": sum(f[0] for f in figures),
+                    "pending": sum(f[1] for f in figures),
                 }
             )
         ns_count = len(self.columns.ns_counts) if not namespace else int(namespace in self.columns.ns_counts)

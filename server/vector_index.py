@@ -15,7 +15,10 @@ Why tombstones plus snapshots (HNSW has no real remove; ``IndexIDMap2(HNSW).remo
 - Rebuilding (compaction) to drop dead entries happens at start-up when dead entries pass a fraction.
 
 Concurrency: FAISS allows concurrent searches but no search during an add, so each index has a
-readers-writer lock; adds come only from the writer thread, in batches.
+readers-writer lock. The writer thread appends entries (vectors to a pending buffer) and kills
+them under a plain lock (``_state``), never waiting for searches; the ``Indexer`` thread alone
+moves pending vectors into HNSW, 32 at a time under the write lock. Searches hold the read lock,
+which keeps the HNSW part fixed, and score the pending part exactly.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class VectorIndex:
         self._flush_lock = threading.Lock()  # one mover of pending vectors at a time
         self.indexer: Indexer | None = None
         self._saving = 0  # snapshots serializing: moves into HNSW wait rather than stall searches
+        self.damaged = False  # a failed FAISS add left linked-or-not entries: no more snapshots
         self.max_pause_seconds = 0.0  # longest write-lock hold of an add (searches wait that long)
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
@@ -95,6 +99,11 @@ class VectorIndex:
     @property
     def pending(self) -> int:
         return self.n - self.indexed
+
+    def counts(self) -> tuple[int, int, int]:
+        """(entries in HNSW, entries pending, live entries), read together."""
+        with self._state:
+            return self.indexed, self.n - self.indexed, self.n - self.dead
 
     def add(self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray, chunk: int = 0) -> np.ndarray:
         """Add rows of ``vectors`` for the given column rows; returns their internal ids.
@@ -140,9 +149,14 @@ class VectorIndex:
                 self.flush()
         return np.arange(first, first + count, dtype=np.int64)
 
-    def flush(self, chunk: int = 0, limit: int = 0) -> int:
-        """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default: see _chunk);
-        at most ``limit`` of them when given. Returns how many are still pending."""
+    def flush(self, chunk: int = 0, limit: int = 0, yield_to_save: bool = False) -> int:
+        """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default ADD_CHUNK); at
+        most ``limit`` of them when given. Returns how many were moved.
+
+        A snapshot holds the read lock while it serializes the index (0.1-1 s): asking for the
+        write lock meanwhile would queue every new search behind the request (writers go first),
+        so this waits for it to finish, or returns at once with ``yield_to_save`` (the indexer
+        then serves other indexes)."""
         with self._flush_lock:
             moved = 0
             while True:
@@ -151,21 +165,39 @@ class VectorIndex:
                     size = min(n - lo, chunk or self._chunk())
                     if limit:
                         size = min(size, limit - moved)
-                    if size <= 0:
-                        return n - lo
-                    batch = self._pbuf[lo - self._pbase : lo + size - self._pbase]
-                    # A snapshot holds the read lock while it serializes (0.1-1 s): asking for the
-                    # write lock now would queue every new search behind it (writers go first).
-                    while self._saving:
+                    if size > 0 and self._saving and yield_to_save:
+                        return moved
+                    while size > 0 and self._saving:
                         self._state.wait()
+                    if size <= 0:
+                        self._shrink()
+                        return moved
+                    batch = self._pbuf[lo - self._pbase : lo + size - self._pbase]
                 with self._lock.write():
                     t0 = time.perf_counter()
-                    self.index.add(batch)
-                    with self._state:
-                        self.indexed = lo + size
-                        self._state.notify_all()
+                    ok = False
+                    try:
+                        self.index.add(batch)
+                        ok = True
+                    finally:
+                        # FAISS appends the vectors to its storage before it links them: after a
+                        # failure (out of memory) some may be in, and their ids are taken. Count
+                        # them as moved (never add them twice: ids would drift), and keep this
+                        # index out of snapshots, so a restart adds them again from LMDB.
+                        with self._state:
+                            added = int(self.index.ntotal) - lo
+                            if not ok and added > 0:
+                                self.damaged = True
+                            self.indexed = lo + added
+                            self._state.notify_all()
                     self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
                 moved += size
+
+    def _shrink(self) -> None:
+        """Under ``_state`` with nothing pending: let go of a large buffer (a start-up or a burst
+        sized it; an index written to rarely would keep it for good)."""
+        if self.n == self.indexed and self._pbuf.shape[0] > 1024:
+            self._pbuf, self._pbase = np.empty((0, self.dim), np.float32), self.n
 
     def kill(self, internal_ids: np.ndarray | list[int]) -> None:
         ids = np.asarray(internal_ids, dtype=np.int64)
@@ -187,9 +219,10 @@ class VectorIndex:
         return self.n - self.dead
 
     def _pending_view(self) -> tuple[int, int, np.ndarray, np.ndarray, int, np.ndarray]:
-        """(indexed, n, slots, pending vectors, dead, live bits): a consistent snapshot. Call under
-        the read lock, which keeps ``indexed`` fixed; ``slots`` and the bits may still see later
-        kills (their rows then fail the caller's ``allowed``), never a reused entry."""
+        """(indexed, n, slots, pending vectors, dead, live bits): a snapshot. Call under the read
+        lock, which keeps ``indexed`` fixed. ``slots`` and the bits are live arrays that kills
+        still change (an entry never comes back to life, and a killed row fails the caller's
+        ``allowed``): read each slot once, or copy."""
         with self._state:
             lo, n = self.indexed, self.n
             pvecs = self._pbuf[lo - self._pbase : n - self._pbase]
@@ -216,8 +249,9 @@ class VectorIndex:
             lo, n, slots, pvecs, dead, live_bits = self._pending_view()
             if n == 0:
                 return empty
-            # Pending entries: exact similarities of the allowed ones.
-            p_rows = slots[lo:n]
+            # Pending entries: exact similarities of the allowed ones. A copy: kills do not take
+            # the read lock, and a slot read twice could turn -1 (a row number!) in between.
+            p_rows = slots[lo:n].copy()
             ok = (p_rows >= 0) & (p_rows < allowed.shape[0])
             ok[ok] = allowed[p_rows[ok]]
             p_ids = np.flatnonzero(ok)
@@ -284,7 +318,7 @@ class VectorIndex:
     def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
         """Column rows of the live entries allowed by ``allowed`` (for exact scoring)."""
         with self._state:
-            slots = self.slots[: self.n]
+            slots = self.slots[: self.n].copy()  # (kills may run meanwhile: read each slot once)
         live = slots[slots >= 0]
         live = live[live < allowed.shape[0]]
         return live[allowed[live]]
@@ -331,6 +365,9 @@ class VectorIndex:
     # manifest pointing at the previous, complete files. ``instance`` is the LMDB environment's id,
     # so a snapshot is never applied to another database (e.g. a restored LMDB backup).
     def save(self, base: Path, model: str, instance: str) -> None:
+        if self.damaged:  # the previous snapshot stays; start-up adds what it lacks from LMDB
+            logger.error("index %s not snapshotted: a failed add may have left entries unlinked", base.name)
+            return
         token = uuid.uuid4().hex[:16]
         index_path = base.with_name(f"{base.name}.{token}.faiss")
         vks_path = base.with_name(f"{base.name}.{token}.vks.npy")
@@ -417,9 +454,8 @@ def _fsync(path: Path) -> None:
 class Indexer:
     """One background thread that moves pending vectors into HNSW, a chunk per index in turn.
 
-    If an add into FAISS fails (out of memory), the thread logs it and stops; its entries stay
-    pending (searchable), and later adds move them in the writer thread, where a failure is
-    reported to the writing call.
+    If an add into FAISS fails (out of memory), the thread logs it and tries again a second later;
+    the entries stay pending, and searchable, meanwhile.
     """
 
     def __init__(self) -> None:
@@ -477,15 +513,18 @@ class Indexer:
                     if left <= 0:
                         break
                     self._cond.wait(left)
+            pause = 0.0
             try:
-                idx.flush(limit=idx._chunk())
+                if idx.flush(limit=idx._chunk(), yield_to_save=True) == 0 and idx.pending:
+                    pause = 0.01  # a snapshot of this index is being written
             except Exception:
-                logger.exception("moving pending vectors into HNSW failed; the indexer stops")
-                self.running = False
-                with idx._state:
-                    idx._state.notify_all()  # an add waiting for room flushes by itself
-                return
+                # Out of memory, most likely: the entries stay pending (searched exactly, and
+                # writes wait once MAX_PENDING are); try again in a second.
+                logger.exception("moving pending vectors into HNSW failed; retrying in 1 s")
+                pause = 1.0
             with self._cond:
                 self._work.pop(key, None)
                 if idx.pending:
                     self._work[key] = idx  # back of the line: indexes take turns
+                    if pause and not self._stop:
+                        self._cond.wait(pause)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -293,3 +294,120 @@ def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path
         assert [top(e, i) for i in range(60)] == [f"m{i}" for i in range(60)]
     finally:
         e.close()
+
+
+class _KillOnLookup(np.ndarray):
+    """An ``allowed`` mask that kills an entry (as the writer thread would) the first time a
+    search looks rows up in it: a kill landing in the middle of a search, deterministically."""
+
+    hook: Any = None
+
+    def __getitem__(self, key: Any) -> Any:
+        out = super().__getitem__(key)
+        hook, type(self).hook = type(self).hook, None
+        if hook is not None and isinstance(key, np.ndarray) and key.dtype == np.int64:
+            t = threading.Thread(target=hook)
+            t.start()
+            t.join()
+        return out
+
+
+def test_a_kill_during_a_search_never_yields_a_dead_slot(indexer: Indexer) -> None:
+    rng = np.random.default_rng(12)
+    vecs = unit(rng, 40)
+    idx = build(indexer, vecs[:20], vecs[20:])
+    try:
+        for victim in (25, 5):  # a pending entry, an entry in HNSW
+            _KillOnLookup.hook = lambda v=victim: idx.kill([v])
+            allowed = np.ones(40, np.bool_).view(_KillOnLookup)
+            rows, _, _ = idx.search(vecs[victim], 5, allowed, 64)
+            rows = np.asarray(rows)
+            assert _KillOnLookup.hook is None  # the kill ran mid-search
+            assert rows.shape[0] and (rows >= 0).all(), rows
+            _KillOnLookup.hook = lambda v=victim + 1: idx.kill([v])
+            assert (np.asarray(idx.allowed_rows(np.ones(40, np.bool_).view(_KillOnLookup))) >= 0).all()
+    finally:
+        idx._flush_lock.release()
+
+
+class _FailingAdds:
+    """FAISS index stand-in for fault injection only: forwards to the real index, failing the next
+    ``fail`` adds, before (``partial`` False) or after (True) the vectors reach FAISS's storage."""
+
+    def __init__(self, real: Any, fail: int, partial: bool) -> None:
+        self.real, self.fail, self.partial = real, fail, partial
+
+    def add(self, x: np.ndarray) -> None:
+        if self.fail:
+            self.fail -= 1
+            if self.partial:
+                self.real.add(x)  # stored, then "linking failed"
+            raise MemoryError("injected")
+        self.real.add(x)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_failed_add_keeps_entries_pending_and_is_retried(indexer: Indexer, tmp_path: Path) -> None:
+    rng = np.random.default_rng(13)
+    vecs = unit(rng, 100)
+    idx = build(indexer, vecs[:50], vecs[:0])
+    idx._flush_lock.release()
+    idx.index = _FailingAdds(idx.index, fail=1, partial=False)
+    idx.add(vecs[50:], np.arange(50, 100), np.arange(50, 100) + 1000)
+    check_search(idx, vecs, vecs[70], np.ones(100, np.bool_), k=10)  # pending or not, found
+    wait_indexed(idx, timeout=10)  # retried a second later
+    assert idx.index.fail == 0 and not idx.damaged
+    np.testing.assert_array_equal(idx.vectors(np.arange(100)), vecs)
+
+
+def test_an_add_failing_after_storing_never_adds_twice_and_stops_snapshots(
+    indexer: Indexer, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(14)
+    vecs = unit(rng, 100)
+    idx = build(indexer, vecs[:50], vecs[:0])
+    idx._flush_lock.release()
+    idx.save(tmp_path / "s", "m", "i")
+    idx.index = _FailingAdds(idx.index, fail=1, partial=True)
+    idx.add(vecs[50:], np.arange(50, 100), np.arange(50, 100) + 1000)
+    wait_indexed(idx, timeout=10)
+    assert idx.damaged and idx.index.ntotal == 100  # ids still agree with entries
+    np.testing.assert_array_equal(idx.vectors(np.arange(100)), vecs)
+    idx.save(tmp_path / "s", "m", "i")  # refused: the previous snapshot (50 entries) stays
+    loaded = VectorIndex.load(tmp_path / "s", "m", DIM, 64, "i")
+    assert loaded is not None and loaded[0].n == 50
+
+
+def test_a_large_pending_buffer_is_let_go(indexer: Indexer) -> None:
+    rng = np.random.default_rng(15)
+    vecs = unit(rng, 5000)
+    idx = VectorIndex(DIM, m=8, ef_construction=32)
+    idx.add(vecs, np.arange(5000), np.arange(5000), chunk=4096)  # the start-up path
+    assert (idx.indexed, idx._pbuf.shape[0]) == (5000, 0)
+    indexer.attach(idx)
+    idx.add(vecs[:3], np.arange(5000, 5003), np.arange(5000, 5003))
+    wait_indexed(idx)
+    assert idx._pbuf.shape[0] <= 1024
+
+
+def test_the_indexer_serves_other_indexes_while_one_is_being_saved(indexer: Indexer) -> None:
+    rng = np.random.default_rng(16)
+    vecs = unit(rng, 200)
+    a = build(indexer, vecs[:50], vecs[:0])
+    a._flush_lock.release()
+    b = build(indexer, vecs[:50], vecs[:0])
+    b._flush_lock.release()
+    with a._state:
+        a._saving += 1
+    try:
+        a.add(vecs[50:100], np.arange(50, 100), np.arange(50, 100))
+        b.add(vecs[50:100], np.arange(50, 100), np.arange(50, 100))
+        wait_indexed(b, timeout=10)
+        assert a.pending == 50
+    finally:
+        with a._state:
+            a._saving -= 1
+            a._state.notify_all()
+    wait_indexed(a)
