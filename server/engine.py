@@ -376,12 +376,25 @@ class Engine:
                 state, seq = self.writer.barrier(lambda: (self._columns_state(), self.store.seq))
             else:
                 state, seq = self._columns_state(), self.store.seq
-            snapshots.save_columns(self.index_dir, state, seq, self.store.instance)
+            # After a committed write failed to apply, the columns lack what LMDB holds: a columns
+            # snapshot would carry that into the next start-up (and forget the change log that
+            # still names the record). Keep the previous one; start-up replays LMDB since it.
+            columns_ok = self.writer.apply_failures == 0
+            if columns_ok:
+                snapshots.save_columns(self.index_dir, state, seq, self.store.instance)
+            else:
+                logger.error(
+                    "columns snapshot skipped: %d committed writes failed to apply; the next "
+                    "start-up reloads them from LMDB",
+                    self.writer.apply_failures,
+                )
             del state
             for sp in list(self.spaces.values()):
                 for tier, idx in list(sp.indexes.items()):
                     idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
-            if running:
+            if not columns_ok:
+                pass
+            elif running:
                 self.writer.submit(lambda txn: self.store.forget_changes(txn, seq), lambda n: n)
             else:
                 with self.store.write() as txn:

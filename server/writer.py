@@ -62,6 +62,7 @@ class Writer:
         self._lock = threading.Lock()
         self.ops_committed = 0
         self.groups_committed = 0
+        self.apply_failures = 0  # committed writes whose in-memory apply failed (see Engine.snapshot)
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 
@@ -143,6 +144,7 @@ class Writer:
             try:
                 op.future.set_result(op.apply(op.prepared))
             except BaseException as e:  # a bug: the write is durable but in-memory state may lag
+                self.apply_failures += 1
                 logger.exception("applying a committed write failed")
                 op.future.set_exception(TiermemError(f"write committed but not applied: {e}"))
 

@@ -290,3 +290,44 @@ def test_get_many_reads_what_get_reads(tmp_path: Path) -> None:
         assert [r.id for r in many if r is not None][:3] == ["m19", "m18", "m17"]
     finally:
         e.close()
+
+
+def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path) -> None:
+    """A committed write whose in-memory apply fails (a bug, injected here) is in LMDB but not in
+    the columns. Snapshots taken after it must not carry that gap into the next start-up."""
+    from tiermem.server.errors import TiermemError
+
+    rng = np.random.default_rng(17)
+    clock = FakeClock()
+    e = _engine(tmp_path / "d", clock)
+    try:
+        e.create([_mem(rng, i, "ns") for i in range(10)], batch=True)
+        e.snapshot()  # a good snapshot before the failure
+        real = e._index_new
+        calls = {"n": 0}
+
+        def failing(items: list) -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("injected apply failure")
+            real(items)
+
+        e._index_new = failing  # type: ignore[method-assign]
+        lost = _mem(rng, 10, "ns")
+        with pytest.raises(TiermemError, match="committed but not applied"):
+            e.create([lost])
+        e.create([_mem(rng, 11, "ns")])
+        e.snapshot()  # periodic snapshot after the failure
+    finally:
+        e.close()  # and the shutdown snapshot
+    e = _engine(tmp_path / "d", clock)
+    try:
+        rec, _ = e.get("ns", "m10")
+        assert rec.content == lost.content
+        hits = e.search(
+            SearchQuery(namespaces=["ns"], embedding=lost.embedding, embedding_model=MODEL, strategy=4)
+        )
+        assert hits[0].record.id == "m10"
+        assert e.stats()["memory_count"] == 12
+    finally:
+        e.close()
