@@ -610,14 +610,16 @@ class Engine:
                         )
                     dues = {ns: self._dues(txn, ns) for ns in {m.namespace for m in memories}}
                     return "replay", (replayed, prior.get("dups") or [False] * len(replayed), dues)
-            spaces = self.store.spaces(txn)
+            spaces: dict[str, int | None] = {}  # dimension by model, as this transaction sees it
             out: list[tuple[Record, np.ndarray | None]] = []  # vector None: a reinforced duplicate
             freed: list[Record] = []
             scopes: dict[str, list[Any]] = {}  # namespace -> reflection/summary state (Store.scope_state)
             for i, m in enumerate(memories):
                 prefix = f"memories[{i}]." if batch else "memory."
                 dim = int(m.embedding.shape[0])
-                known = spaces.get(m.embedding_model)
+                if m.embedding_model not in spaces:
+                    spaces[m.embedding_model] = self.store.space(txn, m.embedding_model)
+                known = spaces[m.embedding_model]
                 if dim == 0:
                     pass  # no vector yet (embedder failed): the space is checked when it is embedded
                 elif known is None:

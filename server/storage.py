@@ -196,6 +196,11 @@ class Store:
     def spaces(self, txn: lmdb.Transaction) -> dict[str, int]:
         return {k.decode(): int(msgpack.unpackb(v)) for k, v in self._prefixed(txn, _META_SPACE)}
 
+    def space(self, txn: lmdb.Transaction, model: str) -> int | None:
+        """The dimension of one space (one lookup; ``spaces`` scans them all)."""
+        raw = txn.get(_META_SPACE + model.encode(), db=self.meta)
+        return None if raw is None else int(msgpack.unpackb(raw))
+
     def put_space(self, txn: lmdb.Transaction, model: str, dimension: int) -> None:
         txn.put(_META_SPACE + model.encode(), msgpack.packb(dimension), db=self.meta)
 

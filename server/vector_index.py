@@ -208,6 +208,14 @@ class VectorIndex:
             self.dead += int(live.shape[0])
 
     def _set_bits(self, ids: np.ndarray, on: bool) -> None:
+        if ids.shape[0] <= 4:  # single creates and deletes: 0.3 us a bit here, 3 us through ufunc.at
+            b = self.live_bits
+            for i in ids.tolist():
+                if on:
+                    b[i >> 3] |= 1 << (i & 7)
+                else:
+                    b[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+            return
         bits = (1 << (ids & 7)).astype(np.uint8)
         if on:
             np.bitwise_or.at(self.live_bits, ids >> 3, bits)
