@@ -108,6 +108,10 @@ class ServerConfig:
     # pass max(snapshot_min_changes, 10% of all); they bound the work of a start-up after kill -9.
     snapshot_interval_seconds: float = 300.0
     snapshot_min_changes: int = 20000
+    # At start-up, up to this many vectors missing from an index snapshot (written after it, e.g.
+    # before a kill -9) wait as pending entries, searched exactly, and enter HNSW after SERVING;
+    # more are indexed before SERVING (on every core).
+    startup_pending_max: int = 262144
 
     # Lifecycle (seed 000), overridable per namespace with UpdateNamespaceConfig.
     tier_ttl_seconds: tuple[float, ...] = DEFAULT_TTL_SECONDS  # idle longer than this: demote
@@ -157,6 +161,7 @@ class ServerConfig:
         ):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.hnsw_m >= 2, "hnsw_m", "must be >= 2")
+        need(self.startup_pending_max >= 0, "startup_pending_max", "must be >= 0")
         for name in ("snapshot_interval_seconds", "maintenance_interval_seconds", "access_flush_seconds"):
             need(getattr(self, name) >= 0, name, "must be >= 0 (0 disables)")
 

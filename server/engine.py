@@ -323,6 +323,13 @@ class Engine:
                 )
         sp.indexes[tier] = idx
         missing = np.flatnonzero(internal < 0)
+        # Vectors a stale snapshot lacks (written after it: kill -9) are searchable at once as
+        # pending entries and enter HNSW in the background after SERVING, unless there are so many
+        # (no snapshot, compaction, or more than half the snapshot again) that exact scans of
+        # them would slow searches for long.
+        defer = idx.n > 0 and missing.shape[0] <= min(
+            self.config.startup_pending_max, max(VectorIndex.MAX_PENDING, idx.n // 2)
+        )
         for start in range(0, missing.shape[0], 4096):
             chunk = missing[start : start + 4096]
             vecs = np.empty((chunk.shape[0], sp.dim), np.float32)
@@ -331,15 +338,19 @@ class Engine:
                 if v is None or v.shape[0] != sp.dim:
                     raise RuntimeError(f"record {int(rids[i])} has no valid vector in LMDB")
                 vecs[j] = v
-            internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk], chunk=4096)  # no searches yet
+            if defer:
+                internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk], defer=True)
+            else:  # no searches yet: FAISS adds in big batches on every core
+                internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk], chunk=4096)
         self.columns.activate(rows, _loc(sp.id, tier, internal))
         if missing.shape[0]:
             logger.info(
-                "index %s/%d: %d vectors from snapshot, %d added from LMDB",
+                "index %s/%d: %d vectors from snapshot, %d from LMDB (%s)",
                 sp.model,
                 tier,
                 rows.shape[0] - missing.shape[0],
                 missing.shape[0],
+                "pending, indexed in the background" if defer else "indexed before serving",
             )
 
     def _new_index(self, sp: Space) -> VectorIndex:

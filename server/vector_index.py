@@ -84,6 +84,7 @@ class VectorIndex:
         self.indexer: Indexer | None = None
         self._saving = 0  # snapshots serializing: moves into HNSW wait rather than stall searches
         self.damaged = False  # a failed FAISS add left linked-or-not entries: no more snapshots
+        self._backlog = 0  # pending entries deferred at start-up, still waiting: writes do not wait for them
         self.max_pause_seconds = 0.0  # longest write-lock hold of an add (searches wait that long)
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
@@ -105,13 +106,16 @@ class VectorIndex:
         with self._state:
             return self.indexed, self.n - self.indexed, self.n - self.dead
 
-    def add(self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray, chunk: int = 0) -> np.ndarray:
+    def add(
+        self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray, chunk: int = 0, defer: bool = False
+    ) -> np.ndarray:
         """Add rows of ``vectors`` for the given column rows; returns their internal ids.
 
         The entries are searchable on return. With an indexer attached they enter HNSW in the
         background (this waits only while MAX_PENDING are pending); without one, or with ``chunk``
         (start-up: no search can wait, so FAISS adds in big parallel batches), they are moved into
-        HNSW before returning.
+        HNSW before returning. ``defer`` (start-up) leaves them pending for the indexer, as a
+        backlog that later writes do not wait for.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
@@ -137,15 +141,18 @@ class VectorIndex:
             self.vks[first:need] = vks
             self._set_bits(np.arange(first, need), True)
             self.n = need
+            if defer:
+                self._backlog = self.n - self.indexed
+                return np.arange(first, first + count, dtype=np.int64)
         indexer = self.indexer
         if chunk or indexer is None or not indexer.running:
             self.flush(chunk)
         else:
             indexer.notify(self)
             with self._state:
-                while self.n - self.indexed > self.MAX_PENDING and indexer.running:
+                while self.n - self.indexed > self._backlog + self.MAX_PENDING and indexer.running:
                     self._state.wait(0.5)
-            if self.n - self.indexed > self.MAX_PENDING:  # the indexer stopped meanwhile
+            if self.n - self.indexed > self._backlog + self.MAX_PENDING:  # the indexer stopped meanwhile
                 self.flush()
         return np.arange(first, first + count, dtype=np.int64)
 
@@ -189,6 +196,7 @@ class VectorIndex:
                             if not ok and added > 0:
                                 self.damaged = True
                             self.indexed = lo + added
+                            self._backlog = min(self._backlog, self.n - self.indexed)
                             self._state.notify_all()
                     self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
                 moved += size
@@ -336,8 +344,11 @@ class VectorIndex:
         read from HNSW storage or the pending buffer, under the read lock."""
         with self._lock.read():
             lo, n, _, pvecs, _, _ = self._pending_view()
-            storage: Any = faiss.downcast_index(self.index.storage)
-            xb = faiss.rev_swig_ptr(storage.get_xb(), max(lo, 1) * self.dim).reshape(max(lo, 1), self.dim)
+            if lo:
+                storage: Any = faiss.downcast_index(self.index.storage)
+                xb = faiss.rev_swig_ptr(storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
+            else:  # nothing in HNSW yet (its storage may have no buffer at all)
+                xb = np.empty((0, self.dim), np.float32)
             if internal_ids.shape[0] and int(internal_ids.max()) >= n:
                 raise ValueError("internal id out of range")
             in_hnsw = internal_ids < lo

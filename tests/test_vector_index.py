@@ -411,3 +411,72 @@ def test_the_indexer_serves_other_indexes_while_one_is_being_saved(indexer: Inde
             a._saving -= 1
             a._state.notify_all()
     wait_indexed(a)
+
+
+def test_a_deferred_backlog_does_not_hold_up_later_writes(indexer: Indexer) -> None:
+    """Start-up leaves vectors a stale snapshot lacks pending (``defer``); later writes wait only
+    for what they add beyond that backlog, and the backlog drains in the background."""
+    rng = np.random.default_rng(18)
+    vecs = unit(rng, 400)
+    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    idx.add(vecs[:100], np.arange(100), np.arange(100), chunk=4096)  # the snapshot's part
+    idx.add(vecs[100:300], np.arange(100, 300), np.arange(100, 300), defer=True)
+    assert (idx.indexed, idx.pending) == (100, 200)
+    idx.MAX_PENDING = 50
+    idx._flush_lock.acquire()  # the indexer is slow
+    indexer.attach(idx)
+    try:
+        t0 = time.monotonic()
+        idx.add(vecs[300:340], np.arange(300, 340), np.arange(300, 340))  # 240 pending: no wait
+        assert time.monotonic() - t0 < 0.5 and idx.pending == 240
+        check_search(idx, vecs[:340], vecs[250], np.ones(340, np.bool_), k=10)
+    finally:
+        idx._flush_lock.release()
+    wait_indexed(idx)
+    idx.add(vecs[340:], np.arange(340, 400), np.arange(340, 400))  # backlog gone: the usual limit
+    wait_indexed(idx)
+    np.testing.assert_array_equal(idx.vectors(np.arange(400)), vecs)
+
+
+def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, caplog: Any) -> None:
+    """A start-up after a crash (here: a close without the shutdown snapshot) finds vectors written
+    after the last index snapshot: they are searchable at once and indexed in the background."""
+    import logging
+
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine
+    from tiermem.server.records import NewMemory
+    from tiermem.server.search import SearchQuery
+
+    rng = np.random.default_rng(19)
+    vecs = unit(rng, 300)
+    cfg = ServerConfig(
+        data_dir=tmp_path / "d",
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        snapshot_on_shutdown=False,
+        exact_search_max_rows=0,
+    )
+
+    def mem(i: int) -> NewMemory:
+        return NewMemory(namespace="ns", content=f"m {i}", id=f"m{i}", embedding=vecs[i], embedding_model="v")
+
+    e = Engine(cfg)
+    try:
+        e.create([mem(i) for i in range(200)], batch=True)
+        e.snapshot()
+        e.create([mem(i) for i in range(200, 300)], batch=True)
+    finally:
+        e.close()  # no shutdown snapshot: the index snapshot lacks the last 100
+    with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
+        e = Engine(cfg)
+    try:
+        assert any("100 from LMDB (pending, indexed in the background)" in r.message for r in caplog.records)
+        for i in range(300):
+            q = SearchQuery(namespaces=["ns"], embedding=vecs[i], embedding_model="v", limit=1, strategy=4)
+            assert e.search(q)[0].record.id == f"m{i}"
+        idx = next(iter(e.spaces["v"].indexes.values()))
+        wait_indexed(idx)
+        assert idx.counts() == (300, 0, 300)
+    finally:
+        e.close()
