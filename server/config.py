@@ -111,7 +111,7 @@ class ServerConfig:
     # At start-up, up to this many vectors missing from an index snapshot (written after it, e.g.
     # before a kill -9) wait as pending entries, searched exactly, and enter HNSW after SERVING;
     # more are indexed before SERVING (on every core).
-    startup_pending_max: int = 262144
+    startup_pending_max: int = 131072  # per index; searches scan them exactly until they are indexed
 
     # Lifecycle (seed 000), overridable per namespace with UpdateNamespaceConfig.
     tier_ttl_seconds: tuple[float, ...] = DEFAULT_TTL_SECONDS  # idle longer than this: demote

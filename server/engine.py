@@ -330,6 +330,8 @@ class Engine:
         defer = idx.n > 0 and missing.shape[0] <= min(
             self.config.startup_pending_max, max(VectorIndex.MAX_PENDING, idx.n // 2)
         )
+        if defer:
+            idx.reserve(int(missing.shape[0]))
         for start in range(0, missing.shape[0], 4096):
             chunk = missing[start : start + 4096]
             vecs = np.empty((chunk.shape[0], sp.dim), np.float32)
@@ -367,7 +369,10 @@ class Engine:
             self._snapshotter.join()
         self.flush_access()
         self.writer.close()
-        self.indexer.stop()  # every acknowledged vector into HNSW before the snapshot
+        # No draining: what is still pending stays out of the index snapshot, and the next start-up
+        # adds it again from LMDB, in the background (a shutdown after a start-up with a large
+        # backlog would otherwise wait for all of it).
+        self.indexer.stop(drain=False)
         if self.config.snapshot_on_shutdown:
             self.snapshot(running=False)
         self.store.close()

@@ -142,7 +142,7 @@ class VectorIndex:
             self._set_bits(np.arange(first, need), True)
             self.n = need
             if defer:
-                self._backlog = self.n - self.indexed
+                self._backlog += count
                 return np.arange(first, first + count, dtype=np.int64)
         indexer = self.indexer
         if chunk or indexer is None or not indexer.running:
@@ -155,6 +155,17 @@ class VectorIndex:
             if self.n - self.indexed > self._backlog + self.MAX_PENDING:  # the indexer stopped meanwhile
                 self.flush()
         return np.arange(first, first + count, dtype=np.int64)
+
+    def reserve(self, count: int) -> None:
+        """Room in the pending buffer for ``count`` more entries, allocated once, exactly (start-up
+        defers that many: growing by doubling would briefly hold three times their size)."""
+        with self._state:
+            keep = self._pbuf[self.indexed - self._pbase : self.n - self._pbase]
+            if self.n + count - self._pbase <= self._pbuf.shape[0]:
+                return
+            buf = np.empty((keep.shape[0] + count, self.dim), np.float32)
+            buf[: keep.shape[0]] = keep
+            self._pbuf, self._pbase = buf, self.indexed
 
     def flush(self, chunk: int = 0, limit: int = 0, yield_to_save: bool = False) -> int:
         """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default ADD_CHUNK); at
@@ -196,7 +207,8 @@ class VectorIndex:
                             if not ok and added > 0:
                                 self.damaged = True
                             self.indexed = lo + added
-                            self._backlog = min(self._backlog, self.n - self.indexed)
+                            # Deferred entries are the oldest pending ones: they move first.
+                            self._backlog = max(0, self._backlog - added)
                             self._state.notify_all()
                     self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
                 moved += size
@@ -292,11 +304,15 @@ class VectorIndex:
             return h_rows, h_sims, bound
         rows = np.concatenate([h_rows, p_rows])
         sims = np.concatenate([h_sims, p_sims.astype(np.float32, copy=False)])
-        order = np.argsort(-sims, kind="stable")
-        top, rest = order[:k], order[k:]
-        # Entries left out: those HNSW did not return (at most ``bound``) and those cut here.
-        if rest.shape[0] and not math.isnan(bound):
-            bound = max(bound, float(sims[rest].max()))
+        if sims.shape[0] > k:  # (a start-up backlog can leave many pending: no full sort)
+            part = np.argpartition(-sims, k)
+            top, rest = part[:k], part[k:]
+            # Entries left out: those HNSW did not return (at most ``bound``) and those cut here.
+            if not math.isnan(bound):
+                bound = max(bound, float(sims[rest].max()))
+        else:
+            top = np.arange(sims.shape[0])
+        top = top[np.argsort(-sims[top], kind="stable")]
         return rows[top], sims[top], bound
 
     def _hnsw(
@@ -481,6 +497,7 @@ class Indexer:
         self._cond = threading.Condition()
         self._work: dict[int, VectorIndex] = {}  # indexes with pending entries, in turn order
         self._stop = False
+        self._drain = True
         self.running = False
         self._thread: threading.Thread | None = None
 
@@ -499,10 +516,11 @@ class Indexer:
             self._work[id(idx)] = idx
             self._cond.notify()
 
-    def stop(self) -> None:
-        """Index everything pending, then stop."""
+    def stop(self, drain: bool = True) -> None:
+        """Stop, after indexing everything pending (``drain``) or after the chunk in progress."""
         with self._cond:
             self._stop = True
+            self._drain = drain
             self._cond.notify()
         if self._thread is not None:
             self._thread.join()
@@ -523,7 +541,7 @@ class Indexer:
             with self._cond:
                 while not self._work and not self._stop:
                     self._cond.wait()
-                if not self._work:
+                if not self._work or (self._stop and not self._drain):
                     return
                 key, idx = next(iter(self._work.items()))
                 deadline = time.monotonic() + self.LINGER_SECONDS

@@ -290,8 +290,10 @@ def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path
     e = Engine(cfg)
     try:
         space = e.stats()["spaces"][0]
-        assert (space["indexed"], space["pending"], space["live"]) == (60, 0, 60)
+        assert space["indexed"] + space["pending"] == space["live"] == 60
         assert [top(e, i) for i in range(60)] == [f"m{i}" for i in range(60)]
+        wait_indexed(next(iter(e.spaces["v"].indexes.values())))
+        assert e.stats()["spaces"][0]["indexed"] == 60
     finally:
         e.close()
 
@@ -426,12 +428,21 @@ def test_a_deferred_backlog_does_not_hold_up_later_writes(indexer: Indexer) -> N
     idx._flush_lock.acquire()  # the indexer is slow
     indexer.attach(idx)
     try:
-        t0 = time.monotonic()
-        idx.add(vecs[300:340], np.arange(300, 340), np.arange(300, 340))  # 240 pending: no wait
-        assert time.monotonic() - t0 < 0.5 and idx.pending == 240
+        writer = threading.Thread(
+            target=idx.add, args=(vecs[300:340], np.arange(300, 340), np.arange(300, 340))
+        )
+        writer.start()
+        writer.join(timeout=5)  # 240 pending, 40 beyond the backlog: no wait
+        assert not writer.is_alive() and idx.pending == 240
         check_search(idx, vecs[:340], vecs[250], np.ones(340, np.bool_), k=10)
     finally:
         idx._flush_lock.release()
+    # Once the deferred entries (the oldest) are in HNSW, the backlog is gone even if writes kept
+    # arriving: the usual limit applies again.
+    end = time.monotonic() + 30
+    while idx.indexed < 300 and time.monotonic() < end:
+        time.sleep(0.01)
+    assert idx.indexed >= 300 and idx._backlog == 0
     wait_indexed(idx)
     idx.add(vecs[340:], np.arange(340, 400), np.arange(340, 400))  # backlog gone: the usual limit
     wait_indexed(idx)
@@ -464,6 +475,7 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
     e = Engine(cfg)
     try:
         e.create([mem(i) for i in range(200)], batch=True)
+        wait_indexed(next(iter(e.spaces["v"].indexes.values())))  # (a snapshot leaves pending ones out)
         e.snapshot()
         e.create([mem(i) for i in range(200, 300)], batch=True)
     finally:
@@ -480,3 +492,44 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
         assert idx.counts() == (300, 0, 300)
     finally:
         e.close()
+
+
+def test_stop_without_draining_leaves_pending_entries() -> None:
+    rng = np.random.default_rng(20)
+    vecs = unit(rng, 100)
+    ix = Indexer()
+    ix.start()
+    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    ix.attach(idx)
+    idx._flush_lock.acquire()  # the indexer cannot move anything
+    idx.add(vecs, np.arange(100), np.arange(100))
+    stopper = threading.Thread(target=ix.stop, kwargs={"drain": False})
+    stopper.start()
+    end = time.monotonic() + 10
+    while not ix._stop and time.monotonic() < end:
+        time.sleep(0.005)
+    idx._flush_lock.release()
+    stopper.join(timeout=10)
+    assert not stopper.is_alive() and not ix.running
+    assert (
+        idx.indexed + idx.pending == 100 and idx.pending >= 100 - idx.ADD_CHUNK
+    )  # at most the chunk in progress
+    check_search(idx, vecs, vecs[7], np.ones(100, np.bool_), k=5)
+
+
+def test_reserve_sizes_the_pending_buffer_once() -> None:
+    rng = np.random.default_rng(21)
+    vecs = unit(rng, 5000)
+    idx = VectorIndex(DIM, m=8, ef_construction=32)
+    idx.add(vecs[:100], np.arange(100), np.arange(100), chunk=4096)
+    idx.reserve(4900)
+    buf = idx._pbuf
+    assert buf.shape[0] == 4900
+    for lo in range(100, 5000, 700):
+        hi = min(5000, lo + 700)
+        idx.add(vecs[lo:hi], np.arange(lo, hi), np.arange(lo, hi), defer=True)
+    assert idx._pbuf is buf and idx._backlog == 4900
+    np.testing.assert_array_equal(idx.vectors(np.arange(5000)), vecs)
+    idx.flush()
+    assert idx._backlog == 0 and idx.pending == 0
+    np.testing.assert_array_equal(idx.vectors(np.arange(5000)), vecs)
