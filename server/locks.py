@@ -1,4 +1,10 @@
-"""A readers-writer lock: many readers or one writer; a waiting writer blocks new readers."""
+"""A readers-writer lock: many readers or one writer.
+
+Phase-fair: a waiting writer blocks readers that arrive after it (a stream of searches cannot
+starve the indexer), and when a writer releases, the readers waiting at that moment go before the
+next writer (a writer that re-acquires in a loop, like the indexer draining a backlog, cannot
+starve searches).
+"""
 
 from __future__ import annotations
 
@@ -13,12 +19,18 @@ class RWLock:
         self._readers = 0
         self._writer = False
         self._waiting_writers = 0
+        self._waiting_readers = 0
+        self._reader_pass = 0  # readers admitted ahead of waiting writers after the last write
 
     @contextmanager
     def read(self) -> Iterator[None]:
         with self._cond:
-            while self._writer or self._waiting_writers:
+            self._waiting_readers += 1
+            while self._writer or (self._waiting_writers and not self._reader_pass):
                 self._cond.wait()
+            self._waiting_readers -= 1
+            if self._reader_pass:
+                self._reader_pass -= 1
             self._readers += 1
         try:
             yield
@@ -32,7 +44,7 @@ class RWLock:
     def write(self) -> Iterator[None]:
         with self._cond:
             self._waiting_writers += 1
-            while self._writer or self._readers:
+            while self._writer or self._readers or self._reader_pass:
                 self._cond.wait()
             self._waiting_writers -= 1
             self._writer = True
@@ -41,4 +53,5 @@ class RWLock:
         finally:
             with self._cond:
                 self._writer = False
+                self._reader_pass = self._waiting_readers  # their turn before the next writer
                 self._cond.notify_all()
