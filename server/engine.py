@@ -408,11 +408,9 @@ class Engine:
             for sp in list(self.spaces.values()):
                 for tier, idx in list(sp.indexes.items()):
                     idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
-            if not columns_ok:
-                pass
-            elif running:
+            if columns_ok and running:
                 self.writer.submit(lambda txn: self.store.forget_changes(txn, seq), lambda n: n)
-            else:
+            elif columns_ok:
                 with self.store.write() as txn:
                     self.store.forget_changes(txn, seq)
             self._snapshot_changes = changes

@@ -96,9 +96,6 @@ class VectorIndex:
     # after one chunk: while a large backlog drains, searches take tens of ms.
     ADD_CHUNK = 32
 
-    def _chunk(self) -> int:
-        return self.ADD_CHUNK
-
     @property
     def pending(self) -> int:
         return self.n - self.indexed
@@ -133,11 +130,8 @@ class VectorIndex:
                 bits_grown = np.zeros((cap + 7) // 8, np.uint8)
                 bits_grown[: self.live_bits.shape[0]] = self.live_bits
                 self.slots, self.vks, self.live_bits = grown, vk_grown, bits_grown
-            if need - self._pbase > self._pbuf.shape[0]:  # a new buffer holding the pending ones
-                keep = self._pbuf[self.indexed - self._pbase : first - self._pbase]
-                buf = np.empty((max(1024, 2 * (keep.shape[0] + count)), self.dim), np.float32)
-                buf[: keep.shape[0]] = keep
-                self._pbuf, self._pbase = buf, self.indexed
+            if need - self._pbase > self._pbuf.shape[0]:
+                self._new_buffer(max(1024, 2 * (first - self.indexed + count)))
             self._pbuf[first - self._pbase : need - self._pbase] = vectors
             self.slots[first:need] = slots
             self.vks[first:need] = vks
@@ -162,12 +156,16 @@ class VectorIndex:
         """Room in the pending buffer for ``count`` more entries, allocated once, exactly (start-up
         defers that many: growing by doubling would briefly hold three times their size)."""
         with self._state:
-            keep = self._pbuf[self.indexed - self._pbase : self.n - self._pbase]
-            if self.n + count - self._pbase <= self._pbuf.shape[0]:
-                return
-            buf = np.empty((keep.shape[0] + count, self.dim), np.float32)
-            buf[: keep.shape[0]] = keep
-            self._pbuf, self._pbase = buf, self.indexed
+            if self.n + count - self._pbase > self._pbuf.shape[0]:
+                self._new_buffer(self.n - self.indexed + count)
+
+    def _new_buffer(self, rows: int) -> None:
+        """Under ``_state``: a new pending buffer of ``rows`` rows holding the pending vectors. The
+        old one is left as it is (readers may hold a view of it)."""
+        keep = self._pbuf[self.indexed - self._pbase : self.n - self._pbase]
+        buf = np.empty((rows, self.dim), np.float32)
+        buf[: keep.shape[0]] = keep
+        self._pbuf, self._pbase = buf, self.indexed
 
     def flush(self, chunk: int = 0, limit: int = 0, yield_to_save: bool = False) -> int:
         """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default ADD_CHUNK); at
@@ -182,7 +180,7 @@ class VectorIndex:
             while True:
                 with self._state:
                     lo, n = self.indexed, self.n
-                    size = min(n - lo, chunk or self._chunk())
+                    size = min(n - lo, chunk or self.ADD_CHUNK)
                     if limit:
                         size = min(size, limit - moved)
                     if size > 0 and self._saving and yield_to_save:
@@ -219,7 +217,7 @@ class VectorIndex:
         """Under ``_state`` with nothing pending: let go of a large buffer (a start-up or a burst
         sized it; an index written to rarely would keep it for good)."""
         if self.n == self.indexed and self._pbuf.shape[0] > 1024:
-            self._pbuf, self._pbase = np.empty((0, self.dim), np.float32), self.n
+            self._new_buffer(0)
 
     def kill(self, internal_ids: np.ndarray | list[int]) -> None:
         ids = np.asarray(internal_ids, dtype=np.int64)
@@ -554,7 +552,7 @@ class Indexer:
                     self._cond.wait(left)
             pause = 0.0
             try:
-                if idx.flush(limit=idx._chunk(), yield_to_save=True) == 0 and idx.pending:
+                if idx.flush(limit=idx.ADD_CHUNK, yield_to_save=True) == 0 and idx.pending:
                     pause = 0.01  # a snapshot of this index is being written
             except Exception:
                 # Out of memory, most likely: the entries stay pending (searched exactly, and
