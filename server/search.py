@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -177,8 +178,14 @@ class Searcher:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.priors = PriorBounds(engine)
+        # Searches take turns, config.search_concurrency at a time (see ServerConfig).
+        self._turns = threading.BoundedSemaphore(engine.config.search_concurrency or os.cpu_count() or 1)
 
     def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
+        with self._turns:
+            return self._search(q, include_embedding)
+
+    def _search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
         eng, cfg = self.engine, self.engine.config
         from .engine import Filter
 
@@ -328,15 +335,19 @@ class Searcher:
             "floor": eng.config.importance_floor,
         }
 
-        def rank(rows: np.ndarray, keep_vectorless: bool = False) -> Parts:
-            if query is None or sp is None:
+        def rank(rows: np.ndarray, keep_vectorless: bool = False, rel: np.ndarray | None = None) -> Parts:
+            """Score ``rows`` exactly; ``rel``: their similarities when the caller has them."""
+            if rel is not None:
+                pass
+            elif query is None or sp is None:
                 rel = np.zeros(rows.shape[0], np.float32)
-            elif keep_vectorless:  # keyword hits without a vector yet rank with relevance 0
-                got, sims = self._similarities(view, sp, rows, query)
-                rel = np.zeros(rows.shape[0], np.float32)
-                rel[np.searchsorted(rows, got)] = sims
             else:
-                rows, rel = self._similarities(view, sp, rows, query)
+                kept, sims = self._similarities(view, sp, rows, query)
+                if keep_vectorless:  # keyword hits without a vector yet rank with relevance 0
+                    rel = np.zeros(rows.shape[0], np.float32)
+                    rel[kept] = sims
+                else:
+                    rows, rel = rows[kept], sims
             score, rec, imp = kernels.score_rows(
                 rows, rel, alpha=a.alpha, beta=a.beta, gamma=a.gamma, **score_args
             )
@@ -623,32 +634,34 @@ class Searcher:
                 return _concat(parts)  # every row of B was returned
         # B's bounds assumed sim_K. Best bound first, a chunk at a time: its true similarities (dot
         # products, no exponentials) tighten each bound to w * (alpha*sim + prior bound); rows still
-        # above the bar are scored exactly, which raises the bar; stop once no bound left beats it.
+        # above the bar are scored exactly (with those similarities), which raises the bar; rows
+        # whose bound the bar has passed are dropped before the next chunk.
         sim_k = np.float32(sim_bound if a.alpha > 0 else 0.0)
         alpha = np.float32(a.alpha)
-        while b_rows.shape[0] and float(b_bound.max()) > bar():
+        while b_rows.shape[0]:
+            above = b_bound > bar()
+            if not above.all():
+                b_rows, b_bound = b_rows[above], b_bound[above]
+                if not b_rows.shape[0]:
+                    break
             if b_rows.shape[0] > self.CHUNK:
-                top = np.argpartition(-b_bound, self.CHUNK)[: self.CHUNK]
-                rest = np.ones(b_rows.shape[0], np.bool_)
-                rest[top] = False
+                part = np.argpartition(-b_bound, self.CHUNK)
+                top, rest = part[: self.CHUNK], part[self.CHUNK :]
                 chunk, chunk_bound = b_rows[top], b_bound[top]
                 b_rows, b_bound = b_rows[rest], b_bound[rest]
             else:
                 chunk, chunk_bound = b_rows, b_bound
                 b_rows, b_bound = b_rows[:0], b_bound[:0]
-            order = np.argsort(chunk)
-            chunk, chunk_bound = chunk[order], chunk_bound[order]
-            if a.alpha > 0:
-                got, sims = self._similarities(view, sp, chunk, query)  # sorted rows in, sorted rows out
-                if got.shape[0] != chunk.shape[0]:  # rows that left the space meanwhile
-                    chunk_bound = chunk_bound[np.isin(chunk, got, assume_unique=True)]
-                w = row_w[got] if row_w is not None else np.float32(1.0)
-                tight = chunk_bound + w * alpha * (sims - sim_k)
-            else:  # similarity does not count: the prior bound is as tight as it gets
-                got, tight = chunk, chunk_bound
-            c_rows = got[tight > bar()]
-            if c_rows.shape[0]:
-                add(rank(c_rows))
+            if a.alpha == 0:  # similarity does not count: the prior bound is as tight as it gets
+                add(rank(chunk[chunk_bound > bar()]))
+                continue
+            kept, sims = self._similarities(view, sp, chunk, query)  # (rows that left the space: dropped)
+            got = chunk[kept]
+            w = row_w[got] if row_w is not None else np.float32(1.0)
+            tight = chunk_bound[kept] + w * alpha * (sims - sim_k)
+            sel = tight > bar()
+            if sel.any():
+                add(rank(got[sel], rel=sims[sel]))
         return _concat(parts)
 
     def _still_matches(self, rec: Record, namespaces: dict[str, float], flt: Filter, only_tier: int) -> bool:
@@ -663,19 +676,23 @@ class Searcher:
     def _similarities(
         self, view: ColumnsView, sp: Space, rows: np.ndarray, query: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Cosine of ``rows`` with the query, read from HNSW storage; rows that left the space
-        meanwhile are dropped. Returns (rows, similarities)."""
+        """Cosine of ``rows`` with the query, read from HNSW storage. Returns (kept, similarities):
+        ``kept`` selects the rows still in the space (a row may leave it while a search runs);
+        the similarities are those of ``rows[kept]``, in order."""
         from .engine import INTERNAL_MASK, SPACE_SHIFT, TIER_SHIFT
 
         loc = view.vpos[rows]
-        keep = (loc >= 0) & ((loc >> SPACE_SHIFT) == sp.id)
-        rows, loc = rows[keep], loc[keep]
+        kept = (loc >= 0) & ((loc >> SPACE_SHIFT) == sp.id)
+        if not kept.all():
+            loc = loc[kept]
         tiers = (loc >> TIER_SHIFT) & 0xF
-        sims = np.empty(rows.shape[0], np.float32)
+        if tiers.shape[0] and tiers.min() == tiers.max():  # one tier: no per-tier split
+            return kept, sp.indexes[int(tiers[0])].similarities(loc & INTERNAL_MASK, query)
+        sims = np.empty(loc.shape[0], np.float32)
         for t in np.unique(tiers).tolist():
             sel = tiers == t
             sims[sel] = sp.indexes[t].similarities(loc[sel] & INTERNAL_MASK, query)
-        return rows, sims
+        return kept, sims
 
 
 @dataclass(frozen=True)

@@ -325,3 +325,67 @@ def test_invalid_settings_are_refused_with_their_name(
     )
     assert proc.returncode == 2 and named in proc.stderr
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("turns", [1, 2])
+def test_searches_take_turns_search_concurrency_at_a_time(tmp_path: Path, turns: int) -> None:
+    """More searches ranking at once than there are cores only contend for them (and the GIL):
+    ``search_concurrency`` of them rank at a time, the others wait their turn and then run."""
+    from tiermem.server.engine import Engine
+    from tiermem.server.records import NewMemory
+    from tiermem.server.search import SearchQuery
+
+    inside, release = threading.Semaphore(0), threading.Event()
+    held: set[int] = set()  # threads whose search is inside the ranking, stopped at the clock
+
+    class GateClock(FakeClock):
+        def __call__(self) -> float:
+            me = threading.get_ident()
+            if me in blocking and me not in held:
+                held.add(me)
+                inside.release()
+                release.wait(30)
+            return self.now
+
+    blocking: set[int] = set()
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data",
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        search_concurrency=turns,
+    )
+    engine = Engine(cfg, clock=GateClock())
+    try:
+        vecs = _unit(np.random.default_rng(3), 20, 8)
+        engine.create(
+            [NewMemory("ns", f"m{i}", embedding=vecs[i], embedding_model=MODEL) for i in range(20)],
+            batch=True,
+        )
+        results: list[int] = []
+
+        def search() -> None:
+            blocking.add(threading.get_ident())
+            q = SearchQuery(
+                namespaces=["ns"], embedding=vecs[0], embedding_model=MODEL, limit=5, read_only=True
+            )
+            results.append(len(engine.search(q)))
+
+        threads = [threading.Thread(target=search) for _ in range(turns + 1)]
+        for t in threads:
+            t.start()
+        for _ in range(turns):
+            assert inside.acquire(timeout=30), "a search did not start ranking"
+        assert not inside.acquire(timeout=0.3), f"more than {turns} searches ranked at once"
+        release.set()  # the waiting search gets its turn once one finishes
+        assert inside.acquire(timeout=30)
+        for t in threads:
+            t.join(30)
+        assert results == [5] * (turns + 1)
+    finally:
+        release.set()
+        engine.close()
+
+
+def test_search_concurrency_must_not_be_negative(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="search_concurrency"):
+        ServerConfig(data_dir=tmp_path, search_concurrency=-1)
