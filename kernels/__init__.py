@@ -25,6 +25,7 @@ __all__ = [
     "prior_bounds",
     "recency",
     "retention_scores",
+    "row_weights",
     "score_rows",
     "select_evictions",
     "selection_bitmap",
@@ -264,6 +265,19 @@ def prior_bounds(
         bounds,
     )
     return rows[:c], bounds[:c]
+
+
+def row_weights(ns: np.ndarray, tier: np.ndarray, by_ns: np.ndarray, by_tier: np.ndarray) -> np.ndarray:
+    """Per-row weight by_ns[ns[r]] * by_tier[tier[r]] (float32): a search's scope weight per
+    namespace id times its tier weight. A row whose namespace or tier id is out of its table's
+    range (a namespace created after the table was built, an unused row) weighs 0."""
+    n = _check("ns", ns, np.int32).shape[0]
+    _check("tier", tier, np.int8, n)
+    out = np.empty(n, np.float32)
+    _jit.row_weights(
+        ns, tier, np.ascontiguousarray(by_ns, np.float32), np.ascontiguousarray(by_tier, np.float32), out
+    )
+    return out
 
 
 def selection_bitmap(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, int]:
@@ -567,6 +581,7 @@ def warm_up() -> None:
             row_w=row_w,
         )
     selection_bitmap(rows, b)
+    row_weights(np.zeros(2, np.int32), t8, f32, f32)
     # Both specializations: with the expiry column and space check, and without them.
     for expire_at, space_id, space in ((f64, None, -1), (None, i32, 0)):
         filter_mask(

@@ -140,6 +140,15 @@ def prior_bounds(
 
 
 @_kernel
+def row_weights(ns, tier, by_ns, by_tier, out):
+    """out[r] = by_ns[ns[r]] * by_tier[tier[r]]; 0 where an id is out of its table's range."""
+    m, t = by_ns.shape[0], by_tier.shape[0]
+    for r in range(ns.shape[0]):
+        i, j = ns[r], tier[r]
+        out[r] = by_ns[i] * by_tier[j] if 0 <= i < m and 0 <= j < t else np.float32(0.0)
+
+
+@_kernel
 def selection_bitmap(slots, allowed, bitmap):
     """bit i of ``bitmap`` = entry i is live (slots[i] >= 0) and its row is allowed; returns the count."""
     m = allowed.shape[0]

@@ -497,8 +497,7 @@ class Searcher:
         by_tier = np.ones(5, np.float32)
         for t, w in a.tier_w.items():
             by_tier[t] = w
-        ns = np.minimum(view.ns, by_ns.shape[0] - 1)
-        return (by_ns[ns] * by_tier[view.tier]).astype(np.float32)
+        return kernels.row_weights(view.ns, view.tier, by_ns, by_tier)
 
     def _ann(
         self,

@@ -648,3 +648,46 @@ def test_selection_bitmap_allowed_may_have_any_length():
         bitmap, count = K.selection_bitmap(slots, np.ones(m, np.bool_))
         assert count == min(m, 4)
         np.testing.assert_array_equal(bitmap, ref_selection_bitmap(slots, np.ones(m, np.bool_))[0])
+
+
+# --------------------------------------------------------------------------------------------
+# row_weights
+# --------------------------------------------------------------------------------------------
+
+
+def ref_row_weights(ns, tier, by_ns, by_tier) -> np.ndarray:
+    ok = (ns >= 0) & (ns < len(by_ns)) & (tier >= 0) & (tier < len(by_tier))
+    out = np.zeros(len(ns), np.float64)
+    out[ok] = by_ns[ns[ok]].astype(np.float64) * by_tier[tier[ok].astype(np.intp)]
+    return out
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("tables", ["scopes", "one-namespace", "zero-weights"])
+def test_row_weights_random(n, tables):
+    """Scope weight per namespace id times tier weight, on seeded rows with ids out of range (-1 for
+    unused rows, ids past the table for namespaces created after it, tier 5) weighing 0."""
+    rng = rng_for("row_weights", n, tables)
+    m = {"scopes": 7, "one-namespace": 1, "zero-weights": 4}[tables]
+    by_ns = rng.choice(np.array([0.4, 0.6, 0.8, 1.0, 1.7], np.float32), m).astype(np.float32)
+    by_tier = np.array([1.0, 1.0, 0.85, 0.7, 0.55], np.float32)
+    if tables == "zero-weights":
+        by_ns[::2] = 0.0
+        by_tier[3] = 0.0
+    ns = rng.integers(-1, m + 2, n).astype(np.int32)
+    tier = rng.integers(0, 6, n).astype(np.int8)
+    saved = (ns.copy(), tier.copy(), by_ns.copy(), by_tier.copy())
+    got = K.row_weights(ns, tier, by_ns, by_tier)
+    assert got.dtype == np.float32 and got.shape == (n,)
+    np.testing.assert_allclose(got, ref_row_weights(ns, tier, by_ns, by_tier), **F32)
+    for a, b in zip((ns, tier, by_ns, by_tier), saved, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_row_weights_rejects_bad_columns():
+    ns, tier = np.zeros(3, np.int32), np.ones(3, np.int8)
+    tables = (np.ones(2, np.float32), np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="ns must have dtype int32"):
+        K.row_weights(ns.astype(np.int64), tier, *tables)
+    with pytest.raises(ValueError, match="tier must have length 3"):
+        K.row_weights(ns, tier[:2], *tables)
