@@ -115,7 +115,8 @@ def prior_bounds(
     """
     n = todo.shape[0]
     n0 = gen0.shape[0]
-    # Simple loops that LLVM vectorizes, then one compaction pass (a single branchy loop ran 2x slower).
+    # Simple loops that LLVM vectorizes, then one compaction pass (a single branchy loop ran 2x
+    # slower, a single branch-free one 1.5x).
     bound = np.empty(n, np.float32)
     fbase, fbeta, fgamma = np.float32(base), np.float32(beta), np.float32(gamma)
     trivial = fbase + fbeta
@@ -128,14 +129,16 @@ def prior_bounds(
     if use_w:
         for r in range(n):
             bound[r] *= row_w[r]
+    # Branch-free compaction: every row is written at c, which advances only for rows kept (a
+    # branch per row mispredicts when many pass: 0.1 ms at 3k of 100k rows kept, 0.8 ms at 39k;
+    # this loop is 0.12 ms either way). c <= r, so the writes stay in bounds.
     c = 0
+    slack = np.float32(1e-5)
     for r in range(n):
-        if todo[r]:
-            b = bound[r] + np.float32(1e-5)
-            if b > bar:
-                out_rows[c] = r
-                out_bound[c] = b
-                c += 1
+        b = bound[r] + slack
+        out_rows[c] = r
+        out_bound[c] = b
+        c += todo[r] & (b > bar)
     return c
 
 
