@@ -210,6 +210,24 @@ def stop_server(proc: subprocess.Popen[Any], kill: bool = False, timeout: float 
     return time.perf_counter() - t0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, window: float = 0.5, busy: float = 0.1, limit: float = 60.0) -> float:
+    """Wait until a process uses under ``busy`` cores over ``window`` seconds (its background work
+    done: HNSW indexing, a periodic snapshot); returns the seconds waited (at most ``limit``)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit:
+        c0 = cpu_seconds(pid)
+        time.sleep(window)
+        if cpu_seconds(pid) - c0 < busy * window:
+            break
+    return time.perf_counter() - t0
+
+
 def rss_bytes(pid: int) -> int:
     return rss_parts(pid)["VmRSS"]
 

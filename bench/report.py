@@ -201,7 +201,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"(TIERMEM_MAINTENANCE_INTERVAL_SECONDS=0); {p['recall_queries']} sequential queries per recall row",
         f"- load: worker processes (spawn), each with its own channel; concurrency 1 = 1x1, "
         f"concurrency c = {procs} processes x c/{procs} threads (c < {procs}: c x 1); searches read_only, "
-        f"default (combined) strategy",
+        f"default (combined) strategy; each timed load starts once the server is idle (under 0.1 core "
+        f"for 0.5 s: indexing and periodic snapshots left by earlier phases done)",
         "- note: the client processes share this machine's cores with the server (and with each other), "
         "so the figures are a floor for remote clients. Chroma and FAISS run while tiermem is stopped.",
         "",

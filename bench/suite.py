@@ -78,6 +78,7 @@ from common import (
     start_server_timed,
     stop_server,
     summarize,
+    wait_idle,
 )
 from load import BATCH_SEARCH, NAMESPACE, K, LoadPool
 from report import TARGET_STARTUP_N, compute_ratios, fmt, markdown
@@ -247,7 +248,14 @@ class Suite:
         assert self.pool is not None
         seconds = seconds or self.args.seconds
         procs, threads = self.shape(conc)
-        print(f"[{phase}] {name} at concurrency {conc} ({procs}x{threads}) for {seconds} s ...", flush=True)
+        # Steady state: background work a previous phase left (indexing, a periodic snapshot after
+        # many writes, ~1.3 s of CPU at 100k) would otherwise fall into this window.
+        waited = wait_idle(self.server.pid)
+        idle = f" (server idle after {waited:.1f} s)" if waited > 1.0 else ""
+        print(
+            f"[{phase}] {name} at concurrency {conc} ({procs}x{threads}) for {seconds} s{idle} ...",
+            flush=True,
+        )
         out = self.pool.run(
             op, procs, threads, seconds, tag=f"{phase}{name}{conc}", model=self.data.model, **data
         )
