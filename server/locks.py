@@ -4,6 +4,10 @@ Phase-fair: a waiting writer blocks readers that arrive after it (a stream of se
 starve the indexer), and when a writer releases, the readers waiting at that moment go before the
 next writer (a writer that re-acquires in a loop, like the indexer draining a backlog, cannot
 starve searches).
+
+Reads are reentrant per thread: a thread that holds the lock for reading takes it again at once,
+even while a writer waits (a search holds an index across its several lookups; waiting behind the
+writer there would deadlock, since the writer waits for that search to finish).
 """
 
 from __future__ import annotations
@@ -21,9 +25,18 @@ class RWLock:
         self._waiting_writers = 0
         self._waiting_readers = 0
         self._reader_pass = 0  # readers admitted ahead of waiting writers after the last write
+        self._held = threading.local()  # .depth: this thread's nested reads
 
     @contextmanager
     def read(self) -> Iterator[None]:
+        depth = getattr(self._held, "depth", 0)
+        if depth:  # already reading in this thread
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth = depth
+            return
         with self._cond:
             self._waiting_readers += 1
             while self._writer or (self._waiting_writers and not self._reader_pass):
@@ -32,9 +45,11 @@ class RWLock:
             if self._reader_pass:
                 self._reader_pass -= 1
             self._readers += 1
+        self._held.depth = 1
         try:
             yield
         finally:
+            self._held.depth = 0
             with self._cond:
                 self._readers -= 1
                 if self._readers == 0:

@@ -18,6 +18,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -359,18 +360,23 @@ class Searcher:
 
         fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
         ranking = replace(a, limit=fused_limit)
-        if query is None or sp is None or count <= eng.config.exact_search_max_rows:
-            rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
-        else:
-            rows, rel, (score, rec, imp) = self._candidates(
-                view, sp, query, mask, count, ranking, row_w, rank
-            )
-        base = score
-        v_rank = k_rank = kw = None
-        if a.hybrid is not None:
-            rows, rel, base, rec, imp, score, v_rank, k_rank, kw = self._fuse(
-                view, keyword_mask, a, rows, rel, score, rec, imp, fused_limit, rank
-            )
+        with ExitStack() as held:
+            # The space's indexes are held for reading through the ranking: during a backlog
+            # drain a search waits for one chunk of the indexer's adds, not once per lookup.
+            for index in list(sp.indexes.values()) if sp is not None else []:
+                held.enter_context(index.reading())
+            if query is None or sp is None or count <= eng.config.exact_search_max_rows:
+                rows, rel, (score, rec, imp) = rank(np.flatnonzero(mask))
+            else:
+                rows, rel, (score, rec, imp) = self._candidates(
+                    view, sp, query, mask, count, ranking, row_w, rank
+                )
+            base = score
+            v_rank = k_rank = kw = None
+            if a.hybrid is not None:
+                rows, rel, base, rec, imp, score, v_rank, k_rank, kw = self._fuse(
+                    view, keyword_mask, a, rows, rel, score, rec, imp, fused_limit, rank
+                )
         top = kernels.topk(score, a.limit)
         hits: list[SearchHit] = []
         with eng.store.read() as txn:

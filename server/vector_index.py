@@ -30,6 +30,7 @@ import os
 import threading
 import time
 import uuid
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,11 @@ class VectorIndex:
             lo, n = self.indexed, self.n
             pvecs = self._pbuf[lo - self._pbase : n - self._pbase]
             return lo, n, self.slots[:n], pvecs, self.dead, self.live_bits
+
+    def reading(self) -> AbstractContextManager[None]:
+        """Hold the index for reading across several searches and similarity lookups: the caller
+        waits for the indexer (one chunk of adds) at most once, not at each lookup."""
+        return self._lock.read()
 
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int, allowed_count: int = -1

@@ -86,3 +86,56 @@ def test_readers_share_and_a_writer_excludes() -> None:
         order.append("write done")
     t.join(timeout=5)
     assert order == ["write done", "read"]
+
+
+def test_a_reader_reads_again_while_a_writer_waits() -> None:
+    """A search holds an index for reading across several lookups, each of which takes the read
+    lock again: with a writer waiting in between, a non-reentrant phase-fair lock would deadlock
+    (the writer waits for the reader, the reader's second read waits behind the writer)."""
+    lock = RWLock()
+    order: list[str] = []
+
+    def writer() -> None:
+        with lock.write():
+            order.append("write")
+
+    def search() -> None:
+        with lock.read():
+            w = threading.Thread(target=writer, daemon=True)
+            w.start()
+            time.sleep(0.05)  # the writer now waits for this reader
+            with lock.read(), lock.read():
+                order.append("nested read")
+        w.join(5)
+
+    s = threading.Thread(target=search, daemon=True)  # daemon: a deadlock fails the test, not the run
+    s.start()
+    s.join(5)
+    assert not s.is_alive(), "the nested read waited behind the writer: deadlock"
+    assert order == ["nested read", "write"]
+
+
+def test_reads_in_other_threads_still_wait_for_a_waiting_writer() -> None:
+    """Reentrancy is per thread: a new reader in another thread queues behind a waiting writer."""
+    lock = RWLock()
+    order: list[str] = []
+
+    def writer() -> None:
+        with lock.write():
+            order.append("write")
+
+    def reader() -> None:
+        with lock.read():
+            order.append("other read")
+
+    with lock.read():
+        w = threading.Thread(target=writer)
+        w.start()
+        time.sleep(0.05)  # the writer waits for this reader
+        r = threading.Thread(target=reader)
+        r.start()
+        time.sleep(0.05)
+        assert order == []  # the other thread's read waits behind the writer
+    w.join(5)
+    r.join(5)
+    assert order == ["write", "other read"]

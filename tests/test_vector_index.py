@@ -533,3 +533,35 @@ def test_reserve_sizes_the_pending_buffer_once() -> None:
     idx.flush()
     assert idx._backlog == 0 and idx.pending == 0
     np.testing.assert_array_equal(idx.vectors(np.arange(5000)), vecs)
+
+
+def test_a_reader_holding_the_index_looks_up_while_the_indexer_waits(indexer: Indexer) -> None:
+    """A search holds the index (``reading``) across its HNSW search and similarity lookups: those
+    go on while the indexer waits to move pending vectors in, and the moves follow once it lets go."""
+    rng = np.random.default_rng(8)
+    vecs = unit(rng, 600)
+    idx = build(indexer, vecs[:500], vecs[500:])
+    everything = np.ones(600, np.bool_)
+    done: list[int] = []
+
+    def search() -> None:
+        with idx.reading():
+            idx._flush_lock.release()  # the indexer may now move the pending vectors ...
+            deadline = time.monotonic() + 5
+            while idx._lock._waiting_writers == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert idx._lock._waiting_writers == 1  # ... and waits for this reader
+            for trial in range(5):
+                rows, _, _ = idx.search(vecs[500 + trial], 10, everything, ef_search=400)
+                assert rows[0] == 500 + trial
+                sims = idx.similarities(np.arange(490, 510), vecs[0])
+                np.testing.assert_allclose(sims, vecs[490:510] @ vecs[0], rtol=1e-5, atol=1e-6)
+            assert idx.pending == 100  # nothing moved while held
+            done.append(1)
+
+    t = threading.Thread(target=search, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and done == [1]
+    wait_indexed(idx)
+    assert (idx.indexed, idx.pending) == (600, 0)
