@@ -1126,6 +1126,8 @@ class Engine:
             i = cols.namespaces.get(name)
             if i >= 0:
                 ns_ok[i] = True
+        if not ns_ok.any():  # none of them holds a memory yet: no pass over the rows
+            return np.zeros(view.n, np.bool_), 0
         tier_ok = np.zeros(5, np.bool_)
         for t in flt.tiers or TIERS:
             tier_ok[t] = True

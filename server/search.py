@@ -179,14 +179,11 @@ class Searcher:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.priors = PriorBounds(engine)
-        # Searches take turns, config.search_concurrency at a time (see ServerConfig).
-        self._turns = threading.BoundedSemaphore(engine.config.search_concurrency or os.cpu_count() or 1)
+        # Rankings take turns, config.search_concurrency at a time (see ServerConfig); embedding a
+        # query text (maybe a remote call) happens before a search takes its turn.
+        self._turns = threading.BoundedSemaphore(engine.config.search_concurrency or _usable_cores())
 
     def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
-        with self._turns:
-            return self._search(q, include_embedding)
-
-    def _search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
         eng, cfg = self.engine, self.engine.config
         from .engine import Filter
 
@@ -259,16 +256,16 @@ class Searcher:
                 _weight("hybrid.keyword_weight", q.keyword_weight, 1.0),
             )
         args = _Args(limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy, hybrid)
-        if strategy == FAST_FIRST:  # FAST first, falling through to slower tiers until the limit is met
-            hits: list[SearchHit] = []
+        with self._turns:
+            if strategy != FAST_FIRST:
+                return self._rank(args, flt, query, sp, include_embedding)
+            hits: list[SearchHit] = []  # FAST first, falling through to slower tiers until the limit is met
             for t in [t for t in TIERS if not flt.tiers or t in flt.tiers]:
                 if len(hits) >= limit:
                     break
                 sub = replace(args, limit=limit - len(hits))
                 hits += self._rank(sub, flt, query, sp, include_embedding, only_tier=t)
-        else:
-            hits = self._rank(args, flt, query, sp, include_embedding)
-        return hits
+            return hits
 
     def _query(self, q: SearchQuery, needed: bool) -> tuple[np.ndarray | None, Space | None]:
         """The query vector and its space; (None, None) when the ordering needs no query."""
@@ -360,6 +357,9 @@ class Searcher:
 
         fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
         ranking = replace(a, limit=fused_limit)
+        # Keyword scores first: they read LMDB (the store's gate), which must not wait while this
+        # search holds the indexes (the indexer would wait behind it, and every new search behind that).
+        keywords = self._bm25(view, keyword_mask, a.hybrid[0]) if a.hybrid is not None else None
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
             # drain a search waits for one chunk of the indexer's adds, not once per lookup.
@@ -373,9 +373,9 @@ class Searcher:
                 )
             base = score
             v_rank = k_rank = kw = None
-            if a.hybrid is not None:
+            if keywords is not None:
                 rows, rel, base, rec, imp, score, v_rank, k_rank, kw = self._fuse(
-                    view, keyword_mask, a, rows, rel, score, rec, imp, fused_limit, rank
+                    keywords, a, rows, rel, score, rec, imp, fused_limit, rank
                 )
         top = kernels.topk(score, a.limit)
         hits: list[SearchHit] = []
@@ -407,8 +407,7 @@ class Searcher:
 
     def _fuse(
         self,
-        view: ColumnsView,
-        mask: np.ndarray,
+        keywords: tuple[np.ndarray, np.ndarray],
         a: _Args,
         rows: np.ndarray,
         rel: np.ndarray,
@@ -421,13 +420,13 @@ class Searcher:
         """Reciprocal rank fusion of the vector (combined score) list and the keyword (BM25) list,
         each cut at ``depth``: fused = w_v / (k + rank_v) + w_k / (k + rank_k) (seed 000)."""
         assert a.hybrid is not None
-        text, k, w_vec, w_kw = a.hybrid
+        _, k, w_vec, w_kw = a.hybrid
         v_order = kernels.topk(score, depth)
         v_rows = rows[v_order]
-        kw_rows, kw_scores = self._bm25(view, mask, text)
+        kw_rows, kw_scores = keywords
         k_order = kernels.topk(kw_scores, depth)
         k_rows = kw_rows[k_order]
-        extra = np.setdiff1d(k_rows, v_rows)  # sorted, as rank(keep_vectorless=True) needs
+        extra = np.setdiff1d(k_rows, v_rows)
         e_rows, e_rel, (e_score, e_rec, e_imp) = rank(extra, True)
         all_rows = np.concatenate([v_rows, e_rows])
         pos = {int(r): i for i, r in enumerate(all_rows.tolist())}
@@ -715,6 +714,14 @@ class _Args:
     scope_w: dict[str, float]
     strategy: int
     hybrid: tuple[str, float, float, float] | None = None  # keywords, rrf k, vector and keyword weights
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _concat(parts: list[Parts]) -> Parts:

@@ -103,7 +103,10 @@ def test_a_reader_reads_again_while_a_writer_waits() -> None:
         with lock.read():
             w = threading.Thread(target=writer, daemon=True)
             w.start()
-            time.sleep(0.05)  # the writer now waits for this reader
+            deadline = time.monotonic() + 5
+            while lock._waiting_writers == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert lock._waiting_writers == 1  # the writer now waits for this reader
             with lock.read(), lock.read():
                 order.append("nested read")
         w.join(5)
@@ -139,3 +142,30 @@ def test_reads_in_other_threads_still_wait_for_a_waiting_writer() -> None:
     w.join(5)
     r.join(5)
     assert order == ["write", "other read"]
+
+
+def test_an_error_inside_a_nested_read_leaves_the_lock_usable() -> None:
+    """The nesting depth is restored when a nested read ends with an exception: the outer read
+    still releases the lock, and a writer gets it after."""
+    lock = RWLock()
+    try:
+        with lock.read():
+            try:
+                with lock.read():
+                    raise RuntimeError("boom")
+            except RuntimeError:
+                pass
+            raise KeyError("outer")
+    except KeyError:
+        pass
+    got = threading.Event()
+
+    def writer() -> None:
+        with lock.write():
+            got.set()
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    assert got.wait(5), "the lock stayed held for reading"
+    with lock.read():  # and this thread reads afresh (depth back to 0)
+        assert lock._readers == 1

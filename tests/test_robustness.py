@@ -328,33 +328,31 @@ def test_invalid_settings_are_refused_with_their_name(
 
 
 @pytest.mark.parametrize("turns", [1, 2])
-def test_searches_take_turns_search_concurrency_at_a_time(tmp_path: Path, turns: int) -> None:
+def test_searches_take_turns_search_concurrency_at_a_time(
+    tmp_path: Path, turns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """More searches ranking at once than there are cores only contend for them (and the GIL):
     ``search_concurrency`` of them rank at a time, the others wait their turn and then run."""
     from tiermem.server.engine import Engine
     from tiermem.server.records import NewMemory
     from tiermem.server.search import SearchQuery
 
-    inside, release = threading.Semaphore(0), threading.Event()
-    held: set[int] = set()  # threads whose search is inside the ranking, stopped at the clock
-
-    class GateClock(FakeClock):
-        def __call__(self) -> float:
-            me = threading.get_ident()
-            if me in blocking and me not in held:
-                held.add(me)
-                inside.release()
-                release.wait(30)
-            return self.now
-
-    blocking: set[int] = set()
     cfg = ServerConfig(
         data_dir=tmp_path / "data",
         maintenance_interval_seconds=0,
         snapshot_interval_seconds=0,
         search_concurrency=turns,
     )
-    engine = Engine(cfg, clock=GateClock())
+    engine = Engine(cfg)
+    inside, release = threading.Semaphore(0), threading.Event()
+    rank = engine.searcher._rank
+
+    def held_rank(*args: object, **kwargs: object) -> object:  # a spy: stops inside the ranking
+        inside.release()
+        release.wait(30)
+        return rank(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.searcher, "_rank", held_rank)
     try:
         vecs = _unit(np.random.default_rng(3), 20, 8)
         engine.create(
@@ -364,7 +362,6 @@ def test_searches_take_turns_search_concurrency_at_a_time(tmp_path: Path, turns:
         results: list[int] = []
 
         def search() -> None:
-            blocking.add(threading.get_ident())
             q = SearchQuery(
                 namespaces=["ns"], embedding=vecs[0], embedding_model=MODEL, limit=5, read_only=True
             )
@@ -381,6 +378,56 @@ def test_searches_take_turns_search_concurrency_at_a_time(tmp_path: Path, turns:
         for t in threads:
             t.join(30)
         assert results == [5] * (turns + 1)
+    finally:
+        release.set()
+        engine.close()
+
+
+def test_a_search_waiting_for_its_embedder_does_not_hold_a_turn(tmp_path: Path) -> None:
+    """A query text is embedded (maybe a remote call) before the search takes its turn: a slow
+    embedder holds up only the searches that need it."""
+    from tiermem.server.engine import Engine
+    from tiermem.server.records import NewMemory
+    from tiermem.server.search import SearchQuery
+
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data",
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        search_concurrency=1,
+    )
+    engine = Engine(cfg)
+    real = engine.embedder
+    embedding, release = threading.Event(), threading.Event()
+
+    class SlowEmbedder:  # stands in for a remote embedding service that is slow to answer
+        model = real.model
+
+        def embed(self, text: str) -> np.ndarray:
+            embedding.set()
+            release.wait(30)
+            return real.embed(text)
+
+    try:
+        engine.create([NewMemory("ns", f"note {i} about apples") for i in range(5)], batch=True)
+        vec = real.embed("note about apples")
+        engine.embedder = SlowEmbedder()  # type: ignore[assignment]
+        by_text: list[int] = []
+        t = threading.Thread(
+            target=lambda: by_text.append(len(engine.search(SearchQuery(namespaces=["ns"], text="apples"))))
+        )
+        t.start()
+        assert embedding.wait(30)
+        # The text search waits for its embedder; a search by vector still ranks at once.
+        q = SearchQuery(namespaces=["ns"], embedding=vec, embedding_model=real.model, limit=3, read_only=True)
+        done: list[int] = []
+        v = threading.Thread(target=lambda: done.append(len(engine.search(q))), daemon=True)
+        v.start()
+        v.join(10)
+        assert done == [3], "the vector search waited behind the text search's embedder"
+        release.set()
+        t.join(30)
+        assert by_text == [5]
     finally:
         release.set()
         engine.close()
