@@ -1185,15 +1185,20 @@ class Engine:
         return flt
 
     # -- search (see search.py) ---------------------------------------------------------------
-    def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
-        return self.account(q, self.searcher.search(q, include_embedding))
+    def search(
+        self, q: SearchQuery, include_embedding: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> list[SearchHit]:
+        """See ``Searcher.search``; ``wanted``: is the caller still waiting (checked at its turn)."""
+        return self.account(q, self.searcher.search(q, include_embedding, wanted))
 
-    def search_many(self, queries: list[tuple[SearchQuery, bool]]) -> list[list[SearchHit]]:
+    def search_many(
+        self, queries: list[tuple[SearchQuery, bool]], wanted: Callable[[], bool] | None = None
+    ) -> list[list[SearchHit]]:
         """Several searches; their side effects (accesses, hit counts) happen only if all succeed."""
         results = []
         for i, (q, include_embedding) in enumerate(queries):
             try:
-                results.append(self.searcher.search(q, include_embedding))
+                results.append(self.searcher.search(q, include_embedding, wanted))
             except InvalidArgument as e:
                 raise e.within(f"searches[{i}].") from None
         return [self.account(q, hits) for (q, _), hits in zip(queries, results, strict=True)]

@@ -73,6 +73,13 @@ class ResourceExhausted(TiermemError):
         super().__init__(message=message, reason=reason, status="RESOURCE_EXHAUSTED")
 
 
+class DeadlineExceeded(TiermemError):
+    """The caller's deadline passed (or it went away) before the work started: none was done."""
+
+    def __init__(self, message: str, reason: str = "DEADLINE_EXCEEDED") -> None:
+        super().__init__(message=message, reason=reason, status="DEADLINE_EXCEEDED")
+
+
 class Unavailable(TiermemError):
     def __init__(self, message: str, reason: str = "SHUTTING_DOWN") -> None:
         super().__init__(message=message, reason=reason, status="UNAVAILABLE")

@@ -30,7 +30,7 @@ from . import validation as check
 from .columns import ColumnsView
 from .config import TIERS
 from .embedders import EmbedderError
-from .errors import InvalidArgument, NotFound
+from .errors import DeadlineExceeded, InvalidArgument, NotFound
 from .records import Record
 from .text import term_counts
 
@@ -183,7 +183,11 @@ class Searcher:
         # query text (maybe a remote call) happens before a search takes its turn.
         self._turns = threading.BoundedSemaphore(engine.config.search_concurrency or _usable_cores())
 
-    def search(self, q: SearchQuery, include_embedding: bool = False) -> list[SearchHit]:
+    def search(
+        self, q: SearchQuery, include_embedding: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> list[SearchHit]:
+        """Rank memories for ``q``. ``wanted``, when given, is asked once the search has its turn:
+        False (the caller's deadline passed while it waited, or it went away) skips the ranking."""
         eng, cfg = self.engine, self.engine.config
         from .engine import Filter
 
@@ -257,6 +261,8 @@ class Searcher:
             )
         args = _Args(limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy, hybrid)
         with self._turns:
+            if wanted is not None and not wanted():
+                raise DeadlineExceeded("the search's deadline passed while it waited for its turn")
             if strategy != FAST_FIRST:
                 return self._rank(args, flt, query, sp, include_embedding)
             hits: list[SearchHit] = []  # FAST first, falling through to slower tiers until the limit is met

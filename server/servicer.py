@@ -57,6 +57,18 @@ def _rpc_stream(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _still_wanted(context: grpc.ServicerContext | None) -> Callable[[], bool] | None:
+    """Is the caller still waiting: the call is active and its deadline (if any) not passed."""
+    if context is None:
+        return None
+
+    def wanted() -> bool:
+        left = context.time_remaining()
+        return bool(context.is_active()) and (left is None or left > 0)
+
+    return wanted
+
+
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def __init__(self, engine: Engine | None = None) -> None:
         self.engine: Engine | None = engine  # None while the server starts (health: NOT_SERVING)
@@ -168,10 +180,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def SearchMemories(
         self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.SearchMemoriesResponse:
-        return self._search(request)
+        return self._search(request, context)
 
-    def _search(self, request: pb.SearchMemoriesRequest) -> pb.SearchMemoriesResponse:
-        hits = self._engine.search(convert.search_from_pb(request), request.include_embedding)
+    def _search(
+        self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext | None
+    ) -> pb.SearchMemoriesResponse:
+        hits = self._engine.search(
+            convert.search_from_pb(request), request.include_embedding, _still_wanted(context)
+        )
         resp = pb.SearchMemoriesResponse()
         for hit in hits:
             convert.hit_to_pb(hit, resp.results.add(), request.explain)
@@ -184,7 +200,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if not 1 <= len(request.searches) <= 100:
             raise InvalidArgument("searches", "must hold 1 to 100 searches")
         results = self._engine.search_many(
-            [(convert.search_from_pb(s), s.include_embedding) for s in request.searches]
+            [(convert.search_from_pb(s), s.include_embedding) for s in request.searches],
+            _still_wanted(context),
         )
         resp = pb.BatchSearchMemoriesResponse()
         for search, hits in zip(request.searches, results, strict=True):

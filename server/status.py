@@ -19,6 +19,7 @@ STATUS_CODES: dict[str, tuple[grpc.StatusCode, int]] = {
     "FAILED_PRECONDITION": (grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION),
     "RESOURCE_EXHAUSTED": (grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED),
     "UNAVAILABLE": (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
+    "DEADLINE_EXCEEDED": (grpc.StatusCode.DEADLINE_EXCEEDED, code_pb2.DEADLINE_EXCEEDED),
     "INTERNAL": (grpc.StatusCode.INTERNAL, code_pb2.INTERNAL),
 }
 

@@ -436,3 +436,56 @@ def test_a_search_waiting_for_its_embedder_does_not_hold_a_turn(tmp_path: Path) 
 def test_search_concurrency_must_not_be_negative(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="search_concurrency"):
         ServerConfig(data_dir=tmp_path, search_concurrency=-1)
+
+
+def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
+    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load searches queue for their turn; one whose client gave up meanwhile (deadline
+    passed) is dropped when its turn comes instead of ranked for nobody."""
+    import grpc
+
+    from tiermem.v1 import memory_pb2 as pb
+    from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+    running = server_factory(search_concurrency=1)
+    engine = running.engine
+    vecs = _unit(np.random.default_rng(4), 10, 8)
+    with _client(running) as c:
+        for i in range(10):
+            c.create("ns", f"m{i}", embedding=vecs[i].tolist(), embedding_model=MODEL)
+    ranked: list[int] = []
+    inside, release = threading.Event(), threading.Event()
+    rank = engine.searcher._rank
+
+    def spy_rank(*args: object, **kwargs: object) -> object:
+        ranked.append(1)
+        if len(ranked) == 1:  # the first search holds the only turn until released
+            inside.set()
+            release.wait(30)
+        return rank(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.searcher, "_rank", spy_rank)
+    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    stub = pb_grpc.MemoryServiceStub(channel)
+
+    def request() -> pb.SearchMemoriesRequest:
+        r = pb.SearchMemoriesRequest(namespaces=["ns"], embedding_model=MODEL, limit=3, read_only=True)
+        r.query_embedding.extend(vecs[0].tolist())
+        return r
+
+    try:
+        first = stub.SearchMemories.future(request(), timeout=30)
+        assert inside.wait(30)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SearchMemories(request(), timeout=0.3)  # waits behind the first, then gives up
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        release.set()
+        assert len(first.result(30).results) == 3
+        time.sleep(0.3)  # the abandoned search has had its turn by now
+        assert len(ranked) == 1, "the search whose caller gave up was ranked anyway"
+        assert len(stub.SearchMemories(request(), timeout=30).results) == 3  # later ones run
+        assert len(ranked) == 2
+    finally:
+        release.set()
+        channel.close()
