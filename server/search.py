@@ -341,7 +341,7 @@ class Searcher:
 
         def rank(rows: np.ndarray, keep_vectorless: bool = False, rel: np.ndarray | None = None) -> Parts:
             """Score ``rows`` exactly; ``rel``: their similarities when the caller has them."""
-            if rel is not None:
+            if rel is not None:  # the caller computed them
                 pass
             elif query is None or sp is None:
                 rel = np.zeros(rows.shape[0], np.float32)
