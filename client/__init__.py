@@ -5,6 +5,7 @@ from tiermem.v1.memory_pb2 import Memory, SearchResult, Tier
 from .client import MemoryClient
 from .errors import (
     AlreadyExistsError,
+    DeadlineExceededError,
     FailedPreconditionError,
     FieldViolation,
     InvalidArgumentError,
@@ -16,6 +17,7 @@ from .errors import (
 
 __all__ = [
     "AlreadyExistsError",
+    "DeadlineExceededError",
     "FailedPreconditionError",
     "FieldViolation",
     "InvalidArgumentError",

@@ -70,6 +70,21 @@ def tier_value(tier: int | str | None) -> int:
     return int(tier)
 
 
+def strategy_value(strategy: int | str | None) -> int:
+    """Search strategy from an enum value or a name: 'weighted', 'WEIGHTED' or
+    'SEARCH_STRATEGY_WEIGHTED'; None means unspecified (comprehensive)."""
+    if strategy is None:
+        return pb.SEARCH_STRATEGY_UNSPECIFIED
+    if isinstance(strategy, str):
+        name = strategy.upper()
+        full = name if name.startswith("SEARCH_STRATEGY_") else f"SEARCH_STRATEGY_{name}"
+        try:
+            return int(pb.SearchStrategy.Value(full))
+        except ValueError:
+            raise ValueError(f"unknown search strategy {strategy!r}") from None
+    return int(strategy)
+
+
 def _timestamp(value: TimeLike) -> Timestamp:
     ts = Timestamp()
     if isinstance(value, dt.datetime):
@@ -321,7 +336,7 @@ class MemoryClient:
     def search(
         self,
         namespaces: str | Sequence[str],
-        query: str | Sequence[float] | Any,
+        query: str | Sequence[float] | Any = None,
         *,
         embedding_model: str = "",
         limit: int = 10,
@@ -332,12 +347,29 @@ class MemoryClient:
         recency_tau_seconds: float | None = None,
         as_of: TimeLike | None = None,
         include_embedding: bool = False,
+        strategy: int | str | None = None,
+        tier_weights: Mapping[int | str, float] | None = None,
+        include_ancestors: bool = False,
+        scope_weights: Sequence[float] | None = None,
+        read_only: bool = False,
+        hybrid: bool = False,
+        rrf_k: float | None = None,
+        vector_weight: float | None = None,
+        keyword_weight: float | None = None,
+        explain: bool = False,
         **filter_fields: Any,
     ) -> list[pb.SearchResult]:
         """Rank memories by alpha*relevance + beta*recency + gamma*importance, best first.
 
-        ``query`` is text (embedded by the server's built-in embedder) or a vector of the space
-        named by ``embedding_model``. Filters: tiers, kinds, tags_any, tags_all, source, topic,
+        ``query`` is text (embedded by the server's built-in embedder), a vector of the space
+        named by ``embedding_model``, or None for orderings that need none (strategy 'recency' or
+        'importance'). ``strategy``: 'comprehensive' (default), 'weighted', 'fast_first',
+        'similarity', 'recency' or 'importance'; ``tier_weights`` by tier ('fast', ... or value).
+        ``include_ancestors`` also searches the namespaces' ancestors ("a/b/c" -> "a/b", "a"),
+        weighted by ``scope_weights`` (default 1, 0.8, 0.6, 0.4 by distance). ``read_only``: the
+        results do not count as accessed. ``hybrid`` fuses the ranking with keyword (BM25) matches
+        of the query text (``rrf_k``, ``vector_weight``, ``keyword_weight``); ``explain`` fills
+        each result's explanation. Filters: tiers, kinds, tags_any, tags_all, source, topic,
         created_after, created_before.
         """
         req = pb.SearchMemoriesRequest(
@@ -346,11 +378,27 @@ class MemoryClient:
             filter=build_filter(**filter_fields),
             include_embedding=include_embedding,
             embedding_model=embedding_model,
+            strategy=strategy_value(strategy),
+            include_ancestors=include_ancestors,
+            scope_weights=list(scope_weights or []),
+            read_only=read_only,
+            explain=explain,
         )
         if isinstance(query, str):
             req.query_text = query
-        else:
+        elif query is not None:
             req.query_embedding.extend([float(x) for x in query])
+        for tier, weight in (tier_weights or {}).items():
+            req.tier_weights.add(tier=tier_value(tier), weight=weight)
+        if hybrid:
+            req.hybrid.enabled = True
+            for name, value in (
+                ("rrf_k", rrf_k),
+                ("vector_weight", vector_weight),
+                ("keyword_weight", keyword_weight),
+            ):
+                if value is not None:
+                    setattr(req.hybrid, name, value)
         for name, value in (
             ("min_similarity", min_similarity),
             ("alpha", alpha),

@@ -64,6 +64,11 @@ class UnavailableError(TiermemError):
     pass
 
 
+class DeadlineExceededError(TiermemError):
+    """The call's deadline passed: on the way, or while a search waited for its turn on the server
+    (then it was not run)."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[TiermemError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
@@ -71,6 +76,7 @@ _BY_CODE: dict[grpc.StatusCode, type[TiermemError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
 }
 
 

@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 from conftest import FakeClock
 
-from tiermem.client import AlreadyExistsError, InvalidArgumentError, MemoryClient, NotFoundError, TiermemError
+from tiermem.client import (
+    AlreadyExistsError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    MemoryClient,
+    NotFoundError,
+    TiermemError,
+)
 from tiermem.server.app import RunningServer
 from tiermem.server.config import ServerConfig
 from tiermem.server.storage import Store
@@ -480,10 +487,13 @@ def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
         with pytest.raises(grpc.RpcError) as err:
             stub.SearchMemories(request(), timeout=0.3)  # waits behind the first, then gives up
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        impatient = MemoryClient(f"127.0.0.1:{running.port}", timeout=0.3)  # the client's error class
+        with impatient, pytest.raises(DeadlineExceededError):
+            impatient.search("ns", vecs[0].tolist(), embedding_model=MODEL, limit=3)
         release.set()
         assert len(first.result(30).results) == 3
         time.sleep(0.3)  # the abandoned search has had its turn by now
-        assert len(ranked) == 1, "the search whose caller gave up was ranked anyway"
+        assert len(ranked) == 1, "a search whose caller gave up was ranked anyway"
         assert len(stub.SearchMemories(request(), timeout=30).results) == 3  # later ones run
         assert len(ranked) == 2
     finally:

@@ -1722,3 +1722,71 @@ def test_concurrent_same_id_and_same_request_id(client: MemoryClient) -> None:
     assert all(isinstance(g, str) for g in got), got
     assert len(set(got)) == 1
     assert [m.content for m in list_all(client, NS)].count("idempotent") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The Python client's search options (strategies, scopes, hybrid, read_only, explain)
+# --------------------------------------------------------------------------------------------
+
+
+def test_client_search_options_reach_the_server(server_factory: Callable[..., RunningServer]) -> None:
+    """Every SearchMemoriesRequest option the engine supports is reachable from MemoryClient.search,
+    with the same results as the request built by hand."""
+    clock = FakeClock()
+    running = server_factory(clock=clock, search_records_access=True, access_flush_seconds=0)
+    with connect(running) as c:
+        parent, child = "org:a", "org:a/proj:b"
+        c.create(parent, "parent note on rust lifetimes", id="p1", importance=0.9)
+        clock.advance(60)
+        c.create(child, "child note on python generators", id="c1", importance=0.2)
+        clock.advance(60)
+        c.create(child, "child note on rust borrow checker", id="c2", importance=0.5)
+        clock.advance(60)
+
+        # Strategies by name, no query needed for the single-signal orderings.
+        newest = c.search(child, strategy="recency", read_only=True)
+        assert [r.memory.id for r in newest] == ["c2", "c1"]
+        by_importance = c.search(child, strategy="IMPORTANCE", read_only=True)
+        assert [r.memory.id for r in by_importance] == ["c2", "c1"]
+        with pytest.raises(ValueError, match="unknown search strategy"):
+            c.search(child, "rust", strategy="loudest")
+
+        # Ancestors: the parent's memory joins at scope weight 0.8 (explained).
+        scoped = c.search(child, "rust", include_ancestors=True, explain=True, read_only=True)
+        ids = {r.memory.id: r for r in scoped}
+        assert set(ids) == {"p1", "c1", "c2"}
+        assert ids["p1"].explanation.scope_weight == pytest.approx(0.8)
+        assert ids["c2"].explanation.scope_weight == pytest.approx(1.0)
+        custom = c.search(
+            child, "rust", include_ancestors=True, scope_weights=[1.0, 0.5], explain=True, read_only=True
+        )
+        assert {r.memory.id: r.explanation.scope_weight for r in custom}["p1"] == pytest.approx(0.5)
+
+        # Tier weights (by name) under the weighted strategy.
+        weighted = c.search(
+            child, "rust", strategy="weighted", tier_weights={"slow": 0.25}, explain=True, read_only=True
+        )
+        assert all(r.explanation.tier_weight == pytest.approx(0.25) for r in weighted)  # all are SLOW
+
+        # Hybrid: keyword ranks are reported; the same request built by hand gives the same ranking.
+        fused = c.search(
+            child, "borrow checker", hybrid=True, rrf_k=10, keyword_weight=2.0, explain=True, read_only=True
+        )
+        assert fused[0].memory.id == "c2" and fused[0].explanation.keyword_rank == 1
+        req = pb.SearchMemoriesRequest(
+            namespaces=[child], query_text="borrow checker", limit=10, read_only=True, explain=True
+        )
+        req.hybrid.enabled, req.hybrid.rrf_k, req.hybrid.keyword_weight = True, 10, 2.0
+        by_hand = raw(c, "SearchMemories", req).results
+        assert [r.memory.id for r in fused] == [r.memory.id for r in by_hand]
+        assert [r.score for r in fused] == [r.score for r in by_hand]
+
+        # read_only: results are not counted as accessed; without it they are.
+        running.engine.flush_access()  # the searches above were read-only: nothing to record
+        before = c.get(child, "c2").access_count
+        c.search(child, "rust borrow", read_only=True)
+        running.engine.flush_access()
+        assert c.get(child, "c2").access_count == before
+        c.search(child, "rust borrow")
+        running.engine.flush_access()  # (access_flush_seconds=0: recorded when flushed)
+        assert c.get(child, "c2").access_count == before + 1
