@@ -66,7 +66,10 @@ def tier_value(tier: int | str | None) -> int:
         return pb.TIER_UNSPECIFIED
     if isinstance(tier, str):
         name = tier.upper()
-        return int(pb.Tier.Value(name if name.startswith("TIER_") else f"TIER_{name}"))
+        try:
+            return int(pb.Tier.Value(name if name.startswith("TIER_") else f"TIER_{name}"))
+        except ValueError:
+            raise ValueError(f"unknown tier {tier!r}") from None
     return int(tier)
 
 
@@ -353,6 +356,7 @@ class MemoryClient:
         scope_weights: Sequence[float] | None = None,
         read_only: bool = False,
         hybrid: bool = False,
+        keywords: str | None = None,
         rrf_k: float | None = None,
         vector_weight: float | None = None,
         keyword_weight: float | None = None,
@@ -368,7 +372,8 @@ class MemoryClient:
         ``include_ancestors`` also searches the namespaces' ancestors ("a/b/c" -> "a/b", "a"),
         weighted by ``scope_weights`` (default 1, 0.8, 0.6, 0.4 by distance). ``read_only``: the
         results do not count as accessed. ``hybrid`` fuses the ranking with keyword (BM25) matches
-        of the query text (``rrf_k``, ``vector_weight``, ``keyword_weight``); ``explain`` fills
+        of the query text, or of ``keywords`` when the query is a vector (``rrf_k``,
+        ``vector_weight``, ``keyword_weight``; ValueError without ``hybrid``); ``explain`` fills
         each result's explanation. Filters: tiers, kinds, tags_any, tags_all, source, topic,
         created_after, created_before.
         """
@@ -380,17 +385,34 @@ class MemoryClient:
             embedding_model=embedding_model,
             strategy=strategy_value(strategy),
             include_ancestors=include_ancestors,
-            scope_weights=list(scope_weights or []),
+            scope_weights=[] if scope_weights is None else [float(w) for w in scope_weights],
             read_only=read_only,
             explain=explain,
         )
         if isinstance(query, str):
+            if keywords is not None and keywords != query:
+                raise ValueError("keywords are the query text when the query is text; pass one")
             req.query_text = query
         elif query is not None:
             req.query_embedding.extend([float(x) for x in query])
+            if keywords is not None:
+                req.query_text = keywords
         for tier, weight in (tier_weights or {}).items():
             req.tier_weights.add(tier=tier_value(tier), weight=weight)
-        if hybrid:
+        if not hybrid:
+            extra = [
+                name
+                for name, value in (
+                    ("keywords", keywords),
+                    ("rrf_k", rrf_k),
+                    ("vector_weight", vector_weight),
+                    ("keyword_weight", keyword_weight),
+                )
+                if value is not None
+            ]
+            if extra:
+                raise ValueError(f"{', '.join(extra)} only apply with hybrid=True")
+        else:
             req.hybrid.enabled = True
             for name, value in (
                 ("rrf_k", rrf_k),

@@ -37,9 +37,10 @@ class ServerConfig:
     # gRPC
     max_workers: int = 8  # handler threads: more only contend for the cores and the GIL (measured on 2 cores)
     max_concurrent_rpcs: int = 256  # beyond this, calls get RESOURCE_EXHAUSTED at once
-    # Searches ranking at once (0: one per core); the others wait their turn. More than the cores
-    # only contend for them and for the GIL: 8 threads searching in-process on 2 cores served 40%
-    # fewer searches than the same 8 threads taking turns two at a time (measured).
+    # Searches ranking at once (0: the cores of the process's CPU affinity); the others wait their
+    # turn. More than the cores only contend for them and for the GIL: 8 threads searching
+    # in-process on 2 cores served 40% fewer searches than the same 8 threads taking turns two at a
+    # time (measured).
     search_concurrency: int = 0
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_seconds: float = 5.0
@@ -166,7 +167,11 @@ class ServerConfig:
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.hnsw_m >= 2, "hnsw_m", "must be >= 2")
         need(self.startup_pending_max >= 0, "startup_pending_max", "must be >= 0")
-        need(self.search_concurrency >= 0, "search_concurrency", "must be >= 0 (0: one per core)")
+        need(
+            self.search_concurrency >= 0,
+            "search_concurrency",
+            "must be >= 0 (0: the cores the process may run on)",
+        )
         for name in ("snapshot_interval_seconds", "maintenance_interval_seconds", "access_flush_seconds"):
             need(getattr(self, name) >= 0, name, "must be >= 0 (0 disables)")
 

@@ -74,7 +74,8 @@ class ResourceExhausted(TiermemError):
 
 
 class DeadlineExceeded(TiermemError):
-    """The caller's deadline passed (or it went away) before the work started: none was done."""
+    """The caller's deadline passed (or it went away) while the work waited to start: the work is
+    skipped (for a batch, its remaining parts; parts already done keep their effects)."""
 
     def __init__(self, message: str, reason: str = "DEADLINE_EXCEEDED") -> None:
         super().__init__(message=message, reason=reason, status="DEADLINE_EXCEEDED")

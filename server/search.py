@@ -262,7 +262,11 @@ class Searcher:
         args = _Args(limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy, hybrid)
         with self._turns:
             if wanted is not None and not wanted():
-                raise DeadlineExceeded("the search's deadline passed while it waited for its turn")
+                raise DeadlineExceeded(
+                    "the caller's deadline passed or it went away while the search waited for its turn"
+                )
+            if q.as_of is None:  # ranked at the time it runs, not the time it queued
+                args = replace(args, now=eng.clock())
             if strategy != FAST_FIRST:
                 return self._rank(args, flt, query, sp, include_embedding)
             hits: list[SearchHit] = []  # FAST first, falling through to slower tiers until the limit is met

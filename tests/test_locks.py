@@ -155,6 +155,8 @@ def test_an_error_inside_a_nested_read_leaves_the_lock_usable() -> None:
                     raise RuntimeError("boom")
             except RuntimeError:
                 pass
+            assert lock._held.depth == 1  # back to the outer read's depth
+            assert lock._readers == 1
             raise KeyError("outer")
     except KeyError:
         pass
@@ -167,5 +169,7 @@ def test_an_error_inside_a_nested_read_leaves_the_lock_usable() -> None:
     t = threading.Thread(target=writer, daemon=True)
     t.start()
     assert got.wait(5), "the lock stayed held for reading"
+    t.join(5)
+    assert lock._held.depth == 0
     with lock.read():  # and this thread reads afresh (depth back to 0)
         assert lock._readers == 1

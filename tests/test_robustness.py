@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -390,6 +391,67 @@ def test_searches_take_turns_search_concurrency_at_a_time(
         engine.close()
 
 
+def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recency is computed at the moment the search ranks, not when it queued for its turn."""
+
+    from tiermem.server.engine import Engine
+    from tiermem.server.records import NewMemory
+    from tiermem.server.search import SearchQuery
+
+    clock = FakeClock()
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data",
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        search_concurrency=1,
+    )
+    engine = Engine(cfg, clock=clock)
+    searcher = engine.searcher
+    inside, release, arrived = threading.Semaphore(0), threading.Event(), threading.Semaphore(0)
+    ranked_at: list[float] = []
+    rank, turns = searcher._rank, searcher._turns
+
+    def held_rank(args: Any, *rest: object, **kwargs: object) -> object:
+        ranked_at.append(args.now)
+        inside.release()
+        release.wait(30)
+        return rank(args, *rest, **kwargs)  # type: ignore[arg-type]
+
+    class WatchedTurns:  # the real turns, telling the test when a search reaches them
+        def __enter__(self) -> object:
+            arrived.release()
+            return turns.__enter__()
+
+        def __exit__(self, *exc: object) -> object:
+            return turns.__exit__(*exc)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(searcher, "_rank", held_rank)
+    monkeypatch.setattr(searcher, "_turns", WatchedTurns())
+    try:
+        vecs = _unit(np.random.default_rng(5), 4, 8)
+        engine.create(
+            [NewMemory("ns", f"m{i}", embedding=vecs[i], embedding_model=MODEL) for i in range(4)],
+            batch=True,
+        )
+        q = SearchQuery(namespaces=["ns"], embedding=vecs[0], embedding_model=MODEL, read_only=True)
+        threads = [threading.Thread(target=engine.search, args=(q,)) for _ in range(2)]
+        threads[0].start()
+        assert arrived.acquire(timeout=30) and inside.acquire(timeout=30)  # the first ranks
+        threads[1].start()
+        assert arrived.acquire(timeout=30)  # the second waits for the turn
+        start = clock.now
+        clock.advance(3600)
+        release.set()
+        for t in threads:
+            t.join(30)
+        assert ranked_at == [start, start + 3600]
+    finally:
+        release.set()
+        engine.close()
+
+
 def test_a_search_waiting_for_its_embedder_does_not_hold_a_turn(tmp_path: Path) -> None:
     """A query text is embedded (maybe a remote call) before the search takes its turn: a slow
     embedder holds up only the searches that need it."""
@@ -473,6 +535,23 @@ def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
         return rank(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine.searcher, "_rank", spy_rank)
+    finished: list[int] = []  # searches that returned or raised, ranked or not
+    search = engine.searcher.search
+
+    def counted_search(*args: object, **kwargs: object) -> object:
+        try:
+            return search(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            finished.append(1)
+
+    monkeypatch.setattr(engine.searcher, "search", counted_search)
+
+    def wait_finished(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(finished) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(finished) == n
+
     channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
     stub = pb_grpc.MemoryServiceStub(channel)
 
@@ -490,12 +569,18 @@ def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
         impatient = MemoryClient(f"127.0.0.1:{running.port}", timeout=0.3)  # the client's error class
         with impatient, pytest.raises(DeadlineExceededError):
             impatient.search("ns", vecs[0].tolist(), embedding_model=MODEL, limit=3)
+        batch = pb.BatchSearchMemoriesRequest(searches=[request(), request()])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.BatchSearchMemories(batch, timeout=0.3)  # a batch's queries wait for turns too
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         release.set()
         assert len(first.result(30).results) == 3
-        time.sleep(0.3)  # the abandoned search has had its turn by now
+        wait_finished(4)  # the first and the three abandoned ones (the batch stops at its first query)
         assert len(ranked) == 1, "a search whose caller gave up was ranked anyway"
         assert len(stub.SearchMemories(request(), timeout=30).results) == 3  # later ones run
         assert len(ranked) == 2
+        got = stub.BatchSearchMemories(batch, timeout=30).responses
+        assert [len(r.results) for r in got] == [3, 3] and len(ranked) == 4
     finally:
         release.set()
         channel.close()

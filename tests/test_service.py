@@ -1738,18 +1738,22 @@ def test_client_search_options_reach_the_server(server_factory: Callable[..., Ru
         parent, child = "org:a", "org:a/proj:b"
         c.create(parent, "parent note on rust lifetimes", id="p1", importance=0.9)
         clock.advance(60)
-        c.create(child, "child note on python generators", id="c1", importance=0.2)
+        c.create(child, "child note on python generators", id="c1", importance=0.5)
         clock.advance(60)
-        c.create(child, "child note on rust borrow checker", id="c2", importance=0.5)
+        c.create(child, "child note on rust borrow checker", id="c2", importance=0.2)
         clock.advance(60)
 
         # Strategies by name, no query needed for the single-signal orderings.
         newest = c.search(child, strategy="recency", read_only=True)
         assert [r.memory.id for r in newest] == ["c2", "c1"]
         by_importance = c.search(child, strategy="IMPORTANCE", read_only=True)
-        assert [r.memory.id for r in by_importance] == ["c2", "c1"]
+        assert [r.memory.id for r in by_importance] == ["c1", "c2"]
         with pytest.raises(ValueError, match="unknown search strategy"):
             c.search(child, "rust", strategy="loudest")
+        with pytest.raises(ValueError, match="unknown tier"):
+            c.search(child, "rust", tier_weights={"lukewarm": 1.0})
+        with pytest.raises(ValueError, match="rrf_k only apply with hybrid"):
+            c.search(child, "rust", rrf_k=10)
 
         # Ancestors: the parent's memory joins at scope weight 0.8 (explained).
         scoped = c.search(child, "rust", include_ancestors=True, explain=True, read_only=True)
@@ -1766,6 +1770,8 @@ def test_client_search_options_reach_the_server(server_factory: Callable[..., Ru
         weighted = c.search(
             child, "rust", strategy="weighted", tier_weights={"slow": 0.25}, explain=True, read_only=True
         )
+        assert len(weighted) == 2
+        assert all(r.explanation.strategy == pb.SEARCH_STRATEGY_WEIGHTED for r in weighted)
         assert all(r.explanation.tier_weight == pytest.approx(0.25) for r in weighted)  # all are SLOW
 
         # Hybrid: keyword ranks are reported; the same request built by hand gives the same ranking.
@@ -1780,9 +1786,24 @@ def test_client_search_options_reach_the_server(server_factory: Callable[..., Ru
         by_hand = raw(c, "SearchMemories", req).results
         assert [r.memory.id for r in fused] == [r.memory.id for r in by_hand]
         assert [r.score for r in fused] == [r.score for r in by_hand]
+        # Hybrid with the caller's own vector: the keywords come separately.
+        c1 = c.get(child, "c1", include_embedding=True)
+        own = c.search(
+            child,
+            c1.embedding,
+            embedding_model=c1.embedding_model,
+            hybrid=True,
+            keywords="borrow checker",
+            explain=True,
+            read_only=True,
+        )
+        ranks = {r.memory.id: (r.explanation.vector_rank, r.explanation.keyword_rank) for r in own}
+        assert ranks == {"c1": (1, 0), "c2": (2, 1)}  # vector ranks from c1's vector, keywords match c2
+        with pytest.raises(ValueError, match="keywords"):
+            c.search(child, "rust", hybrid=True, keywords="borrow")
 
         # read_only: results are not counted as accessed; without it they are.
-        running.engine.flush_access()  # the searches above were read-only: nothing to record
+        assert running.engine.flush_access() == 0  # the searches above were read-only: nothing recorded
         before = c.get(child, "c2").access_count
         c.search(child, "rust borrow", read_only=True)
         running.engine.flush_access()
