@@ -214,8 +214,8 @@ class Store:
         return None if raw is None else Record.unpack(raw)
 
     def get_many(self, txn: lmdb.Transaction, rids: list[int]) -> list[Record | None]:
-        """``get`` of each rid, in one call into LMDB (each call releases and retakes the GIL,
-        which costs more than the lookup when other threads are busy)."""
+        """``get`` of each rid, in one call from Python (py-lmdb still gives up and retakes the GIL
+        around each lookup inside it, as it does for every get, put and commit)."""
         keys = [rid_key(r) for r in rids]
         with txn.cursor(db=self.records) as cur:
             found = dict(cur.getmulti(keys))

@@ -209,6 +209,75 @@ def test_write_groups_respect_the_byte_cap(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_failed_write_in_a_group_fails_alone(tmp_path: Path) -> None:
+    """Writes queued together share one commit; one that fails half-way (after a put) leaves no
+    trace and fails alone, the others of its group commit."""
+    from tiermem.server.errors import NotFound
+    from tiermem.server.errors import TiermemError as ServerError
+
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 27)
+    writer = Writer(store, max_group=1000, before_commit=lambda txn: None)
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold(txn: Any) -> None:
+        holding.set()
+        gate.wait(10)
+
+    def put(key: bytes, then_fail: BaseException | None = None) -> Callable[[Any], Any]:
+        def prepare(txn: Any) -> bytes:
+            txn.put(key, b"v", db=store.meta)
+            if then_fail is not None:
+                raise then_fail
+            return key
+
+        return prepare
+
+    results: dict[bytes, Any] = {}
+
+    def submit(key: bytes, then_fail: BaseException | None = None) -> None:
+        try:
+            results[key] = writer.submit(put(key, then_fail), lambda r: r)
+        except Exception as e:
+            results[key] = e
+
+    try:
+        first = threading.Thread(target=writer.submit, args=(hold, lambda r: r))
+        first.start()
+        assert holding.wait(10)  # the writer is inside the first write
+        deadline = time.monotonic() + 10
+        ops = [
+            (b"t:a", None),
+            (b"t:b", NotFound("no such thing")),
+            (b"t:c", RuntimeError("a bug")),
+            (b"t:d", None),
+        ]
+        threads = [threading.Thread(target=submit, args=op) for op in ops]
+        for t in threads:
+            t.start()
+        while writer._queue.qsize() < len(ops) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        groups = writer.groups_committed
+        gate.set()  # the four queued writes now form one group
+        for t in [first, *threads]:
+            t.join(10)
+        assert results[b"t:a"] == b"t:a" and results[b"t:d"] == b"t:d"
+        assert isinstance(results[b"t:b"], NotFound)
+        assert isinstance(results[b"t:c"], ServerError) and "a bug" in str(results[b"t:c"])
+        assert writer.groups_committed == groups + 2  # the held one, then the group of four
+        with store.env.begin() as txn:
+            assert [txn.get(k, db=store.meta) for k, _ in ops] == [b"v", None, None, b"v"]
+
+        # Alone: the failed write leaves no trace either.
+        submit(b"t:e", NotFound("no such thing"))
+        assert isinstance(results[b"t:e"], NotFound)
+        with store.env.begin() as txn:
+            assert txn.get(b"t:e", db=store.meta) is None
+    finally:
+        gate.set()
+        writer.close()
+        store.close()
+
+
 def test_searches_race_deletes_and_tier_moves_without_errors(
     server_factory: Callable[..., RunningServer],
 ) -> None:
