@@ -600,7 +600,8 @@ class MemoryClient:
     def export_memories(
         self, namespace: str = "", *, include_children: bool = False
     ) -> Iterator[pb.ExportMemoriesResponse]:
-        """Stream a consistent snapshot: the header chunk, then every memory with its vector."""
+        """Stream a consistent snapshot: the header chunk, then every memory with its vector, the
+        namespaces' progress toward a reflection and a summary, and the graph."""
         try:
             yield from self.stub.ExportMemories(
                 pb.ExportMemoriesRequest(namespace=namespace, include_children=include_children), timeout=None
@@ -622,12 +623,16 @@ class MemoryClient:
                     req.header.CopyFrom(chunk.header)
                 elif which == "memory":
                     req.memory.CopyFrom(chunk.memory)
+                elif which == "scope":
+                    req.scope.CopyFrom(chunk.scope)
                 elif which == "node":
                     req.node.CopyFrom(chunk.node)
                     req.graph_namespace = chunk.graph_namespace
-                else:
+                elif which == "edge":
                     req.edge.CopyFrom(chunk.edge)
                     req.graph_namespace = chunk.graph_namespace
+                else:
+                    raise ValueError(f"chunk {i} of the export is empty")
                 yield req
 
         try:

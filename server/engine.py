@@ -1362,8 +1362,10 @@ class Engine:
     # -- backup and restore ---------------------------------------------------------------------
     def export(self, namespace: str = "", include_children: bool = False) -> Iterator[Any]:
         """Yield a header dict, then ("memory", Record, vector or None) for every memory of the
-        namespace (or all), then ("node" | "edge", namespace, item) for its graph, all from one LMDB
-        read transaction: a consistent snapshot while writes go on."""
+        namespace (or all), then ("scope", namespace, (reflection importance, summary tokens)) for
+        each namespace with progress toward a reflection or summary, then ("node" | "edge",
+        namespace, item) for its graph, all from one LMDB read transaction: a consistent snapshot
+        while writes go on."""
         if namespace:
             check.namespace("namespace", namespace)
         prefixes = (
@@ -1390,6 +1392,15 @@ class Engine:
                     rec = self.store.get(txn, int.from_bytes(value, "big"))
                     if rec is not None and not rec.expired(now):
                         yield "memory", rec, self.store.get_vector(txn, rec.rid)
+            if namespace:
+                scopes = [(namespace, self.store.scope_state(txn, namespace))]
+                if include_children:
+                    scopes += self.store.scope_states(txn, [namespace.encode() + b"/"])
+            else:
+                scopes = self.store.scope_states(txn, [b""])
+            for ns, (refl, tokens, _) in scopes:
+                if refl or tokens:
+                    yield "scope", ns, (float(refl), int(tokens))
             graph = self.store.graph_items(txn, prefixes)
             yield from sorted(graph, key=lambda item: item[0] == "edge")  # nodes before the edges using them
 
@@ -1401,7 +1412,9 @@ class Engine:
         batch: int = 500,
     ) -> tuple[int, int, int]:
         """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``,
-        then the exported graph ("node" / "edge", namespace, item). Memories the exporting server
+        then the exported graph ("node" / "edge", namespace, item), then the namespaces' progress
+        toward a reflection and a summary ("scope", namespace, (importance, tokens)), added to what
+        the namespaces here have accumulated already. Memories the exporting server
         embedded are re-embedded when this server's embedder differs. Returns (memories imported,
         re-embedded, graph items). An id that exists already is ALREADY_EXISTS; the batches committed
         before it stay."""
@@ -1412,6 +1425,7 @@ class Engine:
         imported = reembedded = 0
         pending: list[tuple[Record, np.ndarray | None]] = []
         graph: list[tuple[str, str, dict[str, Any]]] = []
+        scopes: dict[str, list[Any]] = {}  # namespace -> [reflection importance, summary tokens]
 
         def rename(ns: str) -> str:
             if target_namespace:
@@ -1429,7 +1443,18 @@ class Engine:
 
         for i, (what, rec, vec) in enumerate(items):
             if what in ("node", "edge"):
-                graph.append((what, check.namespace(f"chunks[{i}].graph_namespace", rename(rec)), vec))
+                graph.append((what, check.namespace(f"chunks[{i + 1}].graph_namespace", rename(rec)), vec))
+                continue
+            if what == "scope":
+                field = f"chunks[{i + 1}].scope."  # (chunk 0 is the header)
+                refl, tokens = vec
+                if not (math.isfinite(refl) and refl >= 0):
+                    raise InvalidArgument(field + "reflection_importance", "must be a finite number >= 0")
+                if tokens < 0:
+                    raise InvalidArgument(field + "summary_tokens", "must not be negative")
+                ns = check.namespace(field + "namespace", rename(rec))
+                got = scopes.setdefault(ns, [0.0, 0])
+                got[0], got[1] = got[0] + refl, got[1] + tokens
                 continue
             field = f"memories[{i}]."
             rec.namespace = rename(rec.namespace)
@@ -1461,6 +1486,15 @@ class Engine:
                 return len(chunk)
 
             self.writer.submit(prepare, lambda n: n)
+        if scopes:
+
+            def add_progress(txn: lmdb.Transaction) -> None:
+                for ns, (refl, tokens) in scopes.items():
+                    state = self.store.scope_state(txn, ns)
+                    state[0], state[1] = state[0] + refl, state[1] + tokens
+                    self.store.put_scope_state(txn, ns, state)
+
+            self.writer.submit(add_progress, lambda _: None)
         return imported, reembedded, len(graph)
 
     def _restore_batch(self, items: list[tuple[Record, np.ndarray | None]]) -> int:

@@ -367,6 +367,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             for what, a, b in chunks:
                 if what == "memory":
                     yield pb.ExportMemoriesResponse(memory=convert.memory_to_pb(a, b))
+                elif what == "scope":
+                    scope = pb.ScopeState(namespace=a, reflection_importance=b[0], summary_tokens=b[1])
+                    yield pb.ExportMemoriesResponse(scope=scope)
                 elif what == "node":
                     yield pb.ExportMemoriesResponse(node=convert.node_to_pb(b), graph_namespace=a)
                 else:
@@ -402,9 +405,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                         convert.ts_to_float(chunk.edge, "create_time"),
                     )
                     yield "edge", chunk.graph_namespace, edge
+                elif which == "scope":
+                    s = chunk.scope
+                    yield "scope", s.namespace, (s.reflection_importance, s.summary_tokens)
                 else:
                     raise InvalidArgument(
-                        f"chunks[{i + 1}]", "after the header, chunks are memories or graph items"
+                        f"chunks[{i + 1}]",
+                        "after the header, chunks are memories, scope states or graph items",
                     )
 
         imported, reembedded, graph_items = engine.restore(header, items(), first.target_namespace)

@@ -373,6 +373,22 @@ class Store:
         raw = txn.get(_META_SCOPE + namespace.encode(), db=self.meta)
         return list(msgpack.unpackb(raw)) if raw else [0.0, 0, 0]
 
+    def scope_states(self, txn: lmdb.Transaction, prefixes: list[bytes]) -> list[tuple[str, list[Any]]]:
+        """(namespace, scope_state) of each namespace with a state whose name starts with one of
+        ``prefixes`` (encoded; ``b""``: every namespace), in name order per prefix."""
+        out = []
+        cur = txn.cursor(db=self.meta)
+        for prefix in prefixes:
+            start = _META_SCOPE + prefix
+            if not cur.set_range(start):
+                continue
+            for key, value in cur:
+                key = bytes(key)
+                if not key.startswith(start):
+                    break
+                out.append((key[len(_META_SCOPE) :].decode(), list(msgpack.unpackb(value))))
+        return out
+
     def put_scope_state(self, txn: lmdb.Transaction, namespace: str, state: list[Any] | None) -> None:
         key = _META_SCOPE + namespace.encode()
         if state is None:

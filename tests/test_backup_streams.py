@@ -93,7 +93,8 @@ def test_export_import_round_trip_under_concurrent_writes(
             t.join()
         assert written, "the concurrent writer made no progress"
         assert chunks[0].HasField("header") and chunks[0].header.namespace == "user:a/project:x"
-        exported = [ch.memory for ch in chunks[1:]]
+        exported = [ch.memory for ch in chunks[1:] if ch.WhichOneof("chunk") == "memory"]
+        assert {ch.WhichOneof("chunk") for ch in chunks[1:]} == {"memory", "scope"}
         ids = {m.id for m in exported}
         assert {f"m{i}" for i in range(300)} | {"child"} <= ids
         assert "other" not in ids
@@ -210,3 +211,59 @@ def test_export_carries_the_graph_and_the_current_summary(
         ctx = c.build_context(["q"], token_budget=100, read_only=True)
         summary = next(s for s in ctx.sections if s.kind == "summary")
         assert [i.text for i in summary.items] == ["Current summary."]
+
+
+def _progress(c: MemoryClient, ns: str) -> tuple[float, int, bool, bool]:
+    st = c.stats(ns)
+    return round(st.reflection_importance, 6), st.summary_tokens, st.reflection_due, st.summary_due
+
+
+def test_export_carries_progress_toward_the_next_reflection_and_summary(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A restored namespace reflects and summarizes when the original would have: its accumulated
+    observation importance and token count since the last summary travel with the export (added
+    to what the target namespace has accumulated itself)."""
+    settings = {"reflection_threshold": 1.5, "summary_token_threshold": 40}
+    source = server_factory(data_dir=tmp_path / "a", **settings)
+    with _client(source) as c:
+        c.observe("p", "the deploy failed twice on friday", importance=0.9)
+        c.summarize("p", "Deploys are flaky.", source_memory_ids=[])  # resets the token count
+        c.observe("p", "rollback worked after the second failure", importance=0.7)
+        c.observe("p/c", "child scope note", importance=0.4)
+        c.create("quiet", "no observations here", kind="fact")
+        expected = {ns: _progress(c, ns) for ns in ("p", "p/c")}
+        assert expected["p"][0] == pytest.approx(1.6) and expected["p"][2]  # reflection due
+        assert 0 < expected["p"][1] < 40 and expected["p/c"][0] == pytest.approx(0.4)
+        chunks = list(c.export_memories("p", include_children=True))
+        everything = list(c.export_memories())
+    scopes = {ch.scope.namespace: ch.scope for ch in chunks if ch.WhichOneof("chunk") == "scope"}
+    assert set(scopes) == {"p", "p/c"}
+    kinds = [ch.WhichOneof("chunk") for ch in chunks]
+    assert kinds.index("scope") > max(i for i, k in enumerate(kinds) if k == "memory")
+    assert {ch.scope.namespace for ch in everything if ch.WhichOneof("chunk") == "scope"} == {
+        "p",
+        "p/c",
+        "quiet",  # a fact counts toward the summary, not the reflection
+    }
+
+    target = server_factory(data_dir=tmp_path / "b", **settings)
+    with _client(target) as c:
+        c.import_memories(chunks, target_namespace="q")
+        assert _progress(c, "q") == expected["p"]
+        assert _progress(c, "q/c") == expected["p/c"]
+        # Into a namespace with progress of its own (and no summary): the exported progress adds.
+        c.observe("r/c", "an observation of r/c's own", importance=0.3)
+        own = _progress(c, "r/c")
+        c.import_memories(chunks, target_namespace="r")
+        merged = _progress(c, "r/c")
+        assert merged[0] == pytest.approx(own[0] + expected["p/c"][0])
+        assert merged[1] == own[1] + expected["p/c"][1]
+
+        # A scope state that is not a progress is refused, naming the chunk's field.
+        header = pb.ExportMemoriesResponse(header=chunks[0].header)
+        bad = pb.ExportMemoriesResponse(scope=pb.ScopeState(namespace="p", reflection_importance=-1.0))
+        with pytest.raises(InvalidArgumentError) as err:
+            c.import_memories([header, bad], target_namespace="s")
+        assert err.value.fields == ["chunks[1].scope.reflection_importance"]
+        assert _progress(c, "s") == (0.0, 0, False, False)

@@ -754,34 +754,48 @@ class ExportHeader(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., server_version: _Optional[str] = ..., export_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., embedder_model: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class ExportMemoriesResponse(_message.Message):
-    __slots__ = ("header", "memory", "node", "edge", "graph_namespace")
+    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     EDGE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     header: ExportHeader
     memory: Memory
     node: GraphNode
     edge: GraphEdge
+    scope: ScopeState
     graph_namespace: str
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., graph_namespace: _Optional[str] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ...) -> None: ...
+
+class ScopeState(_message.Message):
+    __slots__ = ("namespace", "reflection_importance", "summary_tokens")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REFLECTION_IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    reflection_importance: float
+    summary_tokens: int
+    def __init__(self, namespace: _Optional[str] = ..., reflection_importance: _Optional[float] = ..., summary_tokens: _Optional[int] = ...) -> None: ...
 
 class ImportMemoriesRequest(_message.Message):
-    __slots__ = ("header", "memory", "node", "edge", "graph_namespace", "target_namespace")
+    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace", "target_namespace")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     EDGE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TARGET_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     header: ExportHeader
     memory: Memory
     node: GraphNode
     edge: GraphEdge
+    scope: ScopeState
     graph_namespace: str
     target_namespace: str
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ...) -> None: ...
 
 class ImportMemoriesResponse(_message.Message):
     __slots__ = ("imported", "graph_items", "reembedded")
