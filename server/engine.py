@@ -162,7 +162,8 @@ class Engine:
         self.searcher = Searcher(self)
         self.assembler = Assembler(self)  # context packages (context.py); its count_tokens is pluggable
         self.graph = GraphMemory(self)  # nodes and edges per namespace (graph.py)
-        self.indexer = Indexer()  # moves acknowledged vectors into HNSW beside the writer
+        # moves acknowledged vectors into HNSW beside the writer
+        self.indexer = Indexer(bulk_chunk=config.index_bulk_chunk)
         self._load()
         faiss.omp_set_num_threads(1)
         for sp in self._space_by_id:

@@ -7,6 +7,7 @@ is what a slow HNSW add looks like to everyone else."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -565,3 +566,76 @@ def test_a_reader_holding_the_index_looks_up_while_the_indexer_waits(indexer: In
     assert not t.is_alive() and done == [1]
     wait_indexed(idx)
     assert (idx.indexed, idx.pending) == (600, 0)
+
+
+class _AddSpy:
+    """Records the size of every add into a FAISS index and passes everything through."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+
+    def add(self, x: np.ndarray) -> None:
+        self.sizes.append(int(x.shape[0]))
+        self.inner.add(x)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -> None:
+    rng = np.random.default_rng(21)
+    vecs = unit(rng, 12000)
+    ix = Indexer(bulk_chunk=256)
+    ix.QUIET_SECONDS = 0.3
+    ix.start()
+    try:
+        idx = VectorIndex(DIM, m=16, ef_construction=64)
+        spy = _AddSpy(idx.index)
+        idx.index = spy
+        ix.attach(idx)  # nobody has read the index yet: quiet from the start
+        with idx._flush_lock:  # hold the moves back until 4,000 are pending (writes wait past 4,096)
+            for lo in range(0, 4000, 1000):
+                idx.add(vecs[lo : lo + 1000], np.arange(lo, lo + 1000), np.arange(lo, lo + 1000))
+        end = time.monotonic() + 30
+        while not spy.sizes and time.monotonic() < end:
+            time.sleep(0.001)
+        ix.QUIET_SECONDS = 60.0  # from the search below on, moves stay small
+        with idx.reading():
+            pass
+        for lo in range(4000, 12000, 1000):
+            idx.add(vecs[lo : lo + 1000], np.arange(lo, lo + 1000), np.arange(lo, lo + 1000))
+        wait_indexed(idx)
+        assert spy.sizes[0] == 256
+        first_small = next(i for i, s in enumerate(spy.sizes) if s < 256)
+        assert max(spy.sizes[first_small:]) <= VectorIndex.ADD_CHUNK
+        assert sum(spy.sizes[first_small:]) >= 8000  # everything added after the search moved small
+        assert sum(spy.sizes) == 12000 and idx.index.ntotal == 12000
+        # Moves on every OpenMP thread link the graph as well as small ones: every vector finds itself.
+        for i in rng.choice(12000, 50, replace=False):
+            rows, sims, _ = idx.search(vecs[i], 1, np.ones(12000, bool), ef_search=200)
+            assert rows[0] == i and sims[0] == pytest.approx(1.0, abs=1e-5)
+    finally:
+        ix.stop()
+
+
+def test_moves_stay_small_without_a_quiet_spell_a_backlog_or_a_bulk_size(indexer: Indexer) -> None:
+    rng = np.random.default_rng(22)
+    bulk = Indexer(bulk_chunk=256)
+    bulk.QUIET_SECONDS = 0.2
+    idx = build(indexer, unit(rng, 10), unit(rng, 300))  # 300 pending, the indexer held back
+    try:
+        time.sleep(0.2)
+        cores = len(os.sched_getaffinity(0))
+        assert bulk.chunk_for(idx) == (256, cores)
+        assert Indexer(bulk_chunk=0).chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
+        assert Indexer(bulk_chunk=400).chunk_for(idx) == (300, cores)  # everything pending
+        bulk.BULK_MIN = 301  # too few pending for a bulk move
+        assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
+        bulk.BULK_MIN = Indexer.BULK_MIN
+        idx.search(unit(rng, 1)[0], 5, np.ones(310, bool), ef_search=64)  # a search reads the index
+        assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
+        time.sleep(0.2)
+        assert bulk.chunk_for(idx) == (256, cores)
+    finally:
+        idx._flush_lock.release()
