@@ -92,7 +92,12 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         f.get("composed_search_limit"),
         0.9,
     )
-    ge("batch ingest / FAISS add, every core (vectors/s)", f.get("batch_ops"), f.get("faiss_add_ops"), 0.8)
+    ge(
+        "batch ingest / FAISS add, the faster of 1 and every core",
+        f.get("batch_ops"),
+        f.get("faiss_add_ops"),
+        0.8,
+    )
     out.append(
         ratio(
             "batch ingest / FAISS add, one OpenMP thread",

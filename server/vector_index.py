@@ -260,14 +260,24 @@ class VectorIndex:
             return lo, n, self.slots[:n], pvecs, self.dead, self.live_bits
 
     def quiet_seconds(self) -> float:
-        """Seconds since a search (or a read of stored vectors) last asked for this index;
-        snapshots do not count."""
-        return time.monotonic() - self.last_search
+        """Seconds since a search last read this index or, with an indexer attached, any index
+        it serves (snapshots and copies of stored vectors do not count)."""
+        ix = self.indexer
+        return time.monotonic() - max(self.last_search, ix.last_search if ix is not None else -math.inf)
+
+    def _searched(self) -> None:
+        """A search reads this index: the indexer's moves stay small (on every index it serves,
+        so a search that holds several indexes in turn waits for at most one bulk move)."""
+        now = time.monotonic()
+        self.last_search = now
+        ix = self.indexer
+        if ix is not None:
+            ix.last_search = now
 
     def reading(self) -> AbstractContextManager[None]:
         """Hold the index for reading across several searches and similarity lookups: the caller
         waits for the indexer (one chunk of adds) at most once, not at each lookup."""
-        self.last_search = time.monotonic()
+        self._searched()
         return self._lock.read()
 
     def search(
@@ -287,7 +297,7 @@ class VectorIndex:
         Pending entries (not in HNSW yet) are scored exactly and merged.
         """
         empty = np.empty(0, np.int64), np.empty(0, np.float32), -np.inf
-        self.last_search = time.monotonic()
+        self._searched()
         with self._lock.read():
             lo, n, slots, pvecs, dead, live_bits = self._pending_view()
             if n == 0:
@@ -373,7 +383,6 @@ class VectorIndex:
     def _gather(self, internal_ids: np.ndarray, query: np.ndarray | None) -> np.ndarray:
         """Similarities with ``query`` (or copies of the vectors, query None) of the given entries,
         read from HNSW storage or the pending buffer, under the read lock."""
-        self.last_search = time.monotonic()
         with self._lock.read():
             lo, n, _, pvecs, _, _ = self._pending_view()
             if lo:
@@ -402,6 +411,7 @@ class VectorIndex:
         """Inner products of the given entries' stored vectors with ``query`` (no copy of the vectors)."""
         if internal_ids.shape[0] == 0:
             return np.empty(0, np.float32)
+        self._searched()
         return self._gather(internal_ids, query)
 
     def vectors(self, internal_ids: np.ndarray) -> np.ndarray:
@@ -514,6 +524,7 @@ class Indexer:
         self._cores = (
             len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         )
+        self.last_search = -math.inf  # time.monotonic() when a search last read any index served here
         self._cond = threading.Condition()
         self._work: dict[int, VectorIndex] = {}  # indexes with pending entries, in turn order
         self._stop = False
@@ -551,13 +562,14 @@ class Indexer:
     # searches less; waiting is free for readers (pending entries are searched exactly).
     MIN_BATCH = 8
     LINGER_SECONDS = 0.005
-    # Bulk moves (up to ``bulk_chunk`` vectors on every core) once no search has read the index for
-    # QUIET_SECONDS: a bulk load, or the backlog of a start-up after kill -9. FAISS parallelizes an
-    # add over its vectors, and its per-call cost (one lock per entry of the index) is paid once.
-    # Measured at 60k, batches of 256 one call at a time on 2 cores: 2,090-2,360 memories/s with
-    # moves of 32 on one thread, 2,220-2,540/s with bulk moves of 512, 2,600/s of 2,048; a backlog
-    # drains at ~4,200 vectors/s in moves of 2,048 on two threads. A search that arrives waits for
-    # the move in progress (~0.1-0.2 s for 512 into 100k), then moves are small again.
+    # Bulk moves (everything pending, up to ``bulk_chunk`` vectors, on every core) once no search
+    # has read any index served here for QUIET_SECONDS: a bulk load, or the backlog of a start-up
+    # after kill -9. FAISS parallelizes an add over its vectors, and pays its per-call cost (one
+    # lock per entry of the index) once. Measured at 60k, batches of 256 one call at a time on 2
+    # cores: 2,090-2,360 memories/s with moves of 32 on one thread, 2,220-2,540/s with bulk moves
+    # of 512. A search that arrives waits for the move in progress (512 into 100k at 384 dims:
+    # ~0.1-0.2 s; longer for bigger indexes and vectors), then moves are small again. Copies of
+    # stored vectors (tier moves, in the writer) do not count as searches: they wait for one move.
     QUIET_SECONDS = 1.0
     BULK_MIN = 256  # fewer pending: one thread (FAISS's second one barely helps small adds)
 

@@ -7,12 +7,14 @@ is what a slow HNSW add looks like to everyone else."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import faiss
 import numpy as np
 import pytest
 
@@ -569,14 +571,17 @@ def test_a_reader_holding_the_index_looks_up_while_the_indexer_waits(indexer: In
 
 
 class _AddSpy:
-    """Records the size of every add into a FAISS index and passes everything through."""
+    """Records the size of every add into a FAISS index, and the OpenMP threads of the thread that
+    calls it, and passes everything through."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.sizes: list[int] = []
+        self.threads: list[int] = []
 
     def add(self, x: np.ndarray) -> None:
         self.sizes.append(int(x.shape[0]))
+        self.threads.append(faiss.omp_get_max_threads())
         self.inner.add(x)
 
     def __getattr__(self, name: str) -> Any:
@@ -587,7 +592,6 @@ def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -
     rng = np.random.default_rng(21)
     vecs = unit(rng, 12000)
     ix = Indexer(bulk_chunk=256)
-    ix.QUIET_SECONDS = 0.3
     ix.start()
     try:
         idx = VectorIndex(DIM, m=16, ef_construction=64)
@@ -609,6 +613,8 @@ def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -
         assert spy.sizes[0] == 256
         first_small = next(i for i, s in enumerate(spy.sizes) if s < 256)
         assert max(spy.sizes[first_small:]) <= VectorIndex.ADD_CHUNK
+        cores = len(os.sched_getaffinity(0))
+        assert set(spy.threads[:first_small]) == {cores} and set(spy.threads[first_small:]) == {1}
         assert sum(spy.sizes[first_small:]) >= 8000  # everything added after the search moved small
         assert sum(spy.sizes) == 12000 and idx.index.ntotal == 12000
         # Moves on every OpenMP thread link the graph as well as small ones: every vector finds itself.
@@ -622,20 +628,49 @@ def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -
 def test_moves_stay_small_without_a_quiet_spell_a_backlog_or_a_bulk_size(indexer: Indexer) -> None:
     rng = np.random.default_rng(22)
     bulk = Indexer(bulk_chunk=256)
-    bulk.QUIET_SECONDS = 0.2
     idx = build(indexer, unit(rng, 10), unit(rng, 300))  # 300 pending, the indexer held back
     try:
-        time.sleep(0.2)
         cores = len(os.sched_getaffinity(0))
-        assert bulk.chunk_for(idx) == (256, cores)
+        assert bulk.chunk_for(idx) == (256, cores)  # never searched
         assert Indexer(bulk_chunk=0).chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
+        assert Indexer(bulk_chunk=32).chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
         assert Indexer(bulk_chunk=400).chunk_for(idx) == (300, cores)  # everything pending
         bulk.BULK_MIN = 301  # too few pending for a bulk move
         assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
         bulk.BULK_MIN = Indexer.BULK_MIN
-        idx.search(unit(rng, 1)[0], 5, np.ones(310, bool), ef_search=64)  # a search reads the index
+        now = time.monotonic()
+        idx.last_search = now - bulk.QUIET_SECONDS / 2  # searched half a quiet spell ago
         assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
-        time.sleep(0.2)
+        idx.last_search = now - bulk.QUIET_SECONDS * 2
         assert bulk.chunk_for(idx) == (256, cores)
+        indexer.last_search = now  # a search read another index this indexer serves
+        assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
     finally:
         idx._flush_lock.release()
+
+
+def test_searches_mark_the_index_and_its_indexer_snapshots_and_copies_do_not(
+    indexer: Indexer, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(23)
+    idx = build(indexer, unit(rng, 50), unit(rng, 0))
+    idx._flush_lock.release()
+    other = VectorIndex(DIM, m=16, ef_construction=64)
+    indexer.attach(other)
+    q = unit(rng, 1)[0]
+
+    def marked(fn: Any) -> tuple[bool, bool, bool]:
+        idx.last_search = other.last_search = indexer.last_search = -math.inf
+        fn()
+        return idx.last_search > -math.inf, indexer.last_search > -math.inf, other.quiet_seconds() < 60
+
+    assert marked(lambda: idx.search(q, 5, np.ones(50, bool), ef_search=64)) == (True, True, True)
+    assert marked(lambda: idx.similarities(np.arange(5), q)) == (True, True, True)
+
+    def hold() -> None:
+        with idx.reading():
+            pass
+
+    assert marked(hold) == (True, True, True)
+    assert marked(lambda: idx.vectors(np.arange(5))) == (False, False, False)
+    assert marked(lambda: idx.save(tmp_path / "s", "m", "i")) == (False, False, False)
