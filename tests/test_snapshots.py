@@ -9,6 +9,7 @@ snapshot on disk: the state kill -9 leaves, as far as snapshots go (tests/test_c
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -331,3 +332,63 @@ def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path)
         assert e.stats()["memory_count"] == 12
     finally:
         e.close()
+
+
+def test_vectors_a_stale_index_snapshot_lacks_are_pending_at_start_up_however_many(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kill -9 after a bulk load the last snapshot missed: 210 times as many vectors as the
+    snapshot holds (and more than a write may leave pending) come back as pending entries
+    (searchable at once, indexed after SERVING), not indexed before serving; up to
+    startup_pending_max, past which they are indexed first."""
+    import logging
+
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(12)
+    mems = [_mem(rng, i, "a") for i in range(4220)]
+    e = _engine(data, clock)
+    e.create(mems[:20], batch=True)
+    idx = e.spaces[MODEL].indexes[3]
+    end = time.monotonic() + 30
+    while idx.pending and time.monotonic() < end:  # a shutdown snapshot leaves pending vectors out
+        time.sleep(0.01)
+    e.close()  # snapshot: 20
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    for lo in range(20, 4220, 1000):
+        e.create(mems[lo : lo + 1000], batch=True)
+    e.close()  # no snapshot: LMDB holds 4,200 vectors the index snapshot lacks, as after a kill -9
+    for pending_max, expect in (
+        (4200, "pending, indexed in the background"),
+        (4199, "indexed before serving"),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
+            cfg = ServerConfig(
+                data_dir=data,
+                maintenance_interval_seconds=0,
+                snapshot_interval_seconds=0,
+                snapshot_on_shutdown=False,
+                search_records_access=False,
+                exact_search_max_rows=0,
+                startup_pending_max=pending_max,
+            )
+            e = Engine(cfg, clock=clock)
+        try:
+            lines = [r.getMessage() for r in caplog.records if "from LMDB" in r.getMessage()]
+            assert lines == [f"index {MODEL}/3: 20 vectors from snapshot, 4200 from LMDB ({expect})"]
+            for m in mems[::301]:  # each finds itself first, pending or not
+                hits = e.search(
+                    SearchQuery(
+                        namespaces=["a"],
+                        embedding=m.embedding,
+                        embedding_model=MODEL,
+                        limit=1,
+                        alpha=1,
+                        beta=0,
+                        gamma=0,
+                    )
+                )
+                assert [h.record.id for h in hits] == [m.id]
+        finally:
+            e.close()
