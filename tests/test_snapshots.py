@@ -334,13 +334,13 @@ def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path)
         e.close()
 
 
-def test_vectors_a_stale_index_snapshot_lacks_are_pending_at_start_up_however_many(
+def test_vectors_an_index_snapshot_lacks_are_pending_at_start_up_however_many(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A kill -9 after a bulk load the last snapshot missed: 210 times as many vectors as the
     snapshot holds (and more than a write may leave pending) come back as pending entries
-    (searchable at once, indexed after SERVING), not indexed before serving; up to
-    startup_pending_max, past which they are indexed first."""
+    (searchable at once, indexed after SERVING), not indexed before serving; so do all of them
+    without an index snapshot; up to startup_pending_max, past which they are indexed first."""
     import logging
 
     data = tmp_path / "data"
@@ -358,10 +358,18 @@ def test_vectors_a_stale_index_snapshot_lacks_are_pending_at_start_up_however_ma
     for lo in range(20, 4220, 1000):
         e.create(mems[lo : lo + 1000], batch=True)
     e.close()  # no snapshot: LMDB holds 4,200 vectors the index snapshot lacks, as after a kill -9
-    for pending_max, expect in (
-        (4200, "pending, indexed in the background"),
-        (4199, "indexed before serving"),
-    ):
+    later, first = "pending, indexed in the background", "indexed before serving"
+    cases = [
+        (4200, f"20 vectors from snapshot, 4200 from LMDB ({later})"),
+        (4199, f"20 vectors from snapshot, 4200 from LMDB ({first})"),
+        # No index snapshot to start from (lost, or compaction): every vector, the same way.
+        (4220, f"0 vectors from snapshot, 4220 from LMDB ({later})"),
+        (4219, f"0 vectors from snapshot, 4220 from LMDB ({first})"),
+    ]
+    for case, (pending_max, expect) in enumerate(cases):
+        if case == 2:
+            for f in (data / "indexes").glob("*-t3*"):
+                f.unlink()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
             cfg = ServerConfig(
@@ -376,7 +384,7 @@ def test_vectors_a_stale_index_snapshot_lacks_are_pending_at_start_up_however_ma
             e = Engine(cfg, clock=clock)
         try:
             lines = [r.getMessage() for r in caplog.records if "from LMDB" in r.getMessage()]
-            assert lines == [f"index {MODEL}/3: 20 vectors from snapshot, 4200 from LMDB ({expect})"]
+            assert lines == [f"index {MODEL}/3: {expect}"]
             for m in mems[::301]:  # each finds itself first, pending or not
                 hits = e.search(
                     SearchQuery(
