@@ -115,8 +115,9 @@ class ServerConfig:
     snapshot_min_changes: int = 20000
     # At start-up, up to this many vectors missing from an index snapshot (written after it, e.g.
     # before a kill -9; all of them without a snapshot or when compacting) wait as pending
-    # entries, searched exactly, and enter HNSW after SERVING; more are indexed before SERVING
-    # (on every core).
+    # entries, searched exactly (~7 ms per search for 131,072 at 384 dims, per index; their buffer
+    # holds dim x 4 bytes each until indexed), and enter HNSW after SERVING; any beyond that are
+    # indexed before SERVING, first (on every core).
     startup_pending_max: int = 131072  # per index; searches scan them exactly until they are indexed
     # Bulk loads: once no search has read any index for a second and 256 or more vectors are
     # pending, the indexer moves up to this many into HNSW per write-lock hold, on every core; a

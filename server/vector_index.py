@@ -134,7 +134,10 @@ class VectorIndex:
                 bits_grown[: self.live_bits.shape[0]] = self.live_bits
                 self.slots, self.vks, self.live_bits = grown, vk_grown, bits_grown
             if need - self._pbase > self._pbuf.shape[0]:
-                self._new_buffer(max(1024, 2 * (first - self.indexed + count)))
+                # Twice what writes left pending, plus the start-up backlog once (it only shrinks).
+                self._new_buffer(
+                    max(1024, 2 * (first - self.indexed - self._backlog + count) + self._backlog)
+                )
             self._pbuf[first - self._pbase : need - self._pbase] = vectors
             self.slots[first:need] = slots
             self.vks[first:need] = vks

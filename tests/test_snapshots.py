@@ -334,69 +334,107 @@ def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path)
         e.close()
 
 
+def _start(data: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture, pending_max: int) -> Engine:
+    import logging
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
+        cfg = ServerConfig(
+            data_dir=data,
+            maintenance_interval_seconds=0,
+            snapshot_interval_seconds=0,
+            snapshot_on_shutdown=False,
+            search_records_access=False,
+            exact_search_max_rows=0,
+            startup_pending_max=pending_max,
+        )
+        return Engine(cfg, clock=clock)
+
+
+def _from_lmdb(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "from LMDB" in r.getMessage()]
+
+
+def _wait_indexed(e: Engine, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while any(i.pending for i in e.spaces[MODEL].indexes.values()) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def _finds_each(e: Engine, mems: list[NewMemory]) -> None:
+    for m in mems:  # each finds itself first, pending or not
+        query = SearchQuery(
+            namespaces=["a"], embedding=m.embedding, embedding_model=MODEL, limit=1, alpha=1, beta=0, gamma=0
+        )
+        assert [h.record.id for h in e.search(query)] == [m.id]
+
+
 def test_vectors_an_index_snapshot_lacks_are_pending_at_start_up_however_many(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A kill -9 after a bulk load the last snapshot missed: 210 times as many vectors as the
     snapshot holds (and more than a write may leave pending) come back as pending entries
     (searchable at once, indexed after SERVING), not indexed before serving; so do all of them
-    without an index snapshot; up to startup_pending_max, past which they are indexed first."""
-    import logging
-
+    without an index snapshot; up to startup_pending_max, past which the rest is indexed first."""
     data = tmp_path / "data"
     clock = FakeClock()
     rng = np.random.default_rng(12)
     mems = [_mem(rng, i, "a") for i in range(4220)]
     e = _engine(data, clock)
     e.create(mems[:20], batch=True)
-    idx = e.spaces[MODEL].indexes[3]
-    end = time.monotonic() + 30
-    while idx.pending and time.monotonic() < end:  # a shutdown snapshot leaves pending vectors out
-        time.sleep(0.01)
+    _wait_indexed(e)  # a shutdown snapshot leaves pending vectors out
     e.close()  # snapshot: 20
     e = _engine(data, clock, snapshot_on_shutdown=False)
     for lo in range(20, 4220, 1000):
         e.create(mems[lo : lo + 1000], batch=True)
     e.close()  # no snapshot: LMDB holds 4,200 vectors the index snapshot lacks, as after a kill -9
-    later, first = "pending, indexed in the background", "indexed before serving"
     cases = [
-        (4200, f"20 vectors from snapshot, 4200 from LMDB ({later})"),
-        (4199, f"20 vectors from snapshot, 4200 from LMDB ({first})"),
+        (4200, "20 vectors from snapshot, 4200 from LMDB (0 indexed before serving, 4200 pending"),
+        (4000, "20 vectors from snapshot, 4200 from LMDB (200 indexed before serving, 4000 pending"),
         # No index snapshot to start from (lost, or compaction): every vector, the same way.
-        (4220, f"0 vectors from snapshot, 4220 from LMDB ({later})"),
-        (4219, f"0 vectors from snapshot, 4220 from LMDB ({first})"),
+        (5000, "0 vectors from snapshot, 4220 from LMDB (0 indexed before serving, 4220 pending"),
+        (0, "0 vectors from snapshot, 4220 from LMDB (4220 indexed before serving, 0 pending"),
     ]
     for case, (pending_max, expect) in enumerate(cases):
         if case == 2:
             for f in (data / "indexes").glob("*-t3*"):
                 f.unlink()
-        caplog.clear()
-        with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
-            cfg = ServerConfig(
-                data_dir=data,
-                maintenance_interval_seconds=0,
-                snapshot_interval_seconds=0,
-                snapshot_on_shutdown=False,
-                search_records_access=False,
-                exact_search_max_rows=0,
-                startup_pending_max=pending_max,
-            )
-            e = Engine(cfg, clock=clock)
+        e = _start(data, clock, caplog, pending_max)
         try:
-            lines = [r.getMessage() for r in caplog.records if "from LMDB" in r.getMessage()]
-            assert lines == [f"index {MODEL}/3: {expect}"]
-            for m in mems[::301]:  # each finds itself first, pending or not
-                hits = e.search(
-                    SearchQuery(
-                        namespaces=["a"],
-                        embedding=m.embedding,
-                        embedding_model=MODEL,
-                        limit=1,
-                        alpha=1,
-                        beta=0,
-                        gamma=0,
-                    )
-                )
-                assert [h.record.id for h in hits] == [m.id]
+            assert _from_lmdb(caplog) == [f"index {MODEL}/3: {expect}, indexed in the background)"]
+            _finds_each(e, mems[::301])
+            _wait_indexed(e)
+            assert e.spaces[MODEL].indexes[3].counts() == (4220, 0, 4220)
+            _finds_each(e, mems[150::301])
         finally:
             e.close()
+
+
+def test_a_compacted_index_comes_back_pending(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An index snapshot with over 25% of its entries dead is rebuilt from LMDB at start-up; its
+    live vectors are pending (searchable) rather than indexed before serving."""
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(13)
+    mems = [_mem(rng, i, "a") for i in range(400)]
+    e = _engine(data, clock)
+    e.create(mems, batch=True)
+    _wait_indexed(e)
+    e.close()  # snapshot: 400
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    for m in mems[:150]:
+        e.delete("a", m.id)
+    e.close()  # 150 of the snapshot's 400 entries are dead now (37.5%)
+    e = _start(data, clock, caplog, 1000)
+    try:
+        messages = [r.getMessage() for r in caplog.records]
+        assert f"rebuilding index {MODEL}/3: 150 of 400 entries dead" in messages
+        assert _from_lmdb(caplog) == [
+            f"index {MODEL}/3: 0 vectors from snapshot, 250 from LMDB (0 indexed before serving, "
+            "250 pending, indexed in the background)"
+        ]
+        _finds_each(e, mems[150::25])
+        _wait_indexed(e)
+        assert e.spaces[MODEL].indexes[3].counts() == (250, 0, 250)
+    finally:
+        e.close()

@@ -486,7 +486,10 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
     with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
         e = Engine(cfg)
     try:
-        assert any("100 from LMDB (pending, indexed in the background)" in r.message for r in caplog.records)
+        assert any(
+            "100 from LMDB (0 indexed before serving, 100 pending, indexed in the background)" in r.message
+            for r in caplog.records
+        )
         for i in range(300):
             q = SearchQuery(namespaces=["ns"], embedding=vecs[i], embedding_model="v", limit=1, strategy=4)
             assert e.search(q)[0].record.id == f"m{i}"
@@ -674,3 +677,27 @@ def test_searches_mark_the_index_and_its_indexer_snapshots_and_copies_do_not(
     assert marked(hold) == (True, True, True)
     assert marked(lambda: idx.vectors(np.arange(5))) == (False, False, False)
     assert marked(lambda: idx.save(tmp_path / "s", "m", "i")) == (False, False, False)
+
+
+def test_writes_after_a_start_up_backlog_do_not_copy_it_twice(indexer: Indexer) -> None:
+    rng = np.random.default_rng(24)
+    headroom = VectorIndex.MAX_PENDING + 1000
+    for room, writes, rows_after in ((3000 + headroom, 4, 3000 + headroom), (3000, 1, 2 * 1000 + 3000)):
+        idx = VectorIndex(DIM, m=16, ef_construction=64)
+        indexer.attach(idx)
+        idx._flush_lock.acquire()  # the indexer is held back: everything stays pending
+        try:
+            idx.reserve(room)
+            idx.add(unit(rng, 3000), np.arange(3000), np.arange(3000), defer=True)  # the start-up backlog
+            buf = idx._pbuf
+            for w in range(writes):
+                lo = 3000 + 1000 * w
+                idx.add(unit(rng, 1000), np.arange(lo, lo + 1000), np.arange(lo, lo + 1000))
+            # With room reserved, writes fill it (no copy of the backlog); without, the new buffer
+            # holds the backlog once and twice what writes left pending, not twice everything.
+            assert (idx._pbuf is buf) == (room > 3000)
+            assert idx._pbuf.shape[0] == rows_after
+            assert (idx.indexed, idx.pending) == (0, 3000 + 1000 * writes)
+        finally:
+            idx._flush_lock.release()
+        wait_indexed(idx)
