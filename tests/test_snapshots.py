@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ DIM = 16
 FIELDS = ("tier", "importance", "created", "accessed", "access_count", "expire", "vk", "words", "space")
 
 
-def _engine(data: Path, clock: FakeClock, snapshot_on_shutdown: bool = True) -> Engine:
+def _engine(data: Path, clock: FakeClock, snapshot_on_shutdown: bool = True, **settings: Any) -> Engine:
     cfg = ServerConfig(
         data_dir=data,
         maintenance_interval_seconds=0,
@@ -34,6 +35,7 @@ def _engine(data: Path, clock: FakeClock, snapshot_on_shutdown: bool = True) -> 
         snapshot_on_shutdown=snapshot_on_shutdown,
         search_records_access=False,
         exact_search_max_rows=0,  # every search goes through the HNSW graphs
+        **settings,
     )
     return Engine(cfg, clock=clock)
 
@@ -339,16 +341,7 @@ def _start(data: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture, pendi
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
-        cfg = ServerConfig(
-            data_dir=data,
-            maintenance_interval_seconds=0,
-            snapshot_interval_seconds=0,
-            snapshot_on_shutdown=False,
-            search_records_access=False,
-            exact_search_max_rows=0,
-            startup_pending_max=pending_max,
-        )
-        return Engine(cfg, clock=clock)
+        return _engine(data, clock, snapshot_on_shutdown=False, startup_pending_max=pending_max)
 
 
 def _from_lmdb(caplog: pytest.LogCaptureFixture) -> list[str]:
