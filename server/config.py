@@ -113,12 +113,12 @@ class ServerConfig:
     # pass max(snapshot_min_changes, 10% of all); they bound the work of a start-up after kill -9.
     snapshot_interval_seconds: float = 300.0
     snapshot_min_changes: int = 20000
-    # At start-up, up to this many vectors missing from an index snapshot (written after it, e.g.
-    # before a kill -9; all of them without a snapshot or when compacting) wait as pending
-    # entries, searched exactly (~7 ms per search for 131,072 at 384 dims, per index; their buffer
-    # holds dim x 4 bytes each until indexed), and enter HNSW after SERVING; any beyond that are
-    # indexed before SERVING, first (on every core).
-    startup_pending_max: int = 131072  # per index; searches scan them exactly until they are indexed
+    # At start-up, up to this many vectors per embedding space (its tier indexes together) missing
+    # from an index snapshot (written after it, e.g. before a kill -9; all of them without a
+    # snapshot or when compacting) wait as pending entries, searched exactly (~7 ms per search for
+    # 131,072 at 384 dims; their buffer holds dim x 4 bytes each until indexed), and enter HNSW
+    # after SERVING; any beyond that are indexed before SERVING, first (on every core).
+    startup_pending_max: int = 131072  # per embedding space; searches scan them exactly until indexed
     # Bulk loads: once no search has read any index for a second and 256 or more vectors are
     # pending, the indexer moves up to this many into HNSW per write-lock hold, on every core; a
     # search that arrives meanwhile waits for that move (~0.1-0.2 s for 512 into 100k at 384 dims),

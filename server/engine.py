@@ -256,11 +256,15 @@ class Engine:
             vks, rids = cols.column("vk")[live], cols.column("rid")[live]
             waiting = space < 0  # stored while the embedder failed: keyword-searchable only
             cols.activate(live[waiting], np.full(int(waiting.sum()), -1, np.int64))
+            # A search scans the pending vectors of every index of its space: they share one budget.
+            budget = {sp.id: self.config.startup_pending_max for sp in self._space_by_id}
             for sid, t in sorted(
                 {(int(a), int(b)) for a, b in zip(space[~waiting], tier[~waiting], strict=True)}
             ):
                 sel = (space == sid) & (tier == t)
-                self._load_index(txn, self._space_by_id[sid], t, live[sel], vks[sel], rids[sel])
+                budget[sid] -= self._load_index(
+                    txn, self._space_by_id[sid], t, live[sel], vks[sel], rids[sel], budget[sid]
+                )
         logger.info(
             "loaded %d memories in %d spaces in %.2f s (%s)",
             len(self.columns),
@@ -296,8 +300,17 @@ class Engine:
             self.columns.set(row, rec, space, -1)
 
     def _load_index(
-        self, txn: lmdb.Transaction, sp: Space, tier: int, rows: np.ndarray, vks: np.ndarray, rids: np.ndarray
-    ) -> None:
+        self,
+        txn: lmdb.Transaction,
+        sp: Space,
+        tier: int,
+        rows: np.ndarray,
+        vks: np.ndarray,
+        rids: np.ndarray,
+        pending_max: int,
+    ) -> int:
+        """Restore or rebuild one index; returns how many of its vectors were left pending (at
+        most ``pending_max``)."""
         internal = np.full(rows.shape[0], -1, np.int64)
         loaded = VectorIndex.load(
             self._snapshot_base(sp, tier),
@@ -327,11 +340,12 @@ class Engine:
         # Vectors a stale snapshot lacks (written after it: kill -9), or all of them when there is
         # no snapshot to start from (none, or compaction), are searchable at once as pending
         # entries and enter HNSW in the background after SERVING: up to startup_pending_max of
-        # them (every search scans them exactly meanwhile: ~7 ms for 131,072 at 384 dimensions);
-        # any beyond that are indexed before SERVING, first. However many the snapshot holds: with
+        # them in each embedding space, all its indexes together (every search of the space scans
+        # them exactly meanwhile: ~7 ms for 131,072 at 384 dimensions); any beyond that are indexed
+        # before SERVING, first. However many the snapshot holds: with
         # "at most half the snapshot again", a kill -9 after a 25k bulk load into 100k that the
         # last periodic snapshot missed (47k) kept the server from SERVING for 13.7 s.
-        later = min(int(missing.shape[0]), self.config.startup_pending_max)
+        later = min(int(missing.shape[0]), pending_max)
         first = int(missing.shape[0]) - later
         for part, defer in ((missing[:first], False), (missing[first:], True)):
             if defer and later:
@@ -362,6 +376,7 @@ class Engine:
                 first,
                 later,
             )
+        return later
 
     def _new_index(self, sp: Space) -> VectorIndex:
         return VectorIndex(sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction)

@@ -431,3 +431,32 @@ def test_a_compacted_index_comes_back_pending(tmp_path: Path, caplog: pytest.Log
         assert e.spaces[MODEL].indexes[3].counts() == (250, 0, 250)
     finally:
         e.close()
+
+
+def test_the_indexes_of_a_space_share_the_start_up_pending_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A search scans the pending vectors of every index of its space: startup_pending_max bounds
+    them all together, the first indexes (by tier) taking it first."""
+    from dataclasses import replace
+
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(14)
+    mems = [replace(_mem(rng, i, "a"), tier=2 if i % 5 < 2 else 3) for i in range(500)]  # 200 / 300
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    e.create(mems, batch=True)
+    e.close()  # no index snapshots
+    e = _start(data, clock, caplog, 400)
+    try:
+        assert _from_lmdb(caplog) == [
+            f"index {MODEL}/2: 0 vectors from snapshot, 200 from LMDB (0 indexed before serving, "
+            "200 pending, indexed in the background)",
+            f"index {MODEL}/3: 0 vectors from snapshot, 300 from LMDB (100 indexed before serving, "
+            "200 pending, indexed in the background)",
+        ]
+        _finds_each(e, mems[::37])
+        _wait_indexed(e)
+        assert [e.spaces[MODEL].indexes[t].counts() for t in (2, 3)] == [(200, 0, 200), (300, 0, 300)]
+    finally:
+        e.close()
