@@ -161,7 +161,7 @@ def wait_serving(target: str, deadline_s: float, proc: subprocess.Popen[Any] | N
 
     A channel whose connection was refused (the port not open yet) waits out gRPC's reconnect
     backoff (1 s, then 1.6x per try) before it tries again: one channel for the whole wait made a
-    start-up look up to ~1.6x longer than it was. Each try uses a new channel."""
+    start-up look up to about twice as long as it was. Each try uses a new channel."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -292,7 +292,7 @@ class Suite:
         self.figures |= {"empty_c1_p50": r1["p50_ms"], "empty_hi_ops": rh["ops_per_s"]}
 
     def ingest(self) -> None:
-        pb, d, n = self.pb, self.data, self.args.n
+        n = self.args.n
         checkpoints = sorted(
             {max(BATCH, int(n * f) // BATCH * BATCH) for f in self.args.size_points if f < 1}
         )
@@ -300,17 +300,7 @@ class Suite:
         self.results["memory"]["rss_before_bytes"] = before["VmRSS"]
         self.results["memory"]["anon_before_bytes"] = before.get("RssAnon", 0)
         self.results["memory"]["file_before_bytes"] = before.get("RssFile", 0)
-        # Requests are built before the clock starts (as FAISS gets its vectors ready-made): built
-        # between calls, the server would index the previous batch during the client's work.
-        reqs = [
-            pb.BatchCreateMemoriesRequest(
-                memories=[
-                    memory_pb(pb, d.model, i, d.vectors[i], float(d.importance[i]), float(d.created[i]))
-                    for i in range(start, min(n, start + BATCH))
-                ]
-            )
-            for start in range(0, n, BATCH)
-        ]
+        reqs = self.batch_requests(n, NAMESPACE)
         print(f"[ingest] BatchCreateMemories of {n:,} in batches of {BATCH} ...", flush=True)
         bar = Progress("  ingest", n, " mem")
         rpc_s = drain_s = 0.0
@@ -352,6 +342,24 @@ class Suite:
         self.add_row("ingest", f"BatchCreateMemories x{BATCH}", 1, r, "memories/s")
         self.figures["batch_ops"] = r["ops_per_s"]
         self.figures["batch_indexed_ops"] = n / (rpc_s + drain_s + lag)
+
+    def batch_requests(self, count: int, namespace: str) -> list[Any]:
+        """BatchCreateMemories requests for the first ``count`` memories of the data, built before a
+        timed load starts (as FAISS gets its vectors ready-made): built between calls, the server
+        would index the previous batch during the client's work."""
+        pb, d = self.pb, self.data
+        reqs = []
+        for start in range(0, count, BATCH):
+            req = pb.BatchCreateMemoriesRequest(
+                memories=[
+                    memory_pb(pb, d.model, i, d.vectors[i], float(d.importance[i]), float(d.created[i]))
+                    for i in range(start, min(count, start + BATCH))
+                ]
+            )
+            for m in req.memories:
+                m.namespace = namespace
+            reqs.append(req)
+        return reqs
 
     def search_at_size(self, memories: int) -> None:
         """Short search loads at this collection size (the size curve)."""
@@ -497,22 +505,11 @@ class Suite:
         """BatchCreateMemories with two calls in flight (a bulk loader with two streams): while the
         server indexes one batch it receives and validates the next. Into a second namespace, so the
         index already holds n: compared with FAISS adding the same vectors into an index of n."""
-        pb, d = self.pb, self.data
         extra = self.extra_n()
         if not extra:
             return
         print(f"[ingest] BatchCreateMemories of {extra:,} more, 2 calls in flight ...", flush=True)
-        reqs = []
-        for start in range(0, extra, BATCH):
-            req = pb.BatchCreateMemoriesRequest(
-                memories=[
-                    memory_pb(pb, d.model, i, d.vectors[i], float(d.importance[i]), float(d.created[i]))
-                    for i in range(start, min(extra, start + BATCH))
-                ]
-            )
-            for m in req.memories:
-                m.namespace = EXTRA_NAMESPACE
-            reqs.append(req)
+        reqs = self.batch_requests(extra, EXTRA_NAMESPACE)
         reqs.reverse()  # popped from the end: in order
         lock = threading.Lock()
         errors: list[BaseException] = []

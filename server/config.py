@@ -26,6 +26,14 @@ DEFAULT_CADENCE_SECONDS = (0.0, 5.0, 60.0, 600.0, 3600.0)
 RETENTION_POLICIES = {"importance_weighted": 1, "recency": 2, "fifo": 3, "lru": 4}
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Settings of one tiermem server. ``from_env`` reads ``TIERMEM_<FIELD>`` overrides."""

@@ -342,9 +342,9 @@ class Engine:
         # entries and enter HNSW in the background after SERVING: up to startup_pending_max of
         # them in each embedding space, all its indexes together (every search of the space scans
         # them exactly meanwhile: ~7 ms for 131,072 at 384 dimensions); any beyond that are indexed
-        # before SERVING, first. However many the snapshot holds: with
-        # "at most half the snapshot again", a kill -9 after a 25k bulk load into 100k that the
-        # last periodic snapshot missed (47k) kept the server from SERVING for 13.7 s.
+        # before SERVING, first. However many the snapshot holds: with "at most half the snapshot
+        # again", a kill -9 after a 25k bulk load into 100k that the last periodic snapshot missed
+        # (47k) kept the server from SERVING for 13.7 s.
         later = min(int(missing.shape[0]), pending_max)
         first = int(missing.shape[0]) - later
         for part, defer in ((missing[:first], False), (missing[first:], True)):

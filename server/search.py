@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -28,7 +27,7 @@ from tiermem import kernels
 
 from . import validation as check
 from .columns import ColumnsView
-from .config import TIERS
+from .config import TIERS, usable_cores
 from .embedders import EmbedderError
 from .errors import DeadlineExceeded, InvalidArgument, NotFound
 from .records import Record
@@ -181,7 +180,7 @@ class Searcher:
         self.priors = PriorBounds(engine)
         # Rankings take turns, config.search_concurrency at a time (see ServerConfig); embedding a
         # query text (maybe a remote call) happens before a search takes its turn.
-        self._turns = threading.BoundedSemaphore(engine.config.search_concurrency or _usable_cores())
+        self._turns = threading.BoundedSemaphore(engine.config.search_concurrency or usable_cores())
 
     def search(
         self, q: SearchQuery, include_embedding: bool = False, wanted: Callable[[], bool] | None = None
@@ -724,14 +723,6 @@ class _Args:
     scope_w: dict[str, float]
     strategy: int
     hybrid: tuple[str, float, float, float] | None = None  # keywords, rrf k, vector and keyword weights
-
-
-def _usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _concat(parts: list[Parts]) -> Parts:

@@ -40,6 +40,7 @@ import numpy as np
 
 from tiermem import kernels
 
+from .config import usable_cores
 from .locks import RWLock
 
 logger = logging.getLogger(__name__)
@@ -524,9 +525,7 @@ class Indexer:
 
     def __init__(self, bulk_chunk: int = 0) -> None:
         self.bulk_chunk = bulk_chunk  # 0: no bulk moves
-        self._cores = (
-            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        )
+        self._cores = usable_cores()
         self.last_search = -math.inf  # time.monotonic() when a search last read any index served here
         self._cond = threading.Condition()
         self._work: dict[int, VectorIndex] = {}  # indexes with pending entries, in turn order
