@@ -26,16 +26,18 @@ class RWLock:
         self._waiting_readers = 0
         self._reader_pass = 0  # readers admitted ahead of waiting writers after the last write
         self._held = threading.local()  # .depth: this thread's nested reads
+        self._reading = _Reading(self)
 
-    @contextmanager
-    def read(self) -> Iterator[None]:
-        depth = getattr(self._held, "depth", 0)
+    def read(self) -> _Reading:
+        """``with lock.read():`` hold it for reading (a plain context manager, not a generator:
+        searches take several of these per call)."""
+        return self._reading
+
+    def _acquire_read(self) -> None:
+        held = self._held
+        depth = getattr(held, "depth", 0)
         if depth:  # already reading in this thread
-            self._held.depth = depth + 1
-            try:
-                yield
-            finally:
-                self._held.depth = depth
+            held.depth = depth + 1
             return
         with self._cond:
             self._waiting_readers += 1
@@ -45,15 +47,17 @@ class RWLock:
             if self._reader_pass:
                 self._reader_pass -= 1
             self._readers += 1
-        self._held.depth = 1
-        try:
-            yield
-        finally:
-            self._held.depth = 0
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
+        held.depth = 1
+
+    def _release_read(self) -> None:
+        held = self._held
+        held.depth -= 1
+        if held.depth:
+            return
+        with self._cond:
+            self._readers -= 1
+            if self._readers == 0:
+                self._cond.notify_all()
 
     @contextmanager
     def write(self) -> Iterator[None]:
@@ -70,3 +74,18 @@ class RWLock:
                 self._writer = False
                 self._reader_pass = self._waiting_readers  # their turn before the next writer
                 self._cond.notify_all()
+
+
+class _Reading:
+    """The context manager ``RWLock.read`` returns (one per lock: the state is per thread)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: RWLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        self._lock._acquire_read()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock._release_read()

@@ -52,12 +52,17 @@ class Record:
         return self.expire_at is not None and self.expire_at <= now
 
     def pack(self) -> bytes:
-        # A shallow map (dataclasses.asdict deep-copies every list and dict first: ~3x slower).
-        return msgpack.packb({f: getattr(self, f) for f in _RECORD_FIELDS}, use_bin_type=True)
+        """The stored form: a msgpack array of the fields in declaration order (new fields are
+        only ever appended, with defaults, so an older, shorter array still reads)."""
+        return msgpack.packb([getattr(self, f) for f in _RECORD_FIELDS], use_bin_type=True)
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> Record:
-        return cls(**msgpack.unpackb(raw, raw=False))
+        """Read the stored form; also the map (field name -> value) that servers before the array
+        form wrote. The array is ~3x faster to read and ~1/3 the bytes (no field names):
+        search results decode their records on every call."""
+        values = msgpack.unpackb(raw, raw=False)
+        return cls(**values) if isinstance(values, dict) else cls(*values)
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(Record))

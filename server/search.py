@@ -223,7 +223,7 @@ class Searcher:
             tier_w[t] = _weight("tier_weights", w, 1.0)
         for i, w in enumerate(q.scope_weights):
             _weight(f"scope_weights[{i}]", w, 1.0)
-        now = eng.clock() if q.as_of is None else check.finite_time("as_of", q.as_of)
+        as_of = None if q.as_of is None else check.finite_time("as_of", q.as_of)
 
         # Scopes: each named namespace at weight 1 (or scope_weights[0]); with include_ancestors its
         # ancestors too, weighted by distance. A namespace reached twice keeps its best weight.
@@ -258,14 +258,17 @@ class Searcher:
                 _weight("hybrid.vector_weight", q.vector_weight, 1.0),
                 _weight("hybrid.keyword_weight", q.keyword_weight, 1.0),
             )
-        args = _Args(limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy, hybrid)
         with self._turns:
             if wanted is not None and not wanted():
                 raise DeadlineExceeded(
                     "the caller's deadline passed or it went away while the search waited for its turn"
                 )
-            if q.as_of is None:  # ranked at the time it runs, not the time it queued
-                args = replace(args, now=eng.clock())
+            now = (
+                eng.clock() if as_of is None else as_of
+            )  # ranked at the time it runs, not the time it queued
+            args = _Args(
+                limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy, hybrid
+            )
             if strategy != FAST_FIRST:
                 return self._rank(args, flt, query, sp, include_embedding)
             hits: list[SearchHit] = []  # FAST first, falling through to slower tiers until the limit is met
@@ -365,7 +368,7 @@ class Searcher:
             return rows, rel, (score, rec, imp)
 
         fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
-        ranking = replace(a, limit=fused_limit)
+        ranking = a if fused_limit == a.limit else replace(a, limit=fused_limit)
         # Keyword scores first: they read LMDB (the store's gate), which must not wait while this
         # search holds the indexes (the indexer would wait behind it, and every new search behind that).
         keywords = self._bm25(view, keyword_mask, a.hybrid[0]) if a.hybrid is not None else None

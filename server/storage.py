@@ -4,6 +4,7 @@ One environment with named sub-databases:
 
 - ``meta``:     schema version, id counters, embedding spaces (model -> dimension)
 - ``records``:  rid (8-byte big-endian, so LMDB order is creation order) -> msgpack Record
+  (an array of its fields, see ``Record.pack``)
 - ``ids``:      namespace NUL id -> rid
 - ``vectors``:  rid -> float32 bytes of the normalized vector
 - ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries

@@ -90,6 +90,8 @@ class VectorIndex:
         self._backlog = 0  # pending entries deferred at start-up, still waiting: writes do not wait for them
         self.max_pause_seconds = 0.0  # longest write-lock hold of an add (searches wait that long)
         self.last_search = -math.inf  # time.monotonic() when a search last read (bulk moves wait for quiet)
+        self._storage: Any = None  # the flat storage of the HNSW index, downcast once (~5 us a call)
+        self._params: dict[int, Any] = {}  # unfiltered search parameters by efSearch (read-only to FAISS)
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     # Vectors moved into HNSW per write-lock hold, which bounds how long an add pauses searches
@@ -360,7 +362,10 @@ class VectorIndex:
         widen = max(1.0, math.sqrt(lo / n_allowed))
         ef = min(int(max(ef_search, k) * widen), max(2048, k))
         if bitmap is None or n_allowed == lo:  # nothing dead, nothing filtered out
-            params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
+            params = self._params.get(ef)
+            if params is None:  # FAISS only reads them: one object per efSearch serves every search
+                params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
+                self._params[ef] = params
         else:
             sel = faiss.IDSelectorBitmap(lo, faiss.swig_ptr(bitmap))
             params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef)  # type: ignore[attr-defined]
@@ -390,8 +395,9 @@ class VectorIndex:
         with self._lock.read():
             lo, n, _, pvecs, _, _ = self._pending_view()
             if lo:
-                storage: Any = faiss.downcast_index(self.index.storage)
-                xb = faiss.rev_swig_ptr(storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
+                if self._storage is None:
+                    self._storage = faiss.downcast_index(self.index.storage)
+                xb = faiss.rev_swig_ptr(self._storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
             else:  # nothing in HNSW yet (its storage may have no buffer at all)
                 xb = np.empty((0, self.dim), np.float32)
             if internal_ids.shape[0] and int(internal_ids.max()) >= n:

@@ -460,3 +460,49 @@ def test_the_indexes_of_a_space_share_the_start_up_pending_budget(
         assert [e.spaces[MODEL].indexes[t].counts() for t in (2, 3)] == [(200, 0, 200), (300, 0, 300)]
     finally:
         e.close()
+
+
+def test_records_are_stored_as_arrays_and_the_older_map_form_still_reads(tmp_path: Path) -> None:
+    """Records are msgpack arrays of their fields (about a third of the bytes of a map with field
+    names); records a server before the array form wrote as maps read back unchanged."""
+    import dataclasses
+
+    import msgpack
+
+    from tiermem.server.records import Record
+    from tiermem.server.storage import rid_key
+
+    clock, rng = FakeClock(1_700_000_000.0), np.random.default_rng(3)
+    data = tmp_path / "data"
+    eng = _engine(data, clock)
+    made = eng.create([_mem(rng, i, "ns") for i in range(20)])
+    with eng.store.read() as txn:
+        raws = {r.rid: bytes(txn.get(rid_key(r.rid), db=eng.store.records)) for r in made}
+    assert all(isinstance(msgpack.unpackb(raw, raw=False), list) for raw in raws.values())
+    # Rewrite half of them in the map form (field name -> value), as older servers stored them.
+    old_form = made[::2]
+    with eng.store.env.begin(write=True) as txn:
+        for r in old_form:
+            as_map = {f.name: getattr(r, f.name) for f in dataclasses.fields(Record)}
+            txn.put(rid_key(r.rid), msgpack.packb(as_map, use_bin_type=True), db=eng.store.records)
+            assert len(msgpack.packb(as_map, use_bin_type=True)) > 2 * len(raws[r.rid])
+    eng.close()
+    eng = _engine(data, clock)
+    try:
+        for r in made:
+            got, _ = eng.get("ns", r.id)
+            assert got == r
+        hits = eng.search(
+            SearchQuery(namespaces=["ns"], embedding=_vec(rng), embedding_model=MODEL, limit=20)
+        )
+        assert sorted(h.record.id for h in hits) == sorted(r.id for r in made)
+        # An update of an old-form record stores it in the array form.
+        eng.update(
+            "ns", old_form[0].id, NewMemory(namespace="ns", content="", importance=0.99), ["importance"]
+        )
+        with eng.store.read() as txn:
+            raw = bytes(txn.get(rid_key(old_form[0].rid), db=eng.store.records))
+        assert isinstance(msgpack.unpackb(raw, raw=False), list)
+        assert eng.get("ns", old_form[0].id)[0].importance == pytest.approx(0.99)
+    finally:
+        eng.close()
