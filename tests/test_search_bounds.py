@@ -431,6 +431,29 @@ def test_fresh_bounds_exact_top10(world: World) -> None:
     assert outside >= QUERIES // 2, outside
 
 
+@pytest.mark.parametrize("first,most", [(1, 4), (8, 64)])
+def test_small_growing_chunks_stay_exact(
+    world: World, monkeypatch: pytest.MonkeyPatch, first: int, most: int
+) -> None:
+    """B's rows get their similarities best bound first, a chunk at a time, the chunk doubling from
+    FIRST_CHUNK up to CHUNK: tiny chunks (many rounds, the bar rising between them) still give the
+    exact top 10, and more than one chunk ran."""
+    w = world
+    monkeypatch.setattr(Searcher, "FIRST_CHUNK", first)
+    monkeypatch.setattr(Searcher, "CHUNK", most)
+    sizes: list[int] = []
+    similarities = Searcher._similarities
+
+    def counting(self: Searcher, view: Any, sp: Any, rows: np.ndarray, q: np.ndarray) -> Any:
+        sizes.append(int(rows.shape[0]))
+        return similarities(self, view, sp, rows, q)
+
+    monkeypatch.setattr(Searcher, "_similarities", counting)
+    check_queries(w, lambda i: query(w, i, **PRIOR_HEAVY), min_bounded=0.5)
+    chunks = [n for n in sizes if n <= most]
+    assert first in chunks and min(2 * first, most) in chunks, sorted(Counter(sizes).items())
+
+
 def test_hnsw_is_exact_at_this_size(world: World) -> None:
     """The premise of the comparisons: with this beam, each tier's HNSW top-K is the exact top-K, so
     any difference from the reference is the candidate logic's, not HNSW recall's."""
