@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import sys
@@ -75,7 +76,26 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     return RunningServer(server, port, engine, health_servicer)
 
 
+def tune_malloc(mmap_threshold: int) -> bool:
+    """Fix glibc's mmap threshold for this process (see ``ServerConfig.malloc_mmap_threshold``):
+    blocks of at least this size are mapped on their own and returned to the system when freed.
+    Returns whether it was set (False: 0, or not glibc)."""
+    if mmap_threshold <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # glibc malloc.h
+    return bool(mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(mmap_threshold)))
+
+
 def serve(config: ServerConfig) -> None:
+    if tune_malloc(config.malloc_mmap_threshold):
+        logger.info(
+            "malloc: blocks of %d bytes and more are mapped on their own", config.malloc_mmap_threshold
+        )
     running = create_server(config)
     logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())
     print(f"tiermem listening on {config.host}:{running.port}", flush=True)

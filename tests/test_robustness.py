@@ -385,6 +385,7 @@ def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
         ({"TIERMEM_HNSW_M": "1"}, "hnsw_m"),
         ({"TIERMEM_RECENCY_TAU_SECONDS": "0"}, "recency_tau_seconds"),
         ({"TIERMEM_SNAPSHOT_INTERVAL_SECONDS": "-1"}, "snapshot_interval_seconds"),
+        ({"TIERMEM_MALLOC_MMAP_THRESHOLD": "-1"}, "malloc_mmap_threshold"),
     ],
 )
 def test_invalid_settings_are_refused_with_their_name(
@@ -653,3 +654,42 @@ def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
     finally:
         release.set()
         channel.close()
+
+
+_MALLOC_PROBE = """
+import ctypes, sys
+from tiermem.server.app import tune_malloc
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+if not hasattr(libc, "mallinfo2"):
+    print("no-mallinfo2"); sys.exit(0)
+libc.mallinfo2.restype = MallInfo2
+tuned = tune_malloc(int(sys.argv[1]))
+big = libc.malloc(8 << 20)  # mapped on its own (above either threshold) ...
+libc.free(big)  # ... and freed: glibc's default threshold now rises to 8 MiB
+before = libc.mallinfo2().hblks
+block = libc.malloc(2 << 20)
+mapped = libc.mallinfo2().hblks - before  # 1: the 2 MiB block got its own mapping
+libc.free(block)
+print(tuned, mapped)
+"""
+
+
+@pytest.mark.parametrize(("threshold", "expected"), [(1 << 20, "True 1"), (0, "False 0")])
+def test_the_malloc_threshold_keeps_large_blocks_mapped_on_their_own(threshold: int, expected: str) -> None:
+    """With the threshold fixed (the server's default), a 2 MiB block freed later is its own mapping,
+    returned to the system, even after a larger block was freed; with glibc's default (0) the
+    threshold has risen and the block comes from the heap."""
+    out = subprocess.run(
+        [sys.executable, "-c", _MALLOC_PROBE, str(threshold)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "no-mallinfo2":
+        pytest.skip("not glibc >= 2.33 (no mallinfo2)")
+    assert out.stdout.strip() == expected
