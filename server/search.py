@@ -561,8 +561,11 @@ class Searcher:
     EXACT_ROWS = 16384  # rows left whose bound beats the bar: bound them by their true similarity
     # (one dot product each, best bound first, a chunk at a time) rather than search deeper
     CHUNK = 1024
-    # The first chunk: on clustered data with priors spread (suite data, 100k) the 256 best bounds
-    # usually raise the bar past the rest of B (~6k rows), and later chunks double up to CHUNK.
+    # The first chunk; later ones double up to CHUNK. 100k clustered memories with recency and
+    # importance spread, in-process: with queries near stored memories B held ~6k rows and the 256
+    # best bounds settled ~90% of searches (1.81-1.84 -> 1.32-1.54 ms a search); with queries near
+    # cluster centres (bench/suite.py) B held ~11k and searches took 256 + 512 (+ 1,024 in 60%),
+    # within noise of 1,024 from the start (A/B in one process, 5 rounds).
     FIRST_CHUNK = 256
     DEEPEN_LEVELS = 3  # HNSW searches restricted to the rows whose bound still beats the bar
 
@@ -591,9 +594,9 @@ class Searcher:
         by_similarity = a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None
         # When priors count, a deeper A lowers sim_K, so the cheap ceiling below settles more
         # rankings at once and B is smaller; the deeper HNSW search costs more. At 100k, top 10
-        # (k = 80 with PRIOR_K 64, against 128), in-process: 0.77 vs 0.88 ms a search with every
-        # memory as recent and important; 1.35 vs 1.52 ms with recency and importance spread (the
-        # suite's data, where B is needed either way).
+        # (k = 80 with PRIOR_K 64, against 128), in-process, queries near stored memories: 0.77 vs
+        # 0.88 ms a search with every memory as recent and important, 1.35 vs 1.52 ms with recency
+        # and importance spread; queries near cluster centres (bench/suite.py): within noise.
         k = max(2 * a.limit, 32) if by_similarity else min(max(8 * a.limit, self.PRIOR_K), 2048)
         a_rows, sim_bound = self._ann(sp, query, mask, k, view, count)
         parts = [rank(a_rows)]
