@@ -99,13 +99,12 @@ class ColumnsView:
 
 @dataclass(frozen=True)
 class MetadataArrays:
-    """One metadata key over the rows that have it: kind 0 bool, 1 number, 2 string."""
+    """One metadata key over the rows that have it, split by the value's kind (0 bool, 1 number,
+    2 string): ``rows[k]`` and ``values[k]`` are parallel arrays (bool, float64, object)."""
 
-    rows: np.ndarray
-    kind: np.ndarray
-    numbers: np.ndarray
-    bools: np.ndarray
-    strings: np.ndarray
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+    values: tuple[np.ndarray, np.ndarray, np.ndarray]
+    max_row: int  # the highest row of any kind, -1 when none has the key
 
 
 class Columns:
@@ -294,21 +293,21 @@ class Columns:
         cached = self._meta_arrays.get(key)
         if cached is not None and cached[0] == version:
             return cached[1]
-        items = list(self.metadata.get(key, {}).items())
-        values = [v for _, v in items]
-        kind = np.array(
-            [0 if isinstance(v, bool) else 1 if isinstance(v, int | float) else 2 for v in values], np.int8
-        )
+        split: tuple[list[int], list[int], list[int]] = ([], [], [])
+        vals: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+        for row, v in list(self.metadata.get(key, {}).items()):
+            k = 0 if isinstance(v, bool) else 1 if isinstance(v, int | float) else 2
+            split[k].append(row)
+            vals[k].append(v)
+        rows = tuple(np.array(r, np.int64) for r in split)
         arrays = MetadataArrays(
-            rows=np.array([r for r, _ in items], np.int64),
-            kind=kind,
-            numbers=np.array(
-                [float(v) if k == 1 else np.nan for v, k in zip(values, kind, strict=True)], np.float64
+            rows=(rows[0], rows[1], rows[2]),
+            values=(
+                np.array(vals[0], np.bool_),
+                np.array([float(v) for v in vals[1]], np.float64),
+                np.array(vals[2], dtype=object),
             ),
-            bools=np.array(
-                [bool(v) if k == 0 else False for v, k in zip(values, kind, strict=True)], np.bool_
-            ),
-            strings=np.array([v if k == 2 else "" for v, k in zip(values, kind, strict=True)], dtype=object),
+            max_row=max((int(r.max()) for r in rows if r.shape[0]), default=-1),
         )
         self._meta_arrays[key] = (version, arrays)
         return arrays

@@ -274,35 +274,30 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
 
     def mask(v: ColumnsView, c: Columns) -> np.ndarray:
         arr = c.metadata_arrays(key)
-        in_view = arr.rows < v.n
-        rows, kind = arr.rows[in_view], arr.kind[in_view]
-        stored = {0: arr.bools[in_view], 1: arr.numbers[in_view], 2: arr.strings[in_view]}
-        hit = np.zeros(rows.shape[0], np.bool_)
+        found = []  # rows whose value of the key satisfies the comparison
         for k, wanted in groups.items():
-            same = kind == k
-            if not same.any():
+            rows, col = arr.rows[k], arr.values[k]
+            if not wanted or not rows.shape[0]:
                 continue
-            col = stored[k][same]
+            if arr.max_row >= v.n:  # a view older than the arrays: rows past it are not in it
+                keep = rows < v.n
+                rows, col = rows[keep], col[keep]
             if op in ("$in", "$nin", "$eq", "$ne"):
-                res = (
-                    np.isin(col, np.array(wanted, dtype=col.dtype))
-                    if wanted
-                    else np.zeros(col.shape[0], np.bool_)
-                )
-            elif wanted:
+                res = np.isin(col, np.array(wanted, dtype=col.dtype))
+            else:
                 x = wanted[0]
                 res = {"$gt": col > x, "$gte": col >= x, "$lt": col < x, "$lte": col <= x}[op].astype(
                     np.bool_
                 )
-            else:
-                res = np.zeros(col.shape[0], np.bool_)
-            hit[same] = res
-        out = np.zeros(v.n, np.bool_)
+            found.append(rows[res])
         if op in ("$ne", "$nin"):  # a memory without the key (or with another type) is "not equal"
-            out[:] = True
-            out[rows[hit]] = False
+            out = np.ones(v.n, np.bool_)
+            for hit in found:
+                out[hit] = False
             return out
-        out[rows[hit]] = True
+        out = np.zeros(v.n, np.bool_)
+        for hit in found:
+            out[hit] = True
         return out
 
     return mask

@@ -506,3 +506,52 @@ def test_records_are_stored_as_arrays_and_the_older_map_form_still_reads(tmp_pat
         assert eng.get("ns", old_form[0].id)[0].importance == pytest.approx(0.99)
     finally:
         eng.close()
+
+
+def test_metadata_filters_on_a_view_older_than_the_metadata_arrays(tmp_path: Path) -> None:
+    """A search may hold a columns view taken before later creates: a metadata filter evaluated
+    on it covers exactly its rows, whatever the key's (newer, longer) value arrays hold."""
+    import json
+
+    from tiermem.server.filters import compile_where
+
+    clock, rng = FakeClock(1_700_000_000.0), np.random.default_rng(5)
+    eng = _engine(tmp_path / "data", clock)
+    try:
+        values: list[Any] = [3, 7.5, "x", True, 12, "y", False, 0]
+        first = []
+        for i in range(40):
+            m = _mem(rng, i, "ns")
+            m.metadata = {"v": values[i % len(values)]}
+            first.append(m)
+        eng.create(first)
+        old = eng.columns.view()
+        later = []
+        for i in range(40, 80):
+            m = _mem(rng, i, "ns")
+            m.metadata = {"v": values[i % len(values)]}
+            later.append(m)
+        eng.create(later)
+        assert eng.columns.view().n > old.n
+        by_row = {row: eng.columns._row_meta.get(row, {}).get("v") for row in range(eng.columns.view().n)}
+        cases = [
+            ({"$lt": 8}, lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v < 8),
+            ({"$ne": "x"}, lambda v: not (isinstance(v, str) and v == "x")),
+            (
+                {"$in": [True, 12]},
+                lambda v: (isinstance(v, bool) and v is True) or (type(v) is int and v == 12),
+            ),
+            ({"$gte": "x"}, lambda v: isinstance(v, str) and v >= "x"),
+        ]
+        for cond, want in cases:
+            mask = compile_where(json.dumps({"metadata.v": cond}))(old, eng.columns)
+            assert mask.shape == (old.n,)
+            expected = np.array(
+                [
+                    want(by_row[r]) if by_row[r] is not None else cond.get("$ne") is not None
+                    for r in range(old.n)
+                ]
+            )
+            assert (mask == expected).all(), cond
+    finally:
+        eng.close()
