@@ -557,16 +557,16 @@ class Searcher:
             rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
         return rows, sim_bound
 
-    PRIOR_K = 64  # least HNSW depth of the first search when recency/importance/weights enter the score
+    PRIOR_K = 128  # least HNSW depth of the first search when recency/importance/weights enter the score
     EXACT_ROWS = 16384  # rows left whose bound beats the bar: bound them by their true similarity
     # (one dot product each, best bound first, a chunk at a time) rather than search deeper
     CHUNK = 1024
     # The first chunk; later ones double up to CHUNK. 100k clustered memories with recency and
-    # importance spread, in-process: with queries near stored memories B held ~6k rows and the 256
-    # best bounds settled ~90% of searches (1.81-1.84 -> 1.32-1.54 ms a search); with queries near
-    # cluster centres (bench/suite.py) B held ~11k and searches took 256 + 512 (+ 1,024 in 60%),
-    # within noise of 1,024 from the start (A/B in one process, 5 rounds).
-    FIRST_CHUNK = 256
+    # importance spread, in-process: with queries near stored memories B held ~6k rows and 256
+    # settled ~90% of searches (1.81-1.84 -> 1.32-1.54 ms a search against 1,024); with queries
+    # near cluster centres (bench/suite.py) B held ~11k and 256 was slower (medians over 8 rounds
+    # in one process: 2.25 vs 2.03 ms). The suite's workload decides: 1,024.
+    FIRST_CHUNK = 1024
     DEEPEN_LEVELS = 3  # HNSW searches restricted to the rows whose bound still beats the bar
 
     def _candidates(
@@ -593,10 +593,11 @@ class Searcher:
         """
         by_similarity = a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None
         # When priors count, a deeper A lowers sim_K, so the cheap ceiling below settles more
-        # rankings at once and B is smaller; the deeper HNSW search costs more. At 100k, top 10
-        # (k = 80 with PRIOR_K 64, against 128), in-process, queries near stored memories: 0.77 vs
-        # 0.88 ms a search with every memory as recent and important, 1.35 vs 1.52 ms with recency
-        # and importance spread; queries near cluster centres (bench/suite.py): within noise.
+        # rankings at once and B is smaller; the deeper HNSW search costs more. At 100k, top 10,
+        # in-process: depth 80 (PRIOR_K 64) against 128 took 0.77 vs 0.88 ms a search with queries
+        # near stored memories and every memory as recent and important, 1.35 vs 1.52 ms with
+        # recency and importance spread, but 2.14 vs 2.03 ms (medians over 8 rounds) with the
+        # suite's queries near cluster centres: 128 stays.
         k = max(2 * a.limit, 32) if by_similarity else min(max(8 * a.limit, self.PRIOR_K), 2048)
         a_rows, sim_bound = self._ann(sp, query, mask, k, view, count)
         parts = [rank(a_rows)]
