@@ -263,9 +263,8 @@ class Searcher:
                 raise DeadlineExceeded(
                     "the caller's deadline passed or it went away while the search waited for its turn"
                 )
-            now = (
-                eng.clock() if as_of is None else as_of
-            )  # ranked at the time it runs, not the time it queued
+            # Ranked at the time it runs, not the time it queued.
+            now = eng.clock() if as_of is None else as_of
             args = _Args(
                 limit, alpha, beta, gamma, tau, now, q.min_similarity, tier_w, scope_w, strategy, hybrid
             )
