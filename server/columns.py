@@ -299,9 +299,9 @@ class Columns:
             k = 0 if isinstance(v, bool) else 1 if isinstance(v, int | float) else 2
             split[k].append(row)
             vals[k].append(v)
-        rows = tuple(np.array(r, np.int64) for r in split)
+        rows = (np.array(split[0], np.int64), np.array(split[1], np.int64), np.array(split[2], np.int64))
         arrays = MetadataArrays(
-            rows=(rows[0], rows[1], rows[2]),
+            rows=rows,
             values=(
                 np.array(vals[0], np.bool_),
                 np.array([float(v) for v in vals[1]], np.float64),
