@@ -90,7 +90,8 @@ class VectorIndex:
         self._backlog = 0  # pending entries deferred at start-up, still waiting: writes do not wait for them
         self.max_pause_seconds = 0.0  # longest write-lock hold of an add (searches wait that long)
         self.last_search = -math.inf  # time.monotonic() when a search last read (bulk moves wait for quiet)
-        self._storage: Any = faiss.downcast_index(self.index.storage)  # its flat storage (~5 us a downcast)
+        hnsw: Any = index
+        self._storage: Any = faiss.downcast_index(hnsw.storage)  # its flat storage (~5 us a downcast)
         self._params: dict[int, Any] = {}  # unfiltered search parameters by efSearch (read-only to FAISS)
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
