@@ -60,6 +60,9 @@ class VectorIndex:
     # Pending entries allowed before ``add`` waits for the indexer: bounds their exact scoring per
     # search (~0.1 ms at 384 dims) and the buffer's memory (pending x dim x 4 bytes).
     MAX_PENDING = 4096
+    # An index with at most this many HNSW entries (dead ones included) is searched exactly: one
+    # dot product per allowed entry costs less than a graph search there (a small FAST tier, say).
+    EXACT_ENTRIES = 2048
 
     def __init__(
         self, dim: int, m: int = 32, ef_construction: int = 128, index: faiss.Index | None = None
@@ -327,6 +330,8 @@ class VectorIndex:
                 bitmap, n_allowed = None, 0
             if n_allowed <= 0:
                 h_rows, h_sims, bound = empty
+            elif lo <= self.EXACT_ENTRIES:
+                h_rows, h_sims, bound = self._exact(query, k, lo, slots, allowed)
             else:
                 h_rows, h_sims, bound = self._hnsw(query, k, ef_search, lo, slots, bitmap, n_allowed)
         keep = (h_rows >= 0) & (h_rows < allowed.shape[0])
@@ -381,6 +386,29 @@ class VectorIndex:
         else:
             bound = -np.inf
         return slots[ids], sims.astype(np.float32, copy=False), bound
+
+    def _exact(
+        self, query: np.ndarray, k: int, lo: int, slots: np.ndarray, allowed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """``_hnsw``'s answer computed exactly over the ``lo`` indexed entries (under the read lock):
+        the top-k allowed live entries, and as bound the best similarity left out (-inf: none)."""
+        rows = slots[:lo].copy()  # (kills do not take the read lock: read each slot once)
+        ok = (rows >= 0) & (rows < allowed.shape[0])
+        ok[ok] = allowed[rows[ok]]
+        ids = np.flatnonzero(ok)
+        if ids.shape[0] == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32), -np.inf
+        xb = faiss.rev_swig_ptr(self._storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
+        sims = kernels.dot_rows(xb, ids, query)
+        bound = -np.inf
+        if ids.shape[0] > k:
+            part = np.argpartition(-sims, k)
+            top = part[:k]
+            bound = float(sims[part[k:]].max())
+        else:
+            top = np.arange(ids.shape[0])
+        top = top[np.argsort(-sims[top], kind="stable")]
+        return rows[ids[top]], sims[top], bound
 
     def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
         """Column rows of the live entries allowed by ``allowed`` (for exact scoring)."""

@@ -28,6 +28,17 @@ def unit(rng: np.random.Generator, n: int) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
+@pytest.fixture(autouse=True, params=["graph", "exact"])
+def search_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs twice: with HNSW graph searches, and with the exact scan that indexes of at
+    most EXACT_ENTRIES entries (every index here) get by default."""
+    if request.param == "graph":
+        monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
+    else:
+        assert VectorIndex.EXACT_ENTRIES >= 1500
+    return str(request.param)
+
+
 @pytest.fixture
 def indexer():
     ix = Indexer()
@@ -65,6 +76,8 @@ def check_search(idx: VectorIndex, vecs: np.ndarray, query: np.ndarray, allowed:
     top = live[np.argsort(-exact, kind="stable")[:k]]
     assert sorted(rows.tolist()) == sorted(top.tolist())  # small index, wide beam: HNSW is exact here
     assert np.all(np.diff(sims) <= 1e-6)  # best first
+    if idx.indexed <= VectorIndex.EXACT_ENTRIES:  # scanned exactly: the same order as brute force
+        np.testing.assert_allclose(sims, np.sort(exact)[::-1][: rows.shape[0]], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(sims, vecs[rows] @ query, rtol=1e-5, atol=1e-5)
     left_out = np.setdiff1d(live, rows)
     if left_out.shape[0] == 0:
@@ -701,3 +714,37 @@ def test_writes_after_a_start_up_backlog_do_not_copy_it_twice(indexer: Indexer) 
         finally:
             idx._flush_lock.release()
         wait_indexed(idx)
+
+
+def test_a_small_index_is_scanned_exactly_with_dead_and_filtered_entries(search_path: str) -> None:
+    """Up to EXACT_ENTRIES entries, a search is a dot product per allowed live entry: brute force's
+    top-k in its order, and as bound the best similarity left out; a larger index searches the graph."""
+    rng = np.random.default_rng(11)
+    n, k = 600, 10
+    vecs = unit(rng, n)
+    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    idx.add(vecs, np.arange(n), np.arange(n) + 1)
+    idx.kill(np.arange(0, n, 7))  # dead entries: never returned
+    calls: list[str] = []
+    for name in ("_exact", "_hnsw"):
+        real = getattr(idx, name)
+        setattr(idx, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    for trial in range(10):
+        query = unit(rng, 1)[0]
+        allowed = rng.random(n) < (1.0 if trial < 5 else 0.2)
+        rows, sims, bound = idx.search(query, k, allowed, ef_search=64)
+        live = np.flatnonzero(allowed & (np.arange(n) % 7 != 0))
+        order = live[np.argsort(-(vecs[live] @ query), kind="stable")]
+        if search_path == "exact":
+            assert rows.tolist() == order[:k].tolist()
+            np.testing.assert_allclose(sims, vecs[order[:k]] @ query, rtol=1e-5, atol=1e-5)
+            assert bound == pytest.approx(float(vecs[order[k]] @ query), abs=1e-6)
+        else:  # the graph: the same entries at this size, up to HNSW's recall
+            assert len(set(rows.tolist()) & set(order[:k].tolist())) >= k - 1
+            assert bound >= float(vecs[order[k]] @ query) - 1e-5 or math.isnan(bound)
+    assert set(calls) == {"_exact" if search_path == "exact" else "_hnsw"}
+    # Fewer allowed than k: all of them, bound -inf (either way).
+    few = np.zeros(n, np.bool_)
+    few[[1, 2, 500]] = True
+    rows, _, bound = idx.search(unit(rng, 1)[0], k, few, ef_search=64)
+    assert sorted(rows.tolist()) == [1, 2, 500] and bound == -np.inf
