@@ -9,7 +9,17 @@ TARGET_STARTUP_N = 1_000_000  # the issue's start-up target is stated for 1,000,
 PHASE_ORDER = {
     p: i
     for i, p in enumerate(
-        ("empty_rpc", "ingest", "search", "search_vs_size", "filtered_search", "mix", "chroma", "faiss")
+        (
+            "empty_rpc",
+            "ingest",
+            "search",
+            "search_vs_size",
+            "filtered_search",
+            "mix",
+            "consolidation",
+            "chroma",
+            "faiss",
+        )
     )
 }
 

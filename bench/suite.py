@@ -78,6 +78,7 @@ from common import (
     queries_near,
     rss_bytes,
     rss_parts,
+    search_request,
     start_server_timed,
     stop_server,
     summarize,
@@ -597,13 +598,62 @@ class Suite:
         }
 
     def consolidation(self, memories: int) -> None:
+        """One ConsolidateMemories pass over the namespace, while one client searches it (default
+        strategy, one search at a time): what a user sees of the pass is those searches' latency."""
+        import grpc
+
         pb = self.pb
-        print(f"[consolidation] ConsolidateMemories over namespace {NAMESPACE!r} ...", flush=True)
+        print(
+            f"[consolidation] ConsolidateMemories over namespace {NAMESPACE!r}, "
+            "with one client searching meanwhile ...",
+            flush=True,
+        )
+        reqs = [
+            search_request(
+                q, namespace=NAMESPACE, model=self.data.model, k=K, as_of=None, where=None, similarity=False
+            )
+            for q in self.data.queries
+        ]
+        done = threading.Event()
+        lat: list[float] = []
+        failed: list[str] = []
+
+        searching = threading.Event()
+
+        def searches() -> None:
+            i = 0
+            while not done.is_set():
+                t = time.perf_counter()
+                try:
+                    self.server.stub.SearchMemories(reqs[i % len(reqs)], timeout=TIMEOUT)
+                except grpc.RpcError as e:
+                    failed.append(str(e.code()))
+                else:
+                    lat.append(time.perf_counter() - t)
+                if not searching.is_set():  # the first one, before the pass: not counted
+                    lat.clear()
+                    failed.clear()
+                    searching.set()
+                i += 1
+
+        searcher = threading.Thread(target=searches, name="searches-during-consolidation", daemon=True)
+        searcher.start()
+        searching.wait()
+        # The pass starts while a search is in flight, and the search in flight when it ends counts
+        # too: at least one search overlaps it, however short it is.
         t0 = time.perf_counter()
         r = self.server.stub.ConsolidateMemories(
             pb.ConsolidateMemoriesRequest(namespace=NAMESPACE, max_reported_moves=1), timeout=TIMEOUT
         )
         seconds = time.perf_counter() - t0
+        done.set()
+        searcher.join()
+        during = summarize(np.array(lat), seconds) | {
+            "errors": len(failed),
+            "max_ms": max(lat) * 1000 if lat else float("nan"),
+        }
+        self.add_row("consolidation", "SearchMemories during the pass (default strategy)", 1, during)
+        print(f"  longest search during the pass: {fmt(during['max_ms'])} ms", flush=True)
         out = {
             "seconds": seconds,
             "promoted": r.promoted,
@@ -615,6 +665,7 @@ class Suite:
             "plan_seconds": r.plan_seconds,
             "apply_seconds": r.apply_seconds,
             "max_search_pause_seconds": r.max_search_pause_seconds,
+            "searches_during": during,
         }
         self.results["consolidation"] = out
         moved = r.promoted + r.demoted + r.evicted + r.deleted
@@ -624,7 +675,9 @@ class Suite:
             seconds,
             f"{moved:,} moves (promoted {r.promoted:,}, demoted {r.demoted:,}, evicted {r.evicted:,}, "
             f"deleted {r.deleted:,}); plan {r.plan_seconds * 1000:.1f} ms, apply {r.apply_seconds:.2f} s, "
-            f"longest search pause {r.max_search_pause_seconds * 1000:.1f} ms",
+            f"longest index lock against searches {r.max_search_pause_seconds * 1000:.1f} ms; "
+            f"{during['ops']:,} searches meanwhile: p50 {fmt(during['p50_ms'])} ms, "
+            f"p99 {fmt(during['p99_ms'])} ms, longest {fmt(during['max_ms'])} ms",
         )
 
     def chroma(self) -> None:

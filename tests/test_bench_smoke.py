@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = {"empty_rpc", "ingest", "search", "search_vs_size", "filtered_search", "mix", "faiss"}
+PHASES = {
+    "empty_rpc",
+    "ingest",
+    "search",
+    "search_vs_size",
+    "filtered_search",
+    "mix",
+    "consolidation",
+    "faiss",
+}
 
 
 @pytest.mark.slow
@@ -61,6 +70,8 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     assert st["clean_start_s"] > 0 and st["kill9_start_s"] > 0
     assert st["memories_after_clean"] == st["memories_after_kill9"] == st["memories"] >= 600
     assert results["consolidation"]["seconds"] > 0
+    during = results["consolidation"]["searches_during"]
+    assert during["ops"] >= 1 and during["errors"] == 0 and during["max_ms"] >= during["p50_ms"] > 0
 
     assert results["memory"]["rss_after_bytes"] > 0
     assert results["memory"]["memories"] == 600
