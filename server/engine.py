@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from tiermem import __version__, kernels
 from . import embedders, snapshots
 from . import validation as check
 from .columns import Columns, ColumnsView
-from .config import TIERS, ServerConfig
+from .config import TIERS, ServerConfig, usable_cores
 from .context import Assembler
 from .embedders import EmbedderError
 from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StorageError, Unavailable
@@ -160,6 +161,11 @@ class Engine:
         self._access_lock = threading.Lock()
         self._access_pending: dict[int, tuple[int, float]] = {}  # rid -> (accesses, last access)
         self.searcher = Searcher(self)
+        # The searches of one BatchSearchMemories call run side by side on these threads (each
+        # still takes its turn, see Searcher), so a batch uses every core the turns allow.
+        self._batch_pool = ThreadPoolExecutor(
+            max_workers=config.search_concurrency or usable_cores(), thread_name_prefix="tiermem-batch"
+        )
         self.assembler = Assembler(self)  # context packages (context.py); its count_tokens is pluggable
         self.graph = GraphMemory(self)  # nodes and edges per namespace (graph.py)
         # moves acknowledged vectors into HNSW beside the writer
@@ -390,6 +396,7 @@ class Engine:
             self._flusher.join()
         if self._snapshotter is not None:
             self._snapshotter.join()
+        self._batch_pool.shutdown(wait=True)
         self.flush_access()
         self.writer.close()
         # No draining: what is still pending stays out of the index snapshot, and the next start-up
@@ -1217,13 +1224,26 @@ class Engine:
     def search_many(
         self, queries: list[tuple[SearchQuery, bool]], wanted: Callable[[], bool] | None = None
     ) -> list[list[SearchHit]]:
-        """Several searches; their side effects (accesses, hit counts) happen only if all succeed."""
-        results = []
-        for i, (q, include_embedding) in enumerate(queries):
+        """Several searches, side by side on the batch threads; their side effects (accesses, hit
+        counts) happen only if all succeed. A failure fails the call: the first by position."""
+        outcomes: list[list[SearchHit] | BaseException] = []
+        if len(queries) == 1:
             try:
-                results.append(self.searcher.search(q, include_embedding, wanted))
-            except InvalidArgument as e:
-                raise e.within(f"searches[{i}].") from None
+                outcomes.append(self.searcher.search(queries[0][0], queries[0][1], wanted))
+            except Exception as e:
+                outcomes.append(e)
+        else:
+            futures = [self._batch_pool.submit(self.searcher.search, q, inc, wanted) for q, inc in queries]
+            for f in futures:
+                err = f.exception()
+                outcomes.append(err if err is not None else f.result())
+        results: list[list[SearchHit]] = []
+        for i, out in enumerate(outcomes):
+            if isinstance(out, InvalidArgument):
+                raise out.within(f"searches[{i}].") from None
+            if isinstance(out, BaseException):
+                raise out
+            results.append(out)
         return [self.account(q, hits) for (q, _), hits in zip(queries, results, strict=True)]
 
     def account(self, q: SearchQuery, hits: list[SearchHit]) -> list[SearchHit]:

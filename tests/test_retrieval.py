@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import json
 import math
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -1441,6 +1442,37 @@ def test_batch_search_errors(sdata: tuple[MemoryClient, FakeClock, dict[str, Any
     expect_invalid(lambda: batch(sreq(SNS, np.ones(DIM), strategy=42)), "searches[0].strategy")
     expect_invalid(lambda: batch(), "searches")
     expect_invalid(lambda: batch(*([good] * 101)), "searches")
+    # Two bad ones (the batch's searches run side by side): the first by position fails the call.
+    bad_limit, bad_where = sreq(SNS, np.ones(DIM), limit=-1), sreq(SNS, np.ones(DIM), where={"$and": []})
+    expect_invalid(lambda: batch(good, bad_limit, bad_where), "searches[1].limit")
+    expect_invalid(lambda: batch(good, bad_where, bad_limit), "searches[1].filter.where")
+
+
+def test_the_searches_of_a_batch_run_side_by_side(server_factory: Callable[..., RunningServer]) -> None:
+    """A BatchSearchMemories call runs its searches on search_concurrency threads at once: two of
+    them meet at a barrier (one after the other, the first would wait there until it broke)."""
+    running = server_factory(search_concurrency=2)
+    engine = running.engine
+    with connect(running) as c:
+        for i in range(4):
+            c.create(SNS, f"m{i}", id=f"m{i}", embedding=np.eye(DIM)[i].tolist(), embedding_model=MODEL)
+        meet = threading.Barrier(2, timeout=10)
+        threads: set[str] = set()
+        real = engine.searcher.search
+
+        def search(*args: Any, **kwargs: Any) -> Any:
+            threads.add(threading.current_thread().name)
+            meet.wait()
+            return real(*args, **kwargs)
+
+        engine.searcher.search = search  # type: ignore[method-assign]
+        try:
+            searches = [sreq(SNS, np.eye(DIM)[i], limit=1) for i in (0, 1)]
+            out = raw(c, "BatchSearchMemories", pb.BatchSearchMemoriesRequest(searches=searches))
+        finally:
+            engine.searcher.search = real  # type: ignore[method-assign]
+        assert [rids(r.results) for r in out.responses] == [["m0"], ["m1"]]  # in request order
+        assert len(threads) == 2 and not meet.broken
 
 
 def test_failed_batch_has_no_side_effects(server_factory: Callable[..., RunningServer]) -> None:
