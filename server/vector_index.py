@@ -60,8 +60,9 @@ class VectorIndex:
     # Pending entries allowed before ``add`` waits for the indexer: bounds their exact scoring per
     # search (~0.1 ms at 384 dims) and the buffer's memory (pending x dim x 4 bytes).
     MAX_PENDING = 4096
-    # An index with at most this many HNSW entries (dead ones included) is searched exactly: one
-    # dot product per allowed entry costs less than a graph search there (a small FAST tier, say).
+    # An index with at most this many HNSW entries (dead ones included), or with at most this many
+    # allowed live ones, is searched exactly: one dot product per allowed entry costs less than a
+    # graph search there (a small FAST tier; the tier most memories just left).
     EXACT_ENTRIES = 2048
 
     def __init__(
@@ -99,12 +100,17 @@ class VectorIndex:
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     # Vectors moved into HNSW per write-lock hold, which bounds how long an add pauses searches
-    # (~0.4 ms per vector into 100k with one OpenMP thread: ~13 ms). With one thread FAISS's
-    # per-call cost is invisible from 8 vectors up (measured at 100k entries), but chunks of 8
-    # cost a fifth of the ingest rate with two batches in flight (0.88 -> 0.71 of FAISS), so 32.
-    # A search takes the read lock several times (HNSW, then similarities), each time possibly
-    # after one chunk: while a large backlog drains, searches take tens of ms.
+    # (~0.4 ms per vector into 100k with one OpenMP thread). With one thread FAISS's per-call cost
+    # is invisible from 8 vectors up (measured at 100k entries, and again at 4-64 vectors: the
+    # same time per vector). While searches read the index (see Indexer.chunk_for) moves take
+    # SEARCHED_CHUNK: a search waits for at most one (~6 ms at 100k x 384). Otherwise ADD_CHUNK,
+    # or a bulk move: chunks of 8 had cost a fifth of the ingest rate with two batches in flight
+    # before bulk moves existed (0.88 -> 0.71 of FAISS). A consolidation pass over 131k memories
+    # re-adding 97k vectors while one client searched (searches waited on the lock for 41% of
+    # their time with 32): 32 per hold, searches meanwhile p50 21-23 ms, p99 38-44 ms, pass 67-71 s;
+    # 16: p50 16.2-16.7 ms, p99 32-33 ms, pass 90-95 s; 8: 13.2 / 26 ms, 107 s.
     ADD_CHUNK = 32
+    SEARCHED_CHUNK = 16
 
     @property
     def pending(self) -> int:
@@ -330,7 +336,9 @@ class VectorIndex:
                 bitmap, n_allowed = None, 0
             if n_allowed <= 0:
                 h_rows, h_sims, bound = empty
-            elif lo <= self.EXACT_ENTRIES:
+            elif lo <= self.EXACT_ENTRIES or n_allowed <= self.EXACT_ENTRIES:
+                # (few allowed live entries in a large graph: mostly dead, say, after a consolidation
+                # pass moved most of them away; a graph search would wade through the dead ones)
                 h_rows, h_sims, bound = self._exact(query, k, lo, slots, allowed)
             else:
                 h_rows, h_sims, bound = self._hnsw(query, k, ef_search, lo, slots, bitmap, n_allowed)
@@ -610,15 +618,13 @@ class Indexer:
 
     def chunk_for(self, idx: VectorIndex) -> tuple[int, int]:
         """(vectors, OpenMP threads) for the next move out of ``idx``: everything pending up to
-        ``bulk_chunk`` on every core once searches have left it alone, else ADD_CHUNK on one."""
+        ``bulk_chunk`` on every core once searches have left it alone; else, on one thread,
+        SEARCHED_CHUNK while searches read it (they wait for the move), ADD_CHUNK when they do not."""
         pending = idx.pending
-        if (
-            self.bulk_chunk > idx.ADD_CHUNK
-            and pending >= self.BULK_MIN
-            and idx.quiet_seconds() >= self.QUIET_SECONDS
-        ):
+        quiet = idx.quiet_seconds() >= self.QUIET_SECONDS
+        if quiet and self.bulk_chunk > idx.ADD_CHUNK and pending >= self.BULK_MIN:
             return min(pending, self.bulk_chunk), self._cores
-        return idx.ADD_CHUNK, 1
+        return (idx.ADD_CHUNK if quiet else idx.SEARCHED_CHUNK), 1
 
     def _run(self) -> None:
         # OpenMP settings are per thread, and threads Python starts use the process default (every

@@ -628,7 +628,7 @@ def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -
         wait_indexed(idx)
         assert spy.sizes[0] == 256
         first_small = next(i for i, s in enumerate(spy.sizes) if s < 256)
-        assert max(spy.sizes[first_small:]) <= VectorIndex.ADD_CHUNK
+        assert max(spy.sizes[first_small:]) <= VectorIndex.SEARCHED_CHUNK
         cores = len(os.sched_getaffinity(0))
         assert set(spy.threads[:first_small]) == {cores} and set(spy.threads[first_small:]) == {1}
         assert sum(spy.sizes[first_small:]) >= 8000  # everything added after the search moved small
@@ -656,11 +656,13 @@ def test_moves_stay_small_without_a_quiet_spell_a_backlog_or_a_bulk_size(indexer
         bulk.BULK_MIN = Indexer.BULK_MIN
         now = time.monotonic()
         idx.last_search = now - bulk.QUIET_SECONDS / 2  # searched half a quiet spell ago
-        assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
+        assert bulk.chunk_for(idx) == (VectorIndex.SEARCHED_CHUNK, 1)  # searches wait for moves
+        assert Indexer(bulk_chunk=0).chunk_for(idx) == (VectorIndex.SEARCHED_CHUNK, 1)
         idx.last_search = now - bulk.QUIET_SECONDS * 2
         assert bulk.chunk_for(idx) == (256, cores)
         indexer.last_search = now  # a search read another index this indexer serves
-        assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
+        assert bulk.chunk_for(idx) == (VectorIndex.SEARCHED_CHUNK, 1)
+        assert VectorIndex.SEARCHED_CHUNK < VectorIndex.ADD_CHUNK
     finally:
         idx._flush_lock.release()
 
@@ -748,3 +750,32 @@ def test_a_small_index_is_scanned_exactly_with_dead_and_filtered_entries(search_
     few[[1, 2, 500]] = True
     rows, _, bound = idx.search(unit(rng, 1)[0], k, few, ef_search=64)
     assert sorted(rows.tolist()) == [1, 2, 500] and bound == -np.inf
+
+
+def test_an_index_with_few_live_allowed_entries_is_scanned_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large graph whose entries are mostly dead (a consolidation pass moved them to another
+    tier) or filtered out is scanned exactly once at most EXACT_ENTRIES are allowed and live."""
+    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 100)
+    rng = np.random.default_rng(12)
+    n, k = 600, 10
+    vecs = unit(rng, n)
+    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    idx.add(vecs, np.arange(n), np.arange(n) + 1)
+    calls: list[str] = []
+    for name in ("_exact", "_hnsw"):
+        real = getattr(idx, name)
+        setattr(idx, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    everything = np.ones(n, np.bool_)
+    query = unit(rng, 1)[0]
+    idx.search(query, k, everything, 64, idx.live_count())
+    assert calls == ["_hnsw"]  # 600 live: the graph
+    idx.kill(np.arange(60, n))  # 60 live are left
+    for allowed, count in ((everything, idx.live_count()), (everything, -1), (rng.random(n) < 0.5, -1)):
+        calls.clear()
+        rows, sims, bound = idx.search(query, k, allowed, 64, count)
+        live = np.flatnonzero(allowed[:60])
+        order = live[np.argsort(-(vecs[live] @ query), kind="stable")]
+        assert calls == ["_exact"]
+        assert rows.tolist() == order[:k].tolist()
+        np.testing.assert_allclose(sims, vecs[order[:k]] @ query, rtol=1e-5, atol=1e-5)
+        assert bound == pytest.approx(float(vecs[order[k]] @ query), abs=1e-6)
