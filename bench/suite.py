@@ -638,16 +638,18 @@ class Suite:
 
         searcher = threading.Thread(target=searches, name="searches-during-consolidation", daemon=True)
         searcher.start()
-        searching.wait()
-        # The pass starts while a search is in flight, and the search in flight when it ends counts
-        # too: at least one search overlaps it, however short it is.
-        t0 = time.perf_counter()
-        r = self.server.stub.ConsolidateMemories(
-            pb.ConsolidateMemoriesRequest(namespace=NAMESPACE, max_reported_moves=1), timeout=TIMEOUT
-        )
-        seconds = time.perf_counter() - t0
-        done.set()
-        searcher.join()
+        searching.wait(timeout=TIMEOUT)
+        # The pass starts once the searches run, and the search in flight when it ends counts too:
+        # at least one search overlaps it, however short it is.
+        try:
+            t0 = time.perf_counter()
+            r = self.server.stub.ConsolidateMemories(
+                pb.ConsolidateMemoriesRequest(namespace=NAMESPACE, max_reported_moves=1), timeout=TIMEOUT
+            )
+            seconds = time.perf_counter() - t0
+        finally:
+            done.set()
+            searcher.join()
         during = summarize(np.array(lat), seconds) | {
             "errors": len(failed),
             "max_ms": max(lat) * 1000 if lat else float("nan"),

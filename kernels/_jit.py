@@ -190,7 +190,10 @@ def _prefetch_row_llvm(typingctx, xb, row):
         itemsize = context.get_constant(types.intp, arrty.dtype.bitwidth // 8)
         nbytes = builder.mul(builder.extract_value(ary.shape, 1), itemsize)
         line = context.get_constant(types.intp, 64)
-        with cgutils.for_range_slice(builder, zero, nbytes, line) as (offset, _):
+        # One more line than the row's length covers a row that does not start on a line boundary
+        # (a prefetch past the end of the array is harmless: it never faults).
+        end = builder.add(nbytes, context.get_constant(types.intp, 63))
+        with cgutils.for_range_slice(builder, zero, end, line) as (offset, _):
             # read (0), keep in all cache levels (3), data cache (1)
             builder.call(fn, [builder.gep(base, [offset]), i32(0), i32(3), i32(1)])
         return context.get_dummy_value()

@@ -1225,7 +1225,9 @@ class Engine:
         self, queries: list[tuple[SearchQuery, bool]], wanted: Callable[[], bool] | None = None
     ) -> list[list[SearchHit]]:
         """Several searches, side by side on the batch threads; their side effects (accesses, hit
-        counts) happen only if all succeed. A failure fails the call: the first by position."""
+        counts) happen only if all succeed. A failure fails the call: the first by position (the
+        searches after it that have not started are cancelled). The batch threads serve every
+        call in turn: a batch queues behind the searches of batches submitted before it."""
         outcomes: list[list[SearchHit] | BaseException] = []
         if len(queries) == 1:
             try:
@@ -1234,9 +1236,13 @@ class Engine:
                 outcomes.append(e)
         else:
             futures = [self._batch_pool.submit(self.searcher.search, q, inc, wanted) for q, inc in queries]
-            for f in futures:
+            for i, f in enumerate(futures):
                 err = f.exception()
                 outcomes.append(err if err is not None else f.result())
+                if err is not None:  # the call fails: the searches not started yet need not run
+                    for later in futures[i + 1 :]:
+                        later.cancel()
+                    break
         results: list[list[SearchHit]] = []
         for i, out in enumerate(outcomes):
             if isinstance(out, InvalidArgument):

@@ -17,9 +17,10 @@ Why tombstones plus snapshots (HNSW has no real remove; ``IndexIDMap2(HNSW).remo
 Concurrency: FAISS allows concurrent searches but no search during an add, so each index has a
 readers-writer lock. The writer thread appends entries (vectors to a pending buffer) and kills
 them under a plain lock (``_state``), never waiting for searches; the ``Indexer`` thread alone
-moves pending vectors into HNSW, 32 at a time under the write lock (or, while no search has come
-for a while, a bulk chunk on every core). Searches hold the read lock, which keeps the HNSW part
-fixed, and score the pending part exactly.
+moves pending vectors into HNSW under the write lock, 16 at a time while searches come, 32 while
+none do (or, once none has come for a while, a bulk chunk on every core). Searches hold the read
+lock, which keeps the HNSW part fixed, and score the pending part exactly. An index with few entries,
+or few allowed live ones, is scanned exactly instead of searched as a graph (``EXACT_ENTRIES``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class VectorIndex:
     # (~0.4 ms per vector into 100k with one OpenMP thread). With one thread FAISS's per-call cost
     # is invisible from 8 vectors up (measured at 100k entries, and again at 4-64 vectors: the
     # same time per vector). While searches read the index (see Indexer.chunk_for) moves take
-    # SEARCHED_CHUNK: a search waits for at most one (~6 ms at 100k x 384). Otherwise ADD_CHUNK,
+    # SEARCHED_CHUNK: a search waits for at most one per index it reads (~6 ms at 100k x 384).
+    # Otherwise ADD_CHUNK,
     # or a bulk move: chunks of 8 had cost a fifth of the ingest rate with two batches in flight
     # before bulk moves existed (0.88 -> 0.71 of FAISS). A consolidation pass over 131k memories
     # re-adding 97k vectors while one client searched (searches waited on the lock for 41% of

@@ -36,6 +36,7 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.engine import Engine, FeedbackItem, Filter
 from tiermem.server.records import NewMemory, Record
 from tiermem.server.search import COMPREHENSIVE, WEIGHTED, Searcher, SearchHit, SearchQuery
+from tiermem.server.vector_index import VectorIndex
 
 DIM, CLUSTERS, QUERIES, K = 32, 5, 30, 10
 MODEL = "test-32"
@@ -209,6 +210,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 @pytest.fixture
 def world(template: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    # The tier indexes here are small enough for an exact scan (VectorIndex.EXACT_ENTRIES); these
+    # tests are about the candidate logic over HNSW answers: the graph it is.
+    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
     data = tmp_path / "data"
     shutil.copytree(template.eng.config.data_dir, data)
     clock = FakeClock(template.clock.now)
