@@ -47,6 +47,16 @@ from .locks import RWLock
 logger = logging.getLogger(__name__)
 
 
+def _top_k(sims: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """Positions of the ``k`` highest ``sims``, best first (ties in position order), and the
+    highest similarity left out (-inf: none). A partition first: no full sort of a long array."""
+    if sims.shape[0] <= k:
+        return np.argsort(-sims, kind="stable"), -np.inf
+    part = np.argpartition(-sims, k)
+    top = part[:k]
+    return top[np.argsort(-sims[top], kind="stable")], float(sims[part[k:]].max())
+
+
 class VectorIndex:
     """HNSW (inner product over normalized vectors = cosine) with tombstones and vk bookkeeping.
 
@@ -105,9 +115,8 @@ class VectorIndex:
     # is invisible from 8 vectors up (measured at 100k entries, and again at 4-64 vectors: the
     # same time per vector). While searches read the index (see Indexer.chunk_for) moves take
     # SEARCHED_CHUNK: a search waits for at most one per index it reads (~6 ms at 100k x 384).
-    # Otherwise ADD_CHUNK,
-    # or a bulk move: chunks of 8 had cost a fifth of the ingest rate with two batches in flight
-    # before bulk moves existed (0.88 -> 0.71 of FAISS). A consolidation pass over 131k memories
+    # Otherwise ADD_CHUNK, or a bulk move: chunks of 8 had cost a fifth of the ingest rate with two
+    # batches in flight before bulk moves existed (0.88 -> 0.71 of FAISS). A consolidation pass over 131k memories
     # re-adding 97k vectors while one client searched (searches waited on the lock for 41% of
     # their time with 32): 32 per hold, searches meanwhile p50 21-23 ms, p99 38-44 ms, pass 67-71 s;
     # 16: p50 16.2-16.7 ms, p99 32-33 ms, pass 90-95 s; 8: 13.2 / 26 ms, 107 s.
@@ -351,15 +360,11 @@ class VectorIndex:
             return h_rows, h_sims, bound
         rows = np.concatenate([h_rows, p_rows])
         sims = np.concatenate([h_sims, p_sims.astype(np.float32, copy=False)])
-        if sims.shape[0] > k:  # (a start-up backlog can leave many pending: no full sort)
-            part = np.argpartition(-sims, k)
-            top, rest = part[:k], part[k:]
-            # Entries left out: those HNSW did not return (at most ``bound``) and those cut here.
-            if not math.isnan(bound):
-                bound = max(bound, float(sims[rest].max()))
-        else:
-            top = np.arange(sims.shape[0])
-        top = top[np.argsort(-sims[top], kind="stable")]
+        # (a start-up backlog can leave many pending: no full sort)
+        top, cut = _top_k(sims, k)
+        # Entries left out: those HNSW did not return (at most ``bound``) and those cut here.
+        if not math.isnan(bound):
+            bound = max(bound, cut)
         return rows[top], sims[top], bound
 
     def _hnsw(
@@ -408,16 +413,8 @@ class VectorIndex:
         ids = np.flatnonzero(ok)
         if ids.shape[0] == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32), -np.inf
-        xb = faiss.rev_swig_ptr(self._storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
-        sims = kernels.dot_rows(xb, ids, query)
-        bound = -np.inf
-        if ids.shape[0] > k:
-            part = np.argpartition(-sims, k)
-            top = part[:k]
-            bound = float(sims[part[k:]].max())
-        else:
-            top = np.arange(ids.shape[0])
-        top = top[np.argsort(-sims[top], kind="stable")]
+        sims = kernels.dot_rows(self._stored(lo), ids, query)
+        top, bound = _top_k(sims, k)
         return rows[ids[top]], sims[top], bound
 
     def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
@@ -428,15 +425,18 @@ class VectorIndex:
         live = live[live < allowed.shape[0]]
         return live[allowed[live]]
 
+    def _stored(self, lo: int) -> np.ndarray:
+        """The first ``lo`` vectors of HNSW storage as a (lo, dim) view (call under the read lock)."""
+        if lo:
+            return faiss.rev_swig_ptr(self._storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
+        return np.empty((0, self.dim), np.float32)  # nothing in HNSW yet (storage may have no buffer)
+
     def _gather(self, internal_ids: np.ndarray, query: np.ndarray | None) -> np.ndarray:
         """Similarities with ``query`` (or copies of the vectors, query None) of the given entries,
         read from HNSW storage or the pending buffer, under the read lock."""
         with self._lock.read():
             lo, n, _, pvecs, _, _ = self._pending_view()
-            if lo:
-                xb = faiss.rev_swig_ptr(self._storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
-            else:  # nothing in HNSW yet (its storage may have no buffer at all)
-                xb = np.empty((0, self.dim), np.float32)
+            xb = self._stored(lo)
             if internal_ids.shape[0] and int(internal_ids.max()) >= n:
                 raise ValueError("internal id out of range")
             in_hnsw = internal_ids < lo
