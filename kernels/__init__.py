@@ -30,6 +30,7 @@ __all__ = [
     "select_evictions",
     "selection_bitmap",
     "surprise_ema",
+    "tier_counts",
     "topk",
     "warm_up",
 ]
@@ -289,6 +290,16 @@ def selection_bitmap(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray
     bitmap = np.zeros((n + 7) // 8, np.uint8)
     count = _jit.selection_bitmap(slots, allowed, bitmap)
     return bitmap, int(count)
+
+
+def tier_counts(mask: np.ndarray, tier: np.ndarray) -> np.ndarray:
+    """Rows allowed by ``mask`` in each tier: int64[5], entry t for tier t (values outside 0..4 are
+    not counted). One pass, instead of a mask of each tier and a count."""
+    n = _check("mask", mask, np.bool_).shape[0]
+    _check("tier", tier, np.int8, n)
+    out = np.zeros(5, np.int64)
+    _jit.tier_counts(mask, tier, out)
+    return out
 
 
 def surprise_ema(
@@ -581,6 +592,7 @@ def warm_up() -> None:
             row_w=row_w,
         )
     selection_bitmap(rows, b)
+    tier_counts(b, t8)
     row_weights(np.zeros(2, np.int32), t8, f32, f32)
     # Both specializations: with the expiry column and space check, and without them.
     for expire_at, space_id, space in ((f64, None, -1), (None, i32, 0)):

@@ -523,10 +523,11 @@ class Searcher:
         k: int,
         view: ColumnsView | None = None,
         count: int = -1,
-    ) -> tuple[np.ndarray, float]:
+    ) -> tuple[np.ndarray, np.ndarray | None, float]:
         """The HNSW top-``k`` by similarity among the allowed rows of each index of the space:
-        (rows, sim_bound). No allowed row outside ``rows`` is more similar than ``sim_bound``
-        (up to HNSW recall); -inf when every allowed row was returned.
+        (rows, their similarities, sim_bound). No allowed row outside ``rows`` is more similar than
+        ``sim_bound`` (up to HNSW recall); -inf when every allowed row was returned. Similarities
+        are None when an index's allowed rows are returned without them (a short filtered answer).
 
         With ``view`` and ``count`` (the allowed rows, all in this space), per-index allowed counts
         let an index that holds exactly the allowed rows search without a per-request selector."""
@@ -536,25 +537,37 @@ class Searcher:
             if len(indexes) == 1:
                 counts = [count]
             else:
-                counts = [int(np.count_nonzero(mask & (view.tier == t))) for t, _ in indexes]
-        found, sim_bound = [], -np.inf
+                per_tier = kernels.tier_counts(mask, view.tier).tolist()
+                counts = [per_tier[t] for t, _ in indexes]
+        found: list[np.ndarray] = []
+        sims: list[np.ndarray | None] = []
+        sim_bound = -np.inf
         for (_, index), n_allowed in zip(indexes, counts, strict=True):
-            got, _, bound = index.search(query, k, mask, self.engine.config.hnsw_ef_search, n_allowed)
+            got, got_sims, bound = index.search(query, k, mask, self.engine.config.hnsw_ef_search, n_allowed)
             if bound != bound:  # NaN: filtered HNSW came back short (selective filter)
                 found.append(index.allowed_rows(mask))  # score this index's allowed rows exactly
+                sims.append(None)
                 continue
             found.append(got)
+            sims.append(got_sims)
             sim_bound = max(sim_bound, bound)
-        # Sorted and distinct (a row moving between entries can show up twice for a moment);
-        # np.unique's own overhead was ~10% of a similarity search.
-        rows = (
-            np.sort(found[0] if len(found) == 1 else np.concatenate(found))
-            if found
-            else np.empty(0, np.int64)
-        )
+        if not found:
+            return np.empty(0, np.int64), np.empty(0, np.float32), sim_bound
+        # Sorted and distinct (a row moving to another tier's index can show up in both for a moment,
+        # with the same vector); np.unique's own overhead was ~10% of a similarity search.
+        rows = found[0] if len(found) == 1 else np.concatenate(found)
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        have = [x for x in sims if x is not None]
+        rel = None
+        if len(have) == len(sims):
+            rel = (have[0] if len(have) == 1 else np.concatenate(have))[order]
         if rows.shape[0] > 1:
-            rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
-        return rows, sim_bound
+            first = np.concatenate(([True], rows[1:] != rows[:-1]))
+            if not first.all():
+                rows = rows[first]
+                rel = rel[first] if rel is not None else None
+        return rows, rel, sim_bound
 
     PRIOR_K = 128  # least HNSW depth of the first search when recency/importance/weights enter the score
     EXACT_ROWS = 16384  # rows left whose bound beats the bar: bound them by their true similarity
@@ -598,8 +611,8 @@ class Searcher:
         # recency and importance spread, but 2.14 vs 2.03 ms (medians over 8 rounds) with the
         # suite's queries near cluster centres: 128 stays.
         k = max(2 * a.limit, 32) if by_similarity else min(max(8 * a.limit, self.PRIOR_K), 2048)
-        a_rows, sim_bound = self._ann(sp, query, mask, k, view, count)
-        parts = [rank(a_rows)]
+        a_rows, a_sims, sim_bound = self._ann(sp, query, mask, k, view, count)
+        parts = [rank(a_rows, rel=a_sims)]
         if sim_bound == -np.inf or by_similarity:
             return parts[0]  # nothing outside A can beat A's scores
         best = parts[0][2][0][kernels.topk(parts[0][2][0], a.limit)]  # the running top scores, best first
@@ -651,8 +664,8 @@ class Searcher:
             # Deepen: the most similar rows among B. The rest of B is at most as similar as they are.
             todo = np.zeros(view.n, np.bool_)
             todo[b_rows] = True
-            deeper, sim_bound = self._ann(sp, query, todo, k)
-            add(rank(deeper))
+            deeper, deeper_sims, sim_bound = self._ann(sp, query, todo, k)
+            add(rank(deeper, rel=deeper_sims))
             todo[deeper] = False
             if sim_bound == -np.inf:
                 return _concat(parts)  # every row of B was returned

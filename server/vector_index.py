@@ -393,14 +393,17 @@ class VectorIndex:
         sims, ids = self.index.search(query.reshape(1, -1), k, params=params)
         ids = ids[0]
         found = ids >= 0
-        ids, sims = ids[found], sims[0][found]
+        ids = ids[found]
         if ids.shape[0] == k:
-            bound = float(sims[-1])
+            bound = float(sims[0][k - 1])
         elif ids.shape[0] < n_allowed:
             bound = math.nan
         else:
             bound = -np.inf
-        return slots[ids], sims.astype(np.float32, copy=False), bound
+        # The similarities returned are those of our own kernel, not FAISS's (which may differ in
+        # the last bit): a similarity must be the same whichever path computed it (this one, the
+        # exact scan, the pending buffer or ``similarities``), so callers can use it as it is.
+        return slots[ids], kernels.dot_rows(self._stored(lo), ids, query), bound
 
     def _exact(
         self, query: np.ndarray, k: int, lo: int, slots: np.ndarray, allowed: np.ndarray

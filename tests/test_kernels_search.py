@@ -1,4 +1,5 @@
-"""Tests for the search-path kernels ``prior_bounds`` and ``selection_bitmap`` against NumPy references.
+"""Tests for the search-path kernels ``prior_bounds``, ``selection_bitmap``, ``tier_counts`` and
+``row_weights`` against NumPy references.
 
 The references are written from the documented semantics (kernels/__init__.py), not from the kernels:
 
@@ -454,6 +455,49 @@ def test_selection_bitmap_hand_computed():
 
 
 # --------------------------------------------------------------------------------------------
+# tier_counts
+# --------------------------------------------------------------------------------------------
+
+
+def ref_tier_counts(mask: np.ndarray, tier: np.ndarray) -> np.ndarray:
+    """Rows allowed by mask in each tier 0..4; other tier values are not counted."""
+    return np.array([int(np.sum(mask & (tier == t))) for t in range(5)], np.int64)
+
+
+@pytest.mark.parametrize("n", [*SIZES, 31, 32, 33, 100_003])
+@pytest.mark.parametrize("density", [0.0, 0.1, 0.9, 1.0])
+def test_tier_counts_random(n, density):
+    rng = rng_for("tier-counts", n, density)
+    tier = rng.integers(0, 5, n).astype(np.int8)
+    mask = rng.random(n) < density
+    saved = mask.copy(), tier.copy()
+    got = K.tier_counts(mask, tier)
+    assert got.dtype == np.int64 and got.shape == (5,)
+    np.testing.assert_array_equal(got, ref_tier_counts(mask, tier))
+    assert int(got.sum()) == int(mask.sum())
+    np.testing.assert_array_equal(mask, saved[0])
+    np.testing.assert_array_equal(tier, saved[1])
+
+
+def test_tier_counts_hand_computed():
+    tier = np.array([1, 1, 4, 0, 2, 3, 3, 3, -1, 5, 127, -128], np.int8)
+    mask = np.array([1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1], np.bool_)
+    # tier values outside 0..4 (-1, 5, 127, -128) are not counted, whatever the mask says
+    np.testing.assert_array_equal(K.tier_counts(mask, tier), [1, 1, 1, 2, 1])
+    np.testing.assert_array_equal(K.tier_counts(np.zeros(12, np.bool_), tier), [0] * 5)
+    np.testing.assert_array_equal(K.tier_counts(np.empty(0, np.bool_), np.empty(0, np.int8)), [0] * 5)
+
+
+def test_tier_counts_rejects_bad_input():
+    with pytest.raises(ValueError, match="tier must have length 3"):
+        K.tier_counts(np.ones(3, np.bool_), np.ones(4, np.int8))
+    with pytest.raises(ValueError, match="mask must have dtype bool"):
+        K.tier_counts(np.ones(3, np.int8), np.ones(3, np.int8))
+    with pytest.raises(ValueError, match="tier must have dtype int8"):
+        K.tier_counts(np.ones(3, np.bool_), np.ones(3, np.int64))
+
+
+# --------------------------------------------------------------------------------------------
 # Kernel bodies in pure Python (.py_func)
 # --------------------------------------------------------------------------------------------
 
@@ -691,3 +735,13 @@ def test_row_weights_rejects_bad_columns():
         K.row_weights(ns.astype(np.int64), tier, *tables)
     with pytest.raises(ValueError, match="tier must have length 3"):
         K.row_weights(ns, tier[:2], *tables)
+
+
+@pytest.mark.parametrize("n", [0, 1, 9, 200])
+def test_py_func_tier_counts(pure_python, n):
+    rng = rng_for("pyfunc-tier-counts", n)
+    tier = rng.integers(-1, 6, n).astype(np.int8)
+    mask = rng.random(n) < 0.5
+    out = np.zeros(5, np.int64)
+    _jit.tier_counts.py_func(mask, tier, out)
+    np.testing.assert_array_equal(out, ref_tier_counts(mask, tier))

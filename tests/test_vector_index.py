@@ -117,6 +117,35 @@ def test_pending_entries_are_searched_exactly_and_merged(indexer: Indexer) -> No
     check_search(idx, vecs, q, np.ones(1500, np.bool_), k=10)
 
 
+def test_search_similarities_are_those_of_similarities_bit_for_bit(indexer: Indexer) -> None:
+    """The ranking uses search's similarities as they are: they must equal what ``similarities``
+    gives for the same entries, to the last bit, wherever the entry is (graph, exact scan, pending),
+    and stay so once pending entries move into HNSW."""
+    rng = np.random.default_rng(11)
+    vecs = unit(rng, 900)
+    idx = build(indexer, vecs[:700], vecs[700:])  # rows are entry ids here
+    queries = [unit(rng, 1)[0] for _ in range(6)] + [vecs[5], vecs[800]]
+    seen = []
+    try:
+        for i, q in enumerate(queries):
+            allowed = rng.random(900) < (1.0 if i % 2 else 0.4)
+            rows, sims, _ = idx.search(q, 32, allowed, ef_search=64)
+            assert rows.shape[0] == 32
+            np.testing.assert_array_equal(sims, idx.similarities(rows, q))
+            seen += rows.tolist()
+        assert min(seen) < 700 <= max(seen)  # entries in HNSW and pending ones were returned
+        before = [idx.search(q, 32, np.ones(900, np.bool_), ef_search=64) for q in queries]
+    finally:
+        idx._flush_lock.release()
+    wait_indexed(idx)
+    for q, (rows0, sims0, _) in zip(queries, before, strict=True):
+        rows, sims, _ = idx.search(q, 32, np.ones(900, np.bool_), ef_search=64)
+        np.testing.assert_array_equal(sims, idx.similarities(rows, q))
+        common, a, b = np.intersect1d(rows0, rows, return_indices=True)
+        assert common.shape[0] >= 24  # (HNSW may return a slightly different set)
+        np.testing.assert_array_equal(sims0[a], sims[b])
+
+
 def test_only_pending_entries(indexer: Indexer) -> None:
     rng = np.random.default_rng(2)
     vecs = unit(rng, 300)
