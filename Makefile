@@ -67,10 +67,11 @@ lint: $(STAMP) ## Lint and type-check
 	$(VENV)/bin/ruff format --check server client kernels tests bench proto/tiermem/*.py
 	$(VENV)/bin/mypy server client kernels
 
-bench: proto ## Run the benchmark suite at 100k (vs empty RPC, FAISS, Chroma; recall, start-up, plots) and the consolidation kernels
+bench: proto ## Run the benchmark suite at 100k (vs empty RPC, FAISS, Chroma; recall, start-up, plots), the consolidation kernels, threads vs processes
 	@$(MAKE) --no-print-directory $(BENCH_STAMP) || echo "bench: could not set up $(BENCH_VENV); the suite runs without Chroma and plots"
 	$(PY) bench/suite.py --out bench/results $(BENCH_ARGS)
 	$(PY) bench/consolidation.py --engine 20000 --json bench/results/consolidation.json
+	$(PY) bench/gil.py --json bench/results/gil.json
 
 bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py runs), without Chroma
 	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke

@@ -1,6 +1,6 @@
-"""Smoke test of bench/suite.py: a tiny run end to end (server process, load processes, filtered search,
-recall, start-ups, consolidation, concurrency sweep, FAISS), without Chroma. Figures are printed, not
-asserted; only the structure is checked."""
+"""Smoke tests of bench/suite.py (a tiny run end to end: server process, load processes, filtered search,
+recall, start-ups, consolidation, concurrency sweep, FAISS; without Chroma) and bench/gil.py (threads
+against processes). Figures are printed, not asserted; only the structure is checked."""
 
 from __future__ import annotations
 
@@ -87,3 +87,31 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     assert "| phase |" in md and "| ratio |" in md and "| recall" in md
     assert "not measured in this run" in md.lower()
     print(md)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_bench_gil_smoke(tmp_path: Path) -> None:
+    """bench/gil.py end to end at a tiny size: every row measured (figures printed, not asserted)."""
+    out = tmp_path / "gil.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gil.py"),
+            *("--n", "600", "--dim", "32", "--seconds", "0.3", "--json", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    print(proc.stdout, proc.stderr[-3000:])
+    assert proc.returncode == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["strategy"], r["how"]) for r in rows] == [
+        (s, how)
+        for s in ("default", "similarity")
+        for how in ("1 thread", "2 threads, 1 process", "2 processes, 1 thread each")
+    ]
+    for r in rows:
+        assert r["searches_per_s"] > 0 and r["cpu_ms_per_search"] > 0, r
