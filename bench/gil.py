@@ -12,7 +12,8 @@ the bound, and more threads (or tuning them) will not lift it; more processes wo
 
 Searches are in-process ``Engine.search`` calls (read_only, as_of fixed), the queries near cluster
 centres as in bench/suite.py; lifecycle off. Each load runs ``--seconds`` after a warm-up pass;
-processes start together (a shared start time). CPU per search is thread (or process) CPU time.
+processes start together (a shared start time). CPU per search is the searching threads' CPU time
+(``time.thread_time``), in every case.
 """
 
 from __future__ import annotations
@@ -120,19 +121,42 @@ def run_threads(eng: Any, qs: list[Any], threads: int, seconds: float) -> dict[s
 def _process_main(
     data_dir: str, n: int, dim: int, seed: int, similarity: bool, ready: Any, go: Any, results: Any, i: int
 ) -> None:
+    """One engine process: open, warm up, say ready (or why not), search from the shared start."""
     import faiss
 
     faiss.omp_set_num_threads(1)
-    eng = open_engine(Path(data_dir))
+    try:
+        eng = open_engine(Path(data_dir))
+    except BaseException as e:
+        ready.put((i, f"{type(e).__name__}: {e}"))
+        raise
     try:
         qs = queries(n, dim, seed, similarity)
         for q in qs:  # warm-up
             eng.search(q)
-        ready.put(i)
-        start_at, seconds = go.get()
+        ready.put((i, None))
+        start_at, seconds = go.get(timeout=900)
         results.put(_loop(eng, qs, 97 * i, start_at, seconds))
+    except BaseException as e:
+        ready.put((i, f"{type(e).__name__}: {e}"))
+        raise
     finally:
         eng.close()
+
+
+def _get(q: Any, procs: list[Any], timeout: float) -> Any:
+    """The next item of q; fails at once if a process died (it cannot send it any more)."""
+    import queue
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            return q.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a search process exited with code {dead[0].exitcode}") from None
+    raise RuntimeError(f"no answer from the search processes in {timeout:.0f} s")
 
 
 def run_processes(
@@ -149,16 +173,23 @@ def run_processes(
         p.start()
     try:
         for _ in procs:
-            ready.get(timeout=600)
+            i, error = _get(ready, procs, 600)
+            if error:
+                raise RuntimeError(f"search process {i} failed: {error}")
         start_at = time.time() + 0.3
         for g in gos:
             g.put((start_at, seconds))
-        outs = [results.get(timeout=seconds + 120) for _ in procs]
+        outs = [_get(results, procs, seconds + 120) for _ in procs]
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
     finally:
         for p in procs:
-            p.join(timeout=120)
+            p.join(timeout=60)
             if p.is_alive():
                 p.kill()
+                p.join()
     count = sum(c for c, _ in outs)
     return {
         "searches_per_s": count / seconds,

@@ -527,7 +527,9 @@ class Searcher:
         """The HNSW top-``k`` by similarity among the allowed rows of each index of the space:
         (rows, their similarities, sim_bound). No allowed row outside ``rows`` is more similar than
         ``sim_bound`` (up to HNSW recall); -inf when every allowed row was returned. Similarities
-        are None when an index's allowed rows are returned without them (a short filtered answer).
+        are None (the caller looks them up) when an index's allowed rows are returned without them
+        (a short filtered answer) or a row came back twice; with ``view``, rows the view no longer
+        has in this space are left out when similarities are returned.
 
         With ``view`` and ``count`` (the allowed rows, all in this space), per-index allowed counts
         let an index that holds exactly the allowed rows search without a per-request selector."""
@@ -565,8 +567,18 @@ class Searcher:
         if rows.shape[0] > 1:
             first = np.concatenate(([True], rows[1:] != rows[:-1]))
             if not first.all():
-                rows = rows[first]
-                rel = rel[first] if rel is not None else None
+                # A row twice: moving between indexes, or re-embedded (its new entry added before
+                # the old one is killed, maybe with another vector). The ranking looks its vector
+                # up where the view has it, as for any row without a similarity.
+                rows, rel = rows[first], None
+        if rel is not None and view is not None:
+            # As ``_similarities``: only rows the view still has in this space keep a similarity.
+            from .engine import SPACE_SHIFT
+
+            loc = view.vpos[rows]
+            kept = (loc >= 0) & ((loc >> SPACE_SHIFT) == sp.id)
+            if not kept.all():
+                rows, rel = rows[kept], rel[kept]
         return rows, rel, sim_bound
 
     PRIOR_K = 128  # least HNSW depth of the first search when recency/importance/weights enter the score
@@ -664,7 +676,7 @@ class Searcher:
             # Deepen: the most similar rows among B. The rest of B is at most as similar as they are.
             todo = np.zeros(view.n, np.bool_)
             todo[b_rows] = True
-            deeper, deeper_sims, sim_bound = self._ann(sp, query, todo, k)
+            deeper, deeper_sims, sim_bound = self._ann(sp, query, todo, k, view)
             add(rank(deeper, rel=deeper_sims))
             todo[deeper] = False
             if sim_bound == -np.inf:

@@ -756,3 +756,51 @@ def test_search_with_a_view_older_than_the_cached_bounds(
     assert w.eng.searcher.priors._cached[3].shape[0] == old_view.n + 20
     monkeypatch.setattr(w.eng.columns, "view", lambda: old_view)
     w.eng.search(query(w, 0))  # search A: raises ValueError instead of ranking the rows of its view
+
+
+# --------------------------------------------------------------------------------------------
+# _ann: similarities carried with the HNSW rows
+# --------------------------------------------------------------------------------------------
+
+
+def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path: Path) -> None:
+    """The similarities ``_ann`` hands to the ranking equal what ``_similarities`` looks up for the
+    same rows, bit for bit. A row that comes back twice (an entry in a second index with another
+    vector: a re-embedding caught between its add and its kill) is returned once, and with no
+    similarities, so the ranking looks its vector up where the view has it."""
+    from tiermem.server.engine import Space
+
+    cfg = replace(make_config(tmp_path / "ann"), exact_search_max_rows=4)
+    eng = Engine(cfg)
+    try:
+        rng = np.random.default_rng(5)
+        vecs = _unit(rng.standard_normal((60, DIM)))
+        eng.create(
+            [
+                NewMemory(namespace="acme", content=f"m {i}", embedding=v, embedding_model=MODEL)
+                for i, v in enumerate(vecs)
+            ],
+            batch=True,
+        )
+        sp = eng.spaces[MODEL]
+        view = eng.columns.view()
+        mask, count = eng.mask(view, ["acme"], Filter(), eng.clock(), sp.id)
+        assert count == 60
+        searcher = eng.searcher
+        for q in _unit(rng.standard_normal((5, DIM))):
+            rows, rel, bound = searcher._ann(sp, q, mask, 16, view, count)
+            assert rel is not None and rows.shape == rel.shape == (16,) and bound > -np.inf
+            assert np.all(np.diff(rows) > 0)  # sorted, distinct
+            kept, looked_up = searcher._similarities(view, sp, rows, q)
+            assert kept.all()
+            np.testing.assert_array_equal(rel, looked_up)
+        # One row also in a second index, with another vector.
+        row = int(rows[0])
+        extra = VectorIndex(DIM, m=16, ef_construction=64)
+        extra.add(_unit(rng.standard_normal((1, DIM))), np.array([row]), np.array([10**9]))
+        twice = Space(sp.id, sp.model, sp.dim, {**sp.indexes, 4: extra})
+        got, rel2, _ = searcher._ann(twice, q, mask, 16, view, -1)
+        assert row in got.tolist() and len(set(got.tolist())) == got.shape[0]
+        assert rel2 is None
+    finally:
+        eng.close()
