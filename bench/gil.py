@@ -31,10 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import search_request
-from suite import make_data, memory_pb
+from suite import Data, make_data, memory_pb
 
 MAINTENANCE_OFF = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
 
@@ -46,12 +48,13 @@ def open_engine(data_dir: Path) -> Any:
     return Engine(ServerConfig.from_env(env=MAINTENANCE_OFF, data_dir=data_dir, port=0))
 
 
-def build(data_dir: Path, n: int, dim: int, seed: int) -> None:
-    """n memories through the engine in batches of 256, every vector in HNSW, then a clean close."""
+def build(data_dir: Path, data: Data) -> None:
+    """The memories of ``data`` through the engine in batches of 256, every vector in HNSW, then a
+    clean close."""
     from tiermem.server import convert, validation
     from tiermem.v1 import memory_pb2 as pb
 
-    data = make_data(n, dim, seed)
+    n = data.vectors.shape[0]
     eng = open_engine(data_dir)
     try:
         for start in range(0, n, 256):
@@ -73,17 +76,26 @@ def build(data_dir: Path, n: int, dim: int, seed: int) -> None:
         eng.close()
 
 
-def queries(n: int, dim: int, seed: int, similarity: bool) -> list[Any]:
+def queries(vectors: np.ndarray, model: str, as_of: float, similarity: bool) -> list[Any]:
+    """The searches of a load: one per query vector, top 10, as_of fixed."""
     from tiermem.server import convert
 
-    data = make_data(n, dim, seed)
     reqs = [
         search_request(
-            q, namespace="bench", model=data.model, k=10, as_of=data.as_of, where=None, similarity=similarity
+            q, namespace="bench", model=model, k=10, as_of=as_of, where=None, similarity=similarity
         )
-        for q in data.queries
+        for q in vectors
     ]
     return [convert.search_from_pb(r) for r in reqs]
+
+
+def _figures(outs: list[tuple[int, float]], seconds: float) -> dict[str, float]:
+    """Searches a second and CPU a search from each searcher's (count, CPU seconds)."""
+    count = sum(c for c, _ in outs)
+    return {
+        "searches_per_s": count / seconds,
+        "cpu_ms_per_search": sum(c for _, c in outs) / max(1, count) * 1e3,
+    }
 
 
 def _loop(eng: Any, qs: list[Any], offset: int, start_at: float, seconds: float) -> tuple[int, float]:
@@ -111,27 +123,17 @@ def run_threads(eng: Any, qs: list[Any], threads: int, seconds: float) -> dict[s
         t.start()
     for t in ts:
         t.join()
-    count = sum(c for c, _ in out)
-    return {
-        "searches_per_s": count / seconds,
-        "cpu_ms_per_search": sum(c for _, c in out) / max(1, count) * 1e3,
-    }
+    return _figures(out, seconds)
 
 
-def _process_main(
-    data_dir: str, n: int, dim: int, seed: int, similarity: bool, ready: Any, go: Any, results: Any, i: int
-) -> None:
+def _process_main(data_dir: str, qs: list[Any], ready: Any, go: Any, results: Any, i: int) -> None:
     """One engine process: open, warm up, say ready (or why not), search from the shared start."""
     import faiss
 
     faiss.omp_set_num_threads(1)
+    eng = None
     try:
         eng = open_engine(Path(data_dir))
-    except BaseException as e:
-        ready.put((i, f"{type(e).__name__}: {e}"))
-        raise
-    try:
-        qs = queries(n, dim, seed, similarity)
         for q in qs:  # warm-up
             eng.search(q)
         ready.put((i, None))
@@ -141,7 +143,8 @@ def _process_main(
         ready.put((i, f"{type(e).__name__}: {e}"))
         raise
     finally:
-        eng.close()
+        if eng is not None:
+            eng.close()
 
 
 def _get(q: Any, procs: list[Any], timeout: float) -> Any:
@@ -159,14 +162,12 @@ def _get(q: Any, procs: list[Any], timeout: float) -> Any:
     raise RuntimeError(f"no answer from the search processes in {timeout:.0f} s")
 
 
-def run_processes(
-    dirs: list[Path], n: int, dim: int, seed: int, similarity: bool, seconds: float
-) -> dict[str, float]:
+def run_processes(dirs: list[Path], qs: list[Any], seconds: float) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     ready, results = ctx.Queue(), ctx.Queue()
     gos = [ctx.Queue() for _ in dirs]
     procs = [
-        ctx.Process(target=_process_main, args=(str(d), n, dim, seed, similarity, ready, gos[i], results, i))
+        ctx.Process(target=_process_main, args=(str(d), qs, ready, gos[i], results, i))
         for i, d in enumerate(dirs)
     ]
     for p in procs:
@@ -190,11 +191,7 @@ def run_processes(
             if p.is_alive():
                 p.kill()
                 p.join()
-    count = sum(c for c, _ in outs)
-    return {
-        "searches_per_s": count / seconds,
-        "cpu_ms_per_search": sum(c for _, c in outs) / max(1, count) * 1e3,
-    }
+    return _figures(outs, seconds)
 
 
 def main() -> None:
@@ -212,23 +209,24 @@ def main() -> None:
     try:
         first = work / "data0"
         t0 = time.perf_counter()
-        build(first, args.n, args.dim, args.seed)
+        data = make_data(args.n, args.dim, args.seed)
+        build(first, data)
         print(f"built {args.n:,} memories ({args.dim} dims) in {time.perf_counter() - t0:.1f} s", flush=True)
         second = work / "data1"
         shutil.copytree(first, second)
         rows: list[dict[str, Any]] = []
         for similarity in (False, True):
             label = "similarity" if similarity else "default"
+            qs = queries(data.queries, data.model, data.as_of, similarity)
             eng = open_engine(first)
             try:
-                qs = queries(args.n, args.dim, args.seed, similarity)
                 for q in qs:
                     eng.search(q)
                 one = run_threads(eng, qs, 1, args.seconds)
                 two = run_threads(eng, qs, 2, args.seconds)
             finally:
                 eng.close()
-            procs = run_processes([first, second], args.n, args.dim, args.seed, similarity, args.seconds)
+            procs = run_processes([first, second], qs, args.seconds)
             for how, r in (
                 ("1 thread", one),
                 ("2 threads, 1 process", two),

@@ -542,13 +542,12 @@ class Searcher:
                 per_tier = kernels.tier_counts(mask, view.tier).tolist()
                 counts = [per_tier[t] for t, _ in indexes]
         found: list[np.ndarray] = []
-        sims: list[np.ndarray | None] = []
+        sims: list[np.ndarray] = []  # of every index's rows, unless one answered with rows only
         sim_bound = -np.inf
         for (_, index), n_allowed in zip(indexes, counts, strict=True):
             got, got_sims, bound = index.search(query, k, mask, self.engine.config.hnsw_ef_search, n_allowed)
             if bound != bound:  # NaN: filtered HNSW came back short (selective filter)
                 found.append(index.allowed_rows(mask))  # score this index's allowed rows exactly
-                sims.append(None)
                 continue
             found.append(got)
             sims.append(got_sims)
@@ -560,10 +559,9 @@ class Searcher:
         rows = found[0] if len(found) == 1 else np.concatenate(found)
         order = np.argsort(rows, kind="stable")
         rows = rows[order]
-        have = [x for x in sims if x is not None]
         rel = None
-        if len(have) == len(sims):
-            rel = (have[0] if len(have) == 1 else np.concatenate(have))[order]
+        if len(sims) == len(found):
+            rel = (sims[0] if len(sims) == 1 else np.concatenate(sims))[order]
         if rows.shape[0] > 1:
             first = np.concatenate(([True], rows[1:] != rows[:-1]))
             if not first.all():
@@ -573,10 +571,7 @@ class Searcher:
                 rows, rel = rows[first], None
         if rel is not None and view is not None:
             # As ``_similarities``: only rows the view still has in this space keep a similarity.
-            from .engine import SPACE_SHIFT
-
-            loc = view.vpos[rows]
-            kept = (loc >= 0) & ((loc >> SPACE_SHIFT) == sp.id)
+            kept = _in_space(view.vpos[rows], sp.id)
             if not kept.all():
                 rows, rel = rows[kept], rel[kept]
         return rows, rel, sim_bound
@@ -730,10 +725,10 @@ class Searcher:
         """Cosine of ``rows`` with the query, read from HNSW storage. Returns (kept, similarities):
         ``kept`` selects the rows still in the space (a row may leave it while a search runs);
         the similarities are those of ``rows[kept]``, in order."""
-        from .engine import INTERNAL_MASK, SPACE_SHIFT, TIER_SHIFT
+        from .engine import INTERNAL_MASK, TIER_SHIFT
 
         loc = view.vpos[rows]
-        kept = (loc >= 0) & ((loc >> SPACE_SHIFT) == sp.id)
+        kept = _in_space(loc, sp.id)
         if not kept.all():
             loc = loc[kept]
         tiers = (loc >> TIER_SHIFT) & 0xF
@@ -761,6 +756,13 @@ class _Args:
     scope_w: dict[str, float]
     strategy: int
     hybrid: tuple[str, float, float, float] | None = None  # keywords, rrf k, vector and keyword weights
+
+
+def _in_space(loc: np.ndarray, space: int) -> np.ndarray:
+    """Which vector positions (the ``vpos`` column) lie in embedding space ``space``."""
+    from .engine import SPACE_SHIFT
+
+    return (loc >= 0) & ((loc >> SPACE_SHIFT) == space)
 
 
 def _concat(parts: list[Parts]) -> Parts:

@@ -25,20 +25,24 @@ PHASES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_bench_suite_smoke(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "suite.py"),
-            *("--n", "600", "--dim", "32", "--seconds", "0.5", "--recall-queries", "20"),
-            *("--no-chroma", "--out", str(tmp_path)),
-        ],
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """python bench/<script> with args, from the repository root (output captured)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=180,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_bench_suite_smoke(tmp_path: Path) -> None:
+    proc = run_bench(
+        "suite.py",
+        *("--n", "600", "--dim", "32", "--seconds", "0.5", "--recall-queries", "20"),
+        *("--no-chroma", "--out", str(tmp_path)),
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "suite.json").read_text())
@@ -94,17 +98,7 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
 def test_bench_gil_smoke(tmp_path: Path) -> None:
     """bench/gil.py end to end at a tiny size: every row measured (figures printed, not asserted)."""
     out = tmp_path / "gil.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "gil.py"),
-            *("--n", "600", "--dim", "32", "--seconds", "0.3", "--json", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_bench("gil.py", *("--n", "600", "--dim", "32", "--seconds", "0.3", "--json", str(out)))
     print(proc.stdout, proc.stderr[-3000:])
     assert proc.returncode == 0
     rows = json.loads(out.read_text())["rows"]

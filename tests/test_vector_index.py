@@ -747,6 +747,15 @@ def test_writes_after_a_start_up_backlog_do_not_copy_it_twice(indexer: Indexer) 
         wait_indexed(idx)
 
 
+def spy_paths(idx: VectorIndex) -> list[str]:
+    """The list that names each path (``_exact`` or ``_hnsw``) idx's searches take from now on."""
+    calls: list[str] = []
+    for name in ("_exact", "_hnsw"):
+        real = getattr(idx, name)
+        setattr(idx, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    return calls
+
+
 def test_a_small_index_is_scanned_exactly_with_dead_and_filtered_entries(search_path: str) -> None:
     """Up to EXACT_ENTRIES entries, a search is a dot product per allowed live entry: brute force's
     top-k in its order, and as bound the best similarity left out; a larger index searches the graph."""
@@ -756,10 +765,7 @@ def test_a_small_index_is_scanned_exactly_with_dead_and_filtered_entries(search_
     idx = VectorIndex(DIM, m=16, ef_construction=200)
     idx.add(vecs, np.arange(n), np.arange(n) + 1)
     idx.kill(np.arange(0, n, 7))  # dead entries: never returned
-    calls: list[str] = []
-    for name in ("_exact", "_hnsw"):
-        real = getattr(idx, name)
-        setattr(idx, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    calls = spy_paths(idx)
     for trial in range(10):
         query = unit(rng, 1)[0]
         allowed = rng.random(n) < (1.0 if trial < 5 else 0.2)
@@ -790,10 +796,7 @@ def test_an_index_with_few_live_allowed_entries_is_scanned_exactly(monkeypatch: 
     vecs = unit(rng, n)
     idx = VectorIndex(DIM, m=16, ef_construction=200)
     idx.add(vecs, np.arange(n), np.arange(n) + 1)
-    calls: list[str] = []
-    for name in ("_exact", "_hnsw"):
-        real = getattr(idx, name)
-        setattr(idx, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    calls = spy_paths(idx)
     everything = np.ones(n, np.bool_)
     query = unit(rng, 1)[0]
     idx.search(query, k, everything, 64, idx.live_count())
