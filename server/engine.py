@@ -662,7 +662,9 @@ class Engine:
                 prefix = f"memories[{i}]." if batch else "memory."
                 dim = int(m.embedding.shape[0])
                 if m.embedding_model not in spaces:
-                    spaces[m.embedding_model] = self.store.space(txn, m.embedding_model)
+                    # Spaces in memory are committed (added once indexed) and never change.
+                    sp = self.spaces.get(m.embedding_model)
+                    spaces[m.embedding_model] = sp.dim if sp else self.store.space(txn, m.embedding_model)
                 known = spaces[m.embedding_model]
                 if dim == 0:
                     pass  # no vector yet (embedder failed): the space is checked when it is embedded
@@ -730,7 +732,10 @@ class Engine:
                 freed += self._track_scope(txn, scopes, rec)
             for ns, state in scopes.items():
                 self.store.put_scope_state(txn, ns, state)
-            dues = {ns: self._dues(txn, ns) for ns in {m.namespace for m in memories}}
+            dues = {
+                ns: self._due(scopes[ns]) if ns in scopes else self._dues(txn, ns)
+                for ns in {m.namespace for m in memories}
+            }
             dups = [v is None for _, v in out]
             if request_id:
                 self.store.put_request(
@@ -782,8 +787,11 @@ class Engine:
         return replaced
 
     def _dues(self, txn: lmdb.Transaction, namespace: str) -> tuple[bool, bool]:
-        refl, tokens, _ = self.store.scope_state(txn, namespace)
-        return refl >= self.config.reflection_threshold, tokens >= self.config.summary_token_threshold
+        return self._due(self.store.scope_state(txn, namespace))
+
+    def _due(self, state: list[Any]) -> tuple[bool, bool]:
+        """Whether a reflection and a summary are due, from a scope state (Store.scope_state)."""
+        return state[0] >= self.config.reflection_threshold, state[1] >= self.config.summary_token_threshold
 
     def _find_duplicate(
         self, txn: lmdb.Transaction, m: NewMemory, min_similarity: float | None

@@ -7,9 +7,13 @@ arrive while a commit is in flight are committed together in the next group: und
 share one fsync (a synced commit costs ~0.4 ms; 1,000 puts per commit run ~65x faster than 1 per
 commit, PERF-FACTS).
 
-Each operation runs ``prepare(txn)`` in a nested transaction: if it raises, only that operation is
-rolled back and fails; the others of the group still commit. ``apply(prepared)`` runs after the
-commit, in this thread, in submission order.
+If an operation's ``prepare(txn)`` raises, only that operation is rolled back and fails; the others
+of the group still commit. A group first runs every ``prepare`` straight in the group's transaction;
+only when one of them raises is the group run again from the start with each ``prepare`` in a nested
+transaction of its own, rolled back alone (prepares must be repeatable: they run again after map
+growth too). Nested transactions cost a begin and a commit per operation, and py-lmdb gives up the
+GIL around each call: under load, each handoff waits for another thread's turn, so writes that
+succeed skip them. ``apply(prepared)`` runs after the commit, in this thread, in submission order.
 """
 
 from __future__ import annotations
@@ -149,25 +153,41 @@ class Writer:
                 op.future.set_exception(TiermemError(f"write committed but not applied: {e}"))
 
     def _write_group(self, group: list[_Op]) -> None:
-        for attempt in range(8):
+        savepoints = False
+        attempt = 0
+        while True:
             try:
                 with self._store.write() as txn:
                     for op in group:
                         op.error = None
-                        try:
-                            with self._store.env.begin(write=True, parent=txn) as child:
-                                op.prepared = op.prepare(child)
-                        except lmdb.MapFullError:
-                            raise
-                        except TiermemError as e:
-                            op.error = e
-                        except Exception as e:
-                            logger.exception("write operation failed")
-                            op.error = TiermemError(f"write failed: {e}")
+                        if savepoints:
+                            self._prepare_alone(txn, op)
+                        else:
+                            op.prepared = op.prepare(txn)
                     self._before_commit(txn)
                 return
             except lmdb.MapFullError:
+                attempt += 1
+                if attempt > 8:
+                    raise ResourceExhausted("storage map is full") from None
                 if self._store.grow() < 0:
                     raise ResourceExhausted("storage map is full (max_map_size reached)") from None
-                logger.info("retrying write group after map growth (attempt %d)", attempt + 1)
-        raise ResourceExhausted("storage map is full")
+                logger.info("retrying write group after map growth (attempt %d)", attempt)
+            except Exception:
+                if savepoints:  # not an operation's error (those stay in op.error): the group fails
+                    raise
+                savepoints = True  # an operation failed: again, each one rolled back alone
+
+    def _prepare_alone(self, txn: lmdb.Transaction, op: _Op) -> None:
+        """Run one operation in a nested transaction: if it fails, its writes are undone and its
+        error kept for its caller."""
+        try:
+            with self._store.env.begin(write=True, parent=txn) as child:
+                op.prepared = op.prepare(child)
+        except lmdb.MapFullError:
+            raise
+        except TiermemError as e:
+            op.error = e
+        except Exception as e:
+            logger.exception("write operation failed")
+            op.error = TiermemError(f"write failed: {e}")

@@ -211,6 +211,78 @@ def test_write_groups_respect_the_byte_cap(tmp_path: Path) -> None:
         store.close()
 
 
+def _queue_group(writer: Writer, prepares: list[Callable[[Any], Any]]) -> dict[int, Any]:
+    """Submit ``prepares`` in order while the writer is held in another write, so they form one
+    group; returns each one's result or error by position."""
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold(txn: Any) -> None:
+        holding.set()
+        gate.wait(10)
+
+    results: dict[int, Any] = {}
+
+    def submit(i: int) -> None:
+        try:
+            results[i] = writer.submit(prepares[i], lambda r: r)
+        except Exception as e:
+            results[i] = e
+
+    first = threading.Thread(target=writer.submit, args=(hold, lambda r: r))
+    first.start()
+    assert holding.wait(10)
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(prepares))]
+    deadline = time.monotonic() + 10
+    for i, t in enumerate(threads):  # one at a time: the group keeps this order
+        t.start()
+        while writer._queue.qsize() < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    gate.set()
+    for t in [first, *threads]:
+        t.join(10)
+    return results
+
+
+def test_a_group_that_succeeds_runs_in_one_transaction_and_a_failure_leaves_no_double_write(
+    tmp_path: Path,
+) -> None:
+    """Operations of a group that all succeed share the group's transaction (no nested one each:
+    py-lmdb gives up the GIL around every begin and commit). When one fails, the group runs again
+    with each operation rolled back alone: the first run leaves nothing behind, so an operation
+    that read-modify-writes a counter counts once."""
+    from tiermem.server.errors import NotFound
+
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 27)
+    writer = Writer(store, max_group=1000, before_commit=lambda txn: None)
+    seen: list[Any] = []
+
+    def bump(txn: Any) -> int:
+        seen.append(txn)
+        n = int(txn.get(b"t:count", b"0", db=store.meta)) + 1
+        txn.put(b"t:count", str(n).encode(), db=store.meta)
+        return n
+
+    def fail(txn: Any) -> None:
+        txn.put(b"t:failed", b"v", db=store.meta)
+        raise NotFound("no such thing")
+
+    try:
+        results = _queue_group(writer, [bump, bump, bump])
+        assert [results[i] for i in range(3)] == [1, 2, 3]
+        assert len(seen) == 3 and seen[0] is seen[1] is seen[2]  # one transaction, no nested ones
+
+        seen.clear()
+        results = _queue_group(writer, [bump, fail, bump])
+        assert results[0] == 4 and isinstance(results[1], NotFound) and results[2] == 5
+        assert len(seen) == 3  # the first bump ran before the failure, then both again, each alone
+        with store.env.begin() as txn:
+            assert txn.get(b"t:count", db=store.meta) == b"5"
+            assert txn.get(b"t:failed", db=store.meta) is None
+    finally:
+        writer.close()
+        store.close()
+
+
 def test_a_failed_write_in_a_group_fails_alone(tmp_path: Path) -> None:
     """Writes queued together share one commit; one that fails half-way (after a put) leaves no
     trace and fails alone, the others of its group commit."""
