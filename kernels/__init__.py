@@ -29,6 +29,7 @@ __all__ = [
     "score_rows",
     "select_evictions",
     "selection_bitmap",
+    "split_top",
     "surprise_ema",
     "tier_counts",
     "topk",
@@ -340,6 +341,23 @@ def topk(scores: np.ndarray, k: int) -> np.ndarray:
     return _jit.topk(scores, k)
 
 
+def split_top(bounds: np.ndarray, bar: float, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in ``bounds`` (float32) of the entries above ``bar``: the ``size`` largest (ties go
+    to the lower position) and the others, each in position order. NaN is never above ``bar``.
+
+    One pass to count, one to pick the size-th largest (in-place selection on a copy of the
+    entries above ``bar``), one to split: what ``np.argpartition`` plus two masks did, without
+    negating or sorting positions.
+    """
+    n = _check("bounds", bounds, np.float32).shape[0]
+    if size < 1:
+        raise ValueError("size must be >= 1")
+    top = np.empty(min(n, int(size)), np.int64)
+    rest = np.empty(max(n - int(size), 0), np.int64)
+    nt, nr = _jit.split_top(bounds, float(bar), int(size), top, rest)
+    return top[:nt], rest[:nr]
+
+
 def filter_mask(
     *,
     alive: np.ndarray,
@@ -592,6 +610,7 @@ def warm_up() -> None:
             row_w=row_w,
         )
     selection_bitmap(rows, b)
+    split_top(f32, 0.0, 1)
     tier_counts(b, t8)
     row_weights(np.zeros(2, np.int32), t8, f32, f32)
     # Both specializations: with the expiry column and space check, and without them.

@@ -329,6 +329,88 @@ def topk(scores, k):
 
 
 @_kernel
+def _kth_largest(vals, k):
+    """The k-th largest of ``vals`` (1-based; 1 <= k <= len), found in place (vals is reordered):
+    Hoare selection with a median-of-three pivot, expected linear time."""
+    lo = 0
+    hi = vals.shape[0] - 1
+    want = k - 1  # position in descending order
+    while lo < hi:
+        mid = (lo + hi) // 2
+        a, b, c = vals[lo], vals[mid], vals[hi]
+        if a < b:
+            a, b = b, a
+        if b < c:
+            b, c = c, b
+            if a < b:
+                a, b = b, a
+        pivot = b  # the median of the three
+        i, j = lo, hi
+        while i <= j:
+            while vals[i] > pivot:
+                i += 1
+            while vals[j] < pivot:
+                j -= 1
+            if i <= j:
+                vals[i], vals[j] = vals[j], vals[i]
+                i += 1
+                j -= 1
+        # Now vals[lo..j] >= pivot, vals[i..hi] <= pivot, and anything between equals it.
+        if want <= j:
+            hi = j
+        elif want >= i:
+            lo = i
+        else:
+            return pivot
+    return vals[want]
+
+
+@_kernel
+def split_top(bounds, bar, size, top, rest):
+    """Of the entries with bounds[i] > bar: the ``size`` largest into ``top`` (ties: lower index
+    first), the others into ``rest``, each in index order. Returns (len(top), len(rest))."""
+    n = bounds.shape[0]
+    m = 0
+    for i in range(n):
+        if bounds[i] > bar:
+            m += 1
+    if m <= size:
+        c = 0
+        for i in range(n):
+            if bounds[i] > bar:
+                top[c] = i
+                c += 1
+        return c, 0
+    vals = np.empty(m, bounds.dtype)
+    c = 0
+    for i in range(n):
+        if bounds[i] > bar:
+            vals[c] = bounds[i]
+            c += 1
+    t = _kth_largest(vals, size)
+    above_t = 0
+    for i in range(m):
+        if vals[i] > t:
+            above_t += 1
+    ties = size - above_t  # entries equal to t that still go to top, lowest index first
+    nt = 0
+    nr = 0
+    for i in range(n):
+        v = bounds[i]
+        if not v > bar:
+            continue
+        if v > t or (v == t and ties > 0):
+            if v == t:
+                ties -= 1
+            top[nt] = i
+            nt += 1
+        else:
+            rest[nr] = i
+            nr += 1
+    return nt, nr
+
+
+@_kernel
 def filter_mask(
     alive,
     ns_id,

@@ -684,19 +684,11 @@ class Searcher:
         alpha = np.float32(a.alpha)
         size = self.FIRST_CHUNK
         while b_rows.shape[0]:
-            above = b_bound > bar()
-            if not above.all():
-                b_rows, b_bound = b_rows[above], b_bound[above]
-                if not b_rows.shape[0]:
-                    break
-            if b_rows.shape[0] > size:
-                part = np.argpartition(-b_bound, size)
-                top, rest = part[:size], part[size:]
-                chunk, chunk_bound = b_rows[top], b_bound[top]
-                b_rows, b_bound = b_rows[rest], b_bound[rest]
-            else:
-                chunk, chunk_bound = b_rows, b_bound
-                b_rows, b_bound = b_rows[:0], b_bound[:0]
+            top, rest = kernels.split_top(b_bound, bar(), size)  # rows whose bound the bar passed: gone
+            if not top.shape[0]:
+                break
+            chunk, chunk_bound = b_rows[top], b_bound[top]
+            b_rows, b_bound = b_rows[rest], b_bound[rest]
             size = min(2 * size, self.CHUNK)
             if a.alpha == 0:  # similarity does not count: the prior bound is as tight as it gets
                 add(rank(chunk[chunk_bound > bar()]))

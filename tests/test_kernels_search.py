@@ -498,6 +498,77 @@ def test_tier_counts_rejects_bad_input():
 
 
 # --------------------------------------------------------------------------------------------
+# split_top
+# --------------------------------------------------------------------------------------------
+
+
+def ref_split_top(bounds: np.ndarray, bar: float, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions above bar: the size largest (ties: lower position first), then the others; each
+    set in position order."""
+    above = np.flatnonzero(bounds > bar)  # NaN compares False: never above
+    order = np.lexsort((above, -bounds[above].astype(np.float64)))
+    return np.sort(above[order[:size]]), np.sort(above[order[size:]])
+
+
+def _split_bounds(n: int, kind: str, rng: np.random.Generator) -> np.ndarray:
+    if kind == "uniform":
+        return rng.random(n).astype(np.float32)
+    if kind == "ties":  # five distinct values: the size-th largest is almost always tied
+        return (rng.integers(0, 5, n) / 4).astype(np.float32)
+    if kind == "equal":
+        return np.full(n, 0.5, np.float32)
+    if kind == "sorted":  # ascending and descending runs: bad pivots for a naive selection
+        b = np.sort(rng.standard_normal(n).astype(np.float32))
+        return np.concatenate([b[: n // 2], b[n // 2 :][::-1]]).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)  # "nan_inf"
+    b[rng.random(n) < 0.1] = np.nan
+    b[rng.random(n) < 0.05] = np.inf
+    b[rng.random(n) < 0.05] = -np.inf
+    return b
+
+
+@pytest.mark.parametrize("n", [*SIZES, 4096, 30_001])
+@pytest.mark.parametrize("kind", ["uniform", "ties", "equal", "sorted", "nan_inf"])
+@pytest.mark.parametrize("bar", [-np.inf, 0.0, 0.5, 0.9])
+def test_split_top_random(n, kind, bar):
+    rng = rng_for("split-top", n, kind, bar)
+    bounds = _split_bounds(n, kind, rng)
+    saved = bounds.copy()
+    for size in sorted({1, 2, 7, max(1, n // 3), 1024, n + 1}):
+        top, rest = K.split_top(bounds, bar, size)
+        want_top, want_rest = ref_split_top(bounds, bar, size)
+        assert top.dtype == rest.dtype == np.int64
+        np.testing.assert_array_equal(top, want_top)
+        np.testing.assert_array_equal(rest, want_rest)
+        if top.size and rest.size:
+            assert bounds[top].min() >= bounds[rest].max()
+    np.testing.assert_array_equal(bounds, saved)  # the selection works on a copy
+
+
+def test_split_top_hand_computed():
+    b = np.array([0.2, 0.9, 0.5, 0.9, np.nan, 0.1, 0.5, 0.7], np.float32)
+    top, rest = K.split_top(b, 0.15, 3)
+    np.testing.assert_array_equal(top, [1, 3, 7])  # 0.9, 0.9, 0.7
+    np.testing.assert_array_equal(rest, [0, 2, 6])  # 0.2 and both 0.5; 0.1 and NaN are not above 0.15
+    top, rest = K.split_top(b, 0.15, 4)
+    np.testing.assert_array_equal(top, [1, 2, 3, 7])  # of the tied 0.5s, the lower position
+    np.testing.assert_array_equal(rest, [0, 6])
+    top, rest = K.split_top(b, 0.9, 2)
+    assert top.size == 0 and rest.size == 0  # nothing strictly above the bar
+    top, rest = K.split_top(np.empty(0, np.float32), -np.inf, 5)
+    assert top.size == 0 and rest.size == 0
+
+
+def test_split_top_rejects_bad_input():
+    with pytest.raises(ValueError, match="bounds must have dtype float32"):
+        K.split_top(np.ones(3, np.float64), 0.0, 1)
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        K.split_top(np.ones(3, np.float32), 0.0, 0)
+    with pytest.raises(ValueError, match="bounds must be 1-D"):
+        K.split_top(np.ones((2, 2), np.float32), 0.0, 1)
+
+
+# --------------------------------------------------------------------------------------------
 # Kernel bodies in pure Python (.py_func)
 # --------------------------------------------------------------------------------------------
 
@@ -745,3 +816,17 @@ def test_py_func_tier_counts(pure_python, n):
     out = np.zeros(5, np.int64)
     _jit.tier_counts.py_func(mask, tier, out)
     np.testing.assert_array_equal(out, ref_tier_counts(mask, tier))
+
+
+@pytest.mark.parametrize("n", [0, 1, 9, 200])
+@pytest.mark.parametrize("kind", ["uniform", "ties", "nan_inf"])
+def test_py_func_split_top(pure_python, monkeypatch, n, kind):
+    monkeypatch.setattr(_jit, "_kth_largest", _jit._kth_largest.py_func)
+    bounds = _split_bounds(n, kind, rng_for("pyfunc-split-top", n, kind))
+    for size in (1, 3, max(1, n // 2), n + 1):
+        top = np.empty(min(n, size), np.int64)
+        rest = np.empty(max(n - size, 0), np.int64)
+        nt, nr = _jit.split_top.py_func(bounds, 0.0, size, top, rest)
+        want_top, want_rest = ref_split_top(bounds, 0.0, size)
+        np.testing.assert_array_equal(top[:nt], want_top)
+        np.testing.assert_array_equal(rest[:nr], want_rest)
