@@ -354,7 +354,8 @@ def split_top(bounds: np.ndarray, bar: float, size: int) -> tuple[np.ndarray, np
         raise ValueError("size must be >= 1")
     top = np.empty(min(n, int(size)), np.int64)
     rest = np.empty(max(n - int(size), 0), np.int64)
-    nt, nr = _jit.split_top(bounds, float(bar), int(size), top, rest)
+    # Compared in float32, as NumPy compares a float32 array with a Python float.
+    nt, nr = _jit.split_top(bounds, np.float32(bar), int(size), top, rest)
     return top[:nt], rest[:nr]
 
 

@@ -1810,7 +1810,8 @@ class Engine:
                 self.store.put(txn, rec)
                 moved.append((old, rec))
             for (ns, tier), d in deltas.items():
-                total = self._lcounts.get((ns, tier), [0, 0, 0, 0])
+                # From the transaction: a move committed in the same group is not applied yet.
+                total = self.store.lifecycle_counter(txn, ns, tier)
                 self.store.put_lifecycle_counters(
                     txn, ns, tier, [a + b for a, b in zip(total, d, strict=True)]
                 )

@@ -357,6 +357,11 @@ class Store:
             out[(ns.decode(), tier[0])] = list(msgpack.unpackb(v))
         return out
 
+    def lifecycle_counter(self, txn: lmdb.Transaction, namespace: str, tier: int) -> list[int]:
+        """[promotions, demotions, evictions, deleted] of one namespace and tier, ever."""
+        raw = txn.get(_META_LSTAT + namespace.encode() + b"\x00" + bytes([tier]), db=self.meta)
+        return list(msgpack.unpackb(raw)) if raw else [0, 0, 0, 0]
+
     def put_lifecycle_counters(
         self, txn: lmdb.Transaction, namespace: str, tier: int, counts: list[int]
     ) -> None:

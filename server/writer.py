@@ -9,9 +9,9 @@ commit, PERF-FACTS).
 
 If an operation's ``prepare(txn)`` raises, only that operation is rolled back and fails; the others
 of the group still commit. A group first runs every ``prepare`` straight in the group's transaction;
-only when one of them raises is the group run again from the start with each ``prepare`` in a nested
-transaction of its own, rolled back alone (prepares must be repeatable: they run again after map
-growth too). Nested transactions cost a begin and a commit per operation, and py-lmdb gives up the
+only when one of them raises is the group run again from the start, the ones before it straight
+again and each one from it on in a nested transaction of its own, rolled back alone (prepares must
+be repeatable: they run again after map growth too). Nested transactions cost a begin and a commit per operation, and py-lmdb gives up the
 GIL around each call: under load, each handoff waits for another thread's turn, so writes that
 succeed skip them. ``apply(prepared)`` runs after the commit, in this thread, in submission order.
 """
@@ -153,20 +153,30 @@ class Writer:
                 op.future.set_exception(TiermemError(f"write committed but not applied: {e}"))
 
     def _write_group(self, group: list[_Op]) -> None:
-        savepoints = False
+        alone_from = len(group)  # operations from this position on run in nested transactions
         attempt = 0
         while True:
+            # The store's in-memory counters move with the writes: an aborted pass puts them back.
+            seq, changed = self._store.seq, self._store.changed_count
+            failed_at = -1
             try:
                 with self._store.write() as txn:
-                    for op in group:
+                    for i, op in enumerate(group):
                         op.error = None
-                        if savepoints:
+                        if i >= alone_from:
                             self._prepare_alone(txn, op)
-                        else:
+                            continue
+                        try:
                             op.prepared = op.prepare(txn)
+                        except lmdb.MapFullError:
+                            raise
+                        except Exception:
+                            failed_at = i
+                            raise
                     self._before_commit(txn)
                 return
             except lmdb.MapFullError:
+                self._store.seq, self._store.changed_count = seq, changed
                 attempt += 1
                 if attempt > 8:
                     raise ResourceExhausted("storage map is full") from None
@@ -174,9 +184,12 @@ class Writer:
                     raise ResourceExhausted("storage map is full (max_map_size reached)") from None
                 logger.info("retrying write group after map growth (attempt %d)", attempt)
             except Exception:
-                if savepoints:  # not an operation's error (those stay in op.error): the group fails
+                self._store.seq, self._store.changed_count = seq, changed
+                if failed_at < 0:  # not an operation's own failure (the commit, say): the group fails
                     raise
-                savepoints = True  # an operation failed: again, each one rolled back alone
+                # Again: the ones before it succeeded on the same state and run straight; from it
+                # on, each in a nested transaction, rolled back alone if it fails.
+                alone_from = failed_at
 
     def _prepare_alone(self, txn: lmdb.Transaction, op: _Op) -> None:
         """Run one operation in a nested transaction: if it fails, its writes are undone and its

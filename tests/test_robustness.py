@@ -283,6 +283,118 @@ def test_a_group_that_succeeds_runs_in_one_transaction_and_a_failure_leaves_no_d
         store.close()
 
 
+def test_a_failed_commit_fails_its_group_once_and_leaves_the_counters(tmp_path: Path) -> None:
+    """A failure outside the operations (here the last step before the commit) fails the whole
+    group at once: no second run, nothing committed, and the store's commit sequence and change
+    count are back where they were, so the next commit follows the last one."""
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 27)
+    in_txn: list[int] = []
+
+    def before_commit(txn: Any) -> None:
+        store.next_seq(txn)
+        ops, in_txn[:] = list(in_txn), []
+        if 2 in ops:
+            raise RuntimeError("disk on fire")
+
+    writer = Writer(store, max_group=1000, before_commit=before_commit)
+    runs: list[int] = []
+
+    def put(i: int) -> Callable[[Any], Any]:
+        def prepare(txn: Any) -> int:
+            runs.append(i)
+            in_txn.append(i)
+            store.put(txn, _record(i))
+            return i
+
+        return prepare
+
+    try:
+        assert writer.submit(put(1), lambda r: r) == 1
+        seq, changed = store.seq, store.changed_count
+        results = _queue_group(writer, [put(2), put(3)])  # behind a held write, which commits
+        assert all(isinstance(results[i], Exception) and "disk on fire" in str(results[i]) for i in (0, 1))
+        assert runs == [1, 2, 3]  # each prepare ran once
+        assert (store.seq, store.changed_count) == (seq + 1, changed)  # the held write's commit only
+        assert writer.submit(put(4), lambda r: r) == 4
+        assert (store.seq, store.changed_count) == (seq + 2, changed + 1)
+        with store.env.begin() as txn:
+            assert store.get(txn, 2) is None and store.get(txn, 3) is None and store.get(txn, 4) is not None
+            assert txn.get(b"commit_seq", db=store.meta) == (seq + 2).to_bytes(8, "big")
+    finally:
+        writer.close()
+        store.close()
+
+
+def _record(rid: int) -> Any:
+    from tiermem.server.records import Record
+
+    return Record(
+        rid=rid,
+        id=f"m{rid}",
+        namespace="ns",
+        content=f"memory {rid}",
+        kind="observation",
+        tier=3,
+        importance=0.5,
+    )
+
+
+def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
+    """Lifecycle counters are read from the transaction: two chunks of moves of the same namespace
+    and tier committed in one group both count, in LMDB as in memory, and after a restart."""
+    from tiermem.server import convert
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine
+    from tiermem.server.lifecycle import DEMOTE_IDLE
+    from tiermem.v1 import memory_pb2 as pb
+
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
+    )
+    eng = Engine(cfg)
+    try:
+        rng = np.random.default_rng(3)
+        mems = []
+        for i in range(2):
+            v = rng.standard_normal(8).astype(np.float32)
+            m = pb.Memory(namespace="ns", content=f"memory {i}", embedding=(v / np.linalg.norm(v)).tolist())
+            m.embedding_model, m.tier = "m8", 3
+            mems.append(convert.new_memory_from_pb(m, "memory."))
+        recs = eng.create(mems, batch=True)
+        now = eng.clock()
+        moves = [lambda txn, r=r: eng._apply_moves([(r.rid, 3, 4, DEMOTE_IDLE)], now) for r in recs]
+        gate, holding = threading.Event(), threading.Event()
+
+        def hold(txn: Any) -> None:
+            holding.set()
+            gate.wait(10)
+
+        first = threading.Thread(target=eng.writer.submit, args=(hold, lambda r: r))
+        first.start()
+        assert holding.wait(10)
+        threads = [threading.Thread(target=move, args=(None,)) for move in moves]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while eng.writer._queue.qsize() < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        groups = eng.writer.groups_committed
+        gate.set()
+        for t in [first, *threads]:
+            t.join(10)
+        assert eng.writer.groups_committed == groups + 2  # the held one, then both moves together
+        with eng.store.read() as txn:
+            assert eng.store.lifecycle_counter(txn, "ns", 3) == [0, 2, 0, 0]
+        assert eng._lcounts[("ns", 3)] == [0, 2, 0, 0]
+    finally:
+        eng.close()
+    eng = Engine(cfg)
+    try:
+        assert eng._lcounts[("ns", 3)] == [0, 2, 0, 0]
+    finally:
+        eng.close()
+
+
 def test_a_failed_write_in_a_group_fails_alone(tmp_path: Path) -> None:
     """Writes queued together share one commit; one that fails half-way (after a put) leaves no
     trace and fails alone, the others of its group commit."""
