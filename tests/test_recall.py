@@ -114,6 +114,7 @@ def test_recall_and_combined_overlap(
 
     # The graph path is what this measures: no exact scans of small indexes (EXACT_ENTRIES).
     monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
+    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
     monkeypatch.setattr(VectorIndex, "search", counted_search)
     monkeypatch.setattr(VectorIndex, "allowed_rows", counted_allowed_rows)
     server = server_factory(

@@ -112,6 +112,7 @@ def test_short_filtered_hnsw_answers_do_not_cut_the_ranking(
 ) -> None:
     """A small namespace inside a big index: filtered HNSW often returns fewer than k results."""
     monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)  # the graph, not an exact scan of the 120
+    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
     running = server_factory(exact_search_max_rows=8, hnsw_m=8)
     rng = np.random.default_rng(3)
     dim = 16

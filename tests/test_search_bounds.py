@@ -213,6 +213,7 @@ def world(template: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
     # The tier indexes here are small enough for an exact scan (VectorIndex.EXACT_ENTRIES); these
     # tests are about the candidate logic over HNSW answers: the graph it is.
     monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
+    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
     data = tmp_path / "data"
     shutil.copytree(template.eng.config.data_dir, data)
     clock = FakeClock(template.clock.now)

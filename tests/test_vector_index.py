@@ -31,9 +31,10 @@ def unit(rng: np.random.Generator, n: int) -> np.ndarray:
 @pytest.fixture(autouse=True, params=["graph", "exact"])
 def search_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs twice: with HNSW graph searches, and with the exact scan that indexes of at
-    most EXACT_ENTRIES entries (every index here) get by default."""
+    most EXACT_ENTRIES entries (every index here) get by default (EXACT_PER_K: filtered ones too)."""
     if request.param == "graph":
         monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
+        monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
     else:
         assert VectorIndex.EXACT_ENTRIES >= 1500
     return str(request.param)
@@ -811,3 +812,33 @@ def test_an_index_with_few_live_allowed_entries_is_scanned_exactly(monkeypatch: 
         assert rows.tolist() == order[:k].tolist()
         np.testing.assert_allclose(sims, vecs[order[:k]] @ query, rtol=1e-5, atol=1e-5)
         assert bound == pytest.approx(float(vecs[order[k]] @ query), abs=1e-6)
+
+
+def test_a_filtered_search_for_many_scans_exactly_below_its_share_of_allowed_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Filtered HNSW for a large k over few allowed entries tends to come back short (the caller
+    then scores every allowed row exactly anyway): at most EXACT_PER_K * k allowed live entries
+    are scanned exactly, with brute force's answer; a small k over the same entries uses the graph."""
+    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 50)
+    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 48)  # (the graph variant of every test sets 0)
+    rng = np.random.default_rng(13)
+    n = 1000
+    vecs = unit(rng, n)
+    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    idx.add(vecs, np.arange(n), np.arange(n) + 1)
+    calls = spy_paths(idx)
+    allowed = rng.random(n) < 0.4  # ~400 allowed: above EXACT_ENTRIES
+    live = np.flatnonzero(allowed)
+    assert 50 < live.size <= VectorIndex.EXACT_PER_K * 20
+    query = unit(rng, 1)[0]
+    order = live[np.argsort(-(vecs[live] @ query), kind="stable")]
+    rows, sims, bound = idx.search(query, 20, allowed, 64)
+    assert calls == ["_exact"]
+    assert rows.tolist() == order[:20].tolist()
+    np.testing.assert_allclose(sims, vecs[order[:20]] @ query, rtol=1e-5, atol=1e-5)
+    assert bound == pytest.approx(float(vecs[order[20]] @ query), abs=1e-6)
+    calls.clear()
+    assert live.size > VectorIndex.EXACT_PER_K * 5
+    idx.search(query, 5, allowed, 64)
+    assert calls == ["_hnsw"]
