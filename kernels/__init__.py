@@ -17,6 +17,7 @@ from . import _jit
 
 __all__ = [
     "DEFAULT_SURPRISE_ALPHA",
+    "allowed_entries",
     "combined_scores",
     "decay_importance",
     "dot_rows",
@@ -291,6 +292,18 @@ def selection_bitmap(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray
     bitmap = np.zeros((n + 7) // 8, np.uint8)
     count = _jit.selection_bitmap(slots, allowed, bitmap)
     return bitmap, int(count)
+
+
+def allowed_entries(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The entries i that are live (``slots[i] >= 0``) and whose row is allowed (``allowed[slots[i]]``;
+    rows past the end of ``allowed`` are not): (positions i, their rows), in position order. Each
+    slot is read once, so a slot another thread clears meanwhile never yields a row of -1."""
+    n = _check("slots", slots, np.int64).shape[0]
+    _check("allowed", allowed, np.bool_)
+    ids = np.empty(n, np.int64)
+    rows = np.empty(n, np.int64)
+    c = _jit.allowed_entries(slots, allowed, ids, rows)
+    return ids[:c], rows[:c]
 
 
 def tier_counts(mask: np.ndarray, tier: np.ndarray) -> np.ndarray:
@@ -611,6 +624,7 @@ def warm_up() -> None:
             row_w=row_w,
         )
     selection_bitmap(rows, b)
+    allowed_entries(rows, b)
     split_top(f32, 0.0, 1)
     tier_counts(b, t8)
     row_weights(np.zeros(2, np.int32), t8, f32, f32)

@@ -187,6 +187,21 @@ def selection_bitmap(slots, allowed, bitmap):
     return c
 
 
+@_kernel
+def allowed_entries(slots, allowed, ids, rows):
+    """The live entries (slots[i] >= 0) whose row is allowed: positions into ``ids``, the rows read
+    (each slot once) into ``rows``; returns the count."""
+    m = allowed.shape[0]
+    c = 0
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        if s >= 0 and s < m and allowed[s]:
+            ids[c] = i
+            rows[c] = s
+            c += 1
+    return c
+
+
 def _prefetch_row(xb, row):
     """Ask the CPU to fetch every 64-byte line of row ``row`` of the C-contiguous 2-D array ``xb``
     into cache: a hint with no effect on results (compiled: llvm.prefetch; plain Python: nothing).

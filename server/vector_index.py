@@ -416,15 +416,13 @@ class VectorIndex:
     ) -> tuple[np.ndarray, np.ndarray, float]:
         """``_hnsw``'s answer computed exactly over the ``lo`` indexed entries (under the read lock):
         the top-k allowed live entries, and as bound the best similarity left out (-inf: none)."""
-        rows = slots[:lo].copy()  # (kills do not take the read lock: read each slot once)
-        ok = (rows >= 0) & (rows < allowed.shape[0])
-        ok[ok] = allowed[rows[ok]]
-        ids = np.flatnonzero(ok)
+        # (kills do not take the read lock: the kernel reads each slot once)
+        ids, rows = kernels.allowed_entries(slots[:lo], allowed)
         if ids.shape[0] == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32), -np.inf
         sims = kernels.dot_rows(self._stored(lo), ids, query)
         top, bound = _top_k(sims, k)
-        return rows[ids[top]], sims[top], bound
+        return rows[top], sims[top], bound
 
     def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
         """Column rows of the live entries allowed by ``allowed`` (for exact scoring)."""

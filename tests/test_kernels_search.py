@@ -455,6 +455,51 @@ def test_selection_bitmap_hand_computed():
 
 
 # --------------------------------------------------------------------------------------------
+# allowed_entries
+# --------------------------------------------------------------------------------------------
+
+
+def ref_allowed_entries(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ok = (slots >= 0) & (slots < allowed.shape[0])
+    ok[ok] = allowed[slots[ok]]
+    ids = np.flatnonzero(ok)
+    return ids, slots[ids]
+
+
+@pytest.mark.parametrize("n", [*SIZES, 9, 1001, 100_003])
+@pytest.mark.parametrize("m_kind", ["empty", "short", "same", "long"])
+def test_allowed_entries_random(n, m_kind):
+    m = {"empty": 0, "short": n // 2, "same": n, "long": 2 * n + 3}[m_kind]
+    slots, allowed = make_slots(n, m, rng_for("allowed-entries", n, m_kind))
+    saved = slots.copy(), allowed.copy()
+    ids, rows = K.allowed_entries(slots, allowed)
+    e_ids, e_rows = ref_allowed_entries(slots, allowed)
+    assert ids.dtype == rows.dtype == np.int64
+    np.testing.assert_array_equal(ids, e_ids)
+    np.testing.assert_array_equal(rows, e_rows)
+    assert ids.shape[0] == K.selection_bitmap(slots, allowed)[1]  # the same entries as the bitmap's
+    np.testing.assert_array_equal(slots, saved[0])
+    np.testing.assert_array_equal(allowed, saved[1])
+
+
+def test_allowed_entries_hand_computed():
+    slots = np.array([3, -1, 0, 7, 2, 2, 100, -5, 1], np.int64)
+    allowed = np.array([True, False, True, True, False, True, True, True])
+    ids, rows = K.allowed_entries(slots, allowed)
+    # entries allowed: 0 (row 3), 2 (row 0), 3 (row 7), 4 and 5 (row 2); 6 past the end; 8 row 1 no
+    np.testing.assert_array_equal(ids, [0, 2, 3, 4, 5])
+    np.testing.assert_array_equal(rows, [3, 0, 7, 2, 2])
+    ids, rows = K.allowed_entries(np.empty(0, np.int64), allowed)
+    assert ids.shape == rows.shape == (0,)
+    ids, rows = K.allowed_entries(slots, np.zeros(0, np.bool_))
+    assert ids.shape == rows.shape == (0,)
+    with pytest.raises(ValueError, match="slots must have dtype int64"):
+        K.allowed_entries(slots.astype(np.int32), allowed)
+    with pytest.raises(ValueError, match="allowed must have dtype bool"):
+        K.allowed_entries(slots, allowed.astype(np.int8))
+
+
+# --------------------------------------------------------------------------------------------
 # tier_counts
 # --------------------------------------------------------------------------------------------
 
@@ -830,3 +875,14 @@ def test_py_func_split_top(pure_python, monkeypatch, n, kind):
         want_top, want_rest = ref_split_top(bounds, 0.0, size)
         np.testing.assert_array_equal(top[:nt], want_top)
         np.testing.assert_array_equal(rest[:nr], want_rest)
+
+
+@pytest.mark.parametrize("n", [0, 1, 9, 200])
+def test_py_func_allowed_entries(pure_python, n):
+    slots, allowed = make_slots(n, n, rng_for("pyfunc-allowed-entries", n))
+    ids = np.empty(n, np.int64)
+    rows = np.empty(n, np.int64)
+    c = _jit.allowed_entries.py_func(slots, allowed, ids, rows)
+    e_ids, e_rows = ref_allowed_entries(slots, allowed)
+    np.testing.assert_array_equal(ids[:c], e_ids)
+    np.testing.assert_array_equal(rows[:c], e_rows)
