@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import signal
 import sys
@@ -91,12 +92,23 @@ def tune_malloc(mmap_threshold: int) -> bool:
     return bool(mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(mmap_threshold)))
 
 
+def freeze_startup_objects() -> int:
+    """Move every object alive now (modules, numba/FAISS/grpc wrappers, the opened engine) out of
+    the garbage collector's reach; returns how many. A full collection otherwise scans them all:
+    44-57 ms with 100,000 memories loaded (131,000 objects, nearly all from imports), paid by
+    whichever call happens to allocate then; after the freeze it takes under 0.1 ms."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def serve(config: ServerConfig) -> None:
     if tune_malloc(config.malloc_mmap_threshold):
         logger.info(
             "malloc: blocks of %d bytes and more are mapped on their own", config.malloc_mmap_threshold
         )
     running = create_server(config)
+    logger.info("gc: %d objects alive after start-up frozen", freeze_startup_objects())
     logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())
     print(f"tiermem listening on {config.host}:{running.port}", flush=True)
     done = threading.Event()

@@ -886,3 +886,34 @@ def test_the_malloc_threshold_keeps_large_blocks_mapped_on_their_own(threshold: 
     if out.stdout.strip() == "no-mallinfo2":
         pytest.skip("not glibc >= 2.33 (no mallinfo2)")
     assert out.stdout.strip() == expected
+
+
+_FREEZE_PROBE = """
+import gc, weakref
+import tiermem.server.engine  # the imports a server makes (numba, FAISS, grpc wrappers)
+from tiermem.server.app import freeze_startup_objects
+
+tracked = len(gc.get_objects())
+frozen = freeze_startup_objects()
+
+class Node:
+    pass
+
+a, b = Node(), Node()
+a.other, b.other = b, a  # a cycle: only the collector frees it
+probe = weakref.ref(a)
+del a, b
+gc.collect()
+print(tracked, frozen, len(gc.get_objects()), probe() is None)
+"""
+
+
+def test_start_up_objects_are_frozen_out_of_full_collections_and_new_garbage_is_still_collected() -> None:
+    """`serve` freezes what start-up left alive: a full collection no longer scans the imports'
+    objects (tens of thousands), and cyclic garbage made afterwards is still freed."""
+    out = subprocess.run([sys.executable, "-c", _FREEZE_PROBE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    tracked, frozen, left, freed = out.stdout.split()
+    assert int(tracked) > 10_000 and int(frozen) > int(tracked) * 0.9
+    assert int(left) < int(frozen) // 20
+    assert freed == "True"
