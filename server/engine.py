@@ -938,6 +938,7 @@ class Engine:
         now = self.clock()
 
         def prepare(txn: lmdb.Transaction) -> tuple[Record, Record, np.ndarray | None]:
+            self._check_protected(namespace, confirm, "changing a memory", txn)
             rid = self.store.lookup(txn, namespace, memory_id)
             old = None if rid is None else self.store.get(txn, rid)
             if old is None or old.expired(now):
@@ -1021,6 +1022,7 @@ class Engine:
         self._check_protected(namespace, confirm, "deleting a memory")
 
         def prepare(txn: lmdb.Transaction) -> list[Record]:
+            self._check_protected(namespace, confirm, "deleting a memory", txn)
             rid = self.store.lookup(txn, namespace, memory_id)
             rec = None if rid is None else self.store.get(txn, rid)
             if rec is None:
@@ -1051,6 +1053,8 @@ class Engine:
                             break
                         rids.append(v)
             recs = [r for r in (self.store.get(txn, int.from_bytes(v, "big")) for v in rids) if r is not None]
+            for ns in sorted({namespace, *(r.namespace for r in recs)}):
+                self._check_protected(ns, confirm, "clearing the namespace", txn)
             for rec in recs:
                 self.store.delete(txn, rec)
             self.store.delete_graph(txn, namespace, include_children)
@@ -1344,6 +1348,8 @@ class Engine:
         now = self.clock()
 
         def prepare(txn: lmdb.Transaction) -> tuple[list[Record], Record, np.ndarray]:
+            if move:
+                self._check_protected(namespace, confirm, "moving a memory out", txn)
             rid = self.store.lookup(txn, namespace, memory_id)
             src = None if rid is None else self.store.get(txn, rid)
             if src is None or src.expired(now):
@@ -1356,7 +1362,7 @@ class Engine:
             if existing is not None:
                 if not overwrite and not existing.expired(now):
                     raise AlreadyExists(f"memory {dest_id!r} already exists in namespace {dest_ns!r}")
-                self._check_protected(dest_ns, confirm, "overwriting a memory")
+                self._check_protected(dest_ns, confirm, "overwriting a memory", txn)
                 self.store.delete(txn, existing)
                 freed.append(existing)
             new = Record.unpack(src.pack())
@@ -1598,8 +1604,19 @@ class Engine:
         return int(self.writer.submit(prepare, apply, weight))
 
     # -- namespace settings -------------------------------------------------------------------
-    def _check_protected(self, namespace: str, confirm: bool, action: str) -> None:
-        if not confirm and self.ns_config.get(namespace, {}).get("protected"):
+    def _check_protected(
+        self, namespace: str, confirm: bool, action: str, txn: lmdb.Transaction | None = None
+    ) -> None:
+        """FAILED_PRECONDITION unless ``confirm`` when ``namespace`` is protected. Checked once on
+        arrival (fails fast, before queueing) and again inside the write's transaction (``txn``),
+        which sees every protection committed or queued ahead of it: a write that was checked just
+        before a protection landed cannot slip past it."""
+        if confirm:
+            return
+        config = (
+            self.ns_config.get(namespace, {}) if txn is None else self.store.namespace_config(txn, namespace)
+        )
+        if config.get("protected"):
             raise FailedPrecondition(
                 f"namespace {namespace!r} is protected: {action} needs confirm=true",
                 reason="NAMESPACE_PROTECTED",
@@ -1647,28 +1664,36 @@ class Engine:
                     "update_mask", f"{f!r} cannot be updated; updatable: {', '.join(sorted(allowed))}"
                 )
         policy = check_overrides(policy)
-        current = self.ns_config.get(namespace, {})
-        if "protected" in fields_ and current.get("protected") and not protected and not confirm:
-            raise FailedPrecondition(
-                f"namespace {namespace!r} is protected: unprotecting it needs confirm=true",
-                reason="NAMESPACE_PROTECTED",
-            )
-        new_protected = protected if "protected" in fields_ else bool(current.get("protected"))
-        new_policy = dict(policy) if "policy" in fields_ else dict(current.get("policy") or {})
-        for f in fields_:
-            if f.startswith("policy."):
-                name = f.split(".", 1)[1]
-                if name in policy:
-                    new_policy[name] = policy[name]
-                else:
-                    new_policy.pop(name, None)
-        stored: dict[str, Any] = {}
-        if new_protected:
-            stored["protected"] = True
-        if new_policy:
-            stored["policy"] = new_policy
+
+        def merged(current: dict[str, Any]) -> dict[str, Any]:
+            """The settings to store: ``current`` with the masked fields replaced."""
+            if "protected" in fields_ and current.get("protected") and not protected and not confirm:
+                raise FailedPrecondition(
+                    f"namespace {namespace!r} is protected: unprotecting it needs confirm=true",
+                    reason="NAMESPACE_PROTECTED",
+                )
+            new_protected = protected if "protected" in fields_ else bool(current.get("protected"))
+            new_policy = dict(policy) if "policy" in fields_ else dict(current.get("policy") or {})
+            for f in fields_:
+                if f.startswith("policy."):
+                    name = f.split(".", 1)[1]
+                    if name in policy:
+                        new_policy[name] = policy[name]
+                    else:
+                        new_policy.pop(name, None)
+            stored: dict[str, Any] = {}
+            if new_protected:
+                stored["protected"] = True
+            if new_policy:
+                stored["policy"] = new_policy
+            return stored
+
+        merged(self.ns_config.get(namespace, {}))  # fail fast, before queueing
 
         def prepare(txn: lmdb.Transaction) -> dict[str, Any]:
+            # Merged with what the transaction sees, not the settings in memory: those lag the
+            # writes queued ahead in the same commit group, whose changes would otherwise be lost.
+            stored = merged(self.store.namespace_config(txn, namespace))
             self.store.put_namespace_config(txn, namespace, stored)
             return stored
 
@@ -1682,7 +1707,8 @@ class Engine:
             return cfg
 
         result = self.writer.submit(prepare, apply)
-        return dict(result), self.policy_for(namespace)
+        overrides = result.get("policy")
+        return dict(result), self.base_policy.with_overrides(overrides) if overrides else self.base_policy
 
     # -- lifecycle ------------------------------------------------------------------------------
     def consolidate(

@@ -342,6 +342,10 @@ class Store:
             for k, v in self._prefixed(txn, _META_NSCONF)
         }
 
+    def namespace_config(self, txn: lmdb.Transaction, namespace: str) -> dict[str, Any]:
+        raw = txn.get(_META_NSCONF + namespace.encode(), db=self.meta)
+        return {} if raw is None else dict(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+
     def put_namespace_config(self, txn: lmdb.Transaction, namespace: str, config: dict[str, Any]) -> None:
         key = _META_NSCONF + namespace.encode()
         if config:

@@ -396,6 +396,143 @@ def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
         eng.close()
 
 
+def _queued_behind_a_held_write(eng: Any, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` on threads while the writer is held inside another write, each queued once
+    the previous one is (so they enter one commit group in order); returns results or errors."""
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold(txn: Any) -> None:
+        holding.set()
+        gate.wait(10)
+
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as e:
+            results[i] = e
+
+    first = threading.Thread(target=eng.writer.submit, args=(hold, lambda r: r))
+    first.start()
+    threads = []
+    try:
+        assert holding.wait(10)
+        for i in range(len(calls)):
+            threads.append(threading.Thread(target=run, args=(i,)))
+            threads[-1].start()
+            deadline = time.monotonic() + 10
+            while eng.writer._queue.qsize() < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert eng.writer._queue.qsize() == i + 1
+    finally:
+        gate.set()
+        for t in [first, *threads]:
+            t.join(10)
+    return results
+
+
+def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
+    """Protection is checked again in the write's own transaction: writes that passed the check on
+    arrival while the protection was still queued ahead of them fail with NAMESPACE_PROTECTED and
+    change nothing; with confirm they go through."""
+    from tiermem.server import convert
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine, Filter
+    from tiermem.server.errors import FailedPrecondition
+    from tiermem.v1 import memory_pb2 as pb
+
+    vault, other = "user:a/vault", "user:a/scratch"
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
+    )
+    eng = Engine(cfg)
+    try:
+        new = [
+            convert.new_memory_from_pb(pb.Memory(namespace=ns, id=mid, content=f"{ns} {mid}"), "memory.")
+            for ns, mid in [(vault, "a"), (vault, "b"), (vault, "c"), (vault, "d"), (other, "x")]
+        ]
+        eng.create(new, batch=True)
+        change = convert.new_memory_from_pb(pb.Memory(importance=0.9), "memory.")
+
+        def contents() -> dict[str, list[tuple[str, str, float]]]:
+            return {
+                ns: sorted(
+                    (r.id, r.content, r.importance) for r in eng.list_memories(ns, 100, "", Filter())[0]
+                )
+                for ns in (vault, other)
+            }
+
+        before = contents()
+        attempts: list[Callable[[], Any]] = [
+            lambda: eng.update(vault, "a", change, ["importance"]),
+            lambda: eng.delete(vault, "b"),
+            lambda: eng.transfer(vault, "c", target_namespace=other, move=True),
+            lambda: eng.transfer(
+                other, "x", target_namespace=vault, target_id="d", move=False, overwrite=True
+            ),
+            lambda: eng.delete_namespace("user:a", include_children=True),
+        ]
+        protect = lambda: eng.update_namespace_config(vault, True, {}, ["protected"])  # noqa: E731
+        got = _queued_behind_a_held_write(eng, [protect, *attempts])
+        assert got[0][0] == {"protected": True}
+        for name, result in zip(
+            ["update", "delete", "move out", "overwrite in", "clear"], got[1:], strict=True
+        ):
+            assert isinstance(result, FailedPrecondition), (name, result)
+            assert result.reason == "NAMESPACE_PROTECTED", name
+        assert contents() == before
+        assert eng.get_namespace_config(vault)[0] == {"protected": True}
+
+        # The same writes with confirm, queued behind the protection, go through.
+        eng.update_namespace_config(vault, False, {}, ["protected"], confirm=True)
+        confirmed: list[Callable[[], Any]] = [
+            protect,
+            lambda: eng.update(vault, "a", change, ["importance"], confirm=True),
+            lambda: eng.delete(vault, "b", confirm=True),
+        ]
+        got = _queued_behind_a_held_write(eng, confirmed)
+        assert got[1].importance == pytest.approx(0.9) and got[2] is None
+        assert sorted(r.id for r in eng.list_memories(vault, 100, "", Filter())[0]) == ["a", "c", "d"]
+    finally:
+        eng.close()
+
+
+def test_namespace_settings_queued_together_are_merged_not_lost(tmp_path: Path) -> None:
+    """Two settings changes committed in one group each change only their fields: the second
+    merges with what the first wrote, not with the settings in memory before either."""
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine
+    from tiermem.server.errors import FailedPrecondition
+
+    ns = "user:a/vault"
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
+    )
+    eng = Engine(cfg)
+    try:
+        got = _queued_behind_a_held_write(
+            eng,
+            [
+                lambda: eng.update_namespace_config(ns, True, {}, ["protected"]),
+                lambda: eng.update_namespace_config(ns, False, {"retention": 4}, ["policy.retention"]),
+                lambda: eng.update_namespace_config(ns, False, {}, ["protected"]),  # unprotect, no confirm
+            ],
+        )
+        assert got[0][0] == {"protected": True}
+        assert got[1][0] == {"protected": True, "policy": {"retention": 4}}
+        assert got[1][1].retention == 4
+        assert isinstance(got[2], FailedPrecondition) and got[2].reason == "NAMESPACE_PROTECTED"
+        assert eng.get_namespace_config(ns)[0] == {"protected": True, "policy": {"retention": 4}}
+    finally:
+        eng.close()
+    eng = Engine(cfg)
+    try:
+        assert eng.get_namespace_config(ns)[0] == {"protected": True, "policy": {"retention": 4}}
+    finally:
+        eng.close()
+
+
 def test_a_failed_write_in_a_group_fails_alone(tmp_path: Path) -> None:
     """Writes queued together share one commit; one that fails half-way (after a put) leaves no
     trace and fails alone, the others of its group commit."""
