@@ -176,6 +176,9 @@ class Engine:
             for idx in sp.indexes.values():
                 self.indexer.attach(idx)
         self.indexer.start()
+        # Vectors created in the commit group being written, by (namespace, model): similarity
+        # deduplication sees them before they reach the indexes (writer thread only).
+        self._group_vectors: dict[tuple[str, str], _GroupVectors] = {}
         self.writer = Writer(self.store, max_group=config.max_group_ops, before_commit=self._persist_counters)
         kernels.warm_up()
         self._stop = threading.Event()
@@ -562,6 +565,7 @@ class Engine:
     def _persist_counters(self, txn: lmdb.Transaction) -> None:
         self.store.put_counters(txn, self._next_rid, self._next_vk)
         self.store.next_seq(txn)
+        self._group_vectors.clear()  # committed now: the indexes will hold them once applied
 
     def _alloc(self) -> tuple[int, int]:
         rid, vk = self._next_rid, self._next_vk
@@ -726,6 +730,9 @@ class Engine:
                 self.store.insert(txn, rec)
                 if m.embedding.shape[0]:
                     self.store.put_vector(txn, rid, m.embedding, new=True)
+                    if dedup_similarity is not None and not allow_duplicates:
+                        key = (m.namespace, m.embedding_model)
+                        self._group_vectors.setdefault(key, _GroupVectors()).add(rid, m.embedding)
                 else:
                     self.store.mark_pending(txn, rid, True)
                 out.append((rec, m.embedding))
@@ -748,12 +755,12 @@ class Engine:
             if what == "replay":
                 return list(payload[0]), list(payload[1]), payload[2]
             items, freed, dues = payload
+            self._index_new([(rec, vec) for rec, vec in items if vec is not None])
             view = self.columns.view()
-            for rec, vec in items:
+            for rec, vec in items:  # after indexing: the reinforced memory may be new in this batch
                 if vec is None and rec.rid in self.columns.rows:  # reinforced: refresh its row
                     row = self.columns.rows[rec.rid]
                     self.columns.set(row, rec, int(view.space[row]), int(view.vpos[row]))
-            self._index_new([(rec, vec) for rec, vec in items if vec is not None])
             # After indexing: a summary replaced by a later one of the same batch is in both lists.
             self._unindex(freed)
             return [rec for rec, _ in items], [vec is None for _, vec in items], dues
@@ -801,21 +808,30 @@ class Engine:
         rec = self.store.find_content(txn, m.namespace, m.content)
         if rec is not None and not self.expired(rec):
             return rec
+        if min_similarity is None or m.embedding.shape[0] == 0:
+            return None
+        best_rid, best = -1, -np.inf
         sp = self.spaces.get(m.embedding_model)
         nid = self.columns.namespaces.get(m.namespace)
-        if min_similarity is None or sp is None or nid < 0 or m.embedding.shape[0] == 0:
-            return None
-        view = self.columns.view()
-        allowed = view.alive & (view.ns == nid) & (view.space == sp.id) & (view.expire > self.clock())
-        best_row, best = -1, -np.inf
-        for index in list(sp.indexes.values()):
-            rows, sims, _ = index.search(m.embedding, 1, allowed, self.config.hnsw_ef_search)
-            # A short filtered answer may miss a duplicate; that memory is then simply stored.
-            if rows.shape[0] and sims[0] > best:
-                best_row, best = int(rows[0]), float(sims[0])
-        if best_row < 0 or best < min_similarity:
-            return None
-        return self.store.get(txn, int(view.rid[best_row]))
+        if sp is not None and nid >= 0:  # committed memories, through the indexes
+            view = self.columns.view()
+            allowed = view.alive & (view.ns == nid) & (view.space == sp.id) & (view.expire > self.clock())
+            for index in list(sp.indexes.values()):
+                rows, sims, _ = index.search(m.embedding, 1, allowed, self.config.hnsw_ef_search)
+                # A short filtered answer may miss a duplicate; that memory is then simply stored.
+                if rows.shape[0] and sims[0] > best:
+                    best_rid, best = int(view.rid[int(rows[0])]), float(sims[0])
+        found = None if best_rid < 0 or best < min_similarity else self.store.get(txn, best_rid)
+        if found is not None and self.expired(found):
+            found = None
+        # Memories created earlier in this commit group (this batch or another write queued with
+        # it): not in the indexes yet. Those a failed write rolled back are gone from the txn.
+        group = self._group_vectors.get((m.namespace, m.embedding_model))
+        for rid in group.similar(m.embedding, best if found is not None else min_similarity) if group else []:
+            rec = self.store.get(txn, rid)
+            if rec is not None and not self.expired(rec):
+                return rec
+        return found
 
     def _index_new(self, items: list[tuple[Record, np.ndarray]]) -> None:
         """Writer thread: add committed records to HNSW first, then make their rows visible."""
@@ -1985,3 +2001,31 @@ def _lock_data_dir(data: Path) -> Any:
             f"data directory {data} is in use by another tiermem server", reason="DATA_DIR_IN_USE"
         ) from None
     return f
+
+
+class _GroupVectors:
+    """Unit vectors (and record ids) of memories created in the commit group being written."""
+
+    def __init__(self) -> None:
+        self.rids: list[int] = []
+        self._vecs = np.empty((8, 0), np.float32)
+
+    def add(self, rid: int, vec: np.ndarray) -> None:
+        n = len(self.rids)
+        if n == 0:  # (one model, one dimension: checked before)
+            self._vecs = np.empty((8, vec.shape[0]), np.float32)
+        elif n == self._vecs.shape[0]:
+            self._vecs = np.concatenate([self._vecs, np.empty_like(self._vecs)])
+        norm = float(np.linalg.norm(vec))
+        self._vecs[n] = vec / norm if norm > 0 else vec
+        self.rids.append(rid)
+
+    def similar(self, vec: np.ndarray, at_least: float) -> list[int]:
+        """Record ids of the vectors at least ``at_least`` similar to ``vec`` (cosine), most similar first."""
+        n = len(self.rids)
+        if n == 0 or self._vecs.shape[1] != vec.shape[0]:
+            return []
+        norm = float(np.linalg.norm(vec))
+        sims = self._vecs[:n] @ (vec / norm if norm > 0 else vec).astype(np.float32)
+        order = np.argsort(-sims, kind="stable")
+        return [self.rids[i] for i in order.tolist() if sims[i] >= at_least]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -209,6 +210,85 @@ def test_exact_duplicates_reinforce_instead_of_adding(
             pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="standup AT 9"))
         )
         assert again.deduplicated
+
+
+def test_near_duplicates_in_one_batch_and_one_commit_group(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """With dedup_similarity, a near copy of a memory created earlier in the same batch, or in a
+    write committed in the same group (not in any index yet), reinforces it; an unrelated memory,
+    another namespace or another model does not."""
+    import threading
+
+    running = server_factory()
+    rng = np.random.default_rng(11)
+    v = rng.normal(size=8)
+    near = [v + 0.01 * rng.normal(size=8) for _ in range(2)]
+    far = rng.normal(size=8)
+
+    def mem(content: str, vec: np.ndarray, ns: str = "ns", model: str = "m8") -> pb.Memory:
+        return pb.Memory(
+            namespace=ns, content=content, embedding=list(vec), embedding_model=model, importance=0.2
+        )
+
+    with _client(running) as c:
+        batch = c.stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(
+                memories=[
+                    mem("original", v),
+                    mem("unrelated", far),
+                    mem("near copy", near[0]),
+                    mem("near copy elsewhere", near[0], ns="ns2"),
+                    mem("near copy, other model", near[0], model="n8"),
+                    pb.Memory(
+                        **{
+                            **dict(namespace="ns", content="near copy 2", embedding=list(near[1])),
+                            "embedding_model": "m8",
+                            "importance": 0.7,
+                        }
+                    ),
+                ],
+                dedup_similarity=0.99,
+            )
+        )
+        assert list(batch.deduplicated) == [False, False, True, False, False, True]
+        ids = [m.id for m in batch.memories]
+        assert ids[2] == ids[5] == ids[0] and len({ids[0], ids[1], ids[3], ids[4]}) == 4
+        assert c.stats("ns").memory_count == 3  # original, unrelated, the other model's
+        got = c.get("ns", ids[0])
+        assert got.access_count == 2 and got.importance == pytest.approx(0.7)
+        # The reinforced importance is what searches rank by, too.
+        hit = c.search("ns", list(v), embedding_model="m8", limit=1, read_only=True)[0]
+        assert hit.memory.id == ids[0] and hit.importance == pytest.approx(0.7, rel=1e-3)
+
+        # Two single creates queued behind a held write commit in one group: the second finds the first.
+        eng = running.engine
+        gate, holding = threading.Event(), threading.Event()
+
+        def hold(txn: object) -> None:
+            holding.set()
+            gate.wait(10)
+
+        w = rng.normal(size=8)
+        out: list[pb.CreateMemoryResponse] = []
+        held = threading.Thread(target=eng.writer.submit, args=(hold, lambda r: r))
+        held.start()
+        assert holding.wait(10)
+        threads = []
+        for i, vec in enumerate([w, w + 0.01 * rng.normal(size=8)]):
+            req = pb.CreateMemoryRequest(memory=mem(f"queued {i}", vec), dedup_similarity=0.99)
+            threads.append(threading.Thread(target=lambda r=req: out.append(c.stub.CreateMemory(r))))
+            threads[-1].start()
+            while eng.writer._queue.qsize() < i + 1:
+                time.sleep(0.001)
+        groups = eng.writer.groups_committed
+        gate.set()
+        for t in [held, *threads]:
+            t.join(10)
+        assert eng.writer.groups_committed == groups + 2  # the held write, then both creates together
+        assert sorted(r.deduplicated for r in out) == [False, True]
+        assert out[0].memory.id == out[1].memory.id
+        assert c.stats("ns").memory_count == 4
 
 
 def test_near_duplicates_by_similarity(server_factory: Callable[..., RunningServer]) -> None:
