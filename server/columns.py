@@ -129,6 +129,7 @@ class Columns:
         self._meta_arrays: dict[str, tuple[int, MetadataArrays]] = {}
         self._row_meta: dict[int, dict[str, Any]] = {}
         self.max_importance = 0.0  # the highest importance any row has had (never lowered): a bound
+        self.changes = 0  # rows refreshed by ``set`` so far (search.PriorBounds: how stale its bounds are)
         self.earliest_expire = np.inf  # no row expires before this (never raised): expiry checks skip
 
     def _make_view(self) -> ColumnsView:
@@ -228,6 +229,7 @@ class Columns:
         if rec.expire_at is not None and rec.expire_at < self.earliest_expire:
             self.earliest_expire = float(rec.expire_at)
         gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
+        self.changes += 1
 
     # -- snapshots (writer thread: nothing changes while the state is copied) --------------------
     def state(self) -> dict[str, Any]:

@@ -110,14 +110,20 @@ class PriorBounds:
     long as the row does not change; a row that changes moves its generation (``gen`` column) and
     falls back to the trivial bound (see ``kernels.prior_bounds``). Computing the exact priors of
     every row costs two exponentials per row; these bounds cost one cached pass, redone when they
-    are older than ``MAX_AGE`` seconds (they loosen as time passes) or the rows grew by a tenth.
+    are older than ``MAX_AGE`` seconds (they loosen as time passes), the rows grew by a tenth, or
+    more than max(MIN_STALE, STALE_SHARE of the rows) rows changed since (each changed row is
+    bounded trivially, and a burst of changes such as a consolidation pass's tier moves would
+    otherwise leave tens of thousands of rows to score until the next refresh).
     """
 
     MAX_AGE = 30.0
+    MIN_STALE = 1024
+    STALE_SHARE = 0.01
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._cached: tuple[float, float, int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._changes = 0  # engine.columns.changes when the cached bounds were computed
         self._lock = threading.Lock()
 
     def get(self, view: ColumnsView, now: float, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,7 +132,13 @@ class PriorBounds:
         c = self._cached
         version = eng.config_version
         valid = c is not None and c[0] <= now and c[1] == tau and c[2] == version
-        if valid and c is not None and now - c[0] <= self.MAX_AGE and view.n <= 1.1 * c[3].shape[0] + 1024:
+        fresh = (
+            c is not None
+            and now - c[0] <= self.MAX_AGE
+            and view.n <= 1.1 * c[3].shape[0] + 1024
+            and eng.columns.changes - self._changes <= max(self.MIN_STALE, self.STALE_SHARE * view.n)
+        )
+        if valid and fresh and c is not None:
             return self._fit(c, view)
         cacheable = tau == eng.config.recency_tau_seconds
         if not cacheable or not self._lock.acquire(blocking=False):
@@ -134,8 +146,10 @@ class PriorBounds:
                 return self._fit(c, view)  # another search is refreshing them
             return self._compute(view, now, tau)
         try:
+            changes = eng.columns.changes  # before the generations are copied: never undercounts
             gen0, rec, imp = self._compute(view, now, tau)
             self._cached = (now, tau, version, gen0, rec, imp)
+            self._changes = changes
             return gen0, rec, imp
         finally:
             self._lock.release()

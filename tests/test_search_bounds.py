@@ -611,6 +611,39 @@ def test_changed_after_cache_still_found(world: World, monkeypatch: pytest.Monke
     assert len(lifted) >= 10 and len(via_bounds) >= 5 and fresh, (len(lifted), len(via_bounds), len(fresh))
 
 
+def test_many_changed_rows_refresh_the_bounds(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once more than max(MIN_STALE, STALE_SHARE of the rows) rows changed since the bounds were
+    cached, the next search computes them again (changed rows are then bounded by their new values,
+    not trivially), well within MAX_AGE; up to that many, the cache stays. The top 10 stays exact."""
+    w = world
+    priors = w.eng.searcher.priors
+    monkeypatch.setattr(priors, "MIN_STALE", 12)
+    monkeypatch.setattr(priors, "STALE_SHARE", 0.0)
+    check_queries(w, lambda i: query(w, i), n=3, min_bounded=0.5)
+    cached = priors._cached
+    assert cached is not None
+    snap = snapshot(w)
+    changed = list(range(0, 13 * 7, 7))  # 13 rows of the snapshot
+
+    def change(j: int) -> None:
+        k = snap.keys[j]
+        w.eng.update(k[0], k[1], NewMemory(namespace=k[0], content="", importance=1.0), ["importance"])
+
+    for j in changed[:12]:
+        change(j)
+    assert w.eng.columns.changes - priors._changes == 12
+    w.clock.advance(1.0)
+    computed = w.calls["compute"]
+    check_queries(w, lambda i: query(w, i), n=3)
+    assert w.calls["compute"] == computed and priors._cached is cached  # 12 changed: not past 12
+    change(changed[12])
+    check_queries(w, lambda i: query(w, i), n=3)
+    assert w.calls["compute"] == computed + 1 and priors._cached is not cached
+    gen0, view = priors._cached[3], w.eng.columns.view()
+    rows = [w.eng.columns.rows[snap.records[j].rid] for j in changed]
+    assert all(gen0[r] == view.gen[r] for r in rows)  # bounded by their new values
+
+
 # --------------------------------------------------------------------------------------------
 # d. custom tau, as_of before the cache time
 # --------------------------------------------------------------------------------------------
