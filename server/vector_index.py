@@ -207,7 +207,7 @@ class VectorIndex:
         """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default ADD_CHUNK); at
         most ``limit`` of them when given. Returns how many were moved.
 
-        A snapshot holds the read lock while it serializes the index (0.1-1 s): asking for the
+        A snapshot holds the read lock while it writes the index out (~0.1 s at 100k x 384): asking for the
         write lock meanwhile would queue every new search behind the request (writers go first),
         so this waits for it to finish, or returns at once with ``yield_to_save`` (the indexer
         then serves other indexes)."""
@@ -489,19 +489,19 @@ class VectorIndex:
         with self._state:
             self._saving += 1
         try:
-            with self._lock.read():  # adds wait only for an in-memory copy, not for the disk
+            # Adds wait while FAISS writes the index into the page cache; the fsync comes after.
+            # Written straight to the file: at 100k x 384, 37-112 ms against 148-635 ms for
+            # serialize_index's in-memory copy, which also held the whole index a second time
+            # (172 MiB more anonymous memory until written).
+            with self._lock.read():
                 n = self.indexed  # pending entries are left out: start-up adds them again from LMDB
-                data = faiss.serialize_index(self.index)
+                faiss.write_index(self.index, str(index_path))
                 vks = self.vks[:n].copy()
         finally:
             with self._state:
                 self._saving -= 1
                 self._state.notify_all()
-        with open(index_path, "wb") as f:
-            f.write(data.data)  # serialize_index returns one contiguous uint8 array
-            f.flush()
-            os.fsync(f.fileno())
-        del data
+        _fsync(index_path)
         with open(vks_path, "wb") as f:
             np.save(f, vks)
             f.flush()
