@@ -686,6 +686,9 @@ class Engine:
                     if dup is not None:
                         _reinforce(dup, m, now, self.config.max_tags)
                         self.store.put(txn, dup)
+                        # An earlier item of this batch that was the same memory answers with its
+                        # state now too (its vector, if new, is still indexed from that item).
+                        out = [(dup if r.rid == dup.rid else r, v) for r, v in out]
                         out.append((dup, None))
                         continue
                 if m.id:
@@ -730,9 +733,8 @@ class Engine:
                 self.store.insert(txn, rec)
                 if m.embedding.shape[0]:
                     self.store.put_vector(txn, rid, m.embedding, new=True)
-                    if dedup_similarity is not None and not allow_duplicates:
-                        key = (m.namespace, m.embedding_model)
-                        self._group_vectors.setdefault(key, _GroupVectors()).add(rid, m.embedding)
+                    key = (m.namespace, m.embedding_model)
+                    self._group_vectors.setdefault(key, _GroupVectors()).add(rid, vk, m.embedding)
                 else:
                     self.store.mark_pending(txn, rid, True)
                 out.append((rec, m.embedding))
@@ -810,7 +812,7 @@ class Engine:
             return rec
         if min_similarity is None or m.embedding.shape[0] == 0:
             return None
-        best_rid, best = -1, -np.inf
+        best_rid, best_vk, best = -1, -1, -np.inf
         sp = self.spaces.get(m.embedding_model)
         nid = self.columns.namespaces.get(m.namespace)
         if sp is not None and nid >= 0:  # committed memories, through the indexes
@@ -820,16 +822,23 @@ class Engine:
                 rows, sims, _ = index.search(m.embedding, 1, allowed, self.config.hnsw_ef_search)
                 # A short filtered answer may miss a duplicate; that memory is then simply stored.
                 if rows.shape[0] and sims[0] > best:
-                    best_rid, best = int(view.rid[int(rows[0])]), float(sims[0])
+                    best_rid, best_vk, best = (
+                        int(view.rid[int(rows[0])]),
+                        int(view.vk[int(rows[0])]),
+                        float(sims[0]),
+                    )
         found = None if best_rid < 0 or best < min_similarity else self.store.get(txn, best_rid)
-        if found is not None and self.expired(found):
-            found = None
+        if found is not None and (found.vk != best_vk or self.expired(found)):
+            found = None  # (its vector, model or tier changed earlier in this group: not compared)
         # Memories created earlier in this commit group (this batch or another write queued with
         # it): not in the indexes yet. Those a failed write rolled back are gone from the txn.
         group = self._group_vectors.get((m.namespace, m.embedding_model))
-        for rid in group.similar(m.embedding, best if found is not None else min_similarity) if group else []:
+        for rid, vk in (
+            group.similar(m.embedding, best if found is not None else min_similarity) if group else []
+        ):
             rec = self.store.get(txn, rid)
-            if rec is not None and not self.expired(rec):
+            # (vk moves when a later write of the group changed its vector or model)
+            if rec is not None and rec.vk == vk and not self.expired(rec):
                 return rec
         return found
 
@@ -1069,7 +1078,13 @@ class Engine:
                             break
                         rids.append(v)
             recs = [r for r in (self.store.get(txn, int.from_bytes(v, "big")) for v in rids) if r is not None]
-            for ns in sorted({namespace, *(r.namespace for r in recs)}):
+            # Every namespace it clears, including children with no memories (their graph facts go).
+            children = [
+                n
+                for n in self.store.namespace_configs(txn)
+                if include_children and n.startswith(namespace + "/")
+            ]
+            for ns in sorted({namespace, *children, *(r.namespace for r in recs)}):
                 self._check_protected(ns, confirm, "clearing the namespace", txn)
             for rec in recs:
                 self.store.delete(txn, rec)
@@ -2004,28 +2019,35 @@ def _lock_data_dir(data: Path) -> Any:
 
 
 class _GroupVectors:
-    """Unit vectors (and record ids) of memories created in the commit group being written."""
+    """Unit vectors (with record ids and vector keys) of memories created in the commit group being
+    written, for similarity deduplication before they reach the indexes. At most ``LIMIT`` per
+    namespace and model: each lookup compares against all of them (4,096 x 384: ~1 ms)."""
+
+    LIMIT = 4096
 
     def __init__(self) -> None:
-        self.rids: list[int] = []
+        self.keys: list[tuple[int, int]] = []
         self._vecs = np.empty((8, 0), np.float32)
 
-    def add(self, rid: int, vec: np.ndarray) -> None:
-        n = len(self.rids)
+    def add(self, rid: int, vk: int, vec: np.ndarray) -> None:
+        n = len(self.keys)
+        if n >= self.LIMIT:
+            return
         if n == 0:  # (one model, one dimension: checked before)
             self._vecs = np.empty((8, vec.shape[0]), np.float32)
         elif n == self._vecs.shape[0]:
             self._vecs = np.concatenate([self._vecs, np.empty_like(self._vecs)])
         norm = float(np.linalg.norm(vec))
         self._vecs[n] = vec / norm if norm > 0 else vec
-        self.rids.append(rid)
+        self.keys.append((rid, vk))
 
-    def similar(self, vec: np.ndarray, at_least: float) -> list[int]:
-        """Record ids of the vectors at least ``at_least`` similar to ``vec`` (cosine), most similar first."""
-        n = len(self.rids)
+    def similar(self, vec: np.ndarray, at_least: float) -> list[tuple[int, int]]:
+        """(rid, vk) of the vectors at least ``at_least`` similar to ``vec`` (cosine), most similar first."""
+        n = len(self.keys)
         if n == 0 or self._vecs.shape[1] != vec.shape[0]:
             return []
         norm = float(np.linalg.norm(vec))
         sims = self._vecs[:n] @ (vec / norm if norm > 0 else vec).astype(np.float32)
-        order = np.argsort(-sims, kind="stable")
-        return [self.rids[i] for i in order.tolist() if sims[i] >= at_least]
+        hits = np.flatnonzero(sims >= at_least)
+        order = hits[np.argsort(-sims[hits], kind="stable")]
+        return [self.keys[i] for i in order.tolist()]

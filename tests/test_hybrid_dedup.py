@@ -219,6 +219,7 @@ def test_near_duplicates_in_one_batch_and_one_commit_group(
     write committed in the same group (not in any index yet), reinforces it; an unrelated memory,
     another namespace or another model does not."""
     import threading
+    from typing import Any
 
     running = server_factory()
     rng = np.random.default_rng(11)
@@ -257,38 +258,66 @@ def test_near_duplicates_in_one_batch_and_one_commit_group(
         assert c.stats("ns").memory_count == 3  # original, unrelated, the other model's
         got = c.get("ns", ids[0])
         assert got.access_count == 2 and got.importance == pytest.approx(0.7)
+        # Every item that is this memory answers with its final state, the first one too.
+        for i in (0, 2, 5):
+            assert batch.memories[i].SerializeToString(deterministic=True) == got.SerializeToString(
+                deterministic=True
+            ), i
         # The reinforced importance is what searches rank by, too.
         hit = c.search("ns", list(v), embedding_model="m8", limit=1, read_only=True)[0]
         assert hit.memory.id == ids[0] and hit.importance == pytest.approx(0.7, rel=1e-3)
 
-        # Two single creates queued behind a held write commit in one group: the second finds the first.
+        # Calls queued behind a held write commit in one group, in order.
         eng = running.engine
-        gate, holding = threading.Event(), threading.Event()
 
-        def hold(txn: object) -> None:
-            holding.set()
-            gate.wait(10)
+        def one_group(calls: list[Callable[[], Any]]) -> list[Any]:
+            gate, holding = threading.Event(), threading.Event()
 
+            def hold(txn: object) -> None:
+                holding.set()
+                gate.wait(10)
+
+            out: list[Any] = [None] * len(calls)
+            held = threading.Thread(target=eng.writer.submit, args=(hold, lambda r: r))
+            held.start()
+            threads = []
+            try:
+                assert holding.wait(10)
+                for i, call in enumerate(calls):
+                    threads.append(threading.Thread(target=lambda i=i, call=call: out.__setitem__(i, call())))
+                    threads[-1].start()
+                    deadline = time.monotonic() + 10
+                    while eng.writer._queue.qsize() < i + 1 and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                    assert eng.writer._queue.qsize() == i + 1
+                groups = eng.writer.groups_committed
+            finally:
+                gate.set()
+                for t in [held, *threads]:
+                    t.join(10)
+            assert eng.writer.groups_committed == groups + 2  # the held write, then the calls together
+            return out
+
+        def create(content: str, vec: np.ndarray) -> Callable[[], pb.CreateMemoryResponse]:
+            req = pb.CreateMemoryRequest(memory=mem(content, vec), dedup_similarity=0.99)
+            return lambda: c.stub.CreateMemory(req)
+
+        # The second of two creates in one group finds the first.
         w = rng.normal(size=8)
-        out: list[pb.CreateMemoryResponse] = []
-        held = threading.Thread(target=eng.writer.submit, args=(hold, lambda r: r))
-        held.start()
-        assert holding.wait(10)
-        threads = []
-        for i, vec in enumerate([w, w + 0.01 * rng.normal(size=8)]):
-            req = pb.CreateMemoryRequest(memory=mem(f"queued {i}", vec), dedup_similarity=0.99)
-            threads.append(threading.Thread(target=lambda r=req: out.append(c.stub.CreateMemory(r))))
-            threads[-1].start()
-            while eng.writer._queue.qsize() < i + 1:
-                time.sleep(0.001)
-        groups = eng.writer.groups_committed
-        gate.set()
-        for t in [held, *threads]:
-            t.join(10)
-        assert eng.writer.groups_committed == groups + 2  # the held write, then both creates together
-        assert sorted(r.deduplicated for r in out) == [False, True]
+        out = one_group([create("queued 0", w), create("queued 1", w + 0.01 * rng.normal(size=8))])
+        assert [r.deduplicated for r in out] == [False, True]
         assert out[0].memory.id == out[1].memory.id
         assert c.stats("ns").memory_count == 4
+        # A memory whose vector an update in the same group changed is no longer a near copy.
+        u = rng.normal(size=8)
+        first = c.create("ns", "to be changed", embedding=u, embedding_model="m8")
+        out = one_group(
+            [
+                lambda: c.update("ns", first.id, embedding=list(rng.normal(size=8)), embedding_model="m8"),
+                create("near the old vector", u + 0.01 * rng.normal(size=8)),
+            ]
+        )
+        assert not out[1].deduplicated and out[1].memory.id != first.id
 
 
 def test_near_duplicates_by_similarity(server_factory: Callable[..., RunningServer]) -> None:

@@ -494,6 +494,21 @@ def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
         got = _queued_behind_a_held_write(eng, confirmed)
         assert got[1].importance == pytest.approx(0.9) and got[2] is None
         assert sorted(r.id for r in eng.list_memories(vault, 100, "", Filter())[0]) == ["a", "c", "d"]
+
+        # A child with no memories, only graph facts, protected just ahead of a clear of its parent.
+        empty = "user:a/facts"
+        eng.update_namespace_config(vault, False, {}, ["protected"], confirm=True)
+        eng.graph.upsert_node(empty, {"id": "ana", "label": "person"})
+        got = _queued_behind_a_held_write(
+            eng,
+            [
+                lambda: eng.update_namespace_config(empty, True, {}, ["protected"]),
+                lambda: eng.delete_namespace("user:a", include_children=True, confirm=False),
+            ],
+        )
+        assert isinstance(got[1], FailedPrecondition) and got[1].reason == "NAMESPACE_PROTECTED"
+        with eng.store.read() as txn:
+            assert [item[0] for item in eng.store.graph_items(txn, [empty.encode() + b"\x00"])] == ["node"]
     finally:
         eng.close()
 

@@ -842,3 +842,51 @@ def test_a_filtered_search_for_many_scans_exactly_below_its_share_of_allowed_ent
     assert live.size > VectorIndex.EXACT_PER_K * 5
     idx.search(query, 5, allowed, 64)
     assert calls == ["_hnsw"]
+
+
+_SHORT_WRITE_PROBE = """
+import resource, signal, sys
+from pathlib import Path
+import numpy as np
+from tiermem.server.vector_index import VectorIndex
+
+base = Path(sys.argv[1]) / "snap"
+rng = np.random.default_rng(9)
+idx = VectorIndex(32, m=8, ef_construction=32)
+first = rng.standard_normal((200, 32)).astype(np.float32)
+idx.add(first / np.linalg.norm(first, axis=1, keepdims=True), np.arange(200), np.arange(200) + 1000)
+idx.flush(chunk=1000)
+idx.save(base, "m", "i")  # the snapshot a failed save must leave in place
+more = rng.standard_normal((300, 32)).astype(np.float32)
+idx.add(more / np.linalg.norm(more, axis=1, keepdims=True), np.arange(200, 500), np.arange(200, 500) + 1000)
+idx.flush(chunk=1000)
+import faiss
+size = len(faiss.serialize_index(idx.index))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (size - 100, hard))  # only the last bytes fail
+try:
+    idx.save(base, "m", "i")
+    print("saved")
+except OSError as e:
+    print("failed", e.errno)
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+loaded = VectorIndex.load(base, "m", 32, 32, "i")
+print("loaded", None if loaded is None else loaded[0].n)
+"""
+
+
+def test_a_snapshot_whose_last_bytes_cannot_be_written_fails_and_keeps_the_previous(tmp_path: Path) -> None:
+    """A save whose final bytes fail to reach the file (here: a file-size limit just under the
+    index's size) raises, and the previous snapshot stays the one that loads; it never publishes
+    a short file (FAISS's own file writer ignores a failed flush at close)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _SHORT_WRITE_PROBE, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0].startswith("failed"), out.stdout
+    assert lines[1] == "loaded 200", out.stdout
