@@ -171,6 +171,11 @@ class Columns:
         a["alive"][row] = False
         return row
 
+    def relocate(self, rows: np.ndarray, vpos: np.ndarray) -> None:
+        """New vector locations of live rows (their index was compacted)."""
+        self._arrays["vpos"][rows] = vpos
+        self._view = self._make_view()
+
     def activate(self, rows: np.ndarray, vpos: np.ndarray) -> None:
         """Set the vector locations of new rows, then publish them to readers."""
         self._arrays["vpos"][rows] = vpos

@@ -1094,6 +1094,8 @@ class Engine:
             return recs
 
         deleted: int = self.writer.submit(prepare, self._unindex)
+        if deleted:
+            self.compact_indexes()
         return deleted
 
     def _unindex(self, recs: list[Record]) -> int:
@@ -1824,10 +1826,45 @@ class Engine:
             )
             for lo in range(0, len(items), 256):
                 report["skipped"] += self._apply_moves(items[lo : lo + 256], now)
+            self.compact_indexes()
             report["apply_seconds"] = time.perf_counter() - t1
             indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
             report["max_pause_seconds"] = max([idx.max_pause_seconds for idx in indexes], default=0.0)
             return report
+
+    # An index at least COMPACT_MIN_ENTRIES large, with at least COMPACT_DEAD_SHARE of its entries
+    # dead and at most COMPACT_MAX_LIVE live, is compacted after a lifecycle pass or a namespace
+    # clear (its live vectors re-enter an empty index; start-up rebuilds any with > 25% dead).
+    COMPACT_MIN_ENTRIES = 4096
+    COMPACT_DEAD_SHARE = 0.75
+    COMPACT_MAX_LIVE = VectorIndex.MAX_PENDING
+
+    def compact_indexes(self) -> int:
+        """Compact the indexes that are mostly tombstones (see the COMPACT_* settings), in the
+        writer thread; returns how many entries were dropped."""
+
+        def run() -> int:
+            dropped = 0
+            for sp in list(self.spaces.values()):
+                for tier, idx in list(sp.indexes.items()):
+                    _, _, live = idx.counts()
+                    if (
+                        idx.n < self.COMPACT_MIN_ENTRIES
+                        or idx.n - live < self.COMPACT_DEAD_SHARE * idx.n
+                        or live > self.COMPACT_MAX_LIVE
+                    ):
+                        continue
+
+                    def relocate(rows: np.ndarray, ids: np.ndarray, sp: Space = sp, tier: int = tier) -> None:
+                        self.columns.relocate(rows, _loc(sp.id, tier, ids))
+
+                    n = idx.n
+                    gone = idx.compact(relocate)
+                    logger.info("compacted index %s/%d: %d of %d entries were dead", sp.model, tier, gone, n)
+                    dropped += gone
+            return dropped
+
+        return int(self.writer.barrier(run))
 
     def _apply_moves(self, items: list[tuple[int, int, int, int]], now: float) -> int:
         """Commit one chunk of planned moves; returns how many were skipped (memory changed meanwhile)."""

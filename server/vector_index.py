@@ -32,6 +32,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -551,6 +552,50 @@ class VectorIndex:
         idx = cls(dim, index=index)
         idx.vks[: index.ntotal] = vks
         return idx, vks
+
+    def compact(self, relocate: Callable[[np.ndarray, np.ndarray], None]) -> int:
+        """Drop the dead entries (writer thread: nothing else adds or kills meanwhile). The live
+        ones become entries 0..L-1 of an empty HNSW index, pending (searched exactly; the indexer
+        moves them in as a backlog later writes do not wait for). ``relocate(rows, ids)`` is
+        called under the write lock, so the caller can point those column rows at their new ids
+        before any search reads either. Returns how many entries were dropped.
+
+        Tombstones free nothing in FAISS: without this, an index most of whose memories moved to
+        another tier holds all their vectors and links until a restart rebuilds it."""
+        with self._flush_lock:  # no move into HNSW meanwhile: the numbering stays put
+            with self._state:
+                n = self.n
+                live = np.flatnonzero(self.slots[:n] >= 0)
+            rows, vks = self.slots[live].copy(), self.vks[live].copy()
+            vectors = self.vectors(live)
+            m = int(self.index.hnsw.nb_neighbors(1))  # (level 0 has twice as many)
+            fresh: Any = faiss.IndexHNSWFlat(self.dim, m, faiss.METRIC_INNER_PRODUCT)
+            fresh.hnsw.efConstruction = self.index.hnsw.efConstruction
+            count = live.shape[0]
+            cap = max(16, count)
+            with self._lock.write():
+                with self._state:
+                    self.index = fresh
+                    self._storage = faiss.downcast_index(fresh.storage)
+                    self._params = {}
+                    self.slots = np.full(cap, -1, np.int64)
+                    self.vks = np.zeros(cap, np.int64)
+                    self.live_bits = np.zeros((cap + 7) // 8, np.uint8)
+                    self.slots[:count] = rows
+                    self.vks[:count] = vks
+                    self._set_bits(np.arange(count), True)
+                    self._pbuf, self._pbase = vectors, 0
+                    self.n, self.indexed, self.dead = count, 0, 0
+                    self._backlog = count
+                    self.damaged = False
+                    self._state.notify_all()
+                relocate(rows, np.arange(count, dtype=np.int64))
+        if count:
+            if self.indexer is not None and self.indexer.running:
+                self.indexer.notify(self)
+            else:
+                self.flush()
+        return n - count
 
     def revive(self, internal_ids: np.ndarray, slots: np.ndarray) -> None:
         """Mark snapshot entries live again for the given column rows (start-up only)."""

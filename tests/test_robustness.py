@@ -1069,3 +1069,88 @@ def test_start_up_objects_are_frozen_out_of_full_collections_and_new_garbage_is_
     assert int(tracked) > 10_000 and int(frozen) > int(tracked) * 0.9
     assert int(left) < int(frozen) // 20
     assert freed == "True"
+
+
+def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a namespace clear leaves an index mostly tombstones, its live vectors move into an
+    empty index (the dead ones' memory is freed at once, not at the next start-up); searches
+    running meanwhile never fail and, like those after it and after a restart, return the exact
+    top k of what is left."""
+    from tiermem.server import convert
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.engine import Engine
+    from tiermem.server.search import SIMILARITY, SearchQuery
+    from tiermem.v1 import memory_pb2 as pb
+
+    monkeypatch.setattr(Engine, "COMPACT_MIN_ENTRIES", 64)
+    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)  # the graph, not a scan
+    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
+    )
+    rng = np.random.default_rng(21)
+    vecs = _unit(rng, 400, 16)
+    eng = Engine(cfg)
+    keep = list(range(0, 400, 10))  # 40 kept, 360 cleared
+
+    def new(i: int) -> Any:
+        ns = "keep" if i in keep else "gone"
+        m = pb.Memory(namespace=ns, id=f"m{i}", content=f"memory {i}", embedding=vecs[i].tolist(), tier=3)
+        m.embedding_model = "m16"
+        return convert.new_memory_from_pb(m, "memory.")
+
+    def top(engine: Engine, q: np.ndarray) -> list[str]:
+        hits = engine.search(
+            SearchQuery(
+                ["keep"], embedding=q, embedding_model="m16", limit=5, strategy=SIMILARITY, read_only=True
+            )
+        )
+        return [h.record.id for h in hits]
+
+    def exact(q: np.ndarray) -> list[str]:
+        sims = vecs[keep] @ q
+        return [f"m{keep[j]}" for j in np.argsort(-sims, kind="stable")[:5]]
+
+    queries = _unit(rng, 20, 16)
+    try:
+        eng.create([new(i) for i in range(400)], batch=True)
+        idx = eng.spaces["m16"].indexes[3]
+        assert idx.n == 400
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def search_loop() -> None:
+            while not stop.is_set():
+                for q in queries:
+                    try:
+                        got = top(eng, q)
+                        assert all(int(x[1:]) in keep for x in got), got
+                    except BaseException as e:  # reported below
+                        errors.append(e)
+                        return
+
+        t = threading.Thread(target=search_loop)
+        t.start()
+        try:
+            assert eng.delete_namespace("gone") == 360
+        finally:
+            stop.set()
+            t.join(30)
+        assert not errors, errors[0]
+        assert idx.n == 40 and idx.dead == 0 and idx.counts()[2] == 40
+        deadline = time.monotonic() + 30
+        while idx.pending and time.monotonic() < deadline:  # the indexer moves them into HNSW
+            time.sleep(0.01)
+        assert idx.pending == 0
+        for q in queries:
+            assert top(eng, q) == exact(q)
+    finally:
+        eng.close()
+    eng = Engine(cfg)
+    try:
+        for q in queries:
+            assert top(eng, q) == exact(q)
+    finally:
+        eng.close()
