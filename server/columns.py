@@ -172,9 +172,9 @@ class Columns:
         return row
 
     def relocate(self, rows: np.ndarray, vpos: np.ndarray) -> None:
-        """New vector locations of live rows (their index was compacted)."""
+        """New vector locations of rows (their index was compacted, or -1: their entry is gone).
+        Views share the array: readers see the change at once."""
         self._arrays["vpos"][rows] = vpos
-        self._view = self._make_view()
 
     def activate(self, rows: np.ndarray, vpos: np.ndarray) -> None:
         """Set the vector locations of new rows, then publish them to readers."""

@@ -1106,6 +1106,9 @@ class Engine:
             if loc >= 0:  # (a memory still waiting for its embedding has no index entry)
                 sp = self._space_by_id[loc >> SPACE_SHIFT]
                 sp.indexes[(loc >> TIER_SHIFT) & 0xF].kill([loc & INTERNAL_MASK])
+                # A search whose mask still holds the row then drops it (``_in_space``) instead of
+                # reading an internal id a compaction may since have given to another entry.
+                self.columns.relocate(np.array([row], np.int64), np.array([-1], np.int64))
         return len(recs)
 
     # -- feedback -------------------------------------------------------------------------------
@@ -1864,7 +1867,11 @@ class Engine:
                     dropped += gone
             return dropped
 
-        return int(self.writer.barrier(run))
+        try:
+            return int(self.writer.barrier(run))
+        except Exception:  # optional upkeep: the write that called it has committed already
+            logger.exception("compacting indexes failed")
+            return 0
 
     def _apply_moves(self, items: list[tuple[int, int, int, int]], now: float) -> int:
         """Commit one chunk of planned moves; returns how many were skipped (memory changed meanwhile)."""

@@ -573,17 +573,21 @@ class VectorIndex:
             fresh.hnsw.efConstruction = self.index.hnsw.efConstruction
             count = live.shape[0]
             cap = max(16, count)
+            # Everything allocated before the lock: under it, only assignments (no half-swapped
+            # index if memory runs out).
+            storage = faiss.downcast_index(fresh.storage)
+            slots = np.full(cap, -1, np.int64)
+            slots[:count] = rows
+            new_vks = np.zeros(cap, np.int64)
+            new_vks[:count] = vks
+            bits = np.zeros((cap + 7) // 8, np.uint8)
+            bits[: count >> 3] = 0xFF
+            if count & 7:
+                bits[count >> 3] = (1 << (count & 7)) - 1
             with self._lock.write():
                 with self._state:
-                    self.index = fresh
-                    self._storage = faiss.downcast_index(fresh.storage)
-                    self._params = {}
-                    self.slots = np.full(cap, -1, np.int64)
-                    self.vks = np.zeros(cap, np.int64)
-                    self.live_bits = np.zeros((cap + 7) // 8, np.uint8)
-                    self.slots[:count] = rows
-                    self.vks[:count] = vks
-                    self._set_bits(np.arange(count), True)
+                    self.index, self._storage, self._params = fresh, storage, {}
+                    self.slots, self.vks, self.live_bits = slots, new_vks, bits
                     self._pbuf, self._pbase = vectors, 0
                     self.n, self.indexed, self.dead = count, 0, 0
                     self._backlog = count

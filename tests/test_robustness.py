@@ -3,6 +3,7 @@ expiry, the maintenance sweep, write-group sizing and searches racing deletes an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -1075,9 +1076,9 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a namespace clear leaves an index mostly tombstones, its live vectors move into an
-    empty index (the dead ones' memory is freed at once, not at the next start-up); searches
-    running meanwhile never fail and, like those after it and after a restart, return the exact
-    top k of what is left."""
+    empty index (the dead ones' memory is freed at once, not at the next start-up). Searches
+    running meanwhile over both namespaces (their masks may still hold cleared rows) never fail;
+    after it, and after a restart, they return the exact top k of what is left."""
     from tiermem.server import convert
     from tiermem.server.config import ServerConfig
     from tiermem.server.engine import Engine
@@ -1088,23 +1089,27 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
     monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)  # the graph, not a scan
     monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
     cfg = ServerConfig(
-        data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
+        data_dir=tmp_path / "data",
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        exact_search_max_rows=0,
     )
     rng = np.random.default_rng(21)
     vecs = _unit(rng, 400, 16)
-    eng = Engine(cfg)
-    keep = list(range(0, 400, 10))  # 40 kept, 360 cleared
+    keep = list(range(0, 400, 10))  # 40 kept, 360 cleared (and created again, and cleared: 4 times)
 
-    def new(i: int) -> Any:
+    def new(i: int, rnd: int) -> Any:
         ns = "keep" if i in keep else "gone"
-        m = pb.Memory(namespace=ns, id=f"m{i}", content=f"memory {i}", embedding=vecs[i].tolist(), tier=3)
+        m = pb.Memory(
+            namespace=ns, id=f"m{i}", content=f"memory {i} {rnd}", embedding=vecs[i].tolist(), tier=3
+        )
         m.embedding_model = "m16"
         return convert.new_memory_from_pb(m, "memory.")
 
-    def top(engine: Engine, q: np.ndarray) -> list[str]:
+    def top(engine: Engine, q: np.ndarray, namespaces: list[str]) -> list[str]:
         hits = engine.search(
             SearchQuery(
-                ["keep"], embedding=q, embedding_model="m16", limit=5, strategy=SIMILARITY, read_only=True
+                namespaces, embedding=q, embedding_model="m16", limit=5, strategy=SIMILARITY, read_only=True
             )
         )
         return [h.record.id for h in hits]
@@ -1114,19 +1119,48 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
         return [f"m{keep[j]}" for j in np.argsort(-sims, kind="stable")[:5]]
 
     queries = _unit(rng, 20, 16)
+    eng = Engine(cfg)
     try:
-        eng.create([new(i) for i in range(400)], batch=True)
+        eng.create([new(i, 0) for i in keep], batch=True)
         idx = eng.spaces["m16"].indexes[3]
-        assert idx.n == 400
+
+        # A search that built its mask before the clear and ranks after the compaction.
+        eng.create([new(i, 0) for i in range(400) if i not in keep], batch=True)
+        paused, resume = threading.Event(), threading.Event()
+        orig_mask = eng.mask
+
+        def mask_then_wait(*a: Any, **kw: Any) -> Any:
+            out = orig_mask(*a, **kw)
+            paused.set()
+            assert resume.wait(10)
+            return out
+
+        monkeypatch.setattr(eng, "mask", mask_then_wait)
+        # Scored exactly: every row of the (stale) mask has its vector location read.
+        monkeypatch.setattr(eng, "config", dataclasses.replace(cfg, exact_search_max_rows=1000))
+        late: list[Any] = []
+        t = threading.Thread(
+            target=lambda: late.append(_call(lambda: top(eng, queries[0], ["keep", "gone"])))
+        )
+        t.start()
+        assert paused.wait(10)
+        assert eng.delete_namespace("gone") == 360 and idx.n == 40
+        resume.set()
+        t.join(10)
+        monkeypatch.setattr(eng, "mask", orig_mask)
+        monkeypatch.setattr(eng, "config", cfg)
+        assert late == [exact(queries[0])], late  # the cleared rows dropped, not misread
         errors: list[BaseException] = []
+        searched = [0]
         stop = threading.Event()
 
         def search_loop() -> None:
             while not stop.is_set():
                 for q in queries:
                     try:
-                        got = top(eng, q)
-                        assert all(int(x[1:]) in keep for x in got), got
+                        got = top(eng, q, ["keep", "gone"])
+                        assert len(got) == len(set(got)) <= 5, got  # (fewer: hits deleted while it ran)
+                        searched[0] += 1
                     except BaseException as e:  # reported below
                         errors.append(e)
                         return
@@ -1134,23 +1168,35 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
         t = threading.Thread(target=search_loop)
         t.start()
         try:
-            assert eng.delete_namespace("gone") == 360
+            for rnd in range(1, 5):
+                eng.create([new(i, rnd) for i in range(400) if i not in keep], batch=True)
+                assert idx.n == 400
+                assert eng.delete_namespace("gone") == 360
+                assert idx.n == 40 and idx.dead == 0 and idx.counts()[2] == 40  # compacted
         finally:
             stop.set()
             t.join(30)
         assert not errors, errors[0]
-        assert idx.n == 40 and idx.dead == 0 and idx.counts()[2] == 40
+        assert searched[0] > 0
         deadline = time.monotonic() + 30
         while idx.pending and time.monotonic() < deadline:  # the indexer moves them into HNSW
             time.sleep(0.01)
-        assert idx.pending == 0
+        assert idx.pending == 0 and idx.indexed == 40
         for q in queries:
-            assert top(eng, q) == exact(q)
+            assert top(eng, q, ["keep", "gone"]) == exact(q)
     finally:
         eng.close()
     eng = Engine(cfg)
     try:
         for q in queries:
-            assert top(eng, q) == exact(q)
+            assert top(eng, q, ["keep"]) == exact(q)
     finally:
         eng.close()
+
+
+def _call(fn: Callable[[], Any]) -> Any:
+    """fn's result, or the exception it raised."""
+    try:
+        return fn()
+    except Exception as e:
+        return e
