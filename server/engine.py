@@ -1100,15 +1100,18 @@ class Engine:
 
     def _unindex(self, recs: list[Record]) -> int:
         """Writer thread: hide rows first, then tombstone their HNSW entries."""
+        gone = []
         for rec in recs:
             row = self.columns.remove(rec.rid, rec.namespace)
             loc = int(self.columns.view().vpos[row])
             if loc >= 0:  # (a memory still waiting for its embedding has no index entry)
                 sp = self._space_by_id[loc >> SPACE_SHIFT]
                 sp.indexes[(loc >> TIER_SHIFT) & 0xF].kill([loc & INTERNAL_MASK])
-                # A search whose mask still holds the row then drops it (``_in_space``) instead of
-                # reading an internal id a compaction may since have given to another entry.
-                self.columns.relocate(np.array([row], np.int64), np.array([-1], np.int64))
+                gone.append(row)
+        if gone:
+            # A search whose mask still holds such a row then drops it (``_in_space``) instead of
+            # reading an internal id a later compaction may have given to another entry.
+            self.columns.relocate(np.array(gone, np.int64), np.full(len(gone), -1, np.int64))
         return len(recs)
 
     # -- feedback -------------------------------------------------------------------------------
@@ -1813,6 +1816,8 @@ class Engine:
                 if rec is not None
             ]
             if dry_run or plan.rows.shape[0] == 0:
+                if not dry_run:
+                    self.compact_indexes()  # single deletes may have left an index mostly dead too
                 return report
             indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
             for idx in indexes:
