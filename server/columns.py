@@ -178,7 +178,7 @@ class Columns:
 
     def activate(self, rows: np.ndarray, vpos: np.ndarray) -> None:
         """Set the vector locations of new rows, then publish them to readers."""
-        self._arrays["vpos"][rows] = vpos
+        self.relocate(rows, vpos)
         self._arrays["alive"][rows] = True
         self._view = self._make_view()
 

@@ -1662,7 +1662,11 @@ class Engine:
             )
 
     def policy_for(self, namespace: str) -> Policy:
-        overrides = self.ns_config.get(namespace, {}).get("policy")
+        return self._policy_of(self.ns_config.get(namespace, {}))
+
+    def _policy_of(self, config: dict[str, Any]) -> Policy:
+        """The policy in effect under a namespace's stored settings."""
+        overrides = config.get("policy")
         return self.base_policy.with_overrides(overrides) if overrides else self.base_policy
 
     @property
@@ -1746,8 +1750,7 @@ class Engine:
             return cfg
 
         result = self.writer.submit(prepare, apply)
-        overrides = result.get("policy")
-        return dict(result), self.base_policy.with_overrides(overrides) if overrides else self.base_policy
+        return dict(result), self._policy_of(result)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def consolidate(
@@ -1815,30 +1818,33 @@ class Engine:
                 for i, rec in enumerate(listed)
                 if rec is not None
             ]
-            if dry_run or plan.rows.shape[0] == 0:
-                if not dry_run:
-                    self.compact_indexes()  # single deletes may have left an index mostly dead too
+            if dry_run:
                 return report
-            indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
-            for idx in indexes:
-                idx.max_pause_seconds = 0.0
-            t1 = time.perf_counter()
-            items = list(
-                zip(
-                    rids.tolist(),
-                    plan.from_tier.tolist(),
-                    plan.to_tier.tolist(),
-                    plan.reason.tolist(),
-                    strict=True,
-                )
-            )
-            for lo in range(0, len(items), 256):
-                report["skipped"] += self._apply_moves(items[lo : lo + 256], now)
-            self.compact_indexes()
-            report["apply_seconds"] = time.perf_counter() - t1
-            indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
-            report["max_pause_seconds"] = max([idx.max_pause_seconds for idx in indexes], default=0.0)
+            if plan.rows.shape[0]:
+                self._apply_plan(report, rids, plan, now)
+            self.compact_indexes()  # after the moves, or single deletes, left an index mostly dead
             return report
+
+    def _apply_plan(self, report: dict[str, Any], rids: np.ndarray, plan: Any, now: float) -> None:
+        """Apply a pass's moves through the writer, 256 a commit; fills in the report's timings."""
+        indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
+        for idx in indexes:
+            idx.max_pause_seconds = 0.0
+        t1 = time.perf_counter()
+        items = list(
+            zip(
+                rids.tolist(),
+                plan.from_tier.tolist(),
+                plan.to_tier.tolist(),
+                plan.reason.tolist(),
+                strict=True,
+            )
+        )
+        for lo in range(0, len(items), 256):
+            report["skipped"] += self._apply_moves(items[lo : lo + 256], now)
+        report["apply_seconds"] = time.perf_counter() - t1
+        indexes = [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
+        report["max_pause_seconds"] = max([idx.max_pause_seconds for idx in indexes], default=0.0)
 
     # An index at least COMPACT_MIN_ENTRIES large, with at least COMPACT_DEAD_SHARE of its entries
     # dead and at most COMPACT_MAX_LIVE live, is compacted after a lifecycle pass or a namespace
@@ -2093,7 +2099,7 @@ class _GroupVectors:
     def similar(self, vec: np.ndarray, at_least: float) -> list[tuple[int, int]]:
         """(rid, vk) of the vectors at least ``at_least`` similar to ``vec`` (cosine), most similar first."""
         n = len(self.keys)
-        if n == 0 or self._vecs.shape[1] != vec.shape[0]:
+        if n == 0:
             return []
         norm = float(np.linalg.norm(vec))
         sims = self._vecs[:n] @ (vec / norm if norm > 0 else vec).astype(np.float32)

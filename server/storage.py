@@ -337,14 +337,11 @@ class Store:
 
     # -- namespace settings and lifecycle counters ----------------------------------------------
     def namespace_configs(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
-        return {
-            k.decode(): msgpack.unpackb(v, raw=False, strict_map_key=False)
-            for k, v in self._prefixed(txn, _META_NSCONF)
-        }
+        return {k.decode(): _unpack_config(v) for k, v in self._prefixed(txn, _META_NSCONF)}
 
     def namespace_config(self, txn: lmdb.Transaction, namespace: str) -> dict[str, Any]:
         raw = txn.get(_META_NSCONF + namespace.encode(), db=self.meta)
-        return {} if raw is None else dict(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+        return {} if raw is None else _unpack_config(raw)
 
     def put_namespace_config(self, txn: lmdb.Transaction, namespace: str, config: dict[str, Any]) -> None:
         key = _META_NSCONF + namespace.encode()
@@ -363,19 +360,17 @@ class Store:
 
     def lifecycle_counter(self, txn: lmdb.Transaction, namespace: str, tier: int) -> list[int]:
         """[promotions, demotions, evictions, deleted] of one namespace and tier, ever."""
-        raw = txn.get(_META_LSTAT + namespace.encode() + b"\x00" + bytes([tier]), db=self.meta)
+        raw = txn.get(_lstat_key(namespace, tier), db=self.meta)
         return list(msgpack.unpackb(raw)) if raw else [0, 0, 0, 0]
 
     def put_lifecycle_counters(
         self, txn: lmdb.Transaction, namespace: str, tier: int, counts: list[int]
     ) -> None:
-        txn.put(
-            _META_LSTAT + namespace.encode() + b"\x00" + bytes([tier]), msgpack.packb(counts), db=self.meta
-        )
+        txn.put(_lstat_key(namespace, tier), msgpack.packb(counts), db=self.meta)
 
     def delete_lifecycle_counters(self, txn: lmdb.Transaction, namespace: str) -> None:
         for tier in range(5):
-            txn.delete(_META_LSTAT + namespace.encode() + b"\x00" + bytes([tier]), db=self.meta)
+            txn.delete(_lstat_key(namespace, tier), db=self.meta)
 
     def scope_state(self, txn: lmdb.Transaction, namespace: str) -> list[Any]:
         """[observation importance since the last reflection, tokens since the last summary, rid of
@@ -527,3 +522,11 @@ class Store:
 
 def _time_key(t: float) -> bytes:
     return _RID.pack(max(0, int(t * 1000)))
+
+
+def _unpack_config(raw: bytes | memoryview) -> dict[str, Any]:
+    return dict(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+
+
+def _lstat_key(namespace: str, tier: int) -> bytes:
+    return _META_LSTAT + namespace.encode() + b"\x00" + bytes([tier])

@@ -581,9 +581,8 @@ class VectorIndex:
             new_vks = np.zeros(cap, np.int64)
             new_vks[:count] = vks
             bits = np.zeros((cap + 7) // 8, np.uint8)
-            bits[: count >> 3] = 0xFF
-            if count & 7:
-                bits[count >> 3] = (1 << (count & 7)) - 1
+            packed = np.packbits(np.ones(count, np.bool_), bitorder="little")  # entries 0..count-1 live
+            bits[: packed.shape[0]] = packed
             with self._lock.write():
                 with self._state:
                     self.index, self._storage, self._params = fresh, storage, {}

@@ -174,3 +174,42 @@ def server_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     yield start
     for p in procs:
         p.close()
+
+
+def queued_behind_a_held_write(writer: Any, calls: list[Callable[[], Any]]) -> tuple[list[Any], int]:
+    """Run ``calls`` on threads while ``writer`` (a server.writer.Writer) is held inside another
+    write, each queued once the previous one is, so they enter one commit group in order. Returns
+    their results (or the exceptions they raised) and how many groups committed once released."""
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold(txn: Any) -> None:
+        holding.set()
+        gate.wait(10)
+
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as e:
+            results[i] = e
+
+    first = threading.Thread(target=writer.submit, args=(hold, lambda r: r))
+    first.start()
+    threads = []
+    groups = writer.groups_committed
+    try:
+        assert holding.wait(10)
+        for i in range(len(calls)):
+            threads.append(threading.Thread(target=run, args=(i,)))
+            threads[-1].start()
+            deadline = time.monotonic() + 10
+            while writer._queue.qsize() < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert writer._queue.qsize() == i + 1
+        groups = writer.groups_committed
+    finally:
+        gate.set()
+        for t in [first, *threads]:
+            t.join(10)
+    return results, writer.groups_committed - groups

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import FakeClock
+from conftest import FakeClock, queued_behind_a_held_write
 
 from tiermem.client import InvalidArgumentError, MemoryClient
 from tiermem.client.errors import from_rpc_error
@@ -218,7 +217,6 @@ def test_near_duplicates_in_one_batch_and_one_commit_group(
     """With dedup_similarity, a near copy of a memory created earlier in the same batch, or in a
     write committed in the same group (not in any index yet), reinforces it; an unrelated memory,
     another namespace or another model does not."""
-    import threading
     from typing import Any
 
     running = server_factory()
@@ -271,31 +269,8 @@ def test_near_duplicates_in_one_batch_and_one_commit_group(
         eng = running.engine
 
         def one_group(calls: list[Callable[[], Any]]) -> list[Any]:
-            gate, holding = threading.Event(), threading.Event()
-
-            def hold(txn: object) -> None:
-                holding.set()
-                gate.wait(10)
-
-            out: list[Any] = [None] * len(calls)
-            held = threading.Thread(target=eng.writer.submit, args=(hold, lambda r: r))
-            held.start()
-            threads = []
-            try:
-                assert holding.wait(10)
-                for i, call in enumerate(calls):
-                    threads.append(threading.Thread(target=lambda i=i, call=call: out.__setitem__(i, call())))
-                    threads[-1].start()
-                    deadline = time.monotonic() + 10
-                    while eng.writer._queue.qsize() < i + 1 and time.monotonic() < deadline:
-                        time.sleep(0.001)
-                    assert eng.writer._queue.qsize() == i + 1
-                groups = eng.writer.groups_committed
-            finally:
-                gate.set()
-                for t in [held, *threads]:
-                    t.join(10)
-            assert eng.writer.groups_committed == groups + 2  # the held write, then the calls together
+            out, groups = queued_behind_a_held_write(eng.writer, calls)
+            assert groups == 2  # the held write, then the calls together
             return out
 
         def create(content: str, vec: np.ndarray) -> Callable[[], pb.CreateMemoryResponse]:

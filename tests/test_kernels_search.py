@@ -412,19 +412,28 @@ def make_slots(n: int, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np
     return slots, allowed
 
 
+def slots_case(tag: str, n: int, m_kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Random slots for n entries and an ``allowed`` column of the given kind of length."""
+    m = {"empty": 0, "short": n // 2, "same": n, "long": 2 * n + 3}[m_kind]
+    return make_slots(n, m, rng_for(tag, n, m_kind))
+
+
+def assert_unchanged(slots: np.ndarray, allowed: np.ndarray, saved: tuple[np.ndarray, np.ndarray]) -> None:
+    np.testing.assert_array_equal(slots, saved[0])
+    np.testing.assert_array_equal(allowed, saved[1])
+
+
 @pytest.mark.parametrize("n", [*SIZES, 8, 9, 64, 1001])
 @pytest.mark.parametrize("m_kind", ["empty", "short", "same", "long"])
 def test_selection_bitmap_random(n, m_kind):
-    m = {"empty": 0, "short": n // 2, "same": n, "long": 2 * n + 3}[m_kind]
-    slots, allowed = make_slots(n, m, rng_for("bitmap", n, m_kind))
+    slots, allowed = slots_case("bitmap", n, m_kind)
     saved = slots.copy(), allowed.copy()
     bitmap, count = K.selection_bitmap(slots, allowed)
     e_bitmap, e_count = ref_selection_bitmap(slots, allowed)
     assert bitmap.dtype == np.uint8 and bitmap.shape == ((n + 7) // 8,)
     np.testing.assert_array_equal(bitmap, e_bitmap)
     assert isinstance(count, int) and count == e_count
-    np.testing.assert_array_equal(slots, saved[0])
-    np.testing.assert_array_equal(allowed, saved[1])
+    assert_unchanged(slots, allowed, saved)
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 17, 1000])
@@ -469,8 +478,7 @@ def ref_allowed_entries(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndar
 @pytest.mark.parametrize("n", [*SIZES, 9, 1001, 100_003])
 @pytest.mark.parametrize("m_kind", ["empty", "short", "same", "long"])
 def test_allowed_entries_random(n, m_kind):
-    m = {"empty": 0, "short": n // 2, "same": n, "long": 2 * n + 3}[m_kind]
-    slots, allowed = make_slots(n, m, rng_for("allowed-entries", n, m_kind))
+    slots, allowed = slots_case("allowed-entries", n, m_kind)
     saved = slots.copy(), allowed.copy()
     ids, rows = K.allowed_entries(slots, allowed)
     e_ids, e_rows = ref_allowed_entries(slots, allowed)
@@ -478,8 +486,7 @@ def test_allowed_entries_random(n, m_kind):
     np.testing.assert_array_equal(ids, e_ids)
     np.testing.assert_array_equal(rows, e_rows)
     assert ids.shape[0] == K.selection_bitmap(slots, allowed)[1]  # the same entries as the bitmap's
-    np.testing.assert_array_equal(slots, saved[0])
-    np.testing.assert_array_equal(allowed, saved[1])
+    assert_unchanged(slots, allowed, saved)
 
 
 def test_allowed_entries_hand_computed():

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FakeClock
+from conftest import FakeClock, queued_behind_a_held_write
 
 from tiermem.client import (
     AlreadyExistsError,
@@ -397,42 +397,6 @@ def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
         eng.close()
 
 
-def _queued_behind_a_held_write(eng: Any, calls: list[Callable[[], Any]]) -> list[Any]:
-    """Run ``calls`` on threads while the writer is held inside another write, each queued once
-    the previous one is (so they enter one commit group in order); returns results or errors."""
-    gate, holding = threading.Event(), threading.Event()
-
-    def hold(txn: Any) -> None:
-        holding.set()
-        gate.wait(10)
-
-    results: list[Any] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        try:
-            results[i] = calls[i]()
-        except Exception as e:
-            results[i] = e
-
-    first = threading.Thread(target=eng.writer.submit, args=(hold, lambda r: r))
-    first.start()
-    threads = []
-    try:
-        assert holding.wait(10)
-        for i in range(len(calls)):
-            threads.append(threading.Thread(target=run, args=(i,)))
-            threads[-1].start()
-            deadline = time.monotonic() + 10
-            while eng.writer._queue.qsize() < i + 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            assert eng.writer._queue.qsize() == i + 1
-    finally:
-        gate.set()
-        for t in [first, *threads]:
-            t.join(10)
-    return results
-
-
 def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
     """Protection is checked again in the write's own transaction: writes that passed the check on
     arrival while the protection was still queued ahead of them fail with NAMESPACE_PROTECTED and
@@ -475,7 +439,7 @@ def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
             lambda: eng.delete_namespace("user:a", include_children=True),
         ]
         protect = lambda: eng.update_namespace_config(vault, True, {}, ["protected"])  # noqa: E731
-        got = _queued_behind_a_held_write(eng, [protect, *attempts])
+        got = queued_behind_a_held_write(eng.writer, [protect, *attempts])[0]
         assert got[0][0] == {"protected": True}
         for name, result in zip(
             ["update", "delete", "move out", "overwrite in", "clear"], got[1:], strict=True
@@ -492,7 +456,7 @@ def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
             lambda: eng.update(vault, "a", change, ["importance"], confirm=True),
             lambda: eng.delete(vault, "b", confirm=True),
         ]
-        got = _queued_behind_a_held_write(eng, confirmed)
+        got = queued_behind_a_held_write(eng.writer, confirmed)[0]
         assert got[1].importance == pytest.approx(0.9) and got[2] is None
         assert sorted(r.id for r in eng.list_memories(vault, 100, "", Filter())[0]) == ["a", "c", "d"]
 
@@ -500,8 +464,8 @@ def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
         empty = "user:a/facts"
         eng.update_namespace_config(vault, False, {}, ["protected"], confirm=True)
         eng.graph.upsert_node(empty, {"id": "ana", "label": "person"})
-        got = _queued_behind_a_held_write(
-            eng,
+        got, _ = queued_behind_a_held_write(
+            eng.writer,
             [
                 lambda: eng.update_namespace_config(empty, True, {}, ["protected"]),
                 lambda: eng.delete_namespace("user:a", include_children=True, confirm=False),
@@ -527,8 +491,8 @@ def test_namespace_settings_queued_together_are_merged_not_lost(tmp_path: Path) 
     )
     eng = Engine(cfg)
     try:
-        got = _queued_behind_a_held_write(
-            eng,
+        got, _ = queued_behind_a_held_write(
+            eng.writer,
             [
                 lambda: eng.update_namespace_config(ns, True, {}, ["protected"]),
                 lambda: eng.update_namespace_config(ns, False, {"retention": 4}, ["policy.retention"]),
