@@ -18,8 +18,20 @@ def main(argv: list[str] | None = None) -> None:
         "--no-sync", action="store_true", help="do not fsync commits (survives kill -9, not power loss)"
     )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--search-processes",
+        type=int,
+        help="processes serving the port: N > 1 adds N - 1 search followers (default 1, "
+        "env TIERMEM_SEARCH_PROCESSES; see README, Configuration)",
+    )
     args = p.parse_args(argv)
-    overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir, "log_level": args.log_level}
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "data_dir": args.data_dir,
+        "log_level": args.log_level,
+        "search_processes": args.search_processes,
+    }
     if args.no_sync:
         overrides["sync"] = False
     try:

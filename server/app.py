@@ -18,8 +18,10 @@ from grpc_reflection.v1alpha import reflection
 
 from tiermem.v1 import memory_pb2, memory_pb2_grpc
 
+from . import follower
 from .config import ServerConfig
 from .engine import Engine
+from .follower import Followers
 from .servicer import MemoryServicer
 
 logger = logging.getLogger(__name__)
@@ -33,23 +35,30 @@ class RunningServer:
     port: int
     engine: Engine
     health: health.HealthServicer
+    followers: Followers | None = None  # search followers (config.search_processes > 1)
 
     def stop(self, grace: float | None = None) -> None:
-        """Stop taking calls, let running ones finish, drain writes, snapshot indexes, close LMDB."""
+        """Stop taking calls (followers first: they forward writes here), let running ones
+        finish, drain writes, snapshot indexes, close LMDB."""
         self.health.enter_graceful_shutdown()
+        if self.followers is not None:
+            self.followers.stop(grace or 0.0)
         self.server.stop(grace).wait()
         self.engine.close()
 
 
 def create_server(config: ServerConfig, clock: Callable[[], float] | None = None) -> RunningServer:
-    """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), then report SERVING."""
+    """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), start the search
+    followers if any and wait for them, then report SERVING."""
+    leading = config.search_processes > 1
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            # Alone, a port in use is an error; with followers, they bind it too.
+            ("grpc.so_reuseport", int(leading)),
         ],
     )
     servicer = MemoryServicer()
@@ -65,16 +74,31 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"cannot bind {config.host}:{config.port}")
+    private = ""
+    if leading:
+        private = follower.private_address()
+        server.add_generic_rpc_handlers((follower.report_handler(lambda: servicer.engine),))
+        if server.add_insecure_port(private) == 0:
+            raise RuntimeError(f"cannot bind {private}")
     server.start()
+    followers = None
     try:
         engine = Engine(config) if clock is None else Engine(config, clock=clock)
+        servicer.engine = engine
+        if leading:
+            followers = follower.Followers(config, port, private)
+            try:
+                followers.start()
+            except BaseException:
+                followers.stop(0.0)
+                engine.close()
+                raise
     except BaseException:
         server.stop(None)
         raise
-    servicer.engine = engine
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, port, engine, health_servicer)
+    return RunningServer(server, port, engine, health_servicer, followers)
 
 
 def tune_malloc(mmap_threshold: int) -> bool:

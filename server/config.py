@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, fields, replace
@@ -50,6 +51,14 @@ class ServerConfig:
     # in-process on 2 cores served 40% fewer searches than the same 8 threads taking turns two at a
     # time (measured).
     search_concurrency: int = 0
+    # Processes serving calls on the port: 1 is this one alone. N > 1 starts N - 1 search
+    # followers (follower.py) bound to the same port (SO_REUSEPORT: the kernel spreads connections
+    # over the processes): each loads the indexes and columns itself, serves searches from them
+    # (catching up on the commits before each), and forwards every other call to this process,
+    # which alone writes. Searches then use more than one core's worth of Python (the GIL bounds
+    # one process: see README, Performance); each follower holds its own copy of the vectors and
+    # HNSW links in memory. A client's calls on one connection all go to one process.
+    search_processes: int = 1
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_seconds: float = 5.0
     # The server process (python -m tiermem.server) fixes glibc's mmap threshold at this many bytes
@@ -185,6 +194,7 @@ class ServerConfig:
         for name in (
             "max_workers",
             "max_concurrent_rpcs",
+            "search_processes",
             "max_group_ops",
             "hnsw_ef_construction",
             "hnsw_ef_search",
@@ -206,6 +216,20 @@ class ServerConfig:
         for name in ("snapshot_interval_seconds", "maintenance_interval_seconds", "access_flush_seconds"):
             need(getattr(self, name) >= 0, name, "must be >= 0 (0 disables)")
 
+    def to_json(self) -> str:
+        """Every setting as JSON (``from_json`` reads it back): how a follower gets its leader's."""
+        return json.dumps({f.name: _jsonable(getattr(self, f.name)) for f in fields(self)})
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerConfig:
+        defaults = cls()
+        values: dict[str, Any] = {
+            k: (tuple(v) if isinstance(getattr(defaults, k), tuple) else v)
+            for k, v in json.loads(text).items()
+        }
+        values["data_dir"] = Path(values.get("data_dir", defaults.data_dir))
+        return replace(defaults, **values)
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:
         """Defaults, then ``TIERMEM_*`` environment variables, then explicit overrides."""
@@ -220,6 +244,10 @@ class ServerConfig:
         if "data_dir" in values:
             values["data_dir"] = Path(values["data_dir"])
         return replace(cls(), **values)
+
+
+def _jsonable(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
 
 
 def _parse(name: str, raw: str, default: Any) -> Any:

@@ -114,26 +114,56 @@ class Space:
     indexes: dict[int, VectorIndex] = field(default_factory=dict)
 
 
+class FollowerBehind(Unavailable):
+    """A follower missed commits the commit log no longer holds (or stopped following): it must
+    load again; its searches fail with UNAVAILABLE until it is replaced."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="FOLLOWER_BEHIND")
+
+
 class Engine:
-    def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        clock: Callable[[], float] = time.time,
+        *,
+        follower: bool = False,
+        access_sink: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """``follower``: a search follower (see ``follower.py``): LMDB opened read-only while
+        another process (the leader, holding the data directory) writes; this engine loads the
+        same snapshots, then applies the leader's commits from the commit log (``catch_up``)
+        before every search and in the background. It never writes: the accesses its searches
+        record and its hit counts go to ``access_sink`` (the leader) instead."""
         self.config = config
         self.clock = clock
         self.started = time.monotonic()
+        self.following = follower
+        self._access_sink = access_sink
         faiss.omp_set_num_threads(1)  # per-query search on gRPC threads; OpenMP would oversubscribe
         data = Path(config.data_dir)
         self.index_dir = data / "indexes"
-        self.index_dir.mkdir(parents=True, exist_ok=True)
-        self._dir_lock = _lock_data_dir(data)
+        if not follower:
+            self.index_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = _lock_data_dir(data) if not follower else None
         try:
             self._open(config, data)
         except BaseException:
-            self._dir_lock.close()  # a failed start must not keep the directory locked
+            if self._dir_lock is not None:
+                self._dir_lock.close()  # a failed start must not keep the directory locked
             raise
 
     def _open(self, config: ServerConfig, data: Path) -> None:
         self.store = Store(
-            data / "lmdb", map_size=config.map_size, max_map_size=config.max_map_size, sync=config.sync
+            data / "lmdb",
+            map_size=config.map_size,
+            max_map_size=config.max_map_size,
+            sync=config.sync,
+            readonly=self.following,
         )
+        self._applied = 0  # the last commit the columns and indexes hold (set by _load)
+        self._follow_lock = threading.Lock()
         self.embedder = embedders.build(
             config.embedder,
             model=config.embedder_model,
@@ -184,13 +214,18 @@ class Engine:
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         self._flusher: threading.Thread | None = None
-        if config.search_records_access and config.access_flush_seconds > 0:
+        if config.access_flush_seconds > 0 and (config.search_records_access or self.following):
             self._flusher = threading.Thread(target=self._flush_loop, name="tiermem-access", daemon=True)
             self._flusher.start()
         self._snapshot_lock = threading.Lock()
         self._snapshot_changes = self.store.changed_count
         self._snapshot_time = time.monotonic()
         self._snapshotter: threading.Thread | None = None
+        self.follow_error: BaseException | None = None  # why a follower stopped following, if it did
+        if self.following:  # the leader snapshots and maintains; a follower keeps up with its commits
+            self._maintenance = threading.Thread(target=self._follow_loop, name="tiermem-follow", daemon=True)
+            self._maintenance.start()
+            return
         if config.snapshot_interval_seconds > 0:
             self._snapshotter = threading.Thread(
                 target=self._snapshot_loop, name="tiermem-snapshots", daemon=True
@@ -228,6 +263,9 @@ class Engine:
         faiss.omp_set_num_threads(os.cpu_count() or 1)  # rebuilds use every core; no searches yet
         snap = snapshots.load_columns(self.index_dir, self.store.instance)
         with self.store.read() as txn:
+            self._applied = self.store.committed_seq(txn)
+            if self.following:
+                self.store.seq = self._applied  # the commits this read sees, not those at open
             self._next_rid, self._next_vk = self.store.counters(txn)
             self.ns_config = self.store.namespace_configs(txn)
             self._lcounts = self.store.lifecycle_counters(txn)
@@ -402,6 +440,10 @@ class Engine:
         self._batch_pool.shutdown(wait=True)
         self.flush_access()
         self.writer.close()
+        if self.following:
+            self.indexer.stop(drain=False)
+            self.store.close()
+            return
         # No draining: what is still pending stays out of the index snapshot, and the next start-up
         # adds it again from LMDB, in the background (a shutdown after a start-up with a large
         # backlog would otherwise wait for all of it).
@@ -409,7 +451,8 @@ class Engine:
         if self.config.snapshot_on_shutdown:
             self.snapshot(running=False)
         self.store.close()
-        self._dir_lock.close()  # releases the data directory for the next server
+        if self._dir_lock is not None:
+            self._dir_lock.close()  # releases the data directory for the next server
 
     def snapshot(self, running: bool = True) -> None:
         """Write the columns and index snapshots that let the next start-up skip decoding and
@@ -442,10 +485,10 @@ class Engine:
                 for tier, idx in list(sp.indexes.items()):
                     idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
             if columns_ok and running:
-                self.writer.submit(lambda txn: self.store.forget_changes(txn, seq), lambda n: n)
+                self.writer.submit(lambda txn: self.store.forget_changes(txn, seq, time.time()), lambda n: n)
             elif columns_ok:
                 with self.store.write() as txn:
-                    self.store.forget_changes(txn, seq)
+                    self.store.forget_changes(txn, seq, time.time())
             self._snapshot_changes = changes
             self._snapshot_time = time.monotonic()
             logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
@@ -564,7 +607,7 @@ class Engine:
 
     def _persist_counters(self, txn: lmdb.Transaction) -> None:
         self.store.put_counters(txn, self._next_rid, self._next_vk)
-        self.store.next_seq(txn)
+        self.store.next_seq(txn, time.time())
         self._group_vectors.clear()  # committed now: the indexes will hold them once applied
 
     def _alloc(self) -> tuple[int, int]:
@@ -1098,11 +1141,13 @@ class Engine:
             self.compact_indexes()
         return deleted
 
-    def _unindex(self, recs: list[Record]) -> int:
-        """Writer thread: hide rows first, then tombstone their HNSW entries."""
+    def _unindex(self, recs: list[Record] | list[tuple[int, str]]) -> int:
+        """Writer thread: hide rows first, then tombstone their HNSW entries. ``recs``: records, or
+        (rid, namespace) pairs."""
         gone = []
         for rec in recs:
-            row = self.columns.remove(rec.rid, rec.namespace)
+            rid, ns = rec if isinstance(rec, tuple) else (rec.rid, rec.namespace)
+            row = self.columns.remove(rid, ns)
             loc = int(self.columns.view().vpos[row])
             if loc >= 0:  # (a memory still waiting for its embedding has no index entry)
                 sp = self._space_by_id[loc >> SPACE_SHIFT]
@@ -1270,6 +1315,8 @@ class Engine:
         self, q: SearchQuery, include_embedding: bool = False, wanted: Callable[[], bool] | None = None
     ) -> list[SearchHit]:
         """See ``Searcher.search``; ``wanted``: is the caller still waiting (checked at its turn)."""
+        if self.following:
+            self.catch_up()
         return self.account(q, self.searcher.search(q, include_embedding, wanted))
 
     def search_many(
@@ -1279,6 +1326,8 @@ class Engine:
         counts) happen only if all succeed. A failure fails the call: the first by position (the
         searches after it that have not started are cancelled). The batch threads serve every
         call in turn: a batch queues behind the searches of batches submitted before it."""
+        if self.following:
+            self.catch_up()
         outcomes: list[list[SearchHit] | BaseException] = []
         if len(queries) == 1:
             try:
@@ -1324,9 +1373,14 @@ class Engine:
 
     def flush_access(self) -> int:
         """Commit the accesses recorded by searches so far (soft state: a crash may lose the last
-        second of them, never a memory). Returns how many memories were updated."""
+        second of them, never a memory). Returns how many memories were updated.
+
+        A follower hands them, with its search hit counts, to its access sink (the leader) instead;
+        returns how many memories it handed over."""
         with self._access_lock:
             pending, self._access_pending = self._access_pending, {}
+        if self.following:
+            return self._hand_over(pending)
         if not pending:
             return 0
 
@@ -1351,6 +1405,126 @@ class Engine:
             return len(recs)
 
         return int(self.writer.submit(prepare, apply))
+
+    def _hand_over(self, pending: dict[int, tuple[int, float]]) -> int:
+        with self._search_lock:
+            counts, self._search_counts = self._search_counts, {}
+            total, self._search_total = self._search_total, [0, 0]
+        if not pending and not any(total):
+            return 0
+        if self._access_sink is not None:
+            self._access_sink(
+                {"access": [[r, n, t] for r, (n, t) in pending.items()], "searches": counts, "total": total}
+            )
+        return len(pending)
+
+    def merge_follower_report(self, report: dict[str, Any]) -> int:
+        """The leader's side of ``_hand_over``: a follower's recorded accesses join this engine's
+        (committed by the next flush) and its hit counts these. Returns how many accesses."""
+        access = report.get("access", [])
+        with self._access_lock:
+            for rid, n, last in access:
+                had, seen = self._access_pending.get(int(rid), (0, float(last)))
+                self._access_pending[int(rid)] = (had + int(n), max(seen, float(last)))
+        with self._search_lock:
+            for ns, (hits, misses) in report.get("searches", {}).items():
+                counts = self._search_counts.setdefault(str(ns), [0, 0])
+                counts[0] += int(hits)
+                counts[1] += int(misses)
+            total = report.get("total", [0, 0])
+            self._search_total[0] += int(total[0])
+            self._search_total[1] += int(total[1])
+        return len(access)
+
+    # -- following (search follower processes) ------------------------------------------------------
+    FOLLOW_INTERVAL = 0.05  # a follower looks for new commits this often when no search asks
+
+    def catch_up(self) -> int:
+        """A follower: apply the commits since the last one applied (every record they wrote or
+        deleted, read back from LMDB; settings and spaces when they changed). A search calls it
+        first, so it sees every write acknowledged before it began. Returns the commits applied.
+        Raises FollowerBehind when the commit log no longer holds them (the follower reloads)."""
+        if self.follow_error is not None:
+            raise FollowerBehind(f"this follower stopped following: {self.follow_error!r}")
+        with self._follow_lock, self.store.read() as txn:
+            seq = self.store.committed_seq(txn)
+            if seq == self._applied:
+                return 0
+            log = self.store.commits_after(txn, self._applied)
+            if log is None or log[0] != self._applied + 1:
+                raise FollowerBehind(f"commits {self._applied + 1}..{seq} are no longer in the commit log")
+            _, settings, rids = log
+            if settings:
+                self._follow_settings(txn)
+            self._follow_records(txn, rids)
+            done, self._applied = seq - self._applied, seq
+            self.store.seq = seq
+            return done
+
+    def _follow_settings(self, txn: lmdb.Transaction) -> None:
+        for model, dim in self.store.spaces(txn).items():
+            self._space(model, dim)
+        self.ns_config = self.store.namespace_configs(txn)
+        for name in self.ns_config:
+            self.columns.namespaces.id(name)
+        self._config_version += 1
+
+    def _follow_records(self, txn: lmdb.Transaction, rids: np.ndarray) -> None:
+        """Bring the rows of ``rids`` in line with their records, as the leader's writes did:
+        new rows indexed then shown, changed vectors added before the old entry dies, deleted rows
+        hidden before their entries die."""
+        cols = self.columns
+        fresh: list[tuple[Record, np.ndarray]] = []
+        gone: list[tuple[int, str]] = []
+        for rid, rec in zip(rids.tolist(), self.store.get_many(txn, rids.tolist()), strict=True):
+            row = cols.rows.get(rid)
+            if row is not None and (rec is None or cols.namespace_of(row) != rec.namespace):
+                gone.append((rid, cols.namespace_of(row)))
+                row = None
+            if rec is None:
+                continue
+            vec = None if self.store.is_pending(txn, rid) else self.store.get_vector(txn, rid)
+            if row is None:
+                fresh.append((rec, np.empty(0, np.float32) if vec is None else vec))
+                continue
+            view = cols.view()
+            loc = int(view.vpos[row])
+            if rec.vk == int(view.vk[row]) and (loc >= 0 or vec is None):
+                cols.set(row, rec, int(view.space[row]), loc)
+                continue
+            old = self._entry(loc)
+            if vec is None:  # waiting for an embedding again: keyword-searchable only
+                cols.set(row, rec, -1, -1)
+            else:
+                sp = self._space(rec.embedding_model, int(vec.shape[0]))
+                internal = self._index(sp, rec.tier).add(
+                    vec[None, :], np.array([row], np.int64), np.array([rec.vk], np.int64)
+                )
+                cols.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
+            if old is not None:
+                old[0].kill(old[1])
+        self._unindex(gone)
+        self._index_new(fresh)
+
+    def _entry(self, loc: int) -> tuple[VectorIndex, np.ndarray] | None:
+        """The index and internal id of a ``vpos`` location (None: no entry)."""
+        if loc < 0:
+            return None
+        sp = self._space_by_id[loc >> SPACE_SHIFT]
+        return sp.indexes[(loc >> TIER_SHIFT) & 0xF], np.array([loc & INTERNAL_MASK], np.int64)
+
+    def _follow_loop(self) -> None:
+        compacted = time.monotonic()
+        while not self._stop.wait(self.FOLLOW_INTERVAL):
+            try:
+                self.catch_up()
+                if time.monotonic() - compacted >= 5.0:  # the leader's passes kill entries here too
+                    compacted = time.monotonic()
+                    self.compact_indexes()
+            except Exception as e:  # searches now fail (UNAVAILABLE) until the follower reloads
+                logger.exception("following the leader's commits failed")
+                self.follow_error = e
+                return
 
     # -- transfer -------------------------------------------------------------------------------
     def transfer(
@@ -1855,7 +2029,7 @@ class Engine:
 
     def compact_indexes(self) -> int:
         """Compact the indexes that are mostly tombstones (see the COMPACT_* settings), in the
-        writer thread; returns how many entries were dropped."""
+        writer thread (a follower: between two catch-ups); returns how many entries were dropped."""
 
         def run() -> int:
             dropped = 0
@@ -1879,6 +2053,9 @@ class Engine:
             return dropped
 
         try:
+            if self.following:
+                with self._follow_lock:
+                    return run()
             return int(self.writer.barrier(run))
         except Exception:  # optional upkeep: the write that called it has committed already
             logger.exception("compacting indexes failed")

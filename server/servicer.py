@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -180,7 +181,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def SearchMemories(
         self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.SearchMemoriesResponse:
+        self._tell_process(context)
         return self._search(request, context)
+
+    def _tell_process(self, context: grpc.ServicerContext) -> None:
+        """With search followers, a search's trailing metadata names the process that ranked it."""
+        if self._engine.config.search_processes > 1:
+            context.set_trailing_metadata((("tiermem-search-process", str(os.getpid())),))
 
     def _search(
         self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext | None
@@ -197,6 +204,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def BatchSearchMemories(
         self, request: pb.BatchSearchMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchSearchMemoriesResponse:
+        self._tell_process(context)
         if not 1 <= len(request.searches) <= 100:
             raise InvalidArgument("searches", "must hold 1 to 100 searches")
         results = self._engine.search_many(

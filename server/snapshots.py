@@ -55,11 +55,19 @@ def save_columns(directory: Path, state: dict[str, Any], seq: int, instance: str
 def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] | None:
     """(state, commit sequence number) of the current columns snapshot, or None."""
     try:
-        manifest = json.loads((directory / "columns.json").read_text())
-        if manifest.get("version") != VERSION or manifest.get("instance") != instance:
+        for _ in range(3):
+            manifest = json.loads((directory / "columns.json").read_text())
+            if manifest.get("version") != VERSION or manifest.get("instance") != instance:
+                return None
+            try:
+                f = open(directory / f"columns.{manifest['token']}.pkl", "rb")  # noqa: SIM115
+            except FileNotFoundError:  # replaced meanwhile (a follower loading): the new manifest
+                continue
+            with f:
+                state = pickle.load(f)
+            break
+        else:
             return None
-        with open(directory / f"columns.{manifest['token']}.pkl", "rb") as f:
-            state = pickle.load(f)
         if not isinstance(state, dict) or "arrays" not in state or "spaces" not in state:
             return None
         return state, int(manifest["seq"])

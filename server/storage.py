@@ -18,6 +18,10 @@ One environment with named sub-databases:
 - ``changes``: rid -> commit sequence number (8 bytes) of the last change of that record, kept until
   a columns snapshot that includes it is on disk: start-up reloads only these records on top of the
   snapshot (``meta`` holds the sequence number of the last commit)
+- ``commits``: commit sequence number (8 bytes) -> msgpack [time, settings changed, rids (uint64
+  array)]: what each commit changed, in order, so a search follower process (``follower.py``)
+  catches up with a cursor from the last commit it applied instead of scanning ``changes``; kept
+  until a snapshot holds the commit and the entry is ``COMMIT_LOG_SECONDS`` old
 
 Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
@@ -98,10 +102,18 @@ def _put(txn: lmdb.Transaction, key: bytes, value: bytes, db: Any, new: bool) ->
 class Store:
     """Owns the LMDB environment and the encoding of every key and value in it."""
 
-    def __init__(self, path: Path, *, map_size: int, max_map_size: int, sync: bool = True) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+    COMMIT_LOG_SECONDS = 600.0  # commit-log entries a snapshot holds are dropped once this old
+
+    def __init__(
+        self, path: Path, *, map_size: int, max_map_size: int, sync: bool = True, readonly: bool = False
+    ) -> None:
+        """``readonly``: a search follower's view of the environment another process writes
+        (its commits appear at each new read transaction); any write attempt raises."""
+        if not readonly:
+            path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_map_size = max_map_size
+        self.readonly = readonly
         try:
             self.env = lmdb.open(
                 str(path),
@@ -114,9 +126,14 @@ class Store:
                 map_async=False,
                 max_readers=1024,
                 readahead=False,
+                readonly=readonly,
+                create=not readonly,
             )
         except lmdb.Error as e:
             raise StorageError(f"cannot open LMDB at {path}: {e}") from e
+        # What the commit being written changed (rids; settings or spaces), for the commit log.
+        self._log_rids: set[int] = set()
+        self._log_settings = False
         self.meta = self.env.open_db(b"meta")
         self.records = self.env.open_db(b"records")
         self.ids = self.env.open_db(b"ids")
@@ -128,18 +145,20 @@ class Store:
         self.pending = self.env.open_db(b"pending")
         self.graph = self.env.open_db(b"graph")
         self.changes = self.env.open_db(b"changes")
+        self.commits = self.env.open_db(b"commits")
         self._gate = RWLock()
         self.instance = self._check_schema()
         with self.env.begin() as txn:
-            raw = txn.get(_META_SEQ, db=self.meta)
-            self.seq = _RID.unpack(raw)[0] if raw else 0  # of the last commit (writer thread only)
+            self.seq = self.committed_seq(txn)  # of the last commit (writer thread only)
         self.changed_count = 0
 
     def _check_schema(self) -> str:
         """Check (or, for a new environment, write) the schema version; returns the instance id."""
-        with self.env.begin(write=True) as txn:
+        with self.env.begin(write=not self.readonly) as txn:
             raw = txn.get(_META_SCHEMA, db=self.meta)
             if raw is None:
+                if self.readonly:
+                    raise StorageError(f"{self.path}: no tiermem data (schema version missing)")
                 if txn.stat(self.records)["entries"]:
                     raise StorageError(f"{self.path}: records without a schema version")
                 txn.put(_META_SCHEMA, msgpack.packb(SCHEMA_VERSION), db=self.meta)
@@ -162,10 +181,25 @@ class Store:
     def read(self) -> Iterator[lmdb.Transaction]:
         """A short read transaction. Readers share a gate that map growth takes exclusively:
         LMDB's set_mapsize must not run while any transaction of this process is open."""
-        with self._gate.read(), self.env.begin(write=False) as txn:
-            yield txn
+        while True:
+            with self._gate.read():
+                try:
+                    txn = self.env.begin(write=False)
+                except lmdb.MapResizedError:
+                    if not self.readonly:
+                        raise
+                    txn = None  # a follower: the writing process grew the file beyond this map
+                if txn is not None:
+                    with txn:
+                        yield txn
+                    return
+            with self._gate.write():
+                self.env.set_mapsize(0)  # 0: adopt the size the environment records
 
     def write(self) -> lmdb.Transaction:
+        """The writer's transaction (each attempt of a commit group starts here)."""
+        self._log_rids.clear()
+        self._log_settings = False
         return self.env.begin(write=True)
 
     def grow(self) -> int:
@@ -203,6 +237,7 @@ class Store:
         return None if raw is None else int(msgpack.unpackb(raw))
 
     def put_space(self, txn: lmdb.Transaction, model: str, dimension: int) -> None:
+        self._log_settings = True
         txn.put(_META_SPACE + model.encode(), msgpack.packb(dimension), db=self.meta)
 
     # -- records -------------------------------------------------------------------------------
@@ -223,24 +258,59 @@ class Store:
         return [None if (raw := found.get(k)) is None else Record.unpack(raw) for k in keys]
 
     # -- commit sequence and the change log ------------------------------------------------------
-    def next_seq(self, txn: lmdb.Transaction) -> None:
-        """Number the commit about to happen (writer thread, just before it commits)."""
+    def next_seq(self, txn: lmdb.Transaction, now: float) -> None:
+        """Number the commit about to happen and log what it changed (writer thread, just before
+        it commits)."""
         self.seq += 1
         txn.put(_META_SEQ, _RID.pack(self.seq), db=self.meta)
+        rids = np.fromiter(self._log_rids, np.uint64, len(self._log_rids))
+        entry = msgpack.packb([now, self._log_settings, np.sort(rids).tobytes()], use_bin_type=True)
+        _put(txn, _RID.pack(self.seq), entry, self.commits, new=True)
+        self._log_rids.clear()
+        self._log_settings = False
+
+    def committed_seq(self, txn: lmdb.Transaction) -> int:
+        """The sequence number of the last commit ``txn`` sees."""
+        raw = txn.get(_META_SEQ, db=self.meta)
+        return int(_RID.unpack(raw)[0]) if raw else 0
+
+    def commits_after(self, txn: lmdb.Transaction, seq: int) -> tuple[int, bool, np.ndarray] | None:
+        """What the commits after ``seq`` changed, as seen by ``txn``: (their first sequence
+        number, whether any changed settings or spaces, the rids they wrote or deleted, sorted and
+        distinct); None when none is logged (nothing committed, or the log was dropped)."""
+        cur = txn.cursor(db=self.commits)
+        if not cur.set_range(_RID.pack(seq + 1)):
+            return None
+        first = rid_of(bytes(cur.key()))
+        settings = False
+        parts = []
+        for _, raw in cur:
+            _, changed, rids = msgpack.unpackb(raw)
+            settings = settings or bool(changed)
+            parts.append(np.frombuffer(rids, np.uint64))
+        return first, settings, np.unique(np.concatenate(parts)).astype(np.int64)
 
     def _changed(self, txn: lmdb.Transaction, rid: int) -> None:
         txn.put(rid_key(rid), _RID.pack(self.seq + 1), db=self.changes)
         self.changed_count += 1  # record writes since start (drives periodic snapshots)
+        self._log_rids.add(rid)
 
     def changed_since(self, txn: lmdb.Transaction, seq: int) -> list[int]:
         """rids of the records changed (written or deleted) by commits after ``seq``."""
         return [rid_of(bytes(k)) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] > seq]
 
-    def forget_changes(self, txn: lmdb.Transaction, upto: int) -> int:
-        """Drop change-log entries of commits up to ``upto`` (a snapshot holding them is on disk)."""
+    def forget_changes(self, txn: lmdb.Transaction, upto: int, now: float) -> int:
+        """Drop change-log entries of commits up to ``upto`` (a snapshot holding them is on disk),
+        and commit-log entries among them older than ``COMMIT_LOG_SECONDS`` (a follower further
+        behind than that reloads)."""
         old = [bytes(k) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] <= upto]
         for k in old:
             txn.delete(k, db=self.changes)
+        cur = txn.cursor(db=self.commits)
+        while cur.first() and rid_of(bytes(cur.key())) <= upto:
+            if msgpack.unpackb(cur.value())[0] > now - self.COMMIT_LOG_SECONDS:
+                break
+            cur.delete()
         return len(old)
 
     def put(self, txn: lmdb.Transaction, rec: Record, new: bool = False) -> None:
@@ -282,6 +352,7 @@ class Store:
         return out
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
+        self._log_rids.add(rid)
         if pending:
             txn.put(rid_key(rid), b"", db=self.pending)
         else:
@@ -345,6 +416,7 @@ class Store:
 
     def put_namespace_config(self, txn: lmdb.Transaction, namespace: str, config: dict[str, Any]) -> None:
         key = _META_NSCONF + namespace.encode()
+        self._log_settings = True
         if config:
             txn.put(key, msgpack.packb(config, use_bin_type=True), db=self.meta)
         else:

@@ -529,23 +529,33 @@ class VectorIndex:
     def load(
         cls, base: Path, model: str, dim: int, ef_construction: int, instance: str
     ) -> tuple[VectorIndex, np.ndarray] | None:
-        """Read a snapshot; returns (index with every entry dead, vks by internal id) or None."""
-        try:
-            manifest = json.loads(base.with_name(f"{base.name}.json").read_text())
-            if (
-                manifest.get("version") != 2
-                or manifest.get("model") != model
-                or manifest.get("dim") != dim
-                or manifest.get("instance") != instance
-            ):
+        """Read a snapshot; returns (index with every entry dead, vks by internal id) or None.
+        A snapshot replaced while it is read (a search follower loading while its leader writes
+        the next one) is read again from the new manifest."""
+        manifest_path = base.with_name(f"{base.name}.json")
+        token = None
+        for _ in range(3):
+            try:
+                manifest = json.loads(manifest_path.read_text())
+                if (
+                    manifest.get("version") != 2
+                    or manifest.get("model") != model
+                    or manifest.get("dim") != dim
+                    or manifest.get("instance") != instance
+                ):
+                    return None
+                token = manifest["token"]
+                index: Any = faiss.read_index(str(base.with_name(f"{base.name}.{token}.faiss")))
+                vks = np.load(base.with_name(f"{base.name}.{token}.vks.npy"))
+                if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
+                    return None
+                break
+            except (OSError, ValueError, KeyError, RuntimeError) as e:
+                if token is not None and _manifest_token(manifest_path) not in (token, None):
+                    continue  # replaced meanwhile: read the new one
+                logger.warning("ignoring index snapshot %s: %s", base, e)
                 return None
-            token = manifest["token"]
-            index: Any = faiss.read_index(str(base.with_name(f"{base.name}.{token}.faiss")))
-            vks = np.load(base.with_name(f"{base.name}.{token}.vks.npy"))
-            if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
-                return None
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
-            logger.warning("ignoring index snapshot %s: %s", base, e)
+        else:
             return None
         hnsw: Any = faiss.downcast_index(index)
         hnsw.hnsw.efConstruction = ef_construction
@@ -718,3 +728,10 @@ class Indexer:
                     self._work[key] = idx  # back of the line: indexes take turns
                     if pause and not self._stop:
                         self._cond.wait(pause)
+
+
+def _manifest_token(path: Path) -> str | None:
+    try:
+        return str(json.loads(path.read_text())["token"])
+    except (OSError, ValueError, KeyError):
+        return None

@@ -293,7 +293,7 @@ def test_a_failed_commit_fails_its_group_once_and_leaves_the_counters(tmp_path: 
     in_txn: list[int] = []
 
     def before_commit(txn: Any) -> None:
-        store.next_seq(txn)
+        store.next_seq(txn, 0.0)
         ops, in_txn[:] = list(in_txn), []
         if 2 in ops:
             raise RuntimeError("disk on fire")

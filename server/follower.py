@@ -1,0 +1,298 @@
+"""Search followers: more processes serving one port, so searches are not bound by one GIL.
+
+One Python process ranks searches on about one core's worth of Python (the GIL: see README,
+Performance). With ``search_processes`` N > 1 the server (the *leader*, the one process that holds
+the data directory and writes) starts N - 1 followers. Each follower
+
+- opens LMDB read-only and loads the same snapshots as a start-up does (``Engine(follower=True)``),
+- serves SearchMemories and BatchSearchMemories itself, first applying every commit the leader
+  made since its last look (the commit log, ``Engine.catch_up``): a search sees every write
+  acknowledged before it began, whichever process acknowledged it,
+- forwards every other call to the leader over a private socket (``forward.Forwarder``), so
+  clients see one service,
+- hands the accesses its searches record (and its hit counts) to the leader once a second
+  (``REPORT_METHOD``), which commits them as its own.
+
+All processes bind the same host:port with SO_REUSEPORT: the kernel spreads new connections over
+them, and every call of one connection goes to the process that accepted it. A follower exits
+when the leader does (PR_SET_PDEATHSIG); the leader restarts a follower that exits early (one
+that fell behind the commit log exits on purpose and loads again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent import futures
+from typing import IO, Any
+
+import grpc
+import msgpack
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tiermem.v1 import memory_pb2 as pb
+
+from .config import ServerConfig
+from .engine import Engine
+from .forward import Forwarder, methods_of
+from .servicer import MemoryServicer
+
+logger = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["MemoryService"]
+REPORT_METHOD = "/tiermem.internal.Followers/Report"  # on the leader's private socket only
+SEARCHES = ("SearchMemories", "BatchSearchMemories")  # what a follower serves itself
+READY = "tiermem follower ready"
+
+
+def private_address() -> str:
+    """A leader's socket for its followers: an abstract Unix socket (no file, gone with the process)."""
+    return f"unix-abstract:tiermem-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def report_handler(engine: Callable[[], Engine | None]) -> grpc.GenericRpcHandler:
+    """The leader's end of ``REPORT_METHOD``: a follower's accesses and hit counts (msgpack)."""
+
+    def report(request: bytes, context: grpc.ServicerContext) -> bytes:
+        if not context.peer().startswith("unix"):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "followers report over the private socket only")
+        eng = engine()
+        if eng is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the leader is starting")
+        assert eng is not None
+        eng.merge_follower_report(msgpack.unpackb(request, strict_map_key=False))
+        return b""
+
+    service, _, method = REPORT_METHOD[1:].partition("/")
+    return grpc.method_handlers_generic_handler(
+        service, {method: grpc.unary_unary_rpc_method_handler(report)}
+    )
+
+
+class Followers:
+    """The leader's follower processes: started, watched (restarted when one exits early), stopped."""
+
+    RESTART_DELAY = 1.0
+
+    def __init__(self, config: ServerConfig, port: int, leader: str) -> None:
+        self.config = config
+        self.port = port
+        self.leader = leader
+        self.count = config.search_processes - 1
+        self.restarts = 0
+        self._procs: list[subprocess.Popen[str] | None] = [None] * self.count
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+
+    def _spawn(self) -> subprocess.Popen[str]:
+        cfg = self.config.to_json()
+        cmd = [
+            sys.executable,
+            "-m",
+            "tiermem.server.follower",
+            "--leader",
+            self.leader,
+            "--port",
+            str(self.port),
+        ]
+        env = dict(os.environ, TIERMEM_FOLLOWER_CONFIG=cfg)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+
+    def start(self, timeout: float = 600.0) -> None:
+        """Start every follower and wait until each serves (loaded, bound to the port)."""
+        with self._lock:
+            for i in range(self.count):
+                self._procs[i] = self._spawn()
+        deadline = time.monotonic() + timeout
+        for proc in list(self._procs):
+            assert proc is not None
+            _wait_ready(proc, deadline)
+        self._watcher = threading.Thread(target=self._watch, name="tiermem-followers", daemon=True)
+        self._watcher.start()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [p.pid for p in self._procs if p is not None]
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.2):
+            for i, proc in enumerate(list(self._procs)):
+                if proc is None or proc.poll() is None:
+                    continue
+                logger.warning(
+                    "search follower %d exited with %s: starting another", proc.pid, proc.returncode
+                )
+                if self._stopping.wait(self.RESTART_DELAY):
+                    return
+                with self._lock:
+                    if self._stopping.is_set():
+                        return
+                    self._procs[i] = new = self._spawn()
+                    self.restarts += 1
+                try:
+                    _wait_ready(new, time.monotonic() + 600.0)
+                except RuntimeError:
+                    logger.exception("a restarted search follower did not start")
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM every follower (each finishes its calls within ``grace``), then wait for them."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        with self._lock:
+            procs = [p for p in self._procs if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(grace + 30.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _wait_ready(proc: subprocess.Popen[str], deadline: float) -> None:
+    """Read the follower's output up to its ready line, then drain the rest in the background."""
+    out: IO[str] | None = proc.stdout
+    assert out is not None
+    got = threading.Event()
+
+    def read() -> None:
+        with out:
+            for line in out:
+                if line.strip() == READY:
+                    got.set()
+        got.set()  # EOF: the follower exited
+
+    threading.Thread(target=read, name="tiermem-follower-out", daemon=True).start()
+    if not got.wait(max(0.0, deadline - time.monotonic())) or proc.poll() is not None:
+        proc.kill()
+        raise RuntimeError(f"search follower {proc.pid} did not start (exit status {proc.poll()})")
+
+
+# -- the follower process -----------------------------------------------------------------------------
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM this process when the leader exits, however it exits (kill -9 included)."""
+    try:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the watch loop below checks the parent too
+        pass
+    if os.getppid() != parent:  # it died before the above
+        sys.exit(0)
+
+
+def _local_searches(servicer: MemoryServicer) -> grpc.GenericRpcHandler:
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=getattr(pb, f"{name}Request").FromString,
+            response_serializer=getattr(pb, f"{name}Response").SerializeToString,
+        )
+        for name in SEARCHES
+    }
+    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+
+
+def run(config: ServerConfig, leader: str, port: int) -> int:
+    """Serve as a search follower of ``leader`` on config.host:``port`` until SIGTERM (0), or until
+    it can no longer follow (3: the leader starts another)."""
+    from .app import freeze_startup_objects, tune_malloc
+
+    tune_malloc(config.malloc_mmap_threshold)
+    channel = grpc.insecure_channel(
+        leader,
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+        ],
+    )
+    report = channel.unary_unary(REPORT_METHOD)
+
+    def sink(r: dict[str, Any]) -> None:
+        report(msgpack.packb(r), timeout=10.0)
+
+    engine = Engine(config, follower=True, access_sink=sink)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 1),
+        ],
+    )
+    server.add_generic_rpc_handlers(
+        (
+            Forwarder(
+                channel, SERVICE.full_name, methods_of(SERVICE), keep=set(SEARCHES), upstream="the leader"
+            ),
+        )
+    )
+    server.add_generic_rpc_handlers((_local_searches(MemoryServicer(engine)),))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE.full_name):  # loaded before it binds: serving from its first call
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (
+            SERVICE.full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    if server.add_insecure_port(f"{config.host}:{port}") != port:
+        raise RuntimeError(f"cannot bind {config.host}:{port}")
+    server.start()
+    freeze_startup_objects()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    parent = os.getppid()
+    print(READY, flush=True)
+    status = 0
+    while not done.wait(0.5):
+        if engine.follow_error is not None:
+            logger.error("search follower stops: %r", engine.follow_error)
+            status = 3
+            break
+        if os.getppid() != parent:
+            break
+    health_servicer.enter_graceful_shutdown()
+    server.stop(config.shutdown_grace_seconds).wait()
+    engine.close()
+    channel.close()
+    return status
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="tiermem-follower", description="A tiermem search follower (started by the server)."
+    )
+    p.add_argument("--leader", required=True, help="the leader's private address")
+    p.add_argument("--port", type=int, required=True, help="the port the leader serves")
+    args = p.parse_args(argv)
+    _die_with_parent(os.getppid())
+    config = ServerConfig.from_json(os.environ["TIERMEM_FOLLOWER_CONFIG"])
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s follower {os.getpid()} %(name)s: %(message)s",
+    )
+    sys.exit(run(config, args.leader, args.port))
+
+
+if __name__ == "__main__":
+    main()

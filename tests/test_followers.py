@@ -1,0 +1,242 @@
+"""Search followers (search_processes > 1): real processes on one port over loopback, one LMDB.
+
+A follower serves searches from its own copy of the columns and indexes, caught up on the
+leader's commits before each search, and forwards everything else to the leader."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from conftest import ServerProcess
+
+from tiermem.client import MemoryClient
+from tiermem.client.errors import InvalidArgumentError
+from tiermem.server.app import RunningServer
+from tiermem.server.storage import Store
+from tiermem.v1 import memory_pb2 as pb
+
+DIM = 32
+
+
+def _vec(rng: np.random.Generator) -> list[float]:
+    v = rng.standard_normal(DIM).astype(np.float32)
+    return (v / np.linalg.norm(v)).tolist()
+
+
+def _search_pid(c: MemoryClient) -> int:
+    """The process that ranks this connection's searches (their trailing metadata names it)."""
+    req = pb.SearchMemoriesRequest(namespaces=["probe"], query_text="probe", read_only=True)
+    _, call = c.stub.SearchMemories.with_call(req, timeout=30)
+    return int(dict(call.trailing_metadata())["tiermem-search-process"])
+
+
+def _client_on(port: int, pid: int) -> MemoryClient:
+    """A client whose connection the kernel gave to process ``pid`` (new connections until one is)."""
+    for _ in range(64):
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        c = MemoryClient(channel=channel, timeout=30)
+        c.wait_ready()
+        if _search_pid(c) == pid:
+            return c
+        channel.close()
+    raise AssertionError(f"no connection reached process {pid} in 64 tries")
+
+
+@pytest.fixture
+def pair(
+    server_factory: Callable[..., RunningServer],
+) -> Iterator[tuple[RunningServer, MemoryClient, MemoryClient]]:
+    """A leader with one follower; a client connected to each."""
+    srv = server_factory(search_processes=2, access_flush_seconds=0.2)
+    assert srv.followers is not None
+    (fpid,) = srv.followers.pids()
+    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
+    yield srv, lead, follow
+    lead.channel.close()
+    follow.channel.close()
+
+
+def _ids(results: list[pb.SearchResult]) -> list[str]:
+    return [r.memory.id for r in results]
+
+
+def test_follower_sees_every_acknowledged_write_at_once(
+    pair: tuple[RunningServer, MemoryClient, MemoryClient],
+) -> None:
+    _, lead, follow = pair
+    rng = np.random.default_rng(3)
+    vecs = {f"m{i}": _vec(rng) for i in range(40)}
+    for i, (mid, v) in enumerate(vecs.items()):
+        # Writes through either process; each is searchable from the other at once.
+        (lead if i % 2 else follow).create("ns", f"memory {mid}", id=mid, embedding=v, embedding_model="t")
+        for c in (lead, follow):
+            got = c.search("ns", v, embedding_model="t", limit=1, read_only=True, strategy="similarity")
+            assert _ids(got) == [mid]
+    q = vecs["m7"]
+    both = [
+        [(r.memory.id, round(r.score, 5)) for r in c.search("ns", q, embedding_model="t", read_only=True)]
+        for c in (lead, follow)
+    ]
+    assert both[0] == both[1] and len(both[0]) == 10
+    # Update (importance: the score), tier move (a new vector entry), delete.
+    lead.update("ns", "m7", importance=0.01, tier="glacial")
+    lead.delete("ns", "m8")
+    for c in (lead, follow):
+        got = c.search("ns", vecs["m7"], embedding_model="t", limit=40, read_only=True)
+        hit = next(r for r in got if r.memory.id == "m7")
+        assert hit.memory.tier == pb.TIER_GLACIAL and hit.importance == pytest.approx(0.01, abs=1e-3)
+        assert "m8" not in _ids(got)
+        glacial = c.search("ns", vecs["m7"], embedding_model="t", read_only=True, tiers=["glacial"])
+        assert _ids(glacial) == ["m7"]
+    # Re-embedding moves the vector: the old one no longer finds it.
+    new = _vec(rng)
+    follow.update("ns", "m9", embedding=new, embedding_model="t")
+    for c in (lead, follow):
+        assert _ids(
+            c.search("ns", new, embedding_model="t", limit=1, read_only=True, strategy="similarity")
+        ) == ["m9"]
+        old = c.search("ns", vecs["m9"], embedding_model="t", limit=1, read_only=True, strategy="similarity")
+        assert _ids(old) != ["m9"]
+    follow.delete_namespace("ns", confirm=True)
+    for c in (lead, follow):
+        assert c.search("ns", q, embedding_model="t", read_only=True) == []
+
+
+def test_follower_follows_settings_and_new_spaces(
+    pair: tuple[RunningServer, MemoryClient, MemoryClient],
+) -> None:
+    _, lead, follow = pair
+    rng = np.random.default_rng(4)
+    v = _vec(rng)
+    lead.create("s", "a memory in a new space", id="x", embedding=v, embedding_model="other")
+    assert _ids(follow.search("s", v, embedding_model="other", read_only=True)) == ["x"]
+    # A namespace setting that changes scores: the importance half-life of its tier.
+    before = follow.search("s", v, embedding_model="other", read_only=True, as_of=time.time() + 86400 * 3)[0]
+    lead.update_namespace_config("s", tiers={"slow": {"half_life_hours": 1.0}})
+    after = follow.search("s", v, embedding_model="other", read_only=True, as_of=time.time() + 86400 * 3)[0]
+    ref = lead.search("s", v, embedding_model="other", read_only=True, as_of=time.time() + 86400 * 3)[0]
+    assert after.importance < before.importance
+    assert after.importance == pytest.approx(ref.importance, rel=1e-3)
+
+
+def test_forwarded_calls_keep_their_errors(pair: tuple[RunningServer, MemoryClient, MemoryClient]) -> None:
+    _, lead, follow = pair
+    with pytest.raises(InvalidArgumentError) as direct:
+        lead.create("ns", "x", importance=7.0)
+    with pytest.raises(InvalidArgumentError) as forwarded:
+        follow.create("ns", "x", importance=7.0)
+    assert forwarded.value.fields == direct.value.fields == ["memory.importance"]
+    assert str(forwarded.value) == str(direct.value)
+    assert lead.stats().memory_count == 0
+
+
+def test_follower_searches_count_as_accesses_on_the_leader(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    srv = server_factory(search_processes=2, access_flush_seconds=0.2, search_records_access=True)
+    assert srv.followers is not None
+    follow = _client_on(srv.port, srv.followers.pids()[0])
+    v = _vec(np.random.default_rng(5))
+    follow.create("acc", "remember me", id="r", embedding=v, embedding_model="t")
+    for _ in range(3):
+        assert _ids(follow.search("acc", v, embedding_model="t")) == ["r"]
+    deadline = time.monotonic() + 10
+    while follow.get("acc", "r").access_count < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert follow.get("acc", "r").access_count == 3
+    assert follow.stats("acc").search_hits == 3  # the follower's hit counts reach the leader's stats
+    follow.channel.close()
+
+
+def test_a_killed_follower_is_replaced(pair: tuple[RunningServer, MemoryClient, MemoryClient]) -> None:
+    srv, lead, _ = pair
+    assert srv.followers is not None
+    (old,) = srv.followers.pids()
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while (srv.followers.pids() == [old] or srv.followers.restarts == 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (new,) = srv.followers.pids()
+    assert new != old
+    v = _vec(np.random.default_rng(6))
+    lead.create("k", "after the restart", id="a", embedding=v, embedding_model="t")
+    c = _client_on(srv.port, new)
+    assert _ids(c.search("k", v, embedding_model="t", read_only=True)) == ["a"]
+    c.channel.close()
+
+
+def test_stopping_the_leader_stops_its_followers(server_factory: Callable[..., RunningServer]) -> None:
+    srv = server_factory(search_processes=3)
+    assert srv.followers is not None
+    pids = srv.followers.pids()
+    assert len(pids) == 2
+    srv.stop(1.0)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_followers_exit_when_the_leader_is_killed(
+    server_process: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    srv = server_process(tmp_path / "data", "--search-processes", "2")
+    with MemoryClient(srv.target) as c:
+        c.create("ns", "durable", id="d")
+    children = Path(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read_text().split()
+    assert len(children) == 1
+    srv.kill9()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{children[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{children[0]}").exists()
+    again = server_process(tmp_path / "data", "--search-processes", "2")  # the port's data dir again
+    with MemoryClient(again.target) as c:
+        assert c.get("ns", "d").content == "durable"
+
+
+def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 30)
+    from tiermem.server.records import Record
+
+    def rec(rid: int) -> Record:
+        return Record(
+            rid=rid,
+            id=f"m{rid}",
+            namespace="n",
+            content=f"c{rid}",
+            kind="observation",
+            tier=3,
+            importance=0.5,
+        )
+
+    for rids, settings in (([1, 2], False), ([3], True), ([2], False)):
+        with store.write() as txn:
+            for r in rids:
+                store.put(txn, rec(r))
+            if settings:
+                store.put_namespace_config(txn, "n", {"protected": True})
+            store.next_seq(txn, 1000.0 + len(rids))
+    with store.read() as txn:
+        assert store.committed_seq(txn) == 3
+        first, settings, rids = store.commits_after(txn, 0)  # type: ignore[misc]
+        assert (first, settings, rids.tolist()) == (1, True, [1, 2, 3])
+        first, settings, rids = store.commits_after(txn, 2)  # type: ignore[misc]
+        assert (first, settings, rids.tolist()) == (3, False, [2])
+        assert store.commits_after(txn, 3) is None
+    # Pruned only once a snapshot holds the commit and it is old enough.
+    with store.write() as txn:
+        store.forget_changes(txn, 2, now=1000.0 + Store.COMMIT_LOG_SECONDS - 10)
+    with store.read() as txn:
+        assert store.commits_after(txn, 0)[0] == 1  # type: ignore[index]
+    with store.write() as txn:
+        store.forget_changes(txn, 2, now=1003.0 + Store.COMMIT_LOG_SECONDS)
+    with store.read() as txn:
+        assert store.commits_after(txn, 0)[0] == 3  # type: ignore[index]
+    store.close()
