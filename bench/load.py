@@ -30,37 +30,39 @@ HEALTH_SERVICE = "tiermem.v1.MemoryService"
 # processes x T threads always runs in P distinct processes.
 
 
-def _worker_main(target: str, tasks: Any, results: Any) -> None:
+def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from tiermem.v1 import memory_pb2 as pb
     from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
-    channel = grpc.insecure_channel(
-        target,
-        options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ],
-    )
-    grpc.channel_ready_future(channel).result(timeout=60)
-    stub = pb_grpc.MemoryServiceStub(channel)
-    health = health_pb2_grpc.HealthStub(channel)
+    options = [
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ]
+    if connections > 1:  # a connection each (channels with equal options otherwise share one)
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    channels = [grpc.insecure_channel(target, options=options) for _ in range(connections)]
+    for channel in channels:
+        grpc.channel_ready_future(channel).result(timeout=60)
+    stubs = [pb_grpc.MemoryServiceStub(c) for c in channels]
+    healths = [health_pb2_grpc.HealthStub(c) for c in channels]
     pid = os.getpid()
     while True:
         task = tasks.get()
         if task is None:
             break
         try:
-            results.put(_run_task(task, stub, health, pb, health_pb2, grpc, pid))
+            results.put(_run_task(task, stubs, healths, pb, health_pb2, grpc, pid))
         except Exception as e:  # reported to the parent, which fails the run
             results.put({"error": f"{type(e).__name__}: {e}"})
-    channel.close()
+    for channel in channels:
+        channel.close()
 
 
 def _run_task(
-    task: dict[str, Any], stub: Any, health: Any, pb: Any, health_pb2: Any, grpc: Any, pid: int
+    task: dict[str, Any], stubs: list[Any], healths: list[Any], pb: Any, health_pb2: Any, grpc: Any, pid: int
 ) -> Any:
     op: str = task["op"]
     threads: int = task["threads"]
@@ -90,6 +92,7 @@ def _run_task(
     health_req = health_pb2.HealthCheckRequest(service=HEALTH_SERVICE)
 
     def call(kind: str, tid: int, i: int) -> None:
+        stub, health = stubs[tid % len(stubs)], healths[tid % len(healths)]  # thread t: connection t mod C
         if kind == "health":
             health.Check(health_req, timeout=timeout)
         elif kind == "search":
@@ -147,14 +150,17 @@ def _run_task(
 
 
 class LoadPool:
-    """``procs`` spawned worker processes, each with its own channel and task queue."""
+    """``procs`` spawned worker processes, each with its own task queue and ``connections`` channels
+    (connections) that its threads take in turn: more than one lets the kernel spread a process's
+    calls over a server's processes (search followers share one port)."""
 
-    def __init__(self, target: str, procs: int) -> None:
+    def __init__(self, target: str, procs: int, connections: int = 1) -> None:
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.queues = [ctx.Queue() for _ in range(procs)]
         self.procs = [
-            ctx.Process(target=_worker_main, args=(target, q, self.results), daemon=True) for q in self.queues
+            ctx.Process(target=_worker_main, args=(target, q, self.results, connections), daemon=True)
+            for q in self.queues
         ]
         for p in self.procs:
             p.start()

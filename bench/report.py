@@ -15,6 +15,7 @@ PHASE_ORDER = {
             "search",
             "search_vs_size",
             "filtered_search",
+            "followers",
             "mix",
             "consolidation",
             "chroma",
@@ -102,6 +103,56 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         f.get("composed_search_limit"),
         0.9,
     )
+    # With search followers (the followers phase): the same targets, against the empty RPC of that
+    # server (its processes serve it too) and against Chroma; and the gain over one process.
+    fol = res.get("memory", {}).get("followers")
+    if fol:
+        ge(
+            f"{fol} processes: search c{hi} / their empty-RPC c{hi}",
+            f.get("fol_search_hi_ops"),
+            f.get("fol_empty_hi_ops"),
+            0.7,
+        )
+        ge(
+            f"{fol} processes: search c{hi} / Chroma c{hi}",
+            f.get("fol_search_hi_ops"),
+            f.get("chroma_search_hi_ops"),
+            10,
+        )
+        ge(
+            f"{fol} processes: similarity search c{hi} / Chroma c{hi}",
+            f.get("fol_sim_hi_ops"),
+            f.get("chroma_search_hi_ops"),
+            10,
+        )
+        le(
+            f"{fol} processes: search c1 p50 / empty-RPC c1 p50",
+            f.get("fol_search_c1_p50"),
+            f.get("empty_c1_p50"),
+            1.5,
+        )
+        for label, key, base in (
+            ("search", "fol_search_hi_ops", "search_hi_ops"),
+            ("similarity search", "fol_sim_hi_ops", "sim_hi_ops"),
+            ("empty RPC", "fol_empty_hi_ops", "empty_hi_ops"),
+        ):
+            out.append(
+                ratio(
+                    f"{fol} processes / one process: {label} c{hi}",
+                    _div(f.get(key), f.get(base)),
+                    "context (the gain of the followers)",
+                    None,
+                )
+            )
+        fa = f.get("fol_anon_ratio")
+        out.append(
+            ratio(
+                f"{fol} processes: anonymous RSS of all (total / n) / (vector + links)",
+                fa,
+                "< 2 (each process holds its own copy)",
+                fa is not None and fa < 2,
+            )
+        )
     ge(
         "batch ingest / FAISS add, the faster of 1 and every core",
         f.get("batch_ops"),

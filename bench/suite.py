@@ -146,6 +146,7 @@ class Server:
 
     def __init__(self, data_dir: Path, log: Path) -> None:
         self.data_dir, self.log = data_dir, log
+        self.env = dict(SERVER_ENV)
         self.proc: subprocess.Popen[bytes] | None = None
         self.target = ""
         self.channel: Any = None
@@ -156,7 +157,7 @@ class Server:
 
         from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
-        self.proc, self.target, seconds = start_server_timed(self.data_dir, self.log, SERVER_ENV)
+        self.proc, self.target, seconds = start_server_timed(self.data_dir, self.log, self.env)
         self.channel = grpc.insecure_channel(
             self.target,
             options=[
@@ -193,6 +194,13 @@ class Server:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def pids(self) -> list[int]:
+        """The server process and its search followers, if any."""
+        children = Path(f"/proc/{self.pid}/task/{self.pid}/children")
+        return (
+            [self.pid, *(int(c) for c in children.read_text().split())] if children.exists() else [self.pid]
+        )
 
 
 class Suite:
@@ -254,7 +262,7 @@ class Suite:
         procs, threads = self.shape(conc)
         # Steady state: background work a previous phase left (indexing, a periodic snapshot after
         # many writes, ~1.3 s of CPU at 100k) would otherwise fall into this window.
-        waited = wait_idle(self.server.pid)
+        waited = sum(wait_idle(pid) for pid in self.server.pids())
         idle = f" (server idle after {waited:.1f} s)" if waited > 1.0 else ""
         print(
             f"[{phase}] {name} at concurrency {conc} ({procs}x{threads}) for {seconds} s{idle} ...",
@@ -446,6 +454,53 @@ class Suite:
             where = json.dumps({"metadata.bucket": {"$lt": sel}})
             for conc in (1, self.hi):
                 self.search("filtered_search", f"SearchMemories k={K} where keeps {sel}%", conc, where=where)
+
+    def followers(self) -> None:
+        """The search loads again on the same data with search followers (``--search-processes``
+        N: the server restarted with N processes on its port), and the empty RPC against that
+        server; load processes open ``--connections`` connections each, which the kernel spreads
+        over the server's processes. Then the server is restarted as it was."""
+        n = self.args.search_processes
+        if n <= 1:
+            return
+        assert self.pool is not None
+        print(f"[followers] restarting the server with {n} search processes ...", flush=True)
+        self.pool.close()
+        self.server.stop()
+        self.server.env = SERVER_ENV | {"TIERMEM_SEARCH_PROCESSES": str(n)}
+        s = self.server.start()
+        self.timing(f"start-up with {n} search processes (clean stop before)", self.args.n, s)
+        self.pool = LoadPool(self.server.target, self.args.procs, connections=self.args.connections)
+        time.sleep(0.5)
+        anon = sum(rss_parts(pid).get("RssAnon", 0) for pid in self.server.pids())
+        rss = sum(rss_parts(pid)["VmRSS"] for pid in self.server.pids())
+        per_vec = self.args.dim * 4 + HNSW_M * 2 * 4
+        self.results["memory"] |= {"followers_anon_bytes": anon, "followers_rss_bytes": rss, "followers": n}
+        print(
+            f"[followers] {len(self.server.pids())} processes: anonymous {anon / 2**20:.1f} MiB "
+            f"({anon / self.args.n:,.0f} B/memory), RSS {rss / 2**20:.1f} MiB",
+            flush=True,
+        )
+        phase, name = "followers", f"{n} processes: "
+        rh = self.load(phase, name + "health Check", "health", self.hi)
+        r1 = self.search(phase, name + f"SearchMemories k={K}", 1)
+        rs = self.search(phase, name + f"SearchMemories k={K}", self.hi)
+        rm = self.search(
+            phase, name + f"SearchMemories k={K} similarity strategy", self.hi, strategy=SIMILARITY
+        )
+        self.figures |= {
+            "fol_empty_hi_ops": rh["ops_per_s"],
+            "fol_search_c1_p50": r1["p50_ms"],
+            "fol_search_c1_p99": r1["p99_ms"],
+            "fol_search_hi_ops": rs["ops_per_s"],
+            "fol_sim_hi_ops": rm["ops_per_s"],
+            "fol_anon_ratio": anon / self.args.n / per_vec,
+        }
+        self.pool.close()
+        self.server.stop()
+        self.server.env = dict(SERVER_ENV)
+        self.server.start()
+        self.pool = LoadPool(self.server.target, self.args.procs)
 
     def recall(self) -> None:
         d = self.data
@@ -966,6 +1021,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--chroma-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
     p.add_argument("--chroma-timeout", type=float, default=1800)
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=None, help="write PNG plots")
+    p.add_argument(
+        "--search-processes",
+        type=int,
+        default=2,
+        help="also measure searches with this many server processes (search followers; 1: skip)",
+    )
+    p.add_argument(
+        "--connections", type=int, default=4, help="connections per load process in the followers phase"
+    )
     args = p.parse_args()
     if args.procs <= 0:
         args.procs = min(4, max(2, os.cpu_count() or 2))
@@ -1002,6 +1066,7 @@ def main() -> None:
             suite.search_phase()
             suite.filtered_search()
             suite.recall()
+            suite.followers()
             suite.writes()
             suite.ingest_in_flight()
             suite.restarts_and_consolidation()

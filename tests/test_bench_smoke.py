@@ -19,6 +19,7 @@ PHASES = {
     "search",
     "search_vs_size",
     "filtered_search",
+    "followers",
     "mix",
     "consolidation",
     "faiss",
