@@ -52,6 +52,7 @@ issue's targets are printed next to the ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -197,10 +198,11 @@ class Server:
 
     def pids(self) -> list[int]:
         """The server process and its search followers, if any."""
-        children = Path(f"/proc/{self.pid}/task/{self.pid}/children")
-        return (
-            [self.pid, *(int(c) for c in children.read_text().split())] if children.exists() else [self.pid]
-        )
+        kids = []
+        for task in Path(f"/proc/{self.pid}/task").iterdir():  # (followers are a thread's children)
+            with contextlib.suppress(OSError):  # the thread ended meanwhile
+                kids += [int(c) for c in (task / "children").read_text().split()]
+        return [self.pid, *kids]
 
 
 class Suite:

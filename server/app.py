@@ -6,6 +6,7 @@ import ctypes
 import gc
 import logging
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -51,6 +52,8 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), start the search
     followers if any and wait for them, then report SERVING."""
     leading = config.search_processes > 1
+    if leading and config.port:
+        _check_port_free(config.host, config.port)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
@@ -86,7 +89,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         engine = Engine(config) if clock is None else Engine(config, clock=clock)
         servicer.engine = engine
         if leading:
-            followers = follower.Followers(config, port, private)
+            followers = follower.Followers(config, port, private, on_exit=engine.store.clear_stale_readers)
             try:
                 followers.start()
             except BaseException:
@@ -99,6 +102,23 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return RunningServer(server, port, engine, health_servicer, followers)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """With followers the port is bound with SO_REUSEPORT, which another server of the same user
+    could share unnoticed (the kernel would then split clients between two databases): refuse a
+    port that anything listens on, as a bind without it would."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise RuntimeError(f"cannot resolve {host}:{port}: {e}") from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(addr)
+            except OSError as e:
+                raise RuntimeError(f"cannot bind {host}:{port}: {e}") from None
 
 
 def tune_malloc(mmap_threshold: int) -> bool:

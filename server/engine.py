@@ -114,6 +114,10 @@ class Space:
     indexes: dict[int, VectorIndex] = field(default_factory=dict)
 
 
+class _SnapshotReplaced(Exception):
+    pass
+
+
 class FollowerBehind(Unavailable):
     """A follower missed commits the commit log no longer holds (or stopped following): it must
     load again; its searches fail with UNAVAILABLE until it is replaced."""
@@ -161,6 +165,7 @@ class Engine:
             max_map_size=config.max_map_size,
             sync=config.sync,
             readonly=self.following,
+            log_commits=config.search_processes > 1,
         )
         self._applied = 0  # the last commit the columns and indexes hold (set by _load)
         self._follow_lock = threading.Lock()
@@ -259,10 +264,24 @@ class Engine:
         return self.index_dir / f"{hashlib.sha256(sp.model.encode()).hexdigest()[:32]}-t{tier}"
 
     def _load(self) -> None:
+        for _ in range(8):
+            try:
+                return self._load_once()
+            except _SnapshotReplaced:  # a follower: the leader wrote a newer snapshot meanwhile
+                continue
+        raise StorageError("the columns snapshot kept changing while this follower loaded")
+
+    def _load_once(self) -> None:
         t0 = time.monotonic()
         faiss.omp_set_num_threads(os.cpu_count() or 1)  # rebuilds use every core; no searches yet
         snap = snapshots.load_columns(self.index_dir, self.store.instance)
         with self.store.read() as txn:
+            if self.following and snap is not None and snapshots.current_seq(self.index_dir) != snap[1]:
+                # The leader wrote the next snapshot after this one was read, and may have dropped
+                # the change-log entries this load would replay (they go once a snapshot holds
+                # them): read it again. (Written after the check, a new one cannot have dropped
+                # them before this transaction began.)
+                raise _SnapshotReplaced
             self._applied = self.store.committed_seq(txn)
             if self.following:
                 self.store.seq = self._applied  # the commits this read sees, not those at open
@@ -485,10 +504,10 @@ class Engine:
                 for tier, idx in list(sp.indexes.items()):
                     idx.save(self._snapshot_base(sp, tier), sp.model, self.store.instance)
             if columns_ok and running:
-                self.writer.submit(lambda txn: self.store.forget_changes(txn, seq, time.time()), lambda n: n)
+                self.writer.submit(lambda txn: self.store.forget_changes(txn, seq), lambda n: n)
             elif columns_ok:
                 with self.store.write() as txn:
-                    self.store.forget_changes(txn, seq, time.time())
+                    self.store.forget_changes(txn, seq)
             self._snapshot_changes = changes
             self._snapshot_time = time.monotonic()
             logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
@@ -520,6 +539,8 @@ class Engine:
     def _maintain(self) -> None:
         while not self._stop.wait(self.config.maintenance_interval_seconds):
             try:
+                if self.config.search_processes > 1:
+                    self.store.clear_stale_readers()  # a follower killed while reading
                 self.retry_embeddings()
                 self.sweep()
                 report = self.consolidate(scheduled=True, max_reported=0)
@@ -1413,9 +1434,17 @@ class Engine:
         if not pending and not any(total):
             return 0
         if self._access_sink is not None:
-            self._access_sink(
-                {"access": [[r, n, t] for r, (n, t) in pending.items()], "searches": counts, "total": total}
-            )
+            try:
+                self._access_sink(
+                    {
+                        "access": [[r, n, t] for r, (n, t) in pending.items()],
+                        "searches": counts,
+                        "total": total,
+                    }
+                )
+            except Exception as e:  # soft state, as a crash loses the last second of them
+                logger.warning("%d accesses not handed to the leader: %s", len(pending), e)
+                return 0
         return len(pending)
 
     def merge_follower_report(self, report: dict[str, Any]) -> int:
@@ -1450,13 +1479,21 @@ class Engine:
             seq = self.store.committed_seq(txn)
             if seq == self._applied:
                 return 0
-            log = self.store.commits_after(txn, self._applied)
-            if log is None or log[0] != self._applied + 1:
-                raise FollowerBehind(f"commits {self._applied + 1}..{seq} are no longer in the commit log")
-            _, settings, rids = log
-            if settings:
-                self._follow_settings(txn)
-            self._follow_records(txn, rids)
+            try:
+                log = self.store.commits_after(txn, self._applied)
+                if log is None or log[0] != self._applied + 1:
+                    raise FollowerBehind(
+                        f"commits {self._applied + 1}..{seq} are no longer in the commit log"
+                    )
+                _, settings, rids = log
+                if settings:
+                    self._follow_settings(txn)
+                self._follow_records(txn, rids)
+            except Exception as e:
+                # Applied in part, maybe: this process can no longer be trusted to match LMDB. It
+                # stops serving searches and exits; its leader starts another, which loads afresh.
+                self.follow_error = e
+                raise FollowerBehind(f"this follower stopped following: {e!r}") from e
             done, self._applied = seq - self._applied, seq
             self.store.seq = seq
             return done
@@ -1523,7 +1560,7 @@ class Engine:
                     self.compact_indexes()
             except Exception as e:  # searches now fail (UNAVAILABLE) until the follower reloads
                 logger.exception("following the leader's commits failed")
-                self.follow_error = e
+                self.follow_error = self.follow_error or e
                 return
 
     # -- transfer -------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ that fell behind the commit log exits on purpose and loads again).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import signal
@@ -79,82 +78,149 @@ def report_handler(engine: Callable[[], Engine | None]) -> grpc.GenericRpcHandle
     )
 
 
+# A follower's first lines, before any heavy import: from here on it gets SIGTERM when the thread
+# that started it ends (the leader's ``Followers`` thread, which lives as long as the leader), and
+# it leaves at once if the leader is already gone (its parent is then another process).
+_LAUNCH = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass  # not Linux: the follower's own loop watches its parent
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)
+from tiermem.server.follower import main
+main(sys.argv[1:])
+"""
+
+
 class Followers:
-    """The leader's follower processes: started, watched (restarted when one exits early), stopped."""
+    """The leader's follower processes: started, watched (restarted when one exits early, with a
+    growing delay if they keep failing), stopped. One thread does all of it, started by ``start``
+    and ending at ``stop``: a follower's death signal is tied to the thread that started it."""
 
-    RESTART_DELAY = 1.0
+    MIN_DELAY, MAX_DELAY = 1.0, 60.0  # between a follower's exit and its replacement
+    STEADY = 60.0  # a follower that served this long resets the delay
 
-    def __init__(self, config: ServerConfig, port: int, leader: str) -> None:
+    def __init__(
+        self, config: ServerConfig, port: int, leader: str, on_exit: Callable[[], Any] = lambda: None
+    ) -> None:
         self.config = config
         self.port = port
         self.leader = leader
         self.count = config.search_processes - 1
         self.restarts = 0
+        self.on_exit = on_exit  # after a follower exits (the leader frees its LMDB reader slot)
         self._procs: list[subprocess.Popen[str] | None] = [None] * self.count
+        self._started: list[float] = [0.0] * self.count
         self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self._watcher: threading.Thread | None = None
+        self._thread: threading.Thread | None = None
 
-    def _spawn(self) -> subprocess.Popen[str]:
-        cfg = self.config.to_json()
-        cmd = [
-            sys.executable,
-            "-m",
-            "tiermem.server.follower",
-            "--leader",
-            self.leader,
-            "--port",
-            str(self.port),
-        ]
-        env = dict(os.environ, TIERMEM_FOLLOWER_CONFIG=cfg)
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-
-    def start(self, timeout: float = 600.0) -> None:
-        """Start every follower and wait until each serves (loaded, bound to the port)."""
+    def _spawn(self, i: int) -> subprocess.Popen[str] | None:
         with self._lock:
-            for i in range(self.count):
-                self._procs[i] = self._spawn()
-        deadline = time.monotonic() + timeout
-        for proc in list(self._procs):
-            assert proc is not None
-            _wait_ready(proc, deadline)
-        self._watcher = threading.Thread(target=self._watch, name="tiermem-followers", daemon=True)
-        self._watcher.start()
+            if self._stopping.is_set():
+                return None
+            cmd = [
+                sys.executable,
+                "-c",
+                _LAUNCH,
+                str(os.getpid()),
+                "--leader",
+                self.leader,
+                "--port",
+                str(self.port),
+            ]
+            env = dict(os.environ, TIERMEM_FOLLOWER_CONFIG=self.config.to_json())
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+            self._procs[i], self._started[i] = proc, time.monotonic()
+            return proc
+
+    def start(self) -> None:
+        """Start every follower and wait until each serves (loaded, bound to the port); raises if
+        one exits first."""
+        self._thread = threading.Thread(target=self._run, name="tiermem-followers", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise RuntimeError(f"search followers did not start: {self._error}")
 
     def pids(self) -> list[int]:
         with self._lock:
             return [p.pid for p in self._procs if p is not None]
 
-    def _watch(self) -> None:
+    def _run(self) -> None:
+        try:
+            procs = [self._spawn(i) for i in range(self.count)]
+            for proc in procs:
+                if proc is not None and not self._wait_ready(proc):
+                    raise RuntimeError(f"follower {proc.pid} exited with {proc.poll()} before serving")
+        except BaseException as e:
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        delay = [self.MIN_DELAY] * self.count
         while not self._stopping.wait(0.2):
             for i, proc in enumerate(list(self._procs)):
                 if proc is None or proc.poll() is None:
                     continue
-                logger.warning(
-                    "search follower %d exited with %s: starting another", proc.pid, proc.returncode
-                )
-                if self._stopping.wait(self.RESTART_DELAY):
-                    return
-                with self._lock:
-                    if self._stopping.is_set():
-                        return
-                    self._procs[i] = new = self._spawn()
-                    self.restarts += 1
                 try:
-                    _wait_ready(new, time.monotonic() + 600.0)
-                except RuntimeError:
-                    logger.exception("a restarted search follower did not start")
+                    self._replace(i, proc, delay)
+                except Exception:  # keep watching the others
+                    logger.exception("restarting search follower %d failed", proc.pid)
+
+    def _replace(self, i: int, proc: subprocess.Popen[str], delay: list[float]) -> None:
+        self.on_exit()
+        if time.monotonic() - self._started[i] >= self.STEADY:
+            delay[i] = self.MIN_DELAY
+        logger.warning(
+            "search follower %d exited with %s: another in %.0f s", proc.pid, proc.returncode, delay[i]
+        )
+        if self._stopping.wait(delay[i]):
+            return
+        delay[i] = min(2 * delay[i], self.MAX_DELAY)
+        new = self._spawn(i)
+        if new is None:
+            return
+        self.restarts += 1
+        if not self._wait_ready(new) and not self._stopping.is_set():
+            logger.error("search follower %d exited with %s before serving", new.pid, new.poll())
+
+    def _wait_ready(self, proc: subprocess.Popen[str]) -> bool:
+        """Read the follower's output up to its ready line (then drain the rest in the background);
+        False if it exits first or the leader stops meanwhile."""
+        out: IO[str] | None = proc.stdout
+        assert out is not None
+        got = threading.Event()
+        ready = [False]
+
+        def read() -> None:
+            with out:
+                for line in out:
+                    if line.strip() == READY:
+                        ready[0] = True
+                        got.set()
+            got.set()  # EOF: the follower exited
+
+        threading.Thread(target=read, name="tiermem-follower-out", daemon=True).start()
+        while not got.wait(0.2):
+            if self._stopping.is_set():
+                return False
+        return ready[0]
 
     def stop(self, grace: float) -> None:
         """SIGTERM every follower (each finishes its calls within ``grace``), then wait for them."""
-        self._stopping.set()
-        if self._watcher is not None:
-            self._watcher.join()
         with self._lock:
+            self._stopping.set()
             procs = [p for p in self._procs if p is not None]
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
+        if self._thread is not None:
+            self._thread.join()
         for p in procs:
             try:
                 p.wait(grace + 30.0)
@@ -163,37 +229,7 @@ class Followers:
                 p.wait()
 
 
-def _wait_ready(proc: subprocess.Popen[str], deadline: float) -> None:
-    """Read the follower's output up to its ready line, then drain the rest in the background."""
-    out: IO[str] | None = proc.stdout
-    assert out is not None
-    got = threading.Event()
-
-    def read() -> None:
-        with out:
-            for line in out:
-                if line.strip() == READY:
-                    got.set()
-        got.set()  # EOF: the follower exited
-
-    threading.Thread(target=read, name="tiermem-follower-out", daemon=True).start()
-    if not got.wait(max(0.0, deadline - time.monotonic())) or proc.poll() is not None:
-        proc.kill()
-        raise RuntimeError(f"search follower {proc.pid} did not start (exit status {proc.poll()})")
-
-
 # -- the follower process -----------------------------------------------------------------------------
-def _die_with_parent(parent: int) -> None:
-    """SIGTERM this process when the leader exits, however it exits (kill -9 included)."""
-    try:
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the watch loop below checks the parent too
-        pass
-    if os.getppid() != parent:  # it died before the above
-        sys.exit(0)
-
-
 def _local_searches(servicer: MemoryServicer) -> grpc.GenericRpcHandler:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
@@ -206,7 +242,7 @@ def _local_searches(servicer: MemoryServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
 
 
-def run(config: ServerConfig, leader: str, port: int) -> int:
+def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     """Serve as a search follower of ``leader`` on config.host:``port`` until SIGTERM (0), or until
     it can no longer follow (3: the leader starts another)."""
     from .app import freeze_startup_objects, tune_malloc
@@ -261,7 +297,6 @@ def run(config: ServerConfig, leader: str, port: int) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    parent = os.getppid()
     print(READY, flush=True)
     status = 0
     while not done.wait(0.5):
@@ -269,7 +304,7 @@ def run(config: ServerConfig, leader: str, port: int) -> int:
             logger.error("search follower stops: %r", engine.follow_error)
             status = 3
             break
-        if os.getppid() != parent:
+        if os.getppid() != leader_pid:  # the leader is gone (without Linux's death signal)
             break
     health_servicer.enter_graceful_shutdown()
     server.stop(config.shutdown_grace_seconds).wait()
@@ -282,16 +317,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="tiermem-follower", description="A tiermem search follower (started by the server)."
     )
+    p.add_argument("leader_pid", type=int, help="the leader's process id")
     p.add_argument("--leader", required=True, help="the leader's private address")
     p.add_argument("--port", type=int, required=True, help="the port the leader serves")
     args = p.parse_args(argv)
-    _die_with_parent(os.getppid())
     config = ServerConfig.from_json(os.environ["TIERMEM_FOLLOWER_CONFIG"])
     logging.basicConfig(
         level=config.log_level.upper(),
         format=f"%(asctime)s %(levelname)s follower {os.getpid()} %(name)s: %(message)s",
     )
-    sys.exit(run(config, args.leader, args.port))
+    sys.exit(run(config, args.leader, args.port, args.leader_pid))
 
 
 if __name__ == "__main__":

@@ -125,6 +125,9 @@ class Forwarder(grpc.GenericRpcHandler):
         _cancel_with(context, future)
         try:
             response: bytes = future.result()
+        except grpc.FutureCancelledError:  # the caller went away and cancelled it: nobody to answer
+            context.abort(grpc.StatusCode.CANCELLED, "the caller cancelled the call")
+            raise  # not reached: abort raises
         except grpc.RpcError as e:
             self._abort(context, e)
             raise  # not reached: abort raises

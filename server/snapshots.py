@@ -52,6 +52,14 @@ def save_columns(directory: Path, state: dict[str, Any], seq: int, instance: str
     return path
 
 
+def current_seq(directory: Path) -> int | None:
+    """The commit sequence number of the current columns snapshot (None: none readable)."""
+    try:
+        return int(json.loads((directory / "columns.json").read_text())["seq"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] | None:
     """(state, commit sequence number) of the current columns snapshot, or None."""
     try:

@@ -20,8 +20,9 @@ One environment with named sub-databases:
   snapshot (``meta`` holds the sequence number of the last commit)
 - ``commits``: commit sequence number (8 bytes) -> msgpack [time, settings changed, rids (uint64
   array)]: what each commit changed, in order, so a search follower process (``follower.py``)
-  catches up with a cursor from the last commit it applied instead of scanning ``changes``; kept
-  until a snapshot holds the commit and the entry is ``COMMIT_LOG_SECONDS`` old
+  catches up with a cursor from the last commit it applied instead of scanning ``changes``;
+  written only while followers may read it (``log_commits``), entries dropped once
+  ``COMMIT_LOG_SECONDS`` old (a follower further behind loads again)
 
 Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
@@ -102,18 +103,28 @@ def _put(txn: lmdb.Transaction, key: bytes, value: bytes, db: Any, new: bool) ->
 class Store:
     """Owns the LMDB environment and the encoding of every key and value in it."""
 
-    COMMIT_LOG_SECONDS = 600.0  # commit-log entries a snapshot holds are dropped once this old
+    COMMIT_LOG_SECONDS = 600.0  # commit-log entries are dropped once this old
+    PRUNE_EVERY = 256  # commits between two looks for old commit-log entries
 
     def __init__(
-        self, path: Path, *, map_size: int, max_map_size: int, sync: bool = True, readonly: bool = False
+        self,
+        path: Path,
+        *,
+        map_size: int,
+        max_map_size: int,
+        sync: bool = True,
+        readonly: bool = False,
+        log_commits: bool = False,
     ) -> None:
         """``readonly``: a search follower's view of the environment another process writes
-        (its commits appear at each new read transaction); any write attempt raises."""
+        (its commits appear at each new read transaction); any write attempt raises.
+        ``log_commits``: keep the commit log (a writer with search followers)."""
         if not readonly:
             path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_map_size = max_map_size
         self.readonly = readonly
+        self.log_commits = log_commits
         try:
             self.env = lmdb.open(
                 str(path),
@@ -151,6 +162,17 @@ class Store:
         with self.env.begin() as txn:
             self.seq = self.committed_seq(txn)  # of the last commit (writer thread only)
         self.changed_count = 0
+        if not readonly:
+            self.clear_stale_readers()
+
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died inside a read transaction (a follower
+        killed while searching): LMDB keeps the pages such a slot pins until this runs, so the file
+        would grow with every write. Returns how many were freed."""
+        cleared = int(self.env.reader_check())
+        if cleared:
+            logger.warning("freed %d LMDB reader slots of processes that are gone", cleared)
+        return cleared
 
     def _check_schema(self) -> str:
         """Check (or, for a new environment, write) the schema version; returns the instance id."""
@@ -263,11 +285,23 @@ class Store:
         it commits)."""
         self.seq += 1
         txn.put(_META_SEQ, _RID.pack(self.seq), db=self.meta)
-        rids = np.fromiter(self._log_rids, np.uint64, len(self._log_rids))
-        entry = msgpack.packb([now, self._log_settings, np.sort(rids).tobytes()], use_bin_type=True)
-        _put(txn, _RID.pack(self.seq), entry, self.commits, new=True)
+        if self.log_commits:
+            rids = np.fromiter(self._log_rids, np.uint64, len(self._log_rids))
+            entry = msgpack.packb([now, self._log_settings, np.sort(rids).tobytes()], use_bin_type=True)
+            _put(txn, _RID.pack(self.seq), entry, self.commits, new=True)
+        if self.seq % self.PRUNE_EVERY == 0:
+            self._prune_commit_log(txn, now - self.COMMIT_LOG_SECONDS)
         self._log_rids.clear()
         self._log_settings = False
+
+    def _prune_commit_log(self, txn: lmdb.Transaction, before: float, most: int = 4096) -> int:
+        """Drop up to ``most`` commit-log entries written before ``before``, oldest first."""
+        cur = txn.cursor(db=self.commits)
+        dropped = 0
+        while dropped < most and cur.first() and msgpack.unpackb(cur.value())[0] < before:
+            cur.delete()
+            dropped += 1
+        return dropped
 
     def committed_seq(self, txn: lmdb.Transaction) -> int:
         """The sequence number of the last commit ``txn`` sees."""
@@ -299,18 +333,11 @@ class Store:
         """rids of the records changed (written or deleted) by commits after ``seq``."""
         return [rid_of(bytes(k)) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] > seq]
 
-    def forget_changes(self, txn: lmdb.Transaction, upto: int, now: float) -> int:
-        """Drop change-log entries of commits up to ``upto`` (a snapshot holding them is on disk),
-        and commit-log entries among them older than ``COMMIT_LOG_SECONDS`` (a follower further
-        behind than that reloads)."""
+    def forget_changes(self, txn: lmdb.Transaction, upto: int) -> int:
+        """Drop change-log entries of commits up to ``upto`` (a snapshot holding them is on disk)."""
         old = [bytes(k) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] <= upto]
         for k in old:
             txn.delete(k, db=self.changes)
-        cur = txn.cursor(db=self.commits)
-        while cur.first() and rid_of(bytes(cur.key())) <= upto:
-            if msgpack.unpackb(cur.value())[0] > now - self.COMMIT_LOG_SECONDS:
-                break
-            cur.delete()
         return len(old)
 
     def put(self, txn: lmdb.Transaction, rec: Record, new: bool = False) -> None:

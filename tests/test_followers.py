@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +21,9 @@ from conftest import ServerProcess
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
-from tiermem.server.app import RunningServer
+from tiermem.server.app import RunningServer, create_server
+from tiermem.server.config import ServerConfig
+from tiermem.server.records import Record
 from tiermem.server.storage import Store
 from tiermem.v1 import memory_pb2 as pb
 
@@ -61,6 +66,11 @@ def pair(
     yield srv, lead, follow
     lead.channel.close()
     follow.channel.close()
+
+
+def _children(pid: int) -> list[str]:
+    """Child processes of every thread of ``pid`` (the leader's Followers thread starts them)."""
+    return [c for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
 
 
 def _ids(results: list[pb.SearchResult]) -> list[str]:
@@ -189,7 +199,7 @@ def test_followers_exit_when_the_leader_is_killed(
     srv = server_process(tmp_path / "data", "--search-processes", "2")
     with MemoryClient(srv.target) as c:
         c.create("ns", "durable", id="d")
-    children = Path(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read_text().split()
+    children = _children(srv.proc.pid)
     assert len(children) == 1
     srv.kill9()
     deadline = time.monotonic() + 30
@@ -202,8 +212,8 @@ def test_followers_exit_when_the_leader_is_killed(
 
 
 def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
-    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 30)
-    from tiermem.server.records import Record
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 30, log_commits=True)
+    store.PRUNE_EVERY = 2  # a look for old entries every second commit
 
     def rec(rid: int) -> Record:
         return Record(
@@ -216,13 +226,13 @@ def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
             importance=0.5,
         )
 
-    for rids, settings in (([1, 2], False), ([3], True), ([2], False)):
+    for rids, settings, when in (([1, 2], False, 1000.0), ([3], True, 1001.0), ([2], False, 1002.0)):
         with store.write() as txn:
             for r in rids:
                 store.put(txn, rec(r))
             if settings:
                 store.put_namespace_config(txn, "n", {"protected": True})
-            store.next_seq(txn, 1000.0 + len(rids))
+            store.next_seq(txn, when)
     with store.read() as txn:
         assert store.committed_seq(txn) == 3
         first, settings, rids = store.commits_after(txn, 0)  # type: ignore[misc]
@@ -230,13 +240,90 @@ def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
         first, settings, rids = store.commits_after(txn, 2)  # type: ignore[misc]
         assert (first, settings, rids.tolist()) == (3, False, [2])
         assert store.commits_after(txn, 3) is None
-    # Pruned only once a snapshot holds the commit and it is old enough.
+    # Entries go once COMMIT_LOG_SECONDS old (looked for every PRUNE_EVERY commits).
     with store.write() as txn:
-        store.forget_changes(txn, 2, now=1000.0 + Store.COMMIT_LOG_SECONDS - 10)
+        store.put(txn, rec(4))
+        store.next_seq(txn, 1001.5 + Store.COMMIT_LOG_SECONDS)  # commit 4: drops commits 1 and 2
     with store.read() as txn:
-        assert store.commits_after(txn, 0)[0] == 1  # type: ignore[index]
-    with store.write() as txn:
-        store.forget_changes(txn, 2, now=1003.0 + Store.COMMIT_LOG_SECONDS)
-    with store.read() as txn:
-        assert store.commits_after(txn, 0)[0] == 3  # type: ignore[index]
+        first, _, rids = store.commits_after(txn, 0)  # type: ignore[misc]
+        assert first == 3 and rids.tolist() == [2, 4]
     store.close()
+    # Without followers no log is written.
+    plain = Store(tmp_path / "plain", map_size=1 << 26, max_map_size=1 << 30)
+    with plain.write() as txn:
+        plain.put(txn, rec(1))
+        plain.next_seq(txn, 1.0)
+    with plain.read() as txn:
+        assert plain.committed_seq(txn) == 1 and plain.commits_after(txn, 0) is None
+    plain.close()
+
+
+def test_a_follower_behind_the_commit_log_is_replaced(
+    pair: tuple[RunningServer, MemoryClient, MemoryClient],
+) -> None:
+    srv, lead, follow = pair
+    assert srv.followers is not None
+    (old,) = srv.followers.pids()
+    rng = np.random.default_rng(8)
+    v1, v2 = _vec(rng), _vec(rng)
+    lead.create("b", "first", id="one", embedding=v1, embedding_model="t")
+    assert _ids(follow.search("b", v1, embedding_model="t", limit=1, read_only=True)) == ["one"]
+    store = srv.engine.store
+    os.kill(old, signal.SIGSTOP)  # the follower misses the next commits ...
+    try:
+        lead.create("b", "second", id="two", embedding=v2, embedding_model="t")
+        missed = store.seq
+
+        def drop(txn: object) -> None:  # ... and the log loses one of them
+            assert txn.delete(missed.to_bytes(8, "big"), db=store.commits)  # type: ignore[attr-defined]
+
+        srv.engine.writer.submit(drop, lambda r: r)
+    finally:
+        os.kill(old, signal.SIGCONT)
+    with pytest.raises(grpc.RpcError) as behind:  # it cannot know what it missed: it stops serving
+        follow.stub.SearchMemories(pb.SearchMemoriesRequest(namespaces=["b"], query_text="x"), timeout=30)
+    assert behind.value.code() == grpc.StatusCode.UNAVAILABLE
+    deadline = time.monotonic() + 60
+    while srv.followers.pids() == [old] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (new,) = srv.followers.pids()
+    c = _client_on(srv.port, new)  # loaded afresh: has what the old one missed
+    assert _ids(c.search("b", v2, embedding_model="t", limit=1, read_only=True)) == ["two"]
+    c.channel.close()
+
+
+def test_reader_slots_of_killed_processes_are_freed(tmp_path: Path) -> None:
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 30)
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import lmdb, sys, time\n"
+            "env = lmdb.open(sys.argv[1], readonly=True, max_dbs=16, lock=True)\n"
+            "txn = env.begin()\nprint('reading', flush=True)\ntime.sleep(60)\n",
+            str(tmp_path / "lmdb"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert reader.stdout is not None and reader.stdout.readline().strip() == "reading"
+    reader.kill()  # dies holding its read transaction
+    reader.wait()
+    reader.stdout.close()
+    assert str(reader.pid) in store.env.readers()
+    assert store.clear_stale_readers() == 1
+    assert str(reader.pid) not in store.env.readers()
+    store.close()
+
+
+def test_a_port_in_use_is_refused_with_followers(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even by a sharing-minded one
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = ServerConfig(
+            host="127.0.0.1", port=taken.getsockname()[1], data_dir=tmp_path / "data", search_processes=2
+        )
+        with pytest.raises(RuntimeError, match="cannot bind"):
+            create_server(config)
+    assert not (tmp_path / "data").exists()  # refused before anything was opened
