@@ -8,7 +8,7 @@ import logging
 import signal
 import socket
 import sys
-import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -146,6 +146,29 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
+class StopSignals:
+    """SIGTERM and SIGINT, noted from the moment this is made; ``wait`` blocks the main thread
+    until one came. The handlers only note the signal: one that took a lock (an Event's,
+    logging's) could deadlock when a second signal interrupts the main thread while it holds that
+    lock (seen: a follower sent SIGTERM twice hung in Event.set)."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        signal.signal(signal.SIGTERM, self._note)
+        signal.signal(signal.SIGINT, self._note)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.got.append(signum)
+
+    def wait(self, stop_early: Callable[[], bool] = lambda: False, interval: float = 0.2) -> int:
+        """The signal's number, or 0 once ``stop_early()`` (asked every ``interval`` seconds)."""
+        while not self.got:
+            if stop_early():
+                return 0
+            time.sleep(interval)  # a signal ends the sleep early
+        return self.got[0]
+
+
 def serve(config: ServerConfig) -> None:
     if tune_malloc(config.malloc_mmap_threshold):
         logger.info(
@@ -154,16 +177,10 @@ def serve(config: ServerConfig) -> None:
     running = create_server(config)
     logger.info("gc: %d objects alive after start-up frozen", freeze_startup_objects())
     logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())
+    stops = StopSignals()  # before the line that tells a supervisor it may stop this server
     print(f"tiermem listening on {config.host}:{running.port}", flush=True)
-    done = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        logger.info("signal %d: shutting down", signum)
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    done.wait()
+    signum = stops.wait()
+    logger.info("signal %d: shutting down", signum)
     running.stop(config.shutdown_grace_seconds)
     logger.info("stopped")
     sys.stdout.flush()

@@ -245,7 +245,7 @@ def _local_searches(servicer: MemoryServicer) -> grpc.GenericRpcHandler:
 def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     """Serve as a search follower of ``leader`` on config.host:``port`` until SIGTERM (0), or until
     it can no longer follow (3: the leader starts another)."""
-    from .app import freeze_startup_objects, tune_malloc
+    from .app import StopSignals, freeze_startup_objects, tune_malloc
 
     tune_malloc(config.malloc_mmap_threshold)
     channel = grpc.insecure_channel(
@@ -294,18 +294,16 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         raise RuntimeError(f"cannot bind {config.host}:{port}")
     server.start()
     freeze_startup_objects()
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+    stops = StopSignals()
     print(READY, flush=True)
+
+    def stop_early() -> bool:  # it can no longer follow, or the leader is gone (no death signal)
+        return engine.follow_error is not None or os.getppid() != leader_pid
+
     status = 0
-    while not done.wait(0.5):
-        if engine.follow_error is not None:
-            logger.error("search follower stops: %r", engine.follow_error)
-            status = 3
-            break
-        if os.getppid() != leader_pid:  # the leader is gone (without Linux's death signal)
-            break
+    if stops.wait(stop_early) == 0 and engine.follow_error is not None:
+        logger.error("search follower stops: %r", engine.follow_error)
+        status = 3
     health_servicer.enter_graceful_shutdown()
     server.stop(config.shutdown_grace_seconds).wait()
     engine.close()

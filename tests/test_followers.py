@@ -5,6 +5,7 @@ leader's commits before each search, and forwards everything else to the leader.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -327,3 +328,22 @@ def test_a_port_in_use_is_refused_with_followers(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="cannot bind"):
             create_server(config)
     assert not (tmp_path / "data").exists()  # refused before anything was opened
+
+
+def test_a_burst_of_sigterms_stops_leader_and_followers(
+    server_process: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A second SIGTERM arriving while the first is handled must not hang a process (a follower
+    got its leader's and its death signal at once and hung in Event.set)."""
+    srv = server_process(tmp_path / "data", "--search-processes", "2")
+    (child,) = _children(srv.proc.pid)
+    for _ in range(30):
+        for pid in (int(child), srv.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(0.002)
+    assert srv.proc.wait(timeout=60) == 0
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists()
