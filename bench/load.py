@@ -43,7 +43,9 @@ def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1) ->
     ]
     if connections > 1:  # a connection each (channels with equal options otherwise share one)
         options.append(("grpc.use_local_subchannel_pool", 1))
-    channels = [grpc.insecure_channel(target, options=options) for _ in range(connections)]
+        channels = _balanced_channels(grpc, pb, pb_grpc, target, options, connections)
+    else:
+        channels = [grpc.insecure_channel(target, options=options)]
     for channel in channels:
         grpc.channel_ready_future(channel).result(timeout=60)
     stubs = [pb_grpc.MemoryServiceStub(c) for c in channels]
@@ -59,6 +61,35 @@ def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1) ->
             results.put({"error": f"{type(e).__name__}: {e}"})
     for channel in channels:
         channel.close()
+
+
+def _balanced_channels(
+    grpc: Any, pb: Any, pb_grpc: Any, target: str, options: list[Any], connections: int
+) -> list[Any]:
+    """``connections`` connections spread evenly over the server's processes (search followers
+    share the port, and the kernel gives each new connection to one of them at random: 8 would
+    split 6:2 or worse 29% of the time). A search's trailing metadata names the process that
+    ranked it; connections are opened until each process has its share (or 8x as many tried:
+    a single-process server has one), then taken in turn from each process."""
+    by_pid: dict[str, list[Any]] = {}
+    probe = pb.SearchMemoriesRequest(namespaces=["bench-probe"], query_text="probe", read_only=True)
+    for _ in range(8 * connections):
+        channel = grpc.insecure_channel(target, options=options)
+        grpc.channel_ready_future(channel).result(timeout=60)
+        _, call = pb_grpc.MemoryServiceStub(channel).SearchMemories.with_call(probe, timeout=60)
+        pid = dict(call.trailing_metadata() or ()).get("tiermem-search-process", "one")
+        by_pid.setdefault(pid, []).append(channel)
+        if pid == "one" and len(by_pid["one"]) >= connections:  # one process (no followers)
+            break
+        if len(by_pid) > 1 and all(len(v) >= -(-connections // len(by_pid)) for v in by_pid.values()):
+            break
+    groups = [by_pid[k] for k in sorted(by_pid)]
+    chosen = [g[i] for i in range(connections) for g in groups if i < len(g)][:connections]
+    for g in groups:
+        for channel in g:
+            if channel not in chosen:
+                channel.close()
+    return chosen
 
 
 def _run_task(

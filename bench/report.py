@@ -131,15 +131,17 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             f.get("empty_c1_p50"),
             1.5,
         )
-        for label, key, base in (
-            ("search", "fol_search_hi_ops", "search_hi_ops"),
-            ("similarity search", "fol_sim_hi_ops", "sim_hi_ops"),
-            ("empty RPC", "fol_empty_hi_ops", "empty_hi_ops"),
+        for label, key in (
+            (f"search c{hi}", "search_hi_ops"),
+            (f"similarity search c{hi}", "sim_hi_ops"),
+            (f"empty RPC c{hi}", "empty_hi_ops"),
+            ("search c1", "search_c1_p50"),
         ):
             out.append(
                 ratio(
-                    f"{fol} processes / one process: {label} c{hi}",
-                    _div(f.get(key), f.get(base)),
+                    f"{fol} processes / one process, same connections, alternating rounds: {label}"
+                    + (" p50" if key.endswith("p50") else ""),
+                    _div(f.get("fol_" + key), f.get("fol1_" + key)),
                     "context (the gain of the followers)",
                     None,
                 )

@@ -458,47 +458,62 @@ class Suite:
                 self.search("filtered_search", f"SearchMemories k={K} where keeps {sel}%", conc, where=where)
 
     def followers(self) -> None:
-        """The search loads again on the same data with search followers (``--search-processes``
-        N: the server restarted with N processes on its port), and the empty RPC against that
-        server; load processes open ``--connections`` connections each, which the kernel spreads
-        over the server's processes. Then the server is restarted as it was."""
+        """Searches with search followers (``--search-processes`` N) against one process, on the
+        same data, the same connections and in alternating rounds (N, 1, N, 1: the machine's
+        speed drifts): the server is restarted each round; load processes open
+        ``--connections`` connections each, spread evenly over the server's processes (see
+        ``load._balanced_channels``). Per round: the empty RPC, default-score searches at
+        concurrency 1 and high, similarity searches at high. Then the server is restarted as it was."""
         n = self.args.search_processes
         if n <= 1:
             return
         assert self.pool is not None
-        print(f"[followers] restarting the server with {n} search processes ...", flush=True)
         self.pool.close()
-        self.server.stop()
-        self.server.env = SERVER_ENV | {"TIERMEM_SEARCH_PROCESSES": str(n)}
-        s = self.server.start()
-        self.timing(f"start-up with {n} search processes (clean stop before)", self.args.n, s)
-        self.pool = LoadPool(self.server.target, self.args.procs, connections=self.args.connections)
-        time.sleep(0.5)
-        anon = sum(rss_parts(pid).get("RssAnon", 0) for pid in self.server.pids())
-        rss = sum(rss_parts(pid)["VmRSS"] for pid in self.server.pids())
         per_vec = self.args.dim * 4 + HNSW_M * 2 * 4
-        self.results["memory"] |= {"followers_anon_bytes": anon, "followers_rss_bytes": rss, "followers": n}
-        print(
-            f"[followers] {len(self.server.pids())} processes: anonymous {anon / 2**20:.1f} MiB "
-            f"({anon / self.args.n:,.0f} B/memory), RSS {rss / 2**20:.1f} MiB",
-            flush=True,
-        )
-        phase, name = "followers", f"{n} processes: "
-        rh = self.load(phase, name + "health Check", "health", self.hi)
-        r1 = self.search(phase, name + f"SearchMemories k={K}", 1)
-        rs = self.search(phase, name + f"SearchMemories k={K}", self.hi)
-        rm = self.search(
-            phase, name + f"SearchMemories k={K} similarity strategy", self.hi, strategy=SIMILARITY
-        )
-        self.figures |= {
-            "fol_empty_hi_ops": rh["ops_per_s"],
-            "fol_search_c1_p50": r1["p50_ms"],
-            "fol_search_c1_p99": r1["p99_ms"],
-            "fol_search_hi_ops": rs["ops_per_s"],
-            "fol_sim_hi_ops": rm["ops_per_s"],
-            "fol_anon_ratio": anon / self.args.n / per_vec,
-        }
-        self.pool.close()
+        got: dict[int, list[dict[str, float]]] = {n: [], 1: []}
+        for rnd, procs in enumerate((n, 1, n, 1), start=1):
+            print(f"[followers] round {rnd}: restarting the server with {procs} process(es) ...", flush=True)
+            self.server.stop()
+            self.server.env = SERVER_ENV | {"TIERMEM_SEARCH_PROCESSES": str(procs)}
+            s = self.server.start()
+            self.timing(f"start-up with {procs} search process(es) (clean stop before)", self.args.n, s)
+            self.pool = LoadPool(self.server.target, self.args.procs, connections=self.args.connections)
+            if procs > 1 and rnd == 1:
+                time.sleep(0.5)
+                pids = self.server.pids()
+                anon = sum(rss_parts(pid).get("RssAnon", 0) for pid in pids)
+                rss = sum(rss_parts(pid)["VmRSS"] for pid in pids)
+                self.results["memory"] |= {
+                    "followers_anon_bytes": anon,
+                    "followers_rss_bytes": rss,
+                    "followers": n,
+                }
+                self.figures["fol_anon_ratio"] = anon / self.args.n / per_vec
+                print(
+                    f"[followers] {len(pids)} processes: anonymous {anon / 2**20:.1f} MiB "
+                    f"({anon / self.args.n:,.0f} B/memory), RSS {rss / 2**20:.1f} MiB",
+                    flush=True,
+                )
+            name = f"{procs} process{'es' if procs > 1 else ''}, {self.args.connections} connections per load process, round {rnd}: "
+            rh = self.load("followers", name + "health Check", "health", self.hi)
+            r1 = self.search("followers", name + f"SearchMemories k={K}", 1)
+            rs = self.search("followers", name + f"SearchMemories k={K}", self.hi)
+            rm = self.search(
+                "followers", name + f"SearchMemories k={K} similarity strategy", self.hi, strategy=SIMILARITY
+            )
+            got[procs].append(
+                {
+                    "empty_hi_ops": rh["ops_per_s"],
+                    "search_c1_p50": r1["p50_ms"],
+                    "search_c1_p99": r1["p99_ms"],
+                    "search_hi_ops": rs["ops_per_s"],
+                    "sim_hi_ops": rm["ops_per_s"],
+                }
+            )
+            self.pool.close()
+        for procs, prefix in ((n, "fol_"), (1, "fol1_")):
+            for key in got[procs][0]:
+                self.figures[prefix + key] = float(np.mean([r[key] for r in got[procs]]))
         self.server.stop()
         self.server.env = dict(SERVER_ENV)
         self.server.start()

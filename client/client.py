@@ -12,10 +12,11 @@ the memory twice. ``RecordFeedback`` is not retried (it counts accesses).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf import field_mask_pb2
@@ -181,8 +182,25 @@ def build_filter(
     return f
 
 
+class _Spread:
+    """Stubs over several connections: each call (each method looked up) takes the next one."""
+
+    def __init__(self, stubs: list[pb_grpc.MemoryServiceStub]) -> None:
+        self._stubs = stubs
+        self._turn = itertools.count()  # next() is atomic: threads may share the client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stubs[next(self._turn) % len(self._stubs)], name)
+
+
 class MemoryClient:
-    """A connection to one tiermem server. Thread-safe; use as a context manager or call ``close``."""
+    """A connection to one tiermem server. Thread-safe; use as a context manager or call ``close``.
+
+    ``connections``: open this many connections and spread the calls over them, one call each in
+    turn. A server with search followers (``--search-processes``) serves each connection from one
+    of its processes, so one connection gains nothing from them; with several, the kernel spreads
+    them over the processes (at random: with 2 processes, 8 connections all land on one of them 1
+    time in 128)."""
 
     def __init__(
         self,
@@ -191,24 +209,34 @@ class MemoryClient:
         timeout: float = 30.0,
         channel: grpc.Channel | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
+        connections: int = 1,
     ) -> None:
+        if connections < 1 or (channel is not None and connections != 1):
+            raise ValueError("connections must be >= 1, and 1 with a channel of your own")
         self.timeout = timeout
         self._own_channel = channel is None
-        self.channel = channel or grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.service_config", _RETRY_CONFIG),
-                ("grpc.enable_retries", 1),
-            ],
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.service_config", _RETRY_CONFIG),
+            ("grpc.enable_retries", 1),
+        ]
+        if connections > 1:  # channels with equal options would otherwise share one connection
+            options.append(("grpc.use_local_subchannel_pool", 1))
+        self.channels: list[grpc.Channel] = (
+            [channel]
+            if channel is not None
+            else [grpc.insecure_channel(target, options=options) for _ in range(connections)]
         )
-        self.stub = pb_grpc.MemoryServiceStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self.channel = self.channels[0]
+        stubs = [pb_grpc.MemoryServiceStub(c) for c in self.channels]
+        self.stub: pb_grpc.MemoryServiceStub = stubs[0] if len(stubs) == 1 else cast(Any, _Spread(stubs))
+        self._healths = [health_pb2_grpc.HealthStub(c) for c in self.channels]
 
     def close(self) -> None:
         if self._own_channel:
-            self.channel.close()
+            for c in self.channels:
+                c.close()
 
     def __enter__(self) -> MemoryClient:
         return self
@@ -223,22 +251,22 @@ class MemoryClient:
             raise from_rpc_error(e) from None
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Block until the server reports SERVING (raises UnavailableError after ``timeout``)."""
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout)
-            resp = self._health.Check(
-                health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService"),
-                timeout=timeout,
-                wait_for_ready=True,
-            )
-        except (grpc.FutureTimeoutError, grpc.RpcError) as e:
-            from .errors import UnavailableError
+        """Block until the server reports SERVING on every connection (raises UnavailableError
+        after ``timeout``)."""
+        from .errors import UnavailableError
 
-            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"server not ready: {e}") from None
-        if resp.status != health_pb2.HealthCheckResponse.SERVING:
-            from .errors import UnavailableError
-
-            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "server is not SERVING")
+        for channel, health in zip(self.channels, self._healths, strict=True):
+            try:
+                grpc.channel_ready_future(channel).result(timeout=timeout)
+                resp = health.Check(
+                    health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService"),
+                    timeout=timeout,
+                    wait_for_ready=True,
+                )
+            except (grpc.FutureTimeoutError, grpc.RpcError) as e:
+                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"server not ready: {e}") from None
+            if resp.status != health_pb2.HealthCheckResponse.SERVING:
+                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "server is not SERVING")
 
     # -- memories -------------------------------------------------------------------------------
     def create(

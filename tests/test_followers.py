@@ -347,3 +347,21 @@ def test_a_burst_of_sigterms_stops_leader_and_followers(
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{child}").exists()
+
+
+def test_a_client_with_several_connections_reaches_every_process(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    srv = server_factory(search_processes=2)
+    assert srv.followers is not None
+    with MemoryClient(f"127.0.0.1:{srv.port}", connections=16) as c:  # all on one process: 1 in 32,768
+        c.wait_ready()
+        assert len({id(ch) for ch in c.channels}) == 16
+        v = _vec(np.random.default_rng(9))
+        c.create("cc", "spread", id="s", embedding=v, embedding_model="t")
+        for _ in range(20):  # every connection finds it, whichever process serves it
+            assert _ids(c.search("cc", v, embedding_model="t", limit=1, read_only=True)) == ["s"]
+        pids = {_search_pid(c) for _ in range(48)}
+    assert pids == {os.getpid(), *srv.followers.pids()}
+    with pytest.raises(ValueError, match="connections"):
+        MemoryClient(channel=grpc.insecure_channel("127.0.0.1:1"), connections=2)
