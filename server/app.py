@@ -48,22 +48,27 @@ class RunningServer:
         self.engine.close()
 
 
+def grpc_server(config: ServerConfig, reuseport: bool) -> grpc.Server:
+    """A gRPC server with the configured handler threads, call limit and message sizes."""
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", int(reuseport)),
+        ],
+    )
+
+
 def create_server(config: ServerConfig, clock: Callable[[], float] | None = None) -> RunningServer:
     """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), start the search
     followers if any and wait for them, then report SERVING."""
     leading = config.search_processes > 1
     if leading and config.port:
         _check_port_free(config.host, config.port)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-        options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            # Alone, a port in use is an error; with followers, they bind it too.
-            ("grpc.so_reuseport", int(leading)),
-        ],
-    )
+    # Alone, a port in use is an error; with followers, they bind it too.
+    server = grpc_server(config, reuseport=leading)
     servicer = MemoryServicer()
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()

@@ -31,7 +31,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent import futures
 from typing import IO, Any
 
 import grpc
@@ -245,7 +244,7 @@ def _local_searches(servicer: MemoryServicer) -> grpc.GenericRpcHandler:
 def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     """Serve as a search follower of ``leader`` on config.host:``port`` until SIGTERM (0), or until
     it can no longer follow (3: the leader starts another)."""
-    from .app import StopSignals, freeze_startup_objects, tune_malloc
+    from .app import StopSignals, freeze_startup_objects, grpc_server, tune_malloc
 
     tune_malloc(config.malloc_mmap_threshold)
     channel = grpc.insecure_channel(
@@ -261,15 +260,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         report(msgpack.packb(r), timeout=10.0)
 
     engine = Engine(config, follower=True, access_sink=sink)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-        options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 1),
-        ],
-    )
+    server = grpc_server(config, reuseport=True)
     server.add_generic_rpc_handlers(
         (
             Forwarder(

@@ -213,3 +213,18 @@ def queued_behind_a_held_write(writer: Any, calls: list[Callable[[], Any]]) -> t
         for t in [first, *threads]:
             t.join(10)
     return results, writer.groups_committed - groups
+
+
+def make_record(rid: int, namespace: str = "ns") -> Any:
+    """A stored memory as the storage layer sees it (for tests that write LMDB directly)."""
+    from tiermem.server.records import Record
+
+    return Record(
+        rid=rid,
+        id=f"m{rid}",
+        namespace=namespace,
+        content=f"memory {rid}",
+        kind="observation",
+        tier=3,
+        importance=0.5,
+    )

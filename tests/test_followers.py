@@ -18,13 +18,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, make_record
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
 from tiermem.server.app import RunningServer, create_server
 from tiermem.server.config import ServerConfig
-from tiermem.server.records import Record
 from tiermem.server.storage import Store
 from tiermem.v1 import memory_pb2 as pb
 
@@ -216,21 +215,10 @@ def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
     store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 30, log_commits=True)
     store.PRUNE_EVERY = 2  # a look for old entries every second commit
 
-    def rec(rid: int) -> Record:
-        return Record(
-            rid=rid,
-            id=f"m{rid}",
-            namespace="n",
-            content=f"c{rid}",
-            kind="observation",
-            tier=3,
-            importance=0.5,
-        )
-
     for rids, settings, when in (([1, 2], False, 1000.0), ([3], True, 1001.0), ([2], False, 1002.0)):
         with store.write() as txn:
             for r in rids:
-                store.put(txn, rec(r))
+                store.put(txn, make_record(r))
             if settings:
                 store.put_namespace_config(txn, "n", {"protected": True})
             store.next_seq(txn, when)
@@ -243,7 +231,7 @@ def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
         assert store.commits_after(txn, 3) is None
     # Entries go once COMMIT_LOG_SECONDS old (looked for every PRUNE_EVERY commits).
     with store.write() as txn:
-        store.put(txn, rec(4))
+        store.put(txn, make_record(4))
         store.next_seq(txn, 1001.5 + Store.COMMIT_LOG_SECONDS)  # commit 4: drops commits 1 and 2
     with store.read() as txn:
         first, _, rids = store.commits_after(txn, 0)  # type: ignore[misc]
@@ -252,7 +240,7 @@ def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
     # Without followers no log is written.
     plain = Store(tmp_path / "plain", map_size=1 << 26, max_map_size=1 << 30)
     with plain.write() as txn:
-        plain.put(txn, rec(1))
+        plain.put(txn, make_record(1))
         plain.next_seq(txn, 1.0)
     with plain.read() as txn:
         assert plain.committed_seq(txn) == 1 and plain.commits_after(txn, 0) is None

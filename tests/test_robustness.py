@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FakeClock, queued_behind_a_held_write
+from conftest import FakeClock, make_record, queued_behind_a_held_write
 
 from tiermem.client import (
     AlreadyExistsError,
@@ -305,7 +305,7 @@ def test_a_failed_commit_fails_its_group_once_and_leaves_the_counters(tmp_path: 
         def prepare(txn: Any) -> int:
             runs.append(i)
             in_txn.append(i)
-            store.put(txn, _record(i))
+            store.put(txn, make_record(i))
             return i
 
         return prepare
@@ -325,20 +325,6 @@ def test_a_failed_commit_fails_its_group_once_and_leaves_the_counters(tmp_path: 
     finally:
         writer.close()
         store.close()
-
-
-def _record(rid: int) -> Any:
-    from tiermem.server.records import Record
-
-    return Record(
-        rid=rid,
-        id=f"m{rid}",
-        namespace="ns",
-        content=f"memory {rid}",
-        kind="observation",
-        tier=3,
-        importance=0.5,
-    )
 
 
 def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
