@@ -922,7 +922,10 @@ class Engine:
             sp = self._space_by_id[sid]
             rows = np.array([g[0] for g in group], np.int64)
             internal = self._index(sp, tier).add(
-                np.stack([g[2] for g in group]), rows, np.array([g[1].vk for g in group], np.int64)
+                np.stack([g[2] for g in group]),
+                rows,
+                np.array([g[1].vk for g in group], np.int64),
+                wait=not self.following,  # a follower's searches wait for its catch-up instead
             )
             self.columns.activate(rows, _loc(sid, tier, internal))
 
@@ -1535,7 +1538,7 @@ class Engine:
             else:
                 sp = self._space(rec.embedding_model, int(vec.shape[0]))
                 internal = self._index(sp, rec.tier).add(
-                    vec[None, :], np.array([row], np.int64), np.array([rec.vk], np.int64)
+                    vec[None, :], np.array([row], np.int64), np.array([rec.vk], np.int64), wait=False
                 )
                 cols.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
             if old is not None:

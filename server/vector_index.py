@@ -140,7 +140,13 @@ class VectorIndex:
             return self.indexed, self.n - self.indexed, self.n - self.dead
 
     def add(
-        self, vectors: np.ndarray, slots: np.ndarray, vks: np.ndarray, chunk: int = 0, defer: bool = False
+        self,
+        vectors: np.ndarray,
+        slots: np.ndarray,
+        vks: np.ndarray,
+        chunk: int = 0,
+        defer: bool = False,
+        wait: bool = True,
     ) -> np.ndarray:
         """Add rows of ``vectors`` for the given column rows; returns their internal ids.
 
@@ -148,7 +154,9 @@ class VectorIndex:
         background (this waits only while MAX_PENDING are pending); without one, or with ``chunk``
         (start-up: no search can wait, so FAISS adds in big parallel batches), they are moved into
         HNSW before returning. ``defer`` (start-up) leaves them pending for the indexer, as a
-        backlog that later writes do not wait for.
+        backlog that later writes do not wait for. ``wait=False`` (a search follower applying the
+        leader's commits, which searches wait for) never waits for the indexer: the pending
+        entries may then pass MAX_PENDING, searched exactly until indexed.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
@@ -182,6 +190,8 @@ class VectorIndex:
             self.flush(chunk)
         else:
             indexer.notify(self)
+            if not wait:
+                return np.arange(first, first + count, dtype=np.int64)
             with self._state:
                 while self.n - self.indexed > self._backlog + self.MAX_PENDING and indexer.running:
                     self._state.wait(0.5)

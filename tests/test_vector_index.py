@@ -210,6 +210,24 @@ def test_add_waits_while_max_pending_are_pending(indexer: Indexer) -> None:
     np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
 
 
+def test_add_without_waiting_passes_max_pending(indexer: Indexer) -> None:
+    """A search follower applies the leader's commits while its searches wait: its adds never
+    wait for the indexer, and the entries beyond MAX_PENDING are searchable at once."""
+    rng = np.random.default_rng(5)
+    vecs = unit(rng, 200)
+    idx = build(indexer, vecs[:100], vecs[100:150])  # the indexer is held (flush lock)
+    idx.MAX_PENDING = 60
+    try:
+        idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, wait=False)
+        assert (idx.indexed, idx.pending) == (100, 100)  # returned with 100 pending > 60
+        rows, sims, _ = idx.search(vecs[190], 1, np.ones(200, np.bool_), 64)
+        assert rows.tolist() == [190]
+    finally:
+        idx._flush_lock.release()
+    wait_indexed(idx)
+    np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
+
+
 def test_snapshot_leaves_pending_entries_out(indexer: Indexer, tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     vecs = unit(rng, 400)
