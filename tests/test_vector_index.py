@@ -220,7 +220,7 @@ def test_add_without_waiting_passes_max_pending(indexer: Indexer) -> None:
     try:
         idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, wait=False)
         assert (idx.indexed, idx.pending) == (100, 100)  # returned with 100 pending > 60
-        rows, sims, _ = idx.search(vecs[190], 1, np.ones(200, np.bool_), 64)
+        rows, _, _ = idx.search(vecs[190], 1, np.ones(200, np.bool_), 64)
         assert rows.tolist() == [190]
     finally:
         idx._flush_lock.release()
