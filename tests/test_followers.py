@@ -353,3 +353,55 @@ def test_a_client_with_several_connections_reaches_every_process(
     assert pids == {os.getpid(), *srv.followers.pids()}
     with pytest.raises(ValueError, match="connections"):
         MemoryClient(channel=grpc.insecure_channel("127.0.0.1:1"), connections=2)
+
+
+def test_after_a_lifecycle_pass_follower_and_leader_rank_alike(
+    pair: tuple[RunningServer, MemoryClient, MemoryClient],
+) -> None:
+    """Thousands of tier moves (new vector entries, old ones killed, the source index compacted)
+    reach the follower: both processes answer every query with the same top 10 and scores."""
+    _, lead, follow = pair
+    rng = np.random.default_rng(10)
+    vecs = rng.standard_normal((5000, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    for start in range(0, 5000, 1000):
+        lead.create_batch(
+            {
+                "namespace": "life",
+                "content": f"memory {i}",
+                "id": f"m{i}",
+                "embedding": vecs[i].tolist(),
+                "embedding_model": "t",
+                "importance": float(rng.uniform(0.0, 1.0)),
+            }
+            for i in range(start, start + 1000)
+        )
+    lead.update_namespace_config("life", tiers={"slow": {"ttl_seconds": 0.5}})
+    time.sleep(1.0)
+    report = lead.consolidate("life")
+    assert report.demoted >= 4000
+    as_of = time.time()
+    queries = rng.standard_normal((20, DIM)).astype(np.float32)
+    for q in queries:
+        got = [
+            [
+                (r.memory.id, r.memory.tier, round(r.score, 5))
+                for r in c.search("life", q.tolist(), embedding_model="t", as_of=as_of, read_only=True)
+            ]
+            for c in (lead, follow)
+        ]
+        assert got[0] == got[1] and len(got[0]) == 10
+    glacial = [
+        len(
+            c.search(
+                "life",
+                queries[0].tolist(),
+                embedding_model="t",
+                tiers=["glacial"],
+                limit=1000,
+                read_only=True,
+            )
+        )
+        for c in (lead, follow)
+    ]
+    assert glacial[0] == glacial[1] == 1000
