@@ -20,6 +20,7 @@ BENCH_ARGS ?=
 HOST ?= 127.0.0.1
 PORT ?= 50051
 DATA_DIR ?= ./data
+SEARCH_PROCESSES ?=
 
 .PHONY: help venv proto check-proto serve test test-fast lint bench bench-venv bench-smoke clean
 
@@ -53,8 +54,8 @@ $(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
 	touch $(NODE_STAMP)
 
-serve: proto ## Run the server on $(HOST):$(PORT) with data in $(DATA_DIR)
-	$(PY) -m tiermem.server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
+serve: proto ## Run the server on $(HOST):$(PORT) with data in $(DATA_DIR) (SEARCH_PROCESSES=N: N processes serving)
+	$(PY) -m tiermem.server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)$(if $(SEARCH_PROCESSES), --search-processes $(SEARCH_PROCESSES))
 
 test: proto $(NODE_STAMP) ## Run the whole test suite (Python and the Node.js client)
 	$(PY) -m pytest
