@@ -210,7 +210,9 @@ def stop_server(proc: subprocess.Popen[Any], kill: bool = False, timeout: float 
     """SIGTERM (clean: drain, snapshot, close) or SIGKILL, then wait; returns the seconds until exit."""
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-    proc.wait(timeout=timeout)
+    status = proc.wait(timeout=timeout)
+    if not kill and status != 0:  # a clean stop that was not one would spoil the timings after it
+        raise RuntimeError(f"server {proc.pid} exited with {status} on SIGTERM")
     return time.perf_counter() - t0
 
 

@@ -30,7 +30,7 @@ HEALTH_SERVICE = "tiermem.v1.MemoryService"
 # processes x T threads always runs in P distinct processes.
 
 
-def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1) -> None:
+def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1, processes: int = 1) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -43,7 +43,7 @@ def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1) ->
     ]
     if connections > 1:  # a connection each (channels with equal options otherwise share one)
         options.append(("grpc.use_local_subchannel_pool", 1))
-        channels = _balanced_channels(grpc, pb, pb_grpc, target, options, connections)
+        channels = _balanced_channels(grpc, pb, pb_grpc, target, options, connections, processes)
     else:
         channels = [grpc.insecure_channel(target, options=options)]
     for channel in channels:
@@ -64,13 +64,14 @@ def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1) ->
 
 
 def _balanced_channels(
-    grpc: Any, pb: Any, pb_grpc: Any, target: str, options: list[Any], connections: int
+    grpc: Any, pb: Any, pb_grpc: Any, target: str, options: list[Any], connections: int, processes: int
 ) -> list[Any]:
     """``connections`` connections spread evenly over the server's processes (search followers
     share the port, and the kernel gives each new connection to one of them at random: 8 would
     split 6:2 or worse 29% of the time). A search's trailing metadata names the process that
     ranked it; connections are opened until each process has its share (or 8x as many tried:
-    a single-process server has one), then taken in turn from each process."""
+    a single-process server has one), then taken in turn from each process. ``processes``: how
+    many the server has."""
     by_pid: dict[str, list[Any]] = {}
     probe = pb.SearchMemoriesRequest(namespaces=["bench-probe"], query_text="probe", read_only=True)
     for _ in range(8 * connections):
@@ -81,7 +82,7 @@ def _balanced_channels(
         by_pid.setdefault(pid, []).append(channel)
         if pid == "one" and len(by_pid["one"]) >= connections:  # one process (no followers)
             break
-        if len(by_pid) > 1 and all(len(v) >= -(-connections // len(by_pid)) for v in by_pid.values()):
+        if len(by_pid) >= processes and all(len(v) >= -(-connections // processes) for v in by_pid.values()):
             break
     groups = [by_pid[k] for k in sorted(by_pid)]
     chosen = [g[i] for i in range(connections) for g in groups if i < len(g)][:connections]
@@ -185,12 +186,14 @@ class LoadPool:
     (connections) that its threads take in turn: more than one lets the kernel spread a process's
     calls over a server's processes (search followers share one port)."""
 
-    def __init__(self, target: str, procs: int, connections: int = 1) -> None:
+    def __init__(self, target: str, procs: int, connections: int = 1, processes: int = 1) -> None:
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.queues = [ctx.Queue() for _ in range(procs)]
         self.procs = [
-            ctx.Process(target=_worker_main, args=(target, q, self.results, connections), daemon=True)
+            ctx.Process(
+                target=_worker_main, args=(target, q, self.results, connections, processes), daemon=True
+            )
             for q in self.queues
         ]
         for p in self.procs:

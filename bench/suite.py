@@ -477,7 +477,9 @@ class Suite:
             self.server.env = SERVER_ENV | {"TIERMEM_SEARCH_PROCESSES": str(procs)}
             s = self.server.start()
             self.timing(f"start-up with {procs} search process(es) (clean stop before)", self.args.n, s)
-            self.pool = LoadPool(self.server.target, self.args.procs, connections=self.args.connections)
+            self.pool = LoadPool(
+                self.server.target, self.args.procs, connections=self.args.connections, processes=procs
+            )
             if procs > 1 and rnd == 1:
                 time.sleep(0.5)
                 pids = self.server.pids()

@@ -170,7 +170,7 @@ class StopSignals:
         while not self.got:
             if stop_early():
                 return 0
-            time.sleep(interval)  # a signal ends the sleep early
+            time.sleep(interval)  # (a signal does not cut it short: at most ``interval`` late)
         return self.got[0]
 
 
@@ -179,10 +179,12 @@ def serve(config: ServerConfig) -> None:
         logger.info(
             "malloc: blocks of %d bytes and more are mapped on their own", config.malloc_mmap_threshold
         )
+    # From here a stop signal is noted: one during start-up (health may already say SERVING) stops
+    # the server cleanly once it is up, instead of killing it halfway.
+    stops = StopSignals()
     running = create_server(config)
     logger.info("gc: %d objects alive after start-up frozen", freeze_startup_objects())
     logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())
-    stops = StopSignals()  # before the line that tells a supervisor it may stop this server
     print(f"tiermem listening on {config.host}:{running.port}", flush=True)
     signum = stops.wait()
     logger.info("signal %d: shutting down", signum)

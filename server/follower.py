@@ -100,6 +100,7 @@ class Followers:
 
     MIN_DELAY, MAX_DELAY = 1.0, 60.0  # between a follower's exit and its replacement
     STEADY = 60.0  # a follower that served this long resets the delay
+    START_TIMEOUT = 1800.0  # a follower not serving after this long is killed (a load hung)
 
     def __init__(
         self, config: ServerConfig, port: int, leader: str, on_exit: Callable[[], Any] = lambda: None
@@ -172,7 +173,10 @@ class Followers:
                     logger.exception("restarting search follower %d failed", proc.pid)
 
     def _replace(self, i: int, proc: subprocess.Popen[str], delay: list[float]) -> None:
-        self.on_exit()
+        try:
+            self.on_exit()
+        except Exception:  # upkeep only: the follower is replaced all the same
+            logger.exception("after search follower %d exited", proc.pid)
         if time.monotonic() - self._started[i] >= self.STEADY:
             delay[i] = self.MIN_DELAY
         logger.warning(
@@ -205,8 +209,15 @@ class Followers:
             got.set()  # EOF: the follower exited
 
         threading.Thread(target=read, name="tiermem-follower-out", daemon=True).start()
+        deadline = time.monotonic() + self.START_TIMEOUT
         while not got.wait(0.2):
             if self._stopping.is_set():
+                return False
+            if time.monotonic() > deadline:  # hung while loading: killed, then replaced as any exit
+                logger.error(
+                    "search follower %d not serving after %.0f s: killed", proc.pid, self.START_TIMEOUT
+                )
+                proc.kill()
                 return False
         return ready[0]
 

@@ -72,6 +72,9 @@ class VectorIndex:
     # Pending entries allowed before ``add`` waits for the indexer: bounds their exact scoring per
     # search (~0.1 ms at 384 dims) and the buffer's memory (pending x dim x 4 bytes).
     MAX_PENDING = 4096
+    # A search follower's adds wait only beyond this many (memory: dim x 4 bytes each, up to twice
+    # while the buffer grows; every search scans them exactly, ~1.7 ms for 32k at 384 dimensions).
+    FOLLOWER_MAX_PENDING = 8 * MAX_PENDING
     # An index with at most this many HNSW entries (dead ones included), or with at most this many
     # allowed live ones, is searched exactly: one dot product per allowed entry costs less than a
     # graph search there (a small FAST tier; the tier most memories just left).
@@ -155,8 +158,8 @@ class VectorIndex:
         (start-up: no search can wait, so FAISS adds in big parallel batches), they are moved into
         HNSW before returning. ``defer`` (start-up) leaves them pending for the indexer, as a
         backlog that later writes do not wait for. ``wait=False`` (a search follower applying the
-        leader's commits, which searches wait for) never waits for the indexer: the pending
-        entries may then pass MAX_PENDING, searched exactly until indexed.
+        leader's commits, which its searches wait for) waits only beyond FOLLOWER_MAX_PENDING:
+        the pending entries may pass MAX_PENDING, searched exactly until indexed.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
@@ -190,12 +193,11 @@ class VectorIndex:
             self.flush(chunk)
         else:
             indexer.notify(self)
-            if not wait:
-                return np.arange(first, first + count, dtype=np.int64)
+            most = self.MAX_PENDING if wait else self.FOLLOWER_MAX_PENDING
             with self._state:
-                while self.n - self.indexed > self._backlog + self.MAX_PENDING and indexer.running:
+                while self.n - self.indexed > self._backlog + most and indexer.running:
                     self._state.wait(0.5)
-            if self.n - self.indexed > self._backlog + self.MAX_PENDING:  # the indexer stopped meanwhile
+            if self.n - self.indexed > self._backlog + most:  # the indexer stopped meanwhile
                 self.flush()
         return np.arange(first, first + count, dtype=np.int64)
 

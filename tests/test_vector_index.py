@@ -217,6 +217,7 @@ def test_add_without_waiting_passes_max_pending(indexer: Indexer) -> None:
     vecs = unit(rng, 200)
     idx = build(indexer, vecs[:100], vecs[100:150])  # the indexer is held (flush lock)
     idx.MAX_PENDING = 60
+    idx.FOLLOWER_MAX_PENDING = 100
     try:
         idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, wait=False)
         assert (idx.indexed, idx.pending) == (100, 100)  # returned with 100 pending > 60
@@ -224,6 +225,28 @@ def test_add_without_waiting_passes_max_pending(indexer: Indexer) -> None:
         assert rows.tolist() == [190]
     finally:
         idx._flush_lock.release()
+    wait_indexed(idx)
+    np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
+
+
+def test_add_without_waiting_waits_beyond_the_follower_limit(indexer: Indexer) -> None:
+    rng = np.random.default_rng(6)
+    vecs = unit(rng, 200)
+    idx = build(indexer, vecs[:100], vecs[100:150])
+    idx.MAX_PENDING, idx.FOLLOWER_MAX_PENDING = 20, 60
+    released = threading.Event()
+
+    def release() -> None:
+        time.sleep(0.3)
+        released.set()
+        idx._flush_lock.release()
+
+    t = threading.Thread(target=release)
+    t.start()
+    idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, wait=False)  # 100 > 60
+    assert released.is_set()
+    assert idx.pending <= 60
+    t.join()
     wait_indexed(idx)
     np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
 
