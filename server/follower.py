@@ -35,6 +35,7 @@ from typing import IO, Any
 
 import grpc
 import msgpack
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -240,16 +241,26 @@ class Followers:
 
 
 # -- the follower process -----------------------------------------------------------------------------
-def _local_searches(servicer: MemoryServicer) -> grpc.GenericRpcHandler:
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name),
-            request_deserializer=getattr(pb, f"{name}Request").FromString,
-            response_serializer=getattr(pb, f"{name}Response").SerializeToString,
-        )
-        for name in SEARCHES
-    }
-    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forwarder) -> grpc.GenericRpcHandler:
+    """The searches a follower ranks itself; once it has stopped following (it is about to exit
+    and be replaced), the leader answers them instead, so no search fails meanwhile."""
+
+    def handler(name: str) -> grpc.RpcMethodHandler:
+        request_type = getattr(pb, f"{name}Request")
+        local, forward = getattr(servicer, name), forwarder.behavior(name)
+
+        def serve(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            if engine.follow_error is not None:
+                return bytes(forward(raw, context))
+            try:
+                request = request_type.FromString(raw)
+            except DecodeError:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {name}Request")
+            return bytes(local(request, context).SerializeToString())
+
+        return grpc.unary_unary_rpc_method_handler(serve)  # bytes in and out: forwarded as they are
+
+    return grpc.method_handlers_generic_handler(SERVICE.full_name, {name: handler(name) for name in SEARCHES})
 
 
 def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
@@ -272,14 +283,11 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
 
     engine = Engine(config, follower=True, access_sink=sink)
     server = grpc_server(config, reuseport=True)
-    server.add_generic_rpc_handlers(
-        (
-            Forwarder(
-                channel, SERVICE.full_name, methods_of(SERVICE), keep=set(SEARCHES), upstream="the leader"
-            ),
-        )
+    forwarder = Forwarder(
+        channel, SERVICE.full_name, methods_of(SERVICE), keep=set(SEARCHES), upstream="the leader"
     )
-    server.add_generic_rpc_handlers((_local_searches(MemoryServicer(engine)),))
+    server.add_generic_rpc_handlers((forwarder,))
+    server.add_generic_rpc_handlers((_local_searches(MemoryServicer(engine), engine, forwarder),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE.full_name):  # loaded before it binds: serving from its first call

@@ -84,17 +84,23 @@ class Forwarder(grpc.GenericRpcHandler):
             raise ValueError(f"unknown cardinalities {sorted(unknown)}; expected one of {CARDINALITIES}")
         self._unavailable = f"the writing process{f' at {upstream}' if upstream else ''} is unavailable"
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._behaviors: dict[str, Callable[..., Any]] = {}
         for name, cardinality in methods.items():
-            if name in keep:
-                continue
             path = f"/{service}/{name}"
             # No serializers: bytes in, bytes out, on both sides.
             upstream_call = getattr(channel, cardinality)(path)
             behavior = getattr(self, f"_{cardinality}")(upstream_call)
-            self._handlers[path] = getattr(grpc, f"{cardinality}_rpc_method_handler")(behavior)
+            self._behaviors[name] = behavior
+            if name not in keep:
+                self._handlers[path] = getattr(grpc, f"{cardinality}_rpc_method_handler")(behavior)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         return self._handlers.get(handler_call_details.method)
+
+    def behavior(self, name: str) -> Callable[..., Any]:
+        """The forwarding function of method ``name`` (kept ones too): (raw request or request
+        iterator, context) -> raw response or iterator, for a local handler that forwards at times."""
+        return self._behaviors[name]
 
     def _abort(self, context: grpc.ServicerContext, error: grpc.RpcError) -> None:
         """End the caller's RPC with the upstream's status (raises, as ``context.abort`` does)."""

@@ -269,9 +269,22 @@ def test_a_follower_behind_the_commit_log_is_replaced(
         srv.engine.writer.submit(drop, lambda r: r)
     finally:
         os.kill(old, signal.SIGCONT)
-    with pytest.raises(grpc.RpcError) as behind:  # it cannot know what it missed: it stops serving
-        follow.stub.SearchMemories(pb.SearchMemoriesRequest(namespaces=["b"], query_text="x"), timeout=30)
-    assert behind.value.code() == grpc.StatusCode.UNAVAILABLE
+    # It cannot know what it missed: it stops following, the leader answers its searches until it
+    # is replaced (no search fails meanwhile, and none misses the memory).
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        req = pb.SearchMemoriesRequest(namespaces=["b"], embedding_model="t", limit=1, read_only=True)
+        req.query_embedding.extend(v2)
+        try:
+            resp, call = follow.stub.SearchMemories.with_call(req, timeout=30)
+        except grpc.RpcError as e:  # the follower's connection closing as it exits: clients retry
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+            continue
+        assert [r.memory.id for r in resp.results] == ["two"]
+        if dict(call.trailing_metadata())["tiermem-search-process"] != str(old):
+            break
+    else:
+        raise AssertionError("searches on the stale follower's connection never reached the leader")
     deadline = time.monotonic() + 60
     while srv.followers.pids() == [old] and time.monotonic() < deadline:
         time.sleep(0.1)
