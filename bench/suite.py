@@ -483,8 +483,12 @@ class Suite:
             if procs > 1 and rnd == 1:
                 time.sleep(0.5)
                 pids = self.server.pids()
-                anon = sum(rss_parts(pid).get("RssAnon", 0) for pid in pids)
-                rss = sum(rss_parts(pid)["VmRSS"] for pid in pids)
+                parts = []
+                for pid in pids:
+                    with contextlib.suppress(OSError):  # (a follower exiting meanwhile)
+                        parts.append(rss_parts(pid))
+                anon = sum(x.get("RssAnon", 0) for x in parts)
+                rss = sum(x.get("VmRSS", 0) for x in parts)
                 self.results["memory"] |= {
                     "followers_anon_bytes": anon,
                     "followers_rss_bytes": rss,
