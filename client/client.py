@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -255,12 +256,13 @@ class MemoryClient:
         after ``timeout``)."""
         from .errors import UnavailableError
 
+        deadline = time.monotonic() + timeout  # for all the connections together
         for channel, health in zip(self.channels, self._healths, strict=True):
             try:
-                grpc.channel_ready_future(channel).result(timeout=timeout)
+                grpc.channel_ready_future(channel).result(timeout=max(0.0, deadline - time.monotonic()))
                 resp = health.Check(
                     health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService"),
-                    timeout=timeout,
+                    timeout=max(0.001, deadline - time.monotonic()),
                     wait_for_ready=True,
                 )
             except (grpc.FutureTimeoutError, grpc.RpcError) as e:
