@@ -418,3 +418,13 @@ def test_after_a_lifecycle_pass_follower_and_leader_rank_alike(
         for c in (lead, follow)
     ]
     assert glacial[0] == glacial[1] == 1000
+
+
+def test_wait_ready_with_several_connections_fails_when_nothing_listens() -> None:
+    from tiermem.client.errors import UnavailableError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with MemoryClient(f"127.0.0.1:{port}", connections=3) as c, pytest.raises(UnavailableError):
+        c.wait_ready(timeout=0.5)
