@@ -300,7 +300,9 @@ def test_kill9_during_consolidation(server_process: Callable[..., Any], tmp_path
     # random delay: with cycle 2's moves too, more snapshot entries are dead (past a quarter of a
     # tier's, its index is rebuilt from LMDB instead).
     cycles: list[tuple[tuple[str, float, float], dict[str, str]]] = [
-        (("progress", 0.2, 0.8), FORCE_HNSW),
+        # (at most 0.6: stats show moves a chunk at a time and the kill comes a poll later, so a goal
+        # near the end can land after the last chunk committed; seen in CI at a goal of 0.77)
+        (("progress", 0.2, 0.6), FORCE_HNSW),
         (("progress", 0.05, 0.15), {}),
         (("delay", 0.1, 0.3), FORCE_HNSW),
     ]
