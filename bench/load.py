@@ -69,9 +69,8 @@ def _balanced_channels(
     """``connections`` connections spread evenly over the server's processes (search followers
     share the port, and the kernel gives each new connection to one of them at random: 8 would
     split 6:2 or worse 29% of the time). A search's trailing metadata names the process that
-    ranked it; connections are opened until each process has its share (or 8x as many tried:
-    a single-process server has one), then taken in turn from each process. ``processes``: how
-    many the server has."""
+    ranked it (none: a single process); connections are opened until each of the ``processes``
+    has its share (or 8x as many were tried), then taken in turn from each process."""
     by_pid: dict[str, list[Any]] = {}
     probe = pb.SearchMemoriesRequest(namespaces=["bench-probe"], query_text="probe", read_only=True)
     for _ in range(8 * connections):
@@ -80,8 +79,6 @@ def _balanced_channels(
         _, call = pb_grpc.MemoryServiceStub(channel).SearchMemories.with_call(probe, timeout=60)
         pid = dict(call.trailing_metadata() or ()).get("tiermem-search-process", "one")
         by_pid.setdefault(pid, []).append(channel)
-        if pid == "one" and len(by_pid["one"]) >= connections:  # one process (no followers)
-            break
         if len(by_pid) >= processes and all(len(v) >= -(-connections // processes) for v in by_pid.values()):
             break
     groups = [by_pid[k] for k in sorted(by_pid)]

@@ -61,6 +61,24 @@ def grpc_server(config: ServerConfig, reuseport: bool) -> grpc.Server:
     )
 
 
+def add_health_and_reflection(server: grpc.Server, serving: bool) -> health.HealthServicer:
+    """grpc.health.v1 (overall and for the MemoryService) and server reflection on ``server``."""
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    set_serving(health_servicer, serving)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    return health_servicer
+
+
+def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, status)
+
+
 def create_server(config: ServerConfig, clock: Callable[[], float] | None = None) -> RunningServer:
     """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), start the search
     followers if any and wait for them, then report SERVING."""
@@ -71,14 +89,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     server = grpc_server(config, reuseport=leading)
     servicer = MemoryServicer()
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server,
-    )
+    health_servicer = add_health_and_reflection(server, serving=False)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"cannot bind {config.host}:{config.port}")
@@ -104,8 +115,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     except BaseException:
         server.stop(None)
         raise
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    set_serving(health_servicer, True)
     return RunningServer(server, port, engine, health_servicer, followers)
 
 

@@ -36,8 +36,6 @@ from typing import IO, Any
 import grpc
 import msgpack
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from tiermem.v1 import memory_pb2 as pb
 
@@ -266,7 +264,7 @@ def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forward
 def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     """Serve as a search follower of ``leader`` on config.host:``port`` until SIGTERM (0), or until
     it can no longer follow (3: the leader starts another)."""
-    from .app import StopSignals, freeze_startup_objects, grpc_server, tune_malloc
+    from .app import StopSignals, add_health_and_reflection, freeze_startup_objects, grpc_server, tune_malloc
 
     tune_malloc(config.malloc_mmap_threshold)
     channel = grpc.insecure_channel(
@@ -288,18 +286,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     )
     server.add_generic_rpc_handlers((forwarder,))
     server.add_generic_rpc_handlers((_local_searches(MemoryServicer(engine), engine, forwarder),))
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE.full_name):  # loaded before it binds: serving from its first call
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (
-            SERVICE.full_name,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
+    health_servicer = add_health_and_reflection(server, serving=True)  # loaded before it binds
     if server.add_insecure_port(f"{config.host}:{port}") != port:
         raise RuntimeError(f"cannot bind {config.host}:{port}")
     server.start()

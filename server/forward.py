@@ -111,21 +111,16 @@ class Forwarder(grpc.GenericRpcHandler):
         context.set_trailing_metadata(tuple(trailing))
         context.abort(code, details)
 
-    def _unary_unary(self, upstream: Any) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-        def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+    def _unary_unary(self, upstream: Any) -> Callable[[Any, grpc.ServicerContext], bytes]:
+        """One response: a request, or a request iterator (``_stream_unary``), sent upstream."""
+
+        def forward(request: Any, context: grpc.ServicerContext) -> bytes:
             future = upstream.future(request, timeout=_timeout(context), metadata=_upstream_metadata(context))
             return self._finish_future(future, context)
 
         return forward
 
-    def _stream_unary(self, upstream: Any) -> Callable[[Iterator[bytes], grpc.ServicerContext], bytes]:
-        def forward(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
-            future = upstream.future(
-                requests, timeout=_timeout(context), metadata=_upstream_metadata(context)
-            )
-            return self._finish_future(future, context)
-
-        return forward
+    _stream_unary = _unary_unary
 
     def _finish_future(self, future: Any, context: grpc.ServicerContext) -> bytes:
         _cancel_with(context, future)
@@ -143,23 +138,17 @@ class Forwarder(grpc.GenericRpcHandler):
         context.set_trailing_metadata(tuple(future.trailing_metadata() or ()))
         return response
 
-    def _unary_stream(self, upstream: Any) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
-        def forward(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def _unary_stream(self, upstream: Any) -> Callable[[Any, grpc.ServicerContext], Iterator[bytes]]:
+        """Streamed responses: a request, or a request iterator (``_stream_stream``), sent upstream."""
+
+        def forward(request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
             call = upstream(request, timeout=_timeout(context), metadata=_upstream_metadata(context))
             _cancel_with(context, call)  # now, not at the first next(): the caller may leave before
             return self._relay(call, context)
 
         return forward
 
-    def _stream_stream(
-        self, upstream: Any
-    ) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
-        def forward(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-            call = upstream(requests, timeout=_timeout(context), metadata=_upstream_metadata(context))
-            _cancel_with(context, call)
-            return self._relay(call, context)
-
-        return forward
+    _stream_stream = _unary_stream
 
     def _relay(self, call: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Yield the upstream's responses as they come, then its trailing metadata and status."""

@@ -327,7 +327,8 @@ class Store:
     def _changed(self, txn: lmdb.Transaction, rid: int) -> None:
         txn.put(rid_key(rid), _RID.pack(self.seq + 1), db=self.changes)
         self.changed_count += 1  # record writes since start (drives periodic snapshots)
-        self._log_rids.add(rid)
+        if self.log_commits:
+            self._log_rids.add(rid)
 
     def changed_since(self, txn: lmdb.Transaction, seq: int) -> list[int]:
         """rids of the records changed (written or deleted) by commits after ``seq``."""
@@ -379,7 +380,8 @@ class Store:
         return out
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
-        self._log_rids.add(rid)
+        if self.log_commits:
+            self._log_rids.add(rid)
         if pending:
             txn.put(rid_key(rid), b"", db=self.pending)
         else:

@@ -72,9 +72,6 @@ class VectorIndex:
     # Pending entries allowed before ``add`` waits for the indexer: bounds their exact scoring per
     # search (~0.1 ms at 384 dims) and the buffer's memory (pending x dim x 4 bytes).
     MAX_PENDING = 4096
-    # A search follower's adds wait only beyond this many (memory: dim x 4 bytes each, up to twice
-    # while the buffer grows; every search scans them exactly, ~1.7 ms for 32k at 384 dimensions).
-    FOLLOWER_MAX_PENDING = 8 * MAX_PENDING
     # An index with at most this many HNSW entries (dead ones included), or with at most this many
     # allowed live ones, is searched exactly: one dot product per allowed entry costs less than a
     # graph search there (a small FAST tier; the tier most memories just left).
@@ -149,7 +146,7 @@ class VectorIndex:
         vks: np.ndarray,
         chunk: int = 0,
         defer: bool = False,
-        wait: bool = True,
+        max_pending: int = 0,
     ) -> np.ndarray:
         """Add rows of ``vectors`` for the given column rows; returns their internal ids.
 
@@ -157,9 +154,8 @@ class VectorIndex:
         background (this waits only while MAX_PENDING are pending); without one, or with ``chunk``
         (start-up: no search can wait, so FAISS adds in big parallel batches), they are moved into
         HNSW before returning. ``defer`` (start-up) leaves them pending for the indexer, as a
-        backlog that later writes do not wait for. ``wait=False`` (a search follower applying the
-        leader's commits, which its searches wait for) waits only beyond FOLLOWER_MAX_PENDING:
-        the pending entries may pass MAX_PENDING, searched exactly until indexed.
+        backlog that later writes do not wait for. ``max_pending``: wait beyond this many pending
+        instead of MAX_PENDING (a search follower, whose searches wait for its adds).
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
@@ -193,7 +189,7 @@ class VectorIndex:
             self.flush(chunk)
         else:
             indexer.notify(self)
-            most = self.MAX_PENDING if wait else self.FOLLOWER_MAX_PENDING
+            most = max_pending or self.MAX_PENDING
             with self._state:
                 while self.n - self.indexed > self._backlog + most and indexer.running:
                     self._state.wait(0.5)

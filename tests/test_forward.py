@@ -136,13 +136,18 @@ def test_not_found_keeps_code_details_and_rich_status(stubs: tuple[Any, Any]) ->
     _same_status(via, direct)
 
 
-def test_export_streams_the_same_chunks_as_upstream(stubs: tuple[Any, Any]) -> None:
-    via, direct = stubs
-    for i in range(5):
-        direct.CreateMemory(
+def _create_src(stub: Any, count: int) -> None:
+    """Memories m0.. in namespace "src", straight upstream."""
+    for i in range(count):
+        stub.CreateMemory(
             pb.CreateMemoryRequest(memory=pb.Memory(namespace="src", content=f"memory {i}", id=f"m{i}")),
             timeout=TIMEOUT,
         )
+
+
+def test_export_streams_the_same_chunks_as_upstream(stubs: tuple[Any, Any]) -> None:
+    via, direct = stubs
+    _create_src(direct, 5)
     request = pb.ExportMemoriesRequest(namespace="src")
     chunks = list(via.ExportMemories(request, timeout=TIMEOUT))
     assert chunks == list(direct.ExportMemories(request, timeout=TIMEOUT))
@@ -163,11 +168,7 @@ def _import_requests(
 
 def test_import_streams_requests_upstream(stubs: tuple[Any, Any]) -> None:
     via, direct = stubs
-    for i in range(3):
-        direct.CreateMemory(
-            pb.CreateMemoryRequest(memory=pb.Memory(namespace="src", content=f"memory {i}", id=f"m{i}")),
-            timeout=TIMEOUT,
-        )
+    _create_src(direct, 3)
     chunks = list(direct.ExportMemories(pb.ExportMemoriesRequest(namespace="src"), timeout=TIMEOUT))
     resp = via.ImportMemories(_import_requests(chunks, "dst"), timeout=TIMEOUT)
     assert resp.imported == 3

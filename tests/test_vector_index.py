@@ -188,11 +188,17 @@ def test_kills_similarities_and_vectors_span_hnsw_and_pending(indexer: Indexer) 
     assert 650 not in rows.tolist()
 
 
-def test_add_waits_while_max_pending_are_pending(indexer: Indexer) -> None:
+@pytest.mark.parametrize("limit", ["MAX_PENDING", "max_pending"])
+def test_add_waits_while_max_pending_are_pending(indexer: Indexer, limit: str) -> None:
+    """Adds wait beyond MAX_PENDING pending entries, or beyond ``max_pending`` when given (a
+    search follower's, above MAX_PENDING)."""
     rng = np.random.default_rng(4)
     vecs = unit(rng, 200)
     idx = build(indexer, vecs[:100], vecs[100:150])
-    idx.MAX_PENDING = 60
+    if limit == "MAX_PENDING":
+        idx.MAX_PENDING, kwargs = 60, {}
+    else:
+        idx.MAX_PENDING, kwargs = 20, {"max_pending": 60}
     released = threading.Event()
 
     def release() -> None:
@@ -202,7 +208,7 @@ def test_add_waits_while_max_pending_are_pending(indexer: Indexer) -> None:
 
     t = threading.Thread(target=release)
     t.start()
-    idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000)  # 100 pending > 60: waits
+    idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, **kwargs)  # 100 > 60: waits
     assert released.is_set()
     assert idx.pending <= 60
     t.join()
@@ -210,43 +216,20 @@ def test_add_waits_while_max_pending_are_pending(indexer: Indexer) -> None:
     np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
 
 
-def test_add_without_waiting_passes_max_pending(indexer: Indexer) -> None:
-    """A search follower applies the leader's commits while its searches wait: its adds never
-    wait for the indexer, and the entries beyond MAX_PENDING are searchable at once."""
+def test_add_with_a_higher_limit_passes_max_pending(indexer: Indexer) -> None:
+    """A search follower applies the leader's commits while its searches wait: its adds do not
+    wait at MAX_PENDING, and the entries beyond it are searchable at once."""
     rng = np.random.default_rng(5)
     vecs = unit(rng, 200)
     idx = build(indexer, vecs[:100], vecs[100:150])  # the indexer is held (flush lock)
     idx.MAX_PENDING = 60
-    idx.FOLLOWER_MAX_PENDING = 100
     try:
-        idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, wait=False)
+        idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, max_pending=100)
         assert (idx.indexed, idx.pending) == (100, 100)  # returned with 100 pending > 60
         rows, _, _ = idx.search(vecs[190], 1, np.ones(200, np.bool_), 64)
         assert rows.tolist() == [190]
     finally:
         idx._flush_lock.release()
-    wait_indexed(idx)
-    np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
-
-
-def test_add_without_waiting_waits_beyond_the_follower_limit(indexer: Indexer) -> None:
-    rng = np.random.default_rng(6)
-    vecs = unit(rng, 200)
-    idx = build(indexer, vecs[:100], vecs[100:150])
-    idx.MAX_PENDING, idx.FOLLOWER_MAX_PENDING = 20, 60
-    released = threading.Event()
-
-    def release() -> None:
-        time.sleep(0.3)
-        released.set()
-        idx._flush_lock.release()
-
-    t = threading.Thread(target=release)
-    t.start()
-    idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, wait=False)  # 100 > 60
-    assert released.is_set()
-    assert idx.pending <= 60
-    t.join()
     wait_indexed(idx)
     np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
 
