@@ -22,6 +22,7 @@ __all__ = [
     "decay_importance",
     "dot_rows",
     "filter_mask",
+    "ordered_bounds",
     "plan_moves",
     "prior_bounds",
     "recency",
@@ -263,6 +264,70 @@ def prior_bounds(
         float(base),
         w,
         use_w,
+        float(bar),
+        rows,
+        bounds,
+    )
+    return rows[:c], bounds[:c]
+
+
+def ordered_bounds(
+    todo: np.ndarray,
+    *,
+    gen: np.ndarray,
+    gen0: np.ndarray,
+    order: np.ndarray,
+    prior: np.ndarray,
+    importance: np.ndarray,
+    log: np.ndarray,
+    log_from: int,
+    log_to: int,
+    beta: float,
+    gamma: float,
+    base: float,
+    bar: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``prior_bounds`` (without row weights) from cached prior bounds kept in sorted order: reads
+    only the rows it returns or passes over, not every row. (rows, bounds), in that order:
+
+    - rows logged at ring positions ``log_from``..``log_to``-1 (``log[i % len(log)]``: the rows
+      changed since the bounds were computed), and rows at or past ``len(gen0)`` (newer), with the
+      trivial bound base + beta + gamma*importance[r];
+    - rows of ``order`` (rows sorted by their cached prior bound, ``prior``, best first: prior[i] =
+      beta*rec_ub + gamma*imp_ub of row order[i]) while base + prior beats ``bar``, if below both
+      lengths and their generation still equals ``gen0``, with bound base + prior.
+
+    Rows come only if ``todo`` and their bound beats ``bar`` (1e-5 slack, as prior_bounds). ``todo``
+    is cleared for every row examined: a row changed after ``log_to`` was read and skipped by the
+    walk is found by a second call over the log's later positions (``order`` empty), and no row
+    comes twice. Rows changed but not logged must not exist (Columns logs a row before its
+    generation moves)."""
+    n = _check("todo", todo, np.bool_).shape[0]
+    _check("gen", gen, np.int64, n)
+    n0 = _check("gen0", gen0, np.int64).shape[0]
+    m = _check("order", order, np.int64).shape[0]
+    _check("prior", prior, np.float32, m)
+    _check("importance", importance, np.float32, n)
+    _check("log", log, np.int64)
+    if log.shape[0] == 0 or log_to - log_from > log.shape[0] or log_from > log_to or log_from < 0:
+        raise ValueError("log_from..log_to must be a window of at most len(log) positions")
+    size = (log_to - log_from) + max(0, n - n0) + m
+    rows = np.empty(size, np.int64)
+    bounds = np.empty(size, np.float32)
+    c = _jit.ordered_bounds(
+        todo,
+        gen,
+        gen0,
+        order,
+        prior,
+        importance,
+        log,
+        int(log_from),
+        int(log_to),
+        min(n0, n),
+        float(beta),
+        float(gamma),
+        float(base),
         float(bar),
         rows,
         bounds,
@@ -623,6 +688,21 @@ def warm_up() -> None:
             bar=0.0,
             row_w=row_w,
         )
+    ordered_bounds(
+        b.copy(),
+        gen=i64,
+        gen0=i64,
+        order=rows,
+        prior=f32,
+        importance=f32,
+        log=i64,
+        log_from=0,
+        log_to=1,
+        beta=0.3,
+        gamma=0.2,
+        base=0.1,
+        bar=0.0,
+    )
     selection_bitmap(rows, b)
     allowed_entries(rows, b)
     split_top(f32, 0.0, 1)

@@ -146,6 +146,63 @@ def prior_bounds(
 
 
 @_kernel
+def ordered_bounds(
+    todo,
+    gen,
+    gen0,
+    order,
+    prior,
+    importance,
+    log,
+    log_from,
+    log_to,
+    new_from,
+    beta,
+    gamma,
+    base,
+    bar,
+    out_rows,
+    out_bound,
+):
+    """``prior_bounds`` without a pass over every row, from rows kept sorted by cached prior bound.
+
+    Examines, clearing ``todo`` for each row it examines: the rows logged at positions
+    log_from..log_to-1 of the ring ``log`` (changed since the bounds were cached) and rows from
+    ``new_from`` on (newer than the bounds), both with the trivial bound; then ``order`` (rows whose
+    cached prior bound is ``prior``, best first) while base + prior beats ``bar``, keeping rows
+    whose generation still equals gen0. Returns the count written to out_rows/out_bound.
+    """
+    n = todo.shape[0]
+    n0 = gen0.shape[0]
+    cap = log.shape[0]
+    fbase, fbeta, fgamma = np.float32(base), np.float32(beta), np.float32(gamma)
+    trivial = fbase + fbeta
+    slack = np.float32(1e-5)
+    c = 0
+    for j in range(log_from, log_to + max(0, n - new_from)):
+        # the logged rows, then the newer ones
+        r = log[j % cap] if j < log_to else new_from + (j - log_to)
+        if 0 <= r < n and todo[r]:
+            todo[r] = False
+            b = trivial + fgamma * importance[r] + slack
+            if b > bar:
+                out_rows[c] = r
+                out_bound[c] = b
+                c += 1
+    for i in range(order.shape[0]):
+        b = fbase + prior[i] + slack
+        if not b > bar:
+            break
+        r = order[i]
+        if r < n and r < n0 and todo[r] and gen[r] == gen0[r]:
+            todo[r] = False
+            out_rows[c] = r
+            out_bound[c] = b
+            c += 1
+    return c
+
+
+@_kernel
 def row_weights(ns, tier, by_ns, by_tier, out):
     """out[r] = by_ns[ns[r]] * by_tier[tier[r]]; 0 where an id is out of its table's range."""
     m, t = by_ns.shape[0], by_tier.shape[0]

@@ -108,6 +108,8 @@ class MetadataArrays:
 
 
 class Columns:
+    CHANGE_LOG = 65536
+
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
         self._arrays: dict[str, np.ndarray] = {
@@ -130,6 +132,10 @@ class Columns:
         self._row_meta: dict[int, dict[str, Any]] = {}
         self.max_importance = 0.0  # the highest importance any row has had (never lowered): a bound
         self.changes = 0  # rows refreshed by ``set`` so far (search.PriorBounds: how stale its bounds are)
+        # The rows of the last CHANGE_LOG refreshes, entry i at _change_log[i % CHANGE_LOG]; each is
+        # written before its row's generation moves (see ``changed_since``).
+        self._change_log = np.zeros(self.CHANGE_LOG, np.int64)
+        self._set_lock = threading.Lock()  # one ``set`` at a time against ``generations``
         self.earliest_expire = np.inf  # no row expires before this (never raised): expiry checks skip
 
     def _make_view(self) -> ColumnsView:
@@ -182,10 +188,35 @@ class Columns:
         self._arrays["alive"][rows] = True
         self._view = self._make_view()
 
+    def is_live(self, view: ColumnsView) -> bool:
+        """Whether ``view`` still shares the columns' arrays (growth leaves older views frozen)."""
+        return view.gen.base is self._arrays["gen"]
+
+    def generations(self, n: int) -> tuple[int, np.ndarray]:
+        """(``changes``, a copy of the generations of rows [0, n)), taken together: every refresh
+        logged before that count is complete in the copy, every later one moves a generation past it."""
+        with self._set_lock:
+            return self.changes, self._arrays["gen"][:n].copy()
+
+    def changed_since(self, start: int) -> tuple[np.ndarray, int] | None:
+        """(the change log, ``changes``) when it still holds every row refreshed from the
+        ``start``-th refresh on (entries start..changes-1 at index i % CHANGE_LOG), else None. A
+        row whose generation a reader sees moved is logged by then: its entry is written first."""
+        end = self.changes
+        if end - start > self.CHANGE_LOG or end < start:
+            return None
+        return self._change_log, end
+
     def set(self, row: int, rec: Record, space: int, vpos: int) -> None:
         """Refresh the mutable fields of a live row from its record."""
+        with self._set_lock:
+            self._set(row, rec, space, vpos)
+
+    def _set(self, row: int, rec: Record, space: int, vpos: int) -> None:
         a = self._arrays
         gen = a["gen"]
+        self._change_log[self.changes % self.CHANGE_LOG] = row  # logged before the generation moves
+        self.changes += 1
         gen[row] += 1  # before and after the change: a reader that copied the generation mid-change
         if rec.importance > self.max_importance:  # raised before the column: it bounds every row
             self.max_importance = float(rec.importance)
@@ -234,7 +265,6 @@ class Columns:
         if rec.expire_at is not None and rec.expire_at < self.earliest_expire:
             self.earliest_expire = float(rec.expire_at)
         gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
-        self.changes += 1
 
     # -- snapshots (writer thread: nothing changes while the state is copied) --------------------
     def state(self) -> dict[str, Any]:

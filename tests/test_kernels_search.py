@@ -141,6 +141,16 @@ def call_ref(args: dict, beta, gamma, base, bar, weighted: bool):
     )
 
 
+def bar_of(kind: str, bounds: np.ndarray) -> float:
+    """A bar below every bound, at their median, above them all, or at zero."""
+    return {
+        "-inf": -np.inf,
+        "median": float(np.median(bounds)) if bounds.size else 0.0,
+        "above-all": float(bounds.max()) + 1.0 if bounds.size else 1.0,
+        "zero": 0.0,
+    }[kind]
+
+
 def check_same(got, expected, bar: float = -np.inf, ref_all=None) -> None:
     """Rows and bounds as the reference computes them. The kernel may compute in float32: a row whose
     reference bound is within rounding of ``bar`` may go either way (``ref_all``: the reference
@@ -178,12 +188,7 @@ def test_prior_bounds_random(n, bgb, weighted, bar_kind):
     args = make_bounds_inputs(n, rng_for("prior", n, bgb, weighted, bar_kind))
     saved = {k: v.copy() for k, v in args.items()}
     _, all_b = call_ref(args, beta, gamma, base, -np.inf, weighted)
-    bar = {
-        "-inf": -np.inf,
-        "median": float(np.median(all_b)) if all_b.size else 0.0,
-        "above-all": float(all_b.max()) + 1.0 if all_b.size else 1.0,
-        "zero": 0.0,
-    }[bar_kind]
+    bar = bar_of(bar_kind, all_b)
     got = call_prior_bounds(args, beta, gamma, base, bar, weighted)
     ref_all = call_ref(args, beta, gamma, base, -np.inf, weighted)
     check_same(got, call_ref(args, beta, gamma, base, bar, weighted), bar, ref_all)
@@ -398,6 +403,187 @@ def test_prior_bounds_bound_changed_and_newer_rows(n):
                 # without the generation bump the cached bounds would be wrong for changed rows
                 stale = beta * rec_ub[changed] + gamma * imp_ub[changed] + SLACK
                 assert np.any(exact[changed] > stale)
+
+
+# --------------------------------------------------------------------------------------------
+# ordered_bounds: prior_bounds from bounds kept in sorted order plus a change log
+# --------------------------------------------------------------------------------------------
+
+
+def ref_ordered_bounds(
+    todo, gen, gen0, order, prior, importance, log, log_from, log_to, beta, gamma, base, bar
+):
+    """The documented procedure, in float64: logged rows, then newer rows, with the trivial bound;
+    then ``order`` while base + prior beats the bar, rows whose generation is unchanged. Each row is
+    examined once (todo cleared). Returns (rows, bounds, todo after)."""
+    n, n0, cap = len(todo), len(gen0), len(log)
+    todo = todo.copy()
+    rows: list[int] = []
+    bounds: list[float] = []
+
+    def trivial(r: int) -> None:
+        todo[r] = False
+        b = base + beta + gamma * float(importance[r]) + SLACK
+        if b > bar:
+            rows.append(r)
+            bounds.append(b)
+
+    for j in range(log_from, log_to):
+        r = int(log[j % cap])
+        if 0 <= r < n and todo[r]:
+            trivial(r)
+    for r in range(min(n0, n), n):
+        if todo[r]:
+            trivial(r)
+    for i in range(len(order)):
+        b = base + float(prior[i]) + SLACK
+        if not b > bar:
+            break
+        r = int(order[i])
+        if r < n and r < n0 and todo[r] and gen[r] == gen0[r]:
+            todo[r] = False
+            rows.append(r)
+            bounds.append(b)
+    return np.array(rows, np.int64), np.array(bounds, np.float64), todo
+
+
+def make_ordered_inputs(n: int, rng: np.random.Generator, cap: int = 64, n_view: int | None = None) -> dict:
+    """A consistent state: the rows changed since the bounds (gen moved) are exactly the rows logged
+    in the window (some twice, plus entries of rows past the view or unused slots of the ring), the
+    window may wrap around the ring, and ``order`` sorts the cached rows by their float32 prior.
+    ``n_view``: a view shorter than the rows the bounds cover (its rows only are examined)."""
+    a = make_bounds_inputs(n, rng)
+    beta, gamma = 0.3, 0.2
+    n0 = len(a["gen0"])
+    changed = np.flatnonzero(a["gen"][:n0] != a["gen0"])
+    entries = np.concatenate([changed, rng.choice(changed, len(changed) // 3)]) if len(changed) else changed
+    entries = np.concatenate([entries, [n + 3, -1]]).astype(np.int64)  # ignored: no such row
+    rng.shuffle(entries)
+    cap = max(cap, len(entries))
+    log = rng.integers(-1, max(n, 1), cap).astype(np.int64)  # stale ring contents outside the window
+    log_from = int(rng.integers(0, 3 * cap))
+    for k, r in enumerate(entries):
+        log[(log_from + k) % cap] = r
+    prior = np.float32(beta) * a["rec_ub"] + np.float32(gamma) * a["imp_ub"]
+    order = np.argsort(-prior, kind="stable")
+    if n_view is not None:
+        for k in ("todo", "gen", "importance", "row_w"):
+            a[k] = a[k][:n_view].copy()
+    return a | {
+        "order": order,
+        "prior": prior[order],
+        "log": log,
+        "log_from": log_from,
+        "log_to": log_from + len(entries),
+        "beta": beta,
+        "gamma": gamma,
+    }
+
+
+def call_ordered(a: dict, base: float, bar: float, todo: np.ndarray | None = None):
+    keys = ("gen", "gen0", "order", "prior", "importance", "log", "log_from", "log_to", "beta", "gamma")
+    return K.ordered_bounds(
+        a["todo"] if todo is None else todo, **{k: a[k] for k in keys}, base=base, bar=bar
+    )
+
+
+def call_ordered_ref(a: dict, base: float, bar: float):
+    return ref_ordered_bounds(
+        a["todo"], a["gen"], a["gen0"], a["order"], a["prior"], a["importance"], a["log"],
+        a["log_from"], a["log_to"], a["beta"], a["gamma"], base, bar,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("base", [0.0, 0.25, -0.2])
+@pytest.mark.parametrize("bar_kind", ["-inf", "median", "above-all", "zero"])
+@pytest.mark.parametrize("view", ["all", "shorter"])
+def test_ordered_bounds_random(n, base, bar_kind, view):
+    rng = rng_for("ordered", n, base, bar_kind, view)
+    a = make_ordered_inputs(n, rng, n_view=(n * 2) // 3 if view == "shorter" else None)
+    saved = {k: v.copy() for k, v in a.items() if isinstance(v, np.ndarray)}
+    _, all_b, _ = call_ordered_ref(a, base, -np.inf)
+    bar = bar_of(bar_kind, all_b)
+    e_rows, e_bounds, e_todo = call_ordered_ref(a, base, bar)
+    todo = a["todo"].copy()
+    rows, bounds = call_ordered(a, base, bar, todo)
+    assert rows.dtype == np.int64 and bounds.dtype == np.float32
+    # float32 sums against the reference's float64: rows within rounding of the bar may go either way
+    near = lambda r, b: np.abs(b - bar) <= 1e-6 + 1e-6 * abs(bar)  # noqa: E731
+    keep = ~near(rows, bounds.astype(np.float64))
+    e_keep = ~near(e_rows, e_bounds)
+    np.testing.assert_array_equal(rows[keep], e_rows[e_keep])  # same rows, in the same order
+    np.testing.assert_allclose(bounds[keep], e_bounds[e_keep], **BOUND_TOL)
+    assert len(np.unique(rows)) == len(rows)  # no row twice
+    if bar_kind != "median":
+        np.testing.assert_array_equal(todo, e_todo)  # every examined row cleared, no other
+    for k, v in saved.items():  # inputs other than todo untouched
+        np.testing.assert_array_equal(a[k], v)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("bgb", WEIGHTS, ids=lambda w: "b{}-g{}-base{}".format(*w))
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9])
+def test_ordered_bounds_equals_prior_bounds(n, bgb, q):
+    """The contract the search path relies on: with every changed row logged, the rows and bounds
+    are those of a full prior_bounds pass (as sets; rounding aside), for any bar."""
+    beta, gamma, base = bgb
+    a = make_ordered_inputs(n, rng_for("ordered-eq", n, bgb, q))
+    prior = np.float32(beta) * a["rec_ub"] + np.float32(gamma) * a["imp_ub"]
+    order = np.argsort(-prior, kind="stable")
+    a |= {"order": order, "prior": prior[order], "beta": beta, "gamma": gamma}
+    pb = {k: a[k] for k in ("todo", "gen", "gen0", "rec_ub", "imp_ub", "importance", "row_w")}
+    full_rows, full_b = call_prior_bounds(pb, beta, gamma, base, -np.inf, False)
+    bar = float(np.quantile(full_b, q)) if full_b.size else 0.0
+    e_rows, e_b = call_prior_bounds(pb, beta, gamma, base, bar, False)
+    rows, b = call_ordered(a, base, bar, a["todo"].copy())
+    order_rows = np.argsort(rows, kind="stable")
+    check_same((rows[order_rows], b[order_rows]), (e_rows, e_b), bar, (full_rows, full_b))
+
+
+def test_ordered_bounds_hand_computed():
+    # rows: 0 cached, 1 changed and logged, 2 cached (prior 0), 3 newer (past gen0), 4 not todo,
+    # 5 cached; the log window wraps a ring of 4 and names row 1 twice and a row past the view
+    todo = np.array([True, True, True, True, False, True])
+    gen = np.array([4, 7, 0, 1, 0, 2], np.int64)
+    gen0 = np.array([4, 6, 0], np.int64)  # rows 3..5 are newer than the bounds
+    importance = np.array([1.0, 0.5, 0.0, 1.0, 1.0, 0.8], np.float32)
+    beta, gamma, base = 0.4, 0.2, 0.1
+    order = np.array([0, 1, 2], np.int64)  # cached priors 0.25, 0.2 (stale: row 1 changed), 0.0
+    prior = np.array([0.25, 0.2, 0.0], np.float32)
+    log = np.array([9, 1, 1, 42], np.int64)  # window 5..7 = ring slots 1 and 2: row 1, twice
+    common = {"gen": gen, "gen0": gen0, "order": order, "prior": prior, "importance": importance, "log": log}
+    w = {"beta": beta, "gamma": gamma, "base": base}
+    t = todo.copy()
+    rows, bounds = K.ordered_bounds(t, **common, log_from=5, log_to=7, **w, bar=-np.inf)
+    np.testing.assert_array_equal(rows, [1, 3, 5, 0, 2])
+    expected = [
+        0.1 + 0.4 + 0.2 * 0.5,  # logged: recency <= 1, decayed importance <= importance
+        0.1 + 0.4 + 0.2 * 1.0,  # newer rows 3..5 (4 is not todo)
+        0.1 + 0.4 + 0.2 * 0.8,
+        0.1 + 0.25,  # then the order: row 0, (row 1 examined already), row 2
+        0.1 + 0.0,
+    ]
+    np.testing.assert_allclose(bounds, np.array(expected) + SLACK, rtol=1e-6)
+    np.testing.assert_array_equal(t, [False, False, False, False, False, False])
+    # the walk stops at the first prior that no longer beats the bar (row 2 is not even examined)
+    t = todo.copy()
+    rows, _ = K.ordered_bounds(t, **common, log_from=5, log_to=7, **w, bar=0.2)
+    np.testing.assert_array_equal(rows, [1, 3, 5, 0])
+    assert t[2]
+    # an empty window: the changed row 1 is not logged there, and the walk skips it (gen moved)
+    rows, _ = K.ordered_bounds(todo.copy(), **common, log_from=7, log_to=7, **w, bar=-np.inf)
+    np.testing.assert_array_equal(rows, [3, 5, 0, 2])
+    # a window is at most the ring; positions are counted from 0
+    for lo, hi in ((0, 5), (3, 2), (-1, 1)):
+        with pytest.raises(ValueError):
+            K.ordered_bounds(todo.copy(), **common, log_from=lo, log_to=hi, **w, bar=0.0)
+    with pytest.raises(ValueError):
+        K.ordered_bounds(
+            todo.copy(), **(common | {"log": np.empty(0, np.int64)}), log_from=0, log_to=0, **w, bar=0.0
+        )
+    with pytest.raises(ValueError):
+        K.ordered_bounds(todo.copy(), **(common | {"prior": prior[:2]}), log_from=0, log_to=0, **w, bar=0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -685,6 +871,26 @@ def test_py_func_selection_bitmap(pure_python, n):
     e_bitmap, e_count = ref_selection_bitmap(slots, allowed)
     np.testing.assert_array_equal(bitmap, e_bitmap)
     assert int(count) == e_count
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 17, 300])
+@pytest.mark.parametrize("q", [-1.0, 0.5])
+def test_py_func_ordered_bounds(pure_python, n, q):
+    a = make_ordered_inputs(n, rng_for("pyfunc-ordered", n, q), cap=16)
+    base = 0.15
+    _, all_b, _ = call_ordered_ref(a, base, -np.inf)
+    bar = -np.inf if q < 0 else _bar_between(all_b.astype(np.float32), q)
+    size = a["log_to"] - a["log_from"] + n + len(a["order"])
+    rows, bounds = np.empty(size, np.int64), np.empty(size, np.float32)
+    todo = a["todo"].copy()
+    c = _jit.ordered_bounds.py_func(
+        todo, a["gen"], a["gen0"], a["order"], a["prior"], a["importance"], a["log"], a["log_from"],
+        a["log_to"], min(len(a["gen0"]), n), a["beta"], a["gamma"], base, bar, rows, bounds,
+    )  # fmt: skip
+    e_rows, e_bounds, e_todo = call_ordered_ref(a, base, bar)
+    np.testing.assert_array_equal(rows[:c], e_rows)
+    np.testing.assert_allclose(bounds[:c], e_bounds, **BOUND_TOL)
+    np.testing.assert_array_equal(todo, e_todo)
 
 
 # --------------------------------------------------------------------------------------------

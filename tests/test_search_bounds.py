@@ -35,7 +35,7 @@ from tiermem.server import search as search_mod
 from tiermem.server.config import ServerConfig
 from tiermem.server.engine import Engine, FeedbackItem, Filter
 from tiermem.server.records import NewMemory, Record
-from tiermem.server.search import COMPREHENSIVE, WEIGHTED, Searcher, SearchHit, SearchQuery
+from tiermem.server.search import COMPREHENSIVE, WEIGHTED, PriorBounds, Searcher, SearchHit, SearchQuery
 from tiermem.server.vector_index import VectorIndex
 
 DIM, CLUSTERS, QUERIES, K = 32, 5, 30, 10
@@ -179,7 +179,7 @@ def spy(w: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """Count candidate-path searches, bound computations and bound-kernel calls (rows returned)."""
     searcher = w.eng.searcher
     orig_candidates, orig_compute = searcher._candidates, searcher.priors._compute
-    orig_bounds = kernels.prior_bounds
+    orig_bounds, orig_ordered = kernels.prior_bounds, kernels.ordered_bounds
 
     def candidates(*a: Any, **kw: Any) -> Any:
         w.calls["candidates"] += 1
@@ -189,16 +189,21 @@ def spy(w: World, monkeypatch: pytest.MonkeyPatch) -> None:
         w.calls["compute"] += 1
         return orig_compute(*a, **kw)
 
-    def bounds(*a: Any, **kw: Any) -> Any:
-        rows, b = orig_bounds(*a, **kw)
-        w.calls["prior_bounds"] += 1
-        w.calls["b_rows"] += int(rows.shape[0])
-        w.b_seen.update(rows.tolist())
-        return rows, b
+    def counted(kernel: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def bounds(*a: Any, **kw: Any) -> Any:
+            rows, b = kernel(*a, **kw)
+            w.calls["prior_bounds"] += 1  # either bound kernel
+            w.calls[name] += 1
+            w.calls["b_rows"] += int(rows.shape[0])
+            w.b_seen.update(rows.tolist())
+            return rows, b
+
+        return bounds
 
     monkeypatch.setattr(searcher, "_candidates", candidates)
     monkeypatch.setattr(searcher.priors, "_compute", compute)
-    monkeypatch.setattr(search_mod.kernels, "prior_bounds", bounds)
+    monkeypatch.setattr(search_mod.kernels, "prior_bounds", counted(orig_bounds, "full_pass"))
+    monkeypatch.setattr(search_mod.kernels, "ordered_bounds", counted(orig_ordered, "ordered"))
 
 
 @pytest.fixture(scope="module")
@@ -436,6 +441,26 @@ def test_fresh_bounds_exact_top10(world: World) -> None:
     assert outside >= QUERIES // 2, outside
 
 
+@pytest.mark.parametrize("sorted_rows", [16, 400])
+def test_partly_sorted_bounds_stay_exact(
+    world: World, monkeypatch: pytest.MonkeyPatch, sorted_rows: int
+) -> None:
+    """Only the best rows by prior bound are kept sorted (PriorBounds.SORTED_MIN / SORTED_SHARE):
+    when the bar is below the best prior left out, the rows not walked get a full pass as well,
+    and the top 10 stays exact (the configured weights made prior-heavy, so B is large)."""
+    w = world
+    monkeypatch.setattr(PriorBounds, "SORTED_MIN", sorted_rows)
+    monkeypatch.setattr(PriorBounds, "SORTED_SHARE", 0.0)
+    w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+    check_queries(w, lambda i: query(w, i), min_bounded=0.5)
+    cached = w.eng.searcher.priors._cached
+    assert cached is not None and cached.order is not None and cached.order.shape == (sorted_rows,)
+    assert cached.tail <= float(cached.prior[-1])
+    assert w.calls["ordered"] > 0
+    if sorted_rows == 16:
+        assert w.calls["full_pass"] > 0  # the bar was below the tail in some searches
+
+
 @pytest.mark.parametrize("first,most", [(1, 4), (8, 64)])
 def test_small_growing_chunks_stay_exact(
     world: World, monkeypatch: pytest.MonkeyPatch, first: int, most: int
@@ -556,15 +581,24 @@ def outside_top_k(snap: Snapshot, q: np.ndarray, k: int | None = None) -> np.nda
     return rows[np.argsort(-cos[rows], kind="stable")]
 
 
+@pytest.mark.parametrize("path", ["full_pass", "ordered"])
 @pytest.mark.parametrize("max_age", ["default", "never-refresh"])
-def test_changed_after_cache_still_found(world: World, monkeypatch: pytest.MonkeyPatch, max_age: str) -> None:
+def test_changed_after_cache_still_found(
+    world: World, monkeypatch: pytest.MonkeyPatch, max_age: str, path: str
+) -> None:
     """Memories that change after the bounds were cached (importance raised to 1, accessed now by
     feedback or by a recorded search access) and memories added since must rank where they belong.
     The changed ones are outside HNSW's first top-K, so only the bound pass can find them, and their
-    cached bounds are stale and low: the row generation must send them to the trivial bound."""
+    cached bounds are stale and low: the row generation must send them to the trivial bound.
+
+    ``full_pass``: the prior-heavy searches use weights other than the configured ones (every row's
+    bound computed). ``ordered``: they are the configured weights, so the cached sorted bounds serve
+    them, and changed rows come from the columns' change log."""
     w = world
     if max_age == "never-refresh":
         monkeypatch.setattr(w.eng.searcher.priors, "MAX_AGE", 1e12)
+    if path == "ordered":
+        w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
     heavy = lambda i: query(w, i, **PRIOR_HEAVY)  # noqa: E731
     tops = check_queries(w, heavy, min_bounded=0.5)
     check_queries(w, lambda i: query(w, i), n=10)
@@ -599,7 +633,9 @@ def test_changed_after_cache_still_found(world: World, monkeypatch: pytest.Monke
 
     computed = w.calls["compute"]
     w.b_seen.clear()
+    kernel_calls = w.calls[path]
     new_tops = check_queries(w, heavy, min_bounded=0.5)
+    assert w.calls[path] - kernel_calls >= QUERIES // 2
     check_queries(w, lambda i: query(w, i))
     assert w.calls["compute"] == computed  # the cached bounds were used, with row generations
     assert w.eng.searcher.priors._cached is cached
@@ -838,3 +874,45 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
         assert rel2 is None
     finally:
         eng.close()
+
+
+# --------------------------------------------------------------------------------------------
+# e. the columns' change log, which the sorted bounds rely on
+# --------------------------------------------------------------------------------------------
+
+
+def test_columns_change_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every refresh of a row is logged (in order, before its generation moves); ``generations``
+    pairs the count with the generations; a log that wrapped past a start answers None."""
+    from conftest import make_record
+
+    from tiermem.server.columns import Columns
+
+    monkeypatch.setattr(Columns, "CHANGE_LOG", 8)
+    cols = Columns()
+    rows = [cols.add(make_record(rid), 0) for rid in range(1, 6)]
+    start, gen0 = cols.generations(5)  # add refreshes each new row once
+    assert start == 5 and gen0.tolist() == cols.column("gen").tolist()
+    gen0[0] = -1  # a copy
+    assert cols.column("gen")[0] != -1
+    gen0[0] = cols.column("gen")[0]
+    _, end = cols.changed_since(start)
+    assert end == start
+    for row in (rows[3], rows[1], rows[3]):
+        rec = make_record(cols.column("rid")[row].item())
+        rec.importance = 0.9
+        cols.set(row, rec, 0, -1)
+    log, end = cols.changed_since(start)
+    assert end == start + 3
+    assert [int(log[i % 8]) for i in range(start, end)] == [rows[3], rows[1], rows[3]]
+    changed = np.flatnonzero(cols.column("gen") != gen0)
+    assert changed.tolist() == sorted({rows[1], rows[3]})
+    _, gen_now = cols.generations(5)
+    assert gen_now[rows[3]] == gen0[rows[3]] + 4  # two bumps per refresh
+    for _ in range(6):  # 9 changes since start: past a ring of 8
+        cols.set(rows[0], make_record(int(cols.column("rid")[rows[0]])), 0, -1)
+    assert cols.changed_since(start) is None
+    assert cols.changed_since(end) is not None
+    assert cols.changed_since(cols.changes + 1) is None  # a start the columns never reached
+    restored = Columns.restore(cols.state())  # a new log: counted from 0
+    assert restored.changes == 0 and restored.changed_since(0) == (restored._change_log, 0)
