@@ -298,10 +298,11 @@ def ordered_bounds(
       lengths and their generation still equals ``gen0``, with bound base + prior.
 
     Rows come only if ``todo`` and their bound beats ``bar`` (1e-5 slack, as prior_bounds). ``todo``
-    is cleared for every row examined: a row changed after ``log_to`` was read and skipped by the
-    walk is found by a second call over the log's later positions (``order`` empty), and no row
-    comes twice. Rows changed but not logged must not exist (Columns logs a row before its
-    generation moves)."""
+    is cleared for every row bounded here (logged, newer, or walked with an unchanged generation),
+    so no row comes twice across calls; a walked row whose generation moved stays in ``todo``: it
+    changed after ``log_to`` was read, and a second call over the log's later positions (``order``
+    empty), or a full prior_bounds pass over what is left of ``todo``, bounds it. Rows changed but
+    not logged must not exist (Columns logs a row before its generation moves)."""
     n = _check("todo", todo, np.bool_).shape[0]
     _check("gen", gen, np.int64, n)
     n0 = _check("gen0", gen0, np.int64).shape[0]

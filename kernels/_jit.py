@@ -166,11 +166,11 @@ def ordered_bounds(
 ):
     """``prior_bounds`` without a pass over every row, from rows kept sorted by cached prior bound.
 
-    Examines, clearing ``todo`` for each row it examines: the rows logged at positions
-    log_from..log_to-1 of the ring ``log`` (changed since the bounds were cached) and rows from
-    ``new_from`` on (newer than the bounds), both with the trivial bound; then ``order`` (rows whose
-    cached prior bound is ``prior``, best first) while base + prior beats ``bar``, keeping rows
-    whose generation still equals gen0. Returns the count written to out_rows/out_bound.
+    Bounds, clearing ``todo`` for each: the rows logged at positions log_from..log_to-1 of the
+    ring ``log`` (changed since the bounds were cached) and rows from ``new_from`` on (newer than
+    the bounds), both with the trivial bound; then ``order`` (rows whose cached prior bound is
+    ``prior``, best first) while base + prior beats ``bar``, rows whose generation still equals
+    gen0 (others stay in ``todo``). Returns the count written to out_rows/out_bound.
     """
     n = todo.shape[0]
     n0 = gen0.shape[0]

@@ -192,18 +192,24 @@ class Columns:
         """Whether ``view`` still shares the columns' arrays (growth leaves older views frozen)."""
         return view.gen.base is self._arrays["gen"]
 
-    def generations(self, n: int) -> tuple[int, np.ndarray]:
-        """(``changes``, a copy of the generations of rows [0, n)), taken together: every refresh
-        logged before that count is complete in the copy, every later one moves a generation past it."""
+    def generations(self, view: ColumnsView) -> tuple[int, np.ndarray]:
+        """(``changes``, a copy of ``view``'s generations), taken together: every refresh logged
+        before that count is complete in the copy, every later one moves a generation past it.
+        ``changes`` is -1 when the view is frozen (growth replaced the arrays: later refreshes do
+        not reach it, so the log says nothing about it). Checked after the copy: growth cannot be
+        undone, so a view still live then was live during the copy."""
         with self._set_lock:
-            return self.changes, self._arrays["gen"][:n].copy()
+            changes, gen = self.changes, view.gen.copy()
+        return (changes if self.is_live(view) else -1), gen
 
     def changed_since(self, start: int) -> tuple[np.ndarray, int] | None:
         """(the change log, ``changes``) when it still holds every row refreshed from the
         ``start``-th refresh on (entries start..changes-1 at index i % CHANGE_LOG), else None. A
-        row whose generation a reader sees moved is logged by then: its entry is written first."""
+        row whose generation a reader sees moved is logged by then: its entry is written first.
+        The ring holds CHANGE_LOG - 1 entries safely: a refresh in progress may have written the
+        next slot before counting it."""
         end = self.changes
-        if end - start > self.CHANGE_LOG or end < start:
+        if end - start >= self.CHANGE_LOG or end < start:
             return None
         return self._change_log, end
 

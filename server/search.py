@@ -175,12 +175,11 @@ class PriorBounds:
                 return self._fit(c, view)  # another search is refreshing them
             return self._compute(view, now, tau)
         try:
-            changes = cols.changes  # before the generations are copied: never undercounts
             p = self._compute(view, now, tau)
-            if p.changes >= 0:  # (not a frozen view, which has no change log to pair an order with)
-                p = self._sorted(p, eng.config.beta, eng.config.gamma)
-            self._cached, self._changes = p, changes
-            return p
+            if p.changes < 0:
+                return p  # a view growth froze: bounds for this search only, not for live views
+            self._cached, self._changes = self._sorted(p, eng.config.beta, eng.config.gamma), p.changes
+            return self._cached
         finally:
             self._lock.release()
 
@@ -214,7 +213,7 @@ class PriorBounds:
         # The generations first: a row changing meanwhile moves past them (and is logged from
         # ``changes`` on), so bounds computed from half-written fields are not used for it. A
         # view that growth left frozen has its own generations, and no log (changes -1).
-        changes, gen0 = cols.generations(view.n) if cols.is_live(view) else (-1, view.gen.copy())
+        changes, gen0 = cols.generations(view)
         rows = np.arange(view.n, dtype=np.int64)
         _, rec, imp = kernels.score_rows(
             rows,
@@ -783,6 +782,9 @@ class Searcher:
             more = kernels.ordered_bounds(
                 todo, order=empty_i, prior=empty_f, log_from=end, log_to=later[1], **common, **weights
             )
+            if cols.changed_since(p.changes) is None:  # the log wrapped while it was read
+                full = self._prior_bounds(view, todo, p, a, base, bar, row_w)
+                more = np.concatenate([more[0], full[0]]), np.concatenate([more[1], full[1]])
         else:
             return rows, bounds
         return np.concatenate([rows, more[0]]), np.concatenate([bounds, more[1]])

@@ -882,37 +882,181 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
 
 
 def test_columns_change_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every refresh of a row is logged (in order, before its generation moves); ``generations``
-    pairs the count with the generations; a log that wrapped past a start answers None."""
+    """Every refresh of a row is logged, in order, and counted before its generation moves;
+    ``generations`` pairs the count with a copy of a view's generations (-1 for a view growth
+    froze); the log answers for at most CHANGE_LOG - 1 entries since a start."""
     from conftest import make_record
 
     from tiermem.server.columns import Columns
 
     monkeypatch.setattr(Columns, "CHANGE_LOG", 8)
-    cols = Columns()
+    cols = Columns(capacity=8)
     rows = [cols.add(make_record(rid), 0) for rid in range(1, 6)]
-    start, gen0 = cols.generations(5)  # add refreshes each new row once
+    cols.activate(np.array(rows, np.int64), np.full(5, -1, np.int64))  # published to views
+    view = cols.view()
+    start, gen0 = cols.generations(view)  # add refreshes each new row once
     assert start == 5 and gen0.tolist() == cols.column("gen").tolist()
     gen0[0] = -1  # a copy
     assert cols.column("gen")[0] != -1
     gen0[0] = cols.column("gen")[0]
-    _, end = cols.changed_since(start)
-    assert end == start
+    assert cols.changed_since(start) == (cols._change_log, start)
+    seen: list[tuple[int, int]] = []  # (changes, generation) as the row's refresh begins
+    orig_set = cols._change_log.__setitem__
+
+    class Log(np.ndarray):
+        def __setitem__(self, i: Any, row: Any) -> None:
+            seen.append((cols.changes, int(cols._arrays["gen"][row])))
+            orig_set(i, row)
+
+    cols._change_log = cols._change_log.view(Log)
     for row in (rows[3], rows[1], rows[3]):
-        rec = make_record(cols.column("rid")[row].item())
+        rec = make_record(int(cols.column("rid")[row]))
         rec.importance = 0.9
         cols.set(row, rec, 0, -1)
+    # logged (at the count it takes) while the generation had not moved yet
+    assert seen == [(5, int(gen0[rows[3]])), (6, int(gen0[rows[1]])), (7, int(gen0[rows[3]]) + 2)]
     log, end = cols.changed_since(start)
     assert end == start + 3
     assert [int(log[i % 8]) for i in range(start, end)] == [rows[3], rows[1], rows[3]]
-    changed = np.flatnonzero(cols.column("gen") != gen0)
-    assert changed.tolist() == sorted({rows[1], rows[3]})
-    _, gen_now = cols.generations(5)
-    assert gen_now[rows[3]] == gen0[rows[3]] + 4  # two bumps per refresh
-    for _ in range(6):  # 9 changes since start: past a ring of 8
+    assert np.flatnonzero(cols.column("gen") != gen0).tolist() == sorted({rows[1], rows[3]})
+    for _ in range(4):  # 7 entries since start: the most the ring answers for
         cols.set(rows[0], make_record(int(cols.column("rid")[rows[0]])), 0, -1)
-    assert cols.changed_since(start) is None
+    assert cols.changed_since(start) is not None
+    cols.set(rows[0], make_record(int(cols.column("rid")[rows[0]])), 0, -1)
+    assert cols.changed_since(start) is None  # 8: a refresh in progress could overwrite entry start
     assert cols.changed_since(end) is not None
     assert cols.changed_since(cols.changes + 1) is None  # a start the columns never reached
+    for rid in range(6, 12):  # past the capacity of 8: the arrays grow, the old view is frozen
+        cols.add(make_record(rid), 0)
+    assert not cols.is_live(view) and cols.is_live(cols.view())
+    assert cols.generations(view)[0] == -1 and cols.generations(cols.view())[0] == cols.changes
     restored = Columns.restore(cols.state())  # a new log: counted from 0
     assert restored.changes == 0 and restored.changed_since(0) == (restored._change_log, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# f. races of the sorted bounds with the writer (found in review)
+# --------------------------------------------------------------------------------------------
+
+
+def sleepy_keys(w: World) -> list[Key]:
+    """Per query, one memory outside HNSW's first top-K that is old news (not accessed for a day,
+    unimportant): its cached bound is low, and lifting it must move it into the top."""
+    snap = snapshot(w)
+    sleepy = (w.clock.now - snap.accessed > DAY) & (snap.importance < 0.3) & (snap.tier >= 3)
+    keys: list[Key] = []
+    for i in range(QUERIES):
+        for j in outside_top_k(snap, w.queries[i])[:60]:
+            if sleepy[j] and snap.keys[j] not in keys:
+                keys.append(snap.keys[j])
+                break
+    return keys
+
+
+def lift(w: World, keys: list[Key]) -> None:
+    for ns, mid in keys:
+        w.eng.update(ns, mid, NewMemory(namespace=ns, content="", importance=1.0), ["importance"])
+        w.eng.feedback(ns, [FeedbackItem(mid, actual_usefulness=1.0)])
+
+
+@pytest.mark.parametrize("path", ["full_pass", "ordered"])
+@pytest.mark.parametrize("race", [False, True])
+def test_growth_while_bounds_are_computed(
+    world: World, monkeypatch: pytest.MonkeyPatch, race: bool, path: str
+) -> None:
+    """The columns grow (the computing search's view is frozen) and rows change in the new arrays
+    just before the generations are copied: the bounds (from the frozen view's fields) must not be
+    paired with the new generations, or every later search trusts stale, too low bounds for the
+    changed rows (their changes were logged before the bounds' count). The top 10 stays exact."""
+    w = world
+    if path == "ordered":
+        w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+    keys = sleepy_keys(w)
+    assert len(keys) >= 10
+    cols = w.eng.columns
+    generations = cols.generations
+    fired: list[int] = []
+
+    def racing(view: Any) -> Any:
+        if race and not fired:
+            fired.append(1)
+            cols._grow(cols._arrays["gen"].shape[0] + 1)  # what Columns.add does when full
+            lift(w, keys)  # the writer changes rows in the new arrays
+        return generations(view)
+
+    monkeypatch.setattr(cols, "generations", racing)
+    w.eng.search(query(w, 0, **PRIOR_HEAVY))  # computes the bounds (the race fires inside)
+    if race:
+        cached = w.eng.searcher.priors._cached
+        assert cached is None or cached.changes >= cols.changes  # the frozen view's are not kept
+    else:
+        lift(w, keys)
+    w.calls[path] = 0
+    check_queries(w, lambda i: query(w, i, **PRIOR_HEAVY), min_bounded=0.5)
+    assert w.calls[path] > 0
+
+
+def bounded_and_full(w: World, bar: float) -> tuple[set[int], set[int]]:
+    """B from ``Searcher._bounded`` (whichever path it takes) and from a full prior_bounds pass, for
+    every live row at the configured weights and the given bar."""
+    eng, cfg = w.eng, w.eng.config
+    view = eng.columns.view()
+    a = search_mod._Args(
+        10, cfg.alpha, cfg.beta, cfg.gamma, cfg.recency_tau_seconds, w.clock.now, None, {}, {}, 0
+    )
+    rows, _ = eng.searcher._bounded(view, view.alive.copy(), a, 0.0, bar, None)
+    p = eng.searcher.priors.get(view, a.now, a.tau)
+    full, _ = kernels.prior_bounds(
+        view.alive.copy(),
+        gen=view.gen,
+        gen0=p.gen0,
+        rec_ub=p.rec,
+        imp_ub=p.imp,
+        importance=view.importance,
+        beta=a.beta,
+        gamma=a.gamma,
+        base=0.0,
+        bar=bar,
+    )
+    return set(rows.tolist()), set(full.tolist())
+
+
+@pytest.mark.parametrize("in_progress", [False, True])
+def test_full_change_log_with_a_write_in_progress(
+    world: World, monkeypatch: pytest.MonkeyPatch, in_progress: bool
+) -> None:
+    """With CHANGE_LOG - 1 entries since the bounds (the most the ring accepts), a refresh that has
+    written its entry but not yet counted it overwrites no entry of the window, and the row changed
+    at the window's first entry is still found; with CHANGE_LOG entries the log is not used."""
+    w = world
+    w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+    cap = 64
+    cols = w.eng.columns
+    monkeypatch.setattr(type(cols), "CHANGE_LOG", cap)
+    cols._change_log = np.zeros(cap, np.int64)  # (the instance's ring was made at the default size)
+    monkeypatch.setattr(w.eng.searcher.priors, "MIN_STALE", 10**9)  # keep the cached bounds
+    w.eng.search(query(w, 0, **PRIOR_HEAVY))
+    p = w.eng.searcher.priors._cached
+    assert p is not None and p.order is not None
+    records = w.records()
+    rid_of = {(r.namespace, r.id): r.rid for r in records}
+    key = sleepy_keys(w)[0]
+    row = cols.rows[rid_of[key]]
+    lift(w, [key])  # (two refreshes of the row: update, feedback)
+    assert int(cols._change_log[p.changes % cap]) == row
+    other = next(r for r in records if (r.namespace, r.id) != key)
+    same = NewMemory(namespace=other.namespace, content="", importance=other.importance)
+    while cols.changes - p.changes < cap - 1:
+        w.eng.update(other.namespace, other.id, same, ["importance"])
+    assert cols.changed_since(p.changes) is not None
+    if in_progress:  # the next refresh's first statement, before it counts itself
+        cols._change_log[cols.changes % cap] = cols.rows[other.rid]
+    # a bar below the lifted row's trivial bound, above its cached bound
+    bar = float(np.float32(p.beta) * p.rec[row] + np.float32(p.gamma) * p.imp[row]) + 0.01
+    assert bar < p.beta + p.gamma
+    ordered, full = bounded_and_full(w, bar)
+    assert row in full and row in ordered and ordered == full
+    w.eng.update(other.namespace, other.id, same, ["importance"])
+    assert cols.changed_since(p.changes) is None  # CHANGE_LOG entries: a full pass instead
+    ordered, full = bounded_and_full(w, bar)
+    assert row in ordered and ordered == full
