@@ -761,7 +761,8 @@ class Searcher:
         logged = None
         if cols is not None and p.order is not None and p.changes >= 0 and cols.is_live(view):
             logged = cols.changed_since(p.changes)
-        if logged is None or row_w is not None or a.beta != p.beta or a.gamma != p.gamma:
+        if logged is None or row_w is not None or a.beta != p.beta or a.gamma != p.gamma or bar == -math.inf:
+            # (no bar yet: every row is in B, and the walk would only precede a full pass)
             return self._prior_bounds(view, todo, p, a, base, bar, row_w)
         assert p.order is not None and p.prior is not None
         log, end = logged
