@@ -636,7 +636,7 @@ class Searcher:
                 rows, rel = rows[kept], rel[kept]
         return rows, rel, sim_bound
 
-    PRIOR_K = 128  # least HNSW depth of the first search when recency/importance/weights enter the score
+    PRIOR_K = 64  # least HNSW depth of the first search when recency/importance/weights enter the score
     EXACT_ROWS = 16384  # rows left whose bound beats the bar: bound them by their true similarity
     # (one dot product each, best bound first, a chunk at a time) rather than search deeper
     CHUNK = 1024
@@ -676,7 +676,11 @@ class Searcher:
         # in-process: depth 80 (PRIOR_K 64) against 128 took 0.77 vs 0.88 ms a search with queries
         # near stored memories and every memory as recent and important, 1.35 vs 1.52 ms with
         # recency and importance spread, but 2.14 vs 2.03 ms (medians over 8 rounds) with the
-        # suite's queries near cluster centres: 128 stays.
+        # suite's queries near cluster centres while B was found by a pass over every row. Since
+        # B comes from the sorted bounds (reading only rows above the bar), the suite's queries
+        # too: 1.16 vs 1.24 ms (8 rounds, same top 10 for 256 of 256), cache-cold 1.78 vs 1.85
+        # and 2.09 vs 2.22 ms (6 rounds each), and in the server at concurrency 1 the ranking's
+        # CPU p50 1.68 / 1.76 / 1.98 vs 1.93 / 1.76 / 2.07 ms (alternating): 64.
         k = max(2 * a.limit, 32) if by_similarity else min(max(8 * a.limit, self.PRIOR_K), 2048)
         a_rows, a_sims, sim_bound = self._ann(sp, query, mask, k, view, count)
         parts = [rank(a_rows, rel=a_sims)]

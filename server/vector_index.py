@@ -77,7 +77,7 @@ class VectorIndex:
     # graph search there (a small FAST tier; the tier most memories just left).
     EXACT_ENTRIES = 2048
     # A filtered search for k with at most EXACT_PER_K * k allowed live entries is scanned exactly
-    # too. Measured at 100k x 384 with k = 128 (the default score's K): filtered HNSW came back
+    # too. Measured at 100k x 384 with k = 128 (the default score's K then; 80 now): filtered HNSW came back
     # short (fewer than k, so the caller scored every allowed row exactly on top) for 98-100 of 100
     # queries with 3-6% of the entries allowed, 80 with 7%, 25 with 8%, and cost 0.9-1.0 ms, while
     # the scan cost 0.5-0.8 ms up to 6%. With k = 32 the graph was not short and cheaper from ~5%.
