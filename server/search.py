@@ -114,9 +114,11 @@ class Priors(NamedTuple):
     rec: np.ndarray  # upper bounds of recency
     imp: np.ndarray  # upper bounds of decayed importance
     columns: Any = None  # the Columns they were computed from
-    changes: int = 0  # columns.changes when gen0 was copied: rows changed since are logged from here
-    # The rows sorted by their prior bound beta*rec + gamma*imp under these weights (best first),
-    # and those bounds; None when not kept (bounds computed for one search only).
+    # columns.changes when gen0 was copied: rows changed since are logged from here (-1: gen0 is
+    # a frozen view's, which the log does not cover)
+    changes: int = 0
+    # The best rows (an eighth, at least SORTED_MIN) by their prior bound beta*rec + gamma*imp under
+    # these weights, best first, and those bounds; None when not kept (bounds for one search only).
     order: np.ndarray | None = None
     prior: np.ndarray | None = None
     tail: float = -math.inf  # the highest prior bound of a row left out of ``order`` (-inf: none)
@@ -150,7 +152,7 @@ class PriorBounds:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._cached: Priors | None = None
-        self._changes = 0  # engine.columns.changes when the cached bounds were computed
+        self._changes = 0  # engine.columns.changes when the cached bounds' generations were copied
         self._lock = threading.Lock()
 
     def get(self, view: ColumnsView, now: float, tau: float) -> Priors:
@@ -210,6 +212,7 @@ class PriorBounds:
     def _compute(self, view: ColumnsView, now: float, tau: float) -> Priors:
         eng = self.engine
         cols = eng.columns
+        version = eng.config_version  # before the tables: bounds are never labelled newer than them
         # The generations first: a row changing meanwhile moves past them (and is logged from
         # ``changes`` on), so bounds computed from half-written fields are not used for it. A
         # view that growth left frozen has its own generations, and no log (changes -1).
@@ -231,7 +234,7 @@ class PriorBounds:
             gamma=0.0,
             ns=view.ns,
         )
-        return Priors(now, tau, eng.config_version, gen0, rec, imp, cols, changes)
+        return Priors(now, tau, version, gen0, rec, imp, cols, changes)
 
 
 class Searcher:

@@ -1060,3 +1060,28 @@ def test_full_change_log_with_a_write_in_progress(
     assert cols.changed_since(p.changes) is None  # CHANGE_LOG entries: a full pass instead
     ordered, full = bounded_and_full(w, bar)
     assert row in ordered and ordered == full
+
+
+def test_bounds_never_labelled_with_a_newer_config(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A settings change (new half-lives) landing while a search computes the bounds from the old
+    tables: the bounds keep the version they were computed under, so the next search recomputes
+    them instead of trusting decayed-importance bounds from the old half-lives."""
+    w = world
+    eng = w.eng
+    score_rows = kernels.score_rows
+    seen: list[int] = []
+
+    def racing(*a: Any, **kw: Any) -> Any:
+        if not seen:
+            seen.append(eng.config_version)  # the tables were read before this call
+            eng._config_version += 1  # what applying a namespace policy change does
+        return score_rows(*a, **kw)
+
+    monkeypatch.setattr(search_mod.kernels, "score_rows", racing)
+    view = eng.columns.view()
+    eng.searcher.priors.get(view, w.clock.now, eng.config.recency_tau_seconds)
+    cached = eng.searcher.priors._cached
+    assert cached is not None and seen and cached.version == seen[0] != eng.config_version
+    computed = w.calls["compute"]
+    eng.searcher.priors.get(view, w.clock.now, eng.config.recency_tau_seconds)
+    assert w.calls["compute"] == computed + 1  # not valid for the new config: computed again
