@@ -325,7 +325,6 @@ def ordered_bounds(
         log,
         int(log_from),
         int(log_to),
-        min(n0, n),
         float(beta),
         float(gamma),
         float(base),

@@ -156,7 +156,6 @@ def ordered_bounds(
     log,
     log_from,
     log_to,
-    new_from,
     beta,
     gamma,
     base,
@@ -167,13 +166,14 @@ def ordered_bounds(
     """``prior_bounds`` without a pass over every row, from rows kept sorted by cached prior bound.
 
     Bounds, clearing ``todo`` for each: the rows logged at positions log_from..log_to-1 of the
-    ring ``log`` (changed since the bounds were cached) and rows from ``new_from`` on (newer than
+    ring ``log`` (changed since the bounds were cached) and rows from len(gen0) on (newer than
     the bounds), both with the trivial bound; then ``order`` (rows whose cached prior bound is
     ``prior``, best first) while base + prior beats ``bar``, rows whose generation still equals
     gen0 (others stay in ``todo``). Returns the count written to out_rows/out_bound.
     """
     n = todo.shape[0]
     n0 = gen0.shape[0]
+    new_from = min(n0, n)
     cap = log.shape[0]
     fbase, fbeta, fgamma = np.float32(base), np.float32(beta), np.float32(gamma)
     trivial = fbase + fbeta

@@ -26,7 +26,7 @@ import numpy as np
 from tiermem import kernels
 
 from . import validation as check
-from .columns import ColumnsView
+from .columns import Columns, ColumnsView
 from .config import TIERS, usable_cores
 from .embedders import EmbedderError
 from .errors import DeadlineExceeded, InvalidArgument, NotFound
@@ -113,10 +113,10 @@ class Priors(NamedTuple):
     gen0: np.ndarray
     rec: np.ndarray  # upper bounds of recency
     imp: np.ndarray  # upper bounds of decayed importance
-    columns: Any = None  # the Columns they were computed from
+    columns: Columns  # the Columns they were computed from
     # columns.changes when gen0 was copied: rows changed since are logged from here (-1: gen0 is
     # a frozen view's, which the log does not cover)
-    changes: int = 0
+    changes: int
     # The best rows (an eighth, at least SORTED_MIN) by their prior bound beta*rec + gamma*imp under
     # these weights, best first, and those bounds; None when not kept (bounds for one search only).
     order: np.ndarray | None = None
@@ -152,7 +152,6 @@ class PriorBounds:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._cached: Priors | None = None
-        self._changes = 0  # engine.columns.changes when the cached bounds' generations were copied
         self._lock = threading.Lock()
 
     def get(self, view: ColumnsView, now: float, tau: float) -> Priors:
@@ -167,7 +166,7 @@ class PriorBounds:
             c is not None
             and now - c.t0 <= self.MAX_AGE
             and view.n <= 1.1 * c.gen0.shape[0] + 1024
-            and cols.changes - self._changes <= max(self.MIN_STALE, self.STALE_SHARE * view.n)
+            and cols.changes - c.changes <= max(self.MIN_STALE, self.STALE_SHARE * view.n)
         )
         if valid and fresh and c is not None:
             return self._fit(c, view)
@@ -180,7 +179,7 @@ class PriorBounds:
             p = self._compute(view, now, tau)
             if p.changes < 0:
                 return p  # a view growth froze: bounds for this search only, not for live views
-            self._cached, self._changes = self._sorted(p, eng.config.beta, eng.config.gamma), p.changes
+            self._cached = self._sorted(p, eng.config.beta, eng.config.gamma)
             return self._cached
         finally:
             self._lock.release()
@@ -766,7 +765,7 @@ class Searcher:
         p = self.priors.get(view, a.now, a.tau)
         cols = p.columns
         logged = None
-        if cols is not None and p.order is not None and p.changes >= 0 and cols.is_live(view):
+        if p.order is not None and p.changes >= 0 and cols.is_live(view):
             logged = cols.changed_since(p.changes)
         if logged is None or row_w is not None or a.beta != p.beta or a.gamma != p.gamma or bar == -math.inf:
             # (no bar yet: every row is in B, and the walk would only precede a full pass)
@@ -775,27 +774,29 @@ class Searcher:
         log, end = logged
         common = {"gen": view.gen, "gen0": p.gen0, "importance": view.importance, "log": log}
         weights = {"beta": a.beta, "gamma": a.gamma, "base": base, "bar": bar}
-        rows, bounds = kernels.ordered_bounds(
-            todo, order=p.order, prior=p.prior, log_from=p.changes, log_to=end, **common, **weights
-        )
-        # Rows whose change began while the walk ran were skipped by it (their generation moved):
-        # they are logged past ``end``. If the log wrapped meanwhile, a full pass over the rows
-        # not examined yet (todo) bounds them all.
-        later = cols.changed_since(p.changes)
-        if later is None or base + p.tail + 1e-5 > bar:
-            # (the log wrapped, or rows left out of the sorted part may beat the bar)
-            more = self._prior_bounds(view, todo, p, a, base, bar, row_w)
-        elif later[1] > end:
-            empty_i, empty_f = np.empty(0, np.int64), np.empty(0, np.float32)
-            more = kernels.ordered_bounds(
-                todo, order=empty_i, prior=empty_f, log_from=end, log_to=later[1], **common, **weights
+        parts = [
+            kernels.ordered_bounds(
+                todo, order=p.order, prior=p.prior, log_from=p.changes, log_to=end, **common, **weights
             )
-            if cols.changed_since(p.changes) is None:  # the log wrapped while it was read
-                full = self._prior_bounds(view, todo, p, a, base, bar, row_w)
-                more = np.concatenate([more[0], full[0]]), np.concatenate([more[1], full[1]])
-        else:
-            return rows, bounds
-        return np.concatenate([rows, more[0]]), np.concatenate([bounds, more[1]])
+        ]
+        # Rows whose change began while the walk ran were skipped by it (their generation moved):
+        # they are logged past ``end``.
+        later = cols.changed_since(p.changes)
+        if later is not None and later[1] > end:
+            empty_i, empty_f = np.empty(0, np.int64), np.empty(0, np.float32)
+            parts.append(
+                kernels.ordered_bounds(
+                    todo, order=empty_i, prior=empty_f, log_from=end, log_to=later[1], **common, **weights
+                )
+            )
+            later = cols.changed_since(p.changes)
+        if later is None or base + p.tail + 1e-5 > bar:
+            # The log wrapped (entries read may have been overwritten), or rows left out of the
+            # sorted part may beat the bar: a full pass over the rows not bounded yet (todo).
+            parts.append(self._prior_bounds(view, todo, p, a, base, bar, row_w))
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate([q[0] for q in parts]), np.concatenate([q[1] for q in parts])
 
     @staticmethod
     def _prior_bounds(

@@ -885,7 +885,7 @@ def test_py_func_ordered_bounds(pure_python, n, q):
     todo = a["todo"].copy()
     c = _jit.ordered_bounds.py_func(
         todo, a["gen"], a["gen0"], a["order"], a["prior"], a["importance"], a["log"], a["log_from"],
-        a["log_to"], min(len(a["gen0"]), n), a["beta"], a["gamma"], base, bar, rows, bounds,
+        a["log_to"], a["beta"], a["gamma"], base, bar, rows, bounds,
     )  # fmt: skip
     e_rows, e_bounds, e_todo = call_ordered_ref(a, base, bar)
     np.testing.assert_array_equal(rows[:c], e_rows)

@@ -667,7 +667,7 @@ def test_many_changed_rows_refresh_the_bounds(world: World, monkeypatch: pytest.
 
     for j in changed[:12]:
         change(j)
-    assert w.eng.columns.changes - priors._changes == 12
+    assert w.eng.columns.changes - priors._cached.changes == 12
     w.clock.advance(1.0)
     computed = w.calls["compute"]
     check_queries(w, lambda i: query(w, i), n=3)
