@@ -241,11 +241,11 @@ def rss_bytes(pid: int) -> int:
 def rss_parts(pid: int) -> dict[str, int]:
     """VmRSS and its parts in bytes: RssAnon (the process's own memory: heap, FAISS, columns) and
     RssFile (file pages mapped in: shared libraries and LMDB's data file, page cache the kernel can
-    reclaim)."""
+    reclaim); VmHWM, the highest VmRSS the process has had."""
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key = line.split(":", 1)[0]
-        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
             out[key] = int(line.split()[1]) * 1024
     if "VmRSS" not in out:
         raise RuntimeError("no VmRSS")

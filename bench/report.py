@@ -314,8 +314,13 @@ def markdown(res: dict[str, Any]) -> str:
             "| memory | value |",
             "|---|---:|",
             f"| server RSS before ingest | {mem['rss_before_bytes'] / 2**20:,.1f} MiB |",
-            f"| server RSS after ingest of {mem['memories']:,} | {mem['rss_after_bytes'] / 2**20:,.1f} MiB |",
+            f"| server RSS after ingest of {mem['memories']:,} (server idle) | "
+            f"{mem['rss_after_bytes'] / 2**20:,.1f} MiB |",
         ]
+        if mem.get("peak_rss_bytes"):
+            lines.append(
+                f"| server peak RSS so far (VmHWM: start-up, ingest, searches at 10% / 30%) | {mem['peak_rss_bytes'] / 2**20:,.1f} MiB |"
+            )
         if mem.get("rss_after_restart_bytes"):
             lines.append(
                 f"| server RSS after a clean restart ({mem['restart_memories']:,} memories) | "
