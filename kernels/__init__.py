@@ -274,8 +274,7 @@ def prior_bounds(
 def ordered_bounds(
     todo: np.ndarray,
     *,
-    gen: np.ndarray,
-    gen0: np.ndarray,
+    n0: int,
     order: np.ndarray,
     prior: np.ndarray,
     importance: np.ndarray,
@@ -291,25 +290,26 @@ def ordered_bounds(
     only the rows it returns or passes over, not every row. (rows, bounds), in that order:
 
     - rows logged at ring positions ``log_from``..``log_to``-1 (``log[i % len(log)]``: the rows
-      changed since the bounds were computed), and rows at or past ``len(gen0)`` (newer), with the
-      trivial bound base + beta + gamma*importance[r];
+      changed since the bounds were computed), and rows at or past ``n0`` (newer than the
+      bounds), with the trivial bound base + beta + gamma*importance[r];
     - rows of ``order`` (rows sorted by their cached prior bound, ``prior``, best first: prior[i] =
-      beta*rec_ub + gamma*imp_ub of row order[i]) while base + prior beats ``bar``, if below both
-      lengths and their generation still equals ``gen0``, with bound base + prior.
+      beta*rec_ub + gamma*imp_ub of row order[i]) while base + prior beats ``bar``, if below ``n0``
+      and the length of ``todo``, with bound base + prior.
 
     Rows come only if ``todo`` and their bound beats ``bar`` (1e-5 slack, as prior_bounds). ``todo``
-    is cleared for every row bounded here (logged, newer, or walked with an unchanged generation),
-    so no row comes twice across calls; a walked row whose generation moved stays in ``todo``: it
-    changed after ``log_to`` was read, and a second call over the log's later positions (``order``
-    empty), or a full prior_bounds pass over what is left of ``todo``, bounds it. Rows changed but
-    not logged must not exist (Columns logs a row before its generation moves)."""
+    is cleared for every row bounded here (logged, newer, or walked), so no row comes twice across
+    calls. A walked row is taken as unchanged since the bounds (no generation is read): every row
+    changed before ``log_to`` was read is logged in the window and was cleared before the walk
+    (Columns logs a row before its generation moves). A row whose change began after that may be
+    walked with its cached bound: the caller reads the log again after the call and raises the
+    bounds of the rows logged since (``Searcher._bounded``)."""
     n = _check("todo", todo, np.bool_).shape[0]
-    _check("gen", gen, np.int64, n)
-    n0 = _check("gen0", gen0, np.int64).shape[0]
     m = _check("order", order, np.int64).shape[0]
     _check("prior", prior, np.float32, m)
     _check("importance", importance, np.float32, n)
     _check("log", log, np.int64)
+    if n0 < 0:
+        raise ValueError("n0 must be >= 0")
     if log.shape[0] == 0 or log_to - log_from > log.shape[0] or log_from > log_to or log_from < 0:
         raise ValueError("log_from..log_to must be a window of at most len(log) positions")
     size = (log_to - log_from) + max(0, n - n0) + m
@@ -317,8 +317,7 @@ def ordered_bounds(
     bounds = np.empty(size, np.float32)
     c = _jit.ordered_bounds(
         todo,
-        gen,
-        gen0,
+        int(n0),
         order,
         prior,
         importance,
@@ -690,8 +689,7 @@ def warm_up() -> None:
         )
     ordered_bounds(
         b.copy(),
-        gen=i64,
-        gen0=i64,
+        n0=2,
         order=rows,
         prior=f32,
         importance=f32,

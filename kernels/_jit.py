@@ -148,8 +148,7 @@ def prior_bounds(
 @_kernel
 def ordered_bounds(
     todo,
-    gen,
-    gen0,
+    n0,
     order,
     prior,
     importance,
@@ -166,13 +165,14 @@ def ordered_bounds(
     """``prior_bounds`` without a pass over every row, from rows kept sorted by cached prior bound.
 
     Bounds, clearing ``todo`` for each: the rows logged at positions log_from..log_to-1 of the
-    ring ``log`` (changed since the bounds were cached) and rows from len(gen0) on (newer than
-    the bounds), both with the trivial bound; then ``order`` (rows whose cached prior bound is
-    ``prior``, best first) while base + prior beats ``bar``, rows whose generation still equals
-    gen0 (others stay in ``todo``). Returns the count written to out_rows/out_bound.
+    ring ``log`` (changed since the bounds were cached) and rows from ``n0`` on (newer than the
+    bounds), both with the trivial bound; then ``order`` (rows whose cached prior bound is
+    ``prior``, best first) while base + prior beats ``bar``: rows below n0 still in ``todo``. A row
+    of ``order`` is taken as unchanged since the bounds unless logged in the window (it was cleared
+    then); no generation is read: one random read per row fewer (a generation check per walked row
+    cost ~20 ns, 10x the rest of the walk). Returns the count written to out_rows/out_bound.
     """
     n = todo.shape[0]
-    n0 = gen0.shape[0]
     new_from = min(n0, n)
     cap = log.shape[0]
     fbase, fbeta, fgamma = np.float32(base), np.float32(beta), np.float32(gamma)
@@ -194,7 +194,7 @@ def ordered_bounds(
         if not b > bar:
             break
         r = order[i]
-        if r < n and r < n0 and todo[r] and gen[r] == gen0[r]:
+        if r < new_from and todo[r]:
             todo[r] = False
             out_rows[c] = r
             out_bound[c] = b

@@ -772,17 +772,29 @@ class Searcher:
             return self._prior_bounds(view, todo, p, a, base, bar, row_w)
         assert p.order is not None and p.prior is not None
         log, end = logged
-        common = {"gen": view.gen, "gen0": p.gen0, "importance": view.importance, "log": log}
+        before = todo.copy()  # for a full pass from the start, should the log wrap
+        common = {"n0": p.gen0.shape[0], "importance": view.importance, "log": log}
         weights = {"beta": a.beta, "gamma": a.gamma, "base": base, "bar": bar}
-        parts = [
-            kernels.ordered_bounds(
-                todo, order=p.order, prior=p.prior, log_from=p.changes, log_to=end, **common, **weights
-            )
-        ]
-        # Rows whose change began while the walk ran were skipped by it (their generation moved):
-        # they are logged past ``end``.
+        rows, bounds = kernels.ordered_bounds(
+            todo, order=p.order, prior=p.prior, log_from=p.changes, log_to=end, **common, **weights
+        )
+        parts = [(rows, bounds)]
+        # Rows whose change began while the walk ran are logged past ``end``: the walk may have
+        # taken one with its cached bound (it reads no generation), which the change may have
+        # outgrown: such rows get the trivial bound, and the others of them (still in ``todo``)
+        # come from the log's later positions.
         later = cols.changed_since(p.changes)
         if later is not None and later[1] > end:
+            moved = log[np.arange(end, later[1]) % log.shape[0]]
+            walked = np.isin(rows, moved)
+            if walked.any():
+                trivial = (
+                    np.float32(base)
+                    + np.float32(a.beta)
+                    + np.float32(a.gamma) * view.importance[rows[walked]]
+                    + np.float32(1e-5)
+                )
+                bounds[walked] = np.maximum(bounds[walked], trivial)
             empty_i, empty_f = np.empty(0, np.int64), np.empty(0, np.float32)
             parts.append(
                 kernels.ordered_bounds(
@@ -790,9 +802,13 @@ class Searcher:
                 )
             )
             later = cols.changed_since(p.changes)
-        if later is None or base + p.tail + 1e-5 > bar:
-            # The log wrapped (entries read may have been overwritten), or rows left out of the
-            # sorted part may beat the bar: a full pass over the rows not bounded yet (todo).
+        if later is None:
+            # The log wrapped: entries read may have been overwritten, so which rows changed is
+            # not known: a full pass over every row of the original ``todo``.
+            return self._prior_bounds(view, before, p, a, base, bar, row_w)
+        if base + p.tail + 1e-5 > bar:
+            # Rows left out of the sorted part may beat the bar: a full pass over the rows not
+            # bounded yet (todo).
             parts.append(self._prior_bounds(view, todo, p, a, base, bar, row_w))
         if len(parts) == 1:
             return parts[0]

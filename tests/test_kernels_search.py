@@ -410,13 +410,11 @@ def test_prior_bounds_bound_changed_and_newer_rows(n):
 # --------------------------------------------------------------------------------------------
 
 
-def ref_ordered_bounds(
-    todo, gen, gen0, order, prior, importance, log, log_from, log_to, beta, gamma, base, bar
-):
-    """The documented procedure, in float64: logged rows, then newer rows, with the trivial bound;
-    then ``order`` while base + prior beats the bar, rows whose generation is unchanged. Each row is
-    examined once (todo cleared). Returns (rows, bounds, todo after)."""
-    n, n0, cap = len(todo), len(gen0), len(log)
+def ref_ordered_bounds(todo, n0, order, prior, importance, log, log_from, log_to, beta, gamma, base, bar):
+    """The documented procedure, in float64: logged rows, then newer rows (from n0 on), with the
+    trivial bound; then ``order`` while base + prior beats the bar, rows below n0 still to do. Each
+    row is examined once (todo cleared). Returns (rows, bounds, todo after)."""
+    n, cap = len(todo), len(log)
     todo = todo.copy()
     rows: list[int] = []
     bounds: list[float] = []
@@ -440,7 +438,7 @@ def ref_ordered_bounds(
         if not b > bar:
             break
         r = int(order[i])
-        if r < n and r < n0 and todo[r] and gen[r] == gen0[r]:
+        if r < n and r < n0 and todo[r]:
             todo[r] = False
             rows.append(r)
             bounds.append(b)
@@ -481,15 +479,15 @@ def make_ordered_inputs(n: int, rng: np.random.Generator, cap: int = 64, n_view:
 
 
 def call_ordered(a: dict, base: float, bar: float, todo: np.ndarray | None = None):
-    keys = ("gen", "gen0", "order", "prior", "importance", "log", "log_from", "log_to", "beta", "gamma")
+    keys = ("order", "prior", "importance", "log", "log_from", "log_to", "beta", "gamma")
     return K.ordered_bounds(
-        a["todo"] if todo is None else todo, **{k: a[k] for k in keys}, base=base, bar=bar
+        a["todo"] if todo is None else todo, n0=len(a["gen0"]), **{k: a[k] for k in keys}, base=base, bar=bar
     )
 
 
 def call_ordered_ref(a: dict, base: float, bar: float):
     return ref_ordered_bounds(
-        a["todo"], a["gen"], a["gen0"], a["order"], a["prior"], a["importance"], a["log"],
+        a["todo"], len(a["gen0"]), a["order"], a["prior"], a["importance"], a["log"],
         a["log_from"], a["log_to"], a["beta"], a["gamma"], base, bar,
     )  # fmt: skip
 
@@ -545,14 +543,13 @@ def test_ordered_bounds_hand_computed():
     # rows: 0 cached, 1 changed and logged, 2 cached (prior 0), 3 newer (past gen0), 4 not todo,
     # 5 cached; the log window wraps a ring of 4 and names row 1 twice and a row past the view
     todo = np.array([True, True, True, True, False, True])
-    gen = np.array([4, 7, 0, 1, 0, 2], np.int64)
-    gen0 = np.array([4, 6, 0], np.int64)  # rows 3..5 are newer than the bounds
+    n0 = 3  # rows 3..5 are newer than the bounds
     importance = np.array([1.0, 0.5, 0.0, 1.0, 1.0, 0.8], np.float32)
     beta, gamma, base = 0.4, 0.2, 0.1
     order = np.array([0, 1, 2], np.int64)  # cached priors 0.25, 0.2 (stale: row 1 changed), 0.0
     prior = np.array([0.25, 0.2, 0.0], np.float32)
     log = np.array([9, 1, 1, 42], np.int64)  # window 5..7 = ring slots 1 and 2: row 1, twice
-    common = {"gen": gen, "gen0": gen0, "order": order, "prior": prior, "importance": importance, "log": log}
+    common = {"n0": n0, "order": order, "prior": prior, "importance": importance, "log": log}
     w = {"beta": beta, "gamma": gamma, "base": base}
     t = todo.copy()
     rows, bounds = K.ordered_bounds(t, **common, log_from=5, log_to=7, **w, bar=-np.inf)
@@ -571,9 +568,11 @@ def test_ordered_bounds_hand_computed():
     rows, _ = K.ordered_bounds(t, **common, log_from=5, log_to=7, **w, bar=0.2)
     np.testing.assert_array_equal(rows, [1, 3, 5, 0])
     assert t[2]
-    # an empty window: the changed row 1 is not logged there, and the walk skips it (gen moved)
-    rows, _ = K.ordered_bounds(todo.copy(), **common, log_from=7, log_to=7, **w, bar=-np.inf)
-    np.testing.assert_array_equal(rows, [3, 5, 0, 2])
+    # an empty window: a row not logged is taken as unchanged (the caller raises the bounds of rows
+    # logged after the window was read): row 1 comes with its cached prior, in order
+    rows, bounds = K.ordered_bounds(todo.copy(), **common, log_from=7, log_to=7, **w, bar=-np.inf)
+    np.testing.assert_array_equal(rows, [3, 5, 0, 1, 2])
+    np.testing.assert_allclose(bounds[3], 0.1 + 0.2 + SLACK, rtol=1e-6)
     # a window is at most the ring; positions are counted from 0
     for lo, hi in ((0, 5), (3, 2), (-1, 1)):
         with pytest.raises(ValueError):
@@ -584,6 +583,8 @@ def test_ordered_bounds_hand_computed():
         )
     with pytest.raises(ValueError):
         K.ordered_bounds(todo.copy(), **(common | {"prior": prior[:2]}), log_from=0, log_to=0, **w, bar=0.0)
+    with pytest.raises(ValueError):
+        K.ordered_bounds(todo.copy(), **(common | {"n0": -1}), log_from=0, log_to=0, **w, bar=0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -884,7 +885,7 @@ def test_py_func_ordered_bounds(pure_python, n, q):
     rows, bounds = np.empty(size, np.int64), np.empty(size, np.float32)
     todo = a["todo"].copy()
     c = _jit.ordered_bounds.py_func(
-        todo, a["gen"], a["gen0"], a["order"], a["prior"], a["importance"], a["log"], a["log_from"],
+        todo, len(a["gen0"]), a["order"], a["prior"], a["importance"], a["log"], a["log_from"],
         a["log_to"], a["beta"], a["gamma"], base, bar, rows, bounds,
     )  # fmt: skip
     e_rows, e_bounds, e_todo = call_ordered_ref(a, base, bar)

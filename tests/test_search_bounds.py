@@ -1062,6 +1062,61 @@ def test_full_change_log_with_a_write_in_progress(
     assert row in ordered and ordered == full
 
 
+@pytest.mark.parametrize("during", ["one row", "log wraps"])
+def test_rows_changed_while_the_walk_runs(world: World, monkeypatch: pytest.MonkeyPatch, during: str) -> None:
+    """The walk reads no generation: a row whose change begins while it runs is walked with its
+    cached bound, which the change outgrows. Logged past the window, the row gets the trivial bound
+    after the walk; when the log wraps meanwhile, B comes from a full pass over the original rows.
+    Either way B is what a full pass finds once the change is in."""
+    w = world
+    w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+    cap = 64
+    cols = w.eng.columns
+    monkeypatch.setattr(type(cols), "CHANGE_LOG", cap)
+    cols._change_log = np.zeros(cap, np.int64)  # (the instance's ring was made at the default size)
+    monkeypatch.setattr(w.eng.searcher.priors, "MIN_STALE", 10**9)  # keep the cached bounds
+    w.eng.search(query(w, 0, **PRIOR_HEAVY))
+    p = w.eng.searcher.priors._cached
+    assert p is not None and p.order is not None and p.prior is not None
+    beta, gamma = p.beta, p.gamma
+    # A row the walk reaches (cached prior above the bar) whose trivial bound, once lifted
+    # (importance 1, accessed now), is well above its cached one.
+    bar = float(p.prior[p.prior.shape[0] // 2])
+    view = cols.view()
+    pos = next(
+        i for i in range(p.prior.shape[0] // 3) if p.prior[i] < beta + gamma - 0.05 and p.prior[i] > bar
+    )
+    row = int(p.order[pos])
+    key = next((r.namespace, r.id) for r in w.records() if r.rid == int(view.rid[row]))
+    other = next(r for r in w.records() if (r.namespace, r.id) != key)
+    same = NewMemory(namespace=other.namespace, content="", importance=other.importance)
+    orig = search_mod.kernels.ordered_bounds
+    walks: list[set[int]] = []
+
+    def racing(todo: np.ndarray, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
+        rows, bounds = orig(todo, **kw)
+        if not walks:  # the walk is over: its rows were read before the change
+            walks.append(set(rows.tolist()))
+            lift(w, [key])
+            if during == "log wraps":
+                for _ in range(cap):
+                    w.eng.update(other.namespace, other.id, same, ["importance"])
+        return rows, bounds
+
+    monkeypatch.setattr(search_mod.kernels, "ordered_bounds", racing)
+    w.calls["full_pass"] = 0
+    a = search_mod._Args(10, 0.3, beta, gamma, w.eng.config.recency_tau_seconds, w.clock.now, None, {}, {}, 0)
+    rows, bounds = w.eng.searcher._bounded(view, view.alive.copy(), a, 0.0, bar, None)
+    assert walks and row in walks[0]  # walked with its cached bound
+    assert len(np.unique(rows)) == len(rows)
+    trivial = np.float32(beta) + np.float32(gamma) * np.float32(1.0)
+    assert bounds[rows.tolist().index(row)] >= trivial
+    assert w.calls["full_pass"] == (1 if during == "log wraps" else 0)
+    monkeypatch.setattr(search_mod.kernels, "ordered_bounds", orig)
+    ordered, full = bounded_and_full(w, bar)  # (after the change: every row by the rules)
+    assert set(rows.tolist()) == full == ordered
+
+
 def test_bounds_never_labelled_with_a_newer_config(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """A settings change (new half-lives) landing while a search computes the bounds from the old
     tables: the bounds keep the version they were computed under, so the next search recomputes
