@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1158,3 +1159,30 @@ def _call(fn: Callable[[], Any]) -> Any:
         return fn()
     except Exception as e:
         return e
+
+
+def _openmp_settings(env: dict[str, str]) -> dict[str, str]:
+    """The OpenMP settings FAISS's runtime (libgomp) took in a process that imported the server's
+    entry point, as the runtime itself prints them at load (OMP_DISPLAY_ENV=verbose)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import tiermem.server.__main__"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+        | {"OMP_DISPLAY_ENV": "verbose"}
+        | env,
+    )
+    assert out.returncode == 0, out.stderr
+    settings = dict(re.findall(r"^\s+(OMP_WAIT_POLICY|GOMP_SPINCOUNT) = '([^']*)'", out.stderr, re.M))
+    if not settings:
+        pytest.skip("FAISS's OpenMP runtime does not print its settings (not libgomp)")
+    return settings
+
+
+def test_the_server_keeps_faiss_openmp_threads_from_spinning_unless_told_otherwise() -> None:
+    """The server sets OMP_WAIT_POLICY=PASSIVE before FAISS loads: its OpenMP workers sleep between
+    the indexer's parallel adds (spin count 0) instead of spinning on the cores the writer and the
+    gRPC threads need (libgomp's default spins 300,000 times). A policy in the environment wins."""
+    assert _openmp_settings({}) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+    assert _openmp_settings({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
