@@ -22,7 +22,7 @@ PORT ?= 50051
 DATA_DIR ?= ./data
 SEARCH_PROCESSES ?=
 
-.PHONY: help venv proto check-proto serve test test-fast lint bench bench-venv bench-smoke clean
+.PHONY: help venv proto check-proto lint-proto proto-baseline serve test test-fast lint bench bench-venv bench-smoke clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -53,6 +53,16 @@ check-proto: proto ## Fail if the checked-in stubs differ from what proto/ gener
 $(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
 	touch $(NODE_STAMP)
+
+# buf (from npm, pinned in tests/node) checks the contract: proto/buf.yaml says what and why.
+BUF := tests/node/node_modules/.bin/buf
+
+lint-proto: $(NODE_STAMP) ## buf lint (STANDARD) and buf breaking against proto/buf-baseline.binpb
+	$(BUF) lint proto
+	$(BUF) breaking proto --against proto/buf-baseline.binpb
+
+proto-baseline: $(NODE_STAMP) ## Record the current contract as the baseline buf breaking compares with
+	$(BUF) build proto --exclude-source-info -o proto/buf-baseline.binpb
 
 serve: proto ## Run the server on $(HOST):$(PORT) with data in $(DATA_DIR) (SEARCH_PROCESSES=N: N processes serving)
 	$(PY) -m tiermem.server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)$(if $(SEARCH_PROCESSES), --search-processes $(SEARCH_PROCESSES))
