@@ -45,6 +45,7 @@ Phases, in order:
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
     python bench/suite.py --n 20000 --seconds 3 --no-chroma --out bench/results
     python bench/suite.py --startup-n 1000000               # adds the 1M start-up (many minutes)
+    python bench/suite.py --startup-only --startup-n 1000000 --n 1000 --no-chroma   # that phase alone
 
 Writes ``<out>/suite.json`` and ``<out>/suite.md`` and prints the Markdown. Nothing is asserted: the
 issue's targets are printed next to the ratios.
@@ -1044,6 +1045,11 @@ def parse_args() -> argparse.Namespace:
         "--startup-n", type=int, default=0, help="also build N memories and time start-ups (e.g. 1000000)"
     )
     p.add_argument(
+        "--startup-only",
+        action="store_true",
+        help="run only the --startup-n phase (no server loads, Chroma or FAISS; their ratios are n/a)",
+    )
+    p.add_argument(
         "--chroma",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -1068,9 +1074,35 @@ def parse_args() -> argparse.Namespace:
         p.error("--concurrency must be a multiple of --procs")
     if args.n < 100:
         p.error("--n must be at least 100 (buckets 0..99)")
+    if args.startup_only and args.startup_n <= 0:
+        p.error("--startup-only needs --startup-n N")
     args.size_seconds = args.size_seconds or args.seconds / 2
     args.size_points = [float(x) for x in args.size_points.split(",") if x.strip()]
     return args
+
+
+def run_phases(suite: Suite) -> None:
+    """Every phase of the suite but --startup-only's, in order (see the module docstring)."""
+    try:
+        suite.start()
+        suite.empty_rpc()
+        suite.ingest()
+        suite.memory()
+        suite.search_phase()
+        suite.filtered_search()
+        suite.recall()
+        suite.followers()
+        suite.writes()
+        suite.ingest_in_flight()
+        suite.restarts_and_consolidation()
+    finally:
+        if suite.pool is not None:
+            suite.pool.close()
+        if suite.server.proc is not None:
+            suite.server.stop()
+    suite.chroma()
+    suite.faiss()
+    suite.startup_big()
 
 
 def main() -> None:
@@ -1089,26 +1121,10 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="tiermem-suite-") as tmp:
         suite = Suite(args, Path(tmp))
-        try:
-            suite.start()
-            suite.empty_rpc()
-            suite.ingest()
-            suite.memory()
-            suite.search_phase()
-            suite.filtered_search()
-            suite.recall()
-            suite.followers()
-            suite.writes()
-            suite.ingest_in_flight()
-            suite.restarts_and_consolidation()
-        finally:
-            if suite.pool is not None:
-                suite.pool.close()
-            if suite.server.proc is not None:
-                suite.server.stop()
-        suite.chroma()
-        suite.faiss()
-        suite.startup_big()
+        if args.startup_only:
+            suite.startup_big()
+        else:
+            run_phases(suite)
         results = suite.finish(info, command)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "suite.json").write_text(json.dumps(results, indent=2, default=float))

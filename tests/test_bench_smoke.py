@@ -110,3 +110,32 @@ def test_bench_gil_smoke(tmp_path: Path) -> None:
     ]
     for r in rows:
         assert r["searches_per_s"] > 0 and r["cpu_ms_per_search"] > 0, r
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_bench_suite_startup_only(tmp_path: Path) -> None:
+    """--startup-only: just the --startup-n phase (a data dir built through BatchCreateMemories, then
+    timed start-ups after a clean stop and after kill -9), no other phase; the rest's ratios are n/a."""
+    proc = run_bench(
+        "suite.py",
+        *("--startup-only", "--startup-n", "1500", "--n", "200", "--dim", "32"),
+        *("--no-chroma", "--no-plots", "--out", str(tmp_path)),
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "suite.json").read_text())
+    assert results["rows"] == []
+    (st,) = results["startup"]
+    assert st["clean_start_s"] > 0 and st["kill9_start_s"] > 0
+    assert st["memories_after_clean"] == st["memories_after_kill9"] == st["memories"] == 1500
+    timed = {t["name"] for t in results["timings"]}
+    assert "build 1,500 memories through BatchCreateMemories" in timed
+    by_name = {r["name"]: r for r in results["ratios"]}
+    assert by_name["start-up after kill -9 / clean start-up, 1,500 memories"]["meets"] in (True, False)
+    assert all(r["meets"] is None for n, r in by_name.items() if "start-up" not in n)
+    print((tmp_path / "suite.md").read_text())
+
+
+def test_bench_suite_startup_only_needs_startup_n() -> None:
+    proc = run_bench("suite.py", "--startup-only")
+    assert proc.returncode == 2 and "--startup-only needs --startup-n N" in proc.stderr
