@@ -57,7 +57,8 @@ $(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
 # buf (from npm, pinned in tests/node) checks the contract: proto/buf.yaml says what and why.
 BUF := tests/node/node_modules/.bin/buf
 
-lint-proto: $(NODE_STAMP) ## buf lint (STANDARD) and buf breaking against proto/buf-baseline.binpb
+lint-proto: $(NODE_STAMP) ## buf format, buf lint (STANDARD) and buf breaking against proto/buf-baseline.binpb
+	$(BUF) format --diff --exit-code proto
 	$(BUF) lint proto
 	$(BUF) breaking proto --against proto/buf-baseline.binpb
 
