@@ -508,6 +508,31 @@ def test_hnsw_is_exact_at_this_size(world: World) -> None:
             assert float(np.min(sims)) >= kth - 1e-6
 
 
+@pytest.mark.parametrize("exact_rows", [0, 64])
+def test_deeper_hnsw_searches_among_b_stay_exact(
+    world: World, monkeypatch: pytest.MonkeyPatch, exact_rows: int
+) -> None:
+    """When more rows than EXACT_ROWS beat the bar after the first HNSW search, HNSW searches again
+    among them only (up to DEEPEN_LEVELS times) before their dot products: the top 10 stays exact,
+    with the default weights and with recency and importance weighing more, and deeper searches ran.
+    (In this world B fits in one deeper search: what is left of B after it is not exercised here.)"""
+    w = world
+    monkeypatch.setattr(Searcher, "EXACT_ROWS", exact_rows)
+    anns: list[float] = []  # the similarity bound each HNSW search left (-inf: it returned all)
+    ann = Searcher._ann
+
+    def counting(self: Searcher, *a: Any, **kw: Any) -> Any:
+        out = ann(self, *a, **kw)
+        anns.append(float(out[2]))
+        return out
+
+    monkeypatch.setattr(Searcher, "_ann", counting)
+    check_queries(w, lambda i: query(w, i), n=8)
+    check_queries(w, lambda i: query(w, i, **PRIOR_HEAVY), n=8)
+    assert w.calls["candidates"] == 16
+    assert len(anns) > 16  # some searches went deeper than the first HNSW search
+
+
 def test_similarity_only_also_exact(world: World) -> None:
     """alpha only (no prior): nothing outside HNSW's top-K can win; the answer is still exact."""
     w = world
