@@ -648,7 +648,10 @@ class Searcher:
     # 0.697, p99 0.81 vs 1.32; with 3,000 fresh memories 1.555 vs 1.751, p99 1.76 vs 2.51; with 64
     # MiB touched between searches (cold caches, as in the server) mean within +-3% (1.453 / 1.395
     # vs 1.433 / 1.451; near stored memories 1.669 vs 1.630), p99 1.70 / 1.64 vs 2.10 / 2.12; at
-    # 1M 6.38 / 6.58 vs 6.97 / 7.02 ms, p99 10.6 / 11.1 vs 17.7 / 17.8 (65,536: about the same).
+    # 1M 6.38 / 6.58 vs 6.97 / 7.02 ms, p99 10.6 / 11.1 vs 17.7 / 17.8 (65,536: about the same);
+    # fresh memories, cold: 1.846 vs 1.913, p99 2.09 vs 2.53. Timed inside the server at
+    # concurrency 1 (100k, four alternating rounds of 8 s): p50 1.69-1.80 vs 1.62-1.87 ms, p99
+    # 2.64-2.81 vs 2.70-3.06, p99.9 2.88-3.43 vs 3.37-3.90.
     EXACT_ROWS = 32768
     CHUNK = 1024
     # The first chunk; later ones double up to CHUNK. 100k clustered memories with recency and
