@@ -45,7 +45,7 @@ Phases, in order:
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
     python bench/suite.py --n 20000 --seconds 3 --no-chroma --out bench/results
     python bench/suite.py --startup-n 1000000               # adds the 1M start-up (many minutes)
-    python bench/suite.py --startup-only --startup-n 1000000 --n 1000 --no-chroma   # that phase alone
+    python bench/suite.py --startup-only --startup-n 1000000 --no-chroma   # that phase alone
 
 Writes ``<out>/suite.json`` and ``<out>/suite.md`` and prints the Markdown. Nothing is asserted: the
 issue's targets are printed next to the ratios.
@@ -66,6 +66,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,11 @@ class Data:
     prior: np.ndarray
 
 
+def model_name(dim: int) -> str:
+    """The embedding model name the suite's memories and queries carry."""
+    return f"bench-{dim}"
+
+
 def make_data(n: int, dim: int, seed: int) -> Data:
     clusters = max(10, n // 1000)
     vectors, centres = clustered_vectors(n, dim, clusters, seed)
@@ -127,7 +133,7 @@ def make_data(n: int, dim: int, seed: int) -> Data:
     created = as_of - rng.random(n) * 30 * DAY
     prior = exact_prior(importance, created, np.full(n, SLOW), as_of)
     return Data(
-        f"bench-{dim}", vectors, queries, writes, importance, created, np.arange(n) % 100, as_of, prior
+        model_name(dim), vectors, queries, writes, importance, created, np.arange(n) % 100, as_of, prior
     )
 
 
@@ -225,11 +231,15 @@ class Suite:
             "recall": [],
             "not_measured": [],
         }
-        self.data = make_data(args.n, args.dim, args.seed)
         self.ids: list[str] = []
         self.row_of: dict[str, int] = {}
         self.server = Server(tmp / "data", tmp / "server.log")
         self.pool: LoadPool | None = None
+
+    @cached_property
+    def data(self) -> Data:
+        """The --n memories and the queries, made when a phase first needs them (--startup-only never does)."""
+        return make_data(self.args.n, self.args.dim, self.args.seed)
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -896,7 +906,7 @@ class Suite:
                         req = pb.BatchCreateMemoriesRequest(
                             memories=[
                                 memory_pb(
-                                    pb, self.data.model, start + i, chunk[i], float(imp[i]), float(created[i])
+                                    pb, model_name(dim), start + i, chunk[i], float(imp[i]), float(created[i])
                                 )
                                 for i in range(j, min(j + BATCH, chunk.shape[0]))
                             ]

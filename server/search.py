@@ -640,18 +640,10 @@ class Searcher:
 
     PRIOR_K = 64  # least HNSW depth of the first search when recency/importance/weights enter the score
     # Rows left whose bound beats the bar: up to this many get their true similarity (one dot
-    # product each, best bound first, a chunk at a time) rather than a deeper HNSW search among
-    # them. A deeper search is a filtered HNSW search over B (~0.6 ms at 100k), and the queries
-    # whose B passed 16,384 were the slowest. In-process, 256 queries, alternating rounds, the same
-    # top 10 for every query, 32,768 against 16,384: at 100k (the suite's queries) mean 0.841 vs
-    # 0.889 ms, p99 of the per-query medians 0.99 vs 1.49; queries near stored memories 0.673 vs
-    # 0.697, p99 0.81 vs 1.32; with 3,000 fresh memories 1.555 vs 1.751, p99 1.76 vs 2.51; with 64
-    # MiB touched between searches (cold caches, as in the server) mean within +-3% (1.453 / 1.395
-    # vs 1.433 / 1.451; near stored memories 1.669 vs 1.630), p99 1.70 / 1.64 vs 2.10 / 2.12; at
-    # 1M 6.38 / 6.58 vs 6.97 / 7.02 ms, p99 10.6 / 11.1 vs 17.7 / 17.8 (65,536: about the same);
-    # fresh memories, cold: 1.846 vs 1.913, p99 2.09 vs 2.53. Timed inside the server at
-    # concurrency 1 (100k, four alternating rounds of 8 s): p50 1.69-1.80 vs 1.62-1.87 ms, p99
-    # 2.64-2.81 vs 2.70-3.06, p99.9 2.88-3.43 vs 3.37-3.90.
+    # product each, best bound first, a chunk at a time) rather than a deeper, filtered HNSW search
+    # among them (~0.6 ms at 100k), which made the slowest queries slow. 32,768 against 16,384,
+    # same top 10: p99 -30 to -40% in-process at 100k and 1M, p50 about the same in the server
+    # (the figures: CHANGELOG).
     EXACT_ROWS = 32768
     CHUNK = 1024
     # The first chunk; later ones double up to CHUNK. 100k clustered memories with recency and
