@@ -24,10 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tiermem.server.columns import _SPEC as COLUMN_SPEC
-from tiermem.server.columns import ColumnsView
 from tiermem.server.config import TIERS, ServerConfig
-from tiermem.server.lifecycle import (
+from tiermem.server.core.policy import (
     DELETE_CAPACITY,
     DEMOTE_DECAY,
     DEMOTE_IDLE,
@@ -41,6 +39,8 @@ from tiermem.server.lifecycle import (
     Tables,
     plan_pass,
 )
+from tiermem.server.index.columns import _SPEC as COLUMN_SPEC
+from tiermem.server.index.columns import ColumnsView
 
 NOW = 1_700_000_000.0
 
@@ -190,8 +190,8 @@ def timed(fn, repeat: int) -> tuple[float, object]:
 
 def engine_pass(n: int, seed: int) -> dict[str, float]:
     """A real pass (plan + LMDB commits + HNSW moves) on an in-process engine with n memories."""
-    from tiermem.server.engine import Engine
-    from tiermem.server.records import NewMemory
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.records import NewMemory
 
     rng = np.random.default_rng(seed)
     vecs = rng.standard_normal((n, 64)).astype(np.float32)

@@ -43,7 +43,7 @@ MAINTENANCE_OFF = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
 
 def open_engine(data_dir: Path) -> Any:
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
+    from tiermem.server.core.engine import Engine
 
     return Engine(ServerConfig.from_env(env=MAINTENANCE_OFF, data_dir=data_dir, port=0))
 
@@ -51,7 +51,8 @@ def open_engine(data_dir: Path) -> Any:
 def build(data_dir: Path, data: Data) -> None:
     """The memories of ``data`` through the engine in batches of 256, every vector in HNSW, then a
     clean close."""
-    from tiermem.server import convert, validation
+    from tiermem.server.model import validation
+    from tiermem.server.transport import convert
     from tiermem.v1 import memory_pb2 as pb
 
     n = data.vectors.shape[0]
@@ -78,7 +79,7 @@ def build(data_dir: Path, data: Data) -> None:
 
 def queries(vectors: np.ndarray, model: str, as_of: float, similarity: bool) -> list[Any]:
     """The searches of a load: one per query vector, top 10, as_of fixed."""
-    from tiermem.server import convert
+    from tiermem.server.transport import convert
 
     reqs = [
         search_request(

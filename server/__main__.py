@@ -13,8 +13,8 @@ import os
 # CPU a memory against 327-344 (alternating). An explicit setting in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .app import serve
-from .config import ServerConfig
+from tiermem.server.config import ServerConfig
+from tiermem.server.transport.app import serve
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,6 +36,53 @@ def usable_cores() -> int:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """Internal thresholds, grouped by the package that reads them. Not read from the environment:
+    the defaults are what the benchmarks chose (docs/perf-log.md); tests and benchmarks set them
+    through ``ServerConfig(tuning=Tuning(...))`` to reach a path at small sizes."""
+
+    # index/: vector indexes and columns
+    max_pending: int = 4096  # vectors an index holds outside HNSW (scanned exactly) before a write waits
+    exact_entries: int = 2048  # an index this small is scanned exactly instead of searched through HNSW
+    exact_per_k: int = 48  # ... and one whose allowed entries are at most this many per result wanted
+    add_chunk: int = 32  # vectors moved into HNSW per write-lock hold while searches come in
+    searched_chunk: int = 16  # pending vectors a search scans per step
+    indexer_min_batch: int = 8  # the indexer waits for this many pending vectors ...
+    indexer_linger_seconds: float = 0.005  # ... or this long, before moving them
+    indexer_quiet_seconds: float = 1.0  # no search for this long: bulk moves on every core
+    indexer_bulk_min: int = 256  # fewer pending than this: moves on one thread
+    columns_change_log: int = 65536  # row changes the columns remember for cached search bounds
+
+    # search/: candidate sets and cached prior bounds
+    deeper_search_min_rows: int = 32768  # past this many allowed rows, deeper HNSW searches among the bounds
+    prior_k: int = 64  # least HNSW depth of the first search when recency/importance/weights enter
+    score_chunk: int = 1024  # rows scored exactly per step after the first
+    first_score_chunk: int = 1024  # rows scored exactly in the first step
+    deepen_levels: int = 3  # HNSW searches restricted to the rows whose bound still beats the bar
+    bounds_max_age_seconds: float = 30.0  # cached prior bounds are recomputed after this long ...
+    bounds_min_stale: int = 1024  # ... or after this many changed rows ...
+    bounds_stale_share: float = 0.01  # ... or this share of all rows
+    bounds_sorted_min: int = 65536  # sorted bounds keep at least this many rows ...
+    bounds_sorted_share: float = 0.125  # ... or this share of all rows, best first
+
+    # core/: writes, followers, compaction, deduplication
+    follow_interval_seconds: float = 0.05  # a follower looks for new commits this often when idle
+    follower_max_pending: int = 8 * 4096  # a follower's adds wait for its indexer beyond this many
+    compact_min_entries: int = 4096  # an index at least this large ...
+    compact_dead_share: float = 0.75  # ... with at least this share dead ...
+    compact_max_live: int = 4096  # ... and at most this many live entries is compacted
+    dedup_group_limit: int = 4096  # vectors of one commit group compared for similarity dedup
+
+    # transport/: follower processes
+    follower_steady_seconds: float = 60.0  # a follower that served this long resets the restart delay
+    follower_start_timeout_seconds: float = 1800.0  # a follower not serving after this long is killed
+
+    # storage/: the commit log followers read
+    commit_log_seconds: float = 600.0  # commit-log entries are dropped once this old
+    commit_log_prune_every: int = 256  # commits between two looks for old commit-log entries
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Settings of one tiermem server. ``from_env`` reads ``TIERMEM_<FIELD>`` overrides."""
 
@@ -170,6 +217,7 @@ class ServerConfig:
 
     # Whole-tier maintenance runs elsewhere; the request path uses serial kernels.
     log_level: str = "INFO"
+    tuning: Tuning = Tuning()  # internal thresholds (see Tuning); not read from the environment
 
     def __post_init__(self) -> None:
         """Reject settings that would break the server's assumptions, naming the setting."""
@@ -218,7 +266,9 @@ class ServerConfig:
 
     def to_json(self) -> str:
         """Every setting as JSON (``from_json`` reads it back): how a follower gets its leader's."""
-        return json.dumps({f.name: _jsonable(getattr(self, f.name)) for f in fields(self)})
+        values = {f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.name != "tuning"}
+        values["tuning"] = {f.name: getattr(self.tuning, f.name) for f in fields(Tuning)}
+        return json.dumps(values)
 
     @classmethod
     def from_json(cls, text: str) -> ServerConfig:
@@ -228,6 +278,7 @@ class ServerConfig:
             for k, v in json.loads(text).items()
         }
         values["data_dir"] = Path(values.get("data_dir", defaults.data_dir))
+        values["tuning"] = Tuning(**values.get("tuning", {}))
         return replace(defaults, **values)
 
     @classmethod
@@ -236,6 +287,8 @@ class ServerConfig:
         env = dict(os.environ if env is None else env)
         values: dict[str, Any] = {}
         for f in fields(cls):
+            if f.name == "tuning":
+                continue
             raw = env.get(f"TIERMEM_{f.name.upper()}")
             if raw is None:
                 continue

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tiermem.client import MemoryClient
-from tiermem.server.app import RunningServer, create_server
 from tiermem.server.config import ServerConfig
+from tiermem.server.transport.app import RunningServer, create_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -217,7 +217,7 @@ def queued_behind_a_held_write(writer: Any, calls: list[Callable[[], Any]]) -> t
 
 def make_record(rid: int, namespace: str = "ns") -> Any:
     """A stored memory as the storage layer sees it (for tests that write LMDB directly)."""
-    from tiermem.server.records import Record
+    from tiermem.server.model.records import Record
 
     return Record(
         rid=rid,

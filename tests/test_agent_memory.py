@@ -10,8 +10,8 @@ import pytest
 from conftest import FakeClock
 
 from tiermem.client import InvalidArgumentError, MemoryClient
-from tiermem.server.app import RunningServer
-from tiermem.server.importance import estimate
+from tiermem.server.model.importance import estimate
+from tiermem.server.transport.app import RunningServer
 
 
 def _client(running: RunningServer) -> MemoryClient:

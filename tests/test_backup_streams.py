@@ -12,7 +12,7 @@ from conftest import FakeClock
 
 from tiermem.client import AlreadyExistsError, InvalidArgumentError, MemoryClient
 from tiermem.client.client import metadata_dict
-from tiermem.server.app import RunningServer
+from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 

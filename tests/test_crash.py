@@ -36,7 +36,7 @@ import pytest
 
 from tiermem.client import MemoryClient, NotFoundError
 from tiermem.server.config import TIERS, ServerConfig
-from tiermem.server.embedder import HashEmbedder
+from tiermem.server.embedding.hashing import HashEmbedder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

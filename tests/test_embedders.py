@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tiermem.client import MemoryClient, UnavailableError
-from tiermem.server.app import RunningServer
-from tiermem.server.embedder import HashEmbedder
+from tiermem.server.embedding.hashing import HashEmbedder
+from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 DIM = 16

@@ -22,9 +22,9 @@ from conftest import ServerProcess, make_record
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
-from tiermem.server.app import RunningServer, create_server
 from tiermem.server.config import ServerConfig
-from tiermem.server.storage import Store
+from tiermem.server.storage.store import Store
+from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.v1 import memory_pb2 as pb
 
 DIM = 32

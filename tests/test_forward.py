@@ -14,8 +14,8 @@ import pytest
 from conftest import FakeClock
 from grpc_status import rpc_status
 
-from tiermem.server.app import RunningServer
-from tiermem.server.forward import Forwarder, methods_of
+from tiermem.server.transport.app import RunningServer
+from tiermem.server.transport.forward import Forwarder, methods_of
 from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
 

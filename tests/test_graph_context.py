@@ -22,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import TiermemError, from_rpc_error
-from tiermem.server.app import RunningServer
+from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 T0 = 1_700_000_000.0

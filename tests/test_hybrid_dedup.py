@@ -14,8 +14,8 @@ from conftest import FakeClock, queued_behind_a_held_write
 
 from tiermem.client import InvalidArgumentError, MemoryClient
 from tiermem.client.errors import from_rpc_error
-from tiermem.server.app import RunningServer
-from tiermem.server.text import words
+from tiermem.server.model.text import words
+from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 DOCS = [

@@ -36,7 +36,7 @@ from tiermem.client import (
     NotFoundError,
 )
 from tiermem.client.errors import from_rpc_error
-from tiermem.server.app import RunningServer
+from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 T0 = 1_700_000_000.0  # FakeClock's default start

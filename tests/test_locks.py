@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tiermem.server.locks import RWLock
+from tiermem.server.model.locks import RWLock
 
 
 def test_a_writer_in_a_loop_does_not_starve_readers() -> None:

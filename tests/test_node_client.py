@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tiermem.server.app import RunningServer
+from tiermem.server.transport.app import RunningServer
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "tests" / "node"

@@ -24,8 +24,8 @@ from conftest import FakeClock
 
 from tiermem.client import MemoryClient
 from tiermem.client.client import build_filter
-from tiermem.server.app import RunningServer
-from tiermem.server.vector_index import VectorIndex
+from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 N, DIM, CLUSTERS, QUERIES, K = 5000, 32, 50, 100, 10

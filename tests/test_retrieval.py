@@ -27,8 +27,8 @@ from conftest import FakeClock
 from tiermem.client import InvalidArgumentError, MemoryClient
 from tiermem.client.client import build_filter, build_memory, metadata_dict
 from tiermem.client.errors import from_rpc_error
-from tiermem.server.app import RunningServer, create_server
 from tiermem.server.config import ServerConfig
+from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.v1 import memory_pb2 as pb
 
 T0 = 1_700_000_000.0  # FakeClock's default start

@@ -28,11 +28,11 @@ from tiermem.client import (
     NotFoundError,
     TiermemError,
 )
-from tiermem.server.app import RunningServer
 from tiermem.server.config import ServerConfig
-from tiermem.server.storage import Store
-from tiermem.server.vector_index import VectorIndex
-from tiermem.server.writer import Writer
+from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.storage.store import Store
+from tiermem.server.storage.writer import Writer
+from tiermem.server.transport.app import RunningServer
 
 MODEL = "robust"
 
@@ -253,7 +253,7 @@ def test_a_group_that_succeeds_runs_in_one_transaction_and_a_failure_leaves_no_d
     py-lmdb gives up the GIL around every begin and commit). When one fails, the group runs again
     with each operation rolled back alone: the first run leaves nothing behind, so an operation
     that read-modify-writes a counter counts once."""
-    from tiermem.server.errors import NotFound
+    from tiermem.server.model.errors import NotFound
 
     store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 27)
     writer = Writer(store, max_group=1000, before_commit=lambda txn: None)
@@ -331,10 +331,10 @@ def test_a_failed_commit_fails_its_group_once_and_leaves_the_counters(tmp_path: 
 def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
     """Lifecycle counters are read from the transaction: two chunks of moves of the same namespace
     and tier committed in one group both count, in LMDB as in memory, and after a restart."""
-    from tiermem.server import convert
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
-    from tiermem.server.lifecycle import DEMOTE_IDLE
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.core.policy import DEMOTE_IDLE
+    from tiermem.server.transport import convert
     from tiermem.v1 import memory_pb2 as pb
 
     cfg = ServerConfig(
@@ -388,10 +388,11 @@ def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
     """Protection is checked again in the write's own transaction: writes that passed the check on
     arrival while the protection was still queued ahead of them fail with NAMESPACE_PROTECTED and
     change nothing; with confirm they go through."""
-    from tiermem.server import convert
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine, Filter
-    from tiermem.server.errors import FailedPrecondition
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.errors import FailedPrecondition
+    from tiermem.server.model.types import Filter
+    from tiermem.server.transport import convert
     from tiermem.v1 import memory_pb2 as pb
 
     vault, other = "user:a/vault", "user:a/scratch"
@@ -469,8 +470,8 @@ def test_namespace_settings_queued_together_are_merged_not_lost(tmp_path: Path) 
     """Two settings changes committed in one group each change only their fields: the second
     merges with what the first wrote, not with the settings in memory before either."""
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
-    from tiermem.server.errors import FailedPrecondition
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.errors import FailedPrecondition
 
     ns = "user:a/vault"
     cfg = ServerConfig(
@@ -503,8 +504,8 @@ def test_namespace_settings_queued_together_are_merged_not_lost(tmp_path: Path) 
 def test_a_failed_write_in_a_group_fails_alone(tmp_path: Path) -> None:
     """Writes queued together share one commit; one that fails half-way (after a put) leaves no
     trace and fails alone, the others of its group commit."""
-    from tiermem.server.errors import NotFound
-    from tiermem.server.errors import TiermemError as ServerError
+    from tiermem.server.model.errors import NotFound
+    from tiermem.server.model.errors import TiermemError as ServerError
 
     store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 27)
     writer = Writer(store, max_group=1000, before_commit=lambda txn: None)
@@ -625,8 +626,8 @@ def test_a_second_engine_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
     """Two servers on one data directory would each keep their own columns and indexes over the same
     LMDB: the second is refused until the first closes."""
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
-    from tiermem.server.errors import StorageError
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.errors import StorageError
 
     cfg = ServerConfig(
         data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
@@ -646,9 +647,9 @@ def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
     """An export or import stream holds a handler thread while it runs: at most half of them may be
     streams (RESOURCE_EXHAUSTED TOO_MANY_STREAMS beyond), so unary calls always find one."""
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
-    from tiermem.server.errors import ResourceExhausted
-    from tiermem.server.servicer import MemoryServicer
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.errors import ResourceExhausted
+    from tiermem.server.transport.servicer import MemoryServicer
 
     cfg = ServerConfig(
         data_dir=tmp_path / "data", max_workers=5, maintenance_interval_seconds=0, snapshot_interval_seconds=0
@@ -702,9 +703,9 @@ def test_searches_take_turns_search_concurrency_at_a_time(
 ) -> None:
     """More searches ranking at once than there are cores only contend for them (and the GIL):
     ``search_concurrency`` of them rank at a time, the others wait their turn and then run."""
-    from tiermem.server.engine import Engine
-    from tiermem.server.records import NewMemory
-    from tiermem.server.search import SearchQuery
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.records import NewMemory
+    from tiermem.server.search.searcher import SearchQuery
 
     cfg = ServerConfig(
         data_dir=tmp_path / "data",
@@ -757,9 +758,9 @@ def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(
 ) -> None:
     """Recency is computed at the moment the search ranks, not when it queued for its turn."""
 
-    from tiermem.server.engine import Engine
-    from tiermem.server.records import NewMemory
-    from tiermem.server.search import SearchQuery
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.records import NewMemory
+    from tiermem.server.search.searcher import SearchQuery
 
     clock = FakeClock()
     cfg = ServerConfig(
@@ -816,9 +817,9 @@ def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(
 def test_a_search_waiting_for_its_embedder_does_not_hold_a_turn(tmp_path: Path) -> None:
     """A query text is embedded (maybe a remote call) before the search takes its turn: a slow
     embedder holds up only the searches that need it."""
-    from tiermem.server.engine import Engine
-    from tiermem.server.records import NewMemory
-    from tiermem.server.search import SearchQuery
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.records import NewMemory
+    from tiermem.server.search.searcher import SearchQuery
 
     cfg = ServerConfig(
         data_dir=tmp_path / "data",
@@ -955,7 +956,7 @@ def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
 
 _MALLOC_PROBE = """
 import ctypes, sys
-from tiermem.server.app import tune_malloc
+from tiermem.server.transport.app import tune_malloc
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
@@ -994,8 +995,8 @@ def test_the_malloc_threshold_keeps_large_blocks_mapped_on_their_own(threshold: 
 
 _FREEZE_PROBE = """
 import gc, weakref
-import tiermem.server.engine  # the imports a server makes (numba, FAISS, grpc wrappers)
-from tiermem.server.app import freeze_startup_objects
+import tiermem.server.core.engine  # the imports a server makes (numba, FAISS, grpc wrappers)
+from tiermem.server.transport.app import freeze_startup_objects
 
 tracked = len(gc.get_objects())
 frozen = freeze_startup_objects()
@@ -1030,10 +1031,10 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
     empty index (the dead ones' memory is freed at once, not at the next start-up). Searches
     running meanwhile over both namespaces (their masks may still hold cleared rows) never fail;
     after it, and after a restart, they return the exact top k of what is left."""
-    from tiermem.server import convert
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
-    from tiermem.server.search import SIMILARITY, SearchQuery
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.search.searcher import SIMILARITY, SearchQuery
+    from tiermem.server.transport import convert
     from tiermem.v1 import memory_pb2 as pb
 
     monkeypatch.setattr(Engine, "COMPACT_MIN_ENTRIES", 64)

@@ -31,12 +31,20 @@ import pytest
 from conftest import FakeClock
 
 from tiermem import kernels
-from tiermem.server import search as search_mod
 from tiermem.server.config import ServerConfig
-from tiermem.server.engine import Engine, FeedbackItem, Filter
-from tiermem.server.records import NewMemory, Record
-from tiermem.server.search import COMPREHENSIVE, WEIGHTED, PriorBounds, Searcher, SearchHit, SearchQuery
-from tiermem.server.vector_index import VectorIndex
+from tiermem.server.core.engine import Engine
+from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.model.records import NewMemory, Record
+from tiermem.server.model.types import FeedbackItem, Filter
+from tiermem.server.search import searcher as search_mod
+from tiermem.server.search.searcher import (
+    COMPREHENSIVE,
+    WEIGHTED,
+    PriorBounds,
+    Searcher,
+    SearchHit,
+    SearchQuery,
+)
 
 DIM, CLUSTERS, QUERIES, K = 32, 5, 30, 10
 MODEL = "test-32"
@@ -862,7 +870,7 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
     same rows, bit for bit. A row that comes back twice (an entry in a second index with another
     vector: a re-embedding caught between its add and its kill) is returned once, and with no
     similarities, so the ranking looks its vector up where the view has it."""
-    from tiermem.server.engine import Space
+    from tiermem.server.index.spaces import Space
 
     cfg = replace(make_config(tmp_path / "ann"), exact_search_max_rows=4)
     eng = Engine(cfg)
@@ -911,7 +919,7 @@ def test_columns_change_log(monkeypatch: pytest.MonkeyPatch) -> None:
     froze); the log answers for at most CHANGE_LOG - 1 entries since a start."""
     from conftest import make_record
 
-    from tiermem.server.columns import Columns
+    from tiermem.server.index.columns import Columns
 
     monkeypatch.setattr(Columns, "CHANGE_LOG", 8)
     cols = Columns(capacity=8)

@@ -37,8 +37,8 @@ from tiermem.client import (
 )
 from tiermem.client.client import build_memory, metadata_dict
 from tiermem.client.errors import from_rpc_error
-from tiermem.server.app import RunningServer
 from tiermem.server.config import ServerConfig
+from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 NS = "user:ana/project:x"

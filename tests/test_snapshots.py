@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 from conftest import FakeClock
 
-from tiermem.server import snapshots
 from tiermem.server.config import ServerConfig
-from tiermem.server.engine import Engine, Filter, SearchQuery
-from tiermem.server.records import NewMemory
+from tiermem.server.core.engine import Engine
+from tiermem.server.model.records import NewMemory
+from tiermem.server.model.types import Filter
+from tiermem.server.search.searcher import SearchQuery
+from tiermem.server.storage import snapshots
 
 MODEL = "snap"
 DIM = 16
@@ -298,7 +300,7 @@ def test_get_many_reads_what_get_reads(tmp_path: Path) -> None:
 def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path) -> None:
     """A committed write whose in-memory apply fails (a bug, injected here) is in LMDB but not in
     the columns. Snapshots taken after it must not carry that gap into the next start-up."""
-    from tiermem.server.errors import TiermemError
+    from tiermem.server.model.errors import TiermemError
 
     rng = np.random.default_rng(17)
     clock = FakeClock()
@@ -340,7 +342,7 @@ def _start(data: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture, pendi
     import logging
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
+    with caplog.at_level(logging.INFO, logger="tiermem.server.core.engine"):
         return _engine(data, clock, snapshot_on_shutdown=False, startup_pending_max=pending_max)
 
 
@@ -469,8 +471,8 @@ def test_records_are_stored_as_arrays_and_the_older_map_form_still_reads(tmp_pat
 
     import msgpack
 
-    from tiermem.server.records import Record
-    from tiermem.server.storage import rid_key
+    from tiermem.server.model.records import Record
+    from tiermem.server.storage.store import rid_key
 
     clock, rng = FakeClock(1_700_000_000.0), np.random.default_rng(3)
     data = tmp_path / "data"
@@ -513,7 +515,7 @@ def test_metadata_filters_on_a_view_older_than_the_metadata_arrays(tmp_path: Pat
     on it covers exactly its rows, whatever the key's (newer, longer) value arrays hold."""
     import json
 
-    from tiermem.server.filters import compile_where
+    from tiermem.server.index.filters import compile_where
 
     clock, rng = FakeClock(1_700_000_000.0), np.random.default_rng(5)
     eng = _engine(tmp_path / "data", clock)

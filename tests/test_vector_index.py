@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 import pytest
 
-from tiermem.server.vector_index import Indexer, VectorIndex
+from tiermem.server.index.vector_index import Indexer, VectorIndex
 
 DIM = 32
 
@@ -323,9 +323,9 @@ def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path
     """Through the engine: with the indexer held back, acknowledged memories are found (pending,
     scored exactly), stats count them as pending, and a clean restart has them all in HNSW."""
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
-    from tiermem.server.records import NewMemory
-    from tiermem.server.search import SearchQuery
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.records import NewMemory
+    from tiermem.server.search.searcher import SearchQuery
 
     rng = np.random.default_rng(10)
     vecs = unit(rng, 60)
@@ -525,9 +525,9 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
     import logging
 
     from tiermem.server.config import ServerConfig
-    from tiermem.server.engine import Engine
-    from tiermem.server.records import NewMemory
-    from tiermem.server.search import SearchQuery
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.model.records import NewMemory
+    from tiermem.server.search.searcher import SearchQuery
 
     rng = np.random.default_rng(19)
     vecs = unit(rng, 300)
@@ -550,7 +550,7 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
         e.create([mem(i) for i in range(200, 300)], batch=True)
     finally:
         e.close()  # no shutdown snapshot: the index snapshot lacks the last 100
-    with caplog.at_level(logging.INFO, logger="tiermem.server.engine"):
+    with caplog.at_level(logging.INFO, logger="tiermem.server.core.engine"):
         e = Engine(cfg)
     try:
         assert any(
@@ -872,7 +872,7 @@ _SHORT_WRITE_PROBE = """
 import resource, signal, sys
 from pathlib import Path
 import numpy as np
-from tiermem.server.vector_index import VectorIndex
+from tiermem.server.index.vector_index import VectorIndex
 
 base = Path(sys.argv[1]) / "snap"
 rng = np.random.default_rng(9)

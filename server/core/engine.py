@@ -28,7 +28,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +37,10 @@ import msgpack
 import numpy as np
 
 from tiermem import __version__, kernels
-
-from . import embedders, snapshots
-from . import validation as check
-from .columns import Columns, ColumnsView
-from .config import TIERS, ServerConfig, usable_cores
-from .context import Assembler
-from .embedders import EmbedderError
-from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StorageError, Unavailable
-from .filters import compile_where
-from .graph import GraphMemory
-from .lifecycle import (
+from tiermem.server.agent.context import Assembler
+from tiermem.server.agent.graph import GraphMemory
+from tiermem.server.config import TIERS, ServerConfig, usable_cores
+from tiermem.server.core.policy import (
     DELETE_CAPACITY,
     DEMOTIONS,
     EVICT_CAPACITY,
@@ -60,70 +52,43 @@ from .lifecycle import (
     check_overrides,
     plan_pass,
 )
-from .records import NewMemory, Record
-from .search import Searcher, SearchHit, SearchQuery
-from .storage import Store
-from .text import words as text_words
-from .vector_index import Indexer, VectorIndex
-from .writer import Writer
+from tiermem.server.embedding import providers as embedders
+from tiermem.server.embedding.providers import EmbedderError
+from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.index.filters import compile_where
+from tiermem.server.index.spaces import Space
+from tiermem.server.index.vector_index import Indexer, VectorIndex
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    FollowerBehind,
+    InvalidArgument,
+    NotFound,
+    StorageError,
+    Unavailable,
+)
+from tiermem.server.model.records import NewMemory, Record
+from tiermem.server.model.text import words as text_words
+from tiermem.server.model.types import (
+    INTERNAL_MASK,
+    NO_VECTOR,
+    SPACE_SHIFT,
+    TIER_SHIFT,
+    FeedbackItem,
+    Filter,
+    location,
+)
+from tiermem.server.search.searcher import Searcher, SearchHit, SearchQuery
+from tiermem.server.storage import snapshots
+from tiermem.server.storage.store import Store
+from tiermem.server.storage.writer import Writer
 
 logger = logging.getLogger(__name__)
-
-# A row's vector location packed in one int64 so a concurrent reader never sees half of a move:
-# space id (bits 52..62) | tier (48..51) | FAISS internal id (0..47).
-TIER_SHIFT = 48
-SPACE_SHIFT = 52
-INTERNAL_MASK = (1 << TIER_SHIFT) - 1
-
-
-_NO_VECTOR = np.empty(0, np.float32)  # a memory stored while the embedder failed
-
-
-def _loc(space: int, tier: int, internal: Any) -> Any:
-    """The packed location of one internal id (int) or of many (int64 array)."""
-    return (space << SPACE_SHIFT) | (tier << TIER_SHIFT) | internal
-
-
-@dataclass
-class Filter:
-    tiers: list[int] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
-    tags_any: list[str] = field(default_factory=list)
-    tags_all: list[str] = field(default_factory=list)
-    source: str = ""
-    topic: str = ""
-    created_after: float | None = None
-    created_before: float | None = None
-    where: str = ""
-    compiled: Any = None  # the compiled ``where`` (filters.compile_where), set by Engine.check_filter
-
-
-@dataclass
-class FeedbackItem:
-    id: str
-    predicted_relevance: float | None = None
-    actual_usefulness: float | None = None
-    success: bool = False
-
-
-@dataclass
-class Space:
-    id: int
-    model: str
-    dim: int
-    indexes: dict[int, VectorIndex] = field(default_factory=dict)
 
 
 class _SnapshotReplaced(Exception):
     pass
-
-
-class FollowerBehind(Unavailable):
-    """A follower missed commits the commit log no longer holds (or stopped following): it must
-    load again; its searches fail with UNAVAILABLE until it is replaced."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason="FOLLOWER_BEHIND")
 
 
 class Engine:
@@ -433,7 +398,7 @@ class Engine:
                     internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk], defer=True)
                 else:  # no searches yet: FAISS adds in big batches on every core
                     internal[chunk] = idx.add(vecs, rows[chunk], vks[chunk], chunk=4096)
-        self.columns.activate(rows, _loc(sp.id, tier, internal))
+        self.columns.activate(rows, location(sp.id, tier, internal))
         if missing.shape[0]:
             logger.info(
                 "index %s/%d: %d vectors from snapshot, %d from LMDB (%d indexed before serving, "
@@ -596,7 +561,7 @@ class Engine:
             internal = self._index(sp, rec.tier).add(
                 vec[None, :], np.array([row], np.int64), np.array([rec.vk], np.int64)
             )
-            self.columns.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
+            self.columns.set(row, rec, sp.id, location(sp.id, rec.tier, int(internal[0])))
             return 1
 
         return int(self.writer.submit(prepare, apply))
@@ -702,7 +667,7 @@ class Engine:
                     m.embedding = self.embedder.embed(m.content)
                 except EmbedderError as e:  # store it anyway; the maintenance pass embeds it later
                     logger.warning("storing a memory without its embedding for now: %s", e)
-                    m.embedding = _NO_VECTOR
+                    m.embedding = NO_VECTOR
         fingerprint = hashlib.blake2b(
             msgpack.packb([m.fingerprint_parts() for m in memories], use_bin_type=True), digest_size=16
         ).digest()
@@ -930,7 +895,7 @@ class Engine:
                 np.array([g[1].vk for g in group], np.int64),
                 max_pending=self._max_pending,
             )
-            self.columns.activate(rows, _loc(sid, tier, internal))
+            self.columns.activate(rows, location(sid, tier, internal))
 
     # -- read -----------------------------------------------------------------------------------
     def get(
@@ -1107,7 +1072,7 @@ class Engine:
             np.array([rec.vk], np.int64),
             max_pending=self._max_pending,
         )
-        self.columns.set(row, rec, sp.id, _loc(sp.id, rec.tier, int(internal[0])))
+        self.columns.set(row, rec, sp.id, location(sp.id, rec.tier, int(internal[0])))
         if old is not None:
             old[0].kill(old[1])
 
@@ -1621,7 +1586,7 @@ class Engine:
             _enter_tier(new, target_tier or src.tier, now)
             self.store.insert(txn, new)
             if vec is None:  # the source still waits for its embedding; so does the copy
-                vec = _NO_VECTOR
+                vec = NO_VECTOR
                 self.store.mark_pending(txn, new.rid, True)
             else:
                 self.store.put_vector(txn, new.rid, vec, new=True)
@@ -1838,7 +1803,7 @@ class Engine:
                         self.store.put_scope_state(txn, rec.namespace, state)
                 if vec is None:
                     self.store.mark_pending(txn, rec.rid, True)
-                    vec = _NO_VECTOR
+                    vec = NO_VECTOR
                 else:
                     self.store.put_vector(txn, rec.rid, vec, new=True)
                 out.append((rec, vec))
@@ -2079,7 +2044,7 @@ class Engine:
                         continue
 
                     def relocate(rows: np.ndarray, ids: np.ndarray, sp: Space = sp, tier: int = tier) -> None:
-                        self.columns.relocate(rows, _loc(sp.id, tier, ids))
+                        self.columns.relocate(rows, location(sp.id, tier, ids))
 
                     n = idx.n
                     gone = idx.compact(relocate)

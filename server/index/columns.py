@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .records import Record
-from .text import words as text_words
+from tiermem.server.model.records import Record
+from tiermem.server.model.text import words as text_words
 
 _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "alive": (np.bool_, False),

@@ -37,12 +37,11 @@ import grpc
 import msgpack
 from google.protobuf.message import DecodeError
 
+from tiermem.server.config import ServerConfig
+from tiermem.server.core.engine import Engine
+from tiermem.server.transport.forward import Forwarder, methods_of
+from tiermem.server.transport.servicer import MemoryServicer
 from tiermem.v1 import memory_pb2 as pb
-
-from .config import ServerConfig
-from .engine import Engine
-from .forward import Forwarder, methods_of
-from .servicer import MemoryServicer
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ except (OSError, AttributeError):
     pass  # not Linux: the follower's own loop watches its parent
 if os.getppid() != int(sys.argv[1]):
     sys.exit(0)
-from tiermem.server.follower import main
+from tiermem.server.transport.follower import main
 main(sys.argv[1:])
 """
 
@@ -264,7 +263,13 @@ def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forward
 def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     """Serve as a search follower of ``leader`` on config.host:``port`` until SIGTERM (0), or until
     it can no longer follow (3: the leader starts another)."""
-    from .app import StopSignals, add_health_and_reflection, freeze_startup_objects, grpc_server, tune_malloc
+    from tiermem.server.transport.app import (
+        StopSignals,
+        add_health_and_reflection,
+        freeze_startup_objects,
+        grpc_server,
+        tune_malloc,
+    )
 
     tune_malloc(config.malloc_mmap_threshold)
     channel = grpc.insecure_channel(

@@ -28,8 +28,8 @@ from typing import Any
 
 import lmdb
 
-from .errors import ResourceExhausted, TiermemError, Unavailable
-from .storage import Store
+from tiermem.server.model.errors import ResourceExhausted, TiermemError, Unavailable
+from tiermem.server.storage.store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -12,14 +12,13 @@ from typing import Any, TypeVar
 
 import grpc
 
+from tiermem.server.agent.context import ScopeSpec
+from tiermem.server.core.engine import Engine
+from tiermem.server.model.errors import InvalidArgument, ResourceExhausted, TiermemError, Unavailable
+from tiermem.server.transport import convert
+from tiermem.server.transport.status import to_status
 from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
-
-from . import convert
-from .context import ScopeSpec
-from .engine import Engine
-from .errors import InvalidArgument, ResourceExhausted, TiermemError, Unavailable
-from .status import to_status
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ One environment with named sub-databases:
   written only while followers may read it (``log_commits``), entries dropped once
   ``COMMIT_LOG_SECONDS`` old (a follower further behind loads again)
 
-Writes happen only in the writer thread (``tiermem.server.writer``), inside ``env.begin(write=True)``;
+Writes happen only in the writer thread (``tiermem.server.storage.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
 data and meta pages, so a commit that returned survives kill -9 and power loss; ``writemap`` stays off
 (nested transactions, used to roll back one failed operation of a group, need it off, and a stray
@@ -46,10 +46,10 @@ import lmdb
 import msgpack
 import numpy as np
 
-from .errors import StorageError
-from .locks import RWLock
-from .records import Record
-from .text import MAX_TERM_BYTES, term_counts
+from tiermem.server.model.errors import StorageError
+from tiermem.server.model.locks import RWLock
+from tiermem.server.model.records import Record
+from tiermem.server.model.text import MAX_TERM_BYTES, term_counts
 
 logger = logging.getLogger(__name__)
 

@@ -41,9 +41,8 @@ import faiss
 import numpy as np
 
 from tiermem import kernels
-
-from .config import usable_cores
-from .locks import RWLock
+from tiermem.server.config import usable_cores
+from tiermem.server.model.locks import RWLock
 
 logger = logging.getLogger(__name__)
 

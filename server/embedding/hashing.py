@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from .text import words as text_words
+from tiermem.server.model.text import words as text_words
 
 
 class HashEmbedder:

@@ -17,13 +17,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tiermem.server.config import ServerConfig
+from tiermem.server.core.engine import Engine
+from tiermem.server.transport import follower
+from tiermem.server.transport.follower import Followers
+from tiermem.server.transport.servicer import MemoryServicer
 from tiermem.v1 import memory_pb2, memory_pb2_grpc
-
-from . import follower
-from .config import ServerConfig
-from .engine import Engine
-from .follower import Followers
-from .servicer import MemoryServicer
 
 logger = logging.getLogger(__name__)
 

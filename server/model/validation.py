@@ -9,10 +9,10 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from . import importance
-from .config import TIERS, ServerConfig
-from .errors import InvalidArgument
-from .records import NewMemory
+from tiermem.server.config import TIERS, ServerConfig
+from tiermem.server.model import importance
+from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.model.records import NewMemory
 
 _SEGMENT = r"[A-Za-z0-9._:\-]+"
 NAMESPACE_RE = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT})*$")

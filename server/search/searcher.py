@@ -24,17 +24,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from tiermem import kernels
-
-from . import validation as check
-from .columns import Columns, ColumnsView
-from .config import TIERS, usable_cores
-from .embedders import EmbedderError
-from .errors import DeadlineExceeded, InvalidArgument, NotFound
-from .records import Record
-from .text import term_counts
+from tiermem.server.config import TIERS, usable_cores
+from tiermem.server.embedding.providers import EmbedderError
+from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import DeadlineExceeded, InvalidArgument, NotFound
+from tiermem.server.model.records import Record
+from tiermem.server.model.text import term_counts
+from tiermem.server.model.types import INTERNAL_MASK, SPACE_SHIFT, TIER_SHIFT, Filter
 
 if TYPE_CHECKING:
-    from .engine import Engine, Filter, Space
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.index.spaces import Space
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +251,6 @@ class Searcher:
         """Rank memories for ``q``. ``wanted``, when given, is asked once the search has its turn:
         False (the caller's deadline passed while it waited, or it went away) skips the ranking."""
         eng, cfg = self.engine, self.engine.config
-        from .engine import Filter
 
         flt = eng.check_filter(q.filter or Filter())
         if not q.namespaces:
@@ -857,7 +857,6 @@ class Searcher:
         """Cosine of ``rows`` with the query, read from HNSW storage. Returns (kept, similarities):
         ``kept`` selects the rows still in the space (a row may leave it while a search runs);
         the similarities are those of ``rows[kept]``, in order."""
-        from .engine import INTERNAL_MASK, TIER_SHIFT
 
         loc = view.vpos[rows]
         kept = _in_space(loc, sp.id)
@@ -892,7 +891,6 @@ class _Args:
 
 def _in_space(loc: np.ndarray, space: int) -> np.ndarray:
     """Which vector positions (the ``vpos`` column) lie in embedding space ``space``."""
-    from .engine import SPACE_SHIFT
 
     return (loc >= 0) & ((loc >> SPACE_SHIFT) == space)
 

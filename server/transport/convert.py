@@ -7,14 +7,13 @@ from typing import Any
 import numpy as np
 
 from tiermem._values import metadata_values, set_metadata, set_timestamp, timestamp_seconds
+from tiermem.server.core.policy import Policy
+from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.model.records import NewMemory, Record
+from tiermem.server.model.types import FeedbackItem, Filter
+from tiermem.server.model.validation import new_memory as check_new_memory
+from tiermem.server.search.searcher import SearchHit, SearchQuery
 from tiermem.v1 import memory_pb2 as pb
-
-from .engine import FeedbackItem, Filter
-from .errors import InvalidArgument
-from .lifecycle import Policy
-from .records import NewMemory, Record
-from .search import SearchHit, SearchQuery
-from .validation import new_memory as check_new_memory
 
 
 def ts_to_float(msg: Any, name: str) -> float | None:

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from . import validation as check
-from .errors import InvalidArgument, NotFound
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import InvalidArgument, NotFound
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from tiermem.server.core.engine import Engine
 
 
 class GraphMemory:

@@ -1,7 +1,7 @@
 """Domain errors of tiermem, independent of gRPC.
 
 Each error carries a status name (a gRPC status code name, mapped to ``grpc.StatusCode`` in one
-table in ``tiermem.server.status``), a stable machine-readable ``reason`` that clients match on,
+table in ``tiermem.server.transport.status``), a stable machine-readable ``reason`` that clients match on,
 a human message, and for bad input the violated fields.
 """
 
@@ -91,3 +91,11 @@ class StorageError(TiermemError):
 
     def __init__(self, message: str, reason: str = "STORAGE_ERROR") -> None:
         super().__init__(message=message, reason=reason, status="INTERNAL")
+
+
+class FollowerBehind(Unavailable):
+    """A follower missed commits the commit log no longer holds (or stopped following): it must
+    load again; its searches fail with UNAVAILABLE until it is replaced."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="FOLLOWER_BEHIND")

@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 
 from tiermem import kernels
-
-from .columns import ColumnsView
-from .config import RETENTION_POLICIES, TIERS, ServerConfig
-from .errors import InvalidArgument
+from tiermem.server.config import RETENTION_POLICIES, TIERS, ServerConfig
+from tiermem.server.index.columns import ColumnsView
+from tiermem.server.model.errors import InvalidArgument
 
 # Move reasons (values of tiermem.v1.MoveReason); 1-5 are the kernel's actions.
 PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 1, 2, 3, 4, 5

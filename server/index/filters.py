@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .columns import Columns, ColumnsView
-from .errors import InvalidArgument
+from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.model.errors import InvalidArgument
 
 FIELD = "filter.where"
 MAX_DEPTH = 32

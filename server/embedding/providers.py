@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .embedder import HashEmbedder
+from tiermem.server.embedding.hashing import HashEmbedder
 
 
 class EmbedderError(Exception):

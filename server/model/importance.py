@@ -13,7 +13,7 @@ so "lite" agents without an LLM rating still get meaningful ranking.
 
 from __future__ import annotations
 
-from .text import words
+from tiermem.server.model.text import words
 
 CUES = frozenset(
     {

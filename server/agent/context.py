@@ -19,14 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import validation as check
-from .errors import InvalidArgument
-from .records import Record
-from .search import SearchQuery
-from .storage import normalize
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.model.records import Record
+from tiermem.server.model.types import Filter
+from tiermem.server.search.searcher import SearchQuery
+from tiermem.server.storage.store import normalize
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from tiermem.server.core.engine import Engine
 
 DEFAULT_SHARES = (0.4, 0.4, 0.2)
 DEFAULT_SEMANTIC_K = (5, 3, 2)
@@ -176,7 +177,6 @@ class Assembler:
     def _recent(self, namespace: str, window: int) -> list[Item]:
         if window <= 0:
             return []
-        from .engine import Filter
 
         flt = self.engine.check_filter(Filter(where='{"$not": {"kind": "summary"}}'))
         recs, _ = self.engine.list_memories(namespace, window, "", flt, newest_first=True)
