@@ -22,7 +22,7 @@ PORT ?= 50051
 DATA_DIR ?= ./data
 SEARCH_PROCESSES ?=
 
-.PHONY: help venv proto check-proto lint-proto proto-baseline serve test test-fast lint bench bench-venv bench-smoke clean
+.PHONY: help venv proto check-proto lint-proto proto-baseline serve test test-fast lint bench bench-venv bench-smoke bench-quality clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -84,6 +84,12 @@ bench: proto ## Run the benchmark suite at 100k (vs empty RPC, FAISS, Chroma; re
 	$(PY) bench/suite.py --out bench/results $(BENCH_ARGS)
 	$(PY) bench/consolidation.py --engine 20000 --json bench/results/consolidation.json
 	$(PY) bench/gil.py --json bench/results/gil.json
+
+# Conversations with questions and evidence (the format bench/quality.py reads); never copied into the repository.
+QUALITY_DATA ?= ../shared/data/locomo-dev
+
+bench-quality: proto ## Retrieval quality on real conversations (QUALITY_DATA=dir): recall and hit at 5 and 10 against cosine, BM25 and RRF
+	$(PY) bench/quality.py --data $(QUALITY_DATA) --out bench/results
 
 bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py runs), without Chroma
 	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke

@@ -17,7 +17,8 @@ TIER_NAMES = {TIER_FAST: "FAST", TIER_MEDIUM: "MEDIUM", TIER_SLOW: "SLOW", TIER_
 # Per-tier settings are tuples indexed by tier value; index 0 (TIER_UNSPECIFIED) is unused.
 # Importance half-lives (hours): faster tiers forget faster.
 DEFAULT_HALF_LIFE_HOURS = (0.0, 1.0, 24.0, 24.0 * 7, 24.0 * 30)
-# Seed 000: FAST 60 s / 1000 / 0.8, MEDIUM 1 h / 500 / 0.5, SLOW 1 day / 200 / 0.3, GLACIAL 1 week / 100 / 0.0.
+# Idle TTL / capacity / importance threshold: FAST 60 s / 1000 / 0.8, MEDIUM 1 h / 500 / 0.5,
+# SLOW 1 day / 200 / 0.3, GLACIAL 1 week / 100 / 0.0.
 DEFAULT_TTL_SECONDS = (0.0, 60.0, 3600.0, 86400.0, 604800.0)
 DEFAULT_MAX_ITEMS = (0.0, 1000.0, 500.0, 200.0, 100.0)
 DEFAULT_IMPORTANCE_THRESHOLD = (0.0, 0.8, 0.5, 0.3, 0.0)
@@ -91,29 +92,19 @@ class ServerConfig:
     data_dir: Path = Path("./data")
 
     # gRPC
-    max_workers: int = 8  # handler threads: more only contend for the cores and the GIL (measured on 2 cores)
+    max_workers: int = 8  # handler threads: more only contend for the cores and the GIL
     max_concurrent_rpcs: int = 256  # beyond this, calls get RESOURCE_EXHAUSTED at once
     # Searches ranking at once (0: the cores of the process's CPU affinity); the others wait their
-    # turn. More than the cores only contend for them and for the GIL: 8 threads searching
-    # in-process on 2 cores served 40% fewer searches than the same 8 threads taking turns two at a
-    # time (measured).
+    # turn: more than the cores only contend for them and for the GIL (docs/perf-log.md).
     search_concurrency: int = 0
-    # Processes serving calls on the port: 1 is this one alone. N > 1 starts N - 1 search
-    # followers (follower.py) bound to the same port (SO_REUSEPORT: the kernel spreads connections
-    # over the processes): each loads the indexes and columns itself, serves searches from them
-    # (catching up on the commits before each), and forwards every other call to this process,
-    # which alone writes. Searches then use more than one core's worth of Python (the GIL bounds
-    # one process: see README, Performance); each follower holds its own copy of the vectors and
-    # HNSW links in memory. A client's calls on one connection all go to one process.
+    # Processes serving calls on the port: 1 is this one alone. N > 1 starts N - 1 search followers
+    # (docs/followers.md) that serve searches from their own copy of the indexes and forward every
+    # other call to this process, which alone writes.
     search_processes: int = 1
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_seconds: float = 5.0
-    # The server process (python -m tiermem.server) fixes glibc's mmap threshold at this many bytes
-    # (0: leave glibc's default, which rises to the largest block freed, up to 32 MiB, and then
-    # serves blocks below that from heaps that freed memory stays in). Measured, 100k memories
-    # ingested in batches of 256 on 2 cores: anonymous memory growth 3,090-4,733 B a memory with
-    # glibc's default (six runs), 2,572-2,746 B with 4 MiB (five runs; vector + HNSW links: 1,792 B),
-    # ingest rate the same.
+    # The server process fixes glibc's mmap threshold at this many bytes (0: glibc's default, whose
+    # rising threshold keeps freed memory in heaps; docs/perf-log.md).
     malloc_mmap_threshold: int = 4 * 1024 * 1024
 
     # LMDB. map_size is address space, not disk: reserve it large once (set_mapsize invalidates
@@ -139,14 +130,13 @@ class ServerConfig:
     # Records
     default_tier: int = TIER_SLOW
     # Memories stored without importance get importance.estimate() (a heuristic), not a constant.
-    # Agent memory (seeds 002, 003): per namespace, observation importance accumulates until a
-    # reflection is due (seed 002's 100 on its 1-10 scale is 10 on ours); raw events' tokens
-    # accumulate until a summary is due.
+    # Per namespace, observation importance accumulates until a reflection is due (10 on our 0-1
+    # importance scale); raw events' tokens accumulate until a summary is due.
     reflection_threshold: float = 10.0
     summary_token_threshold: int = 8000
     default_kind: str = "observation"
 
-    # Scoring (seed 002): score = alpha*relevance + beta*recency + gamma*importance
+    # Scoring: score = alpha*relevance + beta*recency + gamma*importance
     alpha: float = 0.5
     beta: float = 0.3
     gamma: float = 0.2
@@ -177,29 +167,22 @@ class ServerConfig:
     hnsw_ef_construction: int = 128
     hnsw_ef_search: int = 64
     # When a search's filter keeps at most this many rows, they are scored exactly instead of
-    # through HNSW (filtered HNSW loses recall at low selectivity). Measured in-process on 100k x 384
-    # (filters keeping 5/6/8/10% of the rows; all rows scored vs the HNSW path): default score
-    # 0.82/0.91/1.47/1.85 vs 1.44/1.39/2.22/1.66 ms, similarity 0.84/1.05/1.19/1.91 vs
-    # 1.17/1.06/1.13/1.08 ms: exact pays up to ~6k rows for both (4096 before).
+    # through HNSW (filtered HNSW loses recall at low selectivity; docs/perf-log.md).
     exact_search_max_rows: int = 6144
     snapshot_on_shutdown: bool = True
     # Periodic snapshots (0 disables): after this long with any change, or once the changed records
     # pass max(snapshot_min_changes, 10% of all); they bound the work of a start-up after kill -9.
     snapshot_interval_seconds: float = 300.0
     snapshot_min_changes: int = 20000
-    # At start-up, up to this many vectors per embedding space (its tier indexes together) missing
-    # from an index snapshot (written after it, e.g. before a kill -9; all of them without a
-    # snapshot or when compacting) wait as pending entries, searched exactly (~7 ms per search for
-    # 131,072 at 384 dims; their buffer holds dim x 4 bytes each until indexed), and enter HNSW
-    # after SERVING; any beyond that are indexed before SERVING, first (on every core).
+    # At start-up, up to this many vectors per embedding space missing from an index snapshot wait as
+    # pending entries (searched exactly) and enter HNSW after SERVING; any beyond are indexed first.
     startup_pending_max: int = 131072  # per embedding space; searches scan them exactly until indexed
     # Bulk loads: once no search has read any index for a second and 256 or more vectors are
-    # pending, the indexer moves up to this many into HNSW per write-lock hold, on every core; a
-    # search that arrives meanwhile waits for that move (~0.1-0.2 s for 512 into 100k at 384 dims),
-    # then moves are 32 on one core while searches keep coming. 32 or less: always 32.
+    # pending, the indexer moves up to this many per write-lock hold on every core (a search arriving
+    # meanwhile waits for that move). 32 or less: always 32.
     index_bulk_chunk: int = 512
 
-    # Lifecycle (seed 000), overridable per namespace with UpdateNamespaceConfig.
+    # Lifecycle, overridable per namespace with UpdateNamespaceConfig.
     tier_ttl_seconds: tuple[float, ...] = DEFAULT_TTL_SECONDS  # idle longer than this: demote
     tier_max_items: tuple[float, ...] = DEFAULT_MAX_ITEMS  # capacity per namespace and tier
     tier_importance_threshold: tuple[float, ...] = DEFAULT_IMPORTANCE_THRESHOLD  # decayed below: demote

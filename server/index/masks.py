@@ -1,0 +1,92 @@
+"""Filter masks over the columns: which rows a request may see (its namespaces and filter, an
+embedding space, alive and unexpired), computed by a kernel over whole column arrays; and the
+check of a request's filter before it is used. Lock-free readers of a ``ColumnsView``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tiermem import kernels
+from tiermem.server.config import TIERS
+from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.index.filters import compile_where
+from tiermem.server.model import validation as check
+from tiermem.server.model.types import Filter
+
+
+def allowed_rows(
+    cols: Columns, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
+) -> tuple[np.ndarray, int]:
+    """Rows allowed by namespaces and filter (and in embedding space ``space`` when >= 0),
+    alive and unexpired at ``now``: (bool mask over the view's rows, count)."""
+    ns_ok = np.zeros(len(cols.namespaces), np.bool_)
+    for name in namespaces:
+        i = cols.namespaces.get(name)
+        if i >= 0:
+            ns_ok[i] = True
+    if not ns_ok.any():  # none of them holds a memory yet: no pass over the rows
+        return np.zeros(view.n, np.bool_), 0
+    tier_ok = np.zeros(5, np.bool_)
+    for t in flt.tiers or TIERS:
+        tier_ok[t] = True
+    kind_ok = np.zeros(0, np.bool_)
+    if flt.kinds:
+        kind_ok = np.zeros(max(1, len(cols.kinds)), np.bool_)
+        ids = [cols.kinds.get(k) for k in flt.kinds]
+        kind_ok[[i for i in ids if i >= 0]] = True
+        if not kind_ok.any():
+            return np.zeros(view.n, np.bool_), 0
+    lo = -np.inf if flt.created_after is None else flt.created_after
+    hi = np.inf if flt.created_before is None else flt.created_before
+    mask, count = kernels.filter_mask(
+        alive=view.alive,
+        ns_id=view.ns,
+        ns_ok=ns_ok,
+        tier=view.tier,
+        tier_ok=tier_ok,
+        kind_id=view.kind,
+        kind_ok=kind_ok,
+        created_at=view.created,
+        created_lo=lo,
+        created_hi=hi,
+        expire_at=view.expire if cols.earliest_expire <= now else None,
+        now=now,
+        space_id=view.space,
+        space=space,
+    )
+    if _narrow(cols, view, flt, mask):
+        return mask, int(mask.sum())
+    return mask, count
+
+
+def _narrow(cols: Columns, view: ColumnsView, flt: Filter, mask: np.ndarray) -> bool:
+    """Apply the filter's conditions the kernel does not (in place); whether any applied."""
+    extra = False
+    if flt.source:
+        mask &= view.source == cols.sources.get(flt.source)
+        extra = True
+    if flt.topic:
+        mask &= view.topic == cols.topics.get(flt.topic)
+        extra = True
+    if flt.tags_any:
+        mask &= cols.tag_mask(flt.tags_any, view.n, require_all=False)
+        extra = True
+    if flt.tags_all:
+        mask &= cols.tag_mask(flt.tags_all, view.n, require_all=True)
+        extra = True
+    if flt.compiled is not None:
+        mask &= flt.compiled(view, cols)
+        extra = True
+    return extra
+
+
+def check_filter(flt: Filter, max_where_bytes: int, prefix: str = "filter.") -> Filter:
+    """Validate a request's filter and compile its ``where`` (once); returns it."""
+    for i, t in enumerate(flt.tiers):
+        check.tier(f"{prefix}tiers[{i}]", t)
+    for i, k in enumerate(flt.kinds):
+        check.kind(f"{prefix}kinds[{i}]", k)
+    if flt.where and flt.compiled is None:
+        check.text(f"{prefix}where", flt.where, max_where_bytes)
+        flt.compiled = compile_where(flt.where)
+    return flt
