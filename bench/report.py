@@ -1,4 +1,4 @@
-"""The suite's report: ratios against the issue 6 targets, and the Markdown rendering of suite.json."""
+"""The suite's report: ratios against its targets, and the Markdown rendering of suite.json."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Benchmark suite (issue 6): tiermem against its ceilings (empty gRPC, in-process FAISS) and a peer
+"""Benchmark suite: tiermem against its ceilings (empty gRPC, in-process FAISS) and a peer
 (Chroma), on the same data, in one command.
 
 The server runs as a separate process (``python -m tiermem.server``) on 127.0.0.1 with LMDB in a temporary

@@ -284,7 +284,7 @@ class MemoryServiceServicer:
 
     def GetReflectionCandidates(self, request, context):
         """GetReflectionCandidates returns the observations to reflect on (the most recent first) and the
-        accumulator that says whether a reflection is due (seed 002).
+        accumulator that says whether a reflection is due.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -327,7 +327,7 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def BuildContext(self, request, context):
-        """BuildContext assembles a token-budgeted context package for an agent turn (seeds 001, 003, 004).
+        """BuildContext assembles a token-budgeted context package for an agent turn.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
