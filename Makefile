@@ -16,7 +16,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
 BENCH_PACKAGES ?= chromadb matplotlib numpy
 BENCH_ARGS ?=
 
-# Server settings for `make serve` (see README "Configuration").
+# Server settings for `make serve` (docs/configuration.md).
 HOST ?= 127.0.0.1
 PORT ?= 50051
 DATA_DIR ?= ./data

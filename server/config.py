@@ -46,8 +46,8 @@ class Tuning:
     max_pending: int = 4096  # vectors an index holds outside HNSW (scanned exactly) before a write waits
     exact_entries: int = 2048  # an index this small is scanned exactly instead of searched through HNSW
     exact_per_k: int = 48  # ... and one whose allowed entries are at most this many per result wanted
-    add_chunk: int = 32  # vectors moved into HNSW per write-lock hold while searches come in
-    searched_chunk: int = 16  # pending vectors a search scans per step
+    add_chunk: int = 32  # vectors moved into HNSW per write-lock hold while no search reads the index
+    searched_chunk: int = 16  # ... and while searches do
     indexer_min_batch: int = 8  # the indexer waits for this many pending vectors ...
     indexer_linger_seconds: float = 0.005  # ... or this long, before moving them
     indexer_quiet_seconds: float = 1.0  # no search for this long: bulk moves on every core

@@ -1,0 +1,264 @@
+"""What a search asks and what it gets back: ``SearchQuery``, ``SearchHit``, the strategies, and the
+checks that turn a query into the resolved parameters of its ranking (``RankingParams``).
+
+Checks run in a fixed order (filter, namespaces, limit, strategy, weights, tau, min_similarity, tier
+and scope weights, as_of; then the query vector, then hybrid settings): the first failing one names
+the field in the error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tiermem.server.config import TIERS, ServerConfig
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import InvalidArgument, NotFound
+from tiermem.server.model.records import Record
+from tiermem.server.model.types import Filter
+
+if TYPE_CHECKING:
+    from tiermem.server.index.spaces import Space
+    from tiermem.server.search.source import SearchSource
+
+# Values of tiermem.v1.SearchStrategy.
+COMPREHENSIVE, WEIGHTED, FAST_FIRST, SIMILARITY, RECENCY, IMPORTANCE = 1, 2, 3, 4, 5, 6
+STRATEGY_NAMES = {
+    COMPREHENSIVE: "comprehensive",
+    WEIGHTED: "weighted",
+    FAST_FIRST: "fast_first",
+    SIMILARITY: "similarity",
+    RECENCY: "recency",
+    IMPORTANCE: "importance",
+}
+DEFAULT_TIER_WEIGHTS = {1: 1.0, 2: 0.85, 3: 0.7, 4: 0.55}
+DEFAULT_SCOPE_WEIGHTS = (1.0, 0.8, 0.6, 0.4)  # the namespace itself, its parent, grandparent, ...
+MAX_NAMESPACES = 64  # namespaces one search may name
+
+
+@dataclass
+class SearchQuery:
+    namespaces: list[str]
+    embedding: Any = None
+    embedding_model: str = ""
+    text: str = ""
+    filter: Filter | None = None
+    limit: int = 0
+    min_similarity: float | None = None
+    alpha: float | None = None
+    beta: float | None = None
+    gamma: float | None = None
+    recency_tau_seconds: float | None = None
+    as_of: float | None = None
+    strategy: int = 0
+    tier_weights: dict[int, float] = field(default_factory=dict)
+    include_ancestors: bool = False
+    scope_weights: list[float] = field(default_factory=list)
+    read_only: bool = False
+    hybrid: bool = False  # fuse with keyword (BM25) ranking of query_text
+    rrf_k: float = 60.0
+    vector_weight: float = 1.0
+    keyword_weight: float = 1.0
+
+
+@dataclass
+class SearchHit:
+    record: Record
+    score: float
+    relevance: float
+    recency: float
+    importance: float
+    vector: np.ndarray | None = None
+    tier_weight: float = 1.0
+    scope_weight: float = 1.0
+    strategy: int = COMPREHENSIVE
+    weights: tuple[float, float, float] = (0.0, 0.0, 0.0)  # alpha, beta, gamma used
+    vector_rank: int = 0  # 1-based rank in the vector (combined score) list; 0: not in it
+    keyword_rank: int = 0  # 1-based rank in the keyword (BM25) list; 0: not in it
+    keyword_score: float = 0.0  # BM25
+    base: float = 0.0  # the combined score before fusion (score is the fused one when hybrid)
+
+
+@dataclass(frozen=True)
+class Hybrid:
+    """Keyword ranking fused with the vector ranking (reciprocal rank fusion)."""
+
+    text: str  # the keywords
+    rrf_k: float
+    vector_weight: float
+    keyword_weight: float
+
+
+@dataclass(frozen=True)
+class RankingParams:
+    """The resolved parameters of one ranking."""
+
+    limit: int
+    alpha: float
+    beta: float
+    gamma: float
+    tau: float
+    now: float
+    min_similarity: float | None
+    tier_w: dict[int, float]
+    scope_w: dict[str, float]
+    strategy: int
+    hybrid: Hybrid | None = None
+
+
+@dataclass(frozen=True)
+class CheckedQuery:
+    """A query's parameters, checked and resolved; the ranking time is set when its turn comes."""
+
+    filter: Filter
+    limit: int
+    strategy: int
+    alpha: float
+    beta: float
+    gamma: float
+    tau: float
+    min_similarity: float | None
+    tier_w: dict[int, float]
+    scope_w: dict[str, float]
+    as_of: float | None
+
+    def params(self, now: float, hybrid: Hybrid | None) -> RankingParams:
+        return RankingParams(
+            self.limit,
+            self.alpha,
+            self.beta,
+            self.gamma,
+            self.tau,
+            now,
+            self.min_similarity,
+            self.tier_w,
+            self.scope_w,
+            self.strategy,
+            hybrid,
+        )
+
+
+def ancestors(namespace: str) -> list[str]:
+    """The namespace and its ancestors, nearest first: "a/b/c" -> ["a/b/c", "a/b", "a"]."""
+    parts = namespace.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def weight(name: str, value: float | None, default: float) -> float:
+    """A weight from a request: ``default`` when unset, else a finite number >= 0."""
+    if value is None:
+        return default
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidArgument(name, "must be a finite number >= 0")
+    return float(value)
+
+
+def check_query(
+    q: SearchQuery, config: ServerConfig, check_filter: Callable[[Filter], Filter]
+) -> CheckedQuery:
+    """Check ``q`` (everything but its query vector and hybrid settings) and resolve its defaults."""
+    flt = check_filter(q.filter or Filter())
+    _check_namespaces(q.namespaces)
+    if q.limit < 0:
+        raise InvalidArgument("limit", "must not be negative")
+    strategy = q.strategy or COMPREHENSIVE
+    if strategy not in STRATEGY_NAMES:
+        raise InvalidArgument("strategy", "is not a search strategy")
+    alpha, beta, gamma = _signal_weights(q, config, strategy)
+    tau = config.recency_tau_seconds if q.recency_tau_seconds is None else q.recency_tau_seconds
+    if not (math.isfinite(tau) and tau > 0):
+        raise InvalidArgument("recency_tau_seconds", "must be a finite number > 0")
+    if q.min_similarity is not None and not (-1.0 <= q.min_similarity <= 1.0):
+        raise InvalidArgument("min_similarity", "must be in [-1, 1]")
+    tier_w = _tier_weights(q, strategy)
+    for i, w in enumerate(q.scope_weights):
+        weight(f"scope_weights[{i}]", w, 1.0)
+    as_of = None if q.as_of is None else check.finite_time("as_of", q.as_of)
+    limit = min(q.limit or 10, config.max_search_limit)
+    return CheckedQuery(
+        flt, limit, strategy, alpha, beta, gamma, tau, q.min_similarity, tier_w, scope_weights(q), as_of
+    )
+
+
+def _check_namespaces(namespaces: list[str]) -> None:
+    if not namespaces:
+        raise InvalidArgument("namespaces", "must name at least one namespace")
+    if len(namespaces) > MAX_NAMESPACES:
+        raise InvalidArgument("namespaces", f"names more than {MAX_NAMESPACES} namespaces")
+    for i, ns in enumerate(namespaces):
+        check.namespace(f"namespaces[{i}]", ns)
+
+
+def _signal_weights(q: SearchQuery, config: ServerConfig, strategy: int) -> tuple[float, float, float]:
+    """alpha, beta, gamma: the request's or the configured ones; one signal alone for the
+    single-signal strategies."""
+    alpha = weight("alpha", q.alpha, config.alpha)
+    beta = weight("beta", q.beta, config.beta)
+    gamma = weight("gamma", q.gamma, config.gamma)
+    if strategy in (SIMILARITY, RECENCY, IMPORTANCE):
+        return float(strategy == SIMILARITY), float(strategy == RECENCY), float(strategy == IMPORTANCE)
+    return alpha, beta, gamma
+
+
+def _tier_weights(q: SearchQuery, strategy: int) -> dict[int, float]:
+    tier_w = dict(DEFAULT_TIER_WEIGHTS) if strategy == WEIGHTED else dict.fromkeys(TIERS, 1.0)
+    for t, w in q.tier_weights.items():
+        check.tier("tier_weights", t)
+        tier_w[t] = weight("tier_weights", w, 1.0)
+    return tier_w
+
+
+def scope_weights(q: SearchQuery) -> dict[str, float]:
+    """Each named namespace at weight 1 (or scope_weights[0]); with include_ancestors its ancestors
+    too, weighted by distance. A namespace reached twice keeps its best weight."""
+    scope_w: dict[str, float] = {}
+    weights = list(q.scope_weights) or list(DEFAULT_SCOPE_WEIGHTS)
+    for ns in q.namespaces:
+        chain = ancestors(ns) if q.include_ancestors else [ns]
+        for depth, name in enumerate(chain):
+            w = weights[min(depth, len(weights) - 1)] if (q.include_ancestors or q.scope_weights) else 1.0
+            scope_w[name] = max(scope_w.get(name, 0.0), w)
+    return scope_w
+
+
+def check_hybrid(q: SearchQuery) -> Hybrid:
+    """The hybrid settings of a query that asked for hybrid search."""
+    if not q.text:
+        raise InvalidArgument("query_text", "is required for hybrid search (its keywords are matched)")
+    if not (math.isfinite(q.rrf_k) and q.rrf_k >= 0):
+        raise InvalidArgument("hybrid.rrf_k", "must be a finite number >= 0")
+    return Hybrid(
+        q.text,
+        q.rrf_k,
+        weight("hybrid.vector_weight", q.vector_weight, 1.0),
+        weight("hybrid.keyword_weight", q.keyword_weight, 1.0),
+    )
+
+
+def query_vector(
+    q: SearchQuery, source: SearchSource, needed: bool
+) -> tuple[np.ndarray | None, Space | None]:
+    """The query vector and its space; (None, None) when the ordering needs no query. The space is
+    None with a vector when the embedder's own space holds nothing yet (no results)."""
+    cfg = source.config
+    if q.embedding is not None:
+        model = check.model("embedding_model", q.embedding_model)
+        query = check.vector("query_embedding", q.embedding, cfg)
+    elif q.text:
+        check.text("query_text", q.text, cfg.max_content_bytes)
+        model, query = source.embedder.model, source.embedder.embed(q.text)
+    elif needed:
+        raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")
+    else:
+        return None, None
+    sp = source.spaces.get(model)
+    if sp is None:
+        if model == source.embedder.model:
+            return query, None
+        raise NotFound(f"no memories in embedding space {model!r}", reason="EMBEDDING_SPACE_NOT_FOUND")
+    check.same_dimension("query_embedding", model, query.shape[0], sp.dim)
+    return query, sp

@@ -1,0 +1,66 @@
+"""What the searcher needs from the object it ranks over (the engine), declared here so search
+never imports the layer above it. The engine passes itself when it builds its ``Searcher``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import numpy as np
+
+from tiermem.server.config import ServerConfig
+from tiermem.server.embedding.providers import Embedder
+from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.index.spaces import Space
+from tiermem.server.model.records import Record
+from tiermem.server.model.types import Filter
+from tiermem.server.storage.store import Store
+
+
+class PolicyTables(Protocol):
+    """Per-namespace lifecycle tables, indexed by namespace id (then tier)."""
+
+    @property
+    def half_life(self) -> np.ndarray: ...  # importance half-life in hours, (namespaces, 5)
+
+
+class SearchSource(Protocol):
+    """The memories a search ranks: their records, columns, vectors and per-namespace policy.
+
+    ``config`` and ``columns`` are read at each use: either may be replaced while the server runs."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def columns(self) -> Columns: ...
+
+    @property
+    def embedder(self) -> Embedder: ...
+
+    @property
+    def spaces(self) -> Mapping[str, Space]: ...  # embedding spaces by model name
+
+    @property
+    def config_version(self) -> int: ...  # moves whenever a namespace's settings change
+
+    def allowed_rows(
+        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
+    ) -> tuple[np.ndarray, int]:
+        """Rows allowed by namespaces and filter (and in embedding space ``space`` when >= 0),
+        alive and unexpired at ``now``: (bool mask over the view's rows, count)."""
+        ...
+
+    def check_filter(self, flt: Filter) -> Filter:
+        """``flt`` checked, with its ``where`` compiled."""
+        ...
+
+    def policy_tables(self) -> PolicyTables: ...
+
+    def expired(self, rec: Record) -> bool: ...
