@@ -1,0 +1,381 @@
+"""In-memory keyword postings over the column rows: the keyword half of hybrid and default searches.
+
+Derived state, like the HNSW indexes: rebuilt from the records at a start-up without a snapshot, saved
+and restored with the columns snapshot, and updated by the writer thread as memories are created or their
+content changes. Terms are lower-cased words without English stop words, stemmed (Snowball), so "moved",
+"moving" and "moves" meet. Each posting is (row, term frequency, content generation): a row whose content
+changes gets a new generation and new postings; its old postings stop counting at once and are dropped at
+the next compaction. Deleted rows need nothing here: searches only count allowed (alive) rows.
+
+Concurrency: only the writer thread calls ``add``/``replace``/``compact``/``state``; searches read at any
+time. Segments are immutable and published as a new tuple; the delta's buffers are written only beyond the
+count readers were given, and a full delta is replaced, never overwritten.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import Stemmer
+
+from tiermem.kernels import keywords as kernels
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Common English function words: they match almost every memory and carry no topic.
+STOP_WORDS = frozenset(
+    [
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+    ]
+)
+_stemmers = threading.local()  # a Stemmer object is not safe to share between threads
+
+
+def keyword_terms(text: str) -> Counter[str]:
+    """The terms of ``text`` with their counts: lower-cased words, stop words out, stemmed."""
+    stemmer = getattr(_stemmers, "english", None)
+    if stemmer is None:
+        stemmer = _stemmers.english = Stemmer.Stemmer("english")
+    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS and len(w) < 100]
+    return Counter(stemmer.stemWords(words))
+
+
+class _Segment(NamedTuple):
+    """Postings sorted by key: key ``keys[i]``'s are ``starts[i]:starts[i + 1]``. Never changed once built."""
+
+    keys: np.ndarray  # int32, ascending, unique
+    starts: np.ndarray  # int64, len(keys) + 1
+    rows: np.ndarray  # int32
+    tfs: np.ndarray  # float32
+    gens: np.ndarray  # int32: the row's content generation when posted
+
+    @property
+    def size(self) -> int:
+        return int(self.rows.shape[0])
+
+
+class _Delta(NamedTuple):
+    """The newest postings, unsorted, in buffers of fixed capacity; readers see the first ``filled``."""
+
+    keys: np.ndarray
+    rows: np.ndarray
+    tfs: np.ndarray
+    gens: np.ndarray
+    filled: int
+
+
+def _segment(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray) -> _Segment:
+    order = np.argsort(keys, kind="stable")
+    keys, rows, tfs, gens = keys[order], rows[order], tfs[order], gens[order]
+    bounds = np.flatnonzero(np.diff(keys)) + 1
+    starts = np.concatenate([[0], bounds, [keys.shape[0]]]).astype(np.int64)
+    return _Segment(
+        keys[starts[:-1]] if keys.shape[0] else keys,
+        starts if keys.shape[0] else np.zeros(1, np.int64),
+        rows,
+        tfs,
+        gens,
+    )
+
+
+@dataclass
+class QueryPostings:
+    """A query's postings, ready for kernels.keywords.bm25: posting i is query term ``terms[i]``."""
+
+    terms: np.ndarray
+    n_terms: int
+    rows: np.ndarray
+    tfs: np.ndarray
+    gens: np.ndarray
+    current_gen: np.ndarray
+
+
+class KeywordIndex:
+    """Postings keyed by (namespace id, term), so a search reads only its namespaces' postings. New
+    postings go to a small unsorted delta; a full delta becomes a sorted segment, and segments of
+    similar size merge (dropping replaced content), so a search reads a few segments and a short delta."""
+
+    def __init__(self, delta_size: int = 8192) -> None:
+        self.delta_size = delta_size  # postings in the delta: every search scans it
+        self._key_ids: dict[tuple[int, str], int] = {}
+        # What readers see, swapped as one: the sorted segments and the delta.
+        self._view: tuple[tuple[_Segment, ...], _Delta] = ((), self._new_delta())
+        self._gen = np.zeros(1024, np.int32)  # per row: its content generation (0: never posted)
+
+    def __len__(self) -> int:
+        return len(self._key_ids)
+
+    @property
+    def postings_count(self) -> int:
+        segments, delta = self._view
+        return sum(seg.size for seg in segments) + delta.filled
+
+    def _new_delta(self) -> _Delta:
+        n = self.delta_size
+        return _Delta(
+            np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32), np.empty(n, np.int32), 0
+        )
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def add(self, row: int, namespace: int, text: str) -> None:
+        """Post a new row's content (or a row's new content: see ``replace``) under its namespace id."""
+        if row >= self._gen.shape[0]:
+            grown = np.zeros(max(row + 1, 2 * self._gen.shape[0]), np.int32)
+            grown[: self._gen.shape[0]] = self._gen
+            self._gen = grown
+        gen = int(self._gen[row]) + 1
+        terms = keyword_terms(text)
+        if len(terms) > self.delta_size - self._view[1].filled:
+            self._flush()
+        segments, d = self._view
+        n = min(len(terms), d.keys.shape[0] - d.filled)  # (a text of more distinct terms than DELTA: cut)
+        ids = self._key_ids
+        keys = [ids.setdefault((namespace, t), len(ids)) for t in list(terms)[:n]]
+        end = d.filled + n
+        d.keys[d.filled : end] = keys
+        d.rows[d.filled : end] = row
+        d.tfs[d.filled : end] = list(terms.values())[:n]
+        d.gens[d.filled : end] = gen
+        self._view = (segments, d._replace(filled=end))  # slots beyond what was filled: unseen by readers
+        self._gen[row] = gen  # published last: the new postings count from here on
+
+    def replace(self, row: int, namespace: int, text: str) -> None:
+        """A row's content changed: its old postings stop counting, the new ones start."""
+        self.add(row, namespace, text)
+
+    def _flush(self) -> None:
+        """Turn the delta into a segment; merge segments of similar size."""
+        old, d = self._view
+        segments = list(old)
+        if d.filled:
+            n = d.filled
+            segments.append(
+                _segment(d.keys[:n].copy(), d.rows[:n].copy(), d.tfs[:n].copy(), d.gens[:n].copy())
+            )
+        while len(segments) >= 2 and 4 * segments[-1].size >= segments[-2].size:
+            newer, older = segments.pop(), segments.pop()
+            segments.append(self._merge([older, newer]))
+        self._view = (tuple(segments), self._new_delta())
+
+    def _merge(self, parts: list[_Segment], alive: np.ndarray | None = None) -> _Segment:
+        keys = np.concatenate([np.repeat(s.keys, np.diff(s.starts)) for s in parts]).astype(np.int32)
+        rows = np.concatenate([s.rows for s in parts])
+        gens = np.concatenate([s.gens for s in parts])
+        tfs = np.concatenate([s.tfs for s in parts])
+        keep = gens == self._gen[rows]  # replaced content goes
+        if alive is not None:
+            keep &= (rows < alive.shape[0]) & alive[np.minimum(rows, alive.shape[0] - 1)]
+        return _segment(keys[keep], rows[keep], tfs[keep], gens[keep])
+
+    def compact(self, alive: np.ndarray) -> int:
+        """One segment without the postings of dead rows or replaced content; returns how many went."""
+        before = self.postings_count
+        self._flush()
+        if self._view[0]:
+            self._view = ((self._merge(list(self._view[0]), alive),), self._view[1])
+        return before - self.postings_count
+
+    # -- readers ---------------------------------------------------------------------------------
+    def postings(self, namespaces: list[int], terms: list[str], max_postings: int) -> QueryPostings:
+        """The postings of ``terms`` in the namespaces (by id); a term in more than ``max_postings``
+        rows of them is skipped (it says almost nothing about a memory)."""
+        (segments, delta), gen = self._view, self._gen  # one consistent look
+        wanted = [(self._key_ids.get((ns, t)), i) for i, t in enumerate(terms) for ns in namespaces]
+        pairs = sorted((k, i) for k, i in wanted if k is not None)
+        keys = np.array([k for k, _ in pairs], np.int32)
+        labels = np.array([i for _, i in pairs], np.int32)
+        parts: list[tuple[np.ndarray, ...]] = []
+        for seg in segments:
+            at = np.minimum(np.searchsorted(seg.keys, keys), max(seg.keys.shape[0] - 1, 0))
+            for j in np.flatnonzero(seg.keys[at] == keys) if seg.keys.shape[0] else []:
+                lo, hi = seg.starts[at[j]], seg.starts[at[j] + 1]
+                parts.append(
+                    (np.full(hi - lo, labels[j], np.int32), seg.rows[lo:hi], seg.tfs[lo:hi], seg.gens[lo:hi])
+                )
+        if delta.filled and keys.shape[0]:
+            pos, lab = kernels.match_keys(delta.keys[: delta.filled], keys, labels)
+            parts.append((lab, delta.rows[pos], delta.tfs[pos], delta.gens[pos]))
+        if not parts:
+            none = np.empty(0, np.int32)
+            return QueryPostings(none, len(terms), none, np.empty(0, np.float32), none, gen)
+        q_terms, rows, tfs, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
+        per_term = np.bincount(q_terms, minlength=len(terms))
+        if (per_term > max_postings).any():
+            keep = per_term[q_terms] <= max_postings
+            q_terms, rows, tfs, gens = q_terms[keep], rows[keep], tfs[keep], gens[keep]
+        return QueryPostings(q_terms, len(terms), rows, tfs, gens, gen)
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Every posting in one sorted segment, with the key names, for the columns snapshot."""
+        self._flush()
+        seg = (
+            self._merge(list(self._view[0]))
+            if self._view[0]
+            else _segment(*(np.empty(0, t) for t in (np.int32, np.int32, np.float32, np.int32)))
+        )
+        return {
+            "keys": list(self._key_ids),
+            "segment": tuple(seg),
+            "row_gen": self._gen.copy(),
+        }
+
+    @classmethod
+    def restore(cls, state: dict[str, Any]) -> KeywordIndex:
+        index = cls()
+        index._key_ids = {(int(ns), term): i for i, (ns, term) in enumerate(state["keys"])}
+        seg = _Segment(*state["segment"])
+        index._view = ((seg,) if seg.size else (), index._view[1])
+        index._gen = np.array(state["row_gen"], np.int32)
+        return index
+
+
+def bm25(
+    index: KeywordIndex,
+    namespaces: list[int],
+    text: str,
+    allowed: np.ndarray,
+    n_docs: int,
+    lengths: np.ndarray,
+    max_postings: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 of the allowed rows holding a term of ``text``: (rows, scores)."""
+    if n_docs == 0:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    q = index.postings(namespaces, list(keyword_terms(text)), max_postings)
+    if q.rows.shape[0] == 0:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    avgdl = max(1.0, kernels.masked_mean(lengths, allowed))
+    current = q.current_gen
+    if current.shape[0] < allowed.shape[0]:  # rows added after this copy was taken have no postings here
+        current = np.concatenate([current, np.zeros(allowed.shape[0] - current.shape[0], np.int32)])
+    return kernels.bm25(q.terms, q.n_terms, q.rows, q.tfs, q.gens, current, allowed, lengths, n_docs, avgdl)
