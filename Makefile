@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 PROTO_FILES := $(wildcard proto/tiermem/v1/*.proto)
+TYPECHECK := .typecheck
 
 # The benchmark's own environment: chromadb (the peer) and matplotlib (plots), kept out of $(VENV)
 # because chromadb brings its own grpcio/protobuf pins. BENCH_ARGS go to bench/suite.py.
@@ -77,7 +78,11 @@ test-fast: proto ## Run the test suite without the slow tests
 lint: $(STAMP) ## Lint and type-check
 	$(VENV)/bin/ruff check server client kernels tests bench proto/tiermem/*.py
 	$(VENV)/bin/ruff format --check server client kernels tests bench proto/tiermem/*.py
-	$(VENV)/bin/mypy server client kernels
+	@# mypy sees the installed layout (tiermem.server, ...) through a tree of links, so imports across modules resolve
+	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/tiermem
+	@for f in proto/tiermem/*; do ln -s "$$PWD/$$f" $(TYPECHECK)/tiermem/; done
+	@for d in server client kernels; do ln -s "$$PWD/$$d" $(TYPECHECK)/tiermem/$$d; done
+	cd $(TYPECHECK) && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p tiermem.server -p tiermem.client -p tiermem.kernels
 
 bench: proto ## Run the benchmark suite at 100k (vs empty RPC, FAISS, Chroma; recall, start-up, plots), the consolidation kernels, threads vs processes
 	@$(MAKE) --no-print-directory $(BENCH_STAMP) || echo "bench: could not set up $(BENCH_VENV); the suite runs without Chroma and plots"
@@ -95,4 +100,4 @@ bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py ru
 	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke
 
 clean: ## Remove the virtual environment and caches (keeps ./data)
-	rm -rf $(VENV) $(BENCH_VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache $(TYPECHECK)

@@ -220,14 +220,13 @@ def engine_pass(n: int, seed: int) -> dict[str, float]:
         report = engine.consolidate(max_reported=0)
         total = time.perf_counter() - t0
         engine.close()
-    moved = report["promoted"] + report["demoted"] + report["evicted"] + report["deleted"]
     return {
         "memories": n,
-        "moved": moved,
-        "plan_s": report["plan_seconds"],
-        "apply_s": report["apply_seconds"],
+        "moved": report.moved,
+        "plan_s": report.plan_seconds,
+        "apply_s": report.apply_seconds,
         "total_s": total,
-        "max_search_pause_ms": report["max_pause_seconds"] * 1000,
+        "max_search_pause_ms": report.max_pause_seconds * 1000,
     }
 
 

@@ -129,9 +129,9 @@ def run_threads(eng: Any, qs: list[Any], threads: int, seconds: float) -> dict[s
 
 def _process_main(data_dir: str, qs: list[Any], ready: Any, go: Any, results: Any, i: int) -> None:
     """One engine process: open, warm up, say ready (or why not), search from the shared start."""
-    import faiss
+    from tiermem.server.index.threads import set_faiss_threads
 
-    faiss.omp_set_num_threads(1)
+    set_faiss_threads(1)
     eng = None
     try:
         eng = open_engine(Path(data_dir))
@@ -203,9 +203,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
-    import faiss
+    from tiermem.server.index.threads import set_faiss_threads
 
-    faiss.omp_set_num_threads(1)
+    set_faiss_threads(1)
     work = Path(tempfile.mkdtemp(prefix="tiermem-gil-"))
     try:
         first = work / "data0"

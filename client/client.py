@@ -103,6 +103,55 @@ def _seconds(value: TimeLike) -> float:
     return value.timestamp() if isinstance(value, dt.datetime) else float(value)
 
 
+def _set_query(
+    req: pb.SearchMemoriesRequest, query: str | Sequence[float] | Any, keywords: str | None
+) -> None:
+    """The query of a search: text, or a vector (with ``keywords`` as its text for hybrid search)."""
+    if isinstance(query, str):
+        if keywords is not None and keywords != query:
+            raise ValueError("keywords are the query text when the query is text; pass one")
+        req.query_text = query
+    elif query is not None:
+        req.query_embedding.extend([float(x) for x in query])
+        if keywords is not None:
+            req.query_text = keywords
+
+
+def _set_hybrid(
+    req: pb.SearchMemoriesRequest,
+    hybrid: bool,
+    *,
+    keywords: str | None,
+    rrf_k: float | None,
+    vector_weight: float | None,
+    keyword_weight: float | None,
+) -> None:
+    """Hybrid search and its settings; ValueError for hybrid settings without ``hybrid``."""
+    if not hybrid:
+        extra = [
+            name
+            for name, value in (
+                ("keywords", keywords),
+                ("rrf_k", rrf_k),
+                ("vector_weight", vector_weight),
+                ("keyword_weight", keyword_weight),
+            )
+            if value is not None
+        ]
+        if extra:
+            raise ValueError(f"{', '.join(extra)} only apply with hybrid=True")
+        return
+    req.hybrid.enabled = True
+    _set_given(req.hybrid, rrf_k=rrf_k, vector_weight=vector_weight, keyword_weight=keyword_weight)
+
+
+def _set_given(message: Any, **values: float | None) -> None:
+    """Set the optional fields of ``message`` whose value was given (not None)."""
+    for name, value in values.items():
+        if value is not None:
+            setattr(message, name, value)
+
+
 def metadata_dict(memory: pb.Memory) -> dict[str, Any]:
     """A memory's metadata as plain Python values."""
     return {k: v for k, v in metadata_values(memory.metadata).items() if v is not None}
@@ -413,53 +462,31 @@ class MemoryClient:
             filter=build_filter(**filter_fields),
             include_embedding=include_embedding,
             embedding_model=embedding_model,
-            strategy=strategy_value(strategy),
+            strategy=strategy_value(strategy),  # type: ignore[arg-type,unused-ignore]
             include_ancestors=include_ancestors,
             scope_weights=[] if scope_weights is None else [float(w) for w in scope_weights],
             read_only=read_only,
             explain=explain,
         )
-        if isinstance(query, str):
-            if keywords is not None and keywords != query:
-                raise ValueError("keywords are the query text when the query is text; pass one")
-            req.query_text = query
-        elif query is not None:
-            req.query_embedding.extend([float(x) for x in query])
-            if keywords is not None:
-                req.query_text = keywords
+        _set_query(req, query, keywords)
         for tier, weight in (tier_weights or {}).items():
             req.tier_weights.add(tier=tier_value(tier), weight=weight)
-        if not hybrid:
-            extra = [
-                name
-                for name, value in (
-                    ("keywords", keywords),
-                    ("rrf_k", rrf_k),
-                    ("vector_weight", vector_weight),
-                    ("keyword_weight", keyword_weight),
-                )
-                if value is not None
-            ]
-            if extra:
-                raise ValueError(f"{', '.join(extra)} only apply with hybrid=True")
-        else:
-            req.hybrid.enabled = True
-            for name, value in (
-                ("rrf_k", rrf_k),
-                ("vector_weight", vector_weight),
-                ("keyword_weight", keyword_weight),
-            ):
-                if value is not None:
-                    setattr(req.hybrid, name, value)
-        for name, value in (
-            ("min_similarity", min_similarity),
-            ("alpha", alpha),
-            ("beta", beta),
-            ("gamma", gamma),
-            ("recency_tau_seconds", recency_tau_seconds),
-        ):
-            if value is not None:
-                setattr(req, name, value)
+        _set_hybrid(
+            req,
+            hybrid,
+            keywords=keywords,
+            rrf_k=rrf_k,
+            vector_weight=vector_weight,
+            keyword_weight=keyword_weight,
+        )
+        _set_given(
+            req,
+            min_similarity=min_similarity,
+            alpha=alpha,
+            beta=beta,
+            gamma=gamma,
+            recency_tau_seconds=recency_tau_seconds,
+        )
         if as_of is not None:
             req.as_of.CopyFrom(_timestamp(as_of))
         return list(self._call(self.stub.SearchMemories, req).results)
@@ -532,11 +559,12 @@ class MemoryClient:
                 cfg.policy.tiers.add(tier=tier_value(tier), **fields)
             paths.append("policy.tiers")
         if retention is not None:
-            cfg.policy.retention = (
+            chosen = (
                 retention
                 if isinstance(retention, int)
                 else pb.RetentionPolicy.Value(f"RETENTION_POLICY_{retention.upper()}")
             )
+            cfg.policy.retention = chosen  # type: ignore[assignment,unused-ignore]
             paths.append("policy.retention")
         for name, value in (
             ("delete_from_glacial", delete_from_glacial),
@@ -582,8 +610,8 @@ class MemoryClient:
             namespace=namespace,
             id=id,
             target_namespace=target_namespace,
-            target_tier=tier_value(target_tier),
-            mode=pb.TransferMode.Value(f"TRANSFER_MODE_{mode.upper()}"),
+            target_tier=tier_value(target_tier),  # type: ignore[arg-type,unused-ignore]
+            mode=pb.TransferMode.Value(f"TRANSFER_MODE_{mode.upper()}"),  # type: ignore[arg-type,unused-ignore]
             target_id=target_id,
             overwrite=overwrite,
             confirm=confirm,
@@ -600,7 +628,7 @@ class MemoryClient:
         page_size: int = 0,
         **filter_fields: Any,
     ) -> Iterator[pb.Memory]:
-        """An agent's memory stream, newest first, optionally within [since, until) (seed 000)."""
+        """An agent's memory stream, newest first, optionally within [since, until)."""
         where: dict[str, Any] = {}
         if since is not None:
             where["create_time"] = {"$gte": _seconds(since)}
@@ -624,7 +652,7 @@ class MemoryClient:
     def find_similar_debates(
         self, namespaces: str | Sequence[str], topic: str, *, limit: int = 5, **kwargs: Any
     ) -> list[pb.SearchResult]:
-        """Consensus and dissent records (kinds "consensus", "dissent") closest to ``topic`` (seed 000)."""
+        """Consensus and dissent records (kinds "consensus", "dissent") closest to ``topic``."""
         return self.search(namespaces, topic, limit=limit, kinds=["consensus", "dissent"], **kwargs)
 
     def export_memories(
@@ -670,7 +698,7 @@ class MemoryClient:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
-    # -- agent memory: reflection and summaries (seeds 002, 003) ---------------------------------
+    # -- agent memory: reflection and summaries ------------------------------------------------
     def observe(
         self, namespace: str, content: str, *, kind: str = "observation", request_id: str = "", **fields: Any
     ) -> pb.CreateMemoryResponse:
@@ -720,10 +748,10 @@ class MemoryClient:
         self, namespace: str, text: str, *, source_memory_ids: Iterable[str], **fields: Any
     ) -> pb.Memory:
         """Store a rolling summary of the scope: it replaces the previous summary and resets the
-        summary token count (seed 003)."""
+        summary token count."""
         return self.create(namespace, text, kind="summary", source_memory_ids=source_memory_ids, **fields)
 
-    # -- graph memory (seed 003) ------------------------------------------------------------------
+    # -- graph memory ---------------------------------------------------------------------------
     def upsert_node(
         self,
         namespace: str,

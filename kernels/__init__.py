@@ -9,6 +9,7 @@ from Numba's on-disk cache) so the server reports SERVING only once scoring is r
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -555,14 +556,9 @@ def plan_moves(
         ("success_base", success_base, np.int64),
     ):
         _check(name, arr, dtype, n)
-    hl = _table("half_life_hours", half_life_hours, np.float64)
-    ttl = _table("ttl_seconds", ttl_seconds, np.float64)
-    thr = _table("threshold", threshold, np.float32)
-    pa = _table("promote_access", promote_access, np.int64, None)
-    ps = _table("promote_surprise", promote_surprise, np.float32, None)
-    pc = _table("promote_success", promote_success, np.int64, None)
-    if not hl.shape[0] == ttl.shape[0] == thr.shape[0] == pa.shape[0] == ps.shape[0] == pc.shape[0]:
-        raise ValueError("lifecycle tables must all have one row per namespace")
+    hl, ttl, thr, pa, ps, pc = _lifecycle_tables(
+        half_life_hours, ttl_seconds, threshold, promote_access, promote_surprise, promote_success
+    )
     action = np.empty(n, np.int8)
     decayed = np.empty(n, np.float32)
     with PARALLEL_LOCK:
@@ -591,6 +587,28 @@ def plan_moves(
             decayed,
         )
     return action, decayed
+
+
+def _lifecycle_tables(
+    half_life_hours: np.ndarray,
+    ttl_seconds: np.ndarray,
+    threshold: np.ndarray,
+    promote_access: np.ndarray,
+    promote_surprise: np.ndarray,
+    promote_success: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``plan_moves``'s per-namespace tables, checked (and converted where cheap), in its kernel's order."""
+    tables = (
+        _table("half_life_hours", half_life_hours, np.float64),
+        _table("ttl_seconds", ttl_seconds, np.float64),
+        _table("threshold", threshold, np.float32),
+        _table("promote_access", promote_access, np.int64, None),
+        _table("promote_surprise", promote_surprise, np.float32, None),
+        _table("promote_success", promote_success, np.int64, None),
+    )
+    if len({t.shape[0] for t in tables}) != 1:
+        raise ValueError("lifecycle tables must all have one row per namespace")
+    return tables
 
 
 def retention_scores(
@@ -643,36 +661,59 @@ def select_evictions(
 
 def warm_up() -> None:
     """Compile (or load from cache) every kernel on tiny inputs."""
-    f32 = np.array([0.5, 0.25], np.float32)
-    f64 = np.array([0.0, 10.0], np.float64)
-    t8 = np.array([1, 4], np.int8)
+    tiny = _Tiny()
+    _warm_scoring(tiny)
+    _warm_search(tiny)
+    _warm_filters(tiny)
+    _warm_lifecycle(tiny)
+
+
+@dataclass(frozen=True)
+class _Tiny:
+    """Two-row inputs of every dtype the kernels take (a warm-up copies those a kernel writes)."""
+
+    f32: np.ndarray = field(default_factory=lambda: np.array([0.5, 0.25], np.float32))
+    f64: np.ndarray = field(default_factory=lambda: np.array([0.0, 10.0], np.float64))
+    t8: np.ndarray = field(default_factory=lambda: np.array([1, 4], np.int8))
+    i32: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int32))
+    i64: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))
+    b: np.ndarray = field(default_factory=lambda: np.ones(2, np.bool_))
+    rows: np.ndarray = field(default_factory=lambda: np.array([1, 0], np.int64))
+
+
+def _warm_scoring(tiny: _Tiny) -> None:
+    """Decay, recency, combined scores, per-row scoring (one and many namespaces), surprise, top-k."""
+    f32, f64, t8, rows = tiny.f32, tiny.f64, tiny.t8, tiny.rows
     hl = np.ones(5, np.float64)
     decay_importance(f32, f64, t8, 1.0, hl, 0.1)
     rec = recency(f64, 1.0, 60.0)
     combined_scores(f32, rec, f32, 0.5, 0.3, 0.2)
-    rows = np.array([1, 0], np.int64)
-    score_rows(
-        rows,
-        f32,
-        importance=f32,
-        created_at=f64,
-        last_access=f64,
-        tier=t8,
-        now=1.0,
-        tau_seconds=60.0,
-        half_life_hours=hl,
-        floor=0.1,
-        alpha=0.5,
-        beta=0.3,
-        gamma=0.2,
-    )
+    for half_lives, ns in ((hl, None), (np.ones((2, 5), np.float64), tiny.i32)):
+        score_rows(
+            rows,
+            f32,
+            importance=f32,
+            created_at=f64,
+            last_access=f64,
+            tier=t8,
+            now=1.0,
+            tau_seconds=60.0,
+            half_life_hours=half_lives,
+            floor=0.1,
+            alpha=0.5,
+            beta=0.3,
+            gamma=0.2,
+            ns=ns,
+        )
     surprise_ema(f32.copy(), rows, f32, f32)
-    dot_rows(np.ones((2, 2), np.float32), rows, f32)
     topk(f32, 1)
     topk(f64, 1)
-    i64 = np.zeros(2, np.int64)
-    b = np.ones(2, np.bool_)
-    i32 = np.zeros(2, np.int32)
+
+
+def _warm_search(tiny: _Tiny) -> None:
+    """Vector lookups, prior bounds (weighted and not), ordered bounds, selections, splits."""
+    f32, i64, b, rows = tiny.f32, tiny.i64, tiny.b, tiny.rows
+    dot_rows(np.ones((2, 2), np.float32), rows, f32)
     for row_w in (f32, None):  # weighted and unweighted specializations
         prior_bounds(
             b,
@@ -704,19 +745,23 @@ def warm_up() -> None:
     selection_bitmap(rows, b)
     allowed_entries(rows, b)
     split_top(f32, 0.0, 1)
-    tier_counts(b, t8)
-    row_weights(np.zeros(2, np.int32), t8, f32, f32)
-    # Both specializations: with the expiry column and space check, and without them.
-    for expire_at, space_id, space in ((f64, None, -1), (None, i32, 0)):
+    tier_counts(b, tiny.t8)
+    row_weights(np.zeros(2, np.int32), tiny.t8, f32, f32)
+
+
+def _warm_filters(tiny: _Tiny) -> None:
+    """Both specializations of the filter: with the expiry column and space check, and without."""
+    i32 = tiny.i32
+    for expire_at, space_id, space in ((tiny.f64, None, -1), (None, i32, 0)):
         filter_mask(
-            alive=b,
+            alive=tiny.b,
             ns_id=i32,
-            ns_ok=b,
-            tier=t8,
+            ns_ok=tiny.b,
+            tier=tiny.t8,
             tier_ok=np.ones(5, np.bool_),
             kind_id=i32,
             kind_ok=np.zeros(0, np.bool_),
-            created_at=f64,
+            created_at=tiny.f64,
             created_lo=-np.inf if space < 0 else 0.0,
             created_hi=np.inf,
             expire_at=expire_at,
@@ -724,27 +769,16 @@ def warm_up() -> None:
             space_id=space_id,
             space=space,
         )
+
+
+def _warm_lifecycle(tiny: _Tiny) -> None:
+    """Move planning, retention scores and evictions."""
+    f32, f64, i32, i64, b = tiny.f32, tiny.f64, tiny.i32, tiny.i64, tiny.b
     hl2 = np.ones((2, 5), np.float64)
-    score_rows(
-        rows,
-        f32,
-        importance=f32,
-        created_at=f64,
-        last_access=f64,
-        tier=t8,
-        now=1.0,
-        tau_seconds=60.0,
-        half_life_hours=hl2,
-        floor=0.1,
-        alpha=0.5,
-        beta=0.3,
-        gamma=0.2,
-        ns=i32,
-    )
     _, decayed = plan_moves(
         eligible=b,
         ns=i32,
-        tier=t8,
+        tier=tiny.t8,
         importance=f32,
         created_at=f64,
         accessed_at=f64,

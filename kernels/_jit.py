@@ -2,7 +2,7 @@
 
 Every kernel is serial and ``nogil=True``: gRPC handlers are threads, and serial nogil kernels let
 two of them score at once (a ``prange`` kernel called from two threads aborts under the workqueue
-threading layer; see PERF-FACTS.md). Inputs are contiguous arrays of the dtypes the wrappers enforce.
+threading layer). Inputs are contiguous arrays of the dtypes the wrappers enforce.
 No ``fastmath``: inputs may hold NaN or Inf and the kernels must treat them deterministically.
 """
 
@@ -118,8 +118,7 @@ def prior_bounds(
     """
     n = todo.shape[0]
     n0 = gen0.shape[0]
-    # Simple loops that LLVM vectorizes, then one compaction pass (a single branchy loop ran 2x
-    # slower, a single branch-free one 1.5x).
+    # Simple loops that LLVM vectorizes, then one compaction pass: faster than one loop doing both.
     bound = np.empty(n, np.float32)
     fbase, fbeta, fgamma = np.float32(base), np.float32(beta), np.float32(gamma)
     trivial = fbase + fbeta
@@ -133,8 +132,8 @@ def prior_bounds(
         for r in range(n):
             bound[r] *= row_w[r]
     # Branch-free compaction: every row is written at c, which advances only for rows kept (a
-    # branch per row mispredicts when many pass: 0.1 ms at 3k of 100k rows kept, 0.8 ms at 39k;
-    # this loop is 0.12 ms either way). c <= r, so the writes stay in bounds.
+    # branch per row mispredicts when many pass; this costs the same however many are kept).
+    # c <= r, so the writes stay in bounds.
     c = 0
     slack = np.float32(1e-5)
     for r in range(n):
@@ -307,8 +306,7 @@ def dot_rows(xb, ids, query, out):
     queries are validated finite, so its no-NaN/Inf assumption holds.
 
     The rows are scattered over storage far larger than the caches, so each one is a cache miss;
-    the rows a few places ahead are prefetched while one is multiplied (1,024 random rows of
-    100k x 384: 241 -> 150 us, measured on this project's 2-core machines)."""
+    the rows a few places ahead are prefetched while one is multiplied (see docs/perf-log.md)."""
     d = query.shape[0]
     m = ids.shape[0]
     for i in range(min(_PREFETCH_AHEAD, m)):
@@ -483,6 +481,70 @@ def split_top(bounds, bar, size, top, rest):
 
 
 @_kernel
+def _check_tier_range(tier):
+    bad = False
+    for i in range(tier.shape[0]):  # checked here, in the kernel, not as extra passes in the wrapper
+        t = tier[i]
+        bad |= (t < 0) | (t > 4)
+    if bad:
+        raise ValueError("tier values must be in 0..4")
+
+
+@_kernel
+def _mask_namespaces(alive, ns_id, ns_ok, one_ns, out):
+    """out = alive and in an allowed namespace (``one_ns >= 0``: that one alone, no lookups)."""
+    n = alive.shape[0]
+    if one_ns >= 0:
+        for i in range(n):
+            out[i] = alive[i] & (ns_id[i] == one_ns)
+    else:
+        m = ns_ok.shape[0]
+        for i in range(n):
+            ns = ns_id[i]
+            out[i] = alive[i] and ns >= 0 and ns < m and ns_ok[ns]
+
+
+@_kernel
+def _mask_tiers(tier, tier_ok, tier_mode, out):
+    """out &= allowed tier: ``tier_mode`` 1 every tier 1..4, 2 all five (nothing to do), 0 the table."""
+    n = tier.shape[0]
+    if tier_mode == 1:
+        for i in range(n):
+            out[i] &= tier[i] > 0
+    elif tier_mode == 0:
+        for i in range(n):
+            out[i] &= tier_ok[tier[i]]
+
+
+@_kernel
+def _mask_kinds(kind_id, kind_ok, out):
+    """out &= allowed kind (``kind_ok`` of length 0: every kind)."""
+    k = kind_ok.shape[0]
+    if k > 0:
+        for i in range(kind_id.shape[0]):
+            if out[i]:
+                kd = kind_id[i]
+                out[i] = kd >= 0 and kd < k and kind_ok[kd]
+
+
+@_kernel
+def _mask_window_and_expiry(
+    created_at, created_lo, created_hi, check_created, expire_at, now, check_expire, out
+):
+    """out &= created in [lo, hi) (when ``check_created``) and unexpired by ``now`` (when ``check_expire``)."""
+    n = out.shape[0]
+    if check_created:
+        for i in range(n):
+            if out[i]:
+                c = created_at[i]
+                out[i] = c >= created_lo and c < created_hi
+    if check_expire:
+        for i in range(n):
+            if out[i]:
+                out[i] = not (expire_at[i] <= now)
+
+
+@_kernel
 def filter_mask(
     alive,
     ns_id,
@@ -508,51 +570,23 @@ def filter_mask(
     ``check_created``), unexpired (when ``check_expire``) and in embedding space ``space`` (when
     ``space >= 0``). ``kind_ok`` of length 0 allows every kind. Returns the number of rows kept.
 
-    One simple loop per condition, each of which LLVM vectorizes: a single loop testing every
-    condition (with branches and table lookups) ran ~10x slower. The common cases need no lookups:
+    One simple loop per condition, each of which LLVM vectorizes (a single loop testing every
+    condition, with branches and table lookups, is far slower). The common cases need no lookups:
     ``one_ns >= 0`` when ``ns_ok`` allows exactly that id; ``tier_mode`` 1 when every tier 1..4 is
     allowed and 0 is not, 2 when all five are, 0 to read ``tier_ok``. Columns a disabled check
     needs are not read.
     """
     n = alive.shape[0]
-    bad = False
-    for i in range(n):  # checked here, in the kernel, not as extra passes in the wrapper
-        t = tier[i]
-        bad |= (t < 0) | (t > 4)
-    if bad:
-        raise ValueError("tier values must be in 0..4")
-    if one_ns >= 0:
-        for i in range(n):
-            out[i] = alive[i] & (ns_id[i] == one_ns)
-    else:
-        m = ns_ok.shape[0]
-        for i in range(n):
-            ns = ns_id[i]
-            out[i] = alive[i] and ns >= 0 and ns < m and ns_ok[ns]
-    if tier_mode == 1:
-        for i in range(n):
-            out[i] &= tier[i] > 0
-    elif tier_mode == 0:
-        for i in range(n):
-            out[i] &= tier_ok[tier[i]]
+    _check_tier_range(tier)
+    _mask_namespaces(alive, ns_id, ns_ok, one_ns, out)
+    _mask_tiers(tier, tier_ok, tier_mode, out)
     if space >= 0:
         for i in range(n):
             out[i] &= space_id[i] == space
-    if kind_ok.shape[0] > 0:
-        k = kind_ok.shape[0]
-        for i in range(n):
-            if out[i]:
-                kd = kind_id[i]
-                out[i] = kd >= 0 and kd < k and kind_ok[kd]
-    if check_created:
-        for i in range(n):
-            if out[i]:
-                c = created_at[i]
-                out[i] = c >= created_lo and c < created_hi
-    if check_expire:
-        for i in range(n):
-            if out[i]:
-                out[i] = not (expire_at[i] <= now)
+    _mask_kinds(kind_id, kind_ok, out)
+    _mask_window_and_expiry(
+        created_at, created_lo, created_hi, check_created, expire_at, now, check_expire, out
+    )
     count = 0
     for i in range(n):
         count += out[i]

@@ -7,10 +7,9 @@ import logging
 import os
 
 # Before anything loads FAISS's OpenMP runtime (libgomp reads this once): its worker threads sleep
-# between parallel regions instead of spinning. The indexer's bulk adds run on every core beside the
-# writer and the gRPC threads, and a spinning worker took their CPU: batch ingest of 60,000 memories
-# ran at 6,449-6,827 memories/s with PASSIVE against 5,271-5,569 without, for 237-251 us of server
-# CPU a memory against 327-344 (alternating). An explicit setting in the environment wins.
+# between parallel regions instead of spinning, so the indexer's bulk adds leave CPU to the writer
+# and the gRPC threads beside them (faster batch ingest: docs/perf-log.md). An explicit setting in
+# the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tiermem.server.config import ServerConfig

@@ -55,7 +55,9 @@ class Tuning:
     columns_change_log: int = 65536  # row changes the columns remember for cached search bounds
 
     # search/: candidate sets and cached prior bounds
-    deeper_search_min_rows: int = 32768  # past this many allowed rows, deeper HNSW searches among the bounds
+    deeper_search_min_rows: int = (
+        32768  # more rows than this still beat the bar: a deeper HNSW search among them first
+    )
     prior_k: int = 64  # least HNSW depth of the first search when recency/importance/weights enter
     score_chunk: int = 1024  # rows scored exactly per step after the first
     first_score_chunk: int = 1024  # rows scored exactly in the first step

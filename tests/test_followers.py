@@ -212,8 +212,8 @@ def test_followers_exit_when_the_leader_is_killed(
 
 
 def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
-    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 30, log_commits=True)
-    store.PRUNE_EVERY = 2  # a look for old entries every second commit
+    # prune_every=2: a look for old entries every second commit
+    store = Store(tmp_path / "lmdb", map_size=1 << 26, max_map_size=1 << 30, log_commits=True, prune_every=2)
 
     for rids, settings, when in (([1, 2], False, 1000.0), ([3], True, 1001.0), ([2], False, 1002.0)):
         with store.write() as txn:
@@ -229,10 +229,10 @@ def test_commit_log_names_each_commits_records(tmp_path: Path) -> None:
         first, settings, rids = store.commits_after(txn, 2)  # type: ignore[misc]
         assert (first, settings, rids.tolist()) == (3, False, [2])
         assert store.commits_after(txn, 3) is None
-    # Entries go once COMMIT_LOG_SECONDS old (looked for every PRUNE_EVERY commits).
+    # Entries go once commit_log_seconds old (looked for every prune_every commits).
     with store.write() as txn:
         store.put(txn, make_record(4))
-        store.next_seq(txn, 1001.5 + Store.COMMIT_LOG_SECONDS)  # commit 4: drops commits 1 and 2
+        store.next_seq(txn, 1001.5 + store.commit_log_seconds)  # commit 4: drops commits 1 and 2
     with store.read() as txn:
         first, _, rids = store.commits_after(txn, 0)  # type: ignore[misc]
         assert first == 3 and rids.tolist() == [2, 4]

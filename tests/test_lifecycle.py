@@ -36,6 +36,7 @@ from tiermem.client import (
     NotFoundError,
 )
 from tiermem.client.errors import from_rpc_error
+from tiermem.server.model.reports import ConsolidationReport
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
@@ -102,8 +103,8 @@ def moves(resp: pb.ConsolidateMemoriesResponse) -> set[Move]:
     return out
 
 
-def engine_moves(report: dict[str, Any]) -> set[Move]:
-    return {(m["namespace"], m["id"], m["from"], m["to"], m["reason"]) for m in report["moves"]}
+def engine_moves(report: ConsolidationReport) -> set[Move]:
+    return {(m.namespace, m.id, m.from_tier, m.to_tier, m.reason) for m in report.moves}
 
 
 def counts(resp: pb.ConsolidateMemoriesResponse) -> tuple[int, int, int, int, int]:

@@ -24,6 +24,7 @@ from conftest import FakeClock
 
 from tiermem.client import MemoryClient
 from tiermem.client.client import build_filter
+from tiermem.server.config import Tuning
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
@@ -112,15 +113,14 @@ def test_recall_and_combined_overlap(
         calls["fallback"] += 1
         return allowed_rows(self, *a, **kw)
 
-    # The graph path is what this measures: no exact scans of small indexes (EXACT_ENTRIES).
-    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
-    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
     monkeypatch.setattr(VectorIndex, "search", counted_search)
     monkeypatch.setattr(VectorIndex, "allowed_rows", counted_allowed_rows)
     server = server_factory(
         clock=FakeClock(T0),
         exact_search_max_rows=100,
         search_records_access=True,  # read_only must hold
+        # The graph path is what this measures: no exact scans of small indexes (exact_entries).
+        tuning=Tuning(exact_entries=0, exact_per_k=0),
     )
     with MemoryClient(f"127.0.0.1:{server.port}", timeout=60) as c:
         c.wait_ready()

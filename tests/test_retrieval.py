@@ -28,6 +28,7 @@ from tiermem.client import InvalidArgumentError, MemoryClient
 from tiermem.client.client import build_filter, build_memory, metadata_dict
 from tiermem.client.errors import from_rpc_error
 from tiermem.server.config import ServerConfig
+from tiermem.server.search.searcher import Turns
 from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.v1 import memory_pb2 as pb
 
@@ -1458,19 +1459,22 @@ def test_the_searches_of_a_batch_run_side_by_side(server_factory: Callable[..., 
             c.create(SNS, f"m{i}", id=f"m{i}", embedding=np.eye(DIM)[i].tolist(), embedding_model=MODEL)
         meet = threading.Barrier(2, timeout=10)
         threads: set[str] = set()
-        real = engine.searcher.search
 
-        def search(*args: Any, **kwargs: Any) -> Any:
-            threads.add(threading.current_thread().name)
-            meet.wait()
-            return real(*args, **kwargs)
+        class MeetingTurns(Turns):  # turns of the same size; a search holding one waits for another
+            @contextlib.contextmanager
+            def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
+                with super().take(wanted):
+                    threads.add(threading.current_thread().name)
+                    meet.wait()
+                    yield
 
-        engine.searcher.search = search  # type: ignore[method-assign]
+        real = engine.searcher.turns
+        engine.searcher.turns = MeetingTurns(2)
         try:
             searches = [sreq(SNS, np.eye(DIM)[i], limit=1) for i in (0, 1)]
             out = raw(c, "BatchSearchMemories", pb.BatchSearchMemoriesRequest(searches=searches))
         finally:
-            engine.searcher.search = real  # type: ignore[method-assign]
+            engine.searcher.turns = real
         assert [rids(r.results) for r in out.responses] == [["m0"], ["m1"]]  # in request order
         assert len(threads) == 2 and not meet.broken
 

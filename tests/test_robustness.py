@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,11 @@ from tiermem.client import (
     NotFoundError,
     TiermemError,
 )
-from tiermem.server.config import ServerConfig
-from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.agent.graph import GraphMemory
+from tiermem.server.config import ServerConfig, Tuning
+from tiermem.server.core.engine import Engine
+from tiermem.server.core.lifecycle import apply_moves
+from tiermem.server.model.reports import SweepReport
 from tiermem.server.storage.store import Store
 from tiermem.server.storage.writer import Writer
 from tiermem.server.transport.app import RunningServer
@@ -41,6 +44,11 @@ def _client(running: RunningServer) -> MemoryClient:
     c = MemoryClient(f"127.0.0.1:{running.port}", timeout=60)
     c.wait_ready()
     return c
+
+
+def _lifecycle_totals(eng: Engine, namespace: str, tier: int) -> list[int]:
+    """[promotions, demotions, evictions, deletions] ever of a namespace's tier, from stats."""
+    return next(t.totals for t in eng.stats(namespace).tiers if t.tier == tier)
 
 
 def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -110,12 +118,11 @@ def test_snapshot_of_another_database_is_ignored(
 
 
 def test_short_filtered_hnsw_answers_do_not_cut_the_ranking(
-    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch
+    server_factory: Callable[..., RunningServer],
 ) -> None:
     """A small namespace inside a big index: filtered HNSW often returns fewer than k results."""
-    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)  # the graph, not an exact scan of the 120
-    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
-    running = server_factory(exact_search_max_rows=8, hnsw_m=8)
+    graph_only = Tuning(exact_entries=0, exact_per_k=0)  # the graph, not an exact scan of the 120
+    running = server_factory(exact_search_max_rows=8, hnsw_m=8, tuning=graph_only)
     rng = np.random.default_rng(3)
     dim = 16
     big, small = _unit(rng, 3000, dim), _unit(rng, 120, dim)
@@ -176,7 +183,7 @@ def test_sweep_deletes_expired_memories_and_forgets_old_request_ids(
         assert c.get("ns", "tmp").content == "reborn"
         c.update("ns", "tmp", expire_time=clock.now + 5)
         clock.advance(6)
-        assert running.engine.sweep() == {"expired_deleted": 1, "request_ids_forgotten": 0}
+        assert running.engine.sweep() == SweepReport(expired_deleted=1, request_ids_forgotten=0)
         with pytest.raises(NotFoundError):
             c.get("ns", "tmp")
         assert [(n.name, n.memory_count) for n in c.list_namespaces()] == [("ns", 1)]
@@ -184,7 +191,7 @@ def test_sweep_deletes_expired_memories_and_forgets_old_request_ids(
         assert c.create("ns", "durable", id="keep", request_id="r1").id == "keep"
         clock.advance(3600)
         # r1 and the request ids the client generated for the two other creates
-        assert running.engine.sweep()["request_ids_forgotten"] == 3
+        assert running.engine.sweep().request_ids_forgotten == 3
         with pytest.raises(AlreadyExistsError):
             c.create("ns", "durable", id="keep", request_id="r1")
 
@@ -351,7 +358,7 @@ def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
             mems.append(convert.new_memory_from_pb(m, "memory."))
         recs = eng.create(mems, batch=True)
         now = eng.clock()
-        moves = [lambda txn, r=r: eng._apply_moves([(r.rid, 3, 4, DEMOTE_IDLE)], now) for r in recs]
+        moves = [lambda txn, r=r: apply_moves(eng.state, [(r.rid, 3, 4, DEMOTE_IDLE)], now) for r in recs]
         gate, holding = threading.Event(), threading.Event()
 
         def hold(txn: Any) -> None:
@@ -374,12 +381,12 @@ def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
         assert eng.writer.groups_committed == groups + 2  # the held one, then both moves together
         with eng.store.read() as txn:
             assert eng.store.lifecycle_counter(txn, "ns", 3) == [0, 2, 0, 0]
-        assert eng._lcounts[("ns", 3)] == [0, 2, 0, 0]
+        assert _lifecycle_totals(eng, "ns", 3) == [0, 2, 0, 0]
     finally:
         eng.close()
     eng = Engine(cfg)
     try:
-        assert eng._lcounts[("ns", 3)] == [0, 2, 0, 0]
+        assert _lifecycle_totals(eng, "ns", 3) == [0, 2, 0, 0]
     finally:
         eng.close()
 
@@ -451,7 +458,9 @@ def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
         # A child with no memories, only graph facts, protected just ahead of a clear of its parent.
         empty = "user:a/facts"
         eng.update_namespace_config(vault, False, {}, ["protected"], confirm=True)
-        eng.graph.upsert_node(empty, {"id": "ana", "label": "person"})
+        GraphMemory(eng.store, eng.writer, eng.config, eng.clock).upsert_node(
+            empty, {"id": "ana", "label": "person"}
+        )
         got, _ = queued_behind_a_held_write(
             eng.writer,
             [
@@ -461,7 +470,7 @@ def test_a_write_queued_behind_a_protection_is_refused(tmp_path: Path) -> None:
         )
         assert isinstance(got[1], FailedPrecondition) and got[1].reason == "NAMESPACE_PROTECTED"
         with eng.store.read() as txn:
-            assert [item[0] for item in eng.store.graph_items(txn, [empty.encode() + b"\x00"])] == ["node"]
+            assert [item[0] for item in eng.store.graph_items(txn, empty)] == ["node"]
     finally:
         eng.close()
 
@@ -698,14 +707,14 @@ def test_invalid_settings_are_refused_with_their_name(
 
 
 @pytest.mark.parametrize("turns", [1, 2])
-def test_searches_take_turns_search_concurrency_at_a_time(
-    tmp_path: Path, turns: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_searches_take_turns_search_concurrency_at_a_time(tmp_path: Path, turns: int) -> None:
     """More searches ranking at once than there are cores only contend for them (and the GIL):
     ``search_concurrency`` of them rank at a time, the others wait their turn and then run."""
+    from contextlib import contextmanager
+
     from tiermem.server.core.engine import Engine
     from tiermem.server.model.records import NewMemory
-    from tiermem.server.search.searcher import SearchQuery
+    from tiermem.server.search.searcher import SearchQuery, Turns
 
     cfg = ServerConfig(
         data_dir=tmp_path / "data",
@@ -715,14 +724,17 @@ def test_searches_take_turns_search_concurrency_at_a_time(
     )
     engine = Engine(cfg)
     inside, release = threading.Semaphore(0), threading.Event()
-    rank = engine.searcher._rank
 
-    def held_rank(*args: object, **kwargs: object) -> object:  # a spy: stops inside the ranking
-        inside.release()
-        release.wait(30)
-        return rank(*args, **kwargs)  # type: ignore[arg-type]
+    class HeldTurns(Turns):  # turns of the same size; a search holding one stops until released
+        @contextmanager
+        def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
+            with super().take(wanted):
+                inside.release()
+                release.wait(30)
+                yield
 
-    monkeypatch.setattr(engine.searcher, "_rank", held_rank)
+    assert isinstance(engine.searcher.turns, Turns)
+    engine.searcher.turns = HeldTurns(turns)
     try:
         vecs = _unit(np.random.default_rng(3), 20, 8)
         engine.create(
@@ -753,14 +765,13 @@ def test_searches_take_turns_search_concurrency_at_a_time(
         engine.close()
 
 
-def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(tmp_path: Path) -> None:
     """Recency is computed at the moment the search ranks, not when it queued for its turn."""
+    from contextlib import contextmanager
 
     from tiermem.server.core.engine import Engine
     from tiermem.server.model.records import NewMemory
-    from tiermem.server.search.searcher import SearchQuery
+    from tiermem.server.search.searcher import SearchHit, SearchQuery, Turns
 
     clock = FakeClock()
     cfg = ServerConfig(
@@ -770,27 +781,18 @@ def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(
         search_concurrency=1,
     )
     engine = Engine(cfg, clock=clock)
-    searcher = engine.searcher
     inside, release, arrived = threading.Semaphore(0), threading.Event(), threading.Semaphore(0)
-    ranked_at: list[float] = []
-    rank, turns = searcher._rank, searcher._turns
 
-    def held_rank(args: Any, *rest: object, **kwargs: object) -> object:
-        ranked_at.append(args.now)
-        inside.release()
-        release.wait(30)
-        return rank(args, *rest, **kwargs)  # type: ignore[arg-type]
-
-    class WatchedTurns:  # the real turns, telling the test when a search reaches them
-        def __enter__(self) -> object:
+    class WatchedTurns(Turns):  # turns of the same size, telling the test when a search reaches them
+        @contextmanager
+        def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
             arrived.release()
-            return turns.__enter__()
+            with super().take(wanted):
+                inside.release()
+                release.wait(30)  # the first holds its turn until released
+                yield
 
-        def __exit__(self, *exc: object) -> object:
-            return turns.__exit__(*exc)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(searcher, "_rank", held_rank)
-    monkeypatch.setattr(searcher, "_turns", WatchedTurns())
+    engine.searcher.turns = WatchedTurns(1)
     try:
         vecs = _unit(np.random.default_rng(5), 4, 8)
         engine.create(
@@ -798,17 +800,23 @@ def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(
             batch=True,
         )
         q = SearchQuery(namespaces=["ns"], embedding=vecs[0], embedding_model=MODEL, read_only=True)
-        threads = [threading.Thread(target=engine.search, args=(q,)) for _ in range(2)]
+        found: dict[int, list[SearchHit]] = {}
+        threads = [
+            threading.Thread(target=lambda i=i: found.__setitem__(i, engine.search(q))) for i in range(2)
+        ]
         threads[0].start()
-        assert arrived.acquire(timeout=30) and inside.acquire(timeout=30)  # the first ranks
+        assert arrived.acquire(timeout=30) and inside.acquire(timeout=30)  # the first has its turn
         threads[1].start()
         assert arrived.acquire(timeout=30)  # the second waits for the turn
-        start = clock.now
-        clock.advance(3600)
+        clock.advance(3600)  # before either ranks: the first holds its turn, the second waits
         release.set()
         for t in threads:
             t.join(30)
-        assert ranked_at == [start, start + 3600]
+        # Every memory was last accessed when created, an hour before both searches ranked.
+        hour = float(np.exp(-3600 / cfg.recency_tau_seconds))
+        assert sorted(found) == [0, 1]
+        for hits in found.values():
+            assert len(hits) == 4 and all(h.recency == pytest.approx(hour, rel=1e-5) for h in hits)
     finally:
         release.set()
         engine.close()
@@ -842,7 +850,7 @@ def test_a_search_waiting_for_its_embedder_does_not_hold_a_turn(tmp_path: Path) 
     try:
         engine.create([NewMemory("ns", f"note {i} about apples") for i in range(5)], batch=True)
         vec = real.embed("note about apples")
-        engine.embedder = SlowEmbedder()  # type: ignore[assignment]
+        engine.state.embedder = SlowEmbedder()  # type: ignore[assignment]
         by_text: list[int] = []
         t = threading.Thread(
             target=lambda: by_text.append(len(engine.search(SearchQuery(namespaces=["ns"], text="apples"))))
@@ -870,12 +878,15 @@ def test_search_concurrency_must_not_be_negative(tmp_path: Path) -> None:
 
 
 def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
-    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch
+    server_factory: Callable[..., RunningServer],
 ) -> None:
     """Under load searches queue for their turn; one whose client gave up meanwhile (deadline
     passed) is dropped when its turn comes instead of ranked for nobody."""
+    from contextlib import contextmanager
+
     import grpc
 
+    from tiermem.server.search.searcher import Turns
     from tiermem.v1 import memory_pb2 as pb
     from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
@@ -885,28 +896,24 @@ def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
     with _client(running) as c:
         for i in range(10):
             c.create("ns", f"m{i}", embedding=vecs[i].tolist(), embedding_model=MODEL)
-    ranked: list[int] = []
+    ranked: list[int] = []  # searches still wanted when their turn came: ranked
+    finished: list[int] = []  # searches that left their turn, ranked or not
     inside, release = threading.Event(), threading.Event()
-    rank = engine.searcher._rank
 
-    def spy_rank(*args: object, **kwargs: object) -> object:
-        ranked.append(1)
-        if len(ranked) == 1:  # the first search holds the only turn until released
-            inside.set()
-            release.wait(30)
-        return rank(*args, **kwargs)  # type: ignore[arg-type]
+    class CountedTurns(Turns):  # turns of the same size, counting what the searches did with them
+        @contextmanager
+        def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
+            try:
+                with super().take(wanted):
+                    ranked.append(1)
+                    if len(ranked) == 1:  # the first search holds the only turn until released
+                        inside.set()
+                        release.wait(30)
+                    yield
+            finally:
+                finished.append(1)
 
-    monkeypatch.setattr(engine.searcher, "_rank", spy_rank)
-    finished: list[int] = []  # searches that returned or raised, ranked or not
-    search = engine.searcher.search
-
-    def counted_search(*args: object, **kwargs: object) -> object:
-        try:
-            return search(*args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            finished.append(1)
-
-    monkeypatch.setattr(engine.searcher, "search", counted_search)
+    engine.searcher.turns = CountedTurns(1)
 
     def wait_finished(n: int) -> None:
         deadline = time.monotonic() + 30
@@ -956,7 +963,7 @@ def test_a_search_whose_deadline_passed_while_it_waited_is_not_ranked(
 
 _MALLOC_PROBE = """
 import ctypes, sys
-from tiermem.server.transport.app import tune_malloc
+from tiermem.server.transport.process import tune_malloc
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
@@ -996,7 +1003,7 @@ def test_the_malloc_threshold_keeps_large_blocks_mapped_on_their_own(threshold: 
 _FREEZE_PROBE = """
 import gc, weakref
 import tiermem.server.core.engine  # the imports a server makes (numba, FAISS, grpc wrappers)
-from tiermem.server.transport.app import freeze_startup_objects
+from tiermem.server.transport.process import freeze_startup_objects
 
 tracked = len(gc.get_objects())
 frozen = freeze_startup_objects()
@@ -1037,14 +1044,13 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
     from tiermem.server.transport import convert
     from tiermem.v1 import memory_pb2 as pb
 
-    monkeypatch.setattr(Engine, "COMPACT_MIN_ENTRIES", 64)
-    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)  # the graph, not a scan
-    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
     cfg = ServerConfig(
         data_dir=tmp_path / "data",
         maintenance_interval_seconds=0,
         snapshot_interval_seconds=0,
         exact_search_max_rows=0,
+        # the graph, not a scan; indexes compacted from 64 entries on
+        tuning=Tuning(exact_entries=0, exact_per_k=0, compact_min_entries=64),
     )
     rng = np.random.default_rng(21)
     vecs = _unit(rng, 400, 16)
@@ -1079,7 +1085,7 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
         # A search that built its mask before the clear and ranks after the compaction.
         eng.create([new(i, 0) for i in range(400) if i not in keep], batch=True)
         paused, resume = threading.Event(), threading.Event()
-        orig_mask = eng.mask
+        orig_mask = eng.state.allowed_rows
 
         def mask_then_wait(*a: Any, **kw: Any) -> Any:
             out = orig_mask(*a, **kw)
@@ -1087,9 +1093,9 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
             assert resume.wait(10)
             return out
 
-        monkeypatch.setattr(eng, "mask", mask_then_wait)
+        monkeypatch.setattr(eng.state, "allowed_rows", mask_then_wait)
         # Scored exactly: every row of the (stale) mask has its vector location read.
-        monkeypatch.setattr(eng, "config", dataclasses.replace(cfg, exact_search_max_rows=1000))
+        monkeypatch.setattr(eng.state, "config", dataclasses.replace(cfg, exact_search_max_rows=1000))
         late: list[Any] = []
         t = threading.Thread(
             target=lambda: late.append(_call(lambda: top(eng, queries[0], ["keep", "gone"])))
@@ -1099,8 +1105,8 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
         assert eng.delete_namespace("gone") == 360 and idx.n == 40
         resume.set()
         t.join(10)
-        monkeypatch.setattr(eng, "mask", orig_mask)
-        monkeypatch.setattr(eng, "config", cfg)
+        monkeypatch.setattr(eng.state, "allowed_rows", orig_mask)
+        monkeypatch.setattr(eng.state, "config", cfg)
         assert late == [exact(queries[0])], late  # the cleared rows dropped, not misread
         errors: list[BaseException] = []
         searched = [0]

@@ -1,10 +1,10 @@
-"""Exactness of the candidate search path (``Searcher._candidates`` with ``PriorBounds``) in-process.
+"""Exactness of the candidate search path (``search.candidates`` with ``PriorBounds``) in-process.
 
 An ``Engine`` with ``exact_search_max_rows=64`` holds 3,000 clustered 32-dim memories in five
 namespaces (a three-level hierarchy plus an unrelated one), with varied importance, tiers, creation
 and access times (a FakeClock advanced between batches, feedback and recorded accesses). Every
-search below allows far more than 64 rows, so it goes through HNSW + prior bounds (spies check that
-the bound kernel really runs); each top 10 is compared with an exact ranking computed here with
+search below allows far more than 64 rows, so it goes through HNSW + prior bounds (an observer checks
+that the bound kernel really runs); each top 10 is compared with an exact ranking computed here with
 NumPy from the records in LMDB and the documented formula:
 
     score = w_tier * w_scope * (alpha*cos + beta*exp(-max(0, now - accessed)/tau)
@@ -31,20 +31,16 @@ import pytest
 from conftest import FakeClock
 
 from tiermem import kernels
-from tiermem.server.config import ServerConfig
+from tiermem.server.config import ServerConfig, Tuning
 from tiermem.server.core.engine import Engine
+from tiermem.server.index.columns import Columns
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.types import FeedbackItem, Filter
-from tiermem.server.search import searcher as search_mod
-from tiermem.server.search.searcher import (
-    COMPREHENSIVE,
-    WEIGHTED,
-    PriorBounds,
-    Searcher,
-    SearchHit,
-    SearchQuery,
-)
+from tiermem.server.search.candidates import ann
+from tiermem.server.search.observer import SearchObserver
+from tiermem.server.search.query import COMPREHENSIVE, WEIGHTED, RankingParams, SearchHit, SearchQuery
+from tiermem.server.search.ranking import similarities
 
 DIM, CLUSTERS, QUERIES, K = 32, 5, 30, 10
 MODEL = "test-32"
@@ -57,7 +53,7 @@ FLOOR = 0.1
 PRIOR_HEAVY = {"alpha": 0.3, "beta": 0.4, "gamma": 0.3}  # recency and importance weigh more than similarity
 EPS = 2e-5  # float32 scores: a difference below this is a tie
 # Depth of the first HNSW search (per tier index) of a top-10 search when priors count.
-FIRST_K = min(max(8 * K, getattr(Searcher, "PRIOR_K", 32)), 2048)
+FIRST_K = min(max(8 * K, Tuning().prior_k), 2048)
 Key = tuple[str, str]
 
 
@@ -71,7 +67,12 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
 
 
-def make_config(data_dir: Path) -> ServerConfig:
+# The tier indexes here are small enough for an exact scan (Tuning.exact_entries); the tests of the
+# candidate logic run over HNSW answers: the graph it is.
+GRAPH_ONLY = Tuning(exact_entries=0, exact_per_k=0)
+
+
+def make_config(data_dir: Path, tuning: Tuning | None = None) -> ServerConfig:
     return ServerConfig(
         data_dir=data_dir,
         maintenance_interval_seconds=0,
@@ -79,6 +80,7 @@ def make_config(data_dir: Path) -> ServerConfig:
         search_records_access=False,  # searches must not move recency between comparisons
         sync=False,
         hnsw_ef_search=512,
+        tuning=tuning or Tuning(),
     )
 
 
@@ -94,6 +96,7 @@ class World:
     rng: np.random.Generator
     calls: Counter = field(default_factory=Counter)
     b_seen: set[int] = field(default_factory=set)  # rows the bound kernel returned (row indices)
+    spy: Spy | None = None
     snap: tuple[int, Snapshot] | None = None
     next_id: int = 0
 
@@ -183,35 +186,63 @@ def build_world(data_dir: Path, seed: int = 7) -> World:
     return w
 
 
-def spy(w: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Count candidate-path searches, bound computations and bound-kernel calls (rows returned)."""
-    searcher = w.eng.searcher
-    orig_candidates, orig_compute = searcher._candidates, searcher.priors._compute
-    orig_bounds, orig_ordered = kernels.prior_bounds, kernels.ordered_bounds
+class Spy(SearchObserver):
+    """Counts candidate-path searches, HNSW searches, bound computations and bound-kernel calls (rows
+    returned) in ``w.calls``; ``then``: a test's action right after a step (by the step's name:
+    "computing_bounds", "ordered" or "full_pass"), called with the rows the step returned."""
 
-    def candidates(*a: Any, **kw: Any) -> Any:
-        w.calls["candidates"] += 1
-        return orig_candidates(*a, **kw)
+    def __init__(self, w: World) -> None:
+        self.w = w
+        self.then: dict[str, Callable[[np.ndarray | None], None]] = {}
+        self.chunks: list[int] = []  # the size of each chunk of B given its similarities
 
-    def compute(*a: Any, **kw: Any) -> Any:
-        w.calls["compute"] += 1
-        return orig_compute(*a, **kw)
+    def candidate_search(self) -> None:
+        self.w.calls["candidates"] += 1
 
-    def counted(kernel: Callable[..., Any], name: str) -> Callable[..., Any]:
-        def bounds(*a: Any, **kw: Any) -> Any:
-            rows, b = kernel(*a, **kw)
-            w.calls["prior_bounds"] += 1  # either bound kernel
-            w.calls[name] += 1
-            w.calls["b_rows"] += int(rows.shape[0])
-            w.b_seen.update(rows.tolist())
-            return rows, b
+    def hnsw_search(self) -> None:
+        self.w.calls["hnsw"] += 1
 
-        return bounds
+    def computing_bounds(self) -> None:
+        self.w.calls["compute"] += 1
+        self._then("computing_bounds", None)
 
-    monkeypatch.setattr(searcher, "_candidates", candidates)
-    monkeypatch.setattr(searcher.priors, "_compute", compute)
-    monkeypatch.setattr(search_mod.kernels, "prior_bounds", counted(orig_bounds, "full_pass"))
-    monkeypatch.setattr(search_mod.kernels, "ordered_bounds", counted(orig_ordered, "ordered"))
+    def bounded(self, path: str, rows: np.ndarray) -> None:
+        calls = self.w.calls
+        calls["prior_bounds"] += 1  # either bound kernel
+        calls[path] += 1
+        calls["b_rows"] += int(rows.shape[0])
+        self.w.b_seen.update(rows.tolist())
+        self._then(path, rows)
+
+    def chunk_scored(self, rows: np.ndarray) -> None:
+        self.chunks.append(int(rows.shape[0]))
+
+    def _then(self, step: str, rows: np.ndarray | None) -> None:
+        action = self.then.get(step)
+        if action is not None:
+            action(rows)
+
+
+def spy(w: World) -> Spy:
+    """Watch the searches of ``w`` (see ``Spy``)."""
+    w.spy = Spy(w)
+    w.eng.searcher.observer = w.spy
+    return w.spy
+
+
+def configure(w: World, tuning: dict[str, Any] | None = None, **settings: Any) -> None:
+    """Change settings (and ``Tuning`` fields) the engine and its searches read from now on."""
+    cfg = w.eng.config
+    if tuning:
+        settings["tuning"] = replace(cfg.tuning, **tuning)
+    w.eng.state.config = replace(cfg, **settings)
+
+
+def small_change_log(cols: Columns, size: int) -> None:
+    """Give the columns an empty change log of ``size`` entries (the engine makes its own at the
+    default size)."""
+    cols.change_log_size = size
+    cols._change_log = np.zeros(size, np.int64)
 
 
 @pytest.fixture(scope="module")
@@ -222,16 +253,12 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 
 @pytest.fixture
-def world(template: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    # The tier indexes here are small enough for an exact scan (VectorIndex.EXACT_ENTRIES); these
-    # tests are about the candidate logic over HNSW answers: the graph it is.
-    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
-    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
+def world(template: World, tmp_path: Path) -> Iterator[World]:
     data = tmp_path / "data"
     shutil.copytree(template.eng.config.data_dir, data)
     clock = FakeClock(template.clock.now)
     w = World(
-        Engine(make_config(data), clock=clock),
+        Engine(make_config(data, GRAPH_ONLY), clock=clock),
         clock,
         dict(template.vectors),
         dict(template.cluster),
@@ -242,7 +269,8 @@ def world(template: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
         next_id=template.next_id,
     )
     assert len(w.eng.columns) == len(w.vectors)
-    spy(w, monkeypatch)
+    assert all(index.exact_entries == 0 for index in w.eng.spaces[MODEL].indexes.values())
+    spy(w)
     yield w
     w.eng.close()
 
@@ -435,10 +463,10 @@ def test_fresh_bounds_exact_top10(world: World) -> None:
     check_queries(w, lambda i: query(w, i), min_bounded=0.5)
     assert w.calls["compute"] == 1  # one pass computed the bounds; later searches reused them
     assert w.calls["b_rows"] > 0
-    cached = w.eng.searcher.priors._cached
-    assert cached is not None and cached[0] == w.clock.now
+    cached = w.eng.searcher.priors.cached
+    assert cached is not None and cached.t0 == w.clock.now
     tops = check_queries(w, lambda i: query(w, i, **PRIOR_HEAVY), min_bounded=0.5)
-    assert w.calls["compute"] == 1 and w.eng.searcher.priors._cached is cached  # weights: same bounds
+    assert w.calls["compute"] == 1 and w.eng.searcher.priors.cached is cached  # weights: same bounds
     # The scenario is meaningful: exact top-10 memories outside HNSW's first top-K (per tier), which
     # only the bound pass can have found.
     snap = snapshot(w)
@@ -450,18 +478,14 @@ def test_fresh_bounds_exact_top10(world: World) -> None:
 
 
 @pytest.mark.parametrize("sorted_rows", [16, 400])
-def test_partly_sorted_bounds_stay_exact(
-    world: World, monkeypatch: pytest.MonkeyPatch, sorted_rows: int
-) -> None:
-    """Only the best rows by prior bound are kept sorted (PriorBounds.SORTED_MIN / SORTED_SHARE):
+def test_partly_sorted_bounds_stay_exact(world: World, sorted_rows: int) -> None:
+    """Only the best rows by prior bound are kept sorted (Tuning.bounds_sorted_min / _share):
     when the bar is below the best prior left out, the rows not walked get a full pass as well,
     and the top 10 stays exact (the configured weights made prior-heavy, so B is large)."""
     w = world
-    monkeypatch.setattr(PriorBounds, "SORTED_MIN", sorted_rows)
-    monkeypatch.setattr(PriorBounds, "SORTED_SHARE", 0.0)
-    w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+    configure(w, tuning={"bounds_sorted_min": sorted_rows, "bounds_sorted_share": 0.0}, **PRIOR_HEAVY)
     check_queries(w, lambda i: query(w, i), min_bounded=0.5)
-    cached = w.eng.searcher.priors._cached
+    cached = w.eng.searcher.priors.cached
     assert cached is not None and cached.order is not None and cached.order.shape == (sorted_rows,)
     assert cached.tail <= float(cached.prior[-1])
     assert w.calls["ordered"] > 0
@@ -470,26 +494,17 @@ def test_partly_sorted_bounds_stay_exact(
 
 
 @pytest.mark.parametrize("first,most", [(1, 4), (8, 64)])
-def test_small_growing_chunks_stay_exact(
-    world: World, monkeypatch: pytest.MonkeyPatch, first: int, most: int
-) -> None:
+def test_small_growing_chunks_stay_exact(world: World, first: int, most: int) -> None:
     """B's rows get their similarities best bound first, a chunk at a time, the chunk doubling from
-    FIRST_CHUNK up to CHUNK: tiny chunks (many rounds, the bar rising between them) still give the
-    exact top 10, and more than one chunk ran."""
+    Tuning.first_score_chunk up to score_chunk: tiny chunks (many rounds, the bar rising between
+    them) still give the exact top 10, and more than one chunk ran."""
     w = world
-    monkeypatch.setattr(Searcher, "FIRST_CHUNK", first)
-    monkeypatch.setattr(Searcher, "CHUNK", most)
-    sizes: list[int] = []
-    similarities = Searcher._similarities
-
-    def counting(self: Searcher, view: Any, sp: Any, rows: np.ndarray, q: np.ndarray) -> Any:
-        sizes.append(int(rows.shape[0]))
-        return similarities(self, view, sp, rows, q)
-
-    monkeypatch.setattr(Searcher, "_similarities", counting)
+    configure(w, tuning={"first_score_chunk": first, "score_chunk": most})
     check_queries(w, lambda i: query(w, i, **PRIOR_HEAVY), min_bounded=0.5)
-    chunks = [n for n in sizes if n <= most]
-    assert first in chunks and min(2 * first, most) in chunks, sorted(Counter(sizes).items())
+    assert w.spy is not None
+    sizes = w.spy.chunks
+    assert max(sizes) <= most, sorted(Counter(sizes).items())
+    assert first in sizes and min(2 * first, most) in sizes, sorted(Counter(sizes).items())
 
 
 def test_hnsw_is_exact_at_this_size(world: World) -> None:
@@ -517,27 +532,18 @@ def test_hnsw_is_exact_at_this_size(world: World) -> None:
 
 
 @pytest.mark.parametrize("exact_rows", [0, 64])
-def test_deeper_hnsw_searches_among_b_stay_exact(
-    world: World, monkeypatch: pytest.MonkeyPatch, exact_rows: int
-) -> None:
-    """When more rows than EXACT_ROWS beat the bar after the first HNSW search, HNSW searches again
-    among them only (up to DEEPEN_LEVELS times) before their dot products: the top 10 stays exact,
-    with the default weights and with recency and importance weighing more, and deeper searches ran.
-    (In this world B fits in one deeper search: what is left of B after it is not exercised here.)"""
+def test_deeper_hnsw_searches_among_b_stay_exact(world: World, exact_rows: int) -> None:
+    """When more rows than Tuning.deeper_search_min_rows beat the bar after the first HNSW search,
+    HNSW searches again among them only (up to deepen_levels times) before their dot products: the
+    top 10 stays exact, with the default weights and with recency and importance weighing more, and
+    deeper searches ran. (In this world B fits in one deeper search: what is left of B after it is
+    not exercised here.)"""
     w = world
-    monkeypatch.setattr(Searcher, "EXACT_ROWS", exact_rows)
-    anns: list[None] = []  # one entry per HNSW search
-    ann = Searcher._ann
-
-    def counting(self: Searcher, *a: Any, **kw: Any) -> Any:
-        anns.append(None)
-        return ann(self, *a, **kw)
-
-    monkeypatch.setattr(Searcher, "_ann", counting)
+    configure(w, tuning={"deeper_search_min_rows": exact_rows})
     check_queries(w, lambda i: query(w, i), n=8)
     check_queries(w, lambda i: query(w, i, **PRIOR_HEAVY), n=8)
     assert w.calls["candidates"] == 16
-    assert len(anns) > 16  # some searches went deeper than the first HNSW search
+    assert w.calls["hnsw"] > 16  # some searches went deeper than the first HNSW search
 
 
 def test_similarity_only_also_exact(world: World) -> None:
@@ -569,12 +575,12 @@ def both(w: World, n: int = 6, keep: Callable[[Record], bool] | None = None, **k
 
 
 @pytest.mark.parametrize("max_age", ["default", "never-refresh"])
-def test_clock_advances(world: World, monkeypatch: pytest.MonkeyPatch, max_age: str) -> None:
-    """Bounds computed earlier stay upper bounds: refreshed after MAX_AGE by default, or (MAX_AGE
-    huge) reused for days, the top 10 stays exact."""
+def test_clock_advances(world: World, max_age: str) -> None:
+    """Bounds computed earlier stay upper bounds: refreshed after bounds_max_age_seconds by default,
+    or (that huge) reused for days, the top 10 stays exact."""
     w = world
     if max_age == "never-refresh":
-        monkeypatch.setattr(w.eng.searcher.priors, "MAX_AGE", 1e12)
+        configure(w, tuning={"bounds_max_age_seconds": 1e12})
     check_queries(w, lambda i: query(w, i), n=5, min_bounded=0.5)
     t_cached = w.clock.now
     bounded = 0
@@ -583,16 +589,16 @@ def test_clock_advances(world: World, monkeypatch: pytest.MonkeyPatch, max_age: 
         computed = w.calls["compute"]
         n = both(w)
         bounded += n
-        cached = w.eng.searcher.priors._cached
+        cached = w.eng.searcher.priors.cached
         assert cached is not None
         if max_age == "never-refresh" or w.clock.now - t_cached <= 30.0:
             assert w.calls["compute"] == computed  # the old bounds were used
         elif n:
-            assert w.calls["compute"] == computed + 1 and cached[0] == w.clock.now
+            assert w.calls["compute"] == computed + 1 and cached.t0 == w.clock.now
             t_cached = w.clock.now
     assert bounded >= 10, bounded
     if max_age == "never-refresh":
-        assert w.eng.searcher.priors._cached[0] == t_cached
+        assert w.eng.searcher.priors.cached.t0 == t_cached
 
 
 # --------------------------------------------------------------------------------------------
@@ -615,9 +621,7 @@ def outside_top_k(snap: Snapshot, q: np.ndarray, k: int | None = None) -> np.nda
 
 @pytest.mark.parametrize("path", ["full_pass", "ordered"])
 @pytest.mark.parametrize("max_age", ["default", "never-refresh"])
-def test_changed_after_cache_still_found(
-    world: World, monkeypatch: pytest.MonkeyPatch, max_age: str, path: str
-) -> None:
+def test_changed_after_cache_still_found(world: World, max_age: str, path: str) -> None:
     """Memories that change after the bounds were cached (importance raised to 1, accessed now by
     feedback or by a recorded search access) and memories added since must rank where they belong.
     The changed ones are outside HNSW's first top-K, so only the bound pass can find them, and their
@@ -628,15 +632,15 @@ def test_changed_after_cache_still_found(
     them, and changed rows come from the columns' change log."""
     w = world
     if max_age == "never-refresh":
-        monkeypatch.setattr(w.eng.searcher.priors, "MAX_AGE", 1e12)
+        configure(w, tuning={"bounds_max_age_seconds": 1e12})
     if path == "ordered":
-        w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+        configure(w, **PRIOR_HEAVY)
     heavy = lambda i: query(w, i, **PRIOR_HEAVY)  # noqa: E731
     tops = check_queries(w, heavy, min_bounded=0.5)
     check_queries(w, lambda i: query(w, i), n=10)
-    cached = w.eng.searcher.priors._cached
+    cached = w.eng.searcher.priors.cached
     assert cached is not None
-    w.clock.advance(10.0)  # within MAX_AGE: the default keeps the cached bounds too
+    w.clock.advance(10.0)  # within bounds_max_age_seconds: the default keeps the cached bounds too
 
     snap = snapshot(w)
     now = w.clock.now
@@ -670,7 +674,7 @@ def test_changed_after_cache_still_found(
     assert w.calls[path] - kernel_calls >= QUERIES // 2
     check_queries(w, lambda i: query(w, i))
     assert w.calls["compute"] == computed  # the cached bounds were used, with row generations
-    assert w.eng.searcher.priors._cached is cached
+    assert w.eng.searcher.priors.cached is cached
     lifted = {k for t, old in zip(new_tops, tops, strict=True) for k in (set(t) - set(old)) & changed}
     fresh = {k for t in new_tops for k in set(t) & new_keys}
     rows = w.eng.columns.rows
@@ -679,16 +683,15 @@ def test_changed_after_cache_still_found(
     assert len(lifted) >= 10 and len(via_bounds) >= 5 and fresh, (len(lifted), len(via_bounds), len(fresh))
 
 
-def test_many_changed_rows_refresh_the_bounds(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once more than max(MIN_STALE, STALE_SHARE of the rows) rows changed since the bounds were
+def test_many_changed_rows_refresh_the_bounds(world: World) -> None:
+    """Once more than max(bounds_min_stale, bounds_stale_share of the rows) rows changed since the bounds were
     cached, the next search computes them again (changed rows are then bounded by their new values,
-    not trivially), well within MAX_AGE; up to that many, the cache stays. The top 10 stays exact."""
+    not trivially), well within bounds_max_age_seconds; up to that many, the cache stays. The top 10 stays exact."""
     w = world
     priors = w.eng.searcher.priors
-    monkeypatch.setattr(priors, "MIN_STALE", 12)
-    monkeypatch.setattr(priors, "STALE_SHARE", 0.0)
+    configure(w, tuning={"bounds_min_stale": 12, "bounds_stale_share": 0.0})
     check_queries(w, lambda i: query(w, i), n=3, min_bounded=0.5)
-    cached = priors._cached
+    cached = priors.cached
     assert cached is not None
     snap = snapshot(w)
     changed = list(range(0, 13 * 7, 7))  # 13 rows of the snapshot
@@ -699,15 +702,15 @@ def test_many_changed_rows_refresh_the_bounds(world: World, monkeypatch: pytest.
 
     for j in changed[:12]:
         change(j)
-    assert w.eng.columns.changes - priors._cached.changes == 12
+    assert w.eng.columns.changes - priors.cached.changes == 12
     w.clock.advance(1.0)
     computed = w.calls["compute"]
     check_queries(w, lambda i: query(w, i), n=3)
-    assert w.calls["compute"] == computed and priors._cached is cached  # 12 changed: not past 12
+    assert w.calls["compute"] == computed and priors.cached is cached  # 12 changed: not past 12
     change(changed[12])
     check_queries(w, lambda i: query(w, i), n=3)
-    assert w.calls["compute"] == computed + 1 and priors._cached is not cached
-    gen0, view = priors._cached[3], w.eng.columns.view()
+    assert w.calls["compute"] == computed + 1 and priors.cached is not cached
+    gen0, view = priors.cached.gen0, w.eng.columns.view()
     rows = [w.eng.columns.rows[snap.records[j].rid] for j in changed]
     assert all(gen0[r] == view.gen[r] for r in rows)  # bounded by their new values
 
@@ -717,16 +720,16 @@ def test_many_changed_rows_refresh_the_bounds(world: World, monkeypatch: pytest.
 # --------------------------------------------------------------------------------------------
 
 
-def test_custom_tau_and_as_of(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_custom_tau_and_as_of(world: World) -> None:
     w = world
     check_queries(w, lambda i: query(w, i), n=5, min_bounded=0.5)
-    cached = w.eng.searcher.priors._cached
+    cached = w.eng.searcher.priors.cached
     assert cached is not None
-    t_cached = cached[0]
+    t_cached = cached.t0
     for tau in (60.0, 600.0, 7 * DAY):
         computed = w.calls["compute"]
         assert both(w, recency_tau_seconds=tau) >= 3
-        assert w.eng.searcher.priors._cached is cached  # another tau neither uses nor replaces the cache
+        assert w.eng.searcher.priors.cached is cached  # another tau neither uses nor replaces the cache
         assert w.calls["compute"] > computed
     # as_of earlier than the cache time (before some memories were even created or accessed)
     assert sum(both(w, as_of=t_cached - back) for back in (5.0, 3 * HOUR, 2 * DAY)) >= 6
@@ -734,11 +737,11 @@ def test_custom_tau_and_as_of(world: World, monkeypatch: pytest.MonkeyPatch) -> 
     both(w, n=5, as_of=t_cached + DAY)
     both(w, n=5)
     # bounds cached by an as_of search hours back, reused for searches at now
-    monkeypatch.setattr(w.eng.searcher.priors, "MAX_AGE", 1e12)
+    configure(w, tuning={"bounds_max_age_seconds": 1e12})
     assert both(w, n=5, as_of=t_cached - 3 * HOUR) > 0
-    assert w.eng.searcher.priors._cached[0] == t_cached - 3 * HOUR
+    assert w.eng.searcher.priors.cached.t0 == t_cached - 3 * HOUR
     assert both(w) >= 3
-    assert w.eng.searcher.priors._cached[0] == t_cached - 3 * HOUR
+    assert w.eng.searcher.priors.cached.t0 == t_cached - 3 * HOUR
 
 
 # --------------------------------------------------------------------------------------------
@@ -782,7 +785,7 @@ def test_weighted_and_scopes(world: World, per_ns_half_life: bool) -> None:
             ["policy"],
         )
         w.eng.update_namespace_config("acme", False, {"tiers": {4: {"half_life_hours": 1.0}}}, ["policy"])
-        assert w.eng.tables().half_life.shape[0] > 1
+        assert w.eng.policy_tables().half_life.shape[0] > 1
     bounded = 0
     for case in SCOPED:
         bounded += both(w, **case)
@@ -816,7 +819,7 @@ def test_filters_ten_percent(world: World, case: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Regressions: two bugs these tests found (fixed in server/search.py)
+# Regressions: two bugs these tests found (fixed in server/search/)
 # --------------------------------------------------------------------------------------------
 
 
@@ -855,18 +858,18 @@ def test_search_with_a_view_older_than_the_cached_bounds(
     before = w.calls["prior_bounds"]
     check_queries(w, lambda i: query(w, i), n=1)  # search B: computes and caches the bounds
     assert w.calls["prior_bounds"] > before  # (so search A, the same query, asks for them too)
-    assert w.eng.searcher.priors._cached[3].shape[0] == old_view.n + 20
+    assert w.eng.searcher.priors.cached.gen0.shape[0] == old_view.n + 20
     monkeypatch.setattr(w.eng.columns, "view", lambda: old_view)
     w.eng.search(query(w, 0))  # search A: raises ValueError instead of ranking the rows of its view
 
 
 # --------------------------------------------------------------------------------------------
-# _ann: similarities carried with the HNSW rows
+# ann: similarities carried with the HNSW rows
 # --------------------------------------------------------------------------------------------
 
 
 def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path: Path) -> None:
-    """The similarities ``_ann`` hands to the ranking equal what ``_similarities`` looks up for the
+    """The similarities ``ann`` hands to the ranking equal what ``similarities`` looks up for the
     same rows, bit for bit. A row that comes back twice (an entry in a second index with another
     vector: a re-embedding caught between its add and its kill) is returned once, and with no
     similarities, so the ranking looks its vector up where the view has it."""
@@ -886,14 +889,14 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
         )
         sp = eng.spaces[MODEL]
         view = eng.columns.view()
-        mask, count = eng.mask(view, ["acme"], Filter(), eng.clock(), sp.id)
+        mask, count = eng.allowed_rows(view, ["acme"], Filter(), eng.clock(), sp.id)
         assert count == 60
-        searcher = eng.searcher
+        ef_search = eng.config.hnsw_ef_search
         for q in _unit(rng.standard_normal((5, DIM))):
-            rows, rel, bound = searcher._ann(sp, q, mask, 16, view, count)
+            rows, rel, bound = ann(sp, q, mask, 16, ef_search, view, count)
             assert rel is not None and rows.shape == rel.shape == (16,) and bound > -np.inf
             assert np.all(np.diff(rows) > 0)  # sorted, distinct
-            kept, looked_up = searcher._similarities(view, sp, rows, q)
+            kept, looked_up = similarities(view, sp, rows, q)
             assert kept.all()
             np.testing.assert_array_equal(rel, looked_up)
         # One row also in a second index, with another vector.
@@ -901,7 +904,7 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
         extra = VectorIndex(DIM, m=16, ef_construction=64)
         extra.add(_unit(rng.standard_normal((1, DIM))), np.array([row]), np.array([10**9]))
         twice = Space(sp.id, sp.model, sp.dim, {**sp.indexes, 4: extra})
-        got, rel2, _ = searcher._ann(twice, q, mask, 16, view, -1)
+        got, rel2, _ = ann(twice, q, mask, 16, ef_search, view, -1)
         assert row in got.tolist() and len(set(got.tolist())) == got.shape[0]
         assert rel2 is None
     finally:
@@ -913,16 +916,13 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
 # --------------------------------------------------------------------------------------------
 
 
-def test_columns_change_log(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_columns_change_log() -> None:
     """Every refresh of a row is logged, in order, and counted before its generation moves;
     ``generations`` pairs the count with a copy of a view's generations (-1 for a view growth
-    froze); the log answers for at most CHANGE_LOG - 1 entries since a start."""
+    froze); the log answers for at most change_log - 1 entries since a start."""
     from conftest import make_record
 
-    from tiermem.server.index.columns import Columns
-
-    monkeypatch.setattr(Columns, "CHANGE_LOG", 8)
-    cols = Columns(capacity=8)
+    cols = Columns(capacity=8, change_log=8)
     rows = [cols.add(make_record(rid), 0) for rid in range(1, 6)]
     cols.activate(np.array(rows, np.int64), np.full(5, -1, np.int64))  # published to views
     view = cols.view()
@@ -1002,7 +1002,7 @@ def test_growth_while_bounds_are_computed(
     changed rows (their changes were logged before the bounds' count). The top 10 stays exact."""
     w = world
     if path == "ordered":
-        w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+        configure(w, **PRIOR_HEAVY)
     keys = sleepy_keys(w)
     assert len(keys) >= 10
     cols = w.eng.columns
@@ -1019,7 +1019,7 @@ def test_growth_while_bounds_are_computed(
     monkeypatch.setattr(cols, "generations", racing)
     w.eng.search(query(w, 0, **PRIOR_HEAVY))  # computes the bounds (the race fires inside)
     if race:
-        cached = w.eng.searcher.priors._cached
+        cached = w.eng.searcher.priors.cached
         assert cached is None or cached.changes >= cols.changes  # the frozen view's are not kept
     else:
         lift(w, keys)
@@ -1028,15 +1028,29 @@ def test_growth_while_bounds_are_computed(
     assert w.calls[path] > 0
 
 
+def ranking_params(alpha: float, beta: float, gamma: float, tau: float, now: float) -> RankingParams:
+    """A top-10 ranking with these weights, no tier or scope weights."""
+    return RankingParams(
+        limit=10,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        tau=tau,
+        now=now,
+        min_similarity=None,
+        tier_w={},
+        scope_w={},
+        strategy=0,
+    )
+
+
 def bounded_and_full(w: World, bar: float) -> tuple[set[int], set[int]]:
-    """B from ``Searcher._bounded`` (whichever path it takes) and from a full prior_bounds pass, for
+    """B from ``PriorBounds.bounded`` (whichever path it takes) and from a full prior_bounds pass, for
     every live row at the configured weights and the given bar."""
     eng, cfg = w.eng, w.eng.config
     view = eng.columns.view()
-    a = search_mod._Args(
-        10, cfg.alpha, cfg.beta, cfg.gamma, cfg.recency_tau_seconds, w.clock.now, None, {}, {}, 0
-    )
-    rows, _ = eng.searcher._bounded(view, view.alive.copy(), a, 0.0, bar, None)
+    a = ranking_params(cfg.alpha, cfg.beta, cfg.gamma, cfg.recency_tau_seconds, w.clock.now)
+    rows, _ = eng.searcher.priors.bounded(view, view.alive.copy(), a, 0.0, bar, None)
     p = eng.searcher.priors.get(view, a.now, a.tau)
     full, _ = kernels.prior_bounds(
         view.alive.copy(),
@@ -1057,18 +1071,17 @@ def bounded_and_full(w: World, bar: float) -> tuple[set[int], set[int]]:
 def test_full_change_log_with_a_write_in_progress(
     world: World, monkeypatch: pytest.MonkeyPatch, in_progress: bool
 ) -> None:
-    """With CHANGE_LOG - 1 entries since the bounds (the most the ring accepts), a refresh that has
+    """With change_log - 1 entries since the bounds (the most the ring accepts), a refresh that has
     written its entry but not yet counted it overwrites no entry of the window, and the row changed
-    at the window's first entry is still found; with CHANGE_LOG entries the log is not used."""
+    at the window's first entry is still found; with change_log entries the log is not used."""
     w = world
-    w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+    configure(w, **PRIOR_HEAVY)
     cap = 64
     cols = w.eng.columns
-    monkeypatch.setattr(type(cols), "CHANGE_LOG", cap)
-    cols._change_log = np.zeros(cap, np.int64)  # (the instance's ring was made at the default size)
-    monkeypatch.setattr(w.eng.searcher.priors, "MIN_STALE", 10**9)  # keep the cached bounds
+    small_change_log(cols, cap)
+    configure(w, tuning={"bounds_min_stale": 10**9})  # keep the cached bounds
     w.eng.search(query(w, 0, **PRIOR_HEAVY))
-    p = w.eng.searcher.priors._cached
+    p = w.eng.searcher.priors.cached
     assert p is not None and p.order is not None
     records = w.records()
     rid_of = {(r.namespace, r.id): r.rid for r in records}
@@ -1089,7 +1102,7 @@ def test_full_change_log_with_a_write_in_progress(
     ordered, full = bounded_and_full(w, bar)
     assert row in full and row in ordered and ordered == full
     w.eng.update(other.namespace, other.id, same, ["importance"])
-    assert cols.changed_since(p.changes) is None  # CHANGE_LOG entries: a full pass instead
+    assert cols.changed_since(p.changes) is None  # change_log entries: a full pass instead
     ordered, full = bounded_and_full(w, bar)
     assert row in ordered and ordered == full
 
@@ -1101,14 +1114,13 @@ def test_rows_changed_while_the_walk_runs(world: World, monkeypatch: pytest.Monk
     after the walk; when the log wraps meanwhile, B comes from a full pass over the original rows.
     Either way B is what a full pass finds once the change is in."""
     w = world
-    w.eng.config = replace(w.eng.config, **PRIOR_HEAVY)
+    configure(w, **PRIOR_HEAVY)
     cap = 64
     cols = w.eng.columns
-    monkeypatch.setattr(type(cols), "CHANGE_LOG", cap)
-    cols._change_log = np.zeros(cap, np.int64)  # (the instance's ring was made at the default size)
-    monkeypatch.setattr(w.eng.searcher.priors, "MIN_STALE", 10**9)  # keep the cached bounds
+    small_change_log(cols, cap)
+    configure(w, tuning={"bounds_min_stale": 10**9})  # keep the cached bounds
     w.eng.search(query(w, 0, **PRIOR_HEAVY))
-    p = w.eng.searcher.priors._cached
+    p = w.eng.searcher.priors.cached
     assert p is not None and p.order is not None and p.prior is not None
     beta, gamma = p.beta, p.gamma
     # A row the walk reaches (cached prior above the bar) whose trivial bound, once lifted
@@ -1122,52 +1134,50 @@ def test_rows_changed_while_the_walk_runs(world: World, monkeypatch: pytest.Monk
     key = next((r.namespace, r.id) for r in w.records() if r.rid == int(view.rid[row]))
     other = next(r for r in w.records() if (r.namespace, r.id) != key)
     same = NewMemory(namespace=other.namespace, content="", importance=other.importance)
-    orig = search_mod.kernels.ordered_bounds
     walks: list[set[int]] = []
 
-    def racing(todo: np.ndarray, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
-        rows, bounds = orig(todo, **kw)
+    def racing(rows: np.ndarray | None) -> None:
+        assert rows is not None
         if not walks:  # the walk is over: its rows were read before the change
             walks.append(set(rows.tolist()))
             lift(w, [key])
             if during == "log wraps":
                 for _ in range(cap):
                     w.eng.update(other.namespace, other.id, same, ["importance"])
-        return rows, bounds
 
-    monkeypatch.setattr(search_mod.kernels, "ordered_bounds", racing)
+    assert w.spy is not None
+    w.spy.then["ordered"] = racing
     w.calls["full_pass"] = 0
-    a = search_mod._Args(10, 0.3, beta, gamma, w.eng.config.recency_tau_seconds, w.clock.now, None, {}, {}, 0)
-    rows, bounds = w.eng.searcher._bounded(view, view.alive.copy(), a, 0.0, bar, None)
+    a = ranking_params(0.3, beta, gamma, w.eng.config.recency_tau_seconds, w.clock.now)
+    rows, bounds = w.eng.searcher.priors.bounded(view, view.alive.copy(), a, 0.0, bar, None)
     assert walks and row in walks[0]  # walked with its cached bound
     assert len(np.unique(rows)) == len(rows)
     trivial = np.float32(beta) + np.float32(gamma) * np.float32(1.0)
     assert bounds[rows.tolist().index(row)] >= trivial
     assert w.calls["full_pass"] == (1 if during == "log wraps" else 0)
-    monkeypatch.setattr(search_mod.kernels, "ordered_bounds", orig)
+    del w.spy.then["ordered"]
     ordered, full = bounded_and_full(w, bar)  # (after the change: every row by the rules)
     assert set(rows.tolist()) == full == ordered
 
 
-def test_bounds_never_labelled_with_a_newer_config(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bounds_never_labelled_with_a_newer_config(world: World) -> None:
     """A settings change (new half-lives) landing while a search computes the bounds from the old
     tables: the bounds keep the version they were computed under, so the next search recomputes
     them instead of trusting decayed-importance bounds from the old half-lives."""
     w = world
     eng = w.eng
-    score_rows = kernels.score_rows
     seen: list[int] = []
 
-    def racing(*a: Any, **kw: Any) -> Any:
+    def racing(_: np.ndarray | None) -> None:
         if not seen:
             seen.append(eng.config_version)  # the tables were read before this call
-            eng._config_version += 1  # what applying a namespace policy change does
-        return score_rows(*a, **kw)
+            eng.update_namespace_config("acme", False, {"tiers": {4: {"half_life_hours": 1.0}}}, ["policy"])
 
-    monkeypatch.setattr(search_mod.kernels, "score_rows", racing)
+    assert w.spy is not None
+    w.spy.then["computing_bounds"] = racing
     view = eng.columns.view()
     eng.searcher.priors.get(view, w.clock.now, eng.config.recency_tau_seconds)
-    cached = eng.searcher.priors._cached
+    cached = eng.searcher.priors.cached
     assert cached is not None and seen and cached.version == seen[0] != eng.config_version
     computed = w.calls["compute"]
     eng.searcher.priors.get(view, w.clock.now, eng.config.recency_tau_seconds)

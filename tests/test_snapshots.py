@@ -18,7 +18,9 @@ import pytest
 from conftest import FakeClock
 
 from tiermem.server.config import ServerConfig
+from tiermem.server.core import upkeep
 from tiermem.server.core.engine import Engine
+from tiermem.server.core.state import EngineState
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.types import Filter
 from tiermem.server.search.searcher import SearchQuery
@@ -233,7 +235,7 @@ def test_spaces_first_used_in_another_order_than_their_names(tmp_path: Path) -> 
             for i, v in enumerate(aa)
         ]
     )
-    assert [sp.model for sp in e._space_by_id[:2]] == ["zz", "aa"]
+    assert [sp.model for sp in e.state.space_list[:2]] == ["zz", "aa"]
     e.close()
     e = _engine(data, clock, snapshot_on_shutdown=False)
     assert snapshots.load_columns(data / "indexes", e.store.instance) is not None
@@ -297,7 +299,9 @@ def test_get_many_reads_what_get_reads(tmp_path: Path) -> None:
         e.close()
 
 
-def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path) -> None:
+def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A committed write whose in-memory apply fails (a bug, injected here) is in LMDB but not in
     the columns. Snapshots taken after it must not carry that gap into the next start-up."""
     from tiermem.server.model.errors import TiermemError
@@ -308,16 +312,16 @@ def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path)
     try:
         e.create([_mem(rng, i, "ns") for i in range(10)], batch=True)
         e.snapshot()  # a good snapshot before the failure
-        real = e._index_new
+        real = upkeep.index_new
         calls = {"n": 0}
 
-        def failing(items: list) -> None:
+        def failing(st: EngineState, items: list) -> None:
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("injected apply failure")
-            real(items)
+            real(st, items)
 
-        e._index_new = failing  # type: ignore[method-assign]
+        monkeypatch.setattr(upkeep, "index_new", failing)
         lost = _mem(rng, 10, "ns")
         with pytest.raises(TiermemError, match="committed but not applied"):
             e.create([lost])
@@ -333,7 +337,7 @@ def test_a_write_that_failed_to_apply_is_not_hidden_by_snapshots(tmp_path: Path)
             SearchQuery(namespaces=["ns"], embedding=lost.embedding, embedding_model=MODEL, strategy=4)
         )
         assert hits[0].record.id == "m10"
-        assert e.stats()["memory_count"] == 12
+        assert e.stats().memory_count == 12
     finally:
         e.close()
 
@@ -342,7 +346,7 @@ def _start(data: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture, pendi
     import logging
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tiermem.server.core.engine"):
+    with caplog.at_level(logging.INFO, logger="tiermem.server.core.startup"):
         return _engine(data, clock, snapshot_on_shutdown=False, startup_pending_max=pending_max)
 
 

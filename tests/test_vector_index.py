@@ -11,6 +11,7 @@ import math
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ import faiss
 import numpy as np
 import pytest
 
-from tiermem.server.index.vector_index import Indexer, VectorIndex
+from tiermem.server.config import Tuning
+from tiermem.server.index.indexer import Indexer
+from tiermem.server.index.vector_index import VectorIndex
 
 DIM = 32
 
@@ -29,15 +32,20 @@ def unit(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 @pytest.fixture(autouse=True, params=["graph", "exact"])
-def search_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def search_path(request: pytest.FixtureRequest) -> str:
     """Every test runs twice: with HNSW graph searches, and with the exact scan that indexes of at
-    most EXACT_ENTRIES entries (every index here) get by default (EXACT_PER_K: filtered ones too)."""
-    if request.param == "graph":
-        monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 0)
-        monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 0)
-    else:
-        assert VectorIndex.EXACT_ENTRIES >= 1500
+    most ``exact_entries`` entries (every index here) get by default (``exact_per_k``: filtered ones
+    too). The indexes a test makes take the variant's thresholds from the ``tuning`` fixture."""
     return str(request.param)
+
+
+@pytest.fixture
+def tuning(search_path: str) -> Tuning:
+    """The thresholds of the indexes (and engines) a test makes: the graph variant never scans."""
+    if search_path == "graph":
+        return Tuning(exact_entries=0, exact_per_k=0)
+    assert Tuning().exact_entries >= 1500
+    return Tuning()
 
 
 @pytest.fixture
@@ -55,10 +63,10 @@ def wait_indexed(idx: VectorIndex, timeout: float = 30.0) -> None:
     assert idx.pending == 0
 
 
-def build(indexer: Indexer, base: np.ndarray, held: np.ndarray) -> VectorIndex:
+def build(indexer: Indexer, base: np.ndarray, held: np.ndarray, tuning: Tuning) -> VectorIndex:
     """An index whose entries 0..len(base)-1 are in HNSW and the next len(held) are pending; rows
     are the entry ids. The caller releases ``idx._flush_lock``."""
-    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    idx = VectorIndex(DIM, m=16, ef_construction=200, tuning=tuning)
     indexer.attach(idx)
     n0 = base.shape[0]
     idx.add(base, np.arange(n0), np.arange(n0) + 1000)
@@ -77,7 +85,7 @@ def check_search(idx: VectorIndex, vecs: np.ndarray, query: np.ndarray, allowed:
     top = live[np.argsort(-exact, kind="stable")[:k]]
     assert sorted(rows.tolist()) == sorted(top.tolist())  # small index, wide beam: HNSW is exact here
     assert np.all(np.diff(sims) <= 1e-6)  # best first
-    if idx.indexed <= VectorIndex.EXACT_ENTRIES:  # scanned exactly: the same order as brute force
+    if idx.indexed <= idx.exact_entries:  # scanned exactly: the same order as brute force
         np.testing.assert_allclose(sims, np.sort(exact)[::-1][: rows.shape[0]], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(sims, vecs[rows] @ query, rtol=1e-5, atol=1e-5)
     left_out = np.setdiff1d(live, rows)
@@ -88,10 +96,10 @@ def check_search(idx: VectorIndex, vecs: np.ndarray, query: np.ndarray, allowed:
         assert bound <= float(sims[-1]) + 1e-6
 
 
-def test_pending_entries_are_searched_exactly_and_merged(indexer: Indexer) -> None:
+def test_pending_entries_are_searched_exactly_and_merged(indexer: Indexer, tuning: Tuning) -> None:
     rng = np.random.default_rng(1)
     vecs = unit(rng, 1500)
-    idx = build(indexer, vecs[:1000], vecs[1000:])
+    idx = build(indexer, vecs[:1000], vecs[1000:], tuning)
     try:
         for trial in range(20):
             query = vecs[1000 + trial] if trial % 2 else unit(rng, 1)[0]  # half the queries hit a pending one
@@ -118,13 +126,13 @@ def test_pending_entries_are_searched_exactly_and_merged(indexer: Indexer) -> No
     check_search(idx, vecs, q, np.ones(1500, np.bool_), k=10)
 
 
-def test_search_similarities_are_those_of_similarities_bit_for_bit(indexer: Indexer) -> None:
+def test_search_similarities_are_those_of_similarities_bit_for_bit(indexer: Indexer, tuning: Tuning) -> None:
     """The ranking uses search's similarities as they are: they must equal what ``similarities``
     gives for the same entries, to the last bit, wherever the entry is (graph, exact scan, pending),
     and stay so once pending entries move into HNSW."""
     rng = np.random.default_rng(11)
     vecs = unit(rng, 900)
-    idx = build(indexer, vecs[:700], vecs[700:])  # rows are entry ids here
+    idx = build(indexer, vecs[:700], vecs[700:], tuning)  # rows are entry ids here
     queries = [unit(rng, 1)[0] for _ in range(6)] + [vecs[5], vecs[800]]
     seen = []
     try:
@@ -147,10 +155,10 @@ def test_search_similarities_are_those_of_similarities_bit_for_bit(indexer: Inde
         np.testing.assert_array_equal(sims0[a], sims[b])
 
 
-def test_only_pending_entries(indexer: Indexer) -> None:
+def test_only_pending_entries(indexer: Indexer, tuning: Tuning) -> None:
     rng = np.random.default_rng(2)
     vecs = unit(rng, 300)
-    idx = build(indexer, vecs[:0], vecs)
+    idx = build(indexer, vecs[:0], vecs, tuning)
     try:
         for _ in range(5):
             check_search(idx, vecs, unit(rng, 1)[0], rng.random(300) < 0.3, k=10)
@@ -158,10 +166,10 @@ def test_only_pending_entries(indexer: Indexer) -> None:
         idx._flush_lock.release()
 
 
-def test_kills_similarities_and_vectors_span_hnsw_and_pending(indexer: Indexer) -> None:
+def test_kills_similarities_and_vectors_span_hnsw_and_pending(indexer: Indexer, tuning: Tuning) -> None:
     rng = np.random.default_rng(3)
     vecs = unit(rng, 700)
-    idx = build(indexer, vecs[:500], vecs[500:])
+    idx = build(indexer, vecs[:500], vecs[500:], tuning)
     try:
         ids = rng.permutation(700)[:120]
         q = unit(rng, 1)[0]
@@ -188,17 +196,17 @@ def test_kills_similarities_and_vectors_span_hnsw_and_pending(indexer: Indexer) 
     assert 650 not in rows.tolist()
 
 
-@pytest.mark.parametrize("limit", ["MAX_PENDING", "max_pending"])
-def test_add_waits_while_max_pending_are_pending(indexer: Indexer, limit: str) -> None:
-    """Adds wait beyond MAX_PENDING pending entries, or beyond ``max_pending`` when given (a
-    search follower's, above MAX_PENDING)."""
+@pytest.mark.parametrize("limit", ["index", "call"])
+def test_add_waits_while_max_pending_are_pending(indexer: Indexer, limit: str, tuning: Tuning) -> None:
+    """Adds wait beyond the index's ``max_pending`` pending entries, or beyond the call's
+    ``max_pending`` when given (a search follower's, above the index's)."""
     rng = np.random.default_rng(4)
     vecs = unit(rng, 200)
-    idx = build(indexer, vecs[:100], vecs[100:150])
-    if limit == "MAX_PENDING":
-        idx.MAX_PENDING, kwargs = 60, {}
+    idx = build(indexer, vecs[:100], vecs[100:150], tuning)
+    if limit == "index":
+        idx.max_pending, kwargs = 60, {}
     else:
-        idx.MAX_PENDING, kwargs = 20, {"max_pending": 60}
+        idx.max_pending, kwargs = 20, {"max_pending": 60}
     released = threading.Event()
 
     def release() -> None:
@@ -216,13 +224,13 @@ def test_add_waits_while_max_pending_are_pending(indexer: Indexer, limit: str) -
     np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
 
 
-def test_add_with_a_higher_limit_passes_max_pending(indexer: Indexer) -> None:
+def test_add_with_a_higher_limit_passes_max_pending(indexer: Indexer, tuning: Tuning) -> None:
     """A search follower applies the leader's commits while its searches wait: its adds do not
-    wait at MAX_PENDING, and the entries beyond it are searchable at once."""
+    wait at the index's ``max_pending``, and the entries beyond it are searchable at once."""
     rng = np.random.default_rng(5)
     vecs = unit(rng, 200)
-    idx = build(indexer, vecs[:100], vecs[100:150])  # the indexer is held (flush lock)
-    idx.MAX_PENDING = 60
+    idx = build(indexer, vecs[:100], vecs[100:150], tuning)  # the indexer is held (flush lock)
+    idx.max_pending = 60
     try:
         idx.add(vecs[150:200], np.arange(150, 200), np.arange(150, 200) + 1000, max_pending=100)
         assert (idx.indexed, idx.pending) == (100, 100)  # returned with 100 pending > 60
@@ -234,29 +242,30 @@ def test_add_with_a_higher_limit_passes_max_pending(indexer: Indexer) -> None:
     np.testing.assert_array_equal(idx.vectors(np.arange(200)), vecs)
 
 
-def test_snapshot_leaves_pending_entries_out(indexer: Indexer, tmp_path: Path) -> None:
+def test_snapshot_leaves_pending_entries_out(indexer: Indexer, tmp_path: Path, tuning: Tuning) -> None:
     rng = np.random.default_rng(5)
     vecs = unit(rng, 400)
-    idx = build(indexer, vecs[:300], vecs[300:])
+    idx = build(indexer, vecs[:300], vecs[300:], tuning)
     try:
         idx.save(tmp_path / "snap", "m", "inst")
     finally:
         idx._flush_lock.release()
-    loaded = VectorIndex.load(tmp_path / "snap", "m", DIM, 200, "inst")
+    loaded = VectorIndex.load(tmp_path / "snap", "m", DIM, 200, "inst", tuning=tuning)
     assert loaded is not None
     snap, vks = loaded
+    assert snap.exact_entries == tuning.exact_entries  # a loaded index takes the thresholds given
     assert snap.n == snap.indexed == 300 and snap.live_count() == 0  # every entry dead until revived
     np.testing.assert_array_equal(vks, np.arange(300) + 1000)
     snap.revive(np.arange(300), np.arange(300))
     np.testing.assert_array_equal(snap.vectors(np.arange(300)), vecs[:300])
 
 
-def test_stop_indexes_everything_pending() -> None:
+def test_stop_indexes_everything_pending(tuning: Tuning) -> None:
     rng = np.random.default_rng(6)
     vecs = unit(rng, 3000)
     ix = Indexer()
     ix.start()
-    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
     ix.attach(idx)
     for lo in range(0, 3000, 100):
         idx.add(vecs[lo : lo + 100], np.arange(lo, lo + 100), np.arange(lo, lo + 100))
@@ -267,20 +276,20 @@ def test_stop_indexes_everything_pending() -> None:
     assert (idx.indexed, idx.pending) == (3005, 0)
 
 
-def test_without_an_indexer_adds_go_straight_into_hnsw() -> None:
+def test_without_an_indexer_adds_go_straight_into_hnsw(tuning: Tuning) -> None:
     rng = np.random.default_rng(7)
     vecs = unit(rng, 50)
-    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
     idx.add(vecs, np.arange(50), np.arange(50))
     assert (idx.indexed, idx.pending, idx.index.ntotal) == (50, 0, 50)
 
 
-def test_moves_into_hnsw_wait_for_a_snapshot_in_progress(indexer: Indexer) -> None:
+def test_moves_into_hnsw_wait_for_a_snapshot_in_progress(indexer: Indexer, tuning: Tuning) -> None:
     """While a snapshot serializes the index (read lock held), the indexer must not queue for the
     write lock (new searches would wait behind it): entries stay pending and searchable."""
     rng = np.random.default_rng(8)
     vecs = unit(rng, 400)
-    idx = build(indexer, vecs[:300], vecs[:0])
+    idx = build(indexer, vecs[:300], vecs[:0], tuning)
     idx._flush_lock.release()
     with idx._state:
         idx._saving += 1  # what save() does before it takes the read lock
@@ -299,12 +308,14 @@ def test_moves_into_hnsw_wait_for_a_snapshot_in_progress(indexer: Indexer) -> No
     np.testing.assert_array_equal(idx.vectors(np.arange(400)), vecs)
 
 
-def test_save_while_entries_move_keeps_ids_and_vectors_consistent(indexer: Indexer, tmp_path: Path) -> None:
+def test_save_while_entries_move_keeps_ids_and_vectors_consistent(
+    indexer: Indexer, tmp_path: Path, tuning: Tuning
+) -> None:
     """Snapshots taken while the indexer moves entries: each is a prefix of the entries, with the
     vks of that prefix."""
     rng = np.random.default_rng(9)
     vecs = unit(rng, 2000)
-    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
     indexer.attach(idx)
     for lo in range(0, 2000, 50):
         idx.add(vecs[lo : lo + 50], np.arange(lo, lo + 50), np.arange(lo, lo + 50) + 7)
@@ -319,7 +330,7 @@ def test_save_while_entries_move_keeps_ids_and_vectors_consistent(indexer: Index
     wait_indexed(idx)
 
 
-def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path) -> None:
+def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path, tuning: Tuning) -> None:
     """Through the engine: with the indexer held back, acknowledged memories are found (pending,
     scored exactly), stats count them as pending, and a clean restart has them all in HNSW."""
     from tiermem.server.config import ServerConfig
@@ -329,7 +340,9 @@ def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path
 
     rng = np.random.default_rng(10)
     vecs = unit(rng, 60)
-    cfg = ServerConfig(data_dir=tmp_path / "d", maintenance_interval_seconds=0, exact_search_max_rows=0)
+    cfg = ServerConfig(
+        data_dir=tmp_path / "d", maintenance_interval_seconds=0, exact_search_max_rows=0, tuning=tuning
+    )
 
     def mem(i: int) -> NewMemory:
         return NewMemory(namespace="ns", content=f"m {i}", id=f"m{i}", embedding=vecs[i], embedding_model="v")
@@ -350,8 +363,8 @@ def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path
             for i in range(40, 60):
                 e.create([mem(i)])
             assert idx.pending == 20
-            space = e.stats()["spaces"][0]
-            assert (space["indexed"], space["pending"], space["live"]) == (40, 20, 60)
+            space = e.stats().spaces[0]
+            assert (space.indexed, space.pending, space.live) == (40, 20, 60)
             assert [top(e, i) for i in range(60)] == [f"m{i}" for i in range(60)]
         finally:
             idx._flush_lock.release()
@@ -359,11 +372,11 @@ def test_engine_acknowledged_creates_are_searchable_while_pending(tmp_path: Path
         e.close()
     e = Engine(cfg)
     try:
-        space = e.stats()["spaces"][0]
-        assert space["indexed"] + space["pending"] == space["live"] == 60
+        space = e.stats().spaces[0]
+        assert space.indexed + space.pending == space.live == 60
         assert [top(e, i) for i in range(60)] == [f"m{i}" for i in range(60)]
         wait_indexed(next(iter(e.spaces["v"].indexes.values())))
-        assert e.stats()["spaces"][0]["indexed"] == 60
+        assert e.stats().spaces[0].indexed == 60
     finally:
         e.close()
 
@@ -384,10 +397,10 @@ class _KillOnLookup(np.ndarray):
         return out
 
 
-def test_a_kill_during_a_search_never_yields_a_dead_slot(indexer: Indexer) -> None:
+def test_a_kill_during_a_search_never_yields_a_dead_slot(indexer: Indexer, tuning: Tuning) -> None:
     rng = np.random.default_rng(12)
     vecs = unit(rng, 40)
-    idx = build(indexer, vecs[:20], vecs[20:])
+    idx = build(indexer, vecs[:20], vecs[20:], tuning)
     try:
         for victim in (25, 5):  # a pending entry, an entry in HNSW
             _KillOnLookup.hook = lambda v=victim: idx.kill([v])
@@ -421,10 +434,12 @@ class _FailingAdds:
         return getattr(self.real, name)
 
 
-def test_a_failed_add_keeps_entries_pending_and_is_retried(indexer: Indexer, tmp_path: Path) -> None:
+def test_a_failed_add_keeps_entries_pending_and_is_retried(
+    indexer: Indexer, tmp_path: Path, tuning: Tuning
+) -> None:
     rng = np.random.default_rng(13)
     vecs = unit(rng, 100)
-    idx = build(indexer, vecs[:50], vecs[:0])
+    idx = build(indexer, vecs[:50], vecs[:0], tuning)
     idx._flush_lock.release()
     idx.index = _FailingAdds(idx.index, fail=1, partial=False)
     idx.add(vecs[50:], np.arange(50, 100), np.arange(50, 100) + 1000)
@@ -435,11 +450,11 @@ def test_a_failed_add_keeps_entries_pending_and_is_retried(indexer: Indexer, tmp
 
 
 def test_an_add_failing_after_storing_never_adds_twice_and_stops_snapshots(
-    indexer: Indexer, tmp_path: Path
+    indexer: Indexer, tmp_path: Path, tuning: Tuning
 ) -> None:
     rng = np.random.default_rng(14)
     vecs = unit(rng, 100)
-    idx = build(indexer, vecs[:50], vecs[:0])
+    idx = build(indexer, vecs[:50], vecs[:0], tuning)
     idx._flush_lock.release()
     idx.save(tmp_path / "s", "m", "i")
     idx.index = _FailingAdds(idx.index, fail=1, partial=True)
@@ -452,10 +467,10 @@ def test_an_add_failing_after_storing_never_adds_twice_and_stops_snapshots(
     assert loaded is not None and loaded[0].n == 50
 
 
-def test_a_large_pending_buffer_is_let_go(indexer: Indexer) -> None:
+def test_a_large_pending_buffer_is_let_go(indexer: Indexer, tuning: Tuning) -> None:
     rng = np.random.default_rng(15)
     vecs = unit(rng, 5000)
-    idx = VectorIndex(DIM, m=8, ef_construction=32)
+    idx = VectorIndex(DIM, m=8, ef_construction=32, tuning=tuning)
     idx.add(vecs, np.arange(5000), np.arange(5000), chunk=4096)  # the start-up path
     assert (idx.indexed, idx._pbuf.shape[0]) == (5000, 0)
     indexer.attach(idx)
@@ -464,12 +479,12 @@ def test_a_large_pending_buffer_is_let_go(indexer: Indexer) -> None:
     assert idx._pbuf.shape[0] <= 1024
 
 
-def test_the_indexer_serves_other_indexes_while_one_is_being_saved(indexer: Indexer) -> None:
+def test_the_indexer_serves_other_indexes_while_one_is_being_saved(indexer: Indexer, tuning: Tuning) -> None:
     rng = np.random.default_rng(16)
     vecs = unit(rng, 200)
-    a = build(indexer, vecs[:50], vecs[:0])
+    a = build(indexer, vecs[:50], vecs[:0], tuning)
     a._flush_lock.release()
-    b = build(indexer, vecs[:50], vecs[:0])
+    b = build(indexer, vecs[:50], vecs[:0], tuning)
     b._flush_lock.release()
     with a._state:
         a._saving += 1
@@ -485,16 +500,16 @@ def test_the_indexer_serves_other_indexes_while_one_is_being_saved(indexer: Inde
     wait_indexed(a)
 
 
-def test_a_deferred_backlog_does_not_hold_up_later_writes(indexer: Indexer) -> None:
+def test_a_deferred_backlog_does_not_hold_up_later_writes(indexer: Indexer, tuning: Tuning) -> None:
     """Start-up leaves vectors a stale snapshot lacks pending (``defer``); later writes wait only
     for what they add beyond that backlog, and the backlog drains in the background."""
     rng = np.random.default_rng(18)
     vecs = unit(rng, 400)
-    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
     idx.add(vecs[:100], np.arange(100), np.arange(100), chunk=4096)  # the snapshot's part
     idx.add(vecs[100:300], np.arange(100, 300), np.arange(100, 300), defer=True)
     assert (idx.indexed, idx.pending) == (100, 200)
-    idx.MAX_PENDING = 50
+    idx.max_pending = 50
     idx._flush_lock.acquire()  # the indexer is slow
     indexer.attach(idx)
     try:
@@ -519,7 +534,9 @@ def test_a_deferred_backlog_does_not_hold_up_later_writes(indexer: Indexer) -> N
     np.testing.assert_array_equal(idx.vectors(np.arange(400)), vecs)
 
 
-def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, caplog: Any) -> None:
+def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(
+    tmp_path: Path, caplog: Any, tuning: Tuning
+) -> None:
     """A start-up after a crash (here: a close without the shutdown snapshot) finds vectors written
     after the last index snapshot: they are searchable at once and indexed in the background."""
     import logging
@@ -537,6 +554,7 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
         snapshot_interval_seconds=0,
         snapshot_on_shutdown=False,
         exact_search_max_rows=0,
+        tuning=tuning,
     )
 
     def mem(i: int) -> NewMemory:
@@ -550,7 +568,7 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
         e.create([mem(i) for i in range(200, 300)], batch=True)
     finally:
         e.close()  # no shutdown snapshot: the index snapshot lacks the last 100
-    with caplog.at_level(logging.INFO, logger="tiermem.server.core.engine"):
+    with caplog.at_level(logging.INFO, logger="tiermem.server.core"):  # (the engine and its start-up)
         e = Engine(cfg)
     try:
         assert any(
@@ -567,12 +585,12 @@ def test_engine_start_up_defers_vectors_a_stale_snapshot_lacks(tmp_path: Path, c
         e.close()
 
 
-def test_stop_without_draining_leaves_pending_entries() -> None:
+def test_stop_without_draining_leaves_pending_entries(tuning: Tuning) -> None:
     rng = np.random.default_rng(20)
     vecs = unit(rng, 100)
     ix = Indexer()
     ix.start()
-    idx = VectorIndex(DIM, m=16, ef_construction=64)
+    idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
     ix.attach(idx)
     idx._flush_lock.acquire()  # the indexer cannot move anything
     idx.add(vecs, np.arange(100), np.arange(100))
@@ -585,15 +603,15 @@ def test_stop_without_draining_leaves_pending_entries() -> None:
     stopper.join(timeout=10)
     assert not stopper.is_alive() and not ix.running
     assert (
-        idx.indexed + idx.pending == 100 and idx.pending >= 100 - idx.ADD_CHUNK
+        idx.indexed + idx.pending == 100 and idx.pending >= 100 - idx.add_chunk
     )  # at most the chunk in progress
     check_search(idx, vecs, vecs[7], np.ones(100, np.bool_), k=5)
 
 
-def test_reserve_sizes_the_pending_buffer_once() -> None:
+def test_reserve_sizes_the_pending_buffer_once(tuning: Tuning) -> None:
     rng = np.random.default_rng(21)
     vecs = unit(rng, 5000)
-    idx = VectorIndex(DIM, m=8, ef_construction=32)
+    idx = VectorIndex(DIM, m=8, ef_construction=32, tuning=tuning)
     idx.add(vecs[:100], np.arange(100), np.arange(100), chunk=4096)
     idx.reserve(4900)
     buf = idx._pbuf
@@ -608,12 +626,14 @@ def test_reserve_sizes_the_pending_buffer_once() -> None:
     np.testing.assert_array_equal(idx.vectors(np.arange(5000)), vecs)
 
 
-def test_a_reader_holding_the_index_looks_up_while_the_indexer_waits(indexer: Indexer) -> None:
+def test_a_reader_holding_the_index_looks_up_while_the_indexer_waits(
+    indexer: Indexer, tuning: Tuning
+) -> None:
     """A search holds the index (``reading``) across its HNSW search and similarity lookups: those
     go on while the indexer waits to move pending vectors in, and the moves follow once it lets go."""
     rng = np.random.default_rng(8)
     vecs = unit(rng, 600)
-    idx = build(indexer, vecs[:500], vecs[500:])
+    idx = build(indexer, vecs[:500], vecs[500:], tuning)
     everything = np.ones(600, np.bool_)
     done: list[int] = []
 
@@ -658,13 +678,14 @@ class _AddSpy:
         return getattr(self.inner, name)
 
 
-def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -> None:
+def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does(tuning: Tuning) -> None:
     rng = np.random.default_rng(21)
     vecs = unit(rng, 12000)
-    ix = Indexer(bulk_chunk=256)
+    # A quiet spell of a minute: once the search below reads the index, moves stay small.
+    ix = Indexer(bulk_chunk=256, tuning=replace(tuning, indexer_quiet_seconds=60.0))
     ix.start()
     try:
-        idx = VectorIndex(DIM, m=16, ef_construction=64)
+        idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
         spy = _AddSpy(idx.index)
         idx.index = spy
         ix.attach(idx)  # nobody has read the index yet: quiet from the start
@@ -674,7 +695,6 @@ def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -
         end = time.monotonic() + 30
         while not spy.sizes and time.monotonic() < end:
             time.sleep(0.001)
-        ix.QUIET_SECONDS = 60.0  # from the search below on, moves stay small
         with idx.reading():
             pass
         for lo in range(4000, 12000, 1000):
@@ -682,7 +702,7 @@ def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -
         wait_indexed(idx)
         assert spy.sizes[0] == 256
         first_small = next(i for i, s in enumerate(spy.sizes) if s < 256)
-        assert max(spy.sizes[first_small:]) <= VectorIndex.SEARCHED_CHUNK
+        assert max(spy.sizes[first_small:]) <= idx.searched_chunk
         cores = len(os.sched_getaffinity(0))
         assert set(spy.threads[:first_small]) == {cores} and set(spy.threads[first_small:]) == {1}
         assert sum(spy.sizes[first_small:]) >= 8000  # everything added after the search moved small
@@ -695,39 +715,40 @@ def test_bulk_moves_while_no_search_reads_then_small_ones_once_a_search_does() -
         ix.stop()
 
 
-def test_moves_stay_small_without_a_quiet_spell_a_backlog_or_a_bulk_size(indexer: Indexer) -> None:
+def test_moves_stay_small_without_a_quiet_spell_a_backlog_or_a_bulk_size(
+    indexer: Indexer, tuning: Tuning
+) -> None:
     rng = np.random.default_rng(22)
     bulk = Indexer(bulk_chunk=256)
-    idx = build(indexer, unit(rng, 10), unit(rng, 300))  # 300 pending, the indexer held back
+    idx = build(indexer, unit(rng, 10), unit(rng, 300), tuning)  # 300 pending, the indexer held back
     try:
         cores = len(os.sched_getaffinity(0))
         assert bulk.chunk_for(idx) == (256, cores)  # never searched
-        assert Indexer(bulk_chunk=0).chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
-        assert Indexer(bulk_chunk=32).chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
+        assert Indexer(bulk_chunk=0).chunk_for(idx) == (idx.add_chunk, 1)
+        assert Indexer(bulk_chunk=32).chunk_for(idx) == (idx.add_chunk, 1)
         assert Indexer(bulk_chunk=400).chunk_for(idx) == (300, cores)  # everything pending
-        bulk.BULK_MIN = 301  # too few pending for a bulk move
-        assert bulk.chunk_for(idx) == (VectorIndex.ADD_CHUNK, 1)
-        bulk.BULK_MIN = Indexer.BULK_MIN
+        too_few = Indexer(bulk_chunk=256, tuning=Tuning(indexer_bulk_min=301))  # for a bulk move
+        assert too_few.chunk_for(idx) == (idx.add_chunk, 1)
         now = time.monotonic()
-        idx.last_search = now - bulk.QUIET_SECONDS / 2  # searched half a quiet spell ago
-        assert bulk.chunk_for(idx) == (VectorIndex.SEARCHED_CHUNK, 1)  # searches wait for moves
-        assert Indexer(bulk_chunk=0).chunk_for(idx) == (VectorIndex.SEARCHED_CHUNK, 1)
-        idx.last_search = now - bulk.QUIET_SECONDS * 2
+        idx.last_search = now - bulk.quiet_spell_seconds / 2  # searched half a quiet spell ago
+        assert bulk.chunk_for(idx) == (idx.searched_chunk, 1)  # searches wait for moves
+        assert Indexer(bulk_chunk=0).chunk_for(idx) == (idx.searched_chunk, 1)
+        idx.last_search = now - bulk.quiet_spell_seconds * 2
         assert bulk.chunk_for(idx) == (256, cores)
         indexer.last_search = now  # a search read another index this indexer serves
-        assert bulk.chunk_for(idx) == (VectorIndex.SEARCHED_CHUNK, 1)
-        assert VectorIndex.SEARCHED_CHUNK < VectorIndex.ADD_CHUNK
+        assert bulk.chunk_for(idx) == (idx.searched_chunk, 1)
+        assert idx.searched_chunk < idx.add_chunk
     finally:
         idx._flush_lock.release()
 
 
 def test_searches_mark_the_index_and_its_indexer_snapshots_and_copies_do_not(
-    indexer: Indexer, tmp_path: Path
+    indexer: Indexer, tmp_path: Path, tuning: Tuning
 ) -> None:
     rng = np.random.default_rng(23)
-    idx = build(indexer, unit(rng, 50), unit(rng, 0))
+    idx = build(indexer, unit(rng, 50), unit(rng, 0), tuning)
     idx._flush_lock.release()
-    other = VectorIndex(DIM, m=16, ef_construction=64)
+    other = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
     indexer.attach(other)
     q = unit(rng, 1)[0]
 
@@ -748,11 +769,11 @@ def test_searches_mark_the_index_and_its_indexer_snapshots_and_copies_do_not(
     assert marked(lambda: idx.save(tmp_path / "s", "m", "i")) == (False, False, False)
 
 
-def test_writes_after_a_start_up_backlog_do_not_copy_it_twice(indexer: Indexer) -> None:
+def test_writes_after_a_start_up_backlog_do_not_copy_it_twice(indexer: Indexer, tuning: Tuning) -> None:
     rng = np.random.default_rng(24)
-    headroom = VectorIndex.MAX_PENDING + 1000
+    headroom = tuning.max_pending + 1000
     for room, writes, rows_after in ((3000 + headroom, 4, 3000 + headroom), (3000, 1, 2 * 1000 + 3000)):
-        idx = VectorIndex(DIM, m=16, ef_construction=64)
+        idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
         indexer.attach(idx)
         idx._flush_lock.acquire()  # the indexer is held back: everything stays pending
         try:
@@ -781,13 +802,15 @@ def spy_paths(idx: VectorIndex) -> list[str]:
     return calls
 
 
-def test_a_small_index_is_scanned_exactly_with_dead_and_filtered_entries(search_path: str) -> None:
-    """Up to EXACT_ENTRIES entries, a search is a dot product per allowed live entry: brute force's
+def test_a_small_index_is_scanned_exactly_with_dead_and_filtered_entries(
+    search_path: str, tuning: Tuning
+) -> None:
+    """Up to ``exact_entries`` entries, a search is a dot product per allowed live entry: brute force's
     top-k in its order, and as bound the best similarity left out; a larger index searches the graph."""
     rng = np.random.default_rng(11)
     n, k = 600, 10
     vecs = unit(rng, n)
-    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    idx = VectorIndex(DIM, m=16, ef_construction=200, tuning=tuning)
     idx.add(vecs, np.arange(n), np.arange(n) + 1)
     idx.kill(np.arange(0, n, 7))  # dead entries: never returned
     calls = spy_paths(idx)
@@ -812,14 +835,13 @@ def test_a_small_index_is_scanned_exactly_with_dead_and_filtered_entries(search_
     assert sorted(rows.tolist()) == [1, 2, 500] and bound == -np.inf
 
 
-def test_an_index_with_few_live_allowed_entries_is_scanned_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_index_with_few_live_allowed_entries_is_scanned_exactly(tuning: Tuning) -> None:
     """A large graph whose entries are mostly dead (a consolidation pass moved them to another
-    tier) or filtered out is scanned exactly once at most EXACT_ENTRIES are allowed and live."""
-    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 100)
+    tier) or filtered out is scanned exactly once at most ``exact_entries`` are allowed and live."""
     rng = np.random.default_rng(12)
     n, k = 600, 10
     vecs = unit(rng, n)
-    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    idx = VectorIndex(DIM, m=16, ef_construction=200, tuning=replace(tuning, exact_entries=100))
     idx.add(vecs, np.arange(n), np.arange(n) + 1)
     calls = spy_paths(idx)
     everything = np.ones(n, np.bool_)
@@ -838,23 +860,20 @@ def test_an_index_with_few_live_allowed_entries_is_scanned_exactly(monkeypatch: 
         assert bound == pytest.approx(float(vecs[order[k]] @ query), abs=1e-6)
 
 
-def test_a_filtered_search_for_many_scans_exactly_below_its_share_of_allowed_entries(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_filtered_search_for_many_scans_exactly_below_its_share_of_allowed_entries() -> None:
     """Filtered HNSW for a large k over few allowed entries tends to come back short (the caller
-    then scores every allowed row exactly anyway): at most EXACT_PER_K * k allowed live entries
+    then scores every allowed row exactly anyway): at most ``exact_per_k`` * k allowed live entries
     are scanned exactly, with brute force's answer; a small k over the same entries uses the graph."""
-    monkeypatch.setattr(VectorIndex, "EXACT_ENTRIES", 50)
-    monkeypatch.setattr(VectorIndex, "EXACT_PER_K", 48)  # (the graph variant of every test sets 0)
     rng = np.random.default_rng(13)
     n = 1000
     vecs = unit(rng, n)
-    idx = VectorIndex(DIM, m=16, ef_construction=200)
+    # (both thresholds set here: the graph variant of every test sets them to 0)
+    idx = VectorIndex(DIM, m=16, ef_construction=200, tuning=Tuning(exact_entries=50, exact_per_k=48))
     idx.add(vecs, np.arange(n), np.arange(n) + 1)
     calls = spy_paths(idx)
-    allowed = rng.random(n) < 0.4  # ~400 allowed: above EXACT_ENTRIES
+    allowed = rng.random(n) < 0.4  # ~400 allowed: above exact_entries
     live = np.flatnonzero(allowed)
-    assert 50 < live.size <= VectorIndex.EXACT_PER_K * 20
+    assert 50 < live.size <= idx.exact_per_k * 20
     query = unit(rng, 1)[0]
     order = live[np.argsort(-(vecs[live] @ query), kind="stable")]
     rows, sims, bound = idx.search(query, 20, allowed, 64)
@@ -863,7 +882,7 @@ def test_a_filtered_search_for_many_scans_exactly_below_its_share_of_allowed_ent
     np.testing.assert_allclose(sims, vecs[order[:20]] @ query, rtol=1e-5, atol=1e-5)
     assert bound == pytest.approx(float(vecs[order[20]] @ query), abs=1e-6)
     calls.clear()
-    assert live.size > VectorIndex.EXACT_PER_K * 5
+    assert live.size > idx.exact_per_k * 5
     idx.search(query, 5, allowed, 64)
     assert calls == ["_hnsw"]
 

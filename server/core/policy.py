@@ -5,7 +5,7 @@ whole arrays, each memory's promotion or demotion and its retention score, then 
 tier by tier from FAST to GLACIAL (evictions move one tier slower, so they can cascade). The engine
 applies the resulting ``Plan`` through the writer.
 
-A pass, in the order of seed 000: expired memories are deleted; promotion bottom to top and demotion
+A pass runs in this order: expired memories are deleted; promotion bottom to top and demotion
 (one tier per pass, so a memory never ping-pongs within a pass; promotion evidence counts from the
 memory's entry into its tier); then capacity per namespace and tier by the retention policy.
 """
@@ -107,22 +107,33 @@ def check_overrides(overrides: dict[str, Any], prefix: str = "config.policy.") -
         if int(t) not in TIERS:
             raise InvalidArgument(f"{prefix}tiers", "each entry needs a tier other than TIER_UNSPECIFIED")
         for name, v in fields_.items():
-            f = f"{prefix}tiers.{name}"
-            if name == "max_items":
-                if v < 0:
-                    raise InvalidArgument(f, "must be >= 0")
-            elif name == "importance_threshold":
-                if not 0.0 <= v <= 1.0:
-                    raise InvalidArgument(f, "must be in [0, 1]")
-            elif name in ("ttl_seconds", "half_life_hours"):
-                if not (np.isfinite(v) and v > 0):
-                    raise InvalidArgument(f, "must be a finite number > 0")
-            elif name == "cadence_seconds" and not (np.isfinite(v) and v >= 0):
-                raise InvalidArgument(f, "must be a finite number >= 0")
+            _check_tier_field(name, v, f"{prefix}tiers.{name}")
         if fields_:
             tiers[int(t)] = dict(fields_)
     if tiers:
         out["tiers"] = tiers
+    out.update(_check_policy_fields(overrides, prefix))
+    return out
+
+
+def _check_tier_field(name: str, v: Any, f: str) -> None:
+    """Reject a per-tier override ``name`` = ``v`` outside its range (``f``: the field's path)."""
+    if name == "max_items":
+        if v < 0:
+            raise InvalidArgument(f, "must be >= 0")
+    elif name == "importance_threshold":
+        if not 0.0 <= v <= 1.0:
+            raise InvalidArgument(f, "must be in [0, 1]")
+    elif name in ("ttl_seconds", "half_life_hours"):
+        if not (np.isfinite(v) and v > 0):
+            raise InvalidArgument(f, "must be a finite number > 0")
+    elif name == "cadence_seconds" and not (np.isfinite(v) and v >= 0):
+        raise InvalidArgument(f, "must be a finite number >= 0")
+
+
+def _check_policy_fields(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The namespace-wide overrides (retention, promotion thresholds, GLACIAL deletion), validated."""
+    out: dict[str, Any] = {}
     if overrides.get("retention"):
         if overrides["retention"] not in RETENTION_POLICIES.values():
             raise InvalidArgument(f"{prefix}retention", "is not a retention policy")
@@ -220,10 +231,55 @@ def plan_pass(
     tier = view.tier
     expired = in_scope & (view.expire <= now)
     live = in_scope & ~expired
-    action, decayed = kernels.plan_moves(
-        eligible=live & due[ns, tier],
+    action, decayed = _decide_moves(view, tables, live & due[ns, tier], now=now, floor=floor)
+    target = tier.copy()
+    promote = (action >= PROMOTE_ACCESS) & (action <= PROMOTE_SUCCESS)
+    demote = (action == DEMOTE_IDLE) | (action == DEMOTE_DECAY)
+    target[promote] -= 1
+    target[demote] += 1
+    reason = action.copy()
+    reason[expired] = EXPIRED
+    target[expired] = 0
+    retention = kernels.retention_scores(
         ns=ns,
-        tier=tier,
+        policy=tables.retention,
+        decayed=decayed,
+        accessed_at=view.accessed,
+        created_at=view.created,
+        tier_since=view.tier_since,
+        now=now,
+        tau_seconds=tau_seconds,
+    )
+    state = _PassState(view, tables, now, floor, tau_seconds, target, reason, retention)
+    state.enter(np.flatnonzero(live & (target != tier)))
+    over_capacity = _enforce_capacity(state, live, due)
+    changed = np.flatnonzero(in_scope & ((target != tier) | expired))
+    plan = Plan(
+        rows=changed,
+        from_tier=tier[changed].copy(),
+        to_tier=target[changed],
+        reason=reason[changed],
+        over_capacity=over_capacity,
+    )
+    by_reason = np.bincount(plan.reason, minlength=EXPIRED + 1)
+    plan.counts = {
+        "promoted": int(by_reason[list(PROMOTIONS)].sum()),
+        "demoted": int(by_reason[list(DEMOTIONS)].sum()),
+        "evicted": int(by_reason[EVICT_CAPACITY]),
+        "deleted": int(by_reason[DELETE_CAPACITY] + by_reason[EXPIRED]),
+    }
+    return plan
+
+
+def _decide_moves(
+    view: ColumnsView, tables: Tables, eligible: np.ndarray, *, now: float, floor: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(action, decayed importance) of every row: the kernel's promotion or demotion of the
+    ``eligible`` rows (0: stays), and every row's importance decayed to ``now``."""
+    return kernels.plan_moves(
+        eligible=eligible,
+        ns=view.ns,
+        tier=view.tier,
         importance=view.importance,
         created_at=view.created,
         accessed_at=view.accessed,
@@ -242,56 +298,58 @@ def plan_pass(
         promote_surprise=tables.promote_surprise,
         promote_success=tables.promote_success,
     )
-    target = tier.copy()
-    promote = (action >= PROMOTE_ACCESS) & (action <= PROMOTE_SUCCESS)
-    demote = (action == DEMOTE_IDLE) | (action == DEMOTE_DECAY)
-    target[promote] -= 1
-    target[demote] += 1
-    reason = action.copy()
-    reason[expired] = EXPIRED
-    target[expired] = 0
 
-    retention = kernels.retention_scores(
-        ns=ns,
-        policy=tables.retention,
-        decayed=decayed,
-        accessed_at=view.accessed,
-        created_at=view.created,
-        tier_since=view.tier_since,
-        now=now,
-        tau_seconds=tau_seconds,
-    )
 
-    def enter(rows: np.ndarray) -> None:
+@dataclass
+class _PassState:
+    """What the steps of a pass share: every row's target tier and reason (decided step by step,
+    in place) and its retention score, as ranked in its target tier."""
+
+    view: ColumnsView
+    tables: Tables
+    now: float
+    floor: float
+    tau_seconds: float
+    target: np.ndarray  # int8 per row; 0 = delete
+    reason: np.ndarray  # int8 MoveReason per row
+    retention: np.ndarray  # per row
+
+    def enter(self, rows: np.ndarray) -> None:
         """Rows moving into ``target`` this pass rank there as just entered, decaying at its half-life."""
+        view, tables = self.view, self.tables
         _, _, imp = kernels.score_rows(
             rows,
             np.zeros(rows.shape[0], np.float32),
             importance=view.importance,
             created_at=view.created,
             last_access=view.accessed,
-            tier=target,
-            ns=ns,
-            now=now,
-            tau_seconds=tau_seconds,
+            tier=self.target,
+            ns=view.ns,
+            now=self.now,
+            tau_seconds=self.tau_seconds,
             half_life_hours=tables.half_life,
-            floor=floor,
+            floor=self.floor,
             alpha=0.0,
             beta=0.0,
             gamma=1.0,
         )
-        retention[rows] = kernels.retention_scores(
-            ns=ns[rows],
+        self.retention[rows] = kernels.retention_scores(
+            ns=view.ns[rows],
             policy=tables.retention,
             decayed=imp,
             accessed_at=view.accessed[rows],
             created_at=view.created[rows],
-            tier_since=np.full(rows.shape[0], now),
-            now=now,
-            tau_seconds=tau_seconds,
+            tier_since=np.full(rows.shape[0], self.now),
+            now=self.now,
+            tau_seconds=self.tau_seconds,
         )
 
-    enter(np.flatnonzero(live & (target != tier)))
+
+def _enforce_capacity(state: _PassState, live: np.ndarray, due: np.ndarray) -> int:
+    """Evict the lowest-retention rows over each (namespace, tier) capacity, fastest tier first:
+    into the next tier (where they count against its capacity), or out of GLACIAL by deletion
+    where the namespace allows it. Returns the rows left over capacity in GLACIAL."""
+    ns, target, reason, tables = state.view.ns, state.target, state.reason, state.tables
     over_capacity = 0
     group = ns.astype(np.int64)
     for t in TIERS:  # fastest first: evictions land in the next tier and count against its capacity
@@ -299,32 +357,17 @@ def plan_pass(
         if not candidates.any():
             continue
         evict = kernels.select_evictions(
-            group, retention, candidates, np.ascontiguousarray(tables.capacity[:, t])
+            group, state.retention, candidates, np.ascontiguousarray(tables.capacity[:, t])
         )
         if not evict.any():
             continue
         if t < TIERS[-1]:
             target[evict] = t + 1
             reason[evict] = EVICT_CAPACITY
-            enter(np.flatnonzero(evict))
+            state.enter(np.flatnonzero(evict))
         else:
             allowed = evict & tables.delete_glacial[ns]
             target[allowed] = 0
             reason[allowed] = DELETE_CAPACITY
             over_capacity += int((evict & ~allowed).sum())
-    changed = np.flatnonzero(in_scope & ((target != tier) | expired))
-    plan = Plan(
-        rows=changed,
-        from_tier=tier[changed].copy(),
-        to_tier=target[changed],
-        reason=reason[changed],
-        over_capacity=over_capacity,
-    )
-    by_reason = np.bincount(plan.reason, minlength=EXPIRED + 1)
-    plan.counts = {
-        "promoted": int(by_reason[list(PROMOTIONS)].sum()),
-        "demoted": int(by_reason[list(DEMOTIONS)].sum()),
-        "evicted": int(by_reason[EVICT_CAPACITY]),
-        "deleted": int(by_reason[DELETE_CAPACITY] + by_reason[EXPIRED]),
-    }
-    return plan
+    return over_capacity

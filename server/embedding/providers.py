@@ -96,7 +96,7 @@ class SentenceTransformerEmbedder:
 
 
 class CachedEmbedder:
-    """An LRU cache of embeddings by text digest (seed 004), in front of any embedder."""
+    """An LRU cache of embeddings by text digest, in front of any embedder."""
 
     def __init__(self, inner: Embedder, size: int) -> None:
         self.inner = inner

@@ -15,8 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from tiermem.server.config import Tuning
 from tiermem.server.model.records import Record
 from tiermem.server.model.text import words as text_words
+
+_CHANGE_LOG = Tuning().columns_change_log
 
 _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "alive": (np.bool_, False),
@@ -108,9 +111,10 @@ class MetadataArrays:
 
 
 class Columns:
-    CHANGE_LOG = 65536
+    """The columns of every record; ``change_log``: how many row refreshes ``changed_since`` can
+    answer for (``Tuning.columns_change_log``)."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, change_log: int = _CHANGE_LOG) -> None:
         self.n = 0
         self._arrays: dict[str, np.ndarray] = {
             name: np.full(capacity, fill, dtype) for name, (dtype, fill) in _SPEC.items()
@@ -132,9 +136,10 @@ class Columns:
         self._row_meta: dict[int, dict[str, Any]] = {}
         self.max_importance = 0.0  # the highest importance any row has had (never lowered): a bound
         self.changes = 0  # rows refreshed by ``set`` so far (search.PriorBounds: how stale its bounds are)
-        # The rows of the last CHANGE_LOG refreshes, entry i at _change_log[i % CHANGE_LOG]; each is
-        # written before its row's generation moves (see ``changed_since``).
-        self._change_log = np.zeros(self.CHANGE_LOG, np.int64)
+        # The rows of the last ``change_log_size`` refreshes, entry i at _change_log[i % size]; each
+        # is written before its row's generation moves (see ``changed_since``).
+        self.change_log_size = change_log
+        self._change_log = np.zeros(change_log, np.int64)
         self._set_lock = threading.Lock()  # one ``set`` at a time against ``generations``
         self.earliest_expire = np.inf  # no row expires before this (never raised): expiry checks skip
 
@@ -204,12 +209,12 @@ class Columns:
 
     def changed_since(self, start: int) -> tuple[np.ndarray, int] | None:
         """(the change log, ``changes``) when it still holds every row refreshed from the
-        ``start``-th refresh on (entries start..changes-1 at index i % CHANGE_LOG), else None. A
+        ``start``-th refresh on (entries start..changes-1 at index i % change_log_size), else None. A
         row whose generation a reader sees moved is logged by then: its entry is written first.
-        The ring holds CHANGE_LOG - 1 entries safely: a refresh in progress may have written the
+        The ring holds change_log_size - 1 entries safely: a refresh in progress may have written the
         next slot before counting it."""
         end = self.changes
-        if end - start >= self.CHANGE_LOG or end < start:
+        if end - start >= self.change_log_size or end < start:
             return None
         return self._change_log, end
 
@@ -221,7 +226,7 @@ class Columns:
     def _set(self, row: int, rec: Record, space: int, vpos: int) -> None:
         a = self._arrays
         gen = a["gen"]
-        self._change_log[self.changes % self.CHANGE_LOG] = row  # logged before the generation moves
+        self._change_log[self.changes % self.change_log_size] = row  # logged before the generation moves
         self.changes += 1
         gen[row] += 1  # before and after the change: a reader that copied the generation mid-change
         if rec.importance > self.max_importance:  # raised before the column: it bounds every row
@@ -291,10 +296,11 @@ class Columns:
         }
 
     @classmethod
-    def restore(cls, state: dict[str, Any]) -> Columns:
-        """Columns from ``state()``; derived indexes (namespace counts, tags, metadata) are rebuilt."""
+    def restore(cls, state: dict[str, Any], change_log: int = _CHANGE_LOG) -> Columns:
+        """Columns from ``state()``; derived indexes (namespace counts, tags, metadata) are rebuilt.
+        The change log starts empty (counted from 0)."""
         n = int(state["n"])
-        cols = cls(max(1024, n))
+        cols = cls(max(1024, n), change_log)
         for name, (dtype, _) in _SPEC.items():
             saved = state["arrays"].get(name)
             if saved is not None:

@@ -5,33 +5,34 @@ Why tombstones plus snapshots (HNSW has no real remove; ``IndexIDMap2(HNSW).remo
 - An entry is never removed from the graph. Each index keeps ``slots`` (FAISS internal id -> row of
   the in-memory columns, -1 once dead). A delete or a tier move marks the old entry dead; searches pass
   an ``IDSelectorBitmap`` of entries that are alive *and* allowed by the request's filter, so a dead
-  entry is never returned (cost ~10% latency at 1-30% dead, PERF-FACTS). The row's ``alive`` column is
-  a second guard.
+  entry is never returned (the selector costs a search about a tenth more time). The row's
+  ``alive`` column is a second guard.
 - Every entry carries a ``vk`` (vector key) that the record stores; a record that gets a new vector
   (new embedding or new tier) gets a new vk. On start-up a snapshot (written at clean shutdown)
   is mapped back by vk: entries whose vk is some live record's current vk are live, every other entry
   is dead, and live records whose vk is missing are re-added from LMDB. So a snapshot that is older
   than LMDB (kill -9) is still correct, just less complete; one that is missing or damaged is rebuilt.
+  Its files are snapshot_files.py's.
 - Rebuilding (compaction) to drop dead entries happens at start-up when dead entries pass a fraction.
 
 Concurrency: FAISS allows concurrent searches but no search during an add, so each index has a
 readers-writer lock. The writer thread appends entries (vectors to a pending buffer) and kills
-them under a plain lock (``_state``), never waiting for searches; the ``Indexer`` thread alone
-moves pending vectors into HNSW under the write lock, 16 at a time while searches come, 32 while
-none do (or, once none has come for a while, a bulk chunk on every core). Searches hold the read
-lock, which keeps the HNSW part fixed, and score the pending part exactly. An index with few entries,
-or few allowed live ones, is scanned exactly instead of searched as a graph (``EXACT_ENTRIES``).
+them under a plain lock (``_state``), never waiting for searches; the ``Indexer`` thread (indexer.py)
+alone moves pending vectors into HNSW under the write lock, ``searched_chunk`` at a time while
+searches come, ``add_chunk`` while none do (or, once none has come for a while, a bulk chunk on every
+core). Searches hold the read lock, which keeps the HNSW part fixed, and score the pending part
+exactly. An index with few entries, or few allowed live ones, is scanned exactly instead of searched
+as a graph (``exact_entries``, ``exact_per_k``).
+
+The thresholds come from ``Tuning`` (config.py), passed to the constructor.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -41,7 +42,9 @@ import faiss
 import numpy as np
 
 from tiermem import kernels
-from tiermem.server.config import usable_cores
+from tiermem.server.config import Tuning
+from tiermem.server.index.indexer import Indexer
+from tiermem.server.index.snapshot_files import Manifest, commit_snapshot, new_snapshot_files, read_snapshot
 from tiermem.server.model.locks import RWLock
 
 logger = logging.getLogger(__name__)
@@ -68,23 +71,32 @@ class VectorIndex:
     per-call set-up. Without an indexer (start-up, tests), adds go straight into HNSW.
     """
 
-    # Pending entries allowed before ``add`` waits for the indexer: bounds their exact scoring per
-    # search (~0.1 ms at 384 dims) and the buffer's memory (pending x dim x 4 bytes).
-    MAX_PENDING = 4096
-    # An index with at most this many HNSW entries (dead ones included), or with at most this many
-    # allowed live ones, is searched exactly: one dot product per allowed entry costs less than a
-    # graph search there (a small FAST tier; the tier most memories just left).
-    EXACT_ENTRIES = 2048
-    # A filtered search for k with at most EXACT_PER_K * k allowed live entries is scanned exactly
-    # too. Measured at 100k x 384 with k = 128 (the default score's K then; 80 now): filtered HNSW came back
-    # short (fewer than k, so the caller scored every allowed row exactly on top) for 98-100 of 100
-    # queries with 3-6% of the entries allowed, 80 with 7%, 25 with 8%, and cost 0.9-1.0 ms, while
-    # the scan cost 0.5-0.8 ms up to 6%. With k = 32 the graph was not short and cheaper from ~5%.
-    EXACT_PER_K = 48
-
     def __init__(
-        self, dim: int, m: int = 32, ef_construction: int = 128, index: faiss.Index | None = None
+        self,
+        dim: int,
+        m: int = 32,
+        ef_construction: int = 128,
+        index: faiss.Index | None = None,
+        tuning: Tuning | None = None,
     ) -> None:
+        tuning = tuning or Tuning()
+        # Pending entries allowed before ``add`` waits for the indexer: bounds their exact scoring
+        # per search and the buffer's memory (pending x dim x 4 bytes).
+        self.max_pending = tuning.max_pending
+        # At most this many HNSW entries (dead ones included), or at most this many allowed live
+        # ones: searched exactly, where one dot product per allowed entry costs less than a graph
+        # search (a small FAST tier; the tier most memories just left).
+        self.exact_entries = tuning.exact_entries
+        # A filtered search for k with at most exact_per_k * k allowed live entries is scanned
+        # exactly too: filtered HNSW tends to come back short there (the caller would then score
+        # every allowed row exactly on top), and costs more than the scan.
+        self.exact_per_k = tuning.exact_per_k
+        # Vectors moved into HNSW per write-lock hold, which bounds how long an add pauses searches:
+        # ``searched_chunk`` while searches read the index (each waits for at most one move per index
+        # it reads), else ``add_chunk`` (or a bulk move, see Indexer). Smaller moves pause searches
+        # less and move vectors more slowly.
+        self.add_chunk = tuning.add_chunk
+        self.searched_chunk = tuning.searched_chunk
         self.dim = dim
         if index is None:
             index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
@@ -116,19 +128,6 @@ class VectorIndex:
         self._params: dict[int, Any] = {}  # unfiltered search parameters by efSearch (read-only to FAISS)
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
-    # Vectors moved into HNSW per write-lock hold, which bounds how long an add pauses searches
-    # (~0.4 ms per vector into 100k with one OpenMP thread). With one thread FAISS's per-call cost
-    # is invisible from 8 vectors up (measured at 100k entries, and again at 4-64 vectors: the
-    # same time per vector). While searches read the index (see Indexer.chunk_for) moves take
-    # SEARCHED_CHUNK: a search waits for at most one per index it reads (~6 ms at 100k x 384).
-    # Otherwise ADD_CHUNK, or a bulk move: chunks of 8 had cost a fifth of the ingest rate with two
-    # batches in flight before bulk moves existed (0.88 -> 0.71 of FAISS). A consolidation pass over 131k memories
-    # re-adding 97k vectors while one client searched (searches waited on the lock for 41% of
-    # their time with 32): 32 per hold, searches meanwhile p50 21-23 ms, p99 38-44 ms, pass 67-71 s;
-    # 16: p50 16.2-16.7 ms, p99 32-33 ms, pass 90-95 s; 8: 13.2 / 26 ms, 107 s.
-    ADD_CHUNK = 32
-    SEARCHED_CHUNK = 16
-
     @property
     def pending(self) -> int:
         return self.n - self.indexed
@@ -150,11 +149,11 @@ class VectorIndex:
         """Add rows of ``vectors`` for the given column rows; returns their internal ids.
 
         The entries are searchable on return. With an indexer attached they enter HNSW in the
-        background (this waits only while MAX_PENDING are pending); without one, or with ``chunk``
+        background (this waits only while ``max_pending`` are pending); without one, or with ``chunk``
         (start-up: no search can wait, so FAISS adds in big parallel batches), they are moved into
         HNSW before returning. ``defer`` (start-up) leaves them pending for the indexer, as a
         backlog that later writes do not wait for. ``max_pending``: wait beyond this many pending
-        instead of MAX_PENDING (a search follower, whose searches wait for its adds).
+        instead of the index's ``max_pending`` (a search follower, whose searches wait for its adds).
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
@@ -188,7 +187,7 @@ class VectorIndex:
             self.flush(chunk)
         else:
             indexer.notify(self)
-            most = max_pending or self.MAX_PENDING
+            most = max_pending or self.max_pending
             with self._state:
                 while self.n - self.indexed > self._backlog + most and indexer.running:
                     self._state.wait(0.5)
@@ -212,10 +211,10 @@ class VectorIndex:
         self._pbuf, self._pbase = buf, self.indexed
 
     def flush(self, chunk: int = 0, limit: int = 0, yield_to_save: bool = False) -> int:
-        """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default ADD_CHUNK); at
+        """Move pending vectors into HNSW, ``chunk`` per write-lock hold (default ``add_chunk``); at
         most ``limit`` of them when given. Returns how many were moved.
 
-        A snapshot holds the read lock while it writes the index out (~0.1 s at 100k x 384): asking for the
+        A snapshot holds the read lock while it writes the index out: asking for the
         write lock meanwhile would queue every new search behind the request (writers go first),
         so this waits for it to finish, or returns at once with ``yield_to_save`` (the indexer
         then serves other indexes)."""
@@ -224,7 +223,7 @@ class VectorIndex:
             while True:
                 with self._state:
                     lo, n = self.indexed, self.n
-                    size = min(n - lo, chunk or self.ADD_CHUNK)
+                    size = min(n - lo, chunk or self.add_chunk)
                     if limit:
                         size = min(size, limit - moved)
                     if size > 0 and self._saving and yield_to_save:
@@ -272,7 +271,7 @@ class VectorIndex:
             self.dead += int(live.shape[0])
 
     def _set_bits(self, ids: np.ndarray, on: bool) -> None:
-        if ids.shape[0] <= 4:  # single creates and deletes: 0.3 us a bit here, 3 us through ufunc.at
+        if ids.shape[0] <= 4:  # single creates and deletes: a loop costs far less than ufunc.at
             b = self.live_bits
             for i in ids.tolist():
                 if on:
@@ -361,7 +360,7 @@ class VectorIndex:
                 bitmap, n_allowed = None, 0
             if n_allowed <= 0:
                 h_rows, h_sims, bound = empty
-            elif lo <= self.EXACT_ENTRIES or n_allowed <= max(self.EXACT_ENTRIES, self.EXACT_PER_K * k):
+            elif lo <= self.exact_entries or n_allowed <= max(self.exact_entries, self.exact_per_k * k):
                 # (few allowed live entries in a large graph: mostly dead, say, after a consolidation
                 # pass moved most of them away; a graph search would wade through the dead ones)
                 h_rows, h_sims, bound = self._exact(query, k, lo, slots, allowed)
@@ -482,91 +481,49 @@ class VectorIndex:
             return np.empty((0, self.dim), np.float32)
         return self._gather(internal_ids, None)
 
-    # -- snapshots ------------------------------------------------------------------------------
-    # A snapshot is <base>.<token>.faiss + <base>.<token>.vks.npy, named by <base>.json (written
-    # last, atomically). The token ties the three together: a crash mid-save leaves the previous
-    # manifest pointing at the previous, complete files. ``instance`` is the LMDB environment's id,
-    # so a snapshot is never applied to another database (e.g. a restored LMDB backup).
+    # -- snapshots (their files: snapshot_files.py) ----------------------------------------------
     def save(self, base: Path, model: str, instance: str) -> None:
+        """Snapshot the entries in HNSW (pending ones are left out: start-up adds them from LMDB)."""
         if self.damaged:  # the previous snapshot stays; start-up adds what it lacks from LMDB
             logger.error("index %s not snapshotted: a failed add may have left entries unlinked", base.name)
             return
-        token = uuid.uuid4().hex[:16]
-        index_path = base.with_name(f"{base.name}.{token}.faiss")
-        vks_path = base.with_name(f"{base.name}.{token}.vks.npy")
+        files = new_snapshot_files(base)
         with self._state:
             self._saving += 1
         try:
             # Adds wait while FAISS writes the index into the page cache; the fsync comes after.
             # Written straight to the file, not through serialize_index's in-memory copy, which
-            # held the whole index a second time (172 MiB at 100k x 384) and the lock longer.
-            # Through a Python file: a failed write or flush raises (FAISS's own file writer
-            # ignores a failure of its last flush at close, which would leave a short file).
-            with self._lock.read(), open(index_path, "wb") as f:
-                n = self.indexed  # pending entries are left out: start-up adds them again from LMDB
+            # would hold the whole index a second time and the lock longer. Through a Python file:
+            # a failed write or flush raises (FAISS's own file writer ignores a failure of its last
+            # flush at close, which would leave a short file).
+            with self._lock.read(), open(files.index, "wb") as f:
+                n = self.indexed
                 faiss.write_index(self.index, faiss.PyCallbackIOWriter(f.write))  # type: ignore[attr-defined]
                 vks = self.vks[:n].copy()
         finally:
             with self._state:
                 self._saving -= 1
                 self._state.notify_all()
-        _fsync(index_path)
-        with open(vks_path, "wb") as f:
-            np.save(f, vks)
-            f.flush()
-            os.fsync(f.fileno())
-        manifest = {
-            "model": model,
-            "dim": self.dim,
-            "n": n,
-            "token": token,
-            "instance": instance,
-            "version": 2,
-        }
-        tmp_manifest = base.with_name(f"{base.name}.json.tmp")
-        tmp_manifest.write_text(json.dumps(manifest))
-        _fsync(tmp_manifest)
-        os.replace(tmp_manifest, base.with_name(f"{base.name}.json"))
-        _fsync(base.parent)
-        for old in base.parent.glob(f"{base.name}.*"):
-            if old.suffix in (".faiss", ".npy") and f".{token}." not in old.name:
-                old.unlink(missing_ok=True)
+        commit_snapshot(base, files, vks, Manifest(model, self.dim, n, files.token, instance))
 
     @classmethod
     def load(
-        cls, base: Path, model: str, dim: int, ef_construction: int, instance: str
+        cls,
+        base: Path,
+        model: str,
+        dim: int,
+        ef_construction: int,
+        instance: str,
+        tuning: Tuning | None = None,
     ) -> tuple[VectorIndex, np.ndarray] | None:
-        """Read a snapshot; returns (index with every entry dead, vks by internal id) or None.
-        A snapshot replaced while it is read (a search follower loading while its leader writes
-        the next one) is read again from the new manifest."""
-        manifest_path = base.with_name(f"{base.name}.json")
-        token = None
-        for _ in range(3):
-            try:
-                manifest = json.loads(manifest_path.read_text())
-                if (
-                    manifest.get("version") != 2
-                    or manifest.get("model") != model
-                    or manifest.get("dim") != dim
-                    or manifest.get("instance") != instance
-                ):
-                    return None
-                token = manifest["token"]
-                index: Any = faiss.read_index(str(base.with_name(f"{base.name}.{token}.faiss")))
-                vks = np.load(base.with_name(f"{base.name}.{token}.vks.npy"))
-                if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
-                    return None
-                break
-            except (OSError, ValueError, KeyError, RuntimeError) as e:
-                if token is not None and _manifest_token(manifest_path) not in (token, None):
-                    continue  # replaced meanwhile: read the new one
-                logger.warning("ignoring index snapshot %s: %s", base, e)
-                return None
-        else:
+        """Read a snapshot; returns (index with every entry dead, vks by internal id) or None."""
+        read = read_snapshot(base, model, dim, instance)
+        if read is None:
             return None
+        index, vks = read
         hnsw: Any = faiss.downcast_index(index)
         hnsw.hnsw.efConstruction = ef_construction
-        idx = cls(dim, index=index)
+        idx = cls(dim, index=index, tuning=tuning)
         idx.vks[: index.ntotal] = vks
         return idx, vks
 
@@ -622,123 +579,3 @@ class VectorIndex:
         self.slots[internal_ids] = slots
         self._set_bits(internal_ids, True)
         self.dead -= int(internal_ids.shape[0])
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class Indexer:
-    """One background thread that moves pending vectors into HNSW, a chunk per index in turn.
-
-    If an add into FAISS fails (out of memory), the thread logs it and tries again a second later;
-    the entries stay pending, and searchable, meanwhile.
-    """
-
-    def __init__(self, bulk_chunk: int = 0) -> None:
-        self.bulk_chunk = bulk_chunk  # 0: no bulk moves
-        self._cores = usable_cores()
-        self.last_search = -math.inf  # time.monotonic() when a search last read any index served here
-        self._cond = threading.Condition()
-        self._work: dict[int, VectorIndex] = {}  # indexes with pending entries, in turn order
-        self._stop = False
-        self._drain = True
-        self.running = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.running = True
-        self._thread = threading.Thread(target=self._run, name="tiermem-indexer", daemon=True)
-        self._thread.start()
-
-    def attach(self, idx: VectorIndex) -> None:
-        idx.indexer = self
-        if idx.pending:
-            self.notify(idx)
-
-    def notify(self, idx: VectorIndex) -> None:
-        with self._cond:
-            self._work[id(idx)] = idx
-            self._cond.notify()
-
-    def stop(self, drain: bool = True) -> None:
-        """Stop, after indexing everything pending (``drain``) or after the chunk in progress."""
-        with self._cond:
-            self._stop = True
-            self._drain = drain
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
-        self.running = False
-
-    # A few pending vectors wait up to LINGER_SECONDS for company: each move takes the write lock
-    # (waiting for running searches to finish, pausing new ones), so fewer, fuller moves disturb
-    # searches less; waiting is free for readers (pending entries are searched exactly).
-    MIN_BATCH = 8
-    LINGER_SECONDS = 0.005
-    # Bulk moves (everything pending, up to ``bulk_chunk`` vectors, on every core) once no search
-    # has read any index served here for QUIET_SECONDS: a bulk load, or the backlog of a start-up
-    # after kill -9. FAISS parallelizes an add over its vectors, and pays its per-call cost (one
-    # lock per entry of the index) once. Measured at 60k, batches of 256 one call at a time on 2
-    # cores: 2,090-2,360 memories/s with moves of 32 on one thread, 2,220-2,540/s with bulk moves
-    # of 512. A search that arrives waits for the move in progress (512 into 100k at 384 dims:
-    # ~0.1-0.2 s; longer for bigger indexes and vectors), then moves are small again. Copies of
-    # stored vectors (tier moves, in the writer) do not count as searches: they wait for one move.
-    QUIET_SECONDS = 1.0
-    BULK_MIN = 256  # fewer pending: one thread (FAISS's second one barely helps small adds)
-
-    def chunk_for(self, idx: VectorIndex) -> tuple[int, int]:
-        """(vectors, OpenMP threads) for the next move out of ``idx``: everything pending up to
-        ``bulk_chunk`` on every core once searches have left it alone; else, on one thread,
-        SEARCHED_CHUNK while searches read it (they wait for the move), ADD_CHUNK when they do not."""
-        pending = idx.pending
-        quiet = idx.quiet_seconds() >= self.QUIET_SECONDS
-        if quiet and self.bulk_chunk > idx.ADD_CHUNK and pending >= self.BULK_MIN:
-            return min(pending, self.bulk_chunk), self._cores
-        return (idx.ADD_CHUNK if quiet else idx.SEARCHED_CHUNK), 1
-
-    def _run(self) -> None:
-        # OpenMP settings are per thread, and threads Python starts use the process default (every
-        # core). One thread for small moves: a second OpenMP thread spins beside the gRPC threads
-        # on a small machine and doubled the CPU of an add (16-64 vectors into 100k) for no gain.
-        while True:
-            with self._cond:
-                while not self._work and not self._stop:
-                    self._cond.wait()
-                if not self._work or (self._stop and not self._drain):
-                    return
-                key, idx = next(iter(self._work.items()))
-                deadline = time.monotonic() + self.LINGER_SECONDS
-                while not self._stop and idx.pending < self.MIN_BATCH:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-            pause = 0.0
-            size, threads = self.chunk_for(idx)
-            faiss.omp_set_num_threads(threads)
-            try:
-                if idx.flush(chunk=size, limit=size, yield_to_save=True) == 0 and idx.pending:
-                    pause = 0.01  # a snapshot of this index is being written
-            except Exception:
-                # Out of memory, most likely: the entries stay pending (searched exactly, and
-                # writes wait once MAX_PENDING are); try again in a second.
-                logger.exception("moving pending vectors into HNSW failed; retrying in 1 s")
-                pause = 1.0
-            with self._cond:
-                self._work.pop(key, None)
-                if idx.pending:
-                    self._work[key] = idx  # back of the line: indexes take turns
-                    if pause and not self._stop:
-                        self._cond.wait(pause)
-
-
-def _manifest_token(path: Path) -> str | None:
-    try:
-        return str(json.loads(path.read_text())["token"])
-    except (OSError, ValueError, KeyError):
-        return None

@@ -1,4 +1,4 @@
-"""Importance for memories stored without one: a fast, documented heuristic (seeds 002 and 004),
+"""Importance for memories stored without one: a fast, documented heuristic,
 so "lite" agents without an LLM rating still get meaningful ranking.
 
     0.3 baseline
@@ -7,7 +7,7 @@ so "lite" agents without an LLM rating still get meaningful ranking.
          must, plan), preference and identity cues (prefer, like, hate, always, never, remember,
          my name), urgency cues (important, critical, urgent, deadline, error, failed)
     kind: decision, preference, fact +0.2; tool_result, consensus, dissent +0.1;
-          reflection at least 0.8 (seed 002), summary at least 0.6
+          reflection at least 0.8, summary at least 0.6
     clamped to [0, 1]
 """
 

@@ -111,3 +111,11 @@ class NewMemory:
             self.expire_at,
             self.questions,
         ]
+
+
+def enter_tier(rec: Record, tier: int, now: float) -> None:
+    """Move a record to ``tier``: promotion evidence (accesses, successes) counts from here on."""
+    rec.tier = tier
+    rec.tier_since = now
+    rec.access_base = rec.access_count
+    rec.success_base = rec.success_count

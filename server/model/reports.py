@@ -149,3 +149,11 @@ class ImportResult:
     imported: int  # memories stored
     reembedded: int  # of them, embedded again by this server's embedder
     graph_items: int  # nodes and edges stored
+
+
+@dataclass
+class SweepReport:
+    """What a maintenance sweep removed."""
+
+    expired_deleted: int  # expired memories deleted
+    request_ids_forgotten: int  # request ids older than request_id_ttl_seconds forgotten

@@ -34,7 +34,7 @@ class Filter:
     created_after: float | None = None
     created_before: float | None = None
     where: str = ""
-    compiled: Any = None  # the compiled ``where`` (filters.compile_where), set by Engine.check_filter
+    compiled: Any = None  # the compiled ``where`` (filters.compile_where), set by index.masks.check_filter
 
 
 @dataclass

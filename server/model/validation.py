@@ -145,6 +145,17 @@ def vector(field: str, values: Any, config: ServerConfig) -> np.ndarray:
     return (vec / norm).astype(np.float32)
 
 
+def same_dimension(field: str, model: str, dim: int, space_dim: int | None) -> None:
+    """INVALID_ARGUMENT unless a vector of ``dim`` fits embedding space ``model`` of dimension
+    ``space_dim`` (None: the space is new and takes this dimension)."""
+    if space_dim is not None and space_dim != dim:
+        raise InvalidArgument(
+            field,
+            f"has dimension {dim}, but embedding space {model!r} has dimension {space_dim}",
+            reason="EMBEDDING_DIMENSION_MISMATCH",
+        )
+
+
 def model(field: str, value: str) -> str:
     if not value:
         raise InvalidArgument(field, "is required with an embedding")
@@ -166,9 +177,7 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     else:
         unit_interval(f"{prefix}importance", m.importance)
     if m.kind == "reflection" and m.importance < 0.8:
-        raise InvalidArgument(
-            f"{prefix}importance", "a reflection's importance must be at least 0.8 (seed 002)"
-        )
+        raise InvalidArgument(f"{prefix}importance", "a reflection's importance must be at least 0.8")
     text(f"{prefix}source", m.source)
     text(f"{prefix}topic", m.topic)
     m.tags = tags(f"{prefix}tags", m.tags, config)

@@ -9,6 +9,7 @@ Relevance is the cosine of the row's vector with the query, read from the HNSW s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class Scorer:
         floor: float,
     ) -> None:
         self.view, self.space, self.query, self.params, self.row_w = view, space, query, a, row_w
-        self._score_args = {
+        self._score_args: dict[str, Any] = {
             "importance": view.importance,
             "created_at": view.created,
             "last_access": view.accessed,

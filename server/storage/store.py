@@ -1,28 +1,7 @@
 """LMDB storage: the source of truth for records, vectors, id lookups and idempotent requests.
 
-One environment with named sub-databases:
-
-- ``meta``:     schema version, id counters, embedding spaces (model -> dimension)
-- ``records``:  rid (8-byte big-endian, so LMDB order is creation order) -> msgpack Record
-  (an array of its fields, see ``Record.pack``)
-- ``ids``:      namespace NUL id -> rid
-- ``vectors``:  rid -> float32 bytes of the normalized vector
-- ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
-- ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
-- ``contents``: namespace NUL blake2b(normalized content) -> rid, for exact-duplicate detection
-- ``graph``: namespace NUL "n" NUL node id -> node; namespace NUL "e" NUL edge id -> edge;
-  namespace NUL "a" NUL node id NUL edge id -> b"" (adjacency, both ends)
-- ``pending``: rid -> b"" for memories stored without a vector (the embedder failed); retried
-- ``postings``: term -> (rid 8 bytes, count 4 bytes) for each memory whose content has the term
-  (sorted duplicates): the keyword (BM25) index, written in the same commit as the record
-- ``changes``: rid -> commit sequence number (8 bytes) of the last change of that record, kept until
-  a columns snapshot that includes it is on disk: start-up reloads only these records on top of the
-  snapshot (``meta`` holds the sequence number of the last commit)
-- ``commits``: commit sequence number (8 bytes) -> msgpack [time, settings changed, rids (uint64
-  array)]: what each commit changed, in order, so a search follower process (``follower.py``)
-  catches up with a cursor from the last commit it applied instead of scanning ``changes``;
-  written only while followers may read it (``log_commits``), entries dropped once
-  ``COMMIT_LOG_SECONDS`` old (a follower further behind loads again)
+The layout of the sub-databases and the encoding of their keys are in ``keys.py``; nothing outside
+this package sees a key.
 
 Writes happen only in the writer thread (``tiermem.server.storage.writer``), inside ``env.begin(write=True)``;
 readers use short read transactions. Durability is explicit: with ``sync=True`` every commit fsyncs
@@ -33,9 +12,7 @@ write through the map could corrupt the file).
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import struct
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,65 +23,46 @@ import lmdb
 import msgpack
 import numpy as np
 
+from tiermem.server.config import Tuning
 from tiermem.server.model.errors import StorageError
 from tiermem.server.model.locks import RWLock
 from tiermem.server.model.records import Record
+from tiermem.server.model.reports import ScopeState
 from tiermem.server.model.text import MAX_TERM_BYTES, term_counts
+from tiermem.server.storage.keys import (
+    COUNT,
+    META_INSTANCE,
+    META_LSTAT,
+    META_NEXT_RID,
+    META_NEXT_VK,
+    META_NSCONF,
+    META_SCHEMA,
+    META_SCOPE,
+    META_SEQ,
+    META_SPACE,
+    RID,
+    content_key,
+    graph_key,
+    id_key,
+    lstat_key,
+    namespace_prefixes,
+    normalize,
+    put_maybe_append,
+    rid_key,
+    rid_of,
+    time_key,
+    unpack_config,
+)
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-
-_RID = struct.Struct(">Q")
-_COUNT = struct.Struct(">I")
-_META_SCHEMA = b"schema_version"
-_META_NEXT_RID = b"next_rid"
-_META_NEXT_VK = b"next_vk"
-_META_SPACE = b"space:"
-_META_NSCONF = b"nsconf:"
-_META_SCOPE = b"scope:"
-_META_LSTAT = b"lstat:"
-_META_SEQ = b"commit_seq"
-_META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots
-
-
-def rid_key(rid: int) -> bytes:
-    return _RID.pack(rid)
-
-
-def rid_of(key: bytes) -> int:
-    return int(_RID.unpack(key)[0])
-
-
-def normalize(content: str) -> str:
-    """Content as compared for exact-duplicate detection: case-folded, whitespace collapsed."""
-    return " ".join(content.casefold().split())
-
-
-def content_key(namespace: str, content: str) -> bytes:
-    return (
-        namespace.encode() + b"\x00" + hashlib.blake2b(normalize(content).encode(), digest_size=16).digest()
-    )
-
-
-def id_key(namespace: str, memory_id: str) -> bytes:
-    # Namespaces and ids never contain NUL (validated), so the key is unambiguous.
-    return namespace.encode() + b"\x00" + memory_id.encode()
-
-
-def _put(txn: lmdb.Transaction, key: bytes, value: bytes, db: Any, new: bool) -> None:
-    """A put; ``new`` keys (fresh rids, above every key of ``db``) are appended: LMDB then fills
-    pages instead of splitting them in half, so the file and the pages mapped into memory are
-    ~2x smaller. A key that is not the highest falls back to an ordinary put."""
-    if not (new and txn.put(key, value, db=db, append=True)):
-        txn.put(key, value, db=db)
+# The transaction type of Store's methods: the layers above name it without importing lmdb.
+Txn = lmdb.Transaction
 
 
 class Store:
     """Owns the LMDB environment and the encoding of every key and value in it."""
-
-    COMMIT_LOG_SECONDS = 600.0  # commit-log entries are dropped once this old
-    PRUNE_EVERY = 256  # commits between two looks for old commit-log entries
 
     def __init__(
         self,
@@ -115,16 +73,21 @@ class Store:
         sync: bool = True,
         readonly: bool = False,
         log_commits: bool = False,
+        commit_log_seconds: float = Tuning.commit_log_seconds,
+        prune_every: int = Tuning.commit_log_prune_every,
     ) -> None:
         """``readonly``: a search follower's view of the environment another process writes
         (its commits appear at each new read transaction); any write attempt raises.
-        ``log_commits``: keep the commit log (a writer with search followers)."""
+        ``log_commits``: keep the commit log (a writer with search followers), dropping entries
+        ``commit_log_seconds`` old, looked for every ``prune_every`` commits."""
         if not readonly:
             path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_map_size = max_map_size
         self.readonly = readonly
         self.log_commits = log_commits
+        self.commit_log_seconds = commit_log_seconds
+        self.prune_every = prune_every
         try:
             self.env = lmdb.open(
                 str(path),
@@ -177,15 +140,15 @@ class Store:
     def _check_schema(self) -> str:
         """Check (or, for a new environment, write) the schema version; returns the instance id."""
         with self.env.begin(write=not self.readonly) as txn:
-            raw = txn.get(_META_SCHEMA, db=self.meta)
+            raw = txn.get(META_SCHEMA, db=self.meta)
             if raw is None:
                 if self.readonly:
                     raise StorageError(f"{self.path}: no tiermem data (schema version missing)")
                 if txn.stat(self.records)["entries"]:
                     raise StorageError(f"{self.path}: records without a schema version")
-                txn.put(_META_SCHEMA, msgpack.packb(SCHEMA_VERSION), db=self.meta)
+                txn.put(META_SCHEMA, msgpack.packb(SCHEMA_VERSION), db=self.meta)
                 instance = uuid.uuid4().hex
-                txn.put(_META_INSTANCE, instance.encode(), db=self.meta)
+                txn.put(META_INSTANCE, instance.encode(), db=self.meta)
                 return instance
             version = msgpack.unpackb(raw)
             if version != SCHEMA_VERSION:
@@ -193,7 +156,7 @@ class Store:
                     f"{self.path}: schema version {version}, this server reads version {SCHEMA_VERSION}",
                     reason="SCHEMA_VERSION_MISMATCH",
                 )
-            return bytes(txn.get(_META_INSTANCE, db=self.meta) or b"").decode()
+            return bytes(txn.get(META_INSTANCE, db=self.meta) or b"").decode()
 
     def close(self) -> None:
         self.env.close()
@@ -241,26 +204,26 @@ class Store:
 
     # -- counters ------------------------------------------------------------------------------
     def counters(self, txn: lmdb.Transaction) -> tuple[int, int]:
-        rid = txn.get(_META_NEXT_RID, db=self.meta)
-        vk = txn.get(_META_NEXT_VK, db=self.meta)
+        rid = txn.get(META_NEXT_RID, db=self.meta)
+        vk = txn.get(META_NEXT_VK, db=self.meta)
         return (msgpack.unpackb(rid) if rid else 1, msgpack.unpackb(vk) if vk else 1)
 
     def put_counters(self, txn: lmdb.Transaction, next_rid: int, next_vk: int) -> None:
-        txn.put(_META_NEXT_RID, msgpack.packb(next_rid), db=self.meta)
-        txn.put(_META_NEXT_VK, msgpack.packb(next_vk), db=self.meta)
+        txn.put(META_NEXT_RID, msgpack.packb(next_rid), db=self.meta)
+        txn.put(META_NEXT_VK, msgpack.packb(next_vk), db=self.meta)
 
     # -- embedding spaces ----------------------------------------------------------------------
     def spaces(self, txn: lmdb.Transaction) -> dict[str, int]:
-        return {k.decode(): int(msgpack.unpackb(v)) for k, v in self._prefixed(txn, _META_SPACE)}
+        return {k.decode(): int(msgpack.unpackb(v)) for k, v in self._prefixed(txn, META_SPACE)}
 
     def space(self, txn: lmdb.Transaction, model: str) -> int | None:
         """The dimension of one space (one lookup; ``spaces`` scans them all)."""
-        raw = txn.get(_META_SPACE + model.encode(), db=self.meta)
+        raw = txn.get(META_SPACE + model.encode(), db=self.meta)
         return None if raw is None else int(msgpack.unpackb(raw))
 
     def put_space(self, txn: lmdb.Transaction, model: str, dimension: int) -> None:
         self._log_settings = True
-        txn.put(_META_SPACE + model.encode(), msgpack.packb(dimension), db=self.meta)
+        txn.put(META_SPACE + model.encode(), msgpack.packb(dimension), db=self.meta)
 
     # -- records -------------------------------------------------------------------------------
     def lookup(self, txn: lmdb.Transaction, namespace: str, memory_id: str) -> int | None:
@@ -284,13 +247,13 @@ class Store:
         """Number the commit about to happen and log what it changed (writer thread, just before
         it commits)."""
         self.seq += 1
-        txn.put(_META_SEQ, _RID.pack(self.seq), db=self.meta)
+        txn.put(META_SEQ, RID.pack(self.seq), db=self.meta)
         if self.log_commits:
             rids = np.fromiter(self._log_rids, np.uint64, len(self._log_rids))
             entry = msgpack.packb([now, self._log_settings, np.sort(rids).tobytes()], use_bin_type=True)
-            _put(txn, _RID.pack(self.seq), entry, self.commits, new=True)
-        if self.seq % self.PRUNE_EVERY == 0:
-            self._prune_commit_log(txn, now - self.COMMIT_LOG_SECONDS)
+            put_maybe_append(txn, RID.pack(self.seq), entry, self.commits, new=True)
+        if self.seq % self.prune_every == 0:
+            self._prune_commit_log(txn, now - self.commit_log_seconds)
         self._log_rids.clear()
         self._log_settings = False
 
@@ -305,15 +268,15 @@ class Store:
 
     def committed_seq(self, txn: lmdb.Transaction) -> int:
         """The sequence number of the last commit ``txn`` sees."""
-        raw = txn.get(_META_SEQ, db=self.meta)
-        return int(_RID.unpack(raw)[0]) if raw else 0
+        raw = txn.get(META_SEQ, db=self.meta)
+        return int(RID.unpack(raw)[0]) if raw else 0
 
     def commits_after(self, txn: lmdb.Transaction, seq: int) -> tuple[int, bool, np.ndarray] | None:
         """What the commits after ``seq`` changed, as seen by ``txn``: (their first sequence
         number, whether any changed settings or spaces, the rids they wrote or deleted, sorted and
         distinct); None when none is logged (nothing committed, or the log was dropped)."""
         cur = txn.cursor(db=self.commits)
-        if not cur.set_range(_RID.pack(seq + 1)):
+        if not cur.set_range(RID.pack(seq + 1)):
             return None
         first = rid_of(bytes(cur.key()))
         settings = False
@@ -325,25 +288,25 @@ class Store:
         return first, settings, np.unique(np.concatenate(parts)).astype(np.int64)
 
     def _changed(self, txn: lmdb.Transaction, rid: int) -> None:
-        txn.put(rid_key(rid), _RID.pack(self.seq + 1), db=self.changes)
+        txn.put(rid_key(rid), RID.pack(self.seq + 1), db=self.changes)
         self.changed_count += 1  # record writes since start (drives periodic snapshots)
         if self.log_commits:
             self._log_rids.add(rid)
 
     def changed_since(self, txn: lmdb.Transaction, seq: int) -> list[int]:
         """rids of the records changed (written or deleted) by commits after ``seq``."""
-        return [rid_of(bytes(k)) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] > seq]
+        return [rid_of(bytes(k)) for k, v in txn.cursor(db=self.changes) if RID.unpack(bytes(v))[0] > seq]
 
     def forget_changes(self, txn: lmdb.Transaction, upto: int) -> int:
         """Drop change-log entries of commits up to ``upto`` (a snapshot holding them is on disk)."""
-        old = [bytes(k) for k, v in txn.cursor(db=self.changes) if _RID.unpack(bytes(v))[0] <= upto]
+        old = [bytes(k) for k, v in txn.cursor(db=self.changes) if RID.unpack(bytes(v))[0] <= upto]
         for k in old:
             txn.delete(k, db=self.changes)
         return len(old)
 
     def put(self, txn: lmdb.Transaction, rec: Record, new: bool = False) -> None:
         self._changed(txn, rec.rid)
-        _put(txn, rid_key(rec.rid), rec.pack(), self.records, new)
+        put_maybe_append(txn, rid_key(rec.rid), rec.pack(), self.records, new)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
         txn.put(content_key(rec.namespace, rec.content), rid_key(rec.rid), db=self.contents)
 
@@ -360,7 +323,7 @@ class Store:
 
     def _post(self, txn: lmdb.Transaction, rec: Record, add: bool) -> None:
         for term, count in term_counts(rec.content).items():
-            value = rid_key(rec.rid) + _COUNT.pack(min(count, 0xFFFFFFFF))
+            value = rid_key(rec.rid) + COUNT.pack(min(count, 0xFFFFFFFF))
             if add:
                 txn.put(term.encode(), value, db=self.postings, dupdata=True)
             else:
@@ -376,7 +339,7 @@ class Store:
         out = []
         for value in cur.iternext_dup():
             raw = bytes(value)
-            out.append((rid_of(raw[:8]), _COUNT.unpack(raw[8:])[0]))
+            out.append((rid_of(raw[:8]), COUNT.unpack(raw[8:])[0]))
         return out
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
@@ -419,6 +382,22 @@ class Store:
             return None
         return rec
 
+    def namespace_records(
+        self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
+    ) -> Iterator[Record]:
+        """The records of ``namespace`` (and of ``namespace/...`` with ``include_children``; ``""``:
+        of every namespace), by namespace and id, as ``txn`` sees them."""
+        cur = txn.cursor(db=self.ids)
+        for prefix in namespace_prefixes(namespace, include_children):
+            if not cur.set_range(prefix):
+                continue
+            for key, value in cur:
+                if not bytes(key).startswith(prefix):
+                    break
+                rec = self.get(txn, rid_of(bytes(value)))
+                if rec is not None:
+                    yield rec
+
     def iter_records(self, txn: lmdb.Transaction) -> Iterator[Record]:
         for _, raw in txn.cursor(db=self.records):
             yield Record.unpack(raw)
@@ -429,7 +408,7 @@ class Store:
     # -- vectors -------------------------------------------------------------------------------
     def put_vector(self, txn: lmdb.Transaction, rid: int, vector: np.ndarray, new: bool = False) -> None:
         raw = np.ascontiguousarray(vector, dtype=np.float32).tobytes()
-        _put(txn, rid_key(rid), raw, self.vectors, new)
+        put_maybe_append(txn, rid_key(rid), raw, self.vectors, new)
 
     def get_vector(self, txn: lmdb.Transaction, rid: int) -> np.ndarray | None:
         raw = txn.get(rid_key(rid), db=self.vectors)
@@ -437,14 +416,14 @@ class Store:
 
     # -- namespace settings and lifecycle counters ----------------------------------------------
     def namespace_configs(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
-        return {k.decode(): _unpack_config(v) for k, v in self._prefixed(txn, _META_NSCONF)}
+        return {k.decode(): unpack_config(v) for k, v in self._prefixed(txn, META_NSCONF)}
 
     def namespace_config(self, txn: lmdb.Transaction, namespace: str) -> dict[str, Any]:
-        raw = txn.get(_META_NSCONF + namespace.encode(), db=self.meta)
-        return {} if raw is None else _unpack_config(raw)
+        raw = txn.get(META_NSCONF + namespace.encode(), db=self.meta)
+        return {} if raw is None else unpack_config(raw)
 
     def put_namespace_config(self, txn: lmdb.Transaction, namespace: str, config: dict[str, Any]) -> None:
-        key = _META_NSCONF + namespace.encode()
+        key = META_NSCONF + namespace.encode()
         self._log_settings = True
         if config:
             txn.put(key, msgpack.packb(config, use_bin_type=True), db=self.meta)
@@ -454,81 +433,78 @@ class Store:
     def lifecycle_counters(self, txn: lmdb.Transaction) -> dict[tuple[str, int], list[int]]:
         """(namespace, tier) -> [promotions, demotions, evictions, deleted], ever."""
         out: dict[tuple[str, int], list[int]] = {}
-        for k, v in self._prefixed(txn, _META_LSTAT):
+        for k, v in self._prefixed(txn, META_LSTAT):
             ns, _, tier = k.rpartition(b"\x00")
             out[(ns.decode(), tier[0])] = list(msgpack.unpackb(v))
         return out
 
     def lifecycle_counter(self, txn: lmdb.Transaction, namespace: str, tier: int) -> list[int]:
         """[promotions, demotions, evictions, deleted] of one namespace and tier, ever."""
-        raw = txn.get(_lstat_key(namespace, tier), db=self.meta)
+        raw = txn.get(lstat_key(namespace, tier), db=self.meta)
         return list(msgpack.unpackb(raw)) if raw else [0, 0, 0, 0]
 
     def put_lifecycle_counters(
         self, txn: lmdb.Transaction, namespace: str, tier: int, counts: list[int]
     ) -> None:
-        txn.put(_lstat_key(namespace, tier), msgpack.packb(counts), db=self.meta)
+        txn.put(lstat_key(namespace, tier), msgpack.packb(counts), db=self.meta)
 
     def delete_lifecycle_counters(self, txn: lmdb.Transaction, namespace: str) -> None:
         for tier in range(5):
-            txn.delete(_lstat_key(namespace, tier), db=self.meta)
+            txn.delete(lstat_key(namespace, tier), db=self.meta)
 
-    def scope_state(self, txn: lmdb.Transaction, namespace: str) -> list[Any]:
-        """[observation importance since the last reflection, tokens since the last summary, rid of
-        the current summary (0: none)] of a namespace."""
-        raw = txn.get(_META_SCOPE + namespace.encode(), db=self.meta)
-        return list(msgpack.unpackb(raw)) if raw else [0.0, 0, 0]
+    def scope_state(self, txn: lmdb.Transaction, namespace: str) -> ScopeState:
+        """A namespace's progress toward a reflection and a summary (all zero when none is stored)."""
+        raw = txn.get(META_SCOPE + namespace.encode(), db=self.meta)
+        return _scope_of(raw) if raw else ScopeState()
 
-    def scope_states(self, txn: lmdb.Transaction, prefixes: list[bytes]) -> list[tuple[str, list[Any]]]:
-        """(namespace, scope_state) of each namespace with a state whose name starts with one of
-        ``prefixes`` (encoded; ``b""``: every namespace), in name order per prefix."""
-        out = []
+    def scope_states(
+        self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
+    ) -> list[tuple[str, ScopeState]]:
+        """(namespace, scope state) of ``namespace`` (and, with ``include_children``, of each
+        ``namespace/...`` with a stored state, in name order); ``""``: of every namespace with one."""
+        if namespace:
+            out = [(namespace, self.scope_state(txn, namespace))]
+            starts = [META_SCOPE + namespace.encode() + b"/"] if include_children else []
+        else:
+            out, starts = [], [META_SCOPE]
         cur = txn.cursor(db=self.meta)
-        for prefix in prefixes:
-            start = _META_SCOPE + prefix
+        for start in starts:
             if not cur.set_range(start):
                 continue
             for key, value in cur:
                 key = bytes(key)
                 if not key.startswith(start):
                     break
-                out.append((key[len(_META_SCOPE) :].decode(), list(msgpack.unpackb(value))))
+                out.append((key[len(META_SCOPE) :].decode(), _scope_of(value)))
         return out
 
-    def put_scope_state(self, txn: lmdb.Transaction, namespace: str, state: list[Any] | None) -> None:
-        key = _META_SCOPE + namespace.encode()
+    def put_scope_state(self, txn: lmdb.Transaction, namespace: str, state: ScopeState | None) -> None:
+        key = META_SCOPE + namespace.encode()
         if state is None:
             txn.delete(key, db=self.meta)
         else:
-            txn.put(key, msgpack.packb(state), db=self.meta)
+            packed = [state.reflection_importance, state.summary_tokens, state.summary_rid]
+            txn.put(key, msgpack.packb(packed), db=self.meta)
 
     # -- graph memory ---------------------------------------------------------------------------
-    @staticmethod
-    def _gkey(namespace: str, kind: bytes, *parts: str) -> bytes:
-        return b"\x00".join([namespace.encode(), kind, *(p.encode() for p in parts)])
-
     def get_node(self, txn: lmdb.Transaction, namespace: str, node_id: str) -> dict[str, Any] | None:
-        raw = txn.get(self._gkey(namespace, b"n", node_id), db=self.graph)
+        raw = txn.get(graph_key(namespace, b"n", node_id), db=self.graph)
         return None if raw is None else msgpack.unpackb(raw, raw=False)
 
     def put_node(self, txn: lmdb.Transaction, namespace: str, node: dict[str, Any]) -> None:
-        txn.put(
-            self._gkey(namespace, b"n", node["id"]), msgpack.packb(node, use_bin_type=True), db=self.graph
-        )
+        txn.put(graph_key(namespace, b"n", node["id"]), msgpack.packb(node, use_bin_type=True), db=self.graph)
 
     def get_edge(self, txn: lmdb.Transaction, namespace: str, edge_id: str) -> dict[str, Any] | None:
-        raw = txn.get(self._gkey(namespace, b"e", edge_id), db=self.graph)
+        raw = txn.get(graph_key(namespace, b"e", edge_id), db=self.graph)
         return None if raw is None else msgpack.unpackb(raw, raw=False)
 
     def put_edge(self, txn: lmdb.Transaction, namespace: str, edge: dict[str, Any]) -> None:
-        txn.put(
-            self._gkey(namespace, b"e", edge["id"]), msgpack.packb(edge, use_bin_type=True), db=self.graph
-        )
+        txn.put(graph_key(namespace, b"e", edge["id"]), msgpack.packb(edge, use_bin_type=True), db=self.graph)
         for end in (edge["source_id"], edge["target_id"]):
-            txn.put(self._gkey(namespace, b"a", end, edge["id"]), b"", db=self.graph)
+            txn.put(graph_key(namespace, b"a", end, edge["id"]), b"", db=self.graph)
 
     def nodes(self, txn: lmdb.Transaction, namespace: str) -> Iterator[dict[str, Any]]:
-        prefix = self._gkey(namespace, b"n") + b"\x00"
+        prefix = graph_key(namespace, b"n") + b"\x00"
         cur = txn.cursor(db=self.graph)
         if cur.set_range(prefix):
             for key, value in cur:
@@ -537,7 +513,7 @@ class Store:
                 yield msgpack.unpackb(value, raw=False)
 
     def edges_of(self, txn: lmdb.Transaction, namespace: str, node_id: str) -> list[str]:
-        prefix = self._gkey(namespace, b"a", node_id) + b"\x00"
+        prefix = graph_key(namespace, b"a", node_id) + b"\x00"
         out = []
         cur = txn.cursor(db=self.graph)
         if cur.set_range(prefix):
@@ -549,12 +525,13 @@ class Store:
         return out
 
     def graph_items(
-        self, txn: lmdb.Transaction, prefixes: list[bytes]
+        self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
     ) -> list[tuple[str, str, dict[str, Any]]]:
-        """("node" | "edge", namespace, item) of every graph entry under the namespace key prefixes."""
+        """("node" | "edge", namespace, item) of every graph entry of ``namespace`` (and of its
+        children with ``include_children``; ``""``: of every namespace)."""
         out = []
         cur = txn.cursor(db=self.graph)
-        for prefix in prefixes:
+        for prefix in namespace_prefixes(namespace, include_children):
             if not cur.set_range(prefix):
                 continue
             for key, value in cur:
@@ -569,9 +546,8 @@ class Store:
         return out
 
     def delete_graph(self, txn: lmdb.Transaction, namespace: str, include_children: bool) -> None:
-        prefixes = [namespace.encode() + b"\x00"] + ([namespace.encode() + b"/"] if include_children else [])
         cur = txn.cursor(db=self.graph)
-        for prefix in prefixes:
+        for prefix in namespace_prefixes(namespace, include_children):
             while cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):
                 cur.delete()
 
@@ -604,11 +580,11 @@ class Store:
         key = id_key(namespace, request_id)
         value = {"fp": fingerprint, "rids": rids, "t": now, "dups": dups or []}
         txn.put(key, msgpack.packb(value, use_bin_type=True), db=self.requests)
-        txn.put(_time_key(now) + key, b"", db=self.request_times)
+        txn.put(time_key(now) + key, b"", db=self.request_times)
 
     def expire_requests(self, txn: lmdb.Transaction, before: float, limit: int) -> int:
         """Forget up to ``limit`` request ids recorded before ``before``; returns how many."""
-        cutoff = _time_key(before)
+        cutoff = time_key(before)
         done = 0
         cur = txn.cursor(db=self.request_times)
         while done < limit and cur.first():
@@ -621,13 +597,6 @@ class Store:
         return done
 
 
-def _time_key(t: float) -> bytes:
-    return _RID.pack(max(0, int(t * 1000)))
-
-
-def _unpack_config(raw: bytes | memoryview) -> dict[str, Any]:
-    return dict(msgpack.unpackb(raw, raw=False, strict_map_key=False))
-
-
-def _lstat_key(namespace: str, tier: int) -> bytes:
-    return _META_LSTAT + namespace.encode() + b"\x00" + bytes([tier])
+def _scope_of(raw: bytes | memoryview) -> ScopeState:
+    refl, tokens, summary_rid = msgpack.unpackb(raw)
+    return ScopeState(reflection_importance=refl, summary_tokens=tokens, summary_rid=summary_rid)

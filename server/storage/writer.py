@@ -4,8 +4,7 @@ LMDB allows one write transaction at a time and it belongs to the thread that op
 writes go through this thread. Callers block until their operation is durable (committed) and
 applied to the in-memory state (columns, HNSW), then get its result or its error. Operations that
 arrive while a commit is in flight are committed together in the next group: under load many writes
-share one fsync (a synced commit costs ~0.4 ms; 1,000 puts per commit run ~65x faster than 1 per
-commit, PERF-FACTS).
+share one fsync (a synced commit costs far more than a put: see docs/perf-log.md).
 
 If an operation's ``prepare(txn)`` raises, only that operation is rolled back and fails; the others
 of the group still commit. A group first runs every ``prepare`` straight in the group's transaction;
@@ -66,7 +65,7 @@ class Writer:
         self._lock = threading.Lock()
         self.ops_committed = 0
         self.groups_committed = 0
-        self.apply_failures = 0  # committed writes whose in-memory apply failed (see Engine.snapshot)
+        self.apply_failures = 0  # committed writes whose in-memory apply failed (columns snapshots skip then)
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 

@@ -1,4 +1,5 @@
-"""Conversion between tiermem.v1 messages and engine types. No logic beyond field mapping."""
+"""Conversion between tiermem.v1 messages and the server's types (engine records, reports, export
+items, context packages). No logic beyond field mapping."""
 
 from __future__ import annotations
 
@@ -7,12 +8,23 @@ from typing import Any
 import numpy as np
 
 from tiermem._values import metadata_values, set_metadata, set_timestamp, timestamp_seconds
+from tiermem.server.agent.context import ContextPackage, ScopeSpec
 from tiermem.server.core.policy import Policy
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.records import NewMemory, Record
+from tiermem.server.model.reports import (
+    ConsolidationReport,
+    ExportedGraphItem,
+    ExportedMemory,
+    ExportedScope,
+    ExportHeader,
+    ExportItem,
+    ScopeProgress,
+    StatsReport,
+)
 from tiermem.server.model.types import FeedbackItem, Filter
 from tiermem.server.model.validation import new_memory as check_new_memory
-from tiermem.server.search.searcher import SearchHit, SearchQuery
+from tiermem.server.search.query import SearchHit, SearchQuery
 from tiermem.v1 import memory_pb2 as pb
 
 
@@ -140,7 +152,7 @@ def hit_to_pb(hit: SearchHit, out: pb.SearchResult, explain: bool = False) -> No
     out.importance = hit.importance
     if explain:
         e = out.explanation
-        e.strategy = hit.strategy
+        e.strategy = hit.strategy  # type: ignore[assignment,unused-ignore]
         e.alpha, e.beta, e.gamma = hit.weights
         e.tier_weight, e.scope_weight = hit.tier_weight, hit.scope_weight
         e.vector_rank, e.keyword_rank, e.keyword_score = hit.vector_rank, hit.keyword_rank, hit.keyword_score
@@ -209,7 +221,7 @@ def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
             half_life_hours=s.half_life_hours,
             cadence_seconds=s.cadence_seconds,
         )
-    out.retention = policy.retention
+    out.retention = policy.retention  # type: ignore[assignment,unused-ignore]
     out.delete_from_glacial = policy.delete_from_glacial
     out.promote_access_count = policy.promote_access_count
     out.promote_surprise = policy.promote_surprise
@@ -264,29 +276,70 @@ def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.nd
     return rec, (np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None)
 
 
-def header_to_pb(h: dict[str, Any]) -> pb.ExportHeader:
+def header_to_pb(h: ExportHeader) -> pb.ExportHeader:
     out = pb.ExportHeader(
-        format_version=h["format_version"],
-        server_version=h["server_version"],
-        embedder_model=h["embedder_model"],
-        namespace=h["namespace"],
+        format_version=h.format_version,
+        server_version=h.server_version,
+        embedder_model=h.embedder_model,
+        namespace=h.namespace,
     )
-    set_timestamp(out.export_time, h["export_time"])
+    set_timestamp(out.export_time, h.export_time)
     return out
 
 
-def header_from_pb(h: pb.ExportHeader) -> dict[str, Any]:
+def header_from_pb(h: pb.ExportHeader) -> ExportHeader:
     if h.format_version != 1:
         raise InvalidArgument(
             "header.format_version", f"{h.format_version} is not a format this server reads (1)"
         )
-    return {
-        "format_version": 1,
-        "server_version": h.server_version,
-        "embedder_model": h.embedder_model,
-        "namespace": h.namespace,
-        "export_time": ts_to_float(h, "export_time"),
-    }
+    return ExportHeader(
+        format_version=1,
+        server_version=h.server_version,
+        export_time=ts_to_float(h, "export_time") or 0.0,
+        embedder_model=h.embedder_model,
+        namespace=h.namespace,
+    )
+
+
+def export_chunk_to_pb(item: ExportHeader | ExportItem) -> pb.ExportMemoriesResponse:
+    """One item of an export stream (its header first) as its chunk."""
+    if isinstance(item, ExportHeader):
+        return pb.ExportMemoriesResponse(header=header_to_pb(item))
+    if isinstance(item, ExportedMemory):
+        return pb.ExportMemoriesResponse(memory=memory_to_pb(item.record, item.vector))
+    if isinstance(item, ExportedScope):
+        scope = pb.ScopeState(
+            namespace=item.namespace,
+            reflection_importance=item.reflection_importance,
+            summary_tokens=item.summary_tokens,
+        )
+        return pb.ExportMemoriesResponse(scope=scope)
+    if item.kind == "node":
+        return pb.ExportMemoriesResponse(node=node_to_pb(item.item), graph_namespace=item.namespace)
+    return pb.ExportMemoriesResponse(edge=edge_to_pb(item.item), graph_namespace=item.namespace)
+
+
+def import_item_from_pb(chunk: pb.ImportMemoriesRequest, i: int, config: Any) -> ExportItem:
+    """The ``i``-th chunk of an import after its header as the item to restore (a memory's content
+    validated, its history kept)."""
+    which = chunk.WhichOneof("chunk")
+    if which == "memory":
+        rec, vector = record_from_pb(chunk.memory, f"memories[{i}].", config)
+        return ExportedMemory(rec, vector)
+    if which == "node":
+        node = node_from_pb(chunk.node)
+        node["updated"] = ts_to_float(chunk.node, "update_time")
+        return ExportedGraphItem("node", chunk.graph_namespace, node)
+    if which == "edge":
+        edge = edge_from_pb(chunk.edge)
+        edge["id"], edge["created"] = chunk.edge.id, ts_to_float(chunk.edge, "create_time")
+        return ExportedGraphItem("edge", chunk.graph_namespace, edge)
+    if which == "scope":
+        s = chunk.scope
+        return ExportedScope(s.namespace, s.reflection_importance, s.summary_tokens)
+    raise InvalidArgument(
+        f"chunks[{i + 1}]", "after the header, chunks are memories, scope states or graph items"
+    )
 
 
 def node_from_pb(n: pb.GraphNode) -> dict[str, Any]:
@@ -331,3 +384,105 @@ def edge_to_pb(edge: dict[str, Any]) -> pb.GraphEdge:
         set_timestamp(out.invalid_from, edge["invalid_from"])
     set_timestamp(out.create_time, edge.get("created", 0.0))
     return out
+
+
+def stats_to_pb(s: StatsReport, scope: ScopeProgress | None) -> pb.GetStatsResponse:
+    """Server statistics, with a namespace's progress when one was asked for."""
+    hits, misses = s.search_hits, s.search_misses
+    out = pb.GetStatsResponse(
+        memory_count=s.memory_count,
+        namespace_count=s.namespace_count,
+        tiers=[
+            pb.TierStats(
+                tier=t.tier,  # type: ignore[arg-type,unused-ignore]
+                memory_count=t.count,
+                avg_importance=t.avg_importance,
+                avg_surprise=t.avg_surprise,
+                promotions_total=t.totals[0],
+                demotions_total=t.totals[1],
+                evictions_total=t.totals[2],
+                deleted_total=t.totals[3],
+                promotions_last_hour=t.last_hour[0],
+                demotions_last_hour=t.last_hour[1],
+                evictions_last_hour=t.last_hour[2],
+            )
+            for t in s.tiers
+        ],
+        spaces=[
+            pb.EmbeddingSpaceStats(
+                embedding_model=sp.model,
+                dimension=sp.dim,
+                live_vectors=sp.live,
+                indexed_vectors=sp.indexed,
+                pending_vectors=sp.pending,
+            )
+            for sp in s.spaces
+        ],
+        writes_committed=s.writes_committed,
+        commit_groups=s.commit_groups,
+        uptime_seconds=s.uptime_seconds,
+        storage_bytes=s.storage_bytes,
+        server_version=s.version,
+        search_hits=hits,
+        search_misses=misses,
+        hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+    )
+    if scope is not None:
+        out.reflection_importance = scope.reflection_importance
+        out.reflection_due = scope.reflection_due
+        out.summary_tokens = scope.summary_tokens
+        out.summary_due = scope.summary_due
+    return out
+
+
+def consolidation_to_pb(r: ConsolidationReport) -> pb.ConsolidateMemoriesResponse:
+    return pb.ConsolidateMemoriesResponse(
+        moves=[
+            pb.TierMove(
+                namespace=m.namespace,
+                id=m.id,
+                from_tier=m.from_tier,  # type: ignore[arg-type,unused-ignore]
+                to_tier=m.to_tier,  # type: ignore[arg-type,unused-ignore]
+                reason=m.reason,  # type: ignore[arg-type,unused-ignore]
+            )
+            for m in r.moves
+        ],
+        promoted=r.promoted,
+        demoted=r.demoted,
+        evicted=r.evicted,
+        deleted=r.deleted,
+        over_capacity=r.over_capacity,
+        skipped=r.skipped,
+        plan_seconds=r.plan_seconds,
+        apply_seconds=r.apply_seconds,
+        max_search_pause_seconds=r.max_pause_seconds,
+    )
+
+
+def scope_specs_from_pb(scopes: Any) -> list[ScopeSpec]:
+    return [
+        ScopeSpec(
+            s.namespace,
+            s.share if s.HasField("share") else None,
+            s.semantic_k if s.HasField("semantic_k") else None,
+            s.recent_window if s.HasField("recent_window") else None,
+        )
+        for s in scopes
+    ]
+
+
+def context_to_pb(package: ContextPackage) -> pb.BuildContextResponse:
+    return pb.BuildContextResponse(
+        sections=[
+            pb.ContextSection(
+                namespace=s.namespace,
+                kind=s.kind,
+                tokens=s.tokens,
+                items=[pb.ContextItem(memory_id=x.memory_id, text=x.text, tokens=x.tokens) for x in s.items],
+            )
+            for s in package.sections
+        ],
+        tokens_used=package.tokens_used,
+        candidate_tokens=package.candidate_tokens,
+        compression_ratio=package.compression_ratio,
+    )

@@ -1,7 +1,6 @@
 """Search followers: more processes serving one port, so searches are not bound by one GIL.
 
-One Python process ranks searches on about one core's worth of Python (the GIL: see README,
-Performance). With ``search_processes`` N > 1 the server (the *leader*, the one process that holds
+One Python process ranks searches on about one core's worth of Python (the GIL). With ``search_processes`` N > 1 the server (the *leader*, the one process that holds
 the data directory and writes) starts N - 1 followers. Each follower
 
 - opens LMDB read-only and loads the same snapshots as a start-up does (``Engine(follower=True)``),
@@ -40,6 +39,13 @@ from google.protobuf.message import DecodeError
 from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.transport.forward import Forwarder, methods_of
+from tiermem.server.transport.process import (
+    StopSignals,
+    add_health_and_reflection,
+    freeze_startup_objects,
+    grpc_server,
+    tune_malloc,
+)
 from tiermem.server.transport.servicer import MemoryServicer
 from tiermem.v1 import memory_pb2 as pb
 
@@ -97,8 +103,6 @@ class Followers:
     and ending at ``stop``: a follower's death signal is tied to the thread that started it."""
 
     MIN_DELAY, MAX_DELAY = 1.0, 60.0  # between a follower's exit and its replacement
-    STEADY = 60.0  # a follower that served this long resets the delay
-    START_TIMEOUT = 1800.0  # a follower not serving after this long is killed (a load hung)
 
     def __init__(
         self, config: ServerConfig, port: int, leader: str, on_exit: Callable[[], Any] = lambda: None
@@ -175,7 +179,7 @@ class Followers:
             self.on_exit()
         except Exception:  # upkeep only: the follower is replaced all the same
             logger.exception("after search follower %d exited", proc.pid)
-        if time.monotonic() - self._started[i] >= self.STEADY:
+        if time.monotonic() - self._started[i] >= self.config.tuning.follower_steady_seconds:
             delay[i] = self.MIN_DELAY
         logger.warning(
             "search follower %d exited with %s: another in %.0f s", proc.pid, proc.returncode, delay[i]
@@ -207,14 +211,13 @@ class Followers:
             got.set()  # EOF: the follower exited
 
         threading.Thread(target=read, name="tiermem-follower-out", daemon=True).start()
-        deadline = time.monotonic() + self.START_TIMEOUT
+        timeout = self.config.tuning.follower_start_timeout_seconds
+        deadline = time.monotonic() + timeout
         while not got.wait(0.2):
             if self._stopping.is_set():
                 return False
             if time.monotonic() > deadline:  # hung while loading: killed, then replaced as any exit
-                logger.error(
-                    "search follower %d not serving after %.0f s: killed", proc.pid, self.START_TIMEOUT
-                )
+                logger.error("search follower %d not serving after %.0f s: killed", proc.pid, timeout)
                 proc.kill()
                 return False
         return ready[0]
@@ -263,14 +266,6 @@ def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forward
 def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     """Serve as a search follower of ``leader`` on config.host:``port`` until SIGTERM (0), or until
     it can no longer follow (3: the leader starts another)."""
-    from tiermem.server.transport.app import (
-        StopSignals,
-        add_health_and_reflection,
-        freeze_startup_objects,
-        grpc_server,
-        tune_malloc,
-    )
-
     tune_malloc(config.malloc_mmap_threshold)
     channel = grpc.insecure_channel(
         leader,
@@ -290,6 +285,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         channel, SERVICE.full_name, methods_of(SERVICE), keep=set(SEARCHES), upstream="the leader"
     )
     server.add_generic_rpc_handlers((forwarder,))
+    # A follower's servicer answers searches only (everything else is forwarded): no agent services.
     server.add_generic_rpc_handlers((_local_searches(MemoryServicer(engine), engine, forwarder),))
     health_servicer = add_health_and_reflection(server, serving=True)  # loaded before it binds
     if server.add_insecure_port(f"{config.host}:{port}") != port:

@@ -1,4 +1,5 @@
-"""The gRPC MemoryService: validate the shape, call the engine, build the response. Nothing else."""
+"""The gRPC MemoryService: validate the shape, call the engine (or the agent services over it: graph
+memory, context assembly, summaries), build the response. Nothing else."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from tiermem.server.agent.context import ScopeSpec
+from tiermem.server.agent.context import Assembler
+from tiermem.server.agent.graph import GraphMemory
+from tiermem.server.agent.summaries import build_summary
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import InvalidArgument, ResourceExhausted, TiermemError, Unavailable
+from tiermem.server.model.reports import ExportItem
 from tiermem.server.transport import convert
 from tiermem.server.transport.status import to_status
 from tiermem.v1 import memory_pb2 as pb
@@ -70,10 +74,27 @@ def _still_wanted(context: grpc.ServicerContext | None) -> Callable[[], bool] | 
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
-    def __init__(self, engine: Engine | None = None) -> None:
-        self.engine: Engine | None = engine  # None while the server starts (health: NOT_SERVING)
+    """Serves calls once ``attach`` gave it an engine (until then: UNAVAILABLE, STARTING). Without
+    an assembler and a graph (a search follower's servicer), their calls are UNAVAILABLE too."""
+
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        assembler: Assembler | None = None,
+        graph: GraphMemory | None = None,
+    ) -> None:
+        self.engine: Engine | None = None  # None while the server starts (health: NOT_SERVING)
+        self.assembler: Assembler | None = None
+        self.graph: GraphMemory | None = None
         self._streams: threading.BoundedSemaphore | None = None
         self._streams_lock = threading.Lock()
+        if engine is not None:
+            self.attach(engine, assembler, graph)
+
+    def attach(self, engine: Engine, assembler: Assembler | None, graph: GraphMemory | None) -> None:
+        """Start serving with ``engine`` (set last: calls see the agent services once it is set)."""
+        self.assembler, self.graph = assembler, graph
+        self.engine = engine
 
     @contextlib.contextmanager
     def _stream_slot(self) -> Iterator[None]:
@@ -101,20 +122,36 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             raise Unavailable("server is starting", reason="STARTING")
         return self.engine
 
+    @property
+    def _graph(self) -> GraphMemory:
+        if self.engine is None or self.graph is None:
+            raise Unavailable("server is starting", reason="STARTING")
+        return self.graph
+
+    @property
+    def _assembler(self) -> Assembler:
+        if self.engine is None or self.assembler is None:
+            raise Unavailable("server is starting", reason="STARTING")
+        return self.assembler
+
     @_rpc
     def CreateMemory(
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
     ) -> pb.CreateMemoryResponse:
         spec = convert.new_memory_from_pb(request.memory, "memory.")
-        [rec], [dup], dues = self._engine.create_ex(
+        out = self._engine.create_detailed(
             [spec],
             request.request_id,
             allow_duplicates=request.allow_duplicates,
             dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
         )
-        refl, summ = dues[rec.namespace]
+        [rec], [dup] = out.records, out.reinforced
+        due = out.due[rec.namespace]
         return pb.CreateMemoryResponse(
-            memory=convert.memory_to_pb(rec), deduplicated=dup, reflection_due=refl, summary_due=summ
+            memory=convert.memory_to_pb(rec),
+            deduplicated=dup,
+            reflection_due=due.reflection,
+            summary_due=due.summary,
         )
 
     @_rpc
@@ -122,7 +159,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchCreateMemoriesResponse:
         specs = [convert.new_memory_from_pb(m, f"memories[{i}].") for i, m in enumerate(request.memories)]
-        recs, dups, dues = self._engine.create_ex(
+        out = self._engine.create_detailed(
             specs,
             request.request_id,
             batch=True,
@@ -130,11 +167,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
         )
         resp = pb.BatchCreateMemoriesResponse(
-            deduplicated=dups,
-            reflection_due_namespaces=sorted(ns for ns, (refl, _) in dues.items() if refl),
-            summary_due_namespaces=sorted(ns for ns, (_, summ) in dues.items() if summ),
+            deduplicated=out.reinforced,
+            reflection_due_namespaces=sorted(ns for ns, due in out.due.items() if due.reflection),
+            summary_due_namespaces=sorted(ns for ns, due in out.due.items() if due.summary),
         )
-        for rec in recs:
+        for rec in out.records:
             convert.memory_to_pb(rec, out=resp.memories.add())
         return resp
 
@@ -230,53 +267,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     @_rpc
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
-        s = self._engine.stats(request.namespace)
-        hits, misses = s["search_hits"], s["search_misses"]
-        scope: dict[str, Any] = {}
-        if request.namespace:
-            st = self._engine.scope(request.namespace)
-            scope = {
-                k: st[k] for k in ("reflection_importance", "reflection_due", "summary_tokens", "summary_due")
-            }
-        return pb.GetStatsResponse(
-            memory_count=s["memory_count"],
-            namespace_count=s["namespace_count"],
-            tiers=[
-                pb.TierStats(
-                    tier=t["tier"],
-                    memory_count=t["count"],
-                    avg_importance=t["avg_importance"],
-                    avg_surprise=t["avg_surprise"],
-                    promotions_total=t["totals"][0],
-                    demotions_total=t["totals"][1],
-                    evictions_total=t["totals"][2],
-                    deleted_total=t["totals"][3],
-                    promotions_last_hour=t["last_hour"][0],
-                    demotions_last_hour=t["last_hour"][1],
-                    evictions_last_hour=t["last_hour"][2],
-                )
-                for t in s["tiers"]
-            ],
-            spaces=[
-                pb.EmbeddingSpaceStats(
-                    embedding_model=sp["model"],
-                    dimension=sp["dim"],
-                    live_vectors=sp["live"],
-                    indexed_vectors=sp["indexed"],
-                    pending_vectors=sp["pending"],
-                )
-                for sp in s["spaces"]
-            ],
-            writes_committed=s["writes_committed"],
-            commit_groups=s["commit_groups"],
-            uptime_seconds=s["uptime_seconds"],
-            storage_bytes=s["storage_bytes"],
-            server_version=s["version"],
-            search_hits=hits,
-            search_misses=misses,
-            hit_rate=hits / (hits + misses) if hits + misses else 0.0,
-            **scope,
-        )
+        report = self._engine.stats(request.namespace)
+        scope = self._engine.scope(request.namespace) if request.namespace else None
+        return convert.stats_to_pb(report, scope)
 
     @_rpc
     def ListNamespaces(
@@ -321,30 +314,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def ConsolidateMemories(
         self, request: pb.ConsolidateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.ConsolidateMemoriesResponse:
-        r = self._engine.consolidate(
+        report = self._engine.consolidate(
             request.namespace, dry_run=request.dry_run, max_reported=request.max_reported_moves or 1000
         )
-        return pb.ConsolidateMemoriesResponse(
-            moves=[
-                pb.TierMove(
-                    namespace=m["namespace"],
-                    id=m["id"],
-                    from_tier=m["from"],
-                    to_tier=m["to"],
-                    reason=m["reason"],
-                )
-                for m in r["moves"]
-            ],
-            promoted=r["promoted"],
-            demoted=r["demoted"],
-            evicted=r["evicted"],
-            deleted=r["deleted"],
-            over_capacity=r["over_capacity"],
-            skipped=r["skipped"],
-            plan_seconds=r["plan_seconds"],
-            apply_seconds=r["apply_seconds"],
-            max_search_pause_seconds=r["max_pause_seconds"],
-        )
+        return convert.consolidation_to_pb(report)
 
     @_rpc
     def TransferMemory(
@@ -369,18 +342,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.ExportMemoriesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ExportMemoriesResponse]:
         with self._stream_slot():
-            chunks = self._engine.export(request.namespace, request.include_children)
-            yield pb.ExportMemoriesResponse(header=convert.header_to_pb(next(chunks)))
-            for what, a, b in chunks:
-                if what == "memory":
-                    yield pb.ExportMemoriesResponse(memory=convert.memory_to_pb(a, b))
-                elif what == "scope":
-                    scope = pb.ScopeState(namespace=a, reflection_importance=b[0], summary_tokens=b[1])
-                    yield pb.ExportMemoriesResponse(scope=scope)
-                elif what == "node":
-                    yield pb.ExportMemoriesResponse(node=convert.node_to_pb(b), graph_namespace=a)
-                else:
-                    yield pb.ExportMemoriesResponse(edge=convert.edge_to_pb(b), graph_namespace=a)
+            for item in self._engine.export(request.namespace, request.include_children):
+                yield convert.export_chunk_to_pb(item)
 
     @_rpc
     def ImportMemories(
@@ -396,33 +359,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         header = convert.header_from_pb(first.header)
         engine = self._engine
 
-        def items() -> Iterator[Any]:
+        def items() -> Iterator[ExportItem]:
             for i, chunk in enumerate(request_iterator):
-                which = chunk.WhichOneof("chunk")
-                if which == "memory":
-                    yield ("memory", *convert.record_from_pb(chunk.memory, f"memories[{i}].", engine.config))
-                elif which == "node":
-                    node = convert.node_from_pb(chunk.node)
-                    node["updated"] = convert.ts_to_float(chunk.node, "update_time")
-                    yield "node", chunk.graph_namespace, node
-                elif which == "edge":
-                    edge = convert.edge_from_pb(chunk.edge)
-                    edge["id"], edge["created"] = (
-                        chunk.edge.id,
-                        convert.ts_to_float(chunk.edge, "create_time"),
-                    )
-                    yield "edge", chunk.graph_namespace, edge
-                elif which == "scope":
-                    s = chunk.scope
-                    yield "scope", s.namespace, (s.reflection_importance, s.summary_tokens)
-                else:
-                    raise InvalidArgument(
-                        f"chunks[{i + 1}]",
-                        "after the header, chunks are memories, scope states or graph items",
-                    )
+                yield convert.import_item_from_pb(chunk, i, engine.config)
 
-        imported, reembedded, graph_items = engine.restore(header, items(), first.target_namespace)
-        return pb.ImportMemoriesResponse(imported=imported, reembedded=reembedded, graph_items=graph_items)
+        result = engine.restore(header, items(), first.target_namespace)
+        return pb.ImportMemoriesResponse(
+            imported=result.imported, reembedded=result.reembedded, graph_items=result.graph_items
+        )
 
     @_rpc
     def GetReflectionCandidates(
@@ -431,9 +375,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         recs, st = self._engine.reflection_candidates(request.namespace, request.limit)
         return pb.GetReflectionCandidatesResponse(
             observations=[convert.memory_to_pb(r) for r in recs],
-            accumulated_importance=st["reflection_importance"],
+            accumulated_importance=st.reflection_importance,
             threshold=self._engine.config.reflection_threshold,
-            reflection_due=st["reflection_due"],
+            reflection_due=st.reflection_due,
         )
 
     @_rpc
@@ -442,28 +386,30 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.BuildSummaryResponse:
         if request.max_tokens < 0:
             raise InvalidArgument("max_tokens", "must not be negative")
-        text, ids, tokens = self._engine.build_summary(request.namespace, request.max_tokens or 500)
-        return pb.BuildSummaryResponse(text=text, source_memory_ids=ids, token_count=tokens)
+        summary = build_summary(self._engine, request.namespace, request.max_tokens or 500)
+        return pb.BuildSummaryResponse(
+            text=summary.text, source_memory_ids=summary.source_ids, token_count=summary.tokens
+        )
 
     @_rpc
     def UpsertGraphNode(
         self, request: pb.UpsertGraphNodeRequest, context: grpc.ServicerContext
     ) -> pb.UpsertGraphNodeResponse:
-        node = self._engine.graph.upsert_node(request.namespace, convert.node_from_pb(request.node))
+        node = self._graph.upsert_node(request.namespace, convert.node_from_pb(request.node))
         return pb.UpsertGraphNodeResponse(node=convert.node_to_pb(node))
 
     @_rpc
     def AddGraphEdge(
         self, request: pb.AddGraphEdgeRequest, context: grpc.ServicerContext
     ) -> pb.AddGraphEdgeResponse:
-        edge = self._engine.graph.add_edge(request.namespace, convert.edge_from_pb(request.edge))
+        edge = self._graph.add_edge(request.namespace, convert.edge_from_pb(request.edge))
         return pb.AddGraphEdgeResponse(edge=convert.edge_to_pb(edge))
 
     @_rpc
     def InvalidateGraphEdge(
         self, request: pb.InvalidateGraphEdgeRequest, context: grpc.ServicerContext
     ) -> pb.InvalidateGraphEdgeResponse:
-        edge = self._engine.graph.invalidate_edge(
+        edge = self._graph.invalidate_edge(
             request.namespace, request.edge_id, convert.ts_to_float(request, "invalid_from")
         )
         return pb.InvalidateGraphEdgeResponse(edge=convert.edge_to_pb(edge))
@@ -472,7 +418,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def GetGraphNeighbors(
         self, request: pb.GetGraphNeighborsRequest, context: grpc.ServicerContext
     ) -> pb.GetGraphNeighborsResponse:
-        nodes, edges = self._engine.graph.neighbors(
+        nodes, edges = self._graph.neighbors(
             request.namespace,
             request.node_id,
             request.depth or 1,
@@ -488,36 +434,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def BuildContext(
         self, request: pb.BuildContextRequest, context: grpc.ServicerContext
     ) -> pb.BuildContextResponse:
-        scopes = [
-            ScopeSpec(
-                s.namespace,
-                s.share if s.HasField("share") else None,
-                s.semantic_k if s.HasField("semantic_k") else None,
-                s.recent_window if s.HasField("recent_window") else None,
-            )
-            for s in request.scopes
-        ]
-        r = self._engine.assembler.build(
-            scopes,
+        package = self._assembler.build(
+            convert.scope_specs_from_pb(request.scopes),
             request.query_text,
             request.token_budget,
             request.head_tail,
             request.graph_facts if request.HasField("graph_facts") else True,
             request.read_only,
         )
-        return pb.BuildContextResponse(
-            sections=[
-                pb.ContextSection(
-                    namespace=s.namespace,
-                    kind=s.kind,
-                    tokens=s.tokens,
-                    items=[
-                        pb.ContextItem(memory_id=x.memory_id, text=x.text, tokens=x.tokens) for x in s.items
-                    ],
-                )
-                for s in r["sections"]
-            ],
-            tokens_used=r["tokens_used"],
-            candidate_tokens=r["candidate_tokens"],
-            compression_ratio=r["compression_ratio"],
-        )
+        return convert.context_to_pb(package)

@@ -1,0 +1,65 @@
+"""Extractive summaries of a namespace (no LLM): ``build_summary`` picks the first sentence of each
+memory since the namespace's last summary, best first, within a token budget. Reads only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tiermem.server.model import validation as check
+from tiermem.server.model.text import estimate_tokens
+from tiermem.server.model.types import Filter
+
+if TYPE_CHECKING:
+    from tiermem.server.core.engine import Engine
+
+MAX_SOURCE_IDS = 1000  # ids of covered memories returned with a summary
+
+
+@dataclass
+class Summary:
+    text: str
+    source_ids: list[str]  # the memories it covers, oldest first (at most MAX_SOURCE_IDS)
+    tokens: int
+
+
+def build_summary(engine: Engine, namespace: str, max_tokens: int) -> Summary:
+    """An extractive summary of the namespace's memories since its last summary: the first sentence
+    of each, best first by 0.7 * importance + 0.3 * rank in time, kept within max_tokens, then put
+    back in time order."""
+    check.namespace("namespace", namespace)
+    since = engine.scope(namespace).summary_rid
+    view = engine.columns.view()
+    allowed, _ = engine.allowed_rows(view, [namespace], Filter(), engine.clock())
+    rows = np.flatnonzero(allowed & (view.rid > since))
+    with engine.store.read() as txn:
+        recs = [
+            r
+            for r in (engine.store.get(txn, int(view.rid[row])) for row in rows)
+            if r and r.kind != "summary"
+        ]
+    if not recs:
+        return Summary("", [], 0)
+    n = len(recs)
+    order = sorted(range(n), key=lambda i: -(0.7 * recs[i].importance + 0.3 * (i + 1) / n))
+    chosen, used = [], 0
+    for i in order:
+        sentence = first_sentence(recs[i].content)
+        cost = estimate_tokens(sentence) + 1
+        if used + cost > max_tokens:
+            continue
+        chosen.append(i)
+        used += cost
+    text = " ".join(first_sentence(recs[i].content) for i in sorted(chosen))
+    return Summary(text, [r.id for r in recs][:MAX_SOURCE_IDS], estimate_tokens(text))
+
+
+def first_sentence(text: str) -> str:
+    """``text`` with its white space collapsed, up to the first '.', '!' or '?' that ends a word."""
+    text = " ".join(text.split())
+    for i, ch in enumerate(text):
+        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] == " "):
+            return text[: i + 1]
+    return text

@@ -1,0 +1,144 @@
+"""The engine's background work: snapshots of the columns and indexes (periodic, and at shutdown),
+the flush of recorded accesses, the maintenance pass (embedding retries, expiry sweep, scheduled
+lifecycle pass) and, in a follower, the follow thread.
+
+Concurrency: each loop runs on its own daemon thread until ``EngineState.stop`` is set; snapshots
+are taken one at a time (``Snapshots.lock``), the columns copied in the writer thread between two
+commit groups."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tiermem.server.core import access, lifecycle, upkeep
+from tiermem.server.core.follow import follow_loop
+from tiermem.server.core.state import EngineState
+from tiermem.server.storage import snapshots
+
+logger = logging.getLogger(__name__)
+
+
+class Snapshots:
+    """Writes the snapshots that let the next start-up skip decoding and re-indexing every record,
+    and remembers when the last one was written (periodic snapshots are due from it)."""
+
+    def __init__(self, st: EngineState) -> None:
+        self.st = st
+        self.lock = threading.Lock()
+        self.changes_at_last = st.store.changed_count
+        self.time_of_last = time.monotonic()
+
+    def take(self, running: bool = True) -> None:
+        """Write the columns and index snapshots; then drop the change-log entries the columns
+        snapshot holds. ``running``: the writer is up, so the columns are copied in the writer
+        thread between two commit groups (nothing changes while they are copied, and the copy
+        matches the last commit)."""
+        st = self.st
+        with self.lock:
+            t0 = time.monotonic()
+            changes = st.store.changed_count
+            if running:
+                state, seq = st.writer.barrier(lambda: (self._columns_state(), st.store.seq))
+            else:
+                state, seq = self._columns_state(), st.store.seq
+            # After a committed write failed to apply, the columns lack what LMDB holds: a columns
+            # snapshot would carry that into the next start-up (and forget the change log that
+            # still names the record). Keep the previous one; start-up replays LMDB since it.
+            columns_ok = st.writer.apply_failures == 0
+            if columns_ok:
+                snapshots.save_columns(st.index_dir, state, seq, st.store.instance)
+            else:
+                logger.error(
+                    "columns snapshot skipped: %d committed writes failed to apply; the next "
+                    "start-up reloads them from LMDB",
+                    st.writer.apply_failures,
+                )
+            del state
+            for sp in list(st.spaces.values()):
+                for tier, idx in list(sp.indexes.items()):
+                    idx.save(st.snapshot_base(sp, tier), sp.model, st.store.instance)
+            if columns_ok and running:
+                st.writer.submit(lambda txn: st.store.forget_changes(txn, seq), lambda n: n)
+            elif columns_ok:
+                with st.store.write() as txn:
+                    st.store.forget_changes(txn, seq)
+            self.changes_at_last = changes
+            self.time_of_last = time.monotonic()
+            logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
+
+    def _columns_state(self) -> dict[str, Any]:
+        return self.st.columns.state() | {"spaces": [sp.model for sp in self.st.space_list]}
+
+    def loop(self) -> None:
+        """Periodic snapshots bound what a start-up after kill -9 must redo: records changed since
+        the last one are decoded again, vectors added since are indexed again."""
+        st, cfg = self.st, self.st.config
+        while not st.stop.wait(min(10.0, cfg.snapshot_interval_seconds)):
+            changed = st.store.changed_count - self.changes_at_last
+            due = max(cfg.snapshot_min_changes, int(0.1 * len(st.columns)))
+            old = time.monotonic() - self.time_of_last >= cfg.snapshot_interval_seconds
+            if changed >= due or (changed and old):
+                try:
+                    self.take()
+                except Exception:
+                    logger.exception("periodic snapshot failed")
+
+
+def flush_loop(st: EngineState) -> None:
+    while not st.stop.wait(st.config.access_flush_seconds):
+        try:
+            access.flush_access(st)
+        except Exception:
+            logger.exception("recording search accesses failed")
+
+
+def maintenance_loop(st: EngineState) -> None:
+    while not st.stop.wait(st.config.maintenance_interval_seconds):
+        try:
+            if st.config.search_processes > 1:
+                st.store.clear_stale_readers()  # a follower killed while reading
+            upkeep.retry_embeddings(st)
+            lifecycle.sweep(st)
+            report = lifecycle.consolidate(st, scheduled=True, max_reported=0)
+            if report.moved:
+                summary = {k: v for k, v in dataclasses.asdict(report).items() if k != "moves"}
+                logger.info("lifecycle pass: %s", summary)
+        except Exception:
+            logger.exception("maintenance pass failed")
+
+
+class BackgroundThreads:
+    """The engine's daemon threads, started once loaded and joined at close."""
+
+    def __init__(self, st: EngineState, snaps: Snapshots) -> None:
+        self.st = st
+        self.snaps = snaps
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        st, cfg = self.st, self.st.config
+        if cfg.access_flush_seconds > 0 and (cfg.search_records_access or st.following):
+            self._start(lambda: flush_loop(st), "tiermem-access")
+        if st.following:  # the leader snapshots and maintains; a follower keeps up with its commits
+            self._start(lambda: follow_loop(st), "tiermem-follow")
+            return
+        if cfg.snapshot_interval_seconds > 0:
+            self._start(self.snaps.loop, "tiermem-snapshots")
+        if cfg.maintenance_interval_seconds > 0:
+            self._start(lambda: maintenance_loop(st), "tiermem-maintenance")
+
+    def _start(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Signal every loop to end and wait for each."""
+        self.st.stop.set()
+        for thread in self._threads:
+            thread.join()

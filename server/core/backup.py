@@ -1,0 +1,228 @@
+"""Export and import of memories with their vectors, their namespaces' reflection and summary
+progress, and their graph.
+
+An export reads everything from one LMDB read transaction: a consistent snapshot while writes go
+on. An import writes through the writer in batches; the batches committed before a failure stay."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tiermem import __version__
+from tiermem.server.core import upkeep
+from tiermem.server.core.state import EngineState
+from tiermem.server.embedding.providers import EmbedderError
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import AlreadyExists, InvalidArgument
+from tiermem.server.model.records import Record
+from tiermem.server.model.reports import (
+    ExportedGraphItem,
+    ExportedMemory,
+    ExportedScope,
+    ExportHeader,
+    ExportItem,
+    ImportResult,
+)
+from tiermem.server.model.text import words as text_words
+from tiermem.server.model.types import NO_VECTOR
+from tiermem.server.storage.store import Txn
+
+
+def export(
+    st: EngineState, namespace: str = "", include_children: bool = False
+) -> Iterator[ExportHeader | ExportItem]:
+    """Yield the header, then every unexpired memory of the namespace (or all) with its vector,
+    then the scope state of each namespace with progress toward a reflection or summary, then
+    its graph (nodes before the edges using them)."""
+    if namespace:
+        check.namespace("namespace", namespace)
+    yield ExportHeader(
+        format_version=1,
+        server_version=__version__,
+        export_time=st.clock(),
+        embedder_model=st.embedder.model,
+        namespace=namespace,
+    )
+    now = st.clock()
+    with st.store.read() as txn:
+        for rec in st.store.namespace_records(txn, namespace, include_children):
+            if not rec.expired(now):
+                yield ExportedMemory(rec, st.store.get_vector(txn, rec.rid))
+        for ns, state in st.store.scope_states(txn, namespace, include_children):
+            if state.reflection_importance or state.summary_tokens:
+                yield ExportedScope(ns, float(state.reflection_importance), int(state.summary_tokens))
+        graph = st.store.graph_items(txn, namespace, include_children)
+        for kind, ns, item in sorted(graph, key=lambda g: g[0] == "edge"):
+            yield ExportedGraphItem(kind, ns, item)
+
+
+@dataclass
+class _Import:
+    """An import in progress: the memories waiting for the next batch, the graph and the scope
+    progress gathered (applied at the end), and the counts so far."""
+
+    source_ns: str
+    target_ns: str
+    reembed_model: str
+    pending: list[tuple[Record, np.ndarray | None]] = field(default_factory=list)
+    graph: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    scopes: dict[str, list[float]] = field(default_factory=dict)  # ns -> [importance, tokens]
+    imported: int = 0
+    reembedded: int = 0
+
+    def rename(self, ns: str) -> str:
+        """The namespace here of an exported namespace (under ``target_ns`` when given)."""
+        if self.target_ns:
+            if self.source_ns and (ns == self.source_ns or ns.startswith(self.source_ns + "/")):
+                return self.target_ns + ns[len(self.source_ns) :]
+            if not self.source_ns:
+                return f"{self.target_ns}/{ns}"
+        return ns
+
+
+def restore(
+    st: EngineState,
+    header: ExportHeader,
+    items: Iterator[ExportItem],
+    target_namespace: str = "",
+    batch: int = 500,
+) -> ImportResult:
+    """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``,
+    then the exported graph, then the namespaces' progress toward a reflection and a summary,
+    added to what the namespaces here have accumulated already. Memories the exporting server
+    embedded are re-embedded when this server's embedder differs. An id that exists already is
+    ALREADY_EXISTS; the batches committed before it stay."""
+    if target_namespace:
+        check.namespace("target_namespace", target_namespace)
+    imp = _Import(header.namespace, target_namespace, header.embedder_model)
+    for i, item in enumerate(items):
+        if isinstance(item, ExportedGraphItem):
+            ns = check.namespace(f"chunks[{i + 1}].graph_namespace", imp.rename(item.namespace))
+            imp.graph.append((item.kind, ns, item.item))
+        elif isinstance(item, ExportedScope):
+            _add_scope(imp, i, item)
+        else:
+            imp.pending.append(_memory_to_store(st, imp, i, item))
+            if len(imp.pending) >= batch:
+                _flush(st, imp)
+    _flush(st, imp)
+    _store_graph(st, imp.graph, batch)
+    _add_progress(st, imp.scopes)
+    return ImportResult(imported=imp.imported, reembedded=imp.reembedded, graph_items=len(imp.graph))
+
+
+def _add_scope(imp: _Import, i: int, item: ExportedScope) -> None:
+    field_ = f"chunks[{i + 1}].scope."  # (chunk 0 is the header)
+    refl, tokens = item.reflection_importance, item.summary_tokens
+    if not (math.isfinite(refl) and refl >= 0):
+        raise InvalidArgument(field_ + "reflection_importance", "must be a finite number >= 0")
+    if tokens < 0:
+        raise InvalidArgument(field_ + "summary_tokens", "must not be negative")
+    ns = check.namespace(field_ + "namespace", imp.rename(item.namespace))
+    got = imp.scopes.setdefault(ns, [0.0, 0])
+    got[0], got[1] = got[0] + refl, got[1] + tokens
+
+
+def _memory_to_store(
+    st: EngineState, imp: _Import, i: int, item: ExportedMemory
+) -> tuple[Record, np.ndarray | None]:
+    """The record renamed and checked, with its vector (re-embedded when the export's embedder
+    made it and differs from this server's; None: stored now, embedded by the maintenance pass)."""
+    rec, vec = item.record, item.vector
+    field_ = f"memories[{i}]."
+    rec.namespace = imp.rename(rec.namespace)
+    check.namespace(field_ + "namespace", rec.namespace)
+    check.memory_id(field_ + "id", rec.id)
+    model = st.embedder.model
+    if (rec.embedding_model == imp.reembed_model and imp.reembed_model != model) or vec is None:
+        try:
+            vec = st.embedder.embed(rec.content)
+            imp.reembedded += 1
+        except EmbedderError:
+            vec = None
+        rec.embedding_model = model
+        return rec, vec
+    return rec, check.vector(field_ + "embedding", vec, st.config)
+
+
+def _flush(st: EngineState, imp: _Import) -> None:
+    if imp.pending:
+        imp.imported += _restore_batch(st, list(imp.pending))
+        imp.pending.clear()
+
+
+def _store_graph(st: EngineState, graph: list[tuple[str, str, dict[str, Any]]], batch: int) -> None:
+    for lo in range(0, len(graph), batch):
+        chunk = graph[lo : lo + batch]
+
+        def prepare(txn: Txn, chunk: list[tuple[str, str, dict[str, Any]]] = chunk) -> int:
+            for kind, ns, item in chunk:
+                if kind == "node":
+                    st.store.put_node(txn, ns, item)
+                else:
+                    st.store.put_edge(txn, ns, item)
+            return len(chunk)
+
+        st.writer.submit(prepare, lambda n: n)
+
+
+def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
+    if not scopes:
+        return
+
+    def add(txn: Txn) -> None:
+        for ns, (refl, tokens) in scopes.items():
+            state = st.store.scope_state(txn, ns)
+            state.reflection_importance += refl
+            state.summary_tokens += int(tokens)
+            st.store.put_scope_state(txn, ns, state)
+
+    st.writer.submit(add, lambda _: None)
+
+
+def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]]) -> int:
+    def prepare(txn: Txn) -> list[tuple[Record, np.ndarray]]:
+        spaces = st.store.spaces(txn)
+        out = []
+        for rec, vec in items:
+            if st.store.lookup(txn, rec.namespace, rec.id) is not None:
+                raise AlreadyExists(f"memory {rec.id!r} already exists in namespace {rec.namespace!r}")
+            if vec is not None:
+                known = spaces.get(rec.embedding_model)
+                check.same_dimension("embedding", rec.embedding_model, int(vec.shape[0]), known)
+                if known is None:
+                    st.store.put_space(txn, rec.embedding_model, int(vec.shape[0]))
+                    spaces[rec.embedding_model] = int(vec.shape[0])
+            rec.rid, rec.vk = st.alloc_ids()
+            rec.words = len(text_words(rec.content))
+            st.store.insert(txn, rec)
+            if rec.kind == "summary":
+                _make_current_summary(st, txn, rec)
+            if vec is None:
+                st.store.mark_pending(txn, rec.rid, True)
+                vec = NO_VECTOR
+            else:
+                st.store.put_vector(txn, rec.rid, vec, new=True)
+            out.append((rec, vec))
+        return out
+
+    def apply(out: list[tuple[Record, np.ndarray]]) -> int:
+        upkeep.index_new(st, out)
+        return len(out)
+
+    weight = sum(len(r.content) + 4 * (0 if v is None else v.shape[0]) + 512 for r, v in items)
+    return int(st.writer.submit(prepare, apply, weight))
+
+
+def _make_current_summary(st: EngineState, txn: Txn, rec: Record) -> None:
+    """The latest restored summary is the scope's current one."""
+    state = st.store.scope_state(txn, rec.namespace)
+    current = st.store.get(txn, state.summary_rid) if state.summary_rid else None
+    if current is None or current.created_at <= rec.created_at:
+        state.summary_tokens, state.summary_rid = 0, rec.rid
+        st.store.put_scope_state(txn, rec.namespace, state)

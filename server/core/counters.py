@@ -1,0 +1,110 @@
+"""Soft counters the engine keeps in memory: search hit rates per namespace, accesses waiting to be
+committed, and lifecycle totals with the last hour's events. Each guards itself: searches,
+the writer thread, followers' reports and stats read and change them concurrently."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class SearchCounts:
+    """Hit rate: a search "hits" a namespace when it returns some of it, and "misses" it otherwise."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_namespace: dict[str, list[int]] = {}  # namespace -> [hits, misses]
+        self._total = [0, 0]  # [searches returning something, searches returning nothing]
+
+    def count(self, namespaces: Iterable[str], found: set[str], any_hit: bool) -> None:
+        with self._lock:
+            self._total[0 if any_hit else 1] += 1
+            for ns in set(namespaces):
+                counts = self._by_namespace.setdefault(ns, [0, 0])
+                counts[0 if ns in found else 1] += 1
+
+    def hits_misses(self, namespace: str = "") -> tuple[int, int]:
+        """A namespace's [hits, misses], or every search's (``""``)."""
+        with self._lock:
+            hits, misses = self._by_namespace.get(namespace, [0, 0]) if namespace else self._total
+        return hits, misses
+
+    def take(self) -> tuple[dict[str, list[int]], list[int]]:
+        """The counts so far (per namespace, total), leaving zero (a follower hands them over)."""
+        with self._lock:
+            counts, self._by_namespace = self._by_namespace, {}
+            total, self._total = self._total, [0, 0]
+        return counts, total
+
+    def merge(self, by_namespace: dict[str, list[int]], total: list[int]) -> None:
+        """Add counts taken elsewhere (a follower's) to these."""
+        with self._lock:
+            for ns, (hits, misses) in by_namespace.items():
+                counts = self._by_namespace.setdefault(str(ns), [0, 0])
+                counts[0] += int(hits)
+                counts[1] += int(misses)
+            self._total[0] += int(total[0])
+            self._total[1] += int(total[1])
+
+
+class PendingAccesses:
+    """Accesses recorded by searches, by record id: (how many, last access time), until flushed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[int, float]] = {}
+
+    def add(self, accesses: Iterable[tuple[int, int, float]]) -> None:
+        """Add (rid, accesses, last access time) to the accesses waiting for the next flush."""
+        with self._lock:
+            for rid, count, when in accesses:
+                n, last = self._pending.get(rid, (0, when))
+                self._pending[rid] = (n + count, max(last, when))
+
+    def take(self) -> dict[int, tuple[int, float]]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+
+# Kinds of lifecycle events, the columns of a totals row.
+PROMOTION, DEMOTION, EVICTION, DELETION = range(4)
+
+
+class LifecycleTotals:
+    """Promotions, demotions, evictions and deletions per (namespace, tier): totals ever (persisted
+    in LMDB as well, loaded at start-up) and the events of the last hour (memory only). Changed by
+    the writer thread only; read by stats."""
+
+    def __init__(self, totals: dict[tuple[str, int], list[int]] | None = None) -> None:
+        self.totals: dict[tuple[str, int], list[int]] = totals or {}
+        self._events: deque[tuple[float, str, int, int, int]] = deque()  # (time, ns, tier, kind, n)
+
+    def add(self, deltas: dict[tuple[str, int], list[int]], when: float) -> None:
+        for (ns, tier), d in deltas.items():
+            total = self.totals.setdefault((ns, tier), [0, 0, 0, 0])
+            for kind in range(4):
+                total[kind] += d[kind]
+                if d[kind] and kind < DELETION:
+                    self._events.append((when, ns, tier, kind, d[kind]))
+        while self._events and self._events[0][0] < when - 3600:
+            self._events.popleft()
+
+    def by_tier(self, namespace: str = "") -> np.ndarray:
+        """tier x [promotions, demotions, evictions, deleted], ever, of a namespace or all."""
+        totals = np.zeros((5, 4), np.int64)
+        for (ns, t), c in list(self.totals.items()):
+            if not namespace or ns == namespace:
+                totals[t] += c
+        return totals
+
+    def since(self, when: float, namespace: str = "") -> np.ndarray:
+        """tier x [promotions, demotions, evictions, 0] of the events at ``when`` or later."""
+        recent = np.zeros((5, 4), np.int64)
+        for at, ns, t, kind, n in list(self._events):
+            if at >= when and (not namespace or ns == namespace):
+                recent[t, kind] += n
+        return recent

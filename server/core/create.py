@@ -1,0 +1,362 @@
+"""Creating memories: checks, embedding, idempotent retries (request ids), deduplication (exact
+content, or vector similarity against the indexes and the commit group being written), and each
+namespace's progress toward a reflection and a summary.
+
+Concurrency: the caller embeds and checks on its own thread; everything that reads or writes LMDB
+runs in the writer thread (``prepare``), and the columns and indexes change after the commit
+(``apply``)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from tiermem.server.core import upkeep
+from tiermem.server.core.group_vectors import GroupVectors
+from tiermem.server.core.state import EngineState
+from tiermem.server.embedding.providers import EmbedderError
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import AlreadyExists, InvalidArgument, NotFound
+from tiermem.server.model.records import NewMemory, Record
+from tiermem.server.model.reports import CreateOutcome, Due, ScopeProgress, ScopeState
+from tiermem.server.model.text import estimate_tokens
+from tiermem.server.model.text import words as text_words
+from tiermem.server.model.types import NO_VECTOR
+from tiermem.server.storage.store import Txn
+
+logger = logging.getLogger(__name__)
+
+
+def create_detailed(
+    st: EngineState,
+    memories: list[NewMemory],
+    request_id: str = "",
+    *,
+    batch: bool = False,
+    dedup_similarity: float | None = None,
+    allow_duplicates: bool = False,
+) -> CreateOutcome:
+    """Store memories all-or-nothing; returns the records, per memory whether it was a duplicate
+    that reinforced an existing memory instead of adding one, and per namespace whether a
+    reflection and a summary are due.
+
+    Deduplication (unless ``allow_duplicates``, and only for memories without a client id): a
+    memory whose normalized content equals one already in its namespace, or, with
+    ``dedup_similarity``, whose vector is at least that similar to one there, reinforces it
+    (importance raised to the larger, one more access, tags merged) and is not stored again.
+    ``batch`` only changes field names in errors.
+    """
+    check.batch("memories", memories, st.config.max_batch_size)
+    check.request_id("request_id", request_id)
+    if dedup_similarity is not None and not -1.0 <= dedup_similarity <= 1.0:
+        raise InvalidArgument("dedup_similarity", "must be in [-1, 1]")
+    _check_and_embed(st, memories, batch)
+    fingerprint = hashlib.blake2b(
+        msgpack.packb([m.fingerprint_parts() for m in memories], use_bin_type=True), digest_size=16
+    ).digest()
+    op = _CreateOp(st, memories, request_id, batch, dedup_similarity, allow_duplicates, fingerprint)
+    weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
+    outcome: CreateOutcome = st.writer.submit(op.prepare, op.apply, weight)
+    return outcome
+
+
+def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    for i, m in enumerate(memories):
+        prefix = f"memories[{i}]." if batch else "memory."
+        check.new_memory(prefix, m, st.config)
+        if m.id:
+            j = seen.setdefault((m.namespace, m.id), i)
+            if j != i:
+                raise InvalidArgument(f"{prefix}id", f"repeats memories[{j}].id in the same batch")
+        if m.embedding is None:
+            m.embedding_model = st.embedder.model
+            try:
+                m.embedding = st.embedder.embed(m.content)
+            except EmbedderError as e:  # store it anyway; the maintenance pass embeds it later
+                logger.warning("storing a memory without its embedding for now: %s", e)
+                m.embedding = NO_VECTOR
+
+
+@dataclass
+class _Written:
+    """What a create's transaction did: each memory's record with its vector (None: a reinforced
+    duplicate), the records it deleted (expired ids reused, replaced summaries) and what is due; or
+    the outcome of the earlier request it replays."""
+
+    items: list[tuple[Record, np.ndarray | None]]
+    freed: list[Record]
+    due: dict[str, Due]
+    replayed: CreateOutcome | None = None
+
+
+class _CreateOp:
+    """One create's write: ``prepare`` in the writer's transaction, ``apply`` after the commit."""
+
+    def __init__(
+        self,
+        st: EngineState,
+        memories: list[NewMemory],
+        request_id: str,
+        batch: bool,
+        dedup_similarity: float | None,
+        allow_duplicates: bool,
+        fingerprint: bytes,
+    ) -> None:
+        self.st, self.memories, self.request_id, self.batch = st, memories, request_id, batch
+        self.dedup_similarity, self.allow_duplicates = dedup_similarity, allow_duplicates
+        self.fingerprint = fingerprint
+        self.now = st.clock()
+        self.namespaces = {m.namespace for m in memories}
+
+    def prepare(self, txn: Txn) -> _Written:
+        st, now = self.st, self.now
+        if self.request_id:
+            replayed = self._replay(txn)
+            if replayed is not None:
+                return _Written([], [], replayed.due, replayed)
+        spaces: dict[str, int | None] = {}  # dimension by model, as this transaction sees it
+        out: list[tuple[Record, np.ndarray | None]] = []
+        freed: list[Record] = []
+        scopes: dict[str, ScopeState] = {}
+        for i, m in enumerate(self.memories):
+            self._check_space(txn, spaces, i, m)
+            if not m.id and not self.allow_duplicates:
+                dup = find_duplicate(st, txn, m, self.dedup_similarity)
+                if dup is not None:
+                    _reinforce(dup, m, now, st.config.max_tags)
+                    st.store.put(txn, dup)
+                    # An earlier item of this batch that was the same memory answers with its
+                    # state now too (its vector, if new, is still indexed from that item).
+                    out = [(dup if r.rid == dup.rid else r, v) for r, v in out]
+                    out.append((dup, None))
+                    continue
+            freed += self._free_id(txn, m)
+            rec = self._insert(txn, m)
+            out.append((rec, m.embedding))
+            freed += track_scope(st, txn, scopes, rec)
+        for ns, state in scopes.items():
+            st.store.put_scope_state(txn, ns, state)
+        due = {ns: due_of(st, scopes[ns]) if ns in scopes else due_for(st, txn, ns) for ns in self.namespaces}
+        if self.request_id:
+            dups = [v is None for _, v in out]
+            rids = [r.rid for r, _ in out]
+            ns = self.memories[0].namespace
+            st.store.put_request(txn, ns, self.request_id, self.fingerprint, rids, now, dups)
+        return _Written(out, freed, due)
+
+    def apply(self, written: _Written) -> CreateOutcome:
+        if written.replayed is not None:
+            return written.replayed
+        st = self.st
+        upkeep.index_new(st, [(rec, vec) for rec, vec in written.items if vec is not None])
+        # After indexing: the reinforced memory may be new in this batch.
+        upkeep.refresh_rows(st, [rec for rec, vec in written.items if vec is None])
+        # After indexing: a summary replaced by a later one of the same batch is in both lists.
+        upkeep.unindex(st, written.freed)
+        return CreateOutcome(
+            records=[rec for rec, _ in written.items],
+            reinforced=[vec is None for _, vec in written.items],
+            due=written.due,
+        )
+
+    def _replay(self, txn: Txn) -> CreateOutcome | None:
+        """The outcome of an earlier create with this request id (None: there was none)."""
+        st = self.st
+        prior = st.store.get_request(txn, self.memories[0].namespace, self.request_id)
+        if prior is None:
+            return None
+        if prior["fp"] != self.fingerprint:
+            raise AlreadyExists(
+                f"request_id {self.request_id!r} was used for a different request",
+                reason="REQUEST_ID_REUSED",
+            )
+        replayed = [st.store.get(txn, rid) for rid in prior["rids"]]
+        records = [r for r in replayed if r is not None]
+        if len(records) != len(replayed):
+            raise NotFound(
+                f"memories created by request_id {self.request_id!r} were deleted since",
+                reason="REQUEST_RESULT_DELETED",
+            )
+        return CreateOutcome(
+            records=records,
+            reinforced=list(prior.get("dups") or [False] * len(records)),
+            due={ns: due_for(st, txn, ns) for ns in self.namespaces},
+        )
+
+    def _check_space(self, txn: Txn, spaces: dict[str, int | None], i: int, m: NewMemory) -> None:
+        """INVALID_ARGUMENT unless m's vector fits its embedding space; a new space is stored."""
+        dim = int(m.embedding.shape[0])
+        if m.embedding_model not in spaces:
+            # Spaces in memory are committed (added once indexed) and never change.
+            sp = self.st.spaces.get(m.embedding_model)
+            spaces[m.embedding_model] = sp.dim if sp else self.st.store.space(txn, m.embedding_model)
+        known = spaces[m.embedding_model]
+        if dim == 0:
+            return  # no vector yet (embedder failed): the space is checked when it is embedded
+        prefix = f"memories[{i}]." if self.batch else "memory."
+        check.same_dimension(f"{prefix}embedding", m.embedding_model, dim, known)
+        if known is None:
+            self.st.store.put_space(txn, m.embedding_model, dim)
+            spaces[m.embedding_model] = dim
+
+    def _free_id(self, txn: Txn, m: NewMemory) -> list[Record]:
+        """ALREADY_EXISTS when m's client id is taken; an expired memory frees it (returned)."""
+        if not m.id:
+            return []
+        st = self.st
+        old_rid = st.store.lookup(txn, m.namespace, m.id)
+        old = None if old_rid is None else st.store.get(txn, old_rid)
+        if old is None:
+            return []
+        if not old.expired(self.now):
+            raise AlreadyExists(f"memory {m.id!r} already exists in namespace {m.namespace!r}")
+        st.store.delete(txn, old)
+        return [old]
+
+    def _insert(self, txn: Txn, m: NewMemory) -> Record:
+        st = self.st
+        rid, vk = st.alloc_ids()
+        created = self.now if m.created_at is None else m.created_at
+        rec = Record(
+            rid=rid,
+            id=m.id or uuid.uuid4().hex,
+            namespace=m.namespace,
+            content=m.content,
+            kind=m.kind,
+            tier=m.tier,
+            importance=float(m.importance or 0.0),
+            source=m.source,
+            topic=m.topic,
+            tags=m.tags,
+            metadata=m.metadata,
+            embedding_model=m.embedding_model,
+            created_at=created,
+            updated_at=created,
+            accessed_at=created,
+            tier_since=created,
+            token_cost=m.token_cost or estimate_tokens(m.content),
+            source_ids=list(m.source_ids),
+            expire_at=m.expire_at,
+            vk=vk,
+            words=len(text_words(m.content)),
+            questions=list(m.questions),
+        )
+        st.store.insert(txn, rec)
+        if m.embedding.shape[0]:
+            st.store.put_vector(txn, rid, m.embedding, new=True)
+            group = st.group_vectors.get((m.namespace, m.embedding_model))
+            if group is None:
+                group = st.group_vectors[(m.namespace, m.embedding_model)] = GroupVectors(
+                    st.config.tuning.dedup_group_limit
+                )
+            group.add(rid, vk, m.embedding)
+        else:
+            st.store.mark_pending(txn, rid, True)
+        return rec
+
+
+def find_duplicate(st: EngineState, txn: Txn, m: NewMemory, min_similarity: float | None) -> Record | None:
+    """An existing memory of m's namespace with the same normalized content or, with
+    ``min_similarity``, a vector in m's space at least that similar (writer thread)."""
+    rec = st.store.find_content(txn, m.namespace, m.content)
+    if rec is not None and not st.expired(rec):
+        return rec
+    if min_similarity is None or m.embedding.shape[0] == 0:
+        return None
+    best_rid, best_vk, best = _most_similar_indexed(st, m)
+    found = None if best_rid < 0 or best < min_similarity else st.store.get(txn, best_rid)
+    if found is not None and (found.vk != best_vk or st.expired(found)):
+        found = None  # (its vector, model or tier changed earlier in this group: not compared)
+    # Memories created earlier in this commit group (this batch or another write queued with
+    # it): not in the indexes yet. Those a failed write rolled back are gone from the txn.
+    group = st.group_vectors.get((m.namespace, m.embedding_model))
+    for rid, vk in group.similar(m.embedding, best if found is not None else min_similarity) if group else []:
+        rec = st.store.get(txn, rid)
+        # (vk moves when a later write of the group changed its vector or model)
+        if rec is not None and rec.vk == vk and not st.expired(rec):
+            return rec
+    return found
+
+
+def _most_similar_indexed(st: EngineState, m: NewMemory) -> tuple[int, int, float]:
+    """(rid, vk, similarity) of the committed memory of m's namespace and space most similar to
+    m's vector, through the indexes; rid -1 when there is none."""
+    best_rid, best_vk, best = -1, -1, -np.inf
+    sp = st.spaces.get(m.embedding_model)
+    nid = st.columns.namespaces.get(m.namespace)
+    if sp is None or nid < 0:
+        return best_rid, best_vk, best
+    view = st.columns.view()
+    allowed = view.alive & (view.ns == nid) & (view.space == sp.id) & (view.expire > st.clock())
+    for index in list(sp.indexes.values()):
+        rows, sims, _ = index.search(m.embedding, 1, allowed, st.config.hnsw_ef_search)
+        # A short filtered answer may miss a duplicate; that memory is then simply stored.
+        if rows.shape[0] and sims[0] > best:
+            row = int(rows[0])
+            best_rid, best_vk, best = int(view.rid[row]), int(view.vk[row]), float(sims[0])
+    return best_rid, best_vk, best
+
+
+def _reinforce(rec: Record, dup: NewMemory, now: float, max_tags: int) -> None:
+    """A duplicate of ``rec`` was stored again: it counts as an access and can only gain."""
+    rec.importance = max(rec.importance, float(dup.importance or 0.0))
+    rec.access_count += 1
+    rec.accessed_at = max(rec.accessed_at, now)
+    rec.tags = list(dict.fromkeys([*rec.tags, *dup.tags]))[:max_tags]
+    rec.updated_at = now
+
+
+# -- reflection and summary progress ---------------------------------------------------------------
+def track_scope(st: EngineState, txn: Txn, scopes: dict[str, ScopeState], rec: Record) -> list[Record]:
+    """Count a new memory toward its namespace's reflection and summary thresholds. A reflection
+    resets the importance; a summary resets the tokens and replaces the previous summary, which
+    is returned to be unindexed."""
+    state = scopes.get(rec.namespace)
+    if state is None:
+        state = scopes[rec.namespace] = st.store.scope_state(txn, rec.namespace)
+    replaced: list[Record] = []
+    if rec.kind == "reflection":
+        state.reflection_importance = 0.0
+    elif rec.kind == "observation":
+        state.reflection_importance += rec.importance
+    if rec.kind == "summary":
+        prev = st.store.get(txn, state.summary_rid) if state.summary_rid else None
+        if prev is not None and prev.namespace == rec.namespace and prev.kind == "summary":
+            st.store.delete(txn, prev)
+            replaced.append(prev)
+        state.summary_tokens, state.summary_rid = 0, rec.rid
+    else:
+        state.summary_tokens += rec.token_cost
+    return replaced
+
+
+def due_of(st: EngineState, state: ScopeState) -> Due:
+    """Whether a reflection and a summary are due, from a namespace's scope state."""
+    return Due(
+        reflection=state.reflection_importance >= st.config.reflection_threshold,
+        summary=state.summary_tokens >= st.config.summary_token_threshold,
+    )
+
+
+def due_for(st: EngineState, txn: Txn, namespace: str) -> Due:
+    return due_of(st, st.store.scope_state(txn, namespace))
+
+
+def scope_progress(st: EngineState, namespace: str) -> ScopeProgress:
+    """A namespace's reflection and summary accumulators, with the thresholds applied."""
+    with st.store.read() as txn:
+        state = st.store.scope_state(txn, namespace)
+    due = due_of(st, state)
+    return ScopeProgress(
+        reflection_importance=state.reflection_importance,
+        reflection_due=due.reflection,
+        summary_tokens=state.summary_tokens,
+        summary_due=due.summary,
+        summary_rid=state.summary_rid,
+    )

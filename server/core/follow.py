@@ -1,0 +1,102 @@
+"""A search follower keeping up with its leader: the commits since the last one applied are read
+from the commit log, and every record they wrote or deleted is brought in line in the columns and
+indexes (settings and spaces reloaded when they changed).
+
+Concurrency: catch-ups (a search's, and the follow thread's) take ``follow_lock``; the follower
+never writes LMDB. A failed catch-up leaves the follower unusable: searches then fail until its
+leader starts another."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from tiermem.server.core import upkeep
+from tiermem.server.core.lifecycle import compact_indexes
+from tiermem.server.core.state import EngineState
+from tiermem.server.model.errors import FollowerBehind
+from tiermem.server.model.records import Record
+from tiermem.server.storage.store import Txn
+
+logger = logging.getLogger(__name__)
+
+COMPACT_EVERY_SECONDS = 5.0  # the leader's passes kill entries here too
+
+
+def catch_up(st: EngineState) -> int:
+    """Apply the commits since the last one applied. A search calls it first, so it sees every
+    write acknowledged before it began. Returns the commits applied. Raises FollowerBehind when
+    the commit log no longer holds them (the follower reloads)."""
+    if st.follow_error is not None:
+        raise FollowerBehind(f"this follower stopped following: {st.follow_error!r}")
+    with st.follow_lock, st.store.read() as txn:
+        seq = st.store.committed_seq(txn)
+        if seq == st.applied:
+            return 0
+        try:
+            log = st.store.commits_after(txn, st.applied)
+            if log is None or log[0] != st.applied + 1:
+                raise FollowerBehind(f"commits {st.applied + 1}..{seq} are no longer in the commit log")
+            _, settings, rids = log
+            if settings:
+                _follow_settings(st, txn)
+            _follow_records(st, txn, rids)
+        except Exception as e:
+            # Applied in part, maybe: this process can no longer be trusted to match LMDB. It
+            # stops serving searches and exits; its leader starts another, which loads afresh.
+            st.follow_error = e
+            raise FollowerBehind(f"this follower stopped following: {e!r}") from e
+        done, st.applied = seq - st.applied, seq
+        st.store.seq = seq
+        return done
+
+
+def _follow_settings(st: EngineState, txn: Txn) -> None:
+    for model, dim in st.store.spaces(txn).items():
+        st.space(model, dim)
+    st.ns_config = st.store.namespace_configs(txn)
+    for name in st.ns_config:
+        st.columns.namespaces.id(name)
+    st.config_version += 1
+
+
+def _follow_records(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
+    """Bring the rows of ``rids`` in line with their records, as the leader's writes did:
+    new rows indexed then shown, changed vectors added before the old entry dies, deleted rows
+    hidden before their entries die."""
+    cols = st.columns
+    fresh: list[tuple[Record, np.ndarray]] = []
+    gone: list[tuple[int, str]] = []
+    for rid, rec in zip(rids.tolist(), st.store.get_many(txn, rids.tolist()), strict=True):
+        row = cols.rows.get(rid)
+        if row is not None and (rec is None or cols.namespace_of(row) != rec.namespace):
+            gone.append((rid, cols.namespace_of(row)))
+            row = None
+        if rec is None:
+            continue
+        vec = None if st.store.is_pending(txn, rid) else st.store.get_vector(txn, rid)
+        if row is None:
+            fresh.append((rec, np.empty(0, np.float32) if vec is None else vec))
+            continue
+        # As the leader's update or tier move did (a memory never waits for an embedding again
+        # once it has one: every new vector gets a new vk).
+        upkeep.reindex(st, int(cols.view().vk[row]), rec, vec)
+    upkeep.unindex(st, gone)
+    upkeep.index_new(st, fresh)
+
+
+def follow_loop(st: EngineState) -> None:
+    """The follow thread: catch up every ``follow_interval_seconds`` when no search does."""
+    compacted = time.monotonic()
+    while not st.stop.wait(st.config.tuning.follow_interval_seconds):
+        try:
+            catch_up(st)
+            if time.monotonic() - compacted >= COMPACT_EVERY_SECONDS:
+                compacted = time.monotonic()
+                compact_indexes(st)
+        except Exception as e:  # searches now fail (UNAVAILABLE) until the follower reloads
+            logger.exception("following the leader's commits failed")
+            st.follow_error = st.follow_error or e
+            return

@@ -1,0 +1,262 @@
+"""Running the lifecycle: a pass planned over the columns (see policy.py) and applied through the
+writer in chunks; the sweep of expired memories and old request ids; and the compaction of
+indexes left mostly dead.
+
+Concurrency: one pass at a time (``pass_lock``). Planning reads the columns only (kernels over
+whole arrays, no locks); each chunk of moves re-checks, in its transaction, that every memory is
+still where the plan saw it. Compaction runs in the writer thread (a follower: between two
+catch-ups)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tiermem.server.core import upkeep
+from tiermem.server.core.counters import DELETION, DEMOTION, EVICTION, PROMOTION
+from tiermem.server.core.policy import (
+    DELETE_CAPACITY,
+    DEMOTIONS,
+    EVICT_CAPACITY,
+    EXPIRED,
+    PROMOTIONS,
+    Plan,
+    plan_pass,
+)
+from tiermem.server.core.state import EngineState
+from tiermem.server.index.columns import ColumnsView
+from tiermem.server.index.spaces import Space
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.model.records import Record, enter_tier
+from tiermem.server.model.reports import ConsolidationReport, PlannedMove, SweepReport
+from tiermem.server.model.types import location
+from tiermem.server.storage.store import Txn
+
+logger = logging.getLogger(__name__)
+
+MOVES_PER_COMMIT = 256
+
+# A planned move: (rid, from tier, to tier (0: delete), reason).
+Move = tuple[int, int, int, int]
+
+
+def consolidate(
+    st: EngineState,
+    namespace: str = "",
+    *,
+    dry_run: bool = False,
+    max_reported: int = 1000,
+    scheduled: bool = False,
+) -> ConsolidationReport:
+    """Run a lifecycle pass over one namespace or all; returns its report (the first
+    ``max_reported`` moves listed). ``scheduled``: only the (namespace, tier) pairs whose cadence
+    is due (the maintenance pass). Searches are paused only while a moved vector is added to or
+    tombstoned in an index."""
+    if namespace:
+        check.namespace("namespace", namespace)
+    if max_reported < 0:
+        raise InvalidArgument("max_reported_moves", "must not be negative")
+    with st.pass_lock:
+        t0 = time.perf_counter()
+        now = st.clock()
+        view = st.columns.view()
+        plan = _plan(st, view, namespace, scheduled, now)
+        rids = view.rid[plan.rows]
+        report = ConsolidationReport(
+            promoted=plan.counts["promoted"],
+            demoted=plan.counts["demoted"],
+            evicted=plan.counts["evicted"],
+            deleted=plan.counts["deleted"],
+            over_capacity=plan.over_capacity,
+            plan_seconds=time.perf_counter() - t0,
+            moves=_listed_moves(st, plan, rids, max_reported),
+        )
+        if dry_run:
+            return report
+        if plan.rows.shape[0]:
+            _apply_plan(st, report, rids, plan, now)
+        compact_indexes(st)  # after the moves, or single deletes, left an index mostly dead
+        return report
+
+
+def _plan(st: EngineState, view: ColumnsView, namespace: str, scheduled: bool, now: float) -> Plan:
+    tables = st.policy_tables()
+    if namespace:
+        in_scope = view.alive & (view.ns == st.columns.namespaces.get(namespace))
+    else:
+        in_scope = view.alive.copy()
+    n_ns = tables.ttl.shape[0]
+    if scheduled:
+        if st.last_run.shape[0] < n_ns:
+            grown = np.full((n_ns, 5), -np.inf)
+            grown[: st.last_run.shape[0]] = st.last_run
+            st.last_run = grown
+        due = (now - st.last_run[:n_ns]) >= tables.cadence
+    else:
+        due = np.ones((n_ns, 5), np.bool_)
+    plan = plan_pass(
+        view,
+        tables,
+        now=now,
+        floor=st.config.importance_floor,
+        tau_seconds=st.config.recency_tau_seconds,
+        in_scope=in_scope,
+        due=due,
+    )
+    if scheduled:
+        st.last_run[:n_ns][due] = now
+    return plan
+
+
+def _listed_moves(st: EngineState, plan: Plan, rids: np.ndarray, most: int) -> list[PlannedMove]:
+    with st.store.read() as txn:
+        listed = [st.store.get(txn, int(r)) for r in rids[:most]]
+    return [
+        PlannedMove(
+            namespace=rec.namespace,
+            id=rec.id,
+            from_tier=int(plan.from_tier[i]),
+            to_tier=int(plan.to_tier[i]),
+            reason=int(plan.reason[i]),
+        )
+        for i, rec in enumerate(listed)
+        if rec is not None
+    ]
+
+
+def _apply_plan(
+    st: EngineState, report: ConsolidationReport, rids: np.ndarray, plan: Plan, now: float
+) -> None:
+    """Apply a pass's moves through the writer, a chunk a commit; fills in the report's timings."""
+    for idx in st.all_indexes():
+        idx.max_pause_seconds = 0.0
+    t1 = time.perf_counter()
+    items = list(
+        zip(rids.tolist(), plan.from_tier.tolist(), plan.to_tier.tolist(), plan.reason.tolist(), strict=True)
+    )
+    for lo in range(0, len(items), MOVES_PER_COMMIT):
+        report.skipped += apply_moves(st, items[lo : lo + MOVES_PER_COMMIT], now)
+    report.apply_seconds = time.perf_counter() - t1
+    report.max_pause_seconds = max([idx.max_pause_seconds for idx in st.all_indexes()], default=0.0)
+
+
+@dataclass
+class _MovesDone:
+    moved: list[tuple[Record, Record]] = field(default_factory=list)  # (before, after)
+    deleted: list[Record] = field(default_factory=list)
+    skipped: int = 0
+    deltas: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # lifecycle counts
+
+
+def _event_kind(reason: int) -> int:
+    if reason in PROMOTIONS:
+        return PROMOTION
+    if reason in DEMOTIONS:
+        return DEMOTION
+    return EVICTION if reason == EVICT_CAPACITY else DELETION
+
+
+def apply_moves(st: EngineState, items: list[Move], now: float) -> int:
+    """Commit one chunk of planned moves; returns how many were skipped (memory changed meanwhile)."""
+
+    def prepare(txn: Txn) -> _MovesDone:
+        done = _MovesDone()
+        for rid, frm, to, reason in items:
+            rec = st.store.get(txn, rid)
+            if rec is None or rec.tier != frm or (reason == EXPIRED and not rec.expired(now)):
+                done.skipped += 1
+                continue
+            d = done.deltas.setdefault((rec.namespace, frm), [0, 0, 0, 0])
+            d[_event_kind(reason)] += 1
+            if reason == DELETE_CAPACITY:
+                d[EVICTION] += 1  # a capacity deletion is an eviction too
+            if to == 0:
+                st.store.delete(txn, rec)
+                done.deleted.append(rec)
+                continue
+            old = Record.unpack(rec.pack())
+            enter_tier(rec, to, now)
+            _, rec.vk = st.alloc_ids()
+            st.store.put(txn, rec)
+            done.moved.append((old, rec))
+        for (ns, tier), d in done.deltas.items():
+            # From the transaction: a move committed in the same group is not applied yet.
+            total = st.store.lifecycle_counter(txn, ns, tier)
+            st.store.put_lifecycle_counters(txn, ns, tier, [a + b for a, b in zip(total, d, strict=True)])
+        return done
+
+    def apply(done: _MovesDone) -> int:
+        for old, rec in done.moved:
+            upkeep.reindex(st, old.vk, rec, None)
+        upkeep.unindex(st, done.deleted)
+        st.lifecycle.add(done.deltas, st.clock())
+        return done.skipped
+
+    return int(st.writer.submit(prepare, apply))
+
+
+def sweep(st: EngineState, chunk: int = 1000) -> SweepReport:
+    """Delete expired memories and forget request ids older than request_id_ttl_seconds."""
+    now = st.clock()
+    view = st.columns.view()
+    rows = np.flatnonzero(view.alive & (view.expire <= now))
+    items = [
+        (rid, tier, 0, EXPIRED)
+        for rid, tier in zip(view.rid[rows].tolist(), view.tier[rows].tolist(), strict=True)
+    ]
+    skipped = 0
+    for lo in range(0, len(items), chunk):  # the same path as a pass's expiry: counted in the stats
+        skipped += apply_moves(st, items[lo : lo + chunk], now)
+    deleted = len(items) - skipped
+    forgotten = 0
+    before = now - st.config.request_id_ttl_seconds
+    while True:
+        n = int(st.writer.submit(lambda txn: st.store.expire_requests(txn, before, chunk), lambda n: n))
+        forgotten += n
+        if n < chunk:
+            break
+    if deleted or forgotten:
+        logger.info("maintenance: %d expired memories deleted, %d request ids forgotten", deleted, forgotten)
+    return SweepReport(expired_deleted=deleted, request_ids_forgotten=forgotten)
+
+
+def compact_indexes(st: EngineState) -> int:
+    """Compact the indexes that are mostly tombstones (``Tuning.compact_*``: at least
+    compact_min_entries large, at least compact_dead_share dead, at most compact_max_live live;
+    start-up rebuilds any with > 25% dead), in the writer thread (a follower: between two
+    catch-ups); returns how many entries were dropped."""
+    try:
+        if st.following:
+            with st.follow_lock:
+                return _compact(st)
+        return int(st.writer.barrier(lambda: _compact(st)))
+    except Exception:  # optional upkeep: the write that called it has committed already
+        logger.exception("compacting indexes failed")
+        return 0
+
+
+def _compact(st: EngineState) -> int:
+    tuning = st.config.tuning
+    dropped = 0
+    for sp in list(st.spaces.values()):
+        for tier, idx in list(sp.indexes.items()):
+            _, _, live = idx.counts()
+            if (
+                idx.n < tuning.compact_min_entries
+                or idx.n - live < tuning.compact_dead_share * idx.n
+                or live > tuning.compact_max_live
+            ):
+                continue
+
+            def relocate(rows: np.ndarray, ids: np.ndarray, sp: Space = sp, tier: int = tier) -> None:
+                st.columns.relocate(rows, location(sp.id, tier, ids))
+
+            n = idx.n
+            gone = idx.compact(relocate)
+            logger.info("compacted index %s/%d: %d of %d entries were dead", sp.model, tier, gone, n)
+            dropped += gone
+    return dropped

@@ -1,0 +1,158 @@
+"""Namespace settings (protection, lifecycle policy overrides), the protection check every
+destructive write makes, clearing a namespace, and listing namespaces.
+
+Concurrency: settings change in the writer thread; the in-memory copy (``EngineState.ns_config``)
+lags writes queued in the same commit group, so every write re-checks against its transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tiermem.server.core import upkeep
+from tiermem.server.core.lifecycle import compact_indexes
+from tiermem.server.core.pages import decode_token, encode_token
+from tiermem.server.core.policy import POLICY_FIELDS, Policy, check_overrides
+from tiermem.server.core.state import EngineState
+from tiermem.server.model import validation as check
+from tiermem.server.model.errors import FailedPrecondition, InvalidArgument
+from tiermem.server.model.records import Record
+from tiermem.server.storage.store import Txn
+
+
+def check_protected(
+    st: EngineState, namespace: str, confirm: bool, action: str, txn: Txn | None = None
+) -> None:
+    """FAILED_PRECONDITION unless ``confirm`` when ``namespace`` is protected. Checked once on
+    arrival (fails fast, before queueing) and again inside the write's transaction (``txn``),
+    which sees every protection committed or queued ahead of it: a write that was checked just
+    before a protection landed cannot slip past it."""
+    if confirm:
+        return
+    settings = st.ns_config.get(namespace, {}) if txn is None else st.store.namespace_config(txn, namespace)
+    if settings.get("protected"):
+        raise FailedPrecondition(
+            f"namespace {namespace!r} is protected: {action} needs confirm=true",
+            reason="NAMESPACE_PROTECTED",
+        )
+
+
+def get_namespace_config(st: EngineState, namespace: str) -> tuple[dict[str, Any], Policy]:
+    check.namespace("namespace", namespace)
+    return dict(st.ns_config.get(namespace, {})), st.policy_for(namespace)
+
+
+def update_namespace_config(
+    st: EngineState,
+    namespace: str,
+    protected: bool,
+    policy: dict[str, Any],
+    mask: list[str],
+    confirm: bool = False,
+) -> tuple[dict[str, Any], Policy]:
+    """Change ``protected`` and/or policy overrides (stored form, see policy.check_overrides)."""
+    check.namespace("config.namespace", namespace)
+    fields_ = set(mask or ["protected", "policy"])
+    allowed = {"protected", "policy", "policy.tiers", *(f"policy.{f}" for f in POLICY_FIELDS)}
+    for f in fields_:
+        if f not in allowed:
+            raise InvalidArgument(
+                "update_mask", f"{f!r} cannot be updated; updatable: {', '.join(sorted(allowed))}"
+            )
+    change = _SettingsChange(namespace, protected, check_overrides(policy), fields_, confirm)
+    change.merged(st.ns_config.get(namespace, {}))  # fail fast, before queueing
+
+    def prepare(txn: Txn) -> dict[str, Any]:
+        # Merged with what the transaction sees, not the settings in memory: those lag the
+        # writes queued ahead in the same commit group, whose changes would otherwise be lost.
+        stored = change.merged(st.store.namespace_config(txn, namespace))
+        st.store.put_namespace_config(txn, namespace, stored)
+        return stored
+
+    def apply(settings: dict[str, Any]) -> dict[str, Any]:
+        st.columns.namespaces.id(namespace)  # tables get a row for it
+        if settings:
+            st.ns_config[namespace] = settings
+        else:
+            st.ns_config.pop(namespace, None)
+        st.config_version += 1
+        return settings
+
+    result = st.writer.submit(prepare, apply)
+    return dict(result), st.policy_of(result)
+
+
+class _SettingsChange:
+    """The masked fields of a settings update, applied to the settings stored before it."""
+
+    def __init__(
+        self, namespace: str, protected: bool, policy: dict[str, Any], fields_: set[str], confirm: bool
+    ) -> None:
+        self.namespace, self.protected, self.policy = namespace, protected, policy
+        self.fields, self.confirm = fields_, confirm
+
+    def merged(self, current: dict[str, Any]) -> dict[str, Any]:
+        """The settings to store: ``current`` with the masked fields replaced."""
+        fields_, policy = self.fields, self.policy
+        if "protected" in fields_ and current.get("protected") and not self.protected and not self.confirm:
+            raise FailedPrecondition(
+                f"namespace {self.namespace!r} is protected: unprotecting it needs confirm=true",
+                reason="NAMESPACE_PROTECTED",
+            )
+        new_protected = self.protected if "protected" in fields_ else bool(current.get("protected"))
+        new_policy = dict(policy) if "policy" in fields_ else dict(current.get("policy") or {})
+        for f in fields_:
+            if f.startswith("policy."):
+                name = f.split(".", 1)[1]
+                if name in policy:
+                    new_policy[name] = policy[name]
+                else:
+                    new_policy.pop(name, None)
+        stored: dict[str, Any] = {}
+        if new_protected:
+            stored["protected"] = True
+        if new_policy:
+            stored["policy"] = new_policy
+        return stored
+
+
+def delete_namespace(
+    st: EngineState, namespace: str, include_children: bool = False, confirm: bool = False
+) -> int:
+    """Delete every memory of ``namespace`` (and of ``namespace/...`` with include_children)."""
+    check.namespace("namespace", namespace)
+    for name in [
+        namespace,
+        *(n for n in list(st.ns_config) if include_children and n.startswith(namespace + "/")),
+    ]:
+        check_protected(st, name, confirm, "clearing the namespace")
+
+    def prepare(txn: Txn) -> list[Record]:
+        # Read the ids from LMDB, not the columns: this sees writes of the same commit group.
+        recs = list(st.store.namespace_records(txn, namespace, include_children))
+        # Every namespace it clears, including children with no memories (their graph facts go).
+        children = [
+            n for n in st.store.namespace_configs(txn) if include_children and n.startswith(namespace + "/")
+        ]
+        for ns in sorted({namespace, *children, *(r.namespace for r in recs)}):
+            check_protected(st, ns, confirm, "clearing the namespace", txn)
+        for rec in recs:
+            st.store.delete(txn, rec)
+        st.store.delete_graph(txn, namespace, include_children)
+        for ns in {namespace, *(r.namespace for r in recs)}:
+            st.store.put_scope_state(txn, ns, None)
+        return recs
+
+    deleted: int = st.writer.submit(prepare, lambda recs: upkeep.unindex(st, recs))
+    if deleted:
+        compact_indexes(st)
+    return deleted
+
+
+def list_namespaces(
+    st: EngineState, prefix: str, page_size: int, page_token: str
+) -> tuple[list[tuple[str, int]], str]:
+    """A page of (namespace, memory count) in name order under ``prefix``, and the next token."""
+    size = check.page_size("page_size", page_size, st.config)
+    after = decode_token("page_token", page_token, str) if page_token else ""
+    page, more = st.columns.namespaces_page(prefix, after, size)
+    return page, (encode_token(page[-1][0]) if page and more else "")

@@ -1,0 +1,69 @@
+"""The engine's search entry points: a follower catches up first; a batch's searches run side by
+side on the batch threads and their side effects (accesses, hit counts) happen only if all
+succeed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tiermem.server.core import access
+from tiermem.server.core.follow import catch_up
+from tiermem.server.core.state import EngineState
+from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.search.query import SearchHit, SearchQuery
+from tiermem.server.search.searcher import Searcher
+
+Wanted = Callable[[], bool] | None
+
+
+def search(
+    st: EngineState, searcher: Searcher, q: SearchQuery, include_embedding: bool, wanted: Wanted
+) -> list[SearchHit]:
+    if st.following:
+        catch_up(st)
+    return access.record_hits(st, q, searcher.search(q, include_embedding, wanted))
+
+
+def search_many(
+    st: EngineState,
+    searcher: Searcher,
+    pool: ThreadPoolExecutor,
+    queries: list[tuple[SearchQuery, bool]],
+    wanted: Wanted,
+) -> list[list[SearchHit]]:
+    """Several searches, side by side on ``pool``. A failure fails the call: the first by position
+    (the searches after it that have not started are cancelled)."""
+    if st.following:
+        catch_up(st)
+    outcomes = _run_all(searcher, pool, queries, wanted)
+    results: list[list[SearchHit]] = []
+    for i, out in enumerate(outcomes):
+        if isinstance(out, InvalidArgument):
+            raise out.within(f"searches[{i}].") from None
+        if isinstance(out, BaseException):
+            raise out
+        results.append(out)
+    return [access.record_hits(st, q, hits) for (q, _), hits in zip(queries, results, strict=True)]
+
+
+def _run_all(
+    searcher: Searcher, pool: ThreadPoolExecutor, queries: list[tuple[SearchQuery, bool]], wanted: Wanted
+) -> list[list[SearchHit] | BaseException]:
+    """Each search's hits or error, up to the first error."""
+    outcomes: list[list[SearchHit] | BaseException] = []
+    if len(queries) == 1:
+        try:
+            outcomes.append(searcher.search(queries[0][0], queries[0][1], wanted))
+        except Exception as e:
+            outcomes.append(e)
+        return outcomes
+    futures = [pool.submit(searcher.search, q, inc, wanted) for q, inc in queries]
+    for i, f in enumerate(futures):
+        err = f.exception()
+        outcomes.append(err if err is not None else f.result())
+        if err is not None:  # the call fails: the searches not started yet need not run
+            for later in futures[i + 1 :]:
+                later.cancel()
+            break
+    return outcomes

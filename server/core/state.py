@@ -1,0 +1,190 @@
+"""What the engine's parts share: the settings, the clock, LMDB and its writer, the columns, the
+embedding spaces and their indexes, the embedder, namespace settings and the soft counters; with
+the small helpers every part uses (space and index lookup, id allocation, filter masks, the policy
+tables). The search layer ranks over this object (it satisfies ``search.source.SearchSource``).
+
+Concurrency: LMDB is written only by the writer thread; the columns and the indexes change only in
+the writer thread (a follower: in its catch-up, under ``follow_lock``) and are read lock-free by
+searches through column views. ``spaces`` and ``space_list`` only grow; ``ns_config`` is replaced
+per namespace by the writer thread and read anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tiermem.server.config import ServerConfig
+from tiermem.server.core.counters import LifecycleTotals, PendingAccesses, SearchCounts
+from tiermem.server.core.group_vectors import GroupVectors
+from tiermem.server.core.policy import Policy, Tables
+from tiermem.server.embedding import providers
+from tiermem.server.index import masks
+from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.index.indexer import Indexer
+from tiermem.server.index.spaces import Space
+from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.model.records import Record
+from tiermem.server.model.types import Filter
+from tiermem.server.storage.store import Store, Txn
+from tiermem.server.storage.writer import Writer
+
+AccessSink = Callable[[dict[str, Any]], None]
+
+
+class EngineState:
+    """The engine's shared state (see the module docstring for who changes what)."""
+
+    writer: Writer  # started by the engine once loaded
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        clock: Callable[[], float],
+        *,
+        following: bool,
+        access_sink: AccessSink | None,
+    ) -> None:
+        """``following``: a search follower (LMDB read-only; see ``follow.py``); its recorded
+        accesses and hit counts go to ``access_sink`` (the leader)."""
+        self.config = config
+        self.clock = clock
+        self.following = following
+        self.access_sink = access_sink
+        self.started = time.monotonic()
+        data = Path(config.data_dir)
+        self.index_dir = data / "indexes"
+        self.store = Store(
+            data / "lmdb",
+            map_size=config.map_size,
+            max_map_size=config.max_map_size,
+            sync=config.sync,
+            readonly=following,
+            log_commits=config.search_processes > 1,
+            commit_log_seconds=config.tuning.commit_log_seconds,
+            prune_every=config.tuning.commit_log_prune_every,
+        )
+        self.applied = 0  # the last commit the columns and indexes hold (set by the load)
+        # A follower's searches wait for its catch-up, so its adds let more vectors wait for the
+        # indexer than a leader's writes do (0: the index's own limit).
+        self.max_pending = config.tuning.follower_max_pending if following else 0
+        self.follow_lock = threading.Lock()
+        self.follow_error: BaseException | None = None  # why a follower stopped following, if it did
+        self.embedder = providers.build(
+            config.embedder,
+            model=config.embedder_model,
+            url=config.embedder_url,
+            api_key_env=config.embedder_api_key_env,
+            timeout=config.embedder_timeout_seconds,
+            dimension=config.builtin_dimension,
+            builtin_model=config.builtin_model,
+            cache_size=config.embedding_cache_size,
+        )
+        self.columns = Columns(change_log=config.tuning.columns_change_log)
+        self.spaces: dict[str, Space] = {}
+        self.space_list: list[Space] = []  # by space id
+        self.base_policy = Policy.from_config(config)
+        self.ns_config: dict[str, dict[str, Any]] = {}  # namespace -> {"protected", "policy" overrides}
+        self.config_version = 0  # moves whenever a namespace's settings change
+        self._tables_cache: tuple[tuple[int, int], Tables] | None = None
+        self.next_rid = self.next_vk = 1
+        self.lifecycle = LifecycleTotals()
+        self.pass_lock = threading.Lock()  # one lifecycle pass at a time
+        self.last_run = np.full((0, 5), -np.inf)  # last scheduled pass per (namespace id, tier)
+        self.searches = SearchCounts()
+        self.accesses = PendingAccesses()
+        # moves acknowledged vectors into HNSW beside the writer
+        self.indexer = Indexer(bulk_chunk=config.index_bulk_chunk, tuning=config.tuning)
+        # Vectors created in the commit group being written, by (namespace, model): similarity
+        # deduplication sees them before they reach the indexes (writer thread only).
+        self.group_vectors: dict[tuple[str, str], GroupVectors] = {}
+        self.stop = threading.Event()  # set by close: background threads end
+
+    # -- embedding spaces and their indexes ----------------------------------------------------
+    def space(self, model: str, dim: int) -> Space:
+        """The space of ``model``, created (with the next id) on first use."""
+        sp = self.spaces.get(model)
+        if sp is None:
+            sp = Space(len(self.space_list), model, dim)
+            self.space_list.append(sp)
+            self.spaces[model] = sp
+        return sp
+
+    def index(self, sp: Space, tier: int) -> VectorIndex:
+        """The index of a space's tier, created (and handed to the indexer) on first use."""
+        idx = sp.indexes.get(tier)
+        if idx is None:
+            idx = self.new_index(sp)
+            self.indexer.attach(idx)
+            sp.indexes[tier] = idx
+        return idx
+
+    def new_index(self, sp: Space) -> VectorIndex:
+        return VectorIndex(
+            sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction, tuning=self.config.tuning
+        )
+
+    def all_indexes(self) -> list[VectorIndex]:
+        return [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
+
+    def snapshot_base(self, sp: Space, tier: int) -> Path:
+        # Model names may be long or hold any character: name files by a digest (the manifest keeps the name).
+        return self.index_dir / f"{hashlib.sha256(sp.model.encode()).hexdigest()[:32]}-t{tier}"
+
+    # -- ids -----------------------------------------------------------------------------------
+    def alloc_ids(self) -> tuple[int, int]:
+        """A new record id and vector key (writer thread; persisted with each commit)."""
+        rid, vk = self.next_rid, self.next_vk
+        self.next_rid += 1
+        self.next_vk += 1
+        return rid, vk
+
+    def before_commit(self, txn: Txn) -> None:
+        """The writer's last step of every commit group."""
+        self.store.put_counters(txn, self.next_rid, self.next_vk)
+        self.store.next_seq(txn, time.time())
+        self.group_vectors.clear()  # committed now: the indexes will hold them once applied
+
+    # -- reading rules ---------------------------------------------------------------------------
+    def expired(self, rec: Record) -> bool:
+        return rec.expired(self.clock())
+
+    def allowed_rows(
+        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
+    ) -> tuple[np.ndarray, int]:
+        """See ``index.masks.allowed_rows``."""
+        return masks.allowed_rows(self.columns, view, namespaces, flt, now, space)
+
+    def check_filter(self, flt: Filter, prefix: str = "filter.") -> Filter:
+        return masks.check_filter(flt, self.config.max_content_bytes, prefix)
+
+    # -- lifecycle policy --------------------------------------------------------------------------
+    def policy_for(self, namespace: str) -> Policy:
+        return self.policy_of(self.ns_config.get(namespace, {}))
+
+    def policy_of(self, settings: dict[str, Any]) -> Policy:
+        """The policy in effect under a namespace's stored settings."""
+        overrides = settings.get("policy")
+        return self.base_policy.with_overrides(overrides) if overrides else self.base_policy
+
+    def policy_tables(self) -> Tables:
+        """Lifecycle tables for every interned namespace, rebuilt when namespaces or settings change."""
+        key = (len(self.columns.namespaces), self.config_version)
+        cached = self._tables_cache
+        if cached is None or cached[0] != key:
+            ids = self.columns.namespaces
+            overrides = {
+                ids.get(ns): self.policy_for(ns) for ns, c in list(self.ns_config.items()) if c.get("policy")
+            }
+            cached = (
+                key,
+                Tables.build(key[0], self.base_policy, {i: p for i, p in overrides.items() if i >= 0}),
+            )
+            self._tables_cache = cached
+        return cached[1]

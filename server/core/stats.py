@@ -1,0 +1,70 @@
+"""Statistics of the server or of one namespace: memories per tier, lifecycle totals and the last
+hour's events, embedding spaces and their indexes, search hit rates, writes and storage. Read
+without locks from the columns and counters: figures of one moment, not of one transaction."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tiermem import __version__
+from tiermem.server.config import TIERS
+from tiermem.server.core.state import EngineState
+from tiermem.server.model import validation as check
+from tiermem.server.model.reports import SpaceStats, StatsReport, TierStats
+
+
+def stats(st: EngineState, namespace: str = "") -> StatsReport:
+    view = st.columns.view()
+    mask = view.alive & (view.expire > st.clock())
+    if namespace:
+        check.namespace("namespace", namespace)
+        mask &= view.ns == st.columns.namespaces.get(namespace)
+    tiers = view.tier[mask]
+    counts = np.bincount(tiers, minlength=5)
+    imp = np.bincount(tiers, weights=view.importance[mask], minlength=5)
+    sur = np.bincount(tiers, weights=view.surprise[mask], minlength=5)
+    ns_count = len(st.columns.ns_counts) if not namespace else int(namespace in st.columns.ns_counts)
+    totals = st.lifecycle.by_tier(namespace)
+    recent = st.lifecycle.since(st.clock() - 3600, namespace)
+    hits, misses = st.searches.hits_misses(namespace)
+    return StatsReport(
+        search_hits=hits,
+        search_misses=misses,
+        memory_count=int(mask.sum()),
+        namespace_count=ns_count,
+        tiers=[
+            TierStats(
+                tier=t,
+                count=int(counts[t]),
+                avg_importance=float(imp[t] / counts[t]) if counts[t] else 0.0,
+                avg_surprise=float(sur[t] / counts[t]) if counts[t] else 0.0,
+                totals=totals[t].tolist(),
+                last_hour=recent[t].tolist(),
+            )
+            for t in TIERS
+        ],
+        spaces=_space_stats(st),
+        writes_committed=st.writer.ops_committed,
+        commit_groups=st.writer.groups_committed,
+        uptime_seconds=time.monotonic() - st.started,
+        storage_bytes=st.store.used_bytes(),
+        version=__version__,
+    )
+
+
+def _space_stats(st: EngineState) -> list[SpaceStats]:
+    out = []
+    for sp in list(st.spaces.values()):
+        figures = [idx.counts() for idx in list(sp.indexes.values())]  # each index's read together
+        out.append(
+            SpaceStats(
+                model=sp.model,
+                dim=sp.dim,
+                live=sum(f[2] for f in figures),
+                indexed=sum(f[0] for f in figures),
+                pending=sum(f[1] for f in figures),
+            )
+        )
+    return out
