@@ -345,7 +345,8 @@ def search_request(
     where: dict[str, Any] | None,
     similarity: bool,
 ) -> Any:
-    """A read_only SearchMemoriesRequest; SIMILARITY ranks by cosine only, else the default score."""
+    """A read_only SearchMemoriesRequest; SIMILARITY ranks by cosine only, else COMPREHENSIVE (the
+    raw weighted sum, whose exact top k the recall measures compare with)."""
     from tiermem.client.client import build_filter
     from tiermem.v1 import memory_pb2 as pb
 
@@ -359,8 +360,7 @@ def search_request(
     req.query_embedding.extend(query.tolist())
     if as_of is not None:
         req.as_of.seconds = int(as_of)  # as_of is a whole second
-    if similarity:
-        req.strategy = pb.SEARCH_STRATEGY_SIMILARITY
+    req.strategy = pb.SEARCH_STRATEGY_SIMILARITY if similarity else pb.SEARCH_STRATEGY_COMPREHENSIVE
     return req
 
 

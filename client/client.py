@@ -77,7 +77,7 @@ def tier_value(tier: int | str | None) -> int:
 
 def strategy_value(strategy: int | str | None) -> int:
     """Search strategy from an enum value or a name: 'weighted', 'WEIGHTED' or
-    'SEARCH_STRATEGY_WEIGHTED'; None means unspecified (comprehensive)."""
+    'SEARCH_STRATEGY_WEIGHTED'; None means unspecified (fused, the default)."""
     if strategy is None:
         return pb.SEARCH_STRATEGY_UNSPECIFIED
     if isinstance(strategy, str):
@@ -106,7 +106,8 @@ def _seconds(value: TimeLike) -> float:
 def _set_query(
     req: pb.SearchMemoriesRequest, query: str | Sequence[float] | Any, keywords: str | None
 ) -> None:
-    """The query of a search: text, or a vector (with ``keywords`` as its text for hybrid search)."""
+    """The query of a search: text, or a vector (with ``keywords`` as its text: the default strategy
+    and hybrid search match them)."""
     if isinstance(query, str):
         if keywords is not None and keywords != query:
             raise ValueError("keywords are the query text when the query is text; pass one")
@@ -131,7 +132,6 @@ def _set_hybrid(
         extra = [
             name
             for name, value in (
-                ("keywords", keywords),
                 ("rrf_k", rrf_k),
                 ("vector_weight", vector_weight),
                 ("keyword_weight", keyword_weight),
@@ -446,13 +446,15 @@ class MemoryClient:
 
         ``query`` is text (embedded by the server's built-in embedder), a vector of the space
         named by ``embedding_model``, or None for orderings that need none (strategy 'recency' or
-        'importance'). ``strategy``: 'comprehensive' (default), 'weighted', 'fast_first',
-        'similarity', 'recency' or 'importance'; ``tier_weights`` by tier ('fast', ... or value).
+        'importance'). ``strategy``: 'fused' (default: similarity and the query text's keywords,
+        normalized, first; recency and importance between near ties), 'comprehensive', 'weighted',
+        'fast_first', 'similarity', 'recency' or 'importance'; ``tier_weights`` by tier ('fast', ... or value).
         ``include_ancestors`` also searches the namespaces' ancestors ("a/b/c" -> "a/b", "a"),
         weighted by ``scope_weights`` (default 1, 0.8, 0.6, 0.4 by distance). ``read_only``: the
-        results do not count as accessed. ``hybrid`` fuses the ranking with keyword (BM25) matches
-        of the query text, or of ``keywords`` when the query is a vector (``rrf_k``,
-        ``vector_weight``, ``keyword_weight``; ValueError without ``hybrid``); ``explain`` fills
+        results do not count as accessed. ``keywords``: the text of a vector query (the fused
+        strategy and hybrid search match its words). ``hybrid`` fuses the ranking with keyword (BM25)
+        matches of the query text (``rrf_k``, ``vector_weight``, ``keyword_weight``; ValueError
+        without ``hybrid``); ``explain`` fills
         each result's explanation. Filters: tiers, kinds, tags_any, tags_all, source, topic,
         created_after, created_before.
         """

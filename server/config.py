@@ -138,10 +138,15 @@ class ServerConfig:
     summary_token_threshold: int = 8000
     default_kind: str = "observation"
 
-    # Scoring: score = alpha*relevance + beta*recency + gamma*importance
+    # The weighted-sum strategies (comprehensive, weighted, fast_first):
+    # score = alpha*relevance + beta*recency + gamma*importance
     alpha: float = 0.5
     beta: float = 0.3
     gamma: float = 0.2
+    # The default (fused) strategy's recency and importance weights beside relevance 1: small, so
+    # they decide between memories about equally relevant (docs/search.md).
+    fused_beta: float = 0.1
+    fused_gamma: float = 0.1
     recency_tau_seconds: float = 86400.0
     half_life_hours: tuple[float, ...] = DEFAULT_HALF_LIFE_HOURS
     importance_floor: float = 0.1  # decayed importance never falls below floor * base importance
@@ -211,7 +216,7 @@ class ServerConfig:
             if not ok:
                 raise ValueError(f"setting {name}={getattr(self, name)!r}: {rule}")
 
-        for name in ("alpha", "beta", "gamma"):
+        for name in ("alpha", "beta", "gamma", "fused_beta", "fused_gamma"):
             need(
                 math.isfinite(getattr(self, name)) and getattr(self, name) >= 0,
                 name,

@@ -91,7 +91,10 @@ def test_follower_sees_every_acknowledged_write_at_once(
             assert _ids(got) == [mid]
     q = vecs["m7"]
     both = [
-        [(r.memory.id, round(r.score, 5)) for r in c.search("ns", q, embedding_model="t", read_only=True)]
+        [
+            (r.memory.id, round(r.score, 5))
+            for r in c.search("ns", q, embedding_model="t", read_only=True, strategy="comprehensive")
+        ]
         for c in (lead, follow)
     ]
     assert both[0] == both[1] and len(both[0]) == 10

@@ -1,9 +1,9 @@
-"""Hybrid keyword + vector search (BM25 in LMDB, reciprocal rank fusion) and store-time deduplication."""
+"""Hybrid keyword + vector search (BM25 over the in-memory keyword index, reciprocal rank fusion) and
+store-time deduplication."""
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from conftest import FakeClock, queued_behind_a_held_write
 
 from tiermem.client import InvalidArgumentError, MemoryClient
 from tiermem.client.errors import from_rpc_error
-from tiermem.server.model.text import words
+from tiermem.server.model.text import keyword_terms, words
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
@@ -35,20 +35,23 @@ def _client(running: RunningServer) -> MemoryClient:
 
 
 def _bm25(docs: dict[str, str], query: str, k1: float = 1.2, b: float = 0.75) -> dict[str, float]:
-    """Okapi BM25 with idf = ln(1 + (N - df + 0.5) / (df + 0.5)), written from the formula."""
-    toks = {i: words(t) for i, t in docs.items()}
+    """Okapi BM25 with idf = ln(1 + (N - df + 0.5) / (df + 0.5)), written from the formula, over the
+    server's terms (stemmed, no stop words) with a memory's length in words."""
+    terms = {i: keyword_terms(t) for i, t in docs.items()}
+    lengths = {i: len(words(t)) for i, t in docs.items()}
     n = len(docs)
-    avgdl = sum(len(t) for t in toks.values()) / n
+    avgdl = sum(lengths.values()) / n
     out: dict[str, float] = {}
-    for term in set(words(query)):
-        df = sum(term in t for t in toks.values())
+    for term in keyword_terms(query):
+        df = sum(term in t for t in terms.values())
         if not df:
             continue
         idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-        for i, t in toks.items():
-            tf = Counter(t)[term]
+        for i, t in terms.items():
+            tf = t[term]
             if tf:
-                out[i] = out.get(i, 0.0) + idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(t) / avgdl))
+                norm = k1 * (1 - b + b * lengths[i] / avgdl)
+                out[i] = out.get(i, 0.0) + idf * tf * (k1 + 1) / (tf + norm)
     return out
 
 
@@ -60,6 +63,7 @@ def _hybrid(c: MemoryClient, query: str, **opts: float) -> list[pb.SearchResult]
         explain=True,
         read_only=True,
         hybrid=pb.HybridOptions(enabled=True, **opts),
+        strategy=pb.SEARCH_STRATEGY_COMPREHENSIVE,  # reciprocal rank fusion with the weighted sum
     )
     return list(c.stub.SearchMemories(req).results)
 

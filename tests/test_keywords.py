@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tiermem.kernels import keywords as kw_kernels
-from tiermem.server.index.keyword_index import STOP_WORDS, KeywordIndex, bm25, keyword_terms
+from tiermem.server.index.keyword_index import KeywordIndex, bm25
+from tiermem.server.model.text import STOP_WORDS, keyword_terms
 
 
 def reference_bm25(

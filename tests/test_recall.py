@@ -79,8 +79,8 @@ def _measure(
         )
         req.query_embedding.extend(q.tolist())
         req.as_of.seconds = int(T0)
-        if similarity:
-            req.strategy = pb.SEARCH_STRATEGY_SIMILARITY
+        # The comprehensive strategy promises the exact top k of the raw weighted sum: measured here.
+        req.strategy = pb.SEARCH_STRATEGY_SIMILARITY if similarity else pb.SEARCH_STRATEGY_COMPREHENSIVE
         results = c.stub.SearchMemories(req, timeout=30).results
         sims = (d["x"][idx] @ q).astype(np.float64)
         exact = sims if similarity else ALPHA * sims + d["prior"][idx]

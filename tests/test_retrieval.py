@@ -844,18 +844,45 @@ def _check_explanation(res: list[pb.SearchResult], strategy: int, abg: tuple[flo
         assert r.score == pytest.approx(x.base_score * x.tier_weight * x.scope_weight, abs=1e-5)
 
 
-def test_comprehensive_is_the_default(sdata: tuple[MemoryClient, FakeClock, dict[str, Any]]) -> None:
+def _minmax(x: np.ndarray) -> np.ndarray:
+    return (x - x.min()) / (x.max() - x.min()) if x.max() > x.min() else np.zeros_like(x)
+
+
+def test_fused_is_the_default(sdata: tuple[MemoryClient, FakeClock, dict[str, Any]]) -> None:
+    """No strategy: the fused ranking, each signal min-max normalized over the candidates (here all
+    16 memories of the space), relevance weighing 1, recency and importance 0.1 each."""
     c, _clock, data = sdata
-    rng = np.random.default_rng(20)
+    rng = np.random.default_rng(22)
     as_of = T0 + 900
     for _ in range(3):
         q = rng.normal(size=DIM)
         default = search(c, SNS, q, limit=50, as_of=as_of, explain=True)
-        comp = search(
-            c, SNS, q, limit=50, as_of=as_of, explain=True, strategy=pb.SEARCH_STRATEGY_COMPREHENSIVE
-        )
-        assert rids(default) == rids(comp)
-        assert [r.score for r in default] == [r.score for r in comp]
+        fused = search(c, SNS, q, limit=50, as_of=as_of, explain=True, strategy=pb.SEARCH_STRATEGY_FUSED)
+        assert rids(default) == rids(fused) and [r.score for r in default] == [r.score for r in fused]
+        exp = _expect(data, q, as_of)
+        ids = list(exp)
+        part = {k: np.array([exp[i][k] for i in ids]) for k in ("rel", "rec", "imp")}
+        ref = _minmax(part["rel"]) + 0.1 * _minmax(part["rec"]) + 0.1 * _minmax(part["imp"])
+        want = dict(zip(ids, ref.tolist(), strict=True))
+        assert len(default) == 16
+        assert rids(default) == sorted(ids, key=lambda i: -want[i])
+        for r in default:
+            assert r.score == pytest.approx(want[r.memory.id], abs=1e-5)
+            assert r.relevance == pytest.approx(exp[r.memory.id]["rel"], abs=1e-5)  # reported raw
+            x = r.explanation
+            assert x.strategy == pb.SEARCH_STRATEGY_FUSED
+            assert (x.alpha, x.beta, x.gamma) == pytest.approx((1.0, 0.1, 0.1))
+            assert x.base_score == pytest.approx(r.score, abs=1e-6)  # tier and scope weights 1
+
+
+def test_comprehensive_is_the_raw_weighted_sum(sdata: tuple[MemoryClient, FakeClock, dict[str, Any]]) -> None:
+    c, _clock, data = sdata
+    rng = np.random.default_rng(20)
+    as_of = T0 + 900
+    comp_only = {"strategy": pb.SEARCH_STRATEGY_COMPREHENSIVE}
+    for _ in range(3):
+        q = rng.normal(size=DIM)
+        default = search(c, SNS, q, limit=50, as_of=as_of, explain=True, **comp_only)
         exp = _expect(data, q, as_of)
         assert len(default) == 16
         _check_scores(default, exp)
@@ -863,16 +890,18 @@ def test_comprehensive_is_the_default(sdata: tuple[MemoryClient, FakeClock, dict
         _check_explanation(default, pb.SEARCH_STRATEGY_COMPREHENSIVE, (0.5, 0.3, 0.2))
         assert all(r.explanation.tier_weight == 1.0 and r.explanation.scope_weight == 1.0 for r in default)
         # custom alpha/beta/gamma are reported as used
-        custom = search(c, SNS, q, limit=50, as_of=as_of, explain=True, alpha=0.9, beta=0.05, gamma=0.6)
+        custom = search(
+            c, SNS, q, limit=50, as_of=as_of, explain=True, alpha=0.9, beta=0.05, gamma=0.6, **comp_only
+        )
         exp = _expect(data, q, as_of, 0.9, 0.05, 0.6)
         _check_scores(custom, exp)
         assert rids(custom) == _ranked(exp)
         _check_explanation(custom, pb.SEARCH_STRATEGY_COMPREHENSIVE, (0.9, 0.05, 0.6))
     # explain=false leaves the explanation empty
-    plain = search(c, SNS, q, limit=50, as_of=as_of)
+    plain = search(c, SNS, q, limit=50, as_of=as_of, **comp_only)
     assert plain and not any(r.HasField("explanation") for r in plain)
     # tier_weights apply to COMPREHENSIVE too (other tiers 1.0)
-    tw = search(c, SNS, q, limit=50, as_of=as_of, tier_weights={3: 2.5}, explain=True)
+    tw = search(c, SNS, q, limit=50, as_of=as_of, tier_weights={3: 2.5}, explain=True, **comp_only)
     exp = _expect(data, q, as_of, tier_w={1: 1.0, 2: 1.0, 3: 2.5, 4: 1.0})
     _check_scores(tw, exp)
     assert rids(tw) == _ranked(exp)
@@ -1090,6 +1119,7 @@ def _check_scope(
     weights: dict[str, float],
     **kw: Any,
 ) -> None:
+    kw.setdefault("strategy", pb.SEARCH_STRATEGY_COMPREHENSIVE)  # scope weights on the raw weighted sum
     res = search(c, namespaces, q, limit=100, as_of=as_of, explain=True, **kw)
     exp = _scope_expect(specs, q, as_of, weights)
     assert sorted(rkeys(res)) == sorted(exp), (namespaces, kw)
@@ -1338,6 +1368,7 @@ def test_weighted_and_scoped_ranking_is_exact_on_ann_path(
                 nss_req = fields.pop("namespaces")
                 for where_imp in (None, 0.3) if qi < 4 else (None,):
                     where = {"importance": {"$gte": where_imp}} if where_imp is not None else None
+                    fields.setdefault("strategy", pb.SEARCH_STRATEGY_COMPREHENSIVE)  # the raw weighted sum
                     res = search(c, nss_req, q, limit=10, where=where, **fields)
                     got = rids(res)
                     want = brute(q, a, b, g, tw, sw, where_imp)

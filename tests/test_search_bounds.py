@@ -383,6 +383,7 @@ def reference(w: World, q: SearchQuery, snap: Snapshot, keep: np.ndarray | None 
 def query(w: World, i: int, **kw: Any) -> SearchQuery:
     kw.setdefault("namespaces", list(NAMESPACES))
     kw.setdefault("embedding", w.queries[i])
+    kw.setdefault("strategy", COMPREHENSIVE)  # the raw weighted sum, whose exact top-k these tests check
     return SearchQuery(embedding_model=MODEL, read_only=True, limit=K, **kw)
 
 

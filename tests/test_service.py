@@ -894,7 +894,7 @@ def test_namespace_isolation(client: MemoryClient) -> None:
     expect_not_found(lambda: client.delete(b, ma.id))
     expect_not_found(lambda: client.feedback(b, [{"id": ma.id}]))
     assert client.get(a, "x").topic == "A" and client.get(b, "x").topic == "B"
-    both = client.search([a, b], emb, embedding_model=MODEL, limit=100)
+    both = client.search([a, b], emb, embedding_model=MODEL, limit=100, strategy="comprehensive")
     assert sorted((r.memory.namespace, r.memory.id) for r in both) == sorted([(a, ma.id), (b, mb.id)])
     assert both[0].score == pytest.approx(both[1].score, abs=1e-6)
     # a parent namespace is not a wildcard
@@ -1085,6 +1085,11 @@ def _expected(data: dict, q: Any, as_of: float, tau: float, a: float, b: float, 
     return out
 
 
+def search_raw_sum(c: MemoryClient, *args: Any, **kw: Any) -> list[pb.SearchResult]:
+    """A search under the comprehensive strategy: the raw weighted sum these tests compute."""
+    return c.search(*args, strategy="comprehensive", **kw)
+
+
 def _check_components(results: list[pb.SearchResult], exp: dict[str, tuple]) -> None:
     for r in results:
         score, rel, rec, imp = exp[r.memory.id]
@@ -1105,7 +1110,8 @@ def test_search_score_components(scored: tuple[MemoryClient, FakeClock, dict]) -
     rng = np.random.default_rng(60)
     as_of = clock.now + 3600
     for q in [vec(rng) for _ in range(3)] + [data["specs"]["m3"]["embedding"]]:
-        res = c.search(
+        res = search_raw_sum(
+            c,
             NS,
             q,
             embedding_model=MODEL,
@@ -1123,21 +1129,21 @@ def test_search_score_components(scored: tuple[MemoryClient, FakeClock, dict]) -
         assert all(len(r.memory.embedding) == 0 for r in res)
     # defaults: alpha .5, beta .3, gamma .2, tau one day, as_of = server clock
     q = vec(rng)
-    res = c.search(NS, q, embedding_model=MODEL, limit=50)
+    res = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50)
     exp = _expected(data, q, clock.now, 86400.0, 0.5, 0.3, 0.2)
     _check_components(res, exp)
     assert ids_of(res) == _ranked(exp)
     # the server clock is the default as_of
     clock.advance(7200)
-    res = c.search(NS, q, embedding_model=MODEL, limit=50)
+    res = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50)
     _check_components(res, _expected(data, q, clock.now, 86400.0, 0.5, 0.3, 0.2))
     # as_of before creation: no negative ages
     early = T0 - 10 * 86400
-    res = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=early)
+    res = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=early)
     assert all(r.recency == pytest.approx(1.0) for r in res)
     _check_components(res, _expected(data, q, early, 86400.0, 0.5, 0.3, 0.2))
     # include_embedding returns the stored normalized vectors
-    res = c.search(NS, q, embedding_model=MODEL, limit=3, include_embedding=True)
+    res = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=3, include_embedding=True)
     for r in res:
         assert np.allclose(list(r.memory.embedding), unit(data["specs"][r.memory.id]["embedding"]), atol=1e-6)
 
@@ -1148,21 +1154,27 @@ def test_search_weights_change_ranking(scored: tuple[MemoryClient, FakeClock, di
     q = data["specs"]["m7"]["embedding"]
     exp = _expected(data, q, as_of, 86400.0, 1, 1, 1)
 
-    importance_only = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=0, beta=0, gamma=1)
+    importance_only = search_raw_sum(
+        c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=0, beta=0, gamma=1
+    )
     assert ids_of(importance_only) == _ranked(exp, 3)
     assert all(r.score == pytest.approx(r.importance, abs=1e-6) for r in importance_only)
 
-    relevance_only = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=1, beta=0, gamma=0)
+    relevance_only = search_raw_sum(
+        c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=1, beta=0, gamma=0
+    )
     assert ids_of(relevance_only) == _ranked(exp, 1)
     assert relevance_only[0].memory.id == "m7" and relevance_only[0].relevance == pytest.approx(1.0, abs=1e-5)
 
-    recency_only = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=0, beta=1, gamma=0)
+    recency_only = search_raw_sum(
+        c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=0, beta=1, gamma=0
+    )
     assert ids_of(recency_only) == _ranked(exp, 2)
 
     # the three rankings really differ, so the weights matter
     assert len({tuple(ids_of(x)) for x in (importance_only, relevance_only, recency_only)}) == 3
     # all-zero weights are allowed: every score is 0
-    zero = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=0, beta=0, gamma=0)
+    zero = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, alpha=0, beta=0, gamma=0)
     assert len(zero) == 12 and all(r.score == 0.0 for r in zero)
 
 
@@ -1176,28 +1188,28 @@ def test_search_min_similarity_limit_filters(scored: tuple[MemoryClient, FakeClo
     gaps = [(rels[i + 1] - rels[i], i) for i in range(len(rels) - 1) if rels[i] > -0.5]
     _, gi = max(gaps)
     thr = (rels[gi] + rels[gi + 1]) / 2
-    res = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, min_similarity=thr)
+    res = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, min_similarity=thr)
     want = {k for k, v in exp.items() if v[1] >= thr}
     assert 0 < len(want) < 12
     assert set(ids_of(res)) == want
     assert all(r.relevance >= thr for r in res)
     _check_components(res, exp)
 
-    full = ids_of(c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of))
+    full = ids_of(search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of))
     assert full == _ranked(exp)
-    assert ids_of(c.search(NS, q, embedding_model=MODEL, limit=3, as_of=as_of)) == full[:3]
-    assert ids_of(c.search(NS, q, embedding_model=MODEL, limit=1, as_of=as_of)) == full[:1]
-    assert len(c.search(NS, q, embedding_model=MODEL, limit=0, as_of=as_of)) == 10  # default limit
+    assert ids_of(search_raw_sum(c, NS, q, embedding_model=MODEL, limit=3, as_of=as_of)) == full[:3]
+    assert ids_of(search_raw_sum(c, NS, q, embedding_model=MODEL, limit=1, as_of=as_of)) == full[:1]
+    assert len(search_raw_sum(c, NS, q, embedding_model=MODEL, limit=0, as_of=as_of)) == 10  # default limit
 
-    facts = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, kinds=["fact"])
+    facts = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, kinds=["fact"])
     assert ids_of(facts) == [k for k in full if data["specs"][k]["kind"] == "fact"]
-    tiers = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, tiers=["fast", "glacial"])
+    tiers = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, tiers=["fast", "glacial"])
     assert ids_of(tiers) == [k for k in full if data["specs"][k]["tier"] in (1, 4)]
-    none = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, kinds=["nothing"])
+    none = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, kinds=["nothing"])
     assert none == []
     # created_before filter keeps the older half
     cutoff = sorted(s["create_time"] for s in data["specs"].values())[6]
-    old = c.search(NS, q, embedding_model=MODEL, limit=50, as_of=as_of, created_before=cutoff)
+    old = search_raw_sum(c, NS, q, embedding_model=MODEL, limit=50, as_of=as_of, created_before=cutoff)
     assert ids_of(old) == [k for k in full if data["specs"][k]["create_time"] < cutoff]
     assert len(old) == 6
 
@@ -1299,8 +1311,17 @@ def test_ann_ranking_matches_brute_force(server_factory: Callable[..., RunningSe
                     score = a * rel + b * rec + g * imp
                     score[~allowed] = -np.inf
                     want = [ids[i] for i in np.argsort(-score, kind="stable")[:10]]
-                    res = c.search(
-                        NS, q, embedding_model="ann", limit=10, as_of=as_of, alpha=a, beta=b, gamma=g, **flt
+                    res = search_raw_sum(
+                        c,
+                        NS,
+                        q,
+                        embedding_model="ann",
+                        limit=10,
+                        as_of=as_of,
+                        alpha=a,
+                        beta=b,
+                        gamma=g,
+                        **flt,
                     )
                     got = ids_of(res)
                     assert len(got) == 10 and len(set(got)) == 10

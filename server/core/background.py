@@ -72,7 +72,11 @@ class Snapshots:
             logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
 
     def _columns_state(self) -> dict[str, Any]:
-        return self.st.columns.state() | {"spaces": [sp.model for sp in self.st.space_list]}
+        st = self.st
+        return st.columns.state() | {
+            "spaces": [sp.model for sp in st.space_list],
+            "keywords": st.keywords.state(),
+        }
 
     def loop(self) -> None:
         """Periodic snapshots bound what a start-up after kill -9 must redo: records changed since

@@ -83,6 +83,7 @@ def _follow_records(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
         # As the leader's update or tier move did (a memory never waits for an embedding again
         # once it has one: every new vector gets a new vk).
         upkeep.reindex(st, int(cols.view().vk[row]), rec, vec)
+        upkeep.post_content(st, row, rec)  # (its old content is not known here: posted again)
     upkeep.unindex(st, gone)
     upkeep.index_new(st, fresh)
 

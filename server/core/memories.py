@@ -253,6 +253,8 @@ class _UpdateOp:
     def apply(self, prepared: tuple[Record, Record, np.ndarray | None]) -> Record:
         old, rec, vec = prepared
         upkeep.reindex(self.st, old.vk, rec, vec)
+        if rec.content != old.content:
+            upkeep.post_content(self.st, self.st.columns.rows[rec.rid], rec)
         return rec
 
 

@@ -15,8 +15,10 @@ from typing import IO, Any
 
 import numpy as np
 
+from tiermem.server.core import upkeep
 from tiermem.server.core.state import EngineState
 from tiermem.server.index.columns import Columns
+from tiermem.server.index.keyword_index import KeywordIndex
 from tiermem.server.index.spaces import Space
 from tiermem.server.index.threads import set_faiss_threads
 from tiermem.server.index.vector_index import VectorIndex
@@ -106,6 +108,7 @@ def _load_rows(st: EngineState, txn: Txn, snap: tuple[dict[str, Any], int] | Non
     if snap is not None:
         try:
             st.columns = _restore_columns(st, snap[0])
+            st.keywords = KeywordIndex.restore(snap[0]["keywords"])
             changed = st.store.changed_since(txn, snap[1])
             for rid in changed:
                 _load_row(st, rid, st.store.get(txn, rid), unembedded)
@@ -113,6 +116,7 @@ def _load_rows(st: EngineState, txn: Txn, snap: tuple[dict[str, Any], int] | Non
         except Exception as e:  # a damaged snapshot: decode every record instead
             logger.warning("ignoring a columns snapshot that cannot be restored: %r", e)
             st.columns = Columns(change_log=st.config.tuning.columns_change_log)
+            st.keywords = KeywordIndex()
     for rec in st.store.iter_records(txn):
         _load_row(st, rec.rid, rec, unembedded)
     return "by decoding every record"
@@ -141,9 +145,10 @@ def _load_row(st: EngineState, rid: int, rec: Record | None, unembedded: set[int
         return
     space = -1 if rid in unembedded else st.spaces[rec.embedding_model].id
     if row is None:
-        st.columns.add(rec, space)
+        row = st.columns.add(rec, space)
     else:
         st.columns.set(row, rec, space, -1)
+    upkeep.post_content(st, row, rec)
 
 
 def _load_indexes(st: EngineState, txn: Txn) -> None:

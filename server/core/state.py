@@ -28,6 +28,7 @@ from tiermem.server.embedding import providers
 from tiermem.server.index import masks
 from tiermem.server.index.columns import Columns, ColumnsView
 from tiermem.server.index.indexer import Indexer
+from tiermem.server.index.keyword_index import KeywordIndex
 from tiermem.server.index.spaces import Space
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.records import Record
@@ -87,6 +88,7 @@ class EngineState:
             cache_size=config.embedding_cache_size,
         )
         self.columns = Columns(change_log=config.tuning.columns_change_log)
+        self.keywords = KeywordIndex()  # postings of the rows' content, by namespace (keyword search)
         self.spaces: dict[str, Space] = {}
         self.space_list: list[Space] = []  # by space id
         self.base_policy = Policy.from_config(config)

@@ -24,16 +24,24 @@ from tiermem.server.storage.store import Txn
 logger = logging.getLogger(__name__)
 
 
+def post_content(st: EngineState, row: int, rec: Record) -> None:
+    """Post a row's content to the keyword index (again, when it changed: old postings stop counting)."""
+    st.keywords.add(row, st.columns.namespaces.get(rec.namespace), rec.content)
+
+
 def index_new(st: EngineState, items: list[tuple[Record, np.ndarray]]) -> None:
-    """Add committed records to HNSW first, then make their rows visible."""
+    """Add committed records to the keyword index and HNSW first, then make their rows visible."""
     cols = st.columns
     groups: dict[tuple[int, int], list[tuple[int, Record, np.ndarray]]] = {}
     for rec, vec in items:
         if vec.shape[0] == 0:  # waiting for its embedding: visible to keyword search only
-            cols.activate(np.array([cols.add(rec, -1)], np.int64), np.array([-1], np.int64))
+            row = cols.add(rec, -1)
+            post_content(st, row, rec)
+            cols.activate(np.array([row], np.int64), np.array([-1], np.int64))
             continue
         sp = st.space(rec.embedding_model, int(vec.shape[0]))
         row = cols.add(rec, sp.id)
+        post_content(st, row, rec)
         groups.setdefault((sp.id, rec.tier), []).append((row, rec, vec))
     for (sid, tier), group in groups.items():
         sp = st.space_list[sid]

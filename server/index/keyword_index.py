@@ -14,159 +14,13 @@ count readers were given, and a full delta is replaced, never overwritten.
 
 from __future__ import annotations
 
-import re
-import threading
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-import Stemmer
 
 from tiermem.kernels import keywords as kernels
-
-_WORD = re.compile(r"\w+", re.UNICODE)
-# Common English function words: they match almost every memory and carry no topic.
-STOP_WORDS = frozenset(
-    [
-        "a",
-        "about",
-        "above",
-        "after",
-        "again",
-        "against",
-        "all",
-        "am",
-        "an",
-        "and",
-        "any",
-        "are",
-        "as",
-        "at",
-        "be",
-        "because",
-        "been",
-        "before",
-        "being",
-        "below",
-        "between",
-        "both",
-        "but",
-        "by",
-        "can",
-        "could",
-        "did",
-        "do",
-        "does",
-        "doing",
-        "down",
-        "during",
-        "each",
-        "few",
-        "for",
-        "from",
-        "further",
-        "had",
-        "has",
-        "have",
-        "having",
-        "he",
-        "her",
-        "here",
-        "hers",
-        "herself",
-        "him",
-        "himself",
-        "his",
-        "how",
-        "i",
-        "if",
-        "in",
-        "into",
-        "is",
-        "it",
-        "its",
-        "itself",
-        "just",
-        "me",
-        "more",
-        "most",
-        "my",
-        "myself",
-        "no",
-        "nor",
-        "not",
-        "now",
-        "of",
-        "off",
-        "on",
-        "once",
-        "only",
-        "or",
-        "other",
-        "our",
-        "ours",
-        "ourselves",
-        "out",
-        "over",
-        "own",
-        "same",
-        "she",
-        "should",
-        "so",
-        "some",
-        "such",
-        "than",
-        "that",
-        "the",
-        "their",
-        "theirs",
-        "them",
-        "themselves",
-        "then",
-        "there",
-        "these",
-        "they",
-        "this",
-        "those",
-        "through",
-        "to",
-        "too",
-        "under",
-        "until",
-        "up",
-        "very",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "while",
-        "who",
-        "whom",
-        "why",
-        "will",
-        "with",
-        "would",
-        "you",
-        "your",
-        "yours",
-        "yourself",
-        "yourselves",
-    ]
-)
-_stemmers = threading.local()  # a Stemmer object is not safe to share between threads
-
-
-def keyword_terms(text: str) -> Counter[str]:
-    """The terms of ``text`` with their counts: lower-cased words, stop words out, stemmed."""
-    stemmer = getattr(_stemmers, "english", None)
-    if stemmer is None:
-        stemmer = _stemmers.english = Stemmer.Stemmer("english")
-    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS and len(w) < 100]
-    return Counter(stemmer.stemWords(words))
+from tiermem.server.model.text import keyword_terms
 
 
 class _Segment(NamedTuple):
@@ -336,16 +190,17 @@ class KeywordIndex:
 
     # -- snapshots -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """Every posting in one sorted segment, with the key names, for the columns snapshot."""
-        self._flush()
-        seg = (
-            self._merge(list(self._view[0]))
-            if self._view[0]
-            else _segment(*(np.empty(0, t) for t in (np.int32, np.int32, np.float32, np.int32)))
+        """The postings as they stand (segments and a copy of the delta), with the key names, for the
+        columns snapshot. Changes nothing: it runs between two commit groups."""
+        segments, d = self._view
+        n = d.filled
+        delta = _Segment(
+            d.keys[:n].copy(), np.empty(0, np.int64), d.rows[:n].copy(), d.tfs[:n].copy(), d.gens[:n].copy()
         )
         return {
             "keys": list(self._key_ids),
-            "segment": tuple(seg),
+            "segments": [tuple(seg) for seg in segments],
+            "delta": tuple(delta),  # keys per posting, unsorted (starts unused)
             "row_gen": self._gen.copy(),
         }
 
@@ -353,8 +208,11 @@ class KeywordIndex:
     def restore(cls, state: dict[str, Any]) -> KeywordIndex:
         index = cls()
         index._key_ids = {(int(ns), term): i for i, (ns, term) in enumerate(state["keys"])}
-        seg = _Segment(*state["segment"])
-        index._view = ((seg,) if seg.size else (), index._view[1])
+        segments = [_Segment(*seg) for seg in state["segments"]]
+        keys, _, rows, tfs, gens = state["delta"]
+        if keys.shape[0]:
+            segments.append(_segment(keys, rows, tfs, gens))
+        index._view = (tuple(seg for seg in segments if seg.size), index._view[1])
         index._gen = np.array(state["row_gen"], np.int32)
         return index
 

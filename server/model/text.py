@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import Counter
 
+import Stemmer
+
 _WORD = re.compile(r"\w+", re.UNICODE)
-MAX_TERM_BYTES = 200  # longer words are cut (LMDB keys are at most 511 bytes)
 
 
 def words(text: str) -> list[str]:
@@ -15,9 +17,147 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def term_counts(text: str) -> Counter[str]:
-    """Each distinct term of ``text`` with its count (the keyword index's unit)."""
-    return Counter(w.encode()[:MAX_TERM_BYTES].decode(errors="ignore") for w in words(text))
+# Common English function words: they match almost every memory and carry no topic.
+STOP_WORDS = frozenset(
+    [
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+    ]
+)
+_stemmers = threading.local()  # a Stemmer object is not safe to share between threads
+
+
+def keyword_terms(text: str) -> Counter[str]:
+    """The terms of ``text`` with their counts: lower-cased words, stop words out, stemmed."""
+    stemmer = getattr(_stemmers, "english", None)
+    if stemmer is None:
+        stemmer = _stemmers.english = Stemmer.Stemmer("english")
+    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS and len(w) < 100]
+    return Counter(stemmer.stemWords(words))
 
 
 def estimate_tokens(text: str) -> int:

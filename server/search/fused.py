@@ -17,6 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tiermem import kernels
+from tiermem.server.search.keywords import KeywordScores
+from tiermem.server.search.ranking import Ranked, Scored, Scorer, concat_scored
+
 
 @dataclass(frozen=True)
 class FusedWeights:
@@ -57,3 +61,65 @@ def fused_scores(
         relevance += (weight / total) * x
     score = w.alpha * relevance + w.beta * normalized(recency) + w.gamma * normalized(importance)
     return score.astype(np.float32), relevance.astype(np.float32)
+
+
+def rank_fused(
+    vector: Scored | None,
+    keywords: KeywordScores | None,
+    depth: int,
+    scorer: Scorer,
+    weights: FusedWeights,
+    row_w: np.ndarray | None,
+    min_similarity: float | None,
+) -> Ranked:
+    """The fused ranking of the candidates: the ``depth`` best of ``vector`` (rows scored by
+    similarity) and the ``depth`` best keyword matches; keyword rows the vector list lacks are scored
+    by ``scorer`` (similarity 0 when they have no vector yet)."""
+    parts = []
+    if vector is not None:
+        parts.append(_top(vector, vector.rel, depth))
+    k_rows = np.empty(0, np.int64)
+    if keywords is not None:
+        k_rows = keywords.rows[kernels.topk(keywords.scores, depth)]
+        known = parts[0].rows if parts else np.empty(0, np.int64)
+        extra = np.setdiff1d(k_rows, known)
+        if extra.shape[0]:
+            parts.append(scorer(extra, True))
+    both = concat_scored(parts) if parts else scorer(np.empty(0, np.int64))
+    kw = None
+    k_rank = None
+    if keywords is not None:
+        kw, k_rank = _keyword_columns(both.rows, keywords, k_rows)
+    v_rank = None
+    if vector is not None:
+        v_rank = np.zeros(both.rows.shape[0], np.int64)
+        n_vec = parts[0].rows.shape[0]
+        v_rank[:n_vec] = np.argsort(np.argsort(-parts[0].rel, kind="stable"), kind="stable") + 1
+    base, _ = fused_scores(both.rel if vector is not None else None, kw, both.rec, both.imp, weights)
+    score = base if row_w is None else base * row_w[both.rows]
+    if min_similarity is not None:
+        score = np.where(both.rel < min_similarity, np.float32(np.nan), score)
+    ranked = Scored(both.rows, both.rel, base, both.rec, both.imp)  # base: the fused score before weights
+    return Ranked(ranked, score, vector_rank=v_rank, keyword_rank=k_rank, keyword_score=kw)
+
+
+def _top(scored: Scored, key: np.ndarray, depth: int) -> Scored:
+    order = kernels.topk(key, depth)
+    return Scored(
+        scored.rows[order], scored.rel[order], scored.score[order], scored.rec[order], scored.imp[order]
+    )
+
+
+def _keyword_columns(
+    rows: np.ndarray, keywords: KeywordScores, k_rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's BM25 (0: no match) and its 1-based rank among the keyword candidates (0: not one)."""
+    order = np.argsort(keywords.rows)
+    at = np.minimum(np.searchsorted(keywords.rows, rows, sorter=order), max(keywords.rows.shape[0] - 1, 0))
+    kw = np.zeros(rows.shape[0], np.float32)
+    if keywords.rows.shape[0]:
+        hit = keywords.rows[order[at]] == rows
+        kw[hit] = keywords.scores[order[at[hit]]]
+    rank_of = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
+    k_rank = np.array([rank_of.get(int(r), 0) for r in rows.tolist()], np.int64)
+    return kw, k_rank

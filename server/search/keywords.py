@@ -1,16 +1,15 @@
-"""Hybrid search: BM25 keyword scores of the allowed rows, and their reciprocal rank fusion with the
-vector ranking. Keyword postings are read from the store (LMDB)."""
+"""Keyword search: BM25 scores of the allowed rows from the in-memory keyword index, and their
+reciprocal rank fusion with the vector ranking (``hybrid`` on a weighted-sum strategy)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from tiermem import kernels
 from tiermem.server.index.columns import ColumnsView
-from tiermem.server.model.text import term_counts
+from tiermem.server.index.keyword_index import bm25 as keyword_bm25
 from tiermem.server.search.query import Hybrid
 from tiermem.server.search.ranking import Ranked, Scored, Scorer
 from tiermem.server.search.source import SearchSource
@@ -25,37 +24,15 @@ class KeywordScores:
 
 
 def bm25(
-    source: SearchSource, view: ColumnsView, mask: np.ndarray, text: str, k1: float = 1.2, b: float = 0.75
+    source: SearchSource, view: ColumnsView, mask: np.ndarray, namespaces: list[str], text: str
 ) -> KeywordScores:
-    """BM25 of every allowed row containing a term of ``text``. Terms in more than
-    max_keyword_postings memories are skipped (they carry almost no information)."""
-    n_docs = int(mask.sum())
-    if n_docs == 0:
-        return KeywordScores(np.empty(0, np.int64), np.empty(0, np.float32))
-    lengths = view.words
-    avgdl = max(1.0, float(lengths[mask].mean()))
-    acc: dict[int, float] = {}
-    rows_of = source.columns.rows
-    store = source.store
-    with store.read() as txn:
-        for term in term_counts(text):
-            posts = store.term_postings(txn, term, source.config.max_keyword_postings)
-            if not posts:
-                continue
-            found = [
-                (row, tf)
-                for row, tf in ((rows_of.get(rid, -1), tf) for rid, tf in posts)
-                if 0 <= row < view.n and mask[row]
-            ]
-            if not found:
-                continue
-            df = len(found)
-            idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
-            for row, tf in found:
-                dl = float(lengths[row])
-                acc[row] = acc.get(row, 0.0) + idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
-    rows = np.fromiter(acc.keys(), np.int64, len(acc))
-    return KeywordScores(rows, np.fromiter(acc.values(), np.float32, len(acc)))
+    """BM25 of every allowed row of the namespaces holding a term of ``text`` (terms found in more
+    than max_keyword_postings of their memories are skipped: they say almost nothing)."""
+    ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
+    rows, scores = keyword_bm25(
+        source.keywords, ids, text, mask, int(mask.sum()), view.words, source.config.max_keyword_postings
+    )
+    return KeywordScores(rows, scores)
 
 
 def fuse(keywords: KeywordScores, hybrid: Hybrid, scored: Scored, depth: int, scorer: Scorer) -> Ranked:

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from tiermem.server.search.source import SearchSource
 
 # Values of tiermem.v1.SearchStrategy.
-COMPREHENSIVE, WEIGHTED, FAST_FIRST, SIMILARITY, RECENCY, IMPORTANCE = 1, 2, 3, 4, 5, 6
+COMPREHENSIVE, WEIGHTED, FAST_FIRST, SIMILARITY, RECENCY, IMPORTANCE, FUSED = 1, 2, 3, 4, 5, 6, 7
 STRATEGY_NAMES = {
+    FUSED: "fused",
     COMPREHENSIVE: "comprehensive",
     WEIGHTED: "weighted",
     FAST_FIRST: "fast_first",
@@ -85,7 +86,8 @@ class SearchHit:
 
 @dataclass(frozen=True)
 class Hybrid:
-    """Keyword ranking fused with the vector ranking (reciprocal rank fusion)."""
+    """Keyword ranking fused with the vector ranking: by reciprocal rank (``hybrid`` on a weighted-sum
+    strategy) or, under the fused strategy, as the keyword share of relevance."""
 
     text: str  # the keywords
     rrf_k: float
@@ -165,7 +167,7 @@ def check_query(
     _check_namespaces(q.namespaces)
     if q.limit < 0:
         raise InvalidArgument("limit", "must not be negative")
-    strategy = q.strategy or COMPREHENSIVE
+    strategy = q.strategy or FUSED
     if strategy not in STRATEGY_NAMES:
         raise InvalidArgument("strategy", "is not a search strategy")
     alpha, beta, gamma = _signal_weights(q, config, strategy)
@@ -196,9 +198,10 @@ def _check_namespaces(namespaces: list[str]) -> None:
 def _signal_weights(q: SearchQuery, config: ServerConfig, strategy: int) -> tuple[float, float, float]:
     """alpha, beta, gamma: the request's or the configured ones; one signal alone for the
     single-signal strategies."""
-    alpha = weight("alpha", q.alpha, config.alpha)
-    beta = weight("beta", q.beta, config.beta)
-    gamma = weight("gamma", q.gamma, config.gamma)
+    fused = strategy == FUSED
+    alpha = weight("alpha", q.alpha, 1.0 if fused else config.alpha)
+    beta = weight("beta", q.beta, config.fused_beta if fused else config.beta)
+    gamma = weight("gamma", q.gamma, config.fused_gamma if fused else config.gamma)
     if strategy in (SIMILARITY, RECENCY, IMPORTANCE):
         return float(strategy == SIMILARITY), float(strategy == RECENCY), float(strategy == IMPORTANCE)
     return alpha, beta, gamma

@@ -29,11 +29,13 @@ from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
 from tiermem.server.search.candidates import CandidateSearch
-from tiermem.server.search.keywords import bm25, fuse
+from tiermem.server.search.fused import FusedWeights, rank_fused
+from tiermem.server.search.keywords import KeywordScores, bm25, fuse
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import (
     COMPREHENSIVE,
     FAST_FIRST,
+    FUSED,
     IMPORTANCE,
     RECENCY,
     SIMILARITY,
@@ -121,8 +123,8 @@ class Searcher:
             logger.warning("embedder failed, searching by keyword only: %s", e)
             query, sp = None, None
             hybrid = Hybrid(q.text, q.rrf_k, 0.0, 1.0)
-        if q.hybrid and hybrid is None:
-            hybrid = check_hybrid(q)
+        if hybrid is None and (q.hybrid or (checked.strategy == FUSED and q.text)):
+            hybrid = check_hybrid(q)  # the fused strategy matches the text's keywords unasked
         with self.turns.take(wanted):
             # Ranked at the time it runs, not the time it queued.
             now = self.source.clock() if checked.as_of is None else checked.as_of
@@ -188,12 +190,24 @@ class Searcher:
         fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
         # Keyword scores first: they read LMDB (the store's gate), which must not wait while this
         # search holds the indexes (the indexer would wait behind it, and every new search behind that).
-        keywords = bm25(src, view, keyword_mask, a.hybrid.text) if a.hybrid is not None else None
+        keywords = (
+            bm25(src, view, keyword_mask, list(a.scope_w), a.hybrid.text) if a.hybrid is not None else None
+        )
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
             # drain a search waits for one chunk of the indexer's adds, not once per lookup.
             for index in list(sp.indexes.values()) if sp is not None else []:
                 held.enter_context(index.reading())
+            if a.strategy == FUSED:
+                return collect_hits(
+                    src,
+                    view,
+                    self._fused(view, a, mask, count, keywords, query, sp, half_life, row_w),
+                    a,
+                    flt,
+                    only_tier,
+                    include_embedding,
+                )
             if query is None or sp is None or count <= src.config.exact_search_max_rows:
                 scored = scorer(np.flatnonzero(mask))
             else:
@@ -205,3 +219,34 @@ class Searcher:
             else:
                 ranked = Ranked(scored, scored.score)
         return collect_hits(src, view, ranked, a, flt, only_tier, include_embedding)
+
+    def _fused(
+        self,
+        view: ColumnsView,
+        a: RankingParams,
+        mask: np.ndarray,
+        count: int,
+        keywords: KeywordScores | None,
+        query: np.ndarray | None,
+        sp: Space | None,
+        half_life: np.ndarray,
+        row_w: np.ndarray | None,
+    ) -> Ranked:
+        """The fused ranking (fused.py): the best by similarity (exact, or the HNSW candidates) and
+        the best keyword matches, each signal normalized over them."""
+        src = self.source
+        depth = max(5 * a.limit, 50)
+        by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, limit=depth, min_similarity=None)
+        scorer = Scorer(view, sp, query, by_similarity, None, half_life, src.config.importance_floor)
+        vector = None
+        if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
+            if count <= src.config.exact_search_max_rows:
+                vector = scorer(np.flatnonzero(mask))
+            else:
+                self._observer.candidate_search()
+                vector = CandidateSearch(src, self.priors, self._observer, scorer, by_similarity).run(
+                    mask, count
+                )
+        shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
+        weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
+        return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)

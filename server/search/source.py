@@ -11,6 +11,7 @@ import numpy as np
 from tiermem.server.config import ServerConfig
 from tiermem.server.embedding.providers import Embedder
 from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.index.keyword_index import KeywordIndex
 from tiermem.server.index.spaces import Space
 from tiermem.server.model.records import Record
 from tiermem.server.model.types import Filter
@@ -43,6 +44,9 @@ class SearchSource(Protocol):
 
     @property
     def embedder(self) -> Embedder: ...
+
+    @property
+    def keywords(self) -> KeywordIndex: ...  # the rows' keyword postings
 
     @property
     def spaces(self) -> Mapping[str, Space]: ...  # embedding spaces by model name

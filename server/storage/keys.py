@@ -14,8 +14,8 @@ One environment with named sub-databases:
 - ``graph``: namespace NUL "n" NUL node id -> node; namespace NUL "e" NUL edge id -> edge;
   namespace NUL "a" NUL node id NUL edge id -> b"" (adjacency, both ends)
 - ``pending``: rid -> b"" for memories stored without a vector (the embedder failed); retried
-- ``postings``: term -> (rid 8 bytes, count 4 bytes) for each memory whose content has the term
-  (sorted duplicates): the keyword (BM25) index, written in the same commit as the record
+- (``postings``, the keyword index of earlier versions, is dropped at open: keywords are indexed in
+  memory, see index/keyword_index.py)
 - ``changes``: rid -> commit sequence number (8 bytes) of the last change of that record, kept until
   a columns snapshot that includes it is on disk: start-up reloads only these records on top of the
   snapshot (``meta`` holds the sequence number of the last commit)

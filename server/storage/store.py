@@ -28,9 +28,7 @@ from tiermem.server.model.errors import StorageError
 from tiermem.server.model.locks import RWLock
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import ScopeState
-from tiermem.server.model.text import MAX_TERM_BYTES, term_counts
 from tiermem.server.storage.keys import (
-    COUNT,
     META_INSTANCE,
     META_LSTAT,
     META_NEXT_RID,
@@ -115,18 +113,29 @@ class Store:
         self.requests = self.env.open_db(b"requests")
         self.request_times = self.env.open_db(b"request_times")
         self.contents = self.env.open_db(b"contents")
-        self.postings = self.env.open_db(b"postings", dupsort=True)
         self.pending = self.env.open_db(b"pending")
         self.graph = self.env.open_db(b"graph")
         self.changes = self.env.open_db(b"changes")
         self.commits = self.env.open_db(b"commits")
         self._gate = RWLock()
         self.instance = self._check_schema()
+        if not readonly:
+            self._drop_retired_postings()
         with self.env.begin() as txn:
             self.seq = self.committed_seq(txn)  # of the last commit (writer thread only)
         self.changed_count = 0
         if not readonly:
             self.clear_stale_readers()
+
+    def _drop_retired_postings(self) -> None:
+        """Data directories written before the keyword index moved into memory hold a ``postings``
+        database nothing reads any more: free its pages once."""
+        try:
+            db = self.env.open_db(b"postings", dupsort=True, create=False)
+        except lmdb.NotFoundError:
+            return
+        with self.env.begin(write=True) as txn:
+            txn.drop(db, delete=True)
 
     def clear_stale_readers(self) -> int:
         """Free the reader slots of processes that died inside a read transaction (a follower
@@ -311,36 +320,12 @@ class Store:
         txn.put(content_key(rec.namespace, rec.content), rid_key(rec.rid), db=self.contents)
 
     def insert(self, txn: lmdb.Transaction, rec: Record) -> None:
-        """Store a new record with its keyword postings."""
+        """Store a new record."""
         self.put(txn, rec, new=True)
-        self._post(txn, rec, add=True)
 
     def replace_content(self, txn: lmdb.Transaction, old: Record, rec: Record) -> None:
-        """Store ``rec`` whose content changed from ``old``'s, moving its postings."""
-        self._post(txn, old, add=False)
+        """Store ``rec`` whose content changed from ``old``'s."""
         self.put(txn, rec)
-        self._post(txn, rec, add=True)
-
-    def _post(self, txn: lmdb.Transaction, rec: Record, add: bool) -> None:
-        for term, count in term_counts(rec.content).items():
-            value = rid_key(rec.rid) + COUNT.pack(min(count, 0xFFFFFFFF))
-            if add:
-                txn.put(term.encode(), value, db=self.postings, dupdata=True)
-            else:
-                txn.delete(term.encode(), value, db=self.postings)
-
-    def term_postings(self, txn: lmdb.Transaction, term: str, limit: int) -> list[tuple[int, int]] | None:
-        """(rid, count) of every memory containing ``term``; None when there are more than ``limit``."""
-        cur = txn.cursor(db=self.postings)
-        if not cur.set_key(term.encode()[:MAX_TERM_BYTES]):
-            return []
-        if cur.count() > limit:
-            return None
-        out = []
-        for value in cur.iternext_dup():
-            raw = bytes(value)
-            out.append((rid_of(raw[:8]), COUNT.unpack(raw[8:])[0]))
-        return out
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
         if self.log_commits:
@@ -363,7 +348,6 @@ class Store:
 
     def delete(self, txn: lmdb.Transaction, rec: Record) -> None:
         self._changed(txn, rec.rid)
-        self._post(txn, rec, add=False)
         txn.delete(rid_key(rec.rid), db=self.pending)
         key = rid_key(rec.rid)
         txn.delete(key, db=self.records)

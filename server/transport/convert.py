@@ -24,7 +24,7 @@ from tiermem.server.model.reports import (
 )
 from tiermem.server.model.types import FeedbackItem, Filter
 from tiermem.server.model.validation import new_memory as check_new_memory
-from tiermem.server.search.query import SearchHit, SearchQuery
+from tiermem.server.search.query import FUSED, SearchHit, SearchQuery
 from tiermem.v1 import memory_pb2 as pb
 
 
@@ -157,9 +157,12 @@ def hit_to_pb(hit: SearchHit, out: pb.SearchResult, explain: bool = False) -> No
         e.tier_weight, e.scope_weight = hit.tier_weight, hit.scope_weight
         e.vector_rank, e.keyword_rank, e.keyword_score = hit.vector_rank, hit.keyword_rank, hit.keyword_score
         e.combined_score = hit.base
-        e.base_score = (
-            hit.weights[0] * hit.relevance + hit.weights[1] * hit.recency + hit.weights[2] * hit.importance
-        )
+        if hit.strategy == FUSED:  # its weights apply to the normalized signals: the base is its own
+            e.base_score = hit.base
+        else:
+            e.base_score = (
+                hit.weights[0] * hit.relevance + hit.weights[1] * hit.recency + hit.weights[2] * hit.importance
+            )
 
 
 def feedback_from_pb(items: Any) -> list[FeedbackItem]:

@@ -28,6 +28,7 @@ class SearchStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEARCH_STRATEGY_SIMILARITY: _ClassVar[SearchStrategy]
     SEARCH_STRATEGY_RECENCY: _ClassVar[SearchStrategy]
     SEARCH_STRATEGY_IMPORTANCE: _ClassVar[SearchStrategy]
+    SEARCH_STRATEGY_FUSED: _ClassVar[SearchStrategy]
 
 class RetentionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -66,6 +67,7 @@ SEARCH_STRATEGY_FAST_FIRST: SearchStrategy
 SEARCH_STRATEGY_SIMILARITY: SearchStrategy
 SEARCH_STRATEGY_RECENCY: SearchStrategy
 SEARCH_STRATEGY_IMPORTANCE: SearchStrategy
+SEARCH_STRATEGY_FUSED: SearchStrategy
 RETENTION_POLICY_UNSPECIFIED: RetentionPolicy
 RETENTION_POLICY_IMPORTANCE_WEIGHTED: RetentionPolicy
 RETENTION_POLICY_RECENCY: RetentionPolicy
