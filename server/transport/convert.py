@@ -161,7 +161,9 @@ def hit_to_pb(hit: SearchHit, out: pb.SearchResult, explain: bool = False) -> No
             e.base_score = hit.base
         else:
             e.base_score = (
-                hit.weights[0] * hit.relevance + hit.weights[1] * hit.recency + hit.weights[2] * hit.importance
+                hit.weights[0] * hit.relevance
+                + hit.weights[1] * hit.recency
+                + hit.weights[2] * hit.importance
             )
 
 
