@@ -102,8 +102,9 @@ def _run_task(
     model = task.get("model", MODEL)
     writes = task.get("writes")
     search_reqs = []
+    texts = task.get("texts")
     if queries is not None:
-        for q in queries:
+        for qi, q in enumerate(queries):
             r = pb.SearchMemoriesRequest(
                 namespaces=[NAMESPACE], embedding_model=model, limit=K, read_only=True
             )
@@ -111,6 +112,10 @@ def _run_task(
                 r.filter.where = task["where"]
             if task.get("strategy"):
                 r.strategy = task["strategy"]
+            if texts:  # the query's text too: keywords (the default strategy, or hybrid)
+                r.query_text = texts[qi % len(texts)]
+            if task.get("hybrid"):
+                r.hybrid.enabled = True
             r.query_embedding.extend(q.tolist())
             search_reqs.append(r)
     batch_reqs = [

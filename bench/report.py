@@ -68,6 +68,19 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     le("search c1 p50 / empty-RPC c1 p50", f.get("search_c1_p50"), f.get("empty_c1_p50"), 1.5)
     p99 = f.get("search_c1_p99")
     out.append(ratio("search c1 p99 (ms)", p99, "< 2 ms", p99 is not None and p99 < 2))
+    # Searches that carry their text: the default (similarity and keywords, fused) and hybrid (reciprocal
+    # rank fusion), each against the similarity search of the same vectors.
+    for key, label in (("fused_text", "default with text"), ("hybrid", "comprehensive + hybrid")):
+        le(f"{label} c1 p50 / similarity c1 p50", f.get(f"{key}_c1_p50"), f.get("sim_c1_p50"), 1.3)
+        le(f"{label} c{hi} p50 / similarity c{hi} p50", f.get(f"{key}_hi_p50"), f.get("sim_hi_p50"), 1.3)
+    fp99 = f.get("fused_text_c1_p99")
+    out.append(ratio("default with text c1 p99 (ms)", fp99, "< 2.5 ms", fp99 is not None and fp99 < 2.5))
+    ge(
+        f"default with text c{hi} / Chroma search c{hi} (ops/s)",
+        f.get("fused_text_hi_ops"),
+        f.get("chroma_search_hi_ops"),
+        2,
+    )
     # Similarity-only search: the like-for-like comparison with Chroma and FAISS.
     ge(f"similarity search c{hi} / empty-RPC c{hi}", f.get("sim_hi_ops"), f.get("empty_hi_ops"), 0.7)
     ge(

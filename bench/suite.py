@@ -80,9 +80,11 @@ from common import (
     exact_prior,
     machine,
     queries_near,
+    questions,
     rss_bytes,
     rss_parts,
     search_request,
+    sentences,
     start_server_timed,
     stop_server,
     summarize,
@@ -115,6 +117,8 @@ class Data:
     bucket: np.ndarray
     as_of: float
     prior: np.ndarray
+    texts: list[str]  # each memory's content (real-looking sentences)
+    query_texts: list[str]  # the queries' text, asked with the query vectors
 
 
 def model_name(dim: int) -> str:
@@ -132,15 +136,28 @@ def make_data(n: int, dim: int, seed: int) -> Data:
     as_of = float(int(time.time()))
     created = as_of - rng.random(n) * 30 * DAY
     prior = exact_prior(importance, created, np.full(n, SLOW), as_of)
+    texts, query_texts = sentences(n, seed + 2), questions(queries.shape[0], seed + 3)
     return Data(
-        model_name(dim), vectors, queries, writes, importance, created, np.arange(n) % 100, as_of, prior
+        model_name(dim),
+        vectors,
+        queries,
+        writes,
+        importance,
+        created,
+        np.arange(n) % 100,
+        as_of,
+        prior,
+        texts,
+        query_texts,
     )
 
 
-def memory_pb(pb: Any, model: str, i: int, vec: np.ndarray, importance: float, created: float) -> Any:
+def memory_pb(
+    pb: Any, model: str, i: int, vec: np.ndarray, importance: float, created: float, text: str = ""
+) -> Any:
     m = pb.Memory(
         namespace=NAMESPACE,
-        content=f"memory {i}",
+        content=text or f"memory {i}",
         embedding=vec.tolist(),
         embedding_model=model,
         importance=importance,
@@ -375,7 +392,15 @@ class Suite:
         for start in range(0, count, BATCH):
             req = pb.BatchCreateMemoriesRequest(
                 memories=[
-                    memory_pb(pb, d.model, i, d.vectors[i], float(d.importance[i]), float(d.created[i]))
+                    memory_pb(
+                        pb,
+                        d.model,
+                        i,
+                        d.vectors[i],
+                        float(d.importance[i]),
+                        float(d.created[i]),
+                        d.texts[i % len(d.texts)],
+                    )
                     for i in range(start, min(count, start + BATCH))
                 ]
             )
@@ -447,6 +472,7 @@ class Suite:
             "sim_c1_p99": s1["p99_ms"],
             "sim_hi_ops": shi["ops_per_s"],
         }
+        self.keyword_searches(s1, shi)
         self.load(
             "search", f"BatchSearchMemories x{BATCH_SEARCH}", "batch_search", 1, queries=self.data.queries
         )
@@ -469,6 +495,25 @@ class Suite:
                 },
             }
         )
+
+    def keyword_searches(self, s1: dict[str, Any], shi: dict[str, Any]) -> None:
+        """The searches that carry their text too: the default (similarity and the text's keywords,
+        fused) and hybrid (reciprocal rank fusion with the comprehensive ranking), against the
+        similarity searches just measured (s1, shi)."""
+        texts = self.data.query_texts
+        for key, name, extra in (
+            ("fused_text", f"SearchMemories k={K} default, vector + text", {}),
+            ("hybrid", f"SearchMemories k={K} comprehensive + hybrid", {"hybrid": True, "strategy": 1}),
+        ):
+            r1 = self.search("search", name, 1, texts=texts, **extra)
+            rhi = self.search("search", name, self.hi, texts=texts, **extra)
+            self.figures |= {
+                f"{key}_c1_p50": r1["p50_ms"],
+                f"{key}_c1_p99": r1["p99_ms"],
+                f"{key}_hi_p50": rhi["p50_ms"],
+                f"{key}_hi_ops": rhi["ops_per_s"],
+            }
+        self.figures["sim_hi_p50"] = shi["p50_ms"]
 
     def filtered_search(self) -> None:
         for sel in SELECTIVITIES:

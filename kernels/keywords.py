@@ -18,7 +18,7 @@ _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
 @_kernel
 def _bm25(
-    terms, n_terms, rows, tfs, gens, current_gen, allowed, lengths, n_docs, avgdl, k1, b
+    terms, n_terms, rows, tfs, gens, current_gen, allowed, lengths, n_docs, avgdl, k1, b, probe
 ):  # pragma: no cover
     n_rows = allowed.shape[0]
     valid = np.zeros(rows.shape[0], np.bool_)
@@ -31,30 +31,29 @@ def _bm25(
     idf = np.empty(n_terms, np.float64)
     for t in range(n_terms):
         idf[t] = math.log(1.0 + (n_docs - df[t] + 0.5) / (df[t] + 0.5))
-    hit_rows = np.empty(rows.shape[0], np.int64)
-    hit_scores = np.empty(rows.shape[0], np.float32)
+    # Scores gather in a row-indexed accumulator (a contribution is always > 0, so 0 means untouched);
+    # rows come out in the order first met, without a sort.
+    acc = np.zeros(n_rows, np.float32)
+    touched = np.empty(rows.shape[0], np.int64)
     m = 0
     for i in range(rows.shape[0]):
         if valid[i]:
             r = rows[i]
             tf = tfs[i]
             norm = k1 * (1.0 - b + b * lengths[r] / avgdl)
-            hit_rows[m] = r
-            hit_scores[m] = idf[terms[i]] * tf * (k1 + 1.0) / (tf + norm)
-            m += 1
-    order = np.argsort(hit_rows[:m], kind="mergesort")
-    out_rows = np.empty(m, np.int64)
-    out_scores = np.zeros(m, np.float32)
-    n = -1
-    last = -1
+            if acc[r] == 0.0:
+                touched[m] = r
+                m += 1
+            acc[r] += idf[terms[i]] * tf * (k1 + 1.0) / (tf + norm)
+    out_rows = touched[:m].copy()
+    out_scores = np.empty(m, np.float32)
     for j in range(m):
-        i = order[j]
-        if hit_rows[i] != last:
-            n += 1
-            last = hit_rows[i]
-            out_rows[n] = last
-        out_scores[n] += hit_scores[i]
-    return out_rows[: n + 1], out_scores[: n + 1]
+        out_scores[j] = acc[out_rows[j]]
+    probed = np.zeros(probe.shape[0], np.float32)
+    for j in range(probe.shape[0]):
+        if 0 <= probe[j] < n_rows:
+            probed[j] = acc[probe[j]]
+    return out_rows, out_scores, probed
 
 
 @_kernel
@@ -103,10 +102,14 @@ def bm25(
     avgdl: float,
     k1: float = 1.2,
     b: float = 0.75,
-) -> tuple[np.ndarray, np.ndarray]:
-    """BM25 of every allowed row holding a query term: (rows ascending, scores). Posting i is term
-    ``terms[i]`` (0 <= terms[i] < n_terms) in row ``rows[i]``; ``n_docs`` and ``avgdl`` describe the
-    allowed rows (the corpus of this search)."""
+    probe: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BM25 of every allowed row holding a query term: (rows in the order first met, their scores, the
+    scores of the ``probe`` rows, 0 where they hold no term). Posting i is term ``terms[i]``
+    (0 <= terms[i] < n_terms) in row ``rows[i]``; ``n_docs`` and ``avgdl`` describe the allowed rows
+    (the corpus of this search)."""
+    probe = np.empty(0, np.int64) if probe is None else probe
+    _need(probe, "probe", np.int64)
     _need(terms, "terms", np.int32)
     _need(rows, "rows", np.int32)
     _need(tfs, "tfs", np.float32)
@@ -122,7 +125,7 @@ def bm25(
         raise ValueError("current_gen and lengths must cover every allowed row")
     if not (avgdl > 0 and math.isfinite(avgdl)):
         raise ValueError("avgdl must be a finite number > 0")
-    out: tuple[np.ndarray, np.ndarray] = _bm25(
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] = _bm25(
         terms,
         int(n_terms),
         rows,
@@ -135,6 +138,7 @@ def bm25(
         float(avgdl),
         float(k1),
         float(b),
+        probe,
     )
     return out
 
@@ -159,3 +163,74 @@ def masked_mean(values: np.ndarray, mask: np.ndarray) -> float:
     if values.ndim != 1 or values.shape[0] < mask.shape[0]:
         raise ValueError("values must be 1-d and cover the mask")
     return float(_masked_mean(values, mask))
+
+
+@_kernel
+def _minmax(x):  # pragma: no cover
+    lo, hi = np.inf, -np.inf
+    for v in x:
+        if v == v:  # NaN counts as the minimum: skipped here
+            lo = min(lo, v)
+            hi = max(hi, v)
+    return lo, hi
+
+
+@_kernel
+def _fused(sim, kw, rec, imp, w_sim, w_kw, alpha, beta, gamma):  # pragma: no cover
+    n = rec.shape[0]
+    parts = (sim, kw, rec, imp)
+    lows = np.empty(4)
+    spans = np.empty(4)
+    for p in range(4):
+        lo, hi = _minmax(parts[p]) if parts[p].shape[0] else (0.0, 0.0)
+        lows[p] = lo
+        spans[p] = hi - lo if hi > lo else 0.0
+    total = w_sim + w_kw
+    score = np.empty(n, np.float32)
+    relevance = np.empty(n, np.float32)
+    for i in range(n):
+        norm = np.zeros(4)
+        for p in range(4):
+            x = parts[p]
+            if x.shape[0] and spans[p] > 0 and x[i] == x[i]:
+                norm[p] = (x[i] - lows[p]) / spans[p]
+        rel = (w_sim * norm[0] + w_kw * norm[1]) / total if total > 0 else 0.0
+        relevance[i] = rel
+        score[i] = alpha * rel + beta * norm[2] + gamma * norm[3]
+    return score, relevance
+
+
+def fused_scores(
+    sim: np.ndarray | None,
+    kw: np.ndarray | None,
+    rec: np.ndarray,
+    imp: np.ndarray,
+    w_sim: float,
+    w_kw: float,
+    alpha: float,
+    beta: float,
+    gamma: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(score, relevance) of each candidate from its similarity, keyword score, recency and importance,
+    each min-max normalized over the candidates (NaN and a constant signal count as 0); a signal given
+    as None, or with weight 0, is not part of relevance."""
+    n = rec.shape[0]
+    empty = np.empty(0, np.float32)
+    sim_a = empty if sim is None or w_sim <= 0 else sim
+    kw_a = empty if kw is None or w_kw <= 0 else kw
+    for name, a in (("sim", sim_a), ("kw", kw_a), ("rec", rec), ("imp", imp)):
+        _need(a, name, np.float32)
+        if a.shape[0] not in (0, n):
+            raise ValueError(f"{name} must have one entry per candidate")
+    out: tuple[np.ndarray, np.ndarray] = _fused(
+        sim_a,
+        kw_a,
+        rec,
+        imp,
+        float(w_sim) if sim_a.shape[0] or n == 0 else 0.0,
+        float(w_kw) if kw_a.shape[0] or n == 0 else 0.0,
+        float(alpha),
+        float(beta),
+        float(gamma),
+    )
+    return out

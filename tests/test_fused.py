@@ -3,8 +3,60 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from tiermem.server.search.fused import FusedWeights, fused_scores, normalized
+from tiermem.kernels import keywords as kw_kernels
+from tiermem.server.search.fused import FusedWeights, fused_scores
+
+
+def normalized(values: np.ndarray) -> np.ndarray:
+    """Reference: min-max to [0, 1] over the candidates (all 0 when equal); NaN counts as the minimum."""
+    v = np.nan_to_num(values.astype(np.float64), nan=-np.inf)
+    finite = np.isfinite(v)
+    out = np.zeros(values.shape[0], np.float64)
+    if finite.any() and v[finite].max() > v[finite].min():
+        lo, hi = v[finite].min(), v[finite].max()
+        out[finite] = (v[finite] - lo) / (hi - lo)
+    return out
+
+
+def reference_fused(sim, kw, rec, imp, w: FusedWeights) -> tuple[np.ndarray, np.ndarray]:
+    """The fused score in plain NumPy, as docs/search.md writes it."""
+    used = [
+        (weight, normalized(x))
+        for weight, x in ((w.vector, sim), (w.keyword, kw))
+        if x is not None and weight > 0
+    ]
+    total = sum(weight for weight, _ in used)
+    rel = sum((weight / total) * x for weight, x in used) if used else np.zeros(rec.shape[0])
+    score = w.alpha * rel + w.beta * normalized(rec) + w.gamma * normalized(imp)
+    return np.asarray(score, np.float64), np.asarray(rel, np.float64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fused_kernel_matches_the_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    sim, kw, rec, imp = (rng.random(n).astype(np.float32) for _ in range(4))
+    if n > 4:
+        sim[3] = np.nan  # a NaN counts as the minimum
+        kw[: n // 2] = 0.0  # keyword rows that did not match
+        rec[:] = rec[0]  # a constant signal normalizes to 0
+    for w in (FusedWeights(), FusedWeights(0.7, 0.3, 0.0, 1.0, 0.0), FusedWeights(1.0, 0.1, 0.1, 0.0, 1.0)):
+        for s, k in ((sim, kw), (None, kw), (sim, None)):
+            got = fused_scores(s, k, rec, imp, w)
+            want = reference_fused(s, k, rec, imp, w)
+            np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+            np.testing.assert_allclose(got[1], want[1], atol=1e-6)
+
+
+def test_fused_kernel_checks_its_inputs() -> None:
+    x = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="one entry per candidate"):
+        kw_kernels.fused_scores(np.zeros(2, np.float32), x, x, x, 0.5, 0.5, 1, 0.1, 0.1)
+    with pytest.raises(ValueError, match="rec"):
+        kw_kernels.fused_scores(x, x, x.astype(np.float64), x, 0.5, 0.5, 1, 0.1, 0.1)
+
 
 W = FusedWeights()
 

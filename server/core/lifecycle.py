@@ -259,4 +259,8 @@ def _compact(st: EngineState) -> int:
             gone = idx.compact(relocate)
             logger.info("compacted index %s/%d: %d of %d entries were dead", sp.model, tier, gone, n)
             dropped += gone
+    if st.keywords.posted_rows > 2 * len(st.columns) + tuning.compact_min_entries:
+        # Mostly the postings of deleted rows and replaced contents: keep those of live rows only.
+        gone = st.keywords.compact(st.columns.view().alive)
+        logger.info("compacted the keyword index: %d postings dropped", gone)
     return dropped

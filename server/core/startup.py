@@ -142,6 +142,7 @@ def _load_row(st: EngineState, rid: int, rec: Record | None, unembedded: set[int
     if rec is None:
         if row is not None:
             st.columns.remove(rid, st.columns.namespace_of(row))
+            st.keywords.remove(row)
         return
     space = -1 if rid in unembedded else st.spaces[rec.embedding_model].id
     if row is None:

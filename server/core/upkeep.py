@@ -104,6 +104,7 @@ def unindex(st: EngineState, recs: list[Record] | list[tuple[int, str]]) -> int:
     for rec in recs:
         rid, ns = rec if isinstance(rec, tuple) else (rec.rid, rec.namespace)
         row = st.columns.remove(rid, ns)
+        st.keywords.remove(row)
         found = entry(st, int(st.columns.view().vpos[row]))
         if found is not None:  # (a memory still waiting for its embedding has no index entry)
             found[0].kill(found[1])

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tiermem.kernels import keywords as kernels
-from tiermem.server.model.text import keyword_terms
+from tiermem.server.model.text import keyword_terms, keyword_terms_and_length
 
 
 class _Segment(NamedTuple):
@@ -84,6 +84,13 @@ class KeywordIndex:
         # What readers see, swapped as one: the sorted segments and the delta.
         self._view: tuple[tuple[_Segment, ...], _Delta] = ((), self._new_delta())
         self._gen = np.zeros(1024, np.int32)  # per row: its content generation (0: never posted)
+        self.posted_rows = 0  # contents posted since the last compaction (live or not)
+        # Lengths for BM25's average: per row (its namespace, -1 once removed; its words) and summed
+        # per namespace id over the rows not removed.
+        self._row_ns = np.zeros(1024, np.int32)
+        self._row_words = np.zeros(1024, np.int32)
+        self._ns_words = np.zeros(16, np.float64)
+        self._ns_rows = np.zeros(16, np.int64)
 
     def __len__(self) -> int:
         return len(self._key_ids)
@@ -103,11 +110,14 @@ class KeywordIndex:
     def add(self, row: int, namespace: int, text: str) -> None:
         """Post a new row's content (or a row's new content: see ``replace``) under its namespace id."""
         if row >= self._gen.shape[0]:
-            grown = np.zeros(max(row + 1, 2 * self._gen.shape[0]), np.int32)
-            grown[: self._gen.shape[0]] = self._gen
-            self._gen = grown
+            size = max(row + 1, 2 * self._gen.shape[0])
+            self._gen, self._row_ns, self._row_words = (
+                _grown(a, size) for a in (self._gen, self._row_ns, self._row_words)
+            )
         gen = int(self._gen[row]) + 1
-        terms = keyword_terms(text)
+        self.posted_rows += 1
+        terms, length = keyword_terms_and_length(text)
+        self._count_length(row, namespace, length, replacing=gen > 1)
         if len(terms) > self.delta_size - self._view[1].filled:
             self._flush()
         segments, d = self._view
@@ -121,6 +131,31 @@ class KeywordIndex:
         d.gens[d.filled : end] = gen
         self._view = (segments, d._replace(filled=end))  # slots beyond what was filled: unseen by readers
         self._gen[row] = gen  # published last: the new postings count from here on
+
+    def _count_length(self, row: int, namespace: int, length: int, replacing: bool) -> None:
+        if replacing:
+            self.remove(row)
+        if namespace >= self._ns_words.shape[0]:
+            size = max(namespace + 1, 2 * self._ns_words.shape[0])
+            self._ns_words, self._ns_rows = _grown(self._ns_words, size), _grown(self._ns_rows, size)
+        self._row_ns[row], self._row_words[row] = namespace, length
+        self._ns_words[namespace] += length
+        self._ns_rows[namespace] += 1
+
+    def remove(self, row: int) -> None:
+        """A row was deleted: it leaves its namespace's average length (its postings stop counting
+        because searches allow live rows only, and go at the next compaction)."""
+        if row < self._row_ns.shape[0] and self._gen[row] > 0 and self._row_ns[row] >= 0:
+            ns = self._row_ns[row]
+            self._ns_words[ns] -= self._row_words[row]
+            self._ns_rows[ns] -= 1
+            self._row_ns[row] = -1
+
+    def average_length(self, namespaces: list[int]) -> float:
+        """The mean length in words of the memories of the namespaces (0.0: none)."""
+        ids = [i for i in namespaces if 0 <= i < self._ns_words.shape[0]]
+        rows = int(self._ns_rows[ids].sum()) if ids else 0
+        return float(self._ns_words[ids].sum()) / rows if rows > 0 else 0.0
 
     def replace(self, row: int, namespace: int, text: str) -> None:
         """A row's content changed: its old postings stop counting, the new ones start."""
@@ -153,6 +188,15 @@ class KeywordIndex:
     def compact(self, alive: np.ndarray) -> int:
         """One segment without the postings of dead rows or replaced content; returns how many went."""
         before = self.postings_count
+        self.posted_rows = int(np.count_nonzero(alive))
+        live = np.zeros(self._gen.shape[0], np.bool_)
+        n = min(alive.shape[0], live.shape[0])
+        live[:n] = alive[:n] & (self._gen[:n] > 0) & (self._row_ns[:n] >= 0)
+        size = self._ns_words.shape[0]
+        self._ns_words = np.bincount(
+            self._row_ns[live], weights=self._row_words[live], minlength=size
+        ).astype(np.float64)
+        self._ns_rows = np.bincount(self._row_ns[live], minlength=size).astype(np.int64)
         self._flush()
         if self._view[0]:
             self._view = ((self._merge(list(self._view[0]), alive),), self._view[1])
@@ -202,6 +246,12 @@ class KeywordIndex:
             "segments": [tuple(seg) for seg in segments],
             "delta": tuple(delta),  # keys per posting, unsorted (starts unused)
             "row_gen": self._gen.copy(),
+            "lengths": (
+                self._row_ns.copy(),
+                self._row_words.copy(),
+                self._ns_words.copy(),
+                self._ns_rows.copy(),
+            ),
         }
 
     @classmethod
@@ -214,7 +264,14 @@ class KeywordIndex:
             segments.append(_segment(keys, rows, tfs, gens))
         index._view = (tuple(seg for seg in segments if seg.size), index._view[1])
         index._gen = np.array(state["row_gen"], np.int32)
+        index._row_ns, index._row_words, index._ns_words, index._ns_rows = state["lengths"]
         return index
+
+
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros(size, a.dtype)
+    out[: a.shape[0]] = a
+    return out
 
 
 def bm25(
@@ -225,15 +282,20 @@ def bm25(
     n_docs: int,
     lengths: np.ndarray,
     max_postings: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """BM25 of the allowed rows holding a term of ``text``: (rows, scores)."""
+    probe: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BM25 of the allowed rows holding a term of ``text``: (rows, scores, the ``probe`` rows' scores)."""
+    probe = np.empty(0, np.int64) if probe is None else probe
+    none = (np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32))
     if n_docs == 0:
-        return np.empty(0, np.int64), np.empty(0, np.float32)
+        return none
     q = index.postings(namespaces, list(keyword_terms(text)), max_postings)
     if q.rows.shape[0] == 0:
-        return np.empty(0, np.int64), np.empty(0, np.float32)
-    avgdl = max(1.0, kernels.masked_mean(lengths, allowed))
+        return none
+    avgdl = max(1.0, index.average_length(namespaces))
     current = q.current_gen
     if current.shape[0] < allowed.shape[0]:  # rows added after this copy was taken have no postings here
         current = np.concatenate([current, np.zeros(allowed.shape[0] - current.shape[0], np.int32)])
-    return kernels.bm25(q.terms, q.n_terms, q.rows, q.tfs, q.gens, current, allowed, lengths, n_docs, avgdl)
+    return kernels.bm25(
+        q.terms, q.n_terms, q.rows, q.tfs, q.gens, current, allowed, lengths, n_docs, avgdl, probe=probe
+    )

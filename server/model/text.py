@@ -153,11 +153,17 @@ _stemmers = threading.local()  # a Stemmer object is not safe to share between t
 
 def keyword_terms(text: str) -> Counter[str]:
     """The terms of ``text`` with their counts: lower-cased words, stop words out, stemmed."""
+    return keyword_terms_and_length(text)[0]
+
+
+def keyword_terms_and_length(text: str) -> tuple[Counter[str], int]:
+    """``keyword_terms`` and the number of words (stop words included): a memory's length for BM25."""
     stemmer = getattr(_stemmers, "english", None)
     if stemmer is None:
         stemmer = _stemmers.english = Stemmer.Stemmer("english")
-    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS and len(w) < 100]
-    return Counter(stemmer.stemWords(words))
+    every = _WORD.findall(text.lower())
+    words = [w for w in every if w not in STOP_WORDS and len(w) < 100]
+    return Counter(stemmer.stemWords(words)), len(every)
 
 
 def estimate_tokens(text: str) -> int:

@@ -21,18 +21,26 @@ class KeywordScores:
 
     rows: np.ndarray
     scores: np.ndarray
+    probed: np.ndarray  # the scores of the rows the caller asked about (0: no term)
 
 
 def bm25(
-    source: SearchSource, view: ColumnsView, mask: np.ndarray, namespaces: list[str], text: str
+    source: SearchSource,
+    view: ColumnsView,
+    mask: np.ndarray,
+    count: int,
+    namespaces: list[str],
+    text: str,
+    probe: np.ndarray | None = None,
 ) -> KeywordScores:
-    """BM25 of every allowed row of the namespaces holding a term of ``text`` (terms found in more
-    than max_keyword_postings of their memories are skipped: they say almost nothing)."""
+    """BM25 of every allowed row (``count`` of them) of the namespaces holding a term of ``text``, and
+    of the ``probe`` rows; terms found in more than max_keyword_postings of them are skipped (they say
+    almost nothing)."""
     ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
-    rows, scores = keyword_bm25(
-        source.keywords, ids, text, mask, int(mask.sum()), view.words, source.config.max_keyword_postings
+    rows, scores, probed = keyword_bm25(
+        source.keywords, ids, text, mask, count, view.words, source.config.max_keyword_postings, probe
     )
-    return KeywordScores(rows, scores)
+    return KeywordScores(rows, scores, probed)
 
 
 def fuse(keywords: KeywordScores, hybrid: Hybrid, scored: Scored, depth: int, scorer: Scorer) -> Ranked:

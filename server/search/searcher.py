@@ -29,8 +29,8 @@ from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
 from tiermem.server.search.candidates import CandidateSearch
-from tiermem.server.search.fused import FusedWeights, rank_fused
-from tiermem.server.search.keywords import KeywordScores, bm25, fuse
+from tiermem.server.search.fused import FusedWeights, best_by_similarity, rank_fused
+from tiermem.server.search.keywords import bm25, fuse
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import (
     COMPREHENSIVE,
@@ -151,8 +151,8 @@ class Searcher:
 
     def _allowed(
         self, view: ColumnsView, a: RankingParams, flt: Filter, sp: Space | None, only_tier: int
-    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """(rows to rank, rows to match keywords in, how many rows to rank)."""
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(rows to rank, rows to match keywords in, how many of each)."""
         src = self.source
         in_space = sp is not None and a.hybrid is None  # keywords also find vectorless memories
         space = sp.id if in_space and sp else -1
@@ -161,12 +161,15 @@ class Searcher:
             mask &= view.tier == only_tier
             count = -1
         keyword_mask = mask.copy() if a.hybrid is not None else mask
+        keyword_count = count
         if sp is not None and not in_space:
             mask &= view.space == sp.id
             count = -1
         if count < 0:
             count = int(mask.sum())
-        return mask, keyword_mask, count
+        if keyword_count < 0:
+            keyword_count = int(keyword_mask.sum()) if keyword_mask is not mask else count
+        return mask, keyword_mask, count, keyword_count
 
     def _rank(
         self,
@@ -181,18 +184,13 @@ class Searcher:
         if query is not None and sp is None:
             return []
         view = src.columns.view()
-        mask, keyword_mask, count = self._allowed(view, a, flt, sp, only_tier)
+        mask, keyword_mask, count, keyword_count = self._allowed(view, a, flt, sp, only_tier)
         if count == 0:
             return []
         half_life = src.policy_tables().half_life
         row_w = row_weights(view, a, src.columns.namespaces)
         scorer = Scorer(view, sp, query, a, row_w, half_life, src.config.importance_floor)
         fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
-        # Keyword scores first: they read LMDB (the store's gate), which must not wait while this
-        # search holds the indexes (the indexer would wait behind it, and every new search behind that).
-        keywords = (
-            bm25(src, view, keyword_mask, list(a.scope_w), a.hybrid.text) if a.hybrid is not None else None
-        )
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
             # drain a search waits for one chunk of the indexer's adds, not once per lookup.
@@ -202,7 +200,9 @@ class Searcher:
                 return collect_hits(
                     src,
                     view,
-                    self._fused(view, a, mask, count, keywords, query, sp, half_life, row_w),
+                    self._fused(
+                        view, a, (mask, count, keyword_mask, keyword_count), query, sp, half_life, row_w
+                    ),
                     a,
                     flt,
                     only_tier,
@@ -214,7 +214,8 @@ class Searcher:
                 self._observer.candidate_search()
                 ranking = a if fused_limit == a.limit else replace(a, limit=fused_limit)
                 scored = CandidateSearch(src, self.priors, self._observer, scorer, ranking).run(mask, count)
-            if keywords is not None and a.hybrid is not None:
+            if a.hybrid is not None:
+                keywords = bm25(src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text)
                 ranked = fuse(keywords, a.hybrid, scored, fused_limit, scorer)
             else:
                 ranked = Ranked(scored, scored.score)
@@ -224,9 +225,7 @@ class Searcher:
         self,
         view: ColumnsView,
         a: RankingParams,
-        mask: np.ndarray,
-        count: int,
-        keywords: KeywordScores | None,
+        allowed: tuple[np.ndarray, int, np.ndarray, int],
         query: np.ndarray | None,
         sp: Space | None,
         half_life: np.ndarray,
@@ -235,8 +234,10 @@ class Searcher:
         """The fused ranking (fused.py): the best by similarity (exact, or the HNSW candidates) and
         the best keyword matches, each signal normalized over them."""
         src = self.source
+        mask, count, keyword_mask, keyword_count = allowed
         depth = max(5 * a.limit, 50)
-        by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, limit=depth, min_similarity=None)
+        # The HNSW depth of a similarity search: deeper vector candidates did not change what ranks first.
+        by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, min_similarity=None)
         scorer = Scorer(view, sp, query, by_similarity, None, half_life, src.config.importance_floor)
         vector = None
         if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
@@ -247,6 +248,11 @@ class Searcher:
                 vector = CandidateSearch(src, self.priors, self._observer, scorer, by_similarity).run(
                     mask, count
                 )
+        top = None if vector is None else best_by_similarity(vector, depth)
+        keywords = None
+        if a.hybrid is not None and a.hybrid.keyword_weight > 0:
+            probe = np.empty(0, np.int64) if top is None else top.rows
+            keywords = bm25(src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, probe)
         shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
         weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
-        return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
+        return rank_fused(top, keywords, depth, scorer, weights, row_w, a.min_similarity)

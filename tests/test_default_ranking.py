@@ -1,0 +1,184 @@
+"""The default (fused) ranking through a real server: relevance first, recency and importance deciding
+between memories about equally relevant; the request's text matched whenever it is given. And the
+keyword index, in memory, across restarts (snapshot, replay of later changes, or a full rebuild)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from tiermem.client import MemoryClient
+from tiermem.server.config import ServerConfig, Tuning
+from tiermem.server.core.engine import Engine
+from tiermem.server.model.records import NewMemory
+from tiermem.server.search.query import FUSED, SearchQuery
+from tiermem.server.storage import snapshots
+from tiermem.server.transport.app import RunningServer
+from tiermem.v1 import memory_pb2 as pb
+
+DAY = 86400.0
+NS = "user:ana"
+FILLER = [
+    "The weather was rainy all of Tuesday.",
+    "Tom watched the football match with his cousins.",
+    "We ordered pizza for the team lunch.",
+    "The train to Leeds was twenty minutes late.",
+    "Maya adopted a grey cat from the shelter.",
+]
+
+
+def _client(running: RunningServer) -> MemoryClient:
+    c = MemoryClient(f"127.0.0.1:{running.port}", timeout=30)
+    c.wait_ready()
+    return c
+
+
+def _top(c: MemoryClient, query: str, **kw: object) -> list[str]:
+    return [r.memory.content for r in c.search(NS, query, read_only=True, limit=5, **kw)]
+
+
+@pytest.fixture
+def ranked(server_factory: Callable[..., RunningServer]) -> tuple[MemoryClient, FakeClock]:
+    clock = FakeClock()
+    c = _client(server_factory(clock=clock))
+    for i, text in enumerate(FILLER):
+        c.create(NS, text, importance=0.5, create_time=clock.now - (10 + i) * DAY)
+    return c, clock
+
+
+@pytest.mark.parametrize("newer", ["Berlin", "Paris"])
+def test_recency_decides_between_a_fact_and_the_fact_that_superseded_it(
+    ranked: tuple[MemoryClient, FakeClock], newer: str
+) -> None:
+    c, clock = ranked
+    older = "Paris" if newer == "Berlin" else "Berlin"
+    c.create(NS, f"Ana lives in {older}.", importance=0.5, create_time=clock.now - 40 * DAY)
+    c.create(NS, f"Ana lives in {newer}.", importance=0.5, create_time=clock.now - 2 * DAY)
+    top = _top(c, "Where does Ana live?")
+    assert top[:2] == [f"Ana lives in {newer}.", f"Ana lives in {older}."]
+
+
+@pytest.mark.parametrize("important", ["Monday", "Friday"])
+def test_importance_decides_between_equally_relevant_and_recent_memories(
+    ranked: tuple[MemoryClient, FakeClock], important: str
+) -> None:
+    c, clock = ranked
+    other = "Friday" if important == "Monday" else "Monday"
+    when = clock.now - 3 * DAY
+    c.create(NS, f"Ana meets Bob on {other}.", importance=0.2, create_time=when)
+    c.create(NS, f"Ana meets Bob on {important}.", importance=0.9, create_time=when)
+    assert _top(c, "When does Ana meet Bob?")[:2] == [
+        f"Ana meets Bob on {important}.",
+        f"Ana meets Bob on {other}.",
+    ]
+
+
+def test_relevance_wins_over_recency_and_importance(ranked: tuple[MemoryClient, FakeClock]) -> None:
+    c, clock = ranked
+    c.create(
+        NS,
+        "The deploy failed because of a missing environment variable.",
+        importance=0.1,
+        create_time=clock.now - 60 * DAY,
+    )
+    c.create(NS, "Ana booked the team offsite for next spring.", importance=1.0, create_time=clock.now)
+    top = _top(c, "Why did the deploy fail?")
+    assert top[0] == "The deploy failed because of a missing environment variable."
+    # The raw weighted sum lets recency and importance decide instead: the difference the default makes.
+    raw = _top(c, "Why did the deploy fail?", strategy="comprehensive")
+    assert raw[0] == "Ana booked the team offsite for next spring."
+
+
+def test_a_vector_query_with_its_text_uses_the_keywords_too(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    c = _client(server_factory(clock=FakeClock()))
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=8)
+    near = q + 0.3 * rng.normal(size=8)
+    far = rng.normal(size=8)
+    c.create(NS, "notes about the quarterly budget", embedding=near, embedding_model="m")
+    c.create(NS, "the kubernetes cluster upgrade plan", embedding=far, embedding_model="m")
+    vector_only = c.search(NS, q, embedding_model="m", read_only=True, explain=True)
+    assert vector_only[0].memory.content == "notes about the quarterly budget"
+    assert all(r.explanation.keyword_score == 0 for r in vector_only)
+    with_text = c.search(
+        NS, q, embedding_model="m", keywords="kubernetes upgrade", read_only=True, explain=True
+    )
+    by_content = {r.memory.content: r for r in with_text}
+    assert by_content["the kubernetes cluster upgrade plan"].explanation.keyword_score > 0
+    assert with_text[0].memory.content == "the kubernetes cluster upgrade plan"
+    assert with_text[0].explanation.strategy == pb.SEARCH_STRATEGY_FUSED
+
+
+def _engine(data: Path, clock: FakeClock) -> Engine:
+    cfg = ServerConfig(
+        data_dir=data,
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        snapshot_on_shutdown=False,  # a close leaves LMDB newer than the snapshot, as kill -9 does
+        search_records_access=False,
+    )
+    return Engine(cfg, clock=clock)
+
+
+def _keyword_hits(e: Engine, text: str) -> list[str]:
+    q = SearchQuery(
+        namespaces=[NS], text=text, strategy=FUSED, hybrid=True, vector_weight=0.0, read_only=True
+    )
+    return sorted(h.record.id for h in e.search(q))
+
+
+def test_keyword_index_across_restarts(tmp_path: Path) -> None:
+    clock = FakeClock()
+    data = tmp_path / "data"
+    e = _engine(data, clock)
+    e.create([NewMemory(namespace=NS, content=f"alpha note {i}", id=f"a{i}") for i in range(3)])
+    e.snapshot()
+    # After the snapshot: a new memory, a changed content, a deleted one.
+    e.create([NewMemory(namespace=NS, content="beta note", id="b0")])
+    e.update(NS, "a0", NewMemory(namespace=NS, content="omega note"), ["content"])
+    e.delete(NS, "a2")
+    want = {"alpha": ["a1"], "omega": ["a0"], "beta": ["b0"], "note": ["a0", "a1", "b0"]}
+    assert {t: _keyword_hits(e, t) for t in want} == want
+    e.close()
+    e = _engine(data, clock)  # the snapshot, then the records changed after it
+    assert {t: _keyword_hits(e, t) for t in want} == want
+    e.close()
+    written = list(data.joinpath("indexes").glob("columns*"))
+    assert written  # the second start-up restored a snapshot
+    for path in written:
+        path.unlink()
+    assert snapshots.load_columns(data / "indexes", e.store.instance) is None
+    e = _engine(data, clock)  # no snapshot: every record decoded and posted again
+    try:
+        assert {t: _keyword_hits(e, t) for t in want} == want
+    finally:
+        e.close()
+
+
+def test_keyword_index_compacts_after_deletes(tmp_path: Path) -> None:
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data",
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        search_records_access=False,
+        tuning=Tuning(compact_min_entries=8),
+    )
+    e = Engine(cfg, clock=FakeClock())
+    try:
+        e.create([NewMemory(namespace=NS, content=f"gamma item {i} delta", id=f"g{i}") for i in range(40)])
+        for i in range(34):
+            e.delete(NS, f"g{i}")
+        before = e.state.keywords.postings_count
+        hits = _keyword_hits(e, "gamma delta")
+        assert hits == sorted(f"g{i}" for i in range(34, 40))
+        e.compact_indexes()
+        assert e.state.keywords.postings_count < before / 4  # the deleted rows' postings are gone
+        assert _keyword_hits(e, "gamma delta") == hits
+    finally:
+        e.close()
