@@ -1,7 +1,7 @@
 """BM25 over in-memory postings: the keyword half of hybrid and default searches.
 
 A query's postings arrive as parallel arrays, each posting a (query term, row, term frequency, content
-generation) tuple. A posting counts only when its row is allowed
+generation, the row's current generation) tuple. A posting counts only when its row is allowed
 by the request and its generation is the row's current one (a row whose content changed keeps stale
 postings until the next compaction). The public wrapper checks arrays before the kernel runs.
 """
@@ -18,14 +18,14 @@ _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
 @_kernel
 def _bm25(
-    terms, n_terms, rows, tfs, gens, current_gen, allowed, lengths, n_docs, avgdl, k1, b, probe
+    terms, n_terms, rows, tfs, gens, current, allowed, lengths, n_docs, avgdl, k1, b, probe
 ):  # pragma: no cover
     n_rows = allowed.shape[0]
     valid = np.zeros(rows.shape[0], np.bool_)
     df = np.zeros(n_terms, np.int64)
     for i in range(rows.shape[0]):
         r = rows[i]
-        if r < n_rows and allowed[r] and gens[i] == current_gen[r]:
+        if r < n_rows and allowed[r] and gens[i] == current[i]:
             valid[i] = True
             df[terms[i]] += 1
     idf = np.empty(n_terms, np.float64)
@@ -95,7 +95,7 @@ def bm25(
     rows: np.ndarray,
     tfs: np.ndarray,
     gens: np.ndarray,
-    current_gen: np.ndarray,
+    current: np.ndarray,
     allowed: np.ndarray,
     lengths: np.ndarray,
     n_docs: int,
@@ -114,15 +114,15 @@ def bm25(
     _need(rows, "rows", np.int32)
     _need(tfs, "tfs", np.float32)
     _need(gens, "gens", np.int32)
-    _need(current_gen, "current_gen", np.int32)
+    _need(current, "current", np.int32)
     _need(allowed, "allowed", np.bool_)
     _need(lengths, "lengths", np.int32)
-    if not (rows.shape[0] == tfs.shape[0] == gens.shape[0] == terms.shape[0]):
-        raise ValueError("terms, rows, tfs and gens must have one entry per posting")
+    if not (rows.shape[0] == tfs.shape[0] == gens.shape[0] == terms.shape[0] == current.shape[0]):
+        raise ValueError("terms, rows, tfs, gens and current must have one entry per posting")
     if terms.shape[0] and (int(terms.min()) < 0 or int(terms.max()) >= n_terms):
         raise ValueError("terms must be in [0, n_terms)")
-    if current_gen.shape[0] < allowed.shape[0] or lengths.shape[0] < allowed.shape[0]:
-        raise ValueError("current_gen and lengths must cover every allowed row")
+    if lengths.shape[0] < allowed.shape[0]:
+        raise ValueError("lengths must cover every allowed row")
     if not (avgdl > 0 and math.isfinite(avgdl)):
         raise ValueError("avgdl must be a finite number > 0")
     out: tuple[np.ndarray, np.ndarray, np.ndarray] = _bm25(
@@ -131,7 +131,7 @@ def bm25(
         rows,
         tfs,
         gens,
-        current_gen,
+        current,
         allowed,
         lengths,
         float(n_docs),

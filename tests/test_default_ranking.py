@@ -182,3 +182,27 @@ def test_keyword_index_compacts_after_deletes(tmp_path: Path) -> None:
         assert _keyword_hits(e, "gamma delta") == hits
     finally:
         e.close()
+
+
+def test_keywords_find_memories_no_vector_search_can(server_factory: Callable[..., RunningServer]) -> None:
+    """A text query while the memories carry vectors of another model only: the built-in embedder's
+    space holds nothing, yet the default ranking still finds them by their words."""
+    c = _client(server_factory(clock=FakeClock()))
+    rng = np.random.default_rng(5)
+    c.create(NS, "the kubernetes cluster upgrade plan", embedding=rng.normal(size=8), embedding_model="m")
+    c.create(NS, "notes about the quarterly budget", embedding=rng.normal(size=8), embedding_model="m")
+    found = c.search(NS, "kubernetes upgrade", read_only=True)
+    assert [r.memory.content for r in found] == ["the kubernetes cluster upgrade plan"]
+    assert c.search(NS, "kubernetes upgrade", read_only=True, strategy="comprehensive") == []
+
+
+def test_the_default_without_relevance_orders_by_recency_and_importance(
+    ranked: tuple[MemoryClient, FakeClock],
+) -> None:
+    c, clock = ranked
+    c.create(NS, "a minor detail", importance=0.05, create_time=clock.now)
+    c.create(NS, "a decision that matters", importance=0.99, create_time=clock.now)
+    by_importance = c.search(NS, None, alpha=0.0, beta=0.0, gamma=1.0, read_only=True, limit=20)
+    assert len(by_importance) == len(FILLER) + 2
+    assert by_importance[0].memory.content == "a decision that matters"
+    assert by_importance[-1].memory.content == "a minor detail"

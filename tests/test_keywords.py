@@ -13,19 +13,14 @@ from tiermem.server.index.keyword_index import KeywordIndex, bm25
 from tiermem.server.model.text import STOP_WORDS, keyword_terms
 
 
-def reference_bm25(
-    terms, n_terms, rows, tfs, gens, current_gen, allowed, lengths, n_docs, avgdl, k1=1.2, b=0.75
-):
+def reference_bm25(terms, n_terms, rows, tfs, gens, current, allowed, lengths, n_docs, avgdl, k1=1.2, b=0.75):
     """BM25 as a textbook loop: per term, df over valid postings, then the saturated tf sum."""
     scores: dict[int, float] = {}
     for t in range(n_terms):
         valid = [
             i
             for i in range(len(rows))
-            if terms[i] == t
-            and rows[i] < len(allowed)
-            and allowed[rows[i]]
-            and gens[i] == current_gen[rows[i]]
+            if terms[i] == t and rows[i] < len(allowed) and allowed[rows[i]] and gens[i] == current[i]
         ]
         if not valid:
             continue
@@ -45,8 +40,9 @@ def test_bm25_kernel_matches_the_reference(seed: int) -> None:
     terms = rng.integers(0, n_terms, size=total).astype(np.int32)
     rows = rng.integers(0, n + 10, size=total).astype(np.int32)  # some beyond the allowed rows
     tfs = rng.integers(1, 5, size=total).astype(np.float32)
-    current = rng.integers(1, 3, size=n + 10).astype(np.int32)
-    gens = np.where(rng.random(total) < 0.8, current[rows], 0).astype(np.int32)  # some stale
+    row_gen = rng.integers(1, 3, size=n + 10).astype(np.int32)
+    current = row_gen[rows]  # each posting's row's generation
+    gens = np.where(rng.random(total) < 0.8, current, 0).astype(np.int32)  # some stale
     allowed = rng.random(n) < 0.7
     lengths = rng.integers(0, 60, size=n + 10).astype(np.int32)  # zeros included
     n_docs = int(allowed.sum())
@@ -63,7 +59,7 @@ def test_bm25_kernel_matches_the_reference(seed: int) -> None:
 
 def test_bm25_kernel_edges_and_checks() -> None:
     none_i, none_f = np.empty(0, np.int32), np.empty(0, np.float32)
-    gen, allowed, lengths = np.ones(3, np.int32), np.ones(3, np.bool_), np.ones(3, np.int32)
+    gen, allowed, lengths = np.empty(0, np.int32), np.ones(3, np.bool_), np.ones(3, np.int32)
     rows, scores, _ = kw_kernels.bm25(none_i, 2, none_i, none_f, none_i, gen, allowed, lengths, 3, 1.0)
     assert rows.shape == (0,) and scores.shape == (0,)
     with pytest.raises(ValueError, match="rows"):
@@ -72,7 +68,7 @@ def test_bm25_kernel_edges_and_checks() -> None:
         kw_kernels.bm25(none_i, 2, none_i, none_f, none_i, gen, allowed, lengths, 3, float("nan"))
     one = np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="n_terms"):
-        kw_kernels.bm25(one + 2, 2, one, np.ones(1, np.float32), one, gen, allowed, lengths, 3, 1.0)
+        kw_kernels.bm25(one + 2, 2, one, np.ones(1, np.float32), one, one, allowed, lengths, 3, 1.0)
     mask = np.array([True, False, True, False])
     values = np.array([1, 100, 3, 100], np.int32)
     assert kw_kernels.masked_mean(values, mask) == pytest.approx(np.mean(values[mask]))
@@ -220,3 +216,23 @@ def test_a_search_reads_only_its_namespaces() -> None:
     assert sorted(rows.tolist()) == [0, 1]
     q = index.postings([0, 1], ["blue"], 1)  # a term in more rows than the cap is skipped
     assert q.rows.shape[0] == 0
+
+
+def test_a_search_sees_a_rows_postings_and_generation_together() -> None:
+    """Postings and the generations they are checked against are read as one pair: a content replaced
+    after a search read them cannot make the row vanish from that search."""
+    index = KeywordIndex()
+    index.add(0, 0, "apple pie")
+    q = index.postings([0], ["appl"], 10)
+    index.replace(0, 0, "apple tart")  # the writer moves on after the read
+    assert (q.gens == q.current).all() and q.rows.tolist() == [0]
+
+
+def test_the_same_content_posted_again_changes_nothing() -> None:
+    index = KeywordIndex()
+    index.add(0, 0, "apple pie")
+    before = index.postings_count
+    index.add(0, 0, "apple pie")  # a follower's or a start-up's replay of an unchanged record
+    assert index.postings_count == before and index.posted_rows == 1
+    index.add(0, 0, "apple tart")
+    assert index.postings_count > before

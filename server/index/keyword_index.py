@@ -14,6 +14,7 @@ count readers were given, and a full delta is replaced, never overwritten.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -70,7 +71,7 @@ class QueryPostings:
     rows: np.ndarray
     tfs: np.ndarray
     gens: np.ndarray
-    current_gen: np.ndarray
+    current: np.ndarray  # each posting's row's generation, read with the postings (a consistent pair)
 
 
 class KeywordIndex:
@@ -85,6 +86,8 @@ class KeywordIndex:
         self._view: tuple[tuple[_Segment, ...], _Delta] = ((), self._new_delta())
         self._gen = np.zeros(1024, np.int32)  # per row: its content generation (0: never posted)
         self.posted_rows = 0  # contents posted since the last compaction (live or not)
+        self._bumps = 0  # row generations changed so far: a reader that saw it move reads again
+        self._row_hash = np.zeros(1024, np.int64)  # per row: a digest of its posted content
         # Lengths for BM25's average: per row (its namespace, -1 once removed; its words) and summed
         # per namespace id over the rows not removed.
         self._row_ns = np.zeros(1024, np.int32)
@@ -111,9 +114,13 @@ class KeywordIndex:
         """Post a new row's content (or a row's new content: see ``replace``) under its namespace id."""
         if row >= self._gen.shape[0]:
             size = max(row + 1, 2 * self._gen.shape[0])
-            self._gen, self._row_ns, self._row_words = (
-                _grown(a, size) for a in (self._gen, self._row_ns, self._row_words)
+            self._gen, self._row_ns, self._row_words, self._row_hash = (
+                _grown(a, size) for a in (self._gen, self._row_ns, self._row_words, self._row_hash)
             )
+        digest = _digest(text)
+        if self._gen[row] > 0 and self._row_hash[row] == digest and self._row_ns[row] == namespace:
+            return  # the same content posted again (a follower's or a start-up's replay): nothing changes
+        self._row_hash[row] = digest
         gen = int(self._gen[row]) + 1
         self.posted_rows += 1
         terms, length = keyword_terms_and_length(text)
@@ -131,6 +138,7 @@ class KeywordIndex:
         d.gens[d.filled : end] = gen
         self._view = (segments, d._replace(filled=end))  # slots beyond what was filled: unseen by readers
         self._gen[row] = gen  # published last: the new postings count from here on
+        self._bumps += 1
 
     def _count_length(self, row: int, namespace: int, length: int, replacing: bool) -> None:
         if replacing:
@@ -206,7 +214,28 @@ class KeywordIndex:
     def postings(self, namespaces: list[int], terms: list[str], max_postings: int) -> QueryPostings:
         """The postings of ``terms`` in the namespaces (by id); a term in more than ``max_postings``
         rows of them is skipped (it says almost nothing about a memory)."""
-        (segments, delta), gen = self._view, self._gen  # one consistent look
+        for _ in range(8):
+            bumps = self._bumps
+            found = self._gather(namespaces, terms)
+            if self._bumps == bumps:  # no row's generation moved meanwhile: postings and generations agree
+                break
+        q_terms, rows, tfs, gens, current = found
+        valid = gens == current
+        per_term = np.bincount(q_terms[valid], minlength=len(terms))
+        if (per_term > max_postings).any():
+            keep = per_term[q_terms] <= max_postings
+            q_terms, rows, tfs, gens, current = (
+                q_terms[keep],
+                rows[keep],
+                tfs[keep],
+                gens[keep],
+                current[keep],
+            )
+        return QueryPostings(q_terms, len(terms), rows, tfs, gens, current)
+
+    def _gather(self, namespaces: list[int], terms: list[str]) -> tuple[np.ndarray, ...]:
+        """(query term, row, tf, generation, the row's current generation) of every posting."""
+        (segments, delta), gen = self._view, self._gen  # (the generations as new as the view, or newer)
         wanted = [(self._key_ids.get((ns, t)), i) for i, t in enumerate(terms) for ns in namespaces]
         pairs = sorted((k, i) for k, i in wanted if k is not None)
         keys = np.array([k for k, _ in pairs], np.int32)
@@ -224,13 +253,9 @@ class KeywordIndex:
             parts.append((lab, delta.rows[pos], delta.tfs[pos], delta.gens[pos]))
         if not parts:
             none = np.empty(0, np.int32)
-            return QueryPostings(none, len(terms), none, np.empty(0, np.float32), none, gen)
+            return none, none, np.empty(0, np.float32), none, none
         q_terms, rows, tfs, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
-        per_term = np.bincount(q_terms, minlength=len(terms))
-        if (per_term > max_postings).any():
-            keep = per_term[q_terms] <= max_postings
-            q_terms, rows, tfs, gens = q_terms[keep], rows[keep], tfs[keep], gens[keep]
-        return QueryPostings(q_terms, len(terms), rows, tfs, gens, gen)
+        return q_terms, rows, tfs, gens, gen[rows]
 
     # -- snapshots -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -246,6 +271,8 @@ class KeywordIndex:
             "segments": [tuple(seg) for seg in segments],
             "delta": tuple(delta),  # keys per posting, unsorted (starts unused)
             "row_gen": self._gen.copy(),
+            "row_hash": self._row_hash.copy(),
+            "posted_rows": self.posted_rows,
             "lengths": (
                 self._row_ns.copy(),
                 self._row_words.copy(),
@@ -264,8 +291,14 @@ class KeywordIndex:
             segments.append(_segment(keys, rows, tfs, gens))
         index._view = (tuple(seg for seg in segments if seg.size), index._view[1])
         index._gen = np.array(state["row_gen"], np.int32)
+        index._row_hash = state["row_hash"]
+        index.posted_rows = int(state["posted_rows"])
         index._row_ns, index._row_words, index._ns_words, index._ns_rows = state["lengths"]
         return index
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
@@ -293,9 +326,6 @@ def bm25(
     if q.rows.shape[0] == 0:
         return none
     avgdl = max(1.0, index.average_length(namespaces))
-    current = q.current_gen
-    if current.shape[0] < allowed.shape[0]:  # rows added after this copy was taken have no postings here
-        current = np.concatenate([current, np.zeros(allowed.shape[0] - current.shape[0], np.int32)])
     return kernels.bm25(
-        q.terms, q.n_terms, q.rows, q.tfs, q.gens, current, allowed, lengths, n_docs, avgdl, probe=probe
+        q.terms, q.n_terms, q.rows, q.tfs, q.gens, q.current, allowed, lengths, n_docs, avgdl, probe=probe
     )

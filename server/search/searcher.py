@@ -181,11 +181,14 @@ class Searcher:
         only_tier: int = 0,
     ) -> list[SearchHit]:
         src = self.source
-        if query is not None and sp is None:
+        # Under the fused strategy keywords alone may find memories a vector search cannot (no vector
+        # yet, or none in the query's space).
+        by_keywords = a.strategy == FUSED and a.hybrid is not None and a.hybrid.keyword_weight > 0
+        if query is not None and sp is None and not by_keywords:
             return []
         view = src.columns.view()
         mask, keyword_mask, count, keyword_count = self._allowed(view, a, flt, sp, only_tier)
-        if count == 0:
+        if count == 0 and not (by_keywords and keyword_count > 0):
             return []
         half_life = src.policy_tables().half_life
         row_w = row_weights(view, a, src.columns.namespaces)
@@ -240,6 +243,10 @@ class Searcher:
         by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, min_similarity=None)
         scorer = Scorer(view, sp, query, by_similarity, None, half_life, src.config.importance_floor)
         vector = None
+        if a.hybrid is None and query is None:  # no signal of relevance asked: every allowed row ranks
+            everything = scorer(np.flatnonzero(mask))
+            no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)
+            return rank_fused(everything, None, count, scorer, no_relevance, row_w, a.min_similarity)
         if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
             if count <= src.config.exact_search_max_rows:
                 vector = scorer(np.flatnonzero(mask))
