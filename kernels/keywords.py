@@ -9,6 +9,7 @@ postings until the next compaction). The public wrapper checks arrays before the
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 from numba import njit
@@ -18,7 +19,7 @@ _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
 @_kernel
 def _bm25(
-    terms, n_terms, rows, tfs, gens, current, allowed, lengths, n_docs, avgdl, k1, b, probe
+    terms, n_terms, rows, tfs, gens, current, allowed, lengths, n_docs, avgdl, k1, b, probe, acc
 ):  # pragma: no cover
     n_rows = allowed.shape[0]
     valid = np.zeros(rows.shape[0], np.bool_)
@@ -31,9 +32,8 @@ def _bm25(
     idf = np.empty(n_terms, np.float64)
     for t in range(n_terms):
         idf[t] = math.log(1.0 + (n_docs - df[t] + 0.5) / (df[t] + 0.5))
-    # Scores gather in a row-indexed accumulator (a contribution is always > 0, so 0 means untouched);
-    # rows come out in the order first met, without a sort.
-    acc = np.zeros(n_rows, np.float32)
+    # Scores gather in a row-indexed accumulator, all zeros on entry and left so (a contribution is
+    # always > 0, so 0 means untouched); rows come out in the order first met, without a sort.
     touched = np.empty(rows.shape[0], np.int64)
     m = 0
     for i in range(rows.shape[0]):
@@ -53,6 +53,8 @@ def _bm25(
     for j in range(probe.shape[0]):
         if 0 <= probe[j] < n_rows:
             probed[j] = acc[probe[j]]
+    for j in range(m):
+        acc[out_rows[j]] = 0.0
     return out_rows, out_scores, probed
 
 
@@ -139,8 +141,19 @@ def bm25(
         float(k1),
         float(b),
         probe,
+        _accumulator(allowed.shape[0]),
     )
     return out
+
+
+_scratch = threading.local()  # per thread: a zeroed accumulator as long as the rows, reused
+
+
+def _accumulator(n: int) -> np.ndarray:
+    acc: np.ndarray | None = getattr(_scratch, "acc", None)
+    if acc is None or acc.shape[0] < n:
+        acc = _scratch.acc = np.zeros(max(n, 1024, 0 if acc is None else 2 * acc.shape[0]), np.float32)
+    return acc
 
 
 def match_keys(keys: np.ndarray, wanted: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
