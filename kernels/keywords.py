@@ -247,3 +247,53 @@ def fused_scores(
         float(gamma),
     )
     return out
+
+
+@_kernel
+def _segment_postings(seg_keys, starts, rows, tfs, gens, keys, labels):  # pragma: no cover
+    at = np.searchsorted(seg_keys, keys)
+    total = 0
+    for j in range(keys.shape[0]):
+        if at[j] < seg_keys.shape[0] and seg_keys[at[j]] == keys[j]:
+            total += starts[at[j] + 1] - starts[at[j]]
+    out_terms = np.empty(total, np.int32)
+    out_rows = np.empty(total, np.int32)
+    out_tfs = np.empty(total, np.float32)
+    out_gens = np.empty(total, np.int32)
+    m = 0
+    for j in range(keys.shape[0]):
+        if at[j] < seg_keys.shape[0] and seg_keys[at[j]] == keys[j]:
+            for i in range(starts[at[j]], starts[at[j] + 1]):
+                out_terms[m] = labels[j]
+                out_rows[m] = rows[i]
+                out_tfs[m] = tfs[i]
+                out_gens[m] = gens[i]
+                m += 1
+    return out_terms, out_rows, out_tfs, out_gens
+
+
+def segment_postings(
+    seg_keys: np.ndarray,
+    starts: np.ndarray,
+    rows: np.ndarray,
+    tfs: np.ndarray,
+    gens: np.ndarray,
+    keys: np.ndarray,
+    labels: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The postings of ``keys`` in one sorted segment (key ``seg_keys[i]``'s are
+    ``starts[i]:starts[i + 1]``): (the key's label, row, tf, generation) per posting."""
+    _need(seg_keys, "seg_keys", np.int32)
+    _need(starts, "starts", np.int64)
+    for name, a, dtype in (("rows", rows, np.int32), ("tfs", tfs, np.float32), ("gens", gens, np.int32)):
+        _need(a, name, dtype)
+    _need(keys, "keys", np.int32)
+    _need(labels, "labels", np.int32)
+    if starts.shape[0] != seg_keys.shape[0] + 1 or int(starts[-1]) != rows.shape[0]:
+        raise ValueError("starts must bound every key's postings")
+    if not (rows.shape[0] == tfs.shape[0] == gens.shape[0]) or keys.shape != labels.shape:
+        raise ValueError("rows, tfs and gens must match; labels one per key")
+    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = _segment_postings(
+        seg_keys, starts, rows, tfs, gens, keys, labels
+    )
+    return out

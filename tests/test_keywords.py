@@ -236,3 +236,31 @@ def test_the_same_content_posted_again_changes_nothing() -> None:
     assert index.postings_count == before and index.posted_rows == 1
     index.add(0, 0, "apple tart")
     assert index.postings_count > before
+
+
+def test_segment_postings_match_a_plain_gather() -> None:
+    rng = np.random.default_rng(4)
+    n = 300
+    seg_keys = np.unique(rng.integers(0, 40, size=n)).astype(np.int32)
+    counts = rng.integers(0, 6, size=seg_keys.shape[0])
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(starts[-1])
+    rows = rng.integers(0, 1000, size=total).astype(np.int32)
+    tfs = rng.integers(1, 4, size=total).astype(np.float32)
+    gens = rng.integers(1, 3, size=total).astype(np.int32)
+    keys = np.unique(rng.integers(0, 45, size=9)).astype(np.int32)  # some absent from the segment
+    labels = rng.integers(0, 5, size=keys.shape[0]).astype(np.int32)
+    got = kw_kernels.segment_postings(seg_keys, starts, rows, tfs, gens, keys, labels)
+    want: list[list[float]] = [[], [], [], []]
+    for key, label in zip(keys.tolist(), labels.tolist(), strict=True):
+        i = np.searchsorted(seg_keys, key)
+        if i < seg_keys.shape[0] and seg_keys[i] == key:
+            lo, hi = starts[i], starts[i + 1]
+            for col, values in zip(
+                want, ([label] * (hi - lo), rows[lo:hi], tfs[lo:hi], gens[lo:hi]), strict=True
+            ):
+                col.extend(np.asarray(values).tolist())
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, np.array(b, a.dtype))
+    with pytest.raises(ValueError, match="starts"):
+        kw_kernels.segment_postings(seg_keys, starts[:-1], rows, tfs, gens, keys, labels)

@@ -241,13 +241,10 @@ class KeywordIndex:
         keys = np.array([k for k, _ in pairs], np.int32)
         labels = np.array([i for _, i in pairs], np.int32)
         parts: list[tuple[np.ndarray, ...]] = []
-        for seg in segments:
-            at = np.minimum(np.searchsorted(seg.keys, keys), max(seg.keys.shape[0] - 1, 0))
-            for j in np.flatnonzero(seg.keys[at] == keys) if seg.keys.shape[0] else []:
-                lo, hi = seg.starts[at[j]], seg.starts[at[j] + 1]
-                parts.append(
-                    (np.full(hi - lo, labels[j], np.int32), seg.rows[lo:hi], seg.tfs[lo:hi], seg.gens[lo:hi])
-                )
+        for seg in segments if keys.shape[0] else ():
+            parts.append(
+                kernels.segment_postings(seg.keys, seg.starts, seg.rows, seg.tfs, seg.gens, keys, labels)
+            )
         if delta.filled and keys.shape[0]:
             pos, lab = kernels.match_keys(delta.keys[: delta.filled], keys, labels)
             parts.append((lab, delta.rows[pos], delta.tfs[pos], delta.gens[pos]))
