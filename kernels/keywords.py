@@ -108,8 +108,8 @@ def bm25(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """BM25 of every allowed row holding a query term: (rows in the order first met, their scores, the
     scores of the ``probe`` rows, 0 where they hold no term). Posting i is term ``terms[i]``
-    (0 <= terms[i] < n_terms) in row ``rows[i]``; ``n_docs`` and ``avgdl`` describe the allowed rows
-    (the corpus of this search)."""
+    (0 <= terms[i] < n_terms) in row ``rows[i]``; ``n_docs`` is how many rows are allowed (the corpus
+    of this search), ``avgdl`` the mean length of a memory in the searched namespaces."""
     probe = np.empty(0, np.int64) if probe is None else probe
     _need(probe, "probe", np.int64)
     _need(terms, "terms", np.int32)
