@@ -8,11 +8,11 @@ the flush thread, at shutdown, or when a test asks, and commits through the writ
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from tiermem.server.core import upkeep
 from tiermem.server.core.state import EngineState
 from tiermem.server.model.records import Record
+from tiermem.server.model.reports import FollowerReport
 from tiermem.server.search.query import SearchHit, SearchQuery
 from tiermem.server.storage.store import Txn
 
@@ -71,23 +71,16 @@ def hand_over_to_leader(st: EngineState, pending: dict[int, tuple[int, float]]) 
         return 0
     if st.access_sink is not None:
         try:
-            st.access_sink(
-                {
-                    "access": [[r, n, t] for r, (n, t) in pending.items()],
-                    "searches": counts,
-                    "total": total,
-                }
-            )
+            st.access_sink(FollowerReport([(r, n, t) for r, (n, t) in pending.items()], counts, list(total)))
         except Exception as e:  # soft state, as a crash loses the last second of them
             logger.warning("%d accesses not handed to the leader: %s", len(pending), e)
             return 0
     return len(pending)
 
 
-def merge_follower_report(st: EngineState, report: dict[str, Any]) -> int:
+def merge_follower_report(st: EngineState, report: FollowerReport) -> int:
     """The leader's side of ``hand_over_to_leader``: a follower's recorded accesses join this
     engine's (committed by the next flush) and its hit counts these. Returns how many accesses."""
-    access = report.get("access", [])
-    st.accesses.add((int(rid), int(n), float(last)) for rid, n, last in access)
-    st.searches.merge(report.get("searches", {}), report.get("total", [0, 0]))
-    return len(access)
+    st.accesses.add(report.accesses)
+    st.searches.merge(report.searches, report.total)
+    return len(report.accesses)

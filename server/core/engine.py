@@ -59,6 +59,7 @@ from tiermem.server.model.reports import (
     CreateOutcome,
     ExportHeader,
     ExportItem,
+    FollowerReport,
     ImportResult,
     ScopeProgress,
     StatsReport,
@@ -290,7 +291,7 @@ class Engine:
     def flush_access(self) -> int:
         return access.flush_access(self.state)
 
-    def merge_follower_report(self, report: dict[str, Any]) -> int:
+    def merge_follower_report(self, report: FollowerReport) -> int:
         return access.merge_follower_report(self.state, report)
 
     def catch_up(self) -> int:

@@ -32,11 +32,12 @@ from tiermem.server.index.keyword_index import KeywordIndex
 from tiermem.server.index.spaces import Space
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.records import Record
+from tiermem.server.model.reports import FollowerReport
 from tiermem.server.model.types import Filter
 from tiermem.server.storage.store import Store, Txn
 from tiermem.server.storage.writer import Writer
 
-AccessSink = Callable[[dict[str, Any]], None]
+AccessSink = Callable[[FollowerReport], None]
 
 
 class EngineState:

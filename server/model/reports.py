@@ -157,3 +157,25 @@ class SweepReport:
 
     expired_deleted: int  # expired memories deleted
     request_ids_forgotten: int  # request ids older than request_id_ttl_seconds forgotten
+
+
+@dataclass
+class FollowerReport:
+    """What a search follower hands its leader: the accesses its searches recorded (record id, how
+    many, the last one's time) and its search hit counts (per namespace [hits, misses], and in all)."""
+
+    accesses: list[tuple[int, int, float]] = field(default_factory=list)
+    searches: dict[str, list[int]] = field(default_factory=dict)
+    total: list[int] = field(default_factory=lambda: [0, 0])
+
+    def to_wire(self) -> dict[str, Any]:
+        """The plain form sent between processes (msgpack)."""
+        return {"access": [list(a) for a in self.accesses], "searches": self.searches, "total": self.total}
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> FollowerReport:
+        return cls(
+            [(int(rid), int(n), float(last)) for rid, n, last in wire.get("access", [])],
+            {str(ns): [int(h), int(m)] for ns, (h, m) in wire.get("searches", {}).items()},
+            [int(x) for x in wire.get("total", [0, 0])],
+        )

@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 
 from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
+from tiermem.server.model.reports import FollowerReport
 from tiermem.server.transport.forward import Forwarder, methods_of
 from tiermem.server.transport.process import (
     StopSignals,
@@ -72,7 +73,7 @@ def report_handler(engine: Callable[[], Engine | None]) -> grpc.GenericRpcHandle
         if eng is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the leader is starting")
         assert eng is not None
-        eng.merge_follower_report(msgpack.unpackb(request, strict_map_key=False))
+        eng.merge_follower_report(FollowerReport.from_wire(msgpack.unpackb(request, strict_map_key=False)))
         return b""
 
     service, _, method = REPORT_METHOD[1:].partition("/")
@@ -276,8 +277,8 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     )
     report = channel.unary_unary(REPORT_METHOD)
 
-    def sink(r: dict[str, Any]) -> None:
-        report(msgpack.packb(r), timeout=10.0)
+    def sink(r: FollowerReport) -> None:
+        report(msgpack.packb(r.to_wire()), timeout=10.0)
 
     engine = Engine(config, follower=True, access_sink=sink)
     server = grpc_server(config, reuseport=True)
