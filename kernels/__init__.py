@@ -666,6 +666,7 @@ def warm_up() -> None:
     _warm_search(tiny)
     _warm_filters(tiny)
     _warm_lifecycle(tiny)
+    _warm_keywords(tiny)
 
 
 @dataclass(frozen=True)
@@ -679,6 +680,22 @@ class _Tiny:
     i64: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))
     b: np.ndarray = field(default_factory=lambda: np.ones(2, np.bool_))
     rows: np.ndarray = field(default_factory=lambda: np.array([1, 0], np.int64))
+
+
+def _warm_keywords(tiny: _Tiny) -> None:
+    """Keyword search: postings of a segment, key matching, BM25 with probes, the fused score."""
+    from tiermem.kernels import keywords
+
+    i32, f32, b = tiny.i32, tiny.f32, tiny.b
+    starts = np.array([0, 1, 2], np.int64)
+    terms, rows, tfs, gens = keywords.segment_postings(
+        np.array([0, 1], np.int32), starts, i32, f32, i32, i32, i32
+    )
+    keywords.match_keys(i32, np.array([0], np.int32), np.array([0], np.int32))
+    keywords.bm25(terms, 1, rows, tfs, gens, gens.copy(), b, i32 + 1, 2, 1.0, probe=tiny.rows)
+    keywords.masked_mean(i32, b)
+    keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
+    keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
 
 
 def _warm_scoring(tiny: _Tiny) -> None:

@@ -264,3 +264,12 @@ def test_segment_postings_match_a_plain_gather() -> None:
         np.testing.assert_array_equal(a, np.array(b, a.dtype))
     with pytest.raises(ValueError, match="starts"):
         kw_kernels.segment_postings(seg_keys, starts[:-1], rows, tfs, gens, keys, labels)
+
+
+def test_warm_up_compiles_every_keyword_kernel() -> None:
+    """A server compiles its kernels before it reports SERVING: the keyword ones too."""
+    from tiermem import kernels
+
+    kernels.warm_up()
+    for name in ("_bm25", "_match_keys", "_masked_mean", "_fused", "_segment_postings"):
+        assert getattr(kw_kernels, name).signatures, name
