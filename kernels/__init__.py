@@ -693,7 +693,6 @@ def _warm_keywords(tiny: _Tiny) -> None:
     )
     keywords.match_keys(i32, np.array([0], np.int32), np.array([0], np.int32))
     keywords.bm25(terms, 1, rows, tfs, gens, gens.copy(), b, i32 + 1, 2, 1.0, probe=tiny.rows)
-    keywords.masked_mean(i32, b)
     keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
     keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
 

@@ -73,17 +73,6 @@ def _match_keys(keys, wanted, labels):  # pragma: no cover
     return pos[:m], lab[:m]
 
 
-@_kernel
-def _masked_mean(values, mask):  # pragma: no cover
-    total = 0.0
-    n = 0
-    for i in range(mask.shape[0]):
-        if mask[i]:
-            total += values[i]
-            n += 1
-    return total / n if n else 0.0
-
-
 def _need(array: np.ndarray, name: str, dtype: type, ndim: int = 1) -> None:
     if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != ndim:
         raise ValueError(f"{name} must be a {ndim}-d {np.dtype(dtype).name} array")
@@ -168,14 +157,6 @@ def match_keys(keys: np.ndarray, wanted: np.ndarray, labels: np.ndarray) -> tupl
         raise ValueError("wanted must be sorted ascending without repeats")
     out: tuple[np.ndarray, np.ndarray] = _match_keys(keys, wanted, labels)
     return out
-
-
-def masked_mean(values: np.ndarray, mask: np.ndarray) -> float:
-    """Mean of ``values`` where ``mask`` holds (0.0 when it holds nowhere)."""
-    _need(mask, "mask", np.bool_)
-    if values.ndim != 1 or values.shape[0] < mask.shape[0]:
-        raise ValueError("values must be 1-d and cover the mask")
-    return float(_masked_mean(values, mask))
 
 
 @_kernel

@@ -69,10 +69,6 @@ def test_bm25_kernel_edges_and_checks() -> None:
     one = np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="n_terms"):
         kw_kernels.bm25(one + 2, 2, one, np.ones(1, np.float32), one, one, allowed, lengths, 3, 1.0)
-    mask = np.array([True, False, True, False])
-    values = np.array([1, 100, 3, 100], np.int32)
-    assert kw_kernels.masked_mean(values, mask) == pytest.approx(np.mean(values[mask]))
-    assert kw_kernels.masked_mean(values, np.zeros(4, np.bool_)) == 0.0
 
 
 def test_match_keys_matches_isin() -> None:
@@ -271,5 +267,5 @@ def test_warm_up_compiles_every_keyword_kernel() -> None:
     from tiermem import kernels
 
     kernels.warm_up()
-    for name in ("_bm25", "_match_keys", "_masked_mean", "_fused", "_segment_postings"):
+    for name in ("_bm25", "_match_keys", "_fused", "_segment_postings"):
         assert getattr(kw_kernels, name).signatures, name
