@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _jit
+from ._checks import _check
 
 __all__ = [
     "DEFAULT_SURPRISE_ALPHA",
@@ -44,20 +45,6 @@ DEFAULT_SURPRISE_ALPHA = 0.3
 # Held while a parallel (prange) kernel runs: the whole-array lifecycle passes. Request-path
 # kernels are serial and nogil, so gRPC threads never wait on it.
 PARALLEL_LOCK = threading.Lock()
-
-
-def _check(name: str, a: np.ndarray, dtype: type, n: int | None = None) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
-    if a.dtype != np.dtype(dtype):
-        raise ValueError(f"{name} must have dtype {np.dtype(dtype)}, got {a.dtype}")
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be contiguous")
-    if n is not None and a.shape[0] != n:
-        raise ValueError(f"{name} must have length {n}, got {a.shape[0]}")
-    return a
 
 
 def _half_lives(half_life_hours: np.ndarray | list[float]) -> np.ndarray:

@@ -14,6 +14,8 @@ import threading
 import numpy as np
 from numba import njit
 
+from ._checks import _check
+
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
 
@@ -73,13 +75,6 @@ def _match_keys(keys, wanted, labels):  # pragma: no cover
     return pos[:m], lab[:m]
 
 
-def _need(array: np.ndarray, name: str, dtype: type, ndim: int = 1) -> None:
-    if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != ndim:
-        raise ValueError(f"{name} must be a {ndim}-d {np.dtype(dtype).name} array")
-    if not array.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-
-
 def bm25(
     terms: np.ndarray,
     n_terms: int,
@@ -100,14 +95,14 @@ def bm25(
     (0 <= terms[i] < n_terms) in row ``rows[i]``; ``n_docs`` is how many rows are allowed (the corpus
     of this search), ``avgdl`` the mean length of a memory in the searched namespaces."""
     probe = np.empty(0, np.int64) if probe is None else probe
-    _need(probe, "probe", np.int64)
-    _need(terms, "terms", np.int32)
-    _need(rows, "rows", np.int32)
-    _need(tfs, "tfs", np.float32)
-    _need(gens, "gens", np.int32)
-    _need(current, "current", np.int32)
-    _need(allowed, "allowed", np.bool_)
-    _need(lengths, "lengths", np.int32)
+    _check("probe", probe, np.int64)
+    _check("terms", terms, np.int32)
+    _check("rows", rows, np.int32)
+    _check("tfs", tfs, np.float32)
+    _check("gens", gens, np.int32)
+    _check("current", current, np.int32)
+    _check("allowed", allowed, np.bool_)
+    _check("lengths", lengths, np.int32)
     if not (rows.shape[0] == tfs.shape[0] == gens.shape[0] == terms.shape[0] == current.shape[0]):
         raise ValueError("terms, rows, tfs, gens and current must have one entry per posting")
     if terms.shape[0] and (int(terms.min()) < 0 or int(terms.max()) >= n_terms):
@@ -148,9 +143,9 @@ def _accumulator(n: int) -> np.ndarray:
 def match_keys(keys: np.ndarray, wanted: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(positions in ``keys`` whose key is in ``wanted``, the ``labels`` entry of that key); ``wanted``
     sorted ascending without repeats, ``labels`` one per wanted key."""
-    _need(keys, "keys", np.int32)
-    _need(wanted, "wanted", np.int32)
-    _need(labels, "labels", np.int32)
+    _check("keys", keys, np.int32)
+    _check("wanted", wanted, np.int32)
+    _check("labels", labels, np.int32)
     if wanted.shape != labels.shape:
         raise ValueError("labels must have one entry per wanted key")
     if wanted.shape[0] > 1 and not (np.diff(wanted) > 0).all():
@@ -213,7 +208,7 @@ def fused_scores(
     sim_a = empty if sim is None or w_sim <= 0 else sim
     kw_a = empty if kw is None or w_kw <= 0 else kw
     for name, a in (("sim", sim_a), ("kw", kw_a), ("rec", rec), ("imp", imp)):
-        _need(a, name, np.float32)
+        _check(name, a, np.float32)
         if a.shape[0] not in (0, n):
             raise ValueError(f"{name} must have one entry per candidate")
     out: tuple[np.ndarray, np.ndarray] = _fused(
@@ -264,12 +259,12 @@ def segment_postings(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The postings of ``keys`` in one sorted segment (key ``seg_keys[i]``'s are
     ``starts[i]:starts[i + 1]``): (the key's label, row, tf, generation) per posting."""
-    _need(seg_keys, "seg_keys", np.int32)
-    _need(starts, "starts", np.int64)
+    _check("seg_keys", seg_keys, np.int32)
+    _check("starts", starts, np.int64)
     for name, a, dtype in (("rows", rows, np.int32), ("tfs", tfs, np.float32), ("gens", gens, np.int32)):
-        _need(a, name, dtype)
-    _need(keys, "keys", np.int32)
-    _need(labels, "labels", np.int32)
+        _check(name, a, dtype)
+    _check("keys", keys, np.int32)
+    _check("labels", labels, np.int32)
     if starts.shape[0] != seg_keys.shape[0] + 1 or int(starts[-1]) != rows.shape[0]:
         raise ValueError("starts must bound every key's postings")
     if not (rows.shape[0] == tfs.shape[0] == gens.shape[0]) or keys.shape != labels.shape:

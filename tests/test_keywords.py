@@ -110,7 +110,7 @@ def test_index_finds_replaces_and_compacts() -> None:
     lengths = np.array([len(t.split()) for t in texts], np.int32)
     found = _search(index, "where does Ana live? Paris?", alive, lengths)
     assert set(found) == {0, 1, 3} and max(found, key=found.__getitem__) == 0
-    index.replace(0, 0, "Ana lives in Rome")  # its old postings (paris) stop counting
+    index.add(0, 0, "Ana lives in Rome")  # its old postings (paris) stop counting
     assert set(_search(index, "Paris", alive, lengths)) == {3}
     assert set(_search(index, "Rome", alive, lengths)) == {0}
     alive[3] = False  # deleted rows are never found
@@ -130,7 +130,7 @@ def test_snapshot_round_trip_keeps_every_answer_and_allows_appends() -> None:
     texts = [" ".join(rng.choice(vocab, size=8)) for _ in range(300)]
     for row, text in enumerate(texts):
         index.add(row, 0, text)
-    index.replace(7, 0, "word1 word2 fresh")
+    index.add(7, 0, "word1 word2 fresh")
     alive = rng.random(300) < 0.9
     lengths = np.full(300, 8, np.int32)
     restored = KeywordIndex.restore(index.state())
@@ -187,7 +187,7 @@ def test_segments_and_merges_answer_as_one_list() -> None:
             index.add(row, row % 3, text)
         if row % 50 == 7:
             for index in (small, big):
-                index.replace(row - 5, (row - 5) % 3, "term1 replaced")
+                index.add(row - 5, (row - 5) % 3, "term1 replaced")
     assert len(small._view[0]) > 1  # several segments, merged along the way
     lengths = np.full(400, 6, np.int32)
     for namespaces in ([0], [1, 2], [0, 1, 2]):
@@ -220,7 +220,7 @@ def test_a_search_sees_a_rows_postings_and_generation_together() -> None:
     index = KeywordIndex()
     index.add(0, 0, "apple pie")
     q = index.postings([0], ["appl"], 10)
-    index.replace(0, 0, "apple tart")  # the writer moves on after the read
+    index.add(0, 0, "apple tart")  # the writer moves on after the read
     assert (q.gens == q.current).all() and q.rows.tolist() == [0]
 
 

@@ -7,7 +7,7 @@ content changes. Terms are lower-cased words without English stop words, stemmed
 changes gets a new generation and new postings; its old postings stop counting at once and are dropped at
 the next compaction. Deleted rows need nothing here: searches only count allowed (alive) rows.
 
-Concurrency: only the writer thread calls ``add``/``replace``/``compact``/``state``; searches read at any
+Concurrency: only the writer thread calls ``add``/``remove``/``compact``/``state``; searches read at any
 time. Segments are immutable and published as a new tuple; the delta's buffers are written only beyond the
 count readers were given, and a full delta is replaced, never overwritten.
 """
@@ -111,7 +111,8 @@ class KeywordIndex:
 
     # -- writer thread ---------------------------------------------------------------------------
     def add(self, row: int, namespace: int, text: str) -> None:
-        """Post a new row's content (or a row's new content: see ``replace``) under its namespace id."""
+        """Post a row's content under its namespace id; posting a row again with new content makes its old
+        postings stop counting (the same content again changes nothing)."""
         if row >= self._gen.shape[0]:
             size = max(row + 1, 2 * self._gen.shape[0])
             self._gen, self._row_ns, self._row_words, self._row_hash = (
@@ -164,10 +165,6 @@ class KeywordIndex:
         ids = [i for i in namespaces if 0 <= i < self._ns_words.shape[0]]
         rows = int(self._ns_rows[ids].sum()) if ids else 0
         return float(self._ns_words[ids].sum()) / rows if rows > 0 else 0.0
-
-    def replace(self, row: int, namespace: int, text: str) -> None:
-        """A row's content changed: its old postings stop counting, the new ones start."""
-        self.add(row, namespace, text)
 
     def _flush(self) -> None:
         """Turn the delta into a segment; merge segments of similar size."""

@@ -79,11 +79,9 @@ def rank_fused(
             parts.append(extra)
             kw_parts.append(keywords.scores[best][new])
     both = concat_scored(parts) if parts else scorer(np.empty(0, np.int64))
-    kw = np.concatenate(kw_parts) if keywords is not None and kw_parts else None
-    if keywords is not None and kw is None:
-        kw = np.zeros(both.rows.shape[0], np.float32)
-    k_rank = None
+    kw = k_rank = None
     if keywords is not None:
+        kw = np.concatenate(kw_parts) if kw_parts else np.zeros(both.rows.shape[0], np.float32)
         rank_of = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
         k_rank = np.array([rank_of.get(int(r), 0) for r in both.rows.tolist()], np.int64)
     v_rank = None

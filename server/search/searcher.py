@@ -192,8 +192,6 @@ class Searcher:
             return []
         half_life = src.policy_tables().half_life
         row_w = row_weights(view, a, src.columns.namespaces)
-        scorer = Scorer(view, sp, query, a, row_w, half_life, src.config.importance_floor)
-        fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
             # drain a search waits for one chunk of the indexer's adds, not once per lookup.
@@ -211,6 +209,8 @@ class Searcher:
                     only_tier,
                     include_embedding,
                 )
+            scorer = Scorer(view, sp, query, a, row_w, half_life, src.config.importance_floor)
+            fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
             if query is None or sp is None or count <= src.config.exact_search_max_rows:
                 scored = scorer(np.flatnonzero(mask))
             else:
