@@ -358,6 +358,17 @@ def allowed_entries(slots: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray,
     return ids[:c], rows[:c]
 
 
+def mask_equal(mask: np.ndarray, column: np.ndarray, value: int) -> tuple[np.ndarray, int]:
+    """A new mask of the rows of ``mask`` whose ``column`` (int8 or int32) holds ``value``, and how many:
+    one pass, where a copy, a comparison, an and and a count would take four."""
+    n = _check("mask", mask, np.bool_).shape[0]
+    if not isinstance(column, np.ndarray) or column.dtype not in (np.int8, np.int32):
+        raise ValueError("column must be an int8 or int32 numpy array")
+    _check("column", column, column.dtype.type, n)
+    out = np.empty(n, np.bool_)
+    return out, int(_jit.mask_equal(mask, column, int(value), out))
+
+
 def tier_counts(mask: np.ndarray, tier: np.ndarray) -> np.ndarray:
     """Rows allowed by ``mask`` in each tier: int64[5], entry t for tier t (values outside 0..4 are
     not counted). One pass, instead of a mask of each tier and a count."""
@@ -670,16 +681,16 @@ class _Tiny:
 
 
 def _warm_keywords(tiny: _Tiny) -> None:
-    """Keyword search: postings of a segment, key matching, BM25 with probes, the fused score."""
+    """Keyword search: BM25 over sorted and appended postings, with probes; the fused score."""
     from tiermem.kernels import keywords
 
     i32, f32, b = tiny.i32, tiny.f32, tiny.b
-    starts = np.array([0, 1, 2], np.int64)
-    terms, rows, tfs, gens = keywords.segment_postings(
-        np.array([0, 1], np.int32), starts, i32, f32, i32, i32, i32
+    key = np.array([0], np.int32)
+    sources = (
+        keywords.postings(np.array([0, 1], np.int32), np.array([0, 1, 2], np.int64), i32, f32, i32),
+        keywords.appended(i32, i32, f32, i32, 2),
     )
-    keywords.match_keys(i32, np.array([0], np.int32), np.array([0], np.int32))
-    keywords.bm25(terms, 1, rows, tfs, gens, gens.copy(), b, i32 + 1, 2, 1.0, probe=tiny.rows)
+    keywords.bm25(sources, key, np.ones(1), i32, b, i32 + 1, 1.0, probe=tiny.rows)
     keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
     keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
 
@@ -753,8 +764,11 @@ def _warm_search(tiny: _Tiny) -> None:
 
 
 def _warm_filters(tiny: _Tiny) -> None:
-    """Both specializations of the filter: with the expiry column and space check, and without."""
+    """Both specializations of the filter: with the expiry column and space check, and without; the
+    narrowing of a mask to a space or a tier."""
     i32 = tiny.i32
+    mask_equal(tiny.b, i32, 0)
+    mask_equal(tiny.b, tiny.t8, 1)
     for expire_at, space_id, space in ((tiny.f64, None, -1), (None, i32, 0)):
         filter_mask(
             alive=tiny.b,

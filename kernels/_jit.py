@@ -211,6 +211,17 @@ def row_weights(ns, tier, by_ns, by_tier, out):
 
 
 @_kernel
+def mask_equal(mask, column, value, out):
+    """out[i] = mask[i] and column[i] == value; returns how many are set. One pass, vectorized."""
+    count = 0
+    for i in range(mask.shape[0]):
+        keep = mask[i] & (column[i] == value)
+        out[i] = keep
+        count += keep
+    return count
+
+
+@_kernel
 def tier_counts(mask, tier, out):
     """out[t] = rows with mask set and tier t, t in 0..4 (other tier values are not counted). Five
     running sums in one loop, which LLVM vectorizes (a scatter ``out[tier[i]] += 1`` does not)."""

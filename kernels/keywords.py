@@ -1,157 +1,225 @@
 """BM25 over in-memory postings: the keyword half of hybrid and default searches.
 
-A query's postings arrive as parallel arrays, each posting a (query term, row, term frequency, content
-generation, the row's current generation) tuple. A posting counts only when its row is allowed
-by the request and its generation is the row's current one (a row whose content changed keeps stale
-postings until the next compaction). The public wrapper checks arrays before the kernel runs.
+Postings are read where they lie, in sorted segments (``Postings``) and an unsorted append buffer
+(``Appended``), each checked once when built: a search copies none of them. One pass adds each
+posting's BM25 term to a row-indexed accumulator (idf comes with the query, from the index's counts). A
+posting counts only when its row is allowed by the request and its generation is the row's current one
+(a row whose content changed keeps stale postings until the next compaction).
 """
 
 from __future__ import annotations
 
 import math
-import threading
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from ._checks import _check
+from ._jit import topk as _topk
 
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
 
+class Postings(NamedTuple):
+    """Sorted postings: key ``keys[i]``'s are ``starts[i]:starts[i + 1]`` of rows, tfs and gens. Built
+    through ``postings``, which checks them once: a NamedTuple's arrays keep their dtype and length."""
+
+    keys: np.ndarray  # int32, ascending, unique
+    starts: np.ndarray  # int64, len(keys) + 1
+    rows: np.ndarray  # int32
+    tfs: np.ndarray  # float32
+    gens: np.ndarray  # int32: the row's content generation when posted
+
+    @property
+    def size(self) -> int:
+        return int(self.rows.shape[0])
+
+
+class Appended(NamedTuple):
+    """Unsorted postings (one key each) in buffers of which the first ``filled`` count."""
+
+    keys: np.ndarray  # int32
+    rows: np.ndarray  # int32
+    tfs: np.ndarray  # float32
+    gens: np.ndarray  # int32
+    filled: int
+
+
+def postings(
+    keys: np.ndarray, starts: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray
+) -> Postings:
+    """Checked sorted postings (see ``Postings``)."""
+    _check("keys", keys, np.int32)
+    _check("starts", starts, np.int64, keys.shape[0] + 1)
+    n = _check("rows", rows, np.int32).shape[0]
+    _check("tfs", tfs, np.float32, n)
+    _check("gens", gens, np.int32, n)
+    if int(starts[0]) != 0 or int(starts[-1]) != n or (keys.shape[0] and (np.diff(starts) < 0).any()):
+        raise ValueError("starts must bound every key's postings")
+    if keys.shape[0] > 1 and not (np.diff(keys) > 0).all():
+        raise ValueError("keys must be sorted ascending without repeats")
+    return Postings(keys, starts, rows, tfs, gens)
+
+
+def appended(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray, filled: int) -> Appended:
+    """Checked unsorted postings (see ``Appended``)."""
+    n = _check("keys", keys, np.int32).shape[0]
+    _check("rows", rows, np.int32, n)
+    _check("tfs", tfs, np.float32, n)
+    _check("gens", gens, np.int32, n)
+    if not 0 <= filled <= n:
+        raise ValueError("filled must be within the buffers")
+    return Appended(keys, rows, tfs, gens, int(filled))
+
+
 @_kernel
-def _bm25(
-    terms, n_terms, rows, tfs, gens, current, allowed, lengths, n_docs, avgdl, k1, b, probe, acc
+def _add_term(
+    lo, hi, w, rows, tfs, gens, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
 ):  # pragma: no cover
+    """Adds the BM25 terms (idf ``w``) of the valid postings ``lo:hi`` to ``acc``, a row-indexed
+    accumulator zero where untouched (a term's contribution is always > 0); returns how many rows
+    ``touched`` holds. ``allowed`` is no longer than ``row_gen``, ``lengths`` or ``acc``."""
     n_rows = allowed.shape[0]
-    valid = np.zeros(rows.shape[0], np.bool_)
-    df = np.zeros(n_terms, np.int64)
-    for i in range(rows.shape[0]):
+    for i in range(lo, hi):
         r = rows[i]
-        if r < n_rows and allowed[r] and gens[i] == current[i]:
-            valid[i] = True
-            df[terms[i]] += 1
-    idf = np.empty(n_terms, np.float64)
-    for t in range(n_terms):
-        idf[t] = math.log(1.0 + (n_docs - df[t] + 0.5) / (df[t] + 0.5))
-    # Scores gather in a row-indexed accumulator, all zeros on entry and left so (a contribution is
-    # always > 0, so 0 means untouched); rows come out in the order first met, without a sort.
-    touched = np.empty(rows.shape[0], np.int64)
-    m = 0
-    for i in range(rows.shape[0]):
-        if valid[i]:
-            r = rows[i]
+        if r < n_rows and allowed[r] and gens[i] == row_gen[r]:
             tf = tfs[i]
             norm = k1 * (1.0 - b + b * lengths[r] / avgdl)
             if acc[r] == 0.0:
                 touched[m] = r
                 m += 1
-            acc[r] += idf[terms[i]] * tf * (k1 + 1.0) / (tf + norm)
-    out_rows = touched[:m].copy()
-    out_scores = np.empty(m, np.float32)
-    for j in range(m):
-        out_scores[j] = acc[out_rows[j]]
-    probed = np.zeros(probe.shape[0], np.float32)
-    for j in range(probe.shape[0]):
-        if 0 <= probe[j] < n_rows:
-            probed[j] = acc[probe[j]]
-    for j in range(m):
-        acc[out_rows[j]] = 0.0
-    return out_rows, out_scores, probed
+            acc[r] += w * tf * (k1 + 1.0) / (tf + norm)
+    return m
 
 
 @_kernel
-def _match_keys(keys, wanted, labels):  # pragma: no cover
-    """Positions of the entries of ``keys`` found in sorted ``wanted``, and the label of each."""
-    pos = np.empty(keys.shape[0], np.int64)
-    lab = np.empty(keys.shape[0], np.int32)
-    m = 0
-    for i in range(keys.shape[0]):
+def _score_sorted(
+    keys, starts, rows, tfs, gens, wanted, idf, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+):  # pragma: no cover
+    at = np.searchsorted(keys, wanted)
+    for j in range(wanted.shape[0]):
+        if idf[j] > 0.0 and at[j] < keys.shape[0] and keys[at[j]] == wanted[j]:
+            lo, hi = starts[at[j]], starts[at[j] + 1]
+            m = _add_term(
+                lo, hi, idf[j], rows, tfs, gens, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+            )
+    return m
+
+
+@_kernel
+def _score_appended(
+    keys, filled, rows, tfs, gens, wanted, idf, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+):  # pragma: no cover
+    for i in range(filled):
         j = np.searchsorted(wanted, keys[i])
-        if j < wanted.shape[0] and wanted[j] == keys[i]:
-            pos[m] = i
-            lab[m] = labels[j]
-            m += 1
-    return pos[:m], lab[:m]
+        if j < wanted.shape[0] and wanted[j] == keys[i] and idf[j] > 0.0:
+            m = _add_term(
+                i, i + 1, idf[j], rows, tfs, gens, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+            )
+    return m
+
+
+@_kernel
+def _collect(acc, touched, m, probe, depth):  # pragma: no cover
+    """(rows, scores, the probe rows' scores) out of the accumulator, which is left all zeros again:
+    every touched row in the order first met (depth < 0), or the ``depth`` best, best first (ties: the
+    row met first)."""
+    scores = np.empty(m, np.float32)
+    for j in range(m):
+        scores[j] = acc[touched[j]]
+    if depth < 0:
+        out_rows = touched[:m].copy()
+        out_scores = scores
+    else:
+        order = _topk(scores, depth)
+        out_rows = touched[order]
+        out_scores = scores[order]
+    probed = np.zeros(probe.shape[0], np.float32)
+    for j in range(probe.shape[0]):
+        if 0 <= probe[j] < acc.shape[0]:
+            probed[j] = acc[probe[j]]
+    for j in range(m):
+        acc[touched[j]] = 0.0
+    return out_rows, out_scores, probed
+
+
+def idf(n_docs: float, df: np.ndarray) -> np.ndarray:
+    """BM25's idf, log(1 + (N - df + 0.5) / (df + 0.5)), kept > 0 when the counts lag (df > N)."""
+    return np.log1p((np.maximum(n_docs - df, 0.0) + 0.5) / (df + 0.5))
 
 
 def bm25(
-    terms: np.ndarray,
-    n_terms: int,
-    rows: np.ndarray,
-    tfs: np.ndarray,
-    gens: np.ndarray,
-    current: np.ndarray,
+    sources: Sequence[Postings | Appended],
+    wanted: np.ndarray,
+    weights: np.ndarray,
+    row_gen: np.ndarray,
     allowed: np.ndarray,
     lengths: np.ndarray,
-    n_docs: int,
     avgdl: float,
     k1: float = 1.2,
     b: float = 0.75,
     probe: np.ndarray | None = None,
+    depth: int = -1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """BM25 of every allowed row holding a query term: (rows in the order first met, their scores, the
-    scores of the ``probe`` rows, 0 where they hold no term). Posting i is term ``terms[i]``
-    (0 <= terms[i] < n_terms) in row ``rows[i]``; ``n_docs`` is how many rows are allowed (the corpus
-    of this search), ``avgdl`` the mean length of a memory in the searched namespaces."""
+    """BM25 of every allowed row holding a wanted key, read in place from the postings of ``sources``:
+    (rows in the order first met, their scores, the scores of the ``probe`` rows, 0 where they hold no
+    key); with ``depth`` >= 0 only the ``depth`` best rows, best first (ties: the row met first). Key ``wanted[j]`` (sorted, unique) weighs ``weights[j]`` (its term's idf; 0 skips it). A
+    posting counts when its row is allowed and its generation is the row's ``row_gen``; ``avgdl`` is
+    the mean length of a memory, ``lengths`` each row's."""
     probe = np.empty(0, np.int64) if probe is None else probe
     _check("probe", probe, np.int64)
-    _check("terms", terms, np.int32)
-    _check("rows", rows, np.int32)
-    _check("tfs", tfs, np.float32)
-    _check("gens", gens, np.int32)
-    _check("current", current, np.int32)
+    _check("wanted", wanted, np.int32)
+    _check("weights", weights, np.float64, wanted.shape[0])
+    _check("row_gen", row_gen, np.int32)
     _check("allowed", allowed, np.bool_)
     _check("lengths", lengths, np.int32)
-    if not (rows.shape[0] == tfs.shape[0] == gens.shape[0] == terms.shape[0] == current.shape[0]):
-        raise ValueError("terms, rows, tfs, gens and current must have one entry per posting")
-    if terms.shape[0] and (int(terms.min()) < 0 or int(terms.max()) >= n_terms):
-        raise ValueError("terms must be in [0, n_terms)")
+    if wanted.shape[0] > 1 and not (wanted[1:] > wanted[:-1]).all():
+        raise ValueError("wanted must be sorted ascending without repeats")
     if lengths.shape[0] < allowed.shape[0]:
         raise ValueError("lengths must cover every allowed row")
     if not (avgdl > 0 and math.isfinite(avgdl)):
         raise ValueError("avgdl must be a finite number > 0")
-    out: tuple[np.ndarray, np.ndarray, np.ndarray] = _bm25(
-        terms,
-        int(n_terms),
-        rows,
-        tfs,
-        gens,
-        current,
-        allowed,
-        lengths,
-        float(n_docs),
-        float(avgdl),
-        float(k1),
-        float(b),
-        probe,
-        _accumulator(allowed.shape[0]),
+    if row_gen.shape[0] < allowed.shape[0]:
+        allowed = allowed[: row_gen.shape[0]]  # rows never posted hold no term
+    if not all(isinstance(s, Postings | Appended) for s in sources):
+        raise ValueError("sources must be built by postings() or appended()")
+    scratch = _take_scratch(allowed.shape[0])  # (dropped if a kernel raises: it may hold partial sums)
+    acc, touched = scratch
+    m = 0
+    args = (wanted, weights, row_gen, allowed, lengths, float(avgdl), float(k1), float(b), acc, touched)
+    for s in sources:
+        if isinstance(s, Postings):
+            m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, *args, m)
+        else:
+            m = _score_appended(s.keys, s.filled, s.rows, s.tfs, s.gens, *args, m)
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] = _collect(
+        acc[: allowed.shape[0]], touched, m, probe, int(depth)
     )
+    _free.append(scratch)
     return out
 
 
-_scratch = threading.local()  # per thread: a zeroed accumulator as long as the rows, reused
+class _Scratch(NamedTuple):
+    acc: np.ndarray  # float32 per row, all zeros between searches
+    touched: np.ndarray  # int64 per row
 
 
-def _accumulator(n: int) -> np.ndarray:
-    acc: np.ndarray | None = getattr(_scratch, "acc", None)
-    if acc is None or acc.shape[0] < n:
-        acc = _scratch.acc = np.zeros(max(n, 1024, 0 if acc is None else 2 * acc.shape[0]), np.float32)
-    return acc
+# Free accumulators, the last used on top: a search takes the one most likely still in the cache,
+# whichever thread it runs on (a buffer per thread would be cold on a server's many threads).
+_free: list[_Scratch] = []
 
 
-def match_keys(keys: np.ndarray, wanted: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(positions in ``keys`` whose key is in ``wanted``, the ``labels`` entry of that key); ``wanted``
-    sorted ascending without repeats, ``labels`` one per wanted key."""
-    _check("keys", keys, np.int32)
-    _check("wanted", wanted, np.int32)
-    _check("labels", labels, np.int32)
-    if wanted.shape != labels.shape:
-        raise ValueError("labels must have one entry per wanted key")
-    if wanted.shape[0] > 1 and not (np.diff(wanted) > 0).all():
-        raise ValueError("wanted must be sorted ascending without repeats")
-    out: tuple[np.ndarray, np.ndarray] = _match_keys(keys, wanted, labels)
-    return out
+def _take_scratch(n: int) -> _Scratch:
+    try:
+        s = _free.pop()
+    except IndexError:
+        s = _Scratch(np.zeros(max(n, 1024), np.float32), np.empty(max(n, 1024), np.int64))
+    if s.acc.shape[0] < n:
+        size = max(n, 2 * s.acc.shape[0])
+        s = _Scratch(np.zeros(size, np.float32), np.empty(size, np.int64))
+    return s
 
 
 @_kernel
@@ -221,55 +289,5 @@ def fused_scores(
         float(alpha),
         float(beta),
         float(gamma),
-    )
-    return out
-
-
-@_kernel
-def _segment_postings(seg_keys, starts, rows, tfs, gens, keys, labels):  # pragma: no cover
-    at = np.searchsorted(seg_keys, keys)
-    total = 0
-    for j in range(keys.shape[0]):
-        if at[j] < seg_keys.shape[0] and seg_keys[at[j]] == keys[j]:
-            total += starts[at[j] + 1] - starts[at[j]]
-    out_terms = np.empty(total, np.int32)
-    out_rows = np.empty(total, np.int32)
-    out_tfs = np.empty(total, np.float32)
-    out_gens = np.empty(total, np.int32)
-    m = 0
-    for j in range(keys.shape[0]):
-        if at[j] < seg_keys.shape[0] and seg_keys[at[j]] == keys[j]:
-            for i in range(starts[at[j]], starts[at[j] + 1]):
-                out_terms[m] = labels[j]
-                out_rows[m] = rows[i]
-                out_tfs[m] = tfs[i]
-                out_gens[m] = gens[i]
-                m += 1
-    return out_terms, out_rows, out_tfs, out_gens
-
-
-def segment_postings(
-    seg_keys: np.ndarray,
-    starts: np.ndarray,
-    rows: np.ndarray,
-    tfs: np.ndarray,
-    gens: np.ndarray,
-    keys: np.ndarray,
-    labels: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The postings of ``keys`` in one sorted segment (key ``seg_keys[i]``'s are
-    ``starts[i]:starts[i + 1]``): (the key's label, row, tf, generation) per posting."""
-    _check("seg_keys", seg_keys, np.int32)
-    _check("starts", starts, np.int64)
-    for name, a, dtype in (("rows", rows, np.int32), ("tfs", tfs, np.float32), ("gens", gens, np.int32)):
-        _check(name, a, dtype)
-    _check("keys", keys, np.int32)
-    _check("labels", labels, np.int32)
-    if starts.shape[0] != seg_keys.shape[0] + 1 or int(starts[-1]) != rows.shape[0]:
-        raise ValueError("starts must bound every key's postings")
-    if not (rows.shape[0] == tfs.shape[0] == gens.shape[0]) or keys.shape != labels.shape:
-        raise ValueError("rows, tfs and gens must match; labels one per key")
-    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = _segment_postings(
-        seg_keys, starts, rows, tfs, gens, keys, labels
     )
     return out

@@ -1100,3 +1100,19 @@ def test_py_func_allowed_entries(pure_python, n):
     e_ids, e_rows = ref_allowed_entries(slots, allowed)
     np.testing.assert_array_equal(ids[:c], e_ids)
     np.testing.assert_array_equal(rows[:c], e_rows)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32])
+@pytest.mark.parametrize("n", [0, 1, 17, 5000])
+def test_mask_equal_matches_numpy(dtype, n):
+    rng = rng_for("mask-equal", n, np.dtype(dtype).name)
+    mask = rng.random(n) < 0.6
+    column = rng.integers(-1, 4, n).astype(dtype)
+    saved = mask.copy()
+    got, count = K.mask_equal(mask, column, 2)
+    want = mask & (column == 2)
+    np.testing.assert_array_equal(got, want)
+    assert count == int(want.sum())
+    np.testing.assert_array_equal(mask, saved)  # a new mask: the one given is left as it was
+    with pytest.raises(ValueError, match="column"):
+        K.mask_equal(mask, column.astype(np.int64), 2)

@@ -8,79 +8,119 @@ import threading
 import numpy as np
 import pytest
 
+from tiermem import kernels
 from tiermem.kernels import keywords as kw_kernels
 from tiermem.server.index.keyword_index import KeywordIndex, bm25
 from tiermem.server.model.text import STOP_WORDS, keyword_terms
 
 
-def reference_bm25(terms, n_terms, rows, tfs, gens, current, allowed, lengths, n_docs, avgdl, k1=1.2, b=0.75):
-    """BM25 as a textbook loop: per term, df over valid postings, then the saturated tf sum."""
+def reference_bm25(sources, wanted, weights, row_gen, allowed, lengths, avgdl, k1=1.2, b=0.75):
+    """BM25 as a plain loop over every posting of every source: a posting of a wanted key counts when its
+    row is allowed and it holds the row's current generation."""
+    weight_of = dict(zip(wanted.tolist(), weights.tolist(), strict=True))
     scores: dict[int, float] = {}
-    for t in range(n_terms):
-        valid = [
-            i
-            for i in range(len(rows))
-            if terms[i] == t and rows[i] < len(allowed) and allowed[rows[i]] and gens[i] == current[i]
-        ]
-        if not valid:
-            continue
-        idf = math.log(1 + (n_docs - len(valid) + 0.5) / (len(valid) + 0.5))
-        for i in valid:
-            r, tf = int(rows[i]), float(tfs[i])
-            s = idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[r] / avgdl))
-            scores[r] = scores.get(r, 0.0) + s
+    for src in sources:
+        if isinstance(src, kw_kernels.Postings):
+            keys = np.repeat(src.keys, np.diff(src.starts))
+            n = src.size
+        else:
+            keys, n = src.keys, src.filled
+        for i in range(n):
+            w, r = weight_of.get(int(keys[i]), 0.0), int(src.rows[i])
+            if w <= 0 or r >= len(allowed) or not allowed[r] or src.gens[i] != row_gen[r]:
+                continue
+            tf = float(src.tfs[i])
+            scores[r] = scores.get(r, 0.0) + w * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[r] / avgdl))
     out = sorted(scores)
     return np.array(out, np.int64), np.array([scores[r] for r in out], np.float32)
+
+
+def _random_sources(rng: np.random.Generator, n_rows: int, n_keys: int) -> list:
+    sources = []
+    for size in (120, 40, 0, 9):  # sorted segments of several sizes, one empty
+        keys = np.sort(rng.integers(0, n_keys, size=size)).astype(np.int32)
+        uniq, counts = np.unique(keys, return_counts=True)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        sources.append(
+            kw_kernels.postings(
+                uniq.astype(np.int32),
+                starts,
+                rng.integers(0, n_rows + 10, size=size).astype(np.int32),  # some beyond the allowed rows
+                rng.integers(1, 5, size=size).astype(np.float32),
+                rng.integers(1, 3, size=size).astype(np.int32),  # generation 1 or 2: some stale
+            )
+        )
+    cap = 64
+    sources.append(
+        kw_kernels.appended(
+            rng.integers(0, n_keys, size=cap).astype(np.int32),
+            rng.integers(0, n_rows + 10, size=cap).astype(np.int32),
+            rng.integers(1, 5, size=cap).astype(np.float32),
+            rng.integers(1, 3, size=cap).astype(np.int32),
+            50,  # slots beyond what was filled hold garbage a search must not read
+        )
+    )
+    return sources
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_bm25_kernel_matches_the_reference(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    n, total, n_terms = 200, 150, 6
-    terms = rng.integers(0, n_terms, size=total).astype(np.int32)
-    rows = rng.integers(0, n + 10, size=total).astype(np.int32)  # some beyond the allowed rows
-    tfs = rng.integers(1, 5, size=total).astype(np.float32)
+    n, n_keys = 200, 12
+    sources = _random_sources(rng, n, n_keys)
+    wanted = np.unique(rng.integers(0, n_keys + 3, size=6)).astype(np.int32)  # some keys nowhere
+    weights = rng.random(wanted.shape[0]) * 3
+    weights[0] = 0.0  # a skipped term
     row_gen = rng.integers(1, 3, size=n + 10).astype(np.int32)
-    current = row_gen[rows]  # each posting's row's generation
-    gens = np.where(rng.random(total) < 0.8, current, 0).astype(np.int32)  # some stale
     allowed = rng.random(n) < 0.7
     lengths = rng.integers(0, 60, size=n + 10).astype(np.int32)  # zeros included
-    n_docs = int(allowed.sum())
     avgdl = float(lengths[:n][allowed].mean())
-    args = (terms, n_terms, rows, tfs, gens, current, allowed, lengths, n_docs, avgdl)
     probe = np.array([0, 5, 17, n + 3, n + 100, 42], np.int64)  # hits, misses, beyond the rows
-    got, want = kw_kernels.bm25(*args, probe=probe), reference_bm25(*args)
+    got = kw_kernels.bm25(sources, wanted, weights, row_gen, allowed, lengths, avgdl, probe=probe)
+    want = reference_bm25(sources, wanted, weights, row_gen, allowed, lengths, avgdl)
     order = np.argsort(got[0])
     np.testing.assert_array_equal(got[0][order], want[0])
     np.testing.assert_allclose(got[1][order], want[1], rtol=1e-5)
     by_row = dict(zip(want[0].tolist(), want[1].tolist(), strict=True))
     np.testing.assert_allclose(got[2], [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-5)
+    again = kw_kernels.bm25(sources, wanted, weights, row_gen, allowed, lengths, avgdl, probe=probe)
+    np.testing.assert_array_equal(again[1], got[1])  # the reused accumulator was left all zeros
 
 
 def test_bm25_kernel_edges_and_checks() -> None:
-    none_i, none_f = np.empty(0, np.int32), np.empty(0, np.float32)
-    gen, allowed, lengths = np.empty(0, np.int32), np.ones(3, np.bool_), np.ones(3, np.int32)
-    rows, scores, _ = kw_kernels.bm25(none_i, 2, none_i, none_f, none_i, gen, allowed, lengths, 3, 1.0)
-    assert rows.shape == (0,) and scores.shape == (0,)
-    with pytest.raises(ValueError, match="rows"):
-        kw_kernels.bm25(none_i, 2, none_i.astype(np.int64), none_f, none_i, gen, allowed, lengths, 3, 1.0)
+    none_i = np.empty(0, np.int32)
+    gen, allowed, lengths = np.ones(3, np.int32), np.ones(3, np.bool_), np.ones(3, np.int32)
+    rows, scores, probed = kw_kernels.bm25([], none_i, np.empty(0), gen, allowed, lengths, 1.0)
+    assert rows.shape == (0,) and scores.shape == (0,) and probed.shape == (0,)
+    key = np.zeros(1, np.int32)
+    with pytest.raises(ValueError, match="weights"):
+        kw_kernels.bm25([], key, np.ones(1, np.float32), gen, allowed, lengths, 1.0)
     with pytest.raises(ValueError, match="avgdl"):
-        kw_kernels.bm25(none_i, 2, none_i, none_f, none_i, gen, allowed, lengths, 3, float("nan"))
-    one = np.zeros(1, np.int32)
-    with pytest.raises(ValueError, match="n_terms"):
-        kw_kernels.bm25(one + 2, 2, one, np.ones(1, np.float32), one, one, allowed, lengths, 3, 1.0)
-
-
-def test_match_keys_matches_isin() -> None:
-    rng = np.random.default_rng(1)
-    keys = rng.integers(0, 50, size=500).astype(np.int32)
-    wanted = np.unique(rng.integers(0, 50, size=8)).astype(np.int32)
-    labels = np.arange(wanted.shape[0], dtype=np.int32)[::-1].copy()
-    pos, lab = kw_kernels.match_keys(keys, wanted, labels)
-    np.testing.assert_array_equal(pos, np.flatnonzero(np.isin(keys, wanted)))
-    np.testing.assert_array_equal(lab, labels[np.searchsorted(wanted, keys[pos])])
+        kw_kernels.bm25([], key, np.ones(1), gen, allowed, lengths, float("nan"))
     with pytest.raises(ValueError, match="sorted"):
-        kw_kernels.match_keys(keys, wanted[::-1].copy(), labels)
+        kw_kernels.bm25([], np.array([2, 1], np.int32), np.ones(2), gen, allowed, lengths, 1.0)
+    with pytest.raises(ValueError, match="sources"):
+        kw_kernels.bm25([(key, key)], key, np.ones(1), gen, allowed, lengths, 1.0)
+    with pytest.raises(ValueError, match="starts"):
+        kw_kernels.postings(key, np.array([0, 2], np.int64), key, np.ones(1, np.float32), key)
+    with pytest.raises(ValueError, match="sorted"):
+        kw_kernels.postings(
+            np.array([1, 0], np.int32), np.array([0, 1, 1], np.int64), key, np.ones(1, np.float32), key
+        )
+    with pytest.raises(ValueError, match="filled"):
+        kw_kernels.appended(key, key, np.ones(1, np.float32), key, 2)
+
+
+def test_idf_stays_positive_when_counts_lag() -> None:
+    got = kw_kernels.idf(10.0, np.array([0.0, 3.0, 10.0, 25.0]))
+    want = [
+        math.log(1 + (10 - 0 + 0.5) / 0.5),
+        math.log(1 + 7.5 / 3.5),
+        math.log(1 + 0.5 / 10.5),
+        math.log(1 + 0.5 / 25.5),
+    ]
+    np.testing.assert_allclose(got, want)
+    assert (got > 0).all()
 
 
 def test_terms_drop_stop_words_and_meet_by_stem() -> None:
@@ -93,7 +133,7 @@ def test_terms_drop_stop_words_and_meet_by_stem() -> None:
 def _search_in(
     index: KeywordIndex, namespaces: list[int], text: str, alive: np.ndarray, lengths: np.ndarray
 ) -> dict[int, float]:
-    rows, scores, _ = bm25(index, namespaces, text, alive, int(alive.sum()), lengths, 10**6)
+    rows, scores, _ = bm25(index, namespaces, text, alive, lengths, 10**6)
     return dict(zip(rows.tolist(), scores.tolist(), strict=True))
 
 
@@ -149,56 +189,138 @@ def test_snapshot_round_trip_keeps_every_answer_and_allows_appends() -> None:
     )
 
 
+def test_index_scores_are_textbook_bm25_over_the_namespaces() -> None:
+    """Through the index: idf over the searched namespaces' memories, length normalized by their mean
+    length, as a plain BM25 over the stemmed terms computes it; a filter narrows what is found, not
+    how a term weighs."""
+    rng = np.random.default_rng(11)
+    vocab = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "sloe"]
+    texts = [" ".join(rng.choice(vocab, size=rng.integers(1, 9))) for _ in range(300)]
+    ns = np.arange(300) % 2
+    index = KeywordIndex(delta_size=64)  # several segments and a delta
+    for row, text in enumerate(texts):
+        index.add(row, int(ns[row]), text)
+    lengths = np.array([sum(keyword_terms(t).values()) for t in texts], np.int32)
+    docs = [keyword_terms(t) for t in texts]
+    k1, b = 1.2, 0.75
+    for namespaces in ([0], [0, 1]):
+        members = [r for r in range(300) if ns[r] in namespaces]
+        avgdl = float(np.mean(lengths[members]))
+        query = ["plum", "kiwi", "date"]
+        want = {}
+        for r in members:
+            s = 0.0
+            for t in query:
+                if t in docs[r]:
+                    df = sum(1 for m in members if t in docs[m])
+                    idf = math.log(1 + (len(members) - df + 0.5) / (df + 0.5))
+                    tf = docs[r][t]
+                    s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[r] / avgdl))
+            if s > 0:
+                want[r] = s
+        alive = np.isin(ns, namespaces)
+        got = _search_in(index, namespaces, "plums, kiwis and dates", alive, lengths)
+        assert got == pytest.approx(want, rel=1e-5)
+        narrow = alive & (np.arange(300) < 100)  # a filter: the same scores for the rows it keeps
+        assert _search_in(index, namespaces, "plum kiwi date", narrow, lengths) == pytest.approx(
+            {r: s for r, s in want.items() if r < 100}, rel=1e-5
+        )
+
+
+def test_a_text_longer_than_the_delta_is_posted_whole() -> None:
+    index = KeywordIndex(delta_size=16)
+    index.add(0, 0, "alpha beta")
+    long_text = " ".join(f"word{i}" for i in range(100))
+    index.add(1, 0, long_text)
+    index.add(2, 0, "word99 gamma")
+    alive, lengths = np.ones(3, np.bool_), np.array([2, 100, 2], np.int32)
+    for term in ("word0", "word57", "word99"):
+        assert 1 in _search(index, term, alive, lengths)
+    assert set(_search(index, "word99", alive, lengths)) == {1, 2}
+    index.add(1, 0, "replaced text")  # the long text's postings stop counting
+    assert set(_search(index, "word57 word99", alive, lengths)) == {2}
+
+
 def test_readers_see_whole_postings_while_the_writer_appends() -> None:
     index = KeywordIndex()
     stop = threading.Event()
     errors: list[BaseException] = []
+    n = 20000
+    alive, lengths = np.ones(n, np.bool_), np.full(n, 2, np.int32)
 
     def read() -> None:
         try:
             while not stop.is_set():
-                q = index.postings([0], ["share"], 10**6)
-                assert q.rows.shape == q.tfs.shape == q.gens.shape
-                assert (q.gens >= 1).all()  # never a slot that was not written yet
+                rows, scores, _ = bm25(index, [0], "shared", alive, lengths, 10**6)
+                assert rows.shape == scores.shape and (scores > 0).all()
+                assert ((rows >= 0) & (rows < n)).all()  # never a slot that was not written yet
+                assert np.unique(rows).shape == rows.shape
         except BaseException as e:
             errors.append(e)
 
     readers = [threading.Thread(target=read) for _ in range(2)]
     for t in readers:
         t.start()
-    for row in range(20000):
+    for row in range(n):
         index.add(row, 0, "shared term")
     stop.set()
     for t in readers:
         t.join()
     assert not errors
-    assert index.postings([0], ["share"], 10**6).rows.shape[0] == 20000  # "shared" stems to "share"
+    assert len(_search(index, "shares", alive, lengths)) == n  # "shared" and "shares" stem to "share"
 
 
 def test_segments_and_merges_answer_as_one_list() -> None:
-    """Many small deltas flushed into segments that merge answer exactly as one big delta does."""
+    """Many small deltas flushed into segments that merge (dropping replaced contents) answer exactly
+    as one big delta does, before and after contents are replaced, deleted and compacted away."""
     rng = np.random.default_rng(9)
     vocab = [f"term{i}" for i in range(30)]
     small, big = KeywordIndex(delta_size=16), KeywordIndex(delta_size=1 << 16)
     alive = np.ones(400, np.bool_)
+    lengths = np.full(400, 6, np.int32)
+    queries = ["term1", "term2 term3 replaced", "nothing"]
+
+    def same_answers() -> None:
+        for namespaces in ([0], [1, 2], [0, 1, 2]):
+            mask = np.isin(np.arange(400) % 3, namespaces) & alive
+            for q in queries:
+                a = _search_in(small, namespaces, q, mask, lengths)
+                assert a == pytest.approx(_search_in(big, namespaces, q, mask, lengths), rel=1e-6)
+
+    contents: dict[int, str] = {}
     for row in range(400):
-        text = " ".join(rng.choice(vocab, size=6))
+        text = contents[row] = " ".join(rng.choice(vocab, size=6))
         for index in (small, big):
             index.add(row, row % 3, text)
-        if row % 50 == 7:
-            for index in (small, big):
-                index.add(row - 5, (row - 5) % 3, "term1 replaced")
     assert len(small._view[0]) > 1  # several segments, merged along the way
-    lengths = np.full(400, 6, np.int32)
-    for namespaces in ([0], [1, 2], [0, 1, 2]):
-        mask = np.isin(np.arange(400) % 3, namespaces)
-        for q in ["term1", "term2 term3 replaced", "nothing"]:
-            a = _search_in(small, namespaces, q, mask, lengths)
-            assert a == pytest.approx(_search_in(big, namespaces, q, mask, lengths), rel=1e-6)
-    assert big.compact(alive) > 0  # the replaced contents' postings (merges dropped the small one's)
+    same_answers()
+    for row in range(2, 400, 50):
+        contents[row] = "term1 replaced"
+        for index in (small, big):
+            index.add(row, row % 3, "term1 replaced")
+    contents[0] = " ".join(f"word{i}" for i in range(40)) + " term1"  # longer than the small delta
+    for index in (small, big):
+        index.add(0, 0, contents[0])
+        for row in range(5, 400, 40):
+            index.remove(row)
+            alive[row] = False
+    same_answers()
+    fresh = KeywordIndex()  # what the live rows' current contents alone give
+    for row, text in contents.items():
+        if alive[row]:
+            fresh.add(row, row % 3, text)
+    for q in queries:
+        assert _search_in(small, [0, 1, 2], q, alive, lengths) == pytest.approx(
+            _search_in(fresh, [0, 1, 2], q, alive, lengths), rel=1e-6
+        )
+    assert big.compact(alive) > 0  # the replaced contents' and deleted rows' postings
     small.compact(alive)
-    a = _search_in(small, [0, 1, 2], "term1", alive, lengths)
-    assert a == pytest.approx(_search_in(big, [0, 1, 2], "term1", alive, lengths), rel=1e-6)
+    same_answers()
+    restored = KeywordIndex.restore(small.state())
+    for namespaces in ([0], [0, 1, 2]):
+        for q in queries:
+            got = _search_in(restored, namespaces, q, alive, lengths)
+            assert got == pytest.approx(_search_in(big, namespaces, q, alive, lengths), rel=1e-6)
 
 
 def test_a_search_reads_only_its_namespaces() -> None:
@@ -206,22 +328,40 @@ def test_a_search_reads_only_its_namespaces() -> None:
     index.add(0, 0, "the blue whale")
     index.add(1, 1, "a blue bird")
     alive, lengths = np.ones(2, np.bool_), np.full(2, 3, np.int32)
-    rows, _, _ = bm25(index, [0], "blue", alive, 2, lengths, 10**6)
+    rows, _, _ = bm25(index, [0], "blue", alive, lengths, 10**6)
     assert rows.tolist() == [0]
-    rows, _, _ = bm25(index, [0, 1], "blue", alive, 2, lengths, 10**6)
+    rows, _, _ = bm25(index, [0, 1], "blue", alive, lengths, 10**6)
     assert sorted(rows.tolist()) == [0, 1]
-    q = index.postings([0, 1], ["blue"], 1)  # a term in more rows than the cap is skipped
-    assert q.rows.shape[0] == 0
+    rows, _, _ = bm25(index, [0, 1], "blue", alive, lengths, 1)  # a term in more memories than the cap
+    assert rows.shape[0] == 0
+    rows, _, _ = bm25(index, [0, 1], "blue whale", alive, lengths, 1)  # ... is skipped, not the query
+    assert rows.tolist() == [0]
 
 
-def test_a_search_sees_a_rows_postings_and_generation_together() -> None:
-    """Postings and the generations they are checked against are read as one pair: a content replaced
-    after a search read them cannot make the row vanish from that search."""
-    index = KeywordIndex()
+def test_a_row_being_rewritten_is_never_lost_to_a_search() -> None:
+    """A search reads the postings and the rows' generations as one pair: a content replaced while the
+    search runs cannot make the row vanish (the old postings no longer count, the new ones unseen)."""
+    index = KeywordIndex(delta_size=64)
+    for row in range(1, 200):
+        index.add(row, 0, f"filler {row}")
+    alive, lengths = np.ones(200, np.bool_), np.full(200, 2, np.int32)
     index.add(0, 0, "apple pie")
-    q = index.postings([0], ["appl"], 10)
-    index.add(0, 0, "apple tart")  # the writer moves on after the read
-    assert (q.gens == q.current).all() and q.rows.tolist() == [0]
+    stop = threading.Event()
+    misses: list[int] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            rows, _, _ = bm25(index, [0], "apple", alive, lengths, 10**6)
+            if rows.tolist() != [0]:
+                misses.append(len(rows))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(3000):
+        index.add(0, 0, "apple pie" if i % 2 else "apple tart")
+    stop.set()
+    reader.join()
+    assert misses == []
 
 
 def test_the_same_content_posted_again_changes_nothing() -> None:
@@ -234,38 +374,32 @@ def test_the_same_content_posted_again_changes_nothing() -> None:
     assert index.postings_count > before
 
 
-def test_segment_postings_match_a_plain_gather() -> None:
-    rng = np.random.default_rng(4)
-    n = 300
-    seg_keys = np.unique(rng.integers(0, 40, size=n)).astype(np.int32)
-    counts = rng.integers(0, 6, size=seg_keys.shape[0])
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    total = int(starts[-1])
-    rows = rng.integers(0, 1000, size=total).astype(np.int32)
-    tfs = rng.integers(1, 4, size=total).astype(np.float32)
-    gens = rng.integers(1, 3, size=total).astype(np.int32)
-    keys = np.unique(rng.integers(0, 45, size=9)).astype(np.int32)  # some absent from the segment
-    labels = rng.integers(0, 5, size=keys.shape[0]).astype(np.int32)
-    got = kw_kernels.segment_postings(seg_keys, starts, rows, tfs, gens, keys, labels)
-    want: list[list[float]] = [[], [], [], []]
-    for key, label in zip(keys.tolist(), labels.tolist(), strict=True):
-        i = np.searchsorted(seg_keys, key)
-        if i < seg_keys.shape[0] and seg_keys[i] == key:
-            lo, hi = starts[i], starts[i + 1]
-            for col, values in zip(
-                want, ([label] * (hi - lo), rows[lo:hi], tfs[lo:hi], gens[lo:hi]), strict=True
-            ):
-                col.extend(np.asarray(values).tolist())
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a, np.array(b, a.dtype))
-    with pytest.raises(ValueError, match="starts"):
-        kw_kernels.segment_postings(seg_keys, starts[:-1], rows, tfs, gens, keys, labels)
-
-
 def test_warm_up_compiles_every_keyword_kernel() -> None:
     """A server compiles its kernels before it reports SERVING: the keyword ones too."""
     from tiermem import kernels
 
     kernels.warm_up()
-    for name in ("_bm25", "_match_keys", "_fused", "_segment_postings"):
+    for name in ("_score_sorted", "_score_appended", "_collect", "_fused"):
         assert getattr(kw_kernels, name).signatures, name
+
+
+def test_bm25_kernel_returns_the_best_first_when_asked() -> None:
+    rng = np.random.default_rng(21)
+    n = 300
+    sources = _random_sources(rng, n, 10)
+    wanted = np.arange(10, dtype=np.int32)
+    weights = rng.random(10) + 0.1
+    row_gen = np.ones(n + 10, np.int32)  # every posting of generation 1 current, 2 stale
+    allowed, lengths = np.ones(n, np.bool_), rng.integers(1, 30, size=n + 10).astype(np.int32)
+    probe = np.array([3, 4], np.int64)
+    rows, scores, probed = kw_kernels.bm25(
+        sources, wanted, weights, row_gen, allowed, lengths, 9.0, probe=probe
+    )
+    top = kernels.topk(scores, 7)
+    best = kw_kernels.bm25(sources, wanted, weights, row_gen, allowed, lengths, 9.0, probe=probe, depth=7)
+    np.testing.assert_array_equal(best[0], rows[top])
+    np.testing.assert_array_equal(best[1], scores[top])
+    assert (np.diff(best[1]) <= 0).all()
+    np.testing.assert_array_equal(best[2], probed)
+    everything = kw_kernels.bm25(sources, wanted, weights, row_gen, allowed, lengths, 9.0, depth=10**6)
+    assert sorted(everything[0].tolist()) == sorted(rows.tolist())

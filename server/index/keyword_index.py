@@ -15,8 +15,7 @@ count readers were given, and a full delta is replaced, never overwritten.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -24,36 +23,12 @@ from tiermem.kernels import keywords as kernels
 from tiermem.server.model.text import keyword_terms, keyword_terms_and_length
 
 
-class _Segment(NamedTuple):
-    """Postings sorted by key: key ``keys[i]``'s are ``starts[i]:starts[i + 1]``. Never changed once built."""
-
-    keys: np.ndarray  # int32, ascending, unique
-    starts: np.ndarray  # int64, len(keys) + 1
-    rows: np.ndarray  # int32
-    tfs: np.ndarray  # float32
-    gens: np.ndarray  # int32: the row's content generation when posted
-
-    @property
-    def size(self) -> int:
-        return int(self.rows.shape[0])
-
-
-class _Delta(NamedTuple):
-    """The newest postings, unsorted, in buffers of fixed capacity; readers see the first ``filled``."""
-
-    keys: np.ndarray
-    rows: np.ndarray
-    tfs: np.ndarray
-    gens: np.ndarray
-    filled: int
-
-
-def _segment(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray) -> _Segment:
+def _segment(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray) -> kernels.Postings:
     order = np.argsort(keys, kind="stable")
     keys, rows, tfs, gens = keys[order], rows[order], tfs[order], gens[order]
     bounds = np.flatnonzero(np.diff(keys)) + 1
     starts = np.concatenate([[0], bounds, [keys.shape[0]]]).astype(np.int64)
-    return _Segment(
+    return kernels.postings(
         keys[starts[:-1]] if keys.shape[0] else keys,
         starts if keys.shape[0] else np.zeros(1, np.int64),
         rows,
@@ -62,28 +37,25 @@ def _segment(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarr
     )
 
 
-@dataclass
-class QueryPostings:
-    """A query's postings, ready for kernels.keywords.bm25: posting i is query term ``terms[i]``."""
-
-    terms: np.ndarray
-    n_terms: int
-    rows: np.ndarray
-    tfs: np.ndarray
-    gens: np.ndarray
-    current: np.ndarray  # each posting's row's generation, read with the postings (a consistent pair)
-
-
 class KeywordIndex:
     """Postings keyed by (namespace id, term), so a search reads only its namespaces' postings. New
     postings go to a small unsorted delta; a full delta becomes a sorted segment, and segments of
     similar size merge (dropping replaced content), so a search reads a few segments and a short delta."""
 
-    def __init__(self, delta_size: int = 8192) -> None:
+    def __init__(self, delta_size: int = 2048) -> None:
         self.delta_size = delta_size  # postings in the delta: every search scans it
         self._key_ids: dict[tuple[int, str], int] = {}
+        # Per key, the rows whose current content holds it and that were not removed: the document
+        # frequency behind idf. Kept exact through each row's keys (``_fwd``, appended; a row's
+        # entries are ``_row_fwd[row]`` and the ``_row_nkeys[row]`` after), so the answers do not
+        # depend on what merges or a restart dropped.
+        self._df = np.zeros(1024, np.int64)
+        self._fwd = np.zeros(4096, np.int32)
+        self._fwd_used = 0
+        self._row_fwd = np.zeros(1024, np.int64)
+        self._row_nkeys = np.zeros(1024, np.int32)
         # What readers see, swapped as one: the sorted segments and the delta.
-        self._view: tuple[tuple[_Segment, ...], _Delta] = ((), self._new_delta())
+        self._view: tuple[tuple[kernels.Postings, ...], kernels.Appended] = ((), self._new_delta())
         self._gen = np.zeros(1024, np.int32)  # per row: its content generation (0: never posted)
         self.posted_rows = 0  # contents posted since the last compaction (live or not)
         self._bumps = 0  # row generations changed so far: a reader that saw it move reads again
@@ -103,9 +75,9 @@ class KeywordIndex:
         segments, delta = self._view
         return sum(seg.size for seg in segments) + delta.filled
 
-    def _new_delta(self) -> _Delta:
+    def _new_delta(self) -> kernels.Appended:
         n = self.delta_size
-        return _Delta(
+        return kernels.Appended(
             np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32), np.empty(n, np.int32), 0
         )
 
@@ -115,8 +87,16 @@ class KeywordIndex:
         postings stop counting (the same content again changes nothing)."""
         if row >= self._gen.shape[0]:
             size = max(row + 1, 2 * self._gen.shape[0])
-            self._gen, self._row_ns, self._row_words, self._row_hash = (
-                _grown(a, size) for a in (self._gen, self._row_ns, self._row_words, self._row_hash)
+            self._gen, self._row_ns, self._row_words, self._row_hash, self._row_fwd, self._row_nkeys = (
+                _grown(a, size)
+                for a in (
+                    self._gen,
+                    self._row_ns,
+                    self._row_words,
+                    self._row_hash,
+                    self._row_fwd,
+                    self._row_nkeys,
+                )
             )
         digest = _digest(text)
         if self._gen[row] > 0 and self._row_hash[row] == digest and self._row_ns[row] == namespace:
@@ -126,20 +106,43 @@ class KeywordIndex:
         self.posted_rows += 1
         terms, length = keyword_terms_and_length(text)
         self._count_length(row, namespace, length, replacing=gen > 1)
-        if len(terms) > self.delta_size - self._view[1].filled:
+        ids = self._key_ids
+        keys = [ids.setdefault((namespace, t), len(ids)) for t in terms]
+        self._count_keys(row, keys)  # (before readers can see the postings)
+        n = len(keys)
+        if n > self.delta_size - self._view[1].filled:
             self._flush()
         segments, d = self._view
-        n = min(len(terms), d.keys.shape[0] - d.filled)  # (a text of more distinct terms than DELTA: cut)
-        ids = self._key_ids
-        keys = [ids.setdefault((namespace, t), len(ids)) for t in list(terms)[:n]]
-        end = d.filled + n
-        d.keys[d.filled : end] = keys
-        d.rows[d.filled : end] = row
-        d.tfs[d.filled : end] = list(terms.values())[:n]
-        d.gens[d.filled : end] = gen
-        self._view = (segments, d._replace(filled=end))  # slots beyond what was filled: unseen by readers
+        if n > self.delta_size:  # a long text: its postings make a segment of their own (merged later:
+            # a merge now would drop them, as the row's generation is not published yet)
+            own = _segment(
+                np.array(keys, np.int32), np.full(n, row, np.int32), _tfs(terms), np.full(n, gen, np.int32)
+            )
+            self._view = ((*segments, own), d)
+        else:
+            end = d.filled + n
+            d.keys[d.filled : end] = keys
+            d.rows[d.filled : end] = row
+            d.tfs[d.filled : end] = _tfs(terms)
+            d.gens[d.filled : end] = gen
+            self._view = (segments, d._replace(filled=end))  # slots beyond what was filled: unseen by readers
         self._gen[row] = gen  # published last: the new postings count from here on
         self._bumps += 1
+
+    def _count_keys(self, row: int, keys: list[int]) -> None:
+        if len(self._key_ids) > self._df.shape[0]:
+            self._df = _grown(self._df, 2 * len(self._key_ids))
+        n, used = len(keys), self._fwd_used
+        if used + n > self._fwd.shape[0]:
+            self._fwd = _grown(self._fwd, max(used + n, 2 * self._fwd.shape[0]))
+        self._fwd[used : used + n] = keys
+        self._row_fwd[row], self._row_nkeys[row] = used, n
+        self._fwd_used = used + n
+        self._df[keys] += 1
+
+    def _row_keys(self, row: int) -> np.ndarray:
+        start = self._row_fwd[row]
+        return self._fwd[start : start + self._row_nkeys[row]]
 
     def _count_length(self, row: int, namespace: int, length: int, replacing: bool) -> None:
         if replacing:
@@ -158,7 +161,13 @@ class KeywordIndex:
             ns = self._row_ns[row]
             self._ns_words[ns] -= self._row_words[row]
             self._ns_rows[ns] -= 1
+            self._df[self._row_keys(row)] -= 1
             self._row_ns[row] = -1
+
+    def live_rows(self, namespaces: list[int]) -> int:
+        """How many memories of the namespaces are posted and not removed."""
+        ids = [i for i in namespaces if 0 <= i < self._ns_rows.shape[0]]
+        return int(self._ns_rows[ids].sum()) if ids else 0
 
     def average_length(self, namespaces: list[int]) -> float:
         """The mean length in words of the memories of the namespaces (0.0: none)."""
@@ -175,12 +184,20 @@ class KeywordIndex:
             segments.append(
                 _segment(d.keys[:n].copy(), d.rows[:n].copy(), d.tfs[:n].copy(), d.gens[:n].copy())
             )
+        self._view = (self._merged(segments), self._new_delta())
+
+    def _merged(
+        self, segments: list[kernels.Postings] | tuple[kernels.Postings, ...]
+    ) -> tuple[kernels.Postings, ...]:
+        """Segments of similar size merged (the newest into the one before while it is at least a
+        quarter of its size), so a search reads a logarithmic number of them."""
+        segments = list(segments)
         while len(segments) >= 2 and 4 * segments[-1].size >= segments[-2].size:
             newer, older = segments.pop(), segments.pop()
             segments.append(self._merge([older, newer]))
-        self._view = (tuple(segments), self._new_delta())
+        return tuple(segments)
 
-    def _merge(self, parts: list[_Segment], alive: np.ndarray | None = None) -> _Segment:
+    def _merge(self, parts: list[kernels.Postings], alive: np.ndarray | None = None) -> kernels.Postings:
         keys = np.concatenate([np.repeat(s.keys, np.diff(s.starts)) for s in parts]).astype(np.int32)
         rows = np.concatenate([s.rows for s in parts])
         gens = np.concatenate([s.gens for s in parts])
@@ -205,51 +222,62 @@ class KeywordIndex:
         self._flush()
         if self._view[0]:
             self._view = ((self._merge(list(self._view[0]), alive),), self._view[1])
+        self._recount(live)
         return before - self.postings_count
 
+    def _recount(self, live: np.ndarray) -> None:
+        """Each row's keys and the document frequencies again from the postings of the ``live`` rows'
+        current contents (after a compaction, which drops the keys of the others; or a restore)."""
+        segments, d = self._view
+        parts = [(np.repeat(s.keys, np.diff(s.starts)), s.rows, s.gens) for s in segments]
+        parts.append((d.keys[: d.filled], d.rows[: d.filled], d.gens[: d.filled]))
+        keys, rows, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
+        n = live.shape[0]
+        current = (rows < n) & (gens == self._gen[np.minimum(rows, n - 1)]) & live[np.minimum(rows, n - 1)]
+        keys, rows = keys[current], rows[current]
+        order = np.argsort(rows, kind="stable")
+        self._fwd = np.ascontiguousarray(keys[order], np.int32)
+        self._fwd_used = int(self._fwd.shape[0])
+        counts = np.bincount(rows, minlength=self._row_nkeys.shape[0])[: self._row_nkeys.shape[0]]
+        self._row_nkeys = counts.astype(np.int32)
+        self._row_fwd = (np.cumsum(counts) - counts).astype(np.int64)
+        self._df = np.bincount(keys, minlength=max(1024, len(self._key_ids))).astype(np.int64)
+
     # -- readers ---------------------------------------------------------------------------------
-    def postings(self, namespaces: list[int], terms: list[str], max_postings: int) -> QueryPostings:
-        """The postings of ``terms`` in the namespaces (by id); a term in more than ``max_postings``
-        rows of them is skipped (it says almost nothing about a memory)."""
+    def bm25(
+        self,
+        namespaces: list[int],
+        terms: list[str],
+        allowed: np.ndarray,
+        lengths: np.ndarray,
+        max_postings: int,
+        probe: np.ndarray,
+        depth: int = -1,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """See ``bm25``: the postings are read in place, as the view stands when the search starts."""
+        found = sorted(
+            (k, i)
+            for i, t in enumerate(terms)
+            for ns in namespaces
+            if (k := self._key_ids.get((ns, t))) is not None
+        )
+        wanted = np.array([k for k, _ in found], np.int32)
+        df = np.zeros(len(terms), np.float64)  # a term's postings in the namespaces
+        for k, i in found:
+            df[i] += self._df[k]
+        weights = kernels.idf(self.live_rows(namespaces), df)
+        weights[df > max_postings] = 0.0  # a term in that many memories says almost nothing
+        by_key = weights[np.array([i for _, i in found], np.int64)]
+        avgdl = max(1.0, self.average_length(namespaces))
         for _ in range(8):
             bumps = self._bumps
-            found = self._gather(namespaces, terms)
+            (segments, delta), gen = self._view, self._gen  # (the generations as new as the view, or newer)
+            out = kernels.bm25(
+                (*segments, delta), wanted, by_key, gen, allowed, lengths, avgdl, probe=probe, depth=depth
+            )
             if self._bumps == bumps:  # no row's generation moved meanwhile: postings and generations agree
                 break
-        q_terms, rows, tfs, gens, current = found
-        valid = gens == current
-        per_term = np.bincount(q_terms[valid], minlength=len(terms))
-        if (per_term > max_postings).any():
-            keep = per_term[q_terms] <= max_postings
-            q_terms, rows, tfs, gens, current = (
-                q_terms[keep],
-                rows[keep],
-                tfs[keep],
-                gens[keep],
-                current[keep],
-            )
-        return QueryPostings(q_terms, len(terms), rows, tfs, gens, current)
-
-    def _gather(self, namespaces: list[int], terms: list[str]) -> tuple[np.ndarray, ...]:
-        """(query term, row, tf, generation, the row's current generation) of every posting."""
-        (segments, delta), gen = self._view, self._gen  # (the generations as new as the view, or newer)
-        wanted = [(self._key_ids.get((ns, t)), i) for i, t in enumerate(terms) for ns in namespaces]
-        pairs = sorted((k, i) for k, i in wanted if k is not None)
-        keys = np.array([k for k, _ in pairs], np.int32)
-        labels = np.array([i for _, i in pairs], np.int32)
-        parts: list[tuple[np.ndarray, ...]] = []
-        for seg in segments if keys.shape[0] else ():
-            parts.append(
-                kernels.segment_postings(seg.keys, seg.starts, seg.rows, seg.tfs, seg.gens, keys, labels)
-            )
-        if delta.filled and keys.shape[0]:
-            pos, lab = kernels.match_keys(delta.keys[: delta.filled], keys, labels)
-            parts.append((lab, delta.rows[pos], delta.tfs[pos], delta.gens[pos]))
-        if not parts:
-            none = np.empty(0, np.int32)
-            return none, none, np.empty(0, np.float32), none, none
-        q_terms, rows, tfs, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
-        return q_terms, rows, tfs, gens, gen[rows]
+        return out
 
     # -- snapshots -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -257,13 +285,17 @@ class KeywordIndex:
         columns snapshot. Changes nothing: it runs between two commit groups."""
         segments, d = self._view
         n = d.filled
-        delta = _Segment(
-            d.keys[:n].copy(), np.empty(0, np.int64), d.rows[:n].copy(), d.tfs[:n].copy(), d.gens[:n].copy()
+        delta = (
+            d.keys[:n].copy(),
+            np.empty(0, np.int64),
+            d.rows[:n].copy(),
+            d.tfs[:n].copy(),
+            d.gens[:n].copy(),
         )
         return {
             "keys": list(self._key_ids),
             "segments": [tuple(seg) for seg in segments],
-            "delta": tuple(delta),  # keys per posting, unsorted (starts unused)
+            "delta": delta,  # keys per posting, unsorted (starts unused)
             "row_gen": self._gen.copy(),
             "row_hash": self._row_hash.copy(),
             "posted_rows": self.posted_rows,
@@ -279,7 +311,7 @@ class KeywordIndex:
     def restore(cls, state: dict[str, Any]) -> KeywordIndex:
         index = cls()
         index._key_ids = {(int(ns), term): i for i, (ns, term) in enumerate(state["keys"])}
-        segments = [_Segment(*seg) for seg in state["segments"]]
+        segments = [kernels.postings(*seg) for seg in state["segments"]]
         keys, _, rows, tfs, gens = state["delta"]
         if keys.shape[0]:
             segments.append(_segment(keys, rows, tfs, gens))
@@ -288,11 +320,18 @@ class KeywordIndex:
         index._row_hash = state["row_hash"]
         index.posted_rows = int(state["posted_rows"])
         index._row_ns, index._row_words, index._ns_words, index._ns_rows = state["lengths"]
+        size = index._gen.shape[0]
+        index._row_fwd, index._row_nkeys = np.zeros(size, np.int64), np.zeros(size, np.int32)
+        index._recount((index._gen > 0) & (index._row_ns[:size] >= 0))
         return index
 
 
 def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _tfs(terms: dict[str, int]) -> np.ndarray:
+    return np.fromiter(terms.values(), np.float32, len(terms))
 
 
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
@@ -306,20 +345,17 @@ def bm25(
     namespaces: list[int],
     text: str,
     allowed: np.ndarray,
-    n_docs: int,
     lengths: np.ndarray,
     max_postings: int,
     probe: np.ndarray | None = None,
+    depth: int = -1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """BM25 of the allowed rows holding a term of ``text``: (rows, scores, the ``probe`` rows' scores)."""
+    """BM25 of the allowed rows holding a term of ``text``: (rows, scores, the ``probe`` rows' scores);
+    with ``depth`` >= 0 the ``depth`` best rows only, best first.
+    idf counts the namespaces' memories (a filter narrows what is found, not how a term weighs); a
+    term in more than ``max_postings`` of them is skipped."""
     probe = np.empty(0, np.int64) if probe is None else probe
-    none = (np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32))
-    if n_docs == 0:
-        return none
-    q = index.postings(namespaces, list(keyword_terms(text)), max_postings)
-    if q.rows.shape[0] == 0:
-        return none
-    avgdl = max(1.0, index.average_length(namespaces))
-    return kernels.bm25(
-        q.terms, q.n_terms, q.rows, q.tfs, q.gens, q.current, allowed, lengths, n_docs, avgdl, probe=probe
-    )
+    terms = list(keyword_terms(text))
+    if not terms:
+        return np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32)
+    return index.bm25(namespaces, terms, allowed, lengths, max_postings, probe, depth)

@@ -95,6 +95,11 @@ def _distinct(
     return rows, rel
 
 
+def similarity_depth(limit: int) -> int:
+    """How deep HNSW searches when similarity alone ranks: the exact top ``limit`` up to its recall."""
+    return max(2 * limit, 32)
+
+
 class CandidateSearch:
     """One ranking's candidate search (see the module docstring). ``scorer`` scores rows exactly
     (its view, space and query are the search's); ``a.limit`` is the top to make exact."""
@@ -124,7 +129,9 @@ class CandidateSearch:
         by_similarity = a.beta == 0 and a.gamma == 0 and a.alpha > 0 and self.scorer.row_w is None
         # When priors count, a deeper A lowers sim_K, so the cheap ceiling below settles more
         # rankings at once and B is smaller; the deeper HNSW search costs more (Tuning.prior_k).
-        self.k = max(2 * a.limit, 32) if by_similarity else min(max(8 * a.limit, self.tuning.prior_k), 2048)
+        self.k = (
+            similarity_depth(a.limit) if by_similarity else min(max(8 * a.limit, self.tuning.prior_k), 2048)
+        )
         a_rows, a_sims, sim_bound = self._ann(mask, count)
         first = self.scorer(a_rows, rel=a_sims)
         self.parts = [first]

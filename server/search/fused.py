@@ -20,7 +20,7 @@ import numpy as np
 from tiermem import kernels
 from tiermem.kernels import keywords as kw_kernels
 from tiermem.server.search.keywords import KeywordScores
-from tiermem.server.search.ranking import Ranked, Scored, Scorer, concat_scored
+from tiermem.server.search.ranking import Ranked, Scored, Scorer
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,22 @@ def fused_scores(
     )
 
 
-def best_by_similarity(scored: Scored, depth: int) -> Scored:
-    """The ``depth`` rows of ``scored`` most similar to the query, best first."""
-    order = kernels.topk(scored.rel, depth)
-    return Scored(
-        scored.rows[order], scored.rel[order], scored.score[order], scored.rec[order], scored.imp[order]
-    )
+@dataclass
+class Candidates:
+    """Rows found by similarity, with it (None: not asked, as when no vector ranks)."""
+
+    rows: np.ndarray
+    sims: np.ndarray | None
+
+    def best(self, depth: int) -> Candidates:
+        """The ``depth`` most similar, best first."""
+        assert self.sims is not None
+        order = kernels.topk(self.sims, depth)
+        return Candidates(self.rows[order], self.sims[order])
 
 
 def rank_fused(
-    vector: Scored | None,
+    vector: Candidates | None,
     keywords: KeywordScores | None,
     depth: int,
     scorer: Scorer,
@@ -63,34 +69,46 @@ def rank_fused(
     row_w: np.ndarray | None,
     min_similarity: float | None,
 ) -> Ranked:
-    """The fused ranking of the candidates: ``vector``, the best rows by similarity (best first; the
-    keyword scores probed for them), and the ``depth`` best keyword matches, which the vector list
-    lacks are scored by ``scorer`` (similarity 0 when they have no vector yet)."""
-    parts = [] if vector is None else [vector]
-    kw_parts = [] if keywords is None or vector is None else [keywords.probed]
-    k_rows = np.empty(0, np.int64)
-    if keywords is not None:
-        best = kernels.topk(keywords.scores, depth)
-        k_rows = keywords.rows[best]
-        seen = set() if vector is None else set(vector.rows.tolist())
-        new = np.array([r not in seen for r in k_rows.tolist()], np.bool_)
-        if new.any():
-            extra = scorer(k_rows[new], True)
-            parts.append(extra)
-            kw_parts.append(keywords.scores[best][new])
-    both = concat_scored(parts) if parts else scorer(np.empty(0, np.int64))
+    """The fused ranking of the candidates: ``vector``, the rows found by similarity (best first; the
+    keyword scores probed for them), and the ``depth`` best keyword matches, those the vector list
+    lacks with their similarity looked up (0 when they have no vector in the query's space). Every
+    candidate is scored once, by ``scorer``, for its recency and importance."""
+    rows = np.empty(0, np.int64) if vector is None else vector.rows
+    rel = None if vector is None else vector.sims
     kw = k_rank = None
     if keywords is not None:
-        kw = np.concatenate(kw_parts) if kw_parts else np.zeros(both.rows.shape[0], np.float32)
-        rank_of = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
-        k_rank = np.array([rank_of.get(int(r), 0) for r in both.rows.tolist()], np.int64)
+        k_rows = keywords.rows[:depth]  # (best first already)
+        seen = set(rows.tolist())
+        new = np.fromiter((r not in seen for r in k_rows.tolist()), np.bool_, k_rows.shape[0])
+        extra = k_rows[new]
+        kw = np.concatenate([keywords.probed, keywords.scores[:depth][new]])
+        rank_of = {r: i + 1 for i, r in enumerate(k_rows.tolist())}
+        if extra.shape[0]:
+            if rel is not None or scorer.query is not None:
+                rel = np.concatenate(
+                    [np.zeros(0, np.float32) if rel is None else rel, _similarities(scorer, extra)]
+                )
+            rows = np.concatenate([rows, extra])
+    scored = scorer(rows, rel=rel if rel is not None else np.zeros(rows.shape[0], np.float32))
+    if keywords is not None:
+        k_rank = np.fromiter((rank_of.get(r, 0) for r in rows.tolist()), np.int64, rows.shape[0])
     v_rank = None
     if vector is not None:
-        v_rank = np.zeros(both.rows.shape[0], np.int64)
+        v_rank = np.zeros(rows.shape[0], np.int64)
         v_rank[: vector.rows.shape[0]] = np.arange(1, vector.rows.shape[0] + 1)
-    base, _ = fused_scores(both.rel if vector is not None else None, kw, both.rec, both.imp, weights)
-    score = base if row_w is None else base * row_w[both.rows]
+    has_vector = vector is not None and vector.sims is not None
+    base, _ = fused_scores(scored.rel if has_vector else None, kw, scored.rec, scored.imp, weights)
+    score = base if row_w is None else base * row_w[rows]
     if min_similarity is not None:
-        score = np.where(both.rel < min_similarity, np.float32(np.nan), score)
-    ranked = Scored(both.rows, both.rel, base, both.rec, both.imp)  # base: the fused score before weights
+        score = np.where(scored.rel < min_similarity, np.float32(np.nan), score)
+    ranked = Scored(rows, scored.rel, base, scored.rec, scored.imp)  # base: the fused score before weights
     return Ranked(ranked, score, vector_rank=v_rank, keyword_rank=k_rank, keyword_score=kw)
+
+
+def _similarities(scorer: Scorer, rows: np.ndarray) -> np.ndarray:
+    """Similarity of each of ``rows`` with the query; 0 for one without a vector in its space."""
+    out = np.zeros(rows.shape[0], np.float32)
+    if scorer.query is not None and scorer.space is not None:
+        kept, sims = scorer.similarities(rows)
+        out[kept] = sims
+    return out

@@ -17,7 +17,7 @@ from tiermem.server.search.source import SearchSource
 
 @dataclass
 class KeywordScores:
-    """BM25 of every allowed row containing a term of the keywords."""
+    """The best BM25 matches of the keywords among the allowed rows, best first."""
 
     rows: np.ndarray
     scores: np.ndarray
@@ -31,14 +31,18 @@ def bm25(
     count: int,
     namespaces: list[str],
     text: str,
+    depth: int,
     probe: np.ndarray | None = None,
 ) -> KeywordScores:
-    """BM25 of every allowed row (``count`` of them) of the namespaces holding a term of ``text``, and
-    of the ``probe`` rows; terms found in more than max_keyword_postings of them are skipped (they say
-    almost nothing)."""
+    """The ``depth`` allowed rows (``count`` of them) of the namespaces best matching ``text`` by BM25,
+    best first, and the scores of the ``probe`` rows; terms found in more than max_keyword_postings of
+    their memories are skipped (they say almost nothing)."""
+    if count == 0:
+        n = 0 if probe is None else probe.shape[0]
+        return KeywordScores(np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(n, np.float32))
     ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
     rows, scores, probed = keyword_bm25(
-        source.keywords, ids, text, mask, count, view.words, source.config.max_keyword_postings, probe
+        source.keywords, ids, text, mask, view.words, source.config.max_keyword_postings, probe, depth
     )
     return KeywordScores(rows, scores, probed)
 
@@ -50,8 +54,7 @@ def fuse(keywords: KeywordScores, hybrid: Hybrid, scored: Scored, depth: int, sc
     k, w_vec, w_kw = hybrid.rrf_k, hybrid.vector_weight, hybrid.keyword_weight
     v_order = kernels.topk(scored.score, depth)
     v_rows = scored.rows[v_order]
-    k_order = kernels.topk(keywords.scores, depth)
-    k_rows = keywords.rows[k_order]
+    k_rows, k_scores = keywords.rows[:depth], keywords.scores[:depth]  # (best first already)
     extra = scorer(np.setdiff1d(k_rows, v_rows), True)
     all_rows = np.concatenate([v_rows, extra.rows])
     pos = {int(r): i for i, r in enumerate(all_rows.tolist())}
@@ -60,7 +63,7 @@ def fuse(keywords: KeywordScores, hybrid: Hybrid, scored: Scored, depth: int, sc
     v_rank[: v_rows.shape[0]] = np.arange(1, v_rows.shape[0] + 1)
     k_rank = np.zeros(n, np.int64)
     kw_of = np.zeros(n, np.float32)
-    ranked_keywords = zip(k_rows.tolist(), keywords.scores[k_order].tolist(), strict=True)
+    ranked_keywords = zip(k_rows.tolist(), k_scores.tolist(), strict=True)
     for r, (row, s) in enumerate(ranked_keywords, start=1):
         i = pos.get(row)
         if i is not None:

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from tiermem import kernels
 from tiermem.server.config import TIERS, usable_cores
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
@@ -28,8 +29,8 @@ from tiermem.server.index.spaces import Space
 from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
-from tiermem.server.search.candidates import CandidateSearch
-from tiermem.server.search.fused import FusedWeights, best_by_similarity, rank_fused
+from tiermem.server.search.candidates import CandidateSearch, ann, similarity_depth
+from tiermem.server.search.fused import Candidates, FusedWeights, rank_fused
 from tiermem.server.search.keywords import bm25, fuse
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import (
@@ -158,17 +159,10 @@ class Searcher:
         space = sp.id if in_space and sp else -1
         mask, count = src.allowed_rows(view, list(a.scope_w), flt, src.clock(), space)
         if only_tier:
-            mask &= view.tier == only_tier
-            count = -1
-        keyword_mask = mask.copy() if a.hybrid is not None else mask
-        keyword_count = count
-        if sp is not None and not in_space:
-            mask &= view.space == sp.id
-            count = -1
-        if count < 0:
-            count = int(mask.sum())
-        if keyword_count < 0:
-            keyword_count = int(keyword_mask.sum()) if keyword_mask is not mask else count
+            mask, count = kernels.mask_equal(mask, view.tier, only_tier)
+        keyword_mask, keyword_count = mask, count
+        if sp is not None and not in_space:  # (a new mask: the keyword one stays as it is)
+            mask, count = kernels.mask_equal(keyword_mask, view.space, sp.id)
         return mask, keyword_mask, count, keyword_count
 
     def _rank(
@@ -218,7 +212,9 @@ class Searcher:
                 ranking = a if fused_limit == a.limit else replace(a, limit=fused_limit)
                 scored = CandidateSearch(src, self.priors, self._observer, scorer, ranking).run(mask, count)
             if a.hybrid is not None:
-                keywords = bm25(src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text)
+                keywords = bm25(
+                    src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, fused_limit
+                )
                 ranked = fuse(keywords, a.hybrid, scored, fused_limit, scorer)
             else:
                 ranked = Ranked(scored, scored.score)
@@ -234,32 +230,42 @@ class Searcher:
         half_life: np.ndarray,
         row_w: np.ndarray | None,
     ) -> Ranked:
-        """The fused ranking (fused.py): the best by similarity (exact, or the HNSW candidates) and
-        the best keyword matches, each signal normalized over them."""
+        """The fused ranking (fused.py): the most similar rows (exact, or HNSW at a similarity search's
+        depth: deeper did not change what ranks first) and the best keyword matches, each signal
+        normalized over them."""
         src = self.source
         mask, count, keyword_mask, keyword_count = allowed
         depth = max(5 * a.limit, 50)
-        # The HNSW depth of a similarity search: deeper vector candidates did not change what ranks first.
         by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, min_similarity=None)
         scorer = Scorer(view, sp, query, by_similarity, None, half_life, src.config.importance_floor)
-        vector = None
         if a.hybrid is None and query is None:  # no signal of relevance asked: every allowed row ranks
-            everything = scorer(np.flatnonzero(mask))
+            everything = Candidates(np.flatnonzero(mask), None)
             no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)
             return rank_fused(everything, None, count, scorer, no_relevance, row_w, a.min_similarity)
+        vector = None
         if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
-            if count <= src.config.exact_search_max_rows:
-                vector = scorer(np.flatnonzero(mask))
-            else:
-                self._observer.candidate_search()
-                vector = CandidateSearch(src, self.priors, self._observer, scorer, by_similarity).run(
-                    mask, count
-                )
-        top = None if vector is None else best_by_similarity(vector, depth)
+            vector = self._most_similar(scorer, mask, count, depth)
         keywords = None
         if a.hybrid is not None and a.hybrid.keyword_weight > 0:
-            probe = np.empty(0, np.int64) if top is None else top.rows
-            keywords = bm25(src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, probe)
+            probe = np.empty(0, np.int64) if vector is None else vector.rows
+            text = a.hybrid.text
+            keywords = bm25(src, view, keyword_mask, keyword_count, list(a.scope_w), text, depth, probe)
         shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
         weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
-        return rank_fused(top, keywords, depth, scorer, weights, row_w, a.min_similarity)
+        return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
+
+    def _most_similar(self, scorer: Scorer, mask: np.ndarray, count: int, depth: int) -> Candidates:
+        """The ``depth`` allowed rows most similar to the query, best first, with their similarities."""
+        src = self.source
+        if count <= src.config.exact_search_max_rows:
+            rows = np.flatnonzero(mask)
+        else:
+            self._observer.candidate_search()
+            self._observer.hnsw_search()
+            assert scorer.space is not None and scorer.query is not None
+            k, ef = similarity_depth(scorer.params.limit), src.config.hnsw_ef_search
+            rows, sims, _ = ann(scorer.space, scorer.query, mask, k, ef, scorer.view, count)
+            if sims is not None:
+                return Candidates(rows, sims).best(depth)
+        kept, sims = scorer.similarities(rows)  # (rows that left the space: dropped)
+        return Candidates(rows[kept], sims).best(depth)
