@@ -126,9 +126,15 @@ def _collect(acc, touched, m, probe, depth):  # pragma: no cover
     """(rows, scores, the probe rows' scores) out of the accumulator, which is left all zeros again:
     every touched row in the order first met (depth < 0), or the ``depth`` best, best first (ties: the
     row met first)."""
+    probed = np.zeros(probe.shape[0], np.float32)
+    for j in range(probe.shape[0]):
+        if 0 <= probe[j] < acc.shape[0]:
+            probed[j] = acc[probe[j]]
     scores = np.empty(m, np.float32)
-    for j in range(m):
-        scores[j] = acc[touched[j]]
+    for j in range(m):  # one pass over the touched rows: read, and zero for the next search
+        r = touched[j]
+        scores[j] = acc[r]
+        acc[r] = 0.0
     if depth < 0:
         out_rows = touched[:m].copy()
         out_scores = scores
@@ -136,12 +142,6 @@ def _collect(acc, touched, m, probe, depth):  # pragma: no cover
         order = _topk(scores, depth)
         out_rows = touched[order]
         out_scores = scores[order]
-    probed = np.zeros(probe.shape[0], np.float32)
-    for j in range(probe.shape[0]):
-        if 0 <= probe[j] < acc.shape[0]:
-            probed[j] = acc[probe[j]]
-    for j in range(m):
-        acc[touched[j]] = 0.0
     return out_rows, out_scores, probed
 
 
