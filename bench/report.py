@@ -73,6 +73,13 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     for key, label in (("fused_text", "default with text"), ("hybrid", "comprehensive + hybrid")):
         le(f"{label} c1 p50 / similarity c1 p50", f.get(f"{key}_c1_p50"), f.get("sim_c1_p50"), 1.3)
         le(f"{label} c{hi} p50 / similarity c{hi} p50", f.get(f"{key}_hi_p50"), f.get("sim_hi_p50"), 1.3)
+    for c, label in (("c1", "c1"), ("hi", f"c{hi}")):
+        le(
+            f"at --startup-n: default with text {label} p50 / similarity {label} p50",
+            f.get(f"big_fused_text_{c}_p50"),
+            f.get(f"big_sim_{c}_p50"),
+            1.3,
+        )
     fp99 = f.get("fused_text_c1_p99")
     out.append(ratio("default with text c1 p99 (ms)", fp99, "< 2.5 ms", fp99 is not None and fp99 < 2.5))
     ge(

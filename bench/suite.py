@@ -935,6 +935,7 @@ class Suite:
         server.start()
         print(f"[startup-n] building {n:,} memories in {server.data_dir} ...", flush=True)
         rng = np.random.default_rng(self.args.seed + 2)
+        texts = sentences(n, self.args.seed + 4)  # real-looking text, as at --n
         now = time.time()
         bar = Progress(f"  build {n:,}", n, " mem")
         t0 = time.perf_counter()
@@ -951,7 +952,13 @@ class Suite:
                         req = pb.BatchCreateMemoriesRequest(
                             memories=[
                                 memory_pb(
-                                    pb, model_name(dim), start + i, chunk[i], float(imp[i]), float(created[i])
+                                    pb,
+                                    model_name(dim),
+                                    start + i,
+                                    chunk[i],
+                                    float(imp[i]),
+                                    float(created[i]),
+                                    texts[start + i],
                                 )
                                 for i in range(j, min(j + BATCH, chunk.shape[0]))
                             ]
@@ -971,9 +978,29 @@ class Suite:
             st = self.restart_cycle(server, server.stats().memory_count)
             st.pop("rss_after_restart_bytes")
             self.results["startup"].append(st)
+            self.big_searches(server, n)
         finally:
             if server.proc is not None:
                 server.stop()
+
+    def big_searches(self, server: Server, n: int) -> None:
+        """On the --startup-n data: similarity searches and the default with the query's text, at
+        concurrency 1 and high, as at --n (the same queries and texts)."""
+        pool = LoadPool(server.target, self.args.procs)
+        saved = self.pool, self.server
+        self.pool, self.server = pool, server
+        try:
+            for key, name, extra in (
+                ("big_sim", "similarity strategy", {"strategy": SIMILARITY}),
+                ("big_fused_text", "default, vector + text", {"texts": self.data.query_texts}),
+            ):
+                label = f"SearchMemories k={K} {name}, {n:,} memories"
+                r1 = self.search("startup", label, 1, **extra)
+                rhi = self.search("startup", label, self.hi, **extra)
+                self.figures |= {f"{key}_c1_p50": r1["p50_ms"], f"{key}_hi_p50": rhi["p50_ms"]}
+        finally:
+            self.pool, self.server = saved
+            pool.close()
 
     def finish(self, info: dict[str, Any], command: str) -> dict[str, Any]:
         a = self.args

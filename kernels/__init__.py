@@ -686,11 +686,13 @@ def _warm_keywords(tiny: _Tiny) -> None:
 
     i32, f32, b = tiny.i32, tiny.f32, tiny.b
     key = np.array([0], np.int32)
+    u16 = np.ones(2, np.uint16)
     sources = (
-        keywords.postings(np.array([0, 1], np.int32), np.array([0, 1, 2], np.int64), i32, f32, i32),
-        keywords.appended(i32, i32, f32, i32, 2),
+        keywords.postings(np.array([0, 1], np.int32), np.array([0, 1, 2], np.int64), i32, f32, i32, u16),
+        keywords.appended(i32, i32, f32, i32, u16, 2),
     )
-    keywords.bm25(sources, key, np.ones(1), i32, b, i32 + 1, 1.0, probe=tiny.rows)
+    keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows)
+    keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows, depth=1)
     keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
     keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
 

@@ -23,7 +23,7 @@ _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
 
 class Postings(NamedTuple):
-    """Sorted postings: key ``keys[i]``'s are ``starts[i]:starts[i + 1]`` of rows, tfs and gens. Built
+    """Sorted postings: key ``keys[i]``'s are ``starts[i]:starts[i + 1]`` of rows, tfs, gens and lens. Built
     through ``postings``, which checks them once: a NamedTuple's arrays keep their dtype and length."""
 
     keys: np.ndarray  # int32, ascending, unique
@@ -31,6 +31,7 @@ class Postings(NamedTuple):
     rows: np.ndarray  # int32
     tfs: np.ndarray  # float32
     gens: np.ndarray  # int32: the row's content generation when posted
+    lens: np.ndarray  # uint16: the length in words of the content posted (at most 65,535)
 
     @property
     def size(self) -> int:
@@ -44,11 +45,17 @@ class Appended(NamedTuple):
     rows: np.ndarray  # int32
     tfs: np.ndarray  # float32
     gens: np.ndarray  # int32
+    lens: np.ndarray  # uint16
     filled: int
 
 
 def postings(
-    keys: np.ndarray, starts: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray
+    keys: np.ndarray,
+    starts: np.ndarray,
+    rows: np.ndarray,
+    tfs: np.ndarray,
+    gens: np.ndarray,
+    lens: np.ndarray,
 ) -> Postings:
     """Checked sorted postings (see ``Postings``)."""
     _check("keys", keys, np.int32)
@@ -56,37 +63,41 @@ def postings(
     n = _check("rows", rows, np.int32).shape[0]
     _check("tfs", tfs, np.float32, n)
     _check("gens", gens, np.int32, n)
+    _check("lens", lens, np.uint16, n)
     if int(starts[0]) != 0 or int(starts[-1]) != n or (keys.shape[0] and (np.diff(starts) < 0).any()):
         raise ValueError("starts must bound every key's postings")
     if keys.shape[0] > 1 and not (np.diff(keys) > 0).all():
         raise ValueError("keys must be sorted ascending without repeats")
-    return Postings(keys, starts, rows, tfs, gens)
+    return Postings(keys, starts, rows, tfs, gens, lens)
 
 
-def appended(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray, filled: int) -> Appended:
+def appended(
+    keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray, lens: np.ndarray, filled: int
+) -> Appended:
     """Checked unsorted postings (see ``Appended``)."""
     n = _check("keys", keys, np.int32).shape[0]
     _check("rows", rows, np.int32, n)
     _check("tfs", tfs, np.float32, n)
     _check("gens", gens, np.int32, n)
+    _check("lens", lens, np.uint16, n)
     if not 0 <= filled <= n:
         raise ValueError("filled must be within the buffers")
-    return Appended(keys, rows, tfs, gens, int(filled))
+    return Appended(keys, rows, tfs, gens, lens, int(filled))
 
 
 @_kernel
 def _add_term(
-    lo, hi, w, rows, tfs, gens, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+    lo, hi, w, rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m
 ):  # pragma: no cover
     """Adds the BM25 terms (idf ``w``) of the valid postings ``lo:hi`` to ``acc``, a row-indexed
     accumulator zero where untouched (a term's contribution is always > 0); returns how many rows
-    ``touched`` holds. ``allowed`` is no longer than ``row_gen``, ``lengths`` or ``acc``."""
+    ``touched`` holds. ``allowed`` is no longer than ``row_gen`` or ``acc``."""
     n_rows = allowed.shape[0]
     for i in range(lo, hi):
         r = rows[i]
         if r < n_rows and allowed[r] and gens[i] == row_gen[r]:
             tf = tfs[i]
-            norm = k1 * (1.0 - b + b * lengths[r] / avgdl)
+            norm = k1 * (1.0 - b + b * lens[i] / avgdl)
             if acc[r] == 0.0:
                 touched[m] = r
                 m += 1
@@ -96,27 +107,27 @@ def _add_term(
 
 @_kernel
 def _score_sorted(
-    keys, starts, rows, tfs, gens, wanted, idf, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+    keys, starts, rows, tfs, gens, lens, wanted, idf, row_gen, allowed, avgdl, k1, b, acc, touched, m
 ):  # pragma: no cover
     at = np.searchsorted(keys, wanted)
     for j in range(wanted.shape[0]):
         if idf[j] > 0.0 and at[j] < keys.shape[0] and keys[at[j]] == wanted[j]:
             lo, hi = starts[at[j]], starts[at[j] + 1]
             m = _add_term(
-                lo, hi, idf[j], rows, tfs, gens, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+                lo, hi, idf[j], rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m
             )
     return m
 
 
 @_kernel
 def _score_appended(
-    keys, filled, rows, tfs, gens, wanted, idf, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+    keys, filled, rows, tfs, gens, lens, wanted, idf, row_gen, allowed, avgdl, k1, b, acc, touched, m
 ):  # pragma: no cover
     for i in range(filled):
         j = np.searchsorted(wanted, keys[i])
         if j < wanted.shape[0] and wanted[j] == keys[i] and idf[j] > 0.0:
             m = _add_term(
-                i, i + 1, idf[j], rows, tfs, gens, row_gen, allowed, lengths, avgdl, k1, b, acc, touched, m
+                i, i + 1, idf[j], rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m
             )
     return m
 
@@ -156,7 +167,6 @@ def bm25(
     weights: np.ndarray,
     row_gen: np.ndarray,
     allowed: np.ndarray,
-    lengths: np.ndarray,
     avgdl: float,
     k1: float = 1.2,
     b: float = 0.75,
@@ -167,18 +177,15 @@ def bm25(
     (rows in the order first met, their scores, the scores of the ``probe`` rows, 0 where they hold no
     key); with ``depth`` >= 0 only the ``depth`` best rows, best first (ties: the row met first). Key ``wanted[j]`` (sorted, unique) weighs ``weights[j]`` (its term's idf; 0 skips it). A
     posting counts when its row is allowed and its generation is the row's ``row_gen``; ``avgdl`` is
-    the mean length of a memory, ``lengths`` each row's."""
+    the mean length of a memory (each posting carries its content's)."""
     probe = np.empty(0, np.int64) if probe is None else probe
     _check("probe", probe, np.int64)
     _check("wanted", wanted, np.int32)
     _check("weights", weights, np.float64, wanted.shape[0])
     _check("row_gen", row_gen, np.int32)
     _check("allowed", allowed, np.bool_)
-    _check("lengths", lengths, np.int32)
     if wanted.shape[0] > 1 and not (wanted[1:] > wanted[:-1]).all():
         raise ValueError("wanted must be sorted ascending without repeats")
-    if lengths.shape[0] < allowed.shape[0]:
-        raise ValueError("lengths must cover every allowed row")
     if not (avgdl > 0 and math.isfinite(avgdl)):
         raise ValueError("avgdl must be a finite number > 0")
     if row_gen.shape[0] < allowed.shape[0]:
@@ -188,12 +195,12 @@ def bm25(
     scratch = _take_scratch(allowed.shape[0])  # (dropped if a kernel raises: it may hold partial sums)
     acc, touched = scratch
     m = 0
-    args = (wanted, weights, row_gen, allowed, lengths, float(avgdl), float(k1), float(b), acc, touched)
+    args = (wanted, weights, row_gen, allowed, float(avgdl), float(k1), float(b), acc, touched)
     for s in sources:
         if isinstance(s, Postings):
-            m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, *args, m)
+            m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, s.lens, *args, m)
         else:
-            m = _score_appended(s.keys, s.filled, s.rows, s.tfs, s.gens, *args, m)
+            m = _score_appended(s.keys, s.filled, s.rows, s.tfs, s.gens, s.lens, *args, m)
     out: tuple[np.ndarray, np.ndarray, np.ndarray] = _collect(
         acc[: allowed.shape[0]], touched, m, probe, int(depth)
     )

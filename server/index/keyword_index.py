@@ -23,9 +23,11 @@ from tiermem.kernels import keywords as kernels
 from tiermem.server.model.text import keyword_terms, keyword_terms_and_length
 
 
-def _segment(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray) -> kernels.Postings:
+def _segment(
+    keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray, lens: np.ndarray
+) -> kernels.Postings:
     order = np.argsort(keys, kind="stable")
-    keys, rows, tfs, gens = keys[order], rows[order], tfs[order], gens[order]
+    keys, rows, tfs, gens, lens = keys[order], rows[order], tfs[order], gens[order], lens[order]
     bounds = np.flatnonzero(np.diff(keys)) + 1
     starts = np.concatenate([[0], bounds, [keys.shape[0]]]).astype(np.int64)
     return kernels.postings(
@@ -34,6 +36,7 @@ def _segment(keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarr
         rows,
         tfs,
         gens,
+        lens,
     )
 
 
@@ -78,7 +81,12 @@ class KeywordIndex:
     def _new_delta(self) -> kernels.Appended:
         n = self.delta_size
         return kernels.Appended(
-            np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32), np.empty(n, np.int32), 0
+            np.empty(n, np.int32),
+            np.empty(n, np.int32),
+            np.empty(n, np.float32),
+            np.empty(n, np.int32),
+            np.empty(n, np.uint16),
+            0,
         )
 
     # -- writer thread ---------------------------------------------------------------------------
@@ -116,7 +124,11 @@ class KeywordIndex:
         if n > self.delta_size:  # a long text: its postings make a segment of their own (merged later:
             # a merge now would drop them, as the row's generation is not published yet)
             own = _segment(
-                np.array(keys, np.int32), np.full(n, row, np.int32), _tfs(terms), np.full(n, gen, np.int32)
+                np.array(keys, np.int32),
+                np.full(n, row, np.int32),
+                _tfs(terms),
+                np.full(n, gen, np.int32),
+                np.full(n, _clipped(length), np.uint16),
             )
             self._view = ((*segments, own), d)
         else:
@@ -125,6 +137,7 @@ class KeywordIndex:
             d.rows[d.filled : end] = row
             d.tfs[d.filled : end] = _tfs(terms)
             d.gens[d.filled : end] = gen
+            d.lens[d.filled : end] = _clipped(length)
             self._view = (segments, d._replace(filled=end))  # slots beyond what was filled: unseen by readers
         self._gen[row] = gen  # published last: the new postings count from here on
         self._bumps += 1
@@ -182,7 +195,13 @@ class KeywordIndex:
         if d.filled:
             n = d.filled
             segments.append(
-                _segment(d.keys[:n].copy(), d.rows[:n].copy(), d.tfs[:n].copy(), d.gens[:n].copy())
+                _segment(
+                    d.keys[:n].copy(),
+                    d.rows[:n].copy(),
+                    d.tfs[:n].copy(),
+                    d.gens[:n].copy(),
+                    d.lens[:n].copy(),
+                )
             )
         self._view = (self._merged(segments), self._new_delta())
 
@@ -202,10 +221,11 @@ class KeywordIndex:
         rows = np.concatenate([s.rows for s in parts])
         gens = np.concatenate([s.gens for s in parts])
         tfs = np.concatenate([s.tfs for s in parts])
+        lens = np.concatenate([s.lens for s in parts])
         keep = gens == self._gen[rows]  # replaced content goes
         if alive is not None:
             keep &= (rows < alive.shape[0]) & alive[np.minimum(rows, alive.shape[0] - 1)]
-        return _segment(keys[keep], rows[keep], tfs[keep], gens[keep])
+        return _segment(keys[keep], rows[keep], tfs[keep], gens[keep], lens[keep])
 
     def compact(self, alive: np.ndarray) -> int:
         """One segment without the postings of dead rows or replaced content; returns how many went."""
@@ -249,7 +269,6 @@ class KeywordIndex:
         namespaces: list[int],
         terms: list[str],
         allowed: np.ndarray,
-        lengths: np.ndarray,
         max_postings: int,
         probe: np.ndarray,
         depth: int = -1,
@@ -273,7 +292,7 @@ class KeywordIndex:
             bumps = self._bumps
             (segments, delta), gen = self._view, self._gen  # (the generations as new as the view, or newer)
             out = kernels.bm25(
-                (*segments, delta), wanted, by_key, gen, allowed, lengths, avgdl, probe=probe, depth=depth
+                (*segments, delta), wanted, by_key, gen, allowed, avgdl, probe=probe, depth=depth
             )
             if self._bumps == bumps:  # no row's generation moved meanwhile: postings and generations agree
                 break
@@ -291,6 +310,7 @@ class KeywordIndex:
             d.rows[:n].copy(),
             d.tfs[:n].copy(),
             d.gens[:n].copy(),
+            d.lens[:n].copy(),
         )
         return {
             "keys": list(self._key_ids),
@@ -311,15 +331,24 @@ class KeywordIndex:
     def restore(cls, state: dict[str, Any]) -> KeywordIndex:
         index = cls()
         index._key_ids = {(int(ns), term): i for i, (ns, term) in enumerate(state["keys"])}
-        segments = [kernels.postings(*seg) for seg in state["segments"]]
-        keys, _, rows, tfs, gens = state["delta"]
-        if keys.shape[0]:
-            segments.append(_segment(keys, rows, tfs, gens))
-        index._view = (tuple(seg for seg in segments if seg.size), index._view[1])
         index._gen = np.array(state["row_gen"], np.int32)
         index._row_hash = state["row_hash"]
         index.posted_rows = int(state["posted_rows"])
         index._row_ns, index._row_words, index._ns_words, index._ns_rows = state["lengths"]
+
+        def with_lens(seg: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+            # (a snapshot from before postings carried their length: the row's, which is the current
+            # content's, the only one whose postings count)
+            if len(seg) == 6:
+                return seg
+            rows = seg[2]
+            return (*seg, np.minimum(index._row_words[rows], LENGTH_MAX).astype(np.uint16))
+
+        segments = [kernels.postings(*with_lens(seg)) for seg in state["segments"]]
+        keys, _, rows, tfs, gens, lens = with_lens(state["delta"])
+        if keys.shape[0]:
+            segments.append(_segment(keys, rows, tfs, gens, lens))
+        index._view = (tuple(seg for seg in segments if seg.size), index._view[1])
         size = index._gen.shape[0]
         index._row_fwd, index._row_nkeys = np.zeros(size, np.int64), np.zeros(size, np.int32)
         index._recount((index._gen > 0) & (index._row_ns[:size] >= 0))
@@ -328,6 +357,13 @@ class KeywordIndex:
 
 def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+LENGTH_MAX = 65_535  # a posting's length in words is kept in 16 bits (BM25 barely moves beyond)
+
+
+def _clipped(length: int) -> int:
+    return min(length, LENGTH_MAX)
 
 
 def _tfs(terms: dict[str, int]) -> np.ndarray:
@@ -345,7 +381,6 @@ def bm25(
     namespaces: list[int],
     text: str,
     allowed: np.ndarray,
-    lengths: np.ndarray,
     max_postings: int,
     probe: np.ndarray | None = None,
     depth: int = -1,
@@ -358,4 +393,4 @@ def bm25(
     terms = list(keyword_terms(text))
     if not terms:
         return np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32)
-    return index.bm25(namespaces, terms, allowed, lengths, max_postings, probe, depth)
+    return index.bm25(namespaces, terms, allowed, max_postings, probe, depth)

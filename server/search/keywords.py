@@ -42,7 +42,7 @@ def bm25(
         return KeywordScores(np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(n, np.float32))
     ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
     rows, scores, probed = keyword_bm25(
-        source.keywords, ids, text, mask, view.words, source.config.max_keyword_postings, probe, depth
+        source.keywords, ids, text, mask, source.config.max_keyword_postings, probe, depth
     )
     return KeywordScores(rows, scores, probed)
 
