@@ -281,9 +281,10 @@ class KeywordIndex:
             if (k := self._key_ids.get((ns, t))) is not None
         )
         wanted = np.array([k for k, _ in found], np.int32)
-        df = np.zeros(len(terms), np.float64)  # a term's postings in the namespaces
+        df = np.zeros(len(terms), np.float64)  # a term's memories in the namespaces
+        counts = self._df  # (a key the writer is adding may not have its count yet)
         for k, i in found:
-            df[i] += self._df[k]
+            df[i] += counts[k] if k < counts.shape[0] else 0
         weights = kernels.idf(self.live_rows(namespaces), df)
         weights[df > max_postings] = 0.0  # a term in that many memories says almost nothing
         by_key = weights[np.array([i for _, i in found], np.int64)]
