@@ -157,6 +157,7 @@ class ServerConfig:
     access_flush_seconds: float = 1.0
     surprise_alpha: float = 0.3
     default_predicted_relevance: float = 0.5
+    default_actual_usefulness: float = 0.5  # feedback with a prediction alone rates the memory this useful
 
     # Vectors: FAISS HNSW per (embedding space, tier)
     builtin_model: str = "tiermem-hash-v1"
@@ -224,6 +225,8 @@ class ServerConfig:
             )
         # Search bounds assume decayed importance never exceeds the base importance.
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
+        for name in ("default_predicted_relevance", "default_actual_usefulness"):
+            need(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
         need(
             math.isfinite(self.recency_tau_seconds) and self.recency_tau_seconds > 0,
             "recency_tau_seconds",

@@ -340,7 +340,7 @@ def due_of(st: EngineState, state: ScopeState) -> Due:
     """Whether a reflection and a summary are due, from a namespace's scope state."""
     return Due(
         reflection=state.reflection_importance >= st.config.reflection_threshold,
-        summary=state.summary_tokens >= st.config.summary_token_threshold,
+        summary=state.summary_tokens > st.config.summary_token_threshold,  # "exceeds"
     )
 
 

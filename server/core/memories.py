@@ -293,14 +293,17 @@ def feedback(
     when = st.clock() if as_of is None else check.finite_time("as_of", as_of)
     distinct = list(dict.fromkeys(it.id for it in items))
     position = {mid: j for j, mid in enumerate(distinct)}
-    rated = [it for it in items if it.actual_usefulness is not None]
+    # An item rates the memory when it gives a prediction or a usefulness; the other takes its default.
+    rated = [it for it in items if it.actual_usefulness is not None or it.predicted_relevance is not None]
     index = np.array([position[it.id] for it in rated], np.int64)
-    default_pred = st.config.default_predicted_relevance
+    default_pred, default_actual = st.config.default_predicted_relevance, st.config.default_actual_usefulness
     predicted = np.array(
         [default_pred if it.predicted_relevance is None else it.predicted_relevance for it in rated],
         np.float32,
     )
-    actual = np.array([it.actual_usefulness for it in rated], np.float32)
+    actual = np.array(
+        [default_actual if it.actual_usefulness is None else it.actual_usefulness for it in rated], np.float32
+    )
 
     def prepare(txn: Txn) -> list[Record]:
         recs: list[Record] = []

@@ -8,7 +8,8 @@
                | success_count | create_time | update_time | last_access_time | metadata.<key>
 
 - ``{field: value}`` means ``{field: {"$eq": value}}``.
-- ``tags``: ``{"tags": "x"}`` has tag x; ``$in`` any of; ``$all`` all of; ``$nin`` none of; ``$ne`` not x.
+- ``tags``: ``{"tags": "x"}`` has tag x; ``{"tags": ["x", "y"]}`` has both (as ``$all``); ``$in`` any
+  of; ``$all`` all of; ``$nin`` none of; ``$ne`` not x.
 - ``tier``: 1-4 or a name ("FAST", "TIER_FAST").
 - times: epoch seconds or an RFC 3339 string ("2026-11-21T10:00:00Z").
 - ``metadata.<key>``: compares with values of the same type (numbers with numbers, strings with
@@ -240,6 +241,8 @@ def _interned(table: str, name: str, op: str, arg: Any, path: str) -> Mask:
 
 def _tags(op: str, arg: Any, path: str) -> Mask:
     _check_op(op, path, {"$eq", "$ne", "$in", "$nin", "$all"})
+    if op == "$eq" and isinstance(arg, list):
+        op = "$all"  # {"tags": ["a", "b"]}: has these tags, every one of them
     values = _listed(op, arg, path)
     for a in values:
         if not isinstance(a, str):

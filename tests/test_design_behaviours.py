@@ -1,0 +1,65 @@
+"""Behaviours the memory designs tiermem unifies spell out with numbers, asserted through the gRPC API
+on a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tiermem.client import MemoryClient
+from tiermem.server.transport.app import RunningServer
+
+NS = "design:1"
+
+
+def _client(running: RunningServer) -> MemoryClient:
+    c = MemoryClient(f"127.0.0.1:{running.port}", timeout=30)
+    c.wait_ready()
+    return c
+
+
+@pytest.mark.parametrize(
+    "item,surprise",
+    [
+        ({"predicted_relevance": 0.1}, 0.3 * (0.5 - 0.1)),  # usefulness taken as 0.5: 0.12
+        ({"predicted_relevance": 0.9}, 0.0),  # less useful than predicted: no surprise
+        ({"actual_usefulness": 0.9}, 0.3 * (0.9 - 0.5)),  # prediction taken as 0.5
+        ({"success": True}, 0.0),  # neither: an access, not a rating
+    ],
+)
+def test_feedback_with_one_rating_takes_the_other_as_half(
+    server_factory: Callable[..., RunningServer], item: dict[str, float], surprise: float
+) -> None:
+    with _client(server_factory()) as c:
+        c.create(NS, "the deploy runbook", id="m")
+        [m] = c.feedback(NS, [{"id": "m", **item}])
+        assert m.surprise_score == pytest.approx(surprise, abs=1e-6)
+        assert m.access_count == 1
+
+
+def test_a_summary_is_due_once_the_tokens_exceed_the_threshold(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    with _client(server_factory(summary_token_threshold=8000)) as c:
+        due = [c.observe(NS, f"event {i}", token_cost=4000).summary_due for i in range(2)]
+        assert due == [False, False]  # exactly 8,000: not beyond it
+        assert c.stats(NS).summary_due is False
+        assert c.observe(NS, "one more", token_cost=1).summary_due is True
+        assert c.stats(NS).summary_due is True
+
+
+def test_a_list_of_tags_in_a_filter_means_has_these(server_factory: Callable[..., RunningServer]) -> None:
+    with _client(server_factory()) as c:
+        c.create(NS, "fixed the null check", id="a", kind="code", tags=["bug_fix", "python"])
+        c.create(NS, "fixed the typo", id="b", kind="code", tags=["bug_fix"])
+        c.create(NS, "wrote the parser", id="c", kind="code", tags=["feature"])
+        c.create(NS, "fixed the deploy", id="d", kind="note", tags=["bug_fix"])
+
+        def ids(where: dict[str, object]) -> list[str]:
+            return sorted(m.id for m in c.list_memories(NS, where=where))
+
+        assert ids({"kind": "code", "tags": ["bug_fix"]}) == ["a", "b"]  # the design's own filter
+        assert ids({"tags": ["bug_fix", "python"]}) == ["a"]  # every one of them
+        assert ids({"tags": "bug_fix"}) == ["a", "b", "d"]
+        assert [r.memory.id for r in c.search(NS, "fixed", where={"tags": ["bug_fix", "python"]})] == ["a"]
