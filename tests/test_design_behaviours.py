@@ -63,3 +63,20 @@ def test_a_list_of_tags_in_a_filter_means_has_these(server_factory: Callable[...
         assert ids({"tags": ["bug_fix", "python"]}) == ["a"]  # every one of them
         assert ids({"tags": "bug_fix"}) == ["a", "b", "d"]
         assert [r.memory.id for r in c.search(NS, "fixed", where={"tags": ["bug_fix", "python"]})] == ["a"]
+
+
+def test_the_memory_stream_is_newest_first_by_creation_time(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    t0 = 1_700_000_000.0
+    with _client(server_factory()) as c:
+        for minute in (2, 0, 3, 1):  # arrival order is not time order
+            c.observe(NS, f"event at minute {minute}", id=f"e{minute}", create_time=t0 + 60 * minute)
+        assert [m.id for m in c.timeline(NS)] == ["e3", "e2", "e1", "e0"]
+        assert [m.id for m in c.timeline(NS, page_size=1)] == ["e3", "e2", "e1", "e0"]  # across pages
+        assert [m.id for m in c.timeline(NS, since=t0 + 30, until=t0 + 150)] == ["e2", "e1"]
+        recent = c.reflection_candidates(NS, limit=2)
+        assert [m.id for m in recent.observations] == ["e3", "e2"]
+        ctx = c.build_context([{"namespace": NS, "recent_window": 3}], token_budget=1000, read_only=True)
+        window = [x.memory_id for sec in ctx.sections if sec.kind == "recent" for x in sec.items]
+        assert window == ["e3", "e2", "e1"]

@@ -616,7 +616,7 @@ def test_recent_window_is_newest_first_and_the_current_summary_comes_first(
             obs.append(r.memory)
             dues.append(r.summary_due)
             clock.advance(10)
-        assert dues == [False, False, True]  # 10, 20, 30 tokens against a threshold of 30
+        assert dues == [False, False, False]  # 10, 20, 30 tokens: due only beyond the threshold of 30
         s1 = _mem(s, "sess", "first summary: three events", 6, "summary")
         st = s.GetStats(pb.GetStatsRequest(namespace="sess"), timeout=30)
         assert (st.summary_tokens, st.summary_due) == (0, False)

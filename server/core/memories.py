@@ -76,19 +76,24 @@ def vectors_of(st: EngineState, records: list[Record]) -> list[np.ndarray | None
 def list_memories(
     st: EngineState, namespace: str, page_size: int, page_token: str, flt: Filter, newest_first: bool = False
 ) -> tuple[list[Record], str]:
-    """A page of a namespace in storage order, or newest first (an agent's timeline)."""
+    """A page of a namespace in storage order, or newest first by creation time (an agent's timeline:
+    memories stored late with an earlier ``create_time`` take their place in it; ties by arrival)."""
     check.namespace("namespace", namespace)
     size = check.page_size("page_size", page_size, st.config)
-    after = decode_token("page_token", page_token, int) if page_token else None
     view = st.columns.view()
     mask, _ = st.allowed_rows(view, [namespace], flt, st.clock())
-    rids = view.rid[np.flatnonzero(mask)]  # rows are in creation (rid) order
+    rows = np.flatnonzero(mask)
+    rids = view.rid[rows]  # rows are in arrival (rid) order
     if newest_first:
-        rids = rids[::-1]
-        if after is not None:
-            rids = rids[rids < after]
-    elif after is not None:
-        rids = rids[rids > after]
+        created = view.created[rows]
+        order = np.lexsort((rids, created))[::-1]
+        rids, created = rids[order], created[order]
+        if page_token:
+            at, after = _timeline_position(page_token)
+            keep = (created < at) | ((created == at) & (rids < after))
+            rids, created = rids[keep], created[keep]
+    elif page_token:
+        rids = rids[rids > decode_token("page_token", page_token, int)]
     out: list[Record] = []
     pos = 0
     with st.store.read() as txn:
@@ -97,8 +102,18 @@ def list_memories(
             pos += 1
             if rec is not None and rec.namespace == namespace:
                 out.append(rec)
-    token = encode_token(out[-1].rid) if out and pos < rids.shape[0] else ""
+    token = ""
+    if out and pos < rids.shape[0]:  # (newest first: continue after the last row looked at)
+        token = encode_token([float(created[pos - 1]), int(rids[pos - 1])] if newest_first else out[-1].rid)
     return out, token
+
+
+def _timeline_position(token: str) -> tuple[float, int]:
+    """(creation time, rid) of the last row a newest-first page looked at."""
+    value = decode_token("page_token", token, list)
+    if len(value) != 2 or not isinstance(value[0], float) or type(value[1]) is not int:
+        raise InvalidArgument("page_token", "is not a token this server issued")
+    return value[0], value[1]
 
 
 def reflection_candidates(st: EngineState, namespace: str, limit: int) -> tuple[list[Record], ScopeProgress]:

@@ -10,7 +10,7 @@ import msgpack
 from tiermem.server.model.errors import InvalidArgument
 
 
-def encode_token(value: int | str) -> str:
+def encode_token(value: int | str | list[Any]) -> str:
     return base64.urlsafe_b64encode(msgpack.packb(["v1", value])).decode()
 
 
