@@ -80,3 +80,23 @@ def test_the_memory_stream_is_newest_first_by_creation_time(
         ctx = c.build_context([{"namespace": NS, "recent_window": 3}], token_budget=1000, read_only=True)
         window = [x.memory_id for sec in ctx.sections if sec.kind == "recent" for x in sec.items]
         assert window == ["e3", "e2", "e1"]
+
+
+def test_a_timeline_page_token_is_checked(server_factory: Callable[..., RunningServer]) -> None:
+    import grpc
+
+    from tiermem.v1 import memory_pb2 as pb
+
+    with _client(server_factory()) as c:
+        for i in range(3):
+            c.observe(NS, f"event {i}")
+        first = c.stub.ListMemories(pb.ListMemoriesRequest(namespace=NS, page_size=1), timeout=30)
+        assert first.next_page_token
+        for token in (first.next_page_token, "bm90IGEgdG9rZW4="):  # a storage-order token; garbage
+            with pytest.raises(grpc.RpcError) as e:
+                c.stub.ListMemories(
+                    pb.ListMemoriesRequest(namespace=NS, page_size=1, newest_first=True, page_token=token),
+                    timeout=30,
+                )
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "page_token" in (e.value.details() or "")
