@@ -100,3 +100,23 @@ def test_a_timeline_page_token_is_checked(server_factory: Callable[..., RunningS
                 )
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "page_token" in (e.value.details() or "")
+
+
+def test_a_protected_namespace_keeps_its_policy_without_confirm(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    from tiermem.client import FailedPreconditionError
+
+    with _client(server_factory()) as c:
+        for i in range(3):
+            c.create(NS, f"preference {i}", id=f"p{i}", tier="glacial")
+        c.update_namespace_config(NS, protected=True)
+        wipe = {"tiers": {t: {"max_items": 0} for t in ("fast", "medium", "slow", "glacial")}}
+        with pytest.raises(FailedPreconditionError) as e:
+            c.update_namespace_config(NS, delete_from_glacial=True, **wipe)
+        assert e.value.reason == "NAMESPACE_PROTECTED"
+        c.consolidate(NS)
+        assert sorted(m.id for m in c.list_memories(NS)) == ["p0", "p1", "p2"]  # nothing changed
+        assert not c.get_namespace_config(NS).config.policy.tiers
+        c.update_namespace_config(NS, delete_from_glacial=True, confirm=True, **wipe)  # asked for: done
+        assert c.get_namespace_config(NS).config.policy.delete_from_glacial

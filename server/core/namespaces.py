@@ -107,6 +107,12 @@ class _SettingsChange:
                     new_policy[name] = policy[name]
                 else:
                     new_policy.pop(name, None)
+        if current.get("protected") and new_policy != (current.get("policy") or {}) and not self.confirm:
+            # A policy (capacities, deletion from GLACIAL) can empty a namespace at the next pass.
+            raise FailedPrecondition(
+                f"namespace {self.namespace!r} is protected: changing its policy needs confirm=true",
+                reason="NAMESPACE_PROTECTED",
+            )
         stored: dict[str, Any] = {}
         if new_protected:
             stored["protected"] = True
