@@ -7,20 +7,28 @@ subclasses carrying ``code``, ``reason`` and the invalid ``fields``.
 Creates always carry a ``request_id`` (a fresh one unless you pass yours), and the channel retries
 calls that failed with UNAVAILABLE; a retried create returns the first result instead of storing
 the memory twice. ``RecordFeedback`` is not retried (it counts accesses).
+
+Every call waits for the connection (``wait_for_ready``) and reconnects quickly, and a call the
+server refused because it was starting or stopping (so did not run) is made again: a server restart
+within a call's deadline only delays it. Every method takes ``timeout`` (seconds, for that call; the
+client's by default) and ``call_metadata`` (pairs sent with the call).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import difflib
+import inspect
 import itertools
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import grpc
 from google.protobuf import field_mask_pb2
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -28,9 +36,10 @@ from tiermem._values import metadata_values, set_metadata, set_timestamp
 from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
-from .errors import from_rpc_error
+from .errors import UnavailableError, from_rpc_error
 
 TimeLike = dt.datetime | float | int
+CallMetadata = Sequence[tuple[str, str]]
 
 _RETRY_CONFIG = json.dumps(
     {
@@ -45,6 +54,7 @@ _RETRY_CONFIG = json.dumps(
                         "UpdateMemory",
                         "ListMemories",
                         "SearchMemories",
+                        "BatchSearchMemories",
                         "GetStats",
                         "ListNamespaces",
                     )  # not deletes or feedback: a retry after a lost reply would not repeat their result
@@ -60,6 +70,21 @@ _RETRY_CONFIG = json.dumps(
         ]
     }
 )
+
+
+# Reconnect within 100 ms to 1 s of a server coming back (gRPC's default backoff grows to 2 min).
+# ``min_reconnect_backoff_ms`` is the least time one connection attempt gets, not a backoff.
+_RECONNECT_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", 5000),
+]
+
+# Reasons of UNAVAILABLE errors for calls the server did not run (it was starting or stopping):
+# making them again is safe for every method.
+_NOT_RUN = frozenset({"STARTING", "SHUTTING_DOWN"})
+
+_HEALTH_SERVICE = "tiermem.v1.MemoryService"
 
 
 def tier_value(tier: int | str | None) -> int:
@@ -232,6 +257,151 @@ def build_filter(
     return f
 
 
+_FILTER_FIELDS = frozenset(inspect.signature(build_filter).parameters)
+_MEMORY_FIELDS = frozenset(inspect.signature(build_memory).parameters) - {"namespace", "content"}
+
+
+def _check_names(method: str, given: Iterable[str], accepted: Collection[str], where: str = "") -> None:
+    """A TypeError for a keyword ``method`` does not take, worded as Python's own: forwarded
+    ``**fields`` would otherwise fail inside a helper, naming it instead of the caller's method."""
+    for name in given:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, sorted(accepted), n=1)
+            raise TypeError(
+                f"{method}() got an unexpected keyword argument {name!r}{where}"
+                + (f". Did you mean {close[0]!r}?" if close else "")
+            )
+
+
+def _within(
+    where: str | Mapping[str, Any] | None, since: TimeLike | None, until: TimeLike | None
+) -> str | Mapping[str, Any] | None:
+    """A ``where`` filter that also keeps create_time in [since, until) (``$and`` of both)."""
+    bounds: dict[str, float] = {}
+    if since is not None:
+        bounds["$gte"] = _seconds(since)
+    if until is not None:
+        bounds["$lt"] = _seconds(until)
+    if not bounds:
+        return where
+    in_range = {"create_time": bounds}
+    if where is None or (isinstance(where, str) and not where.strip()):
+        return in_range
+    given: Any = where
+    if isinstance(where, str):
+        try:
+            given = json.loads(where)
+        except ValueError:
+            return where  # the server rejects it, naming filter.where
+    return {"$and": [given, in_range]}
+
+
+def _search_request(
+    namespaces: str | Sequence[str],
+    query: str | Sequence[float] | Any = None,
+    *,
+    embedding_model: str = "",
+    limit: int = 10,
+    min_similarity: float | None = None,
+    alpha: float | None = None,
+    beta: float | None = None,
+    gamma: float | None = None,
+    recency_tau_seconds: float | None = None,
+    as_of: TimeLike | None = None,
+    include_embedding: bool = False,
+    strategy: int | str | None = None,
+    tier_weights: Mapping[int | str, float] | None = None,
+    include_ancestors: bool = False,
+    scope_weights: Sequence[float] | None = None,
+    read_only: bool = False,
+    hybrid: bool = False,
+    keywords: str | None = None,
+    rrf_k: float | None = None,
+    vector_weight: float | None = None,
+    keyword_weight: float | None = None,
+    explain: bool = False,
+    **filter_fields: Any,
+) -> pb.SearchMemoriesRequest:
+    """The request of ``MemoryClient.search`` and of each of ``search_many``'s searches (the callers
+    check the names of ``filter_fields``)."""
+    req = pb.SearchMemoriesRequest(
+        namespaces=[namespaces] if isinstance(namespaces, str) else list(namespaces),
+        limit=limit,
+        filter=build_filter(**filter_fields),
+        include_embedding=include_embedding,
+        embedding_model=embedding_model,
+        strategy=strategy_value(strategy),  # type: ignore[arg-type,unused-ignore]
+        include_ancestors=include_ancestors,
+        scope_weights=[] if scope_weights is None else [float(w) for w in scope_weights],
+        read_only=read_only,
+        explain=explain,
+    )
+    _set_query(req, query, keywords)
+    for tier, weight in (tier_weights or {}).items():
+        req.tier_weights.add(tier=tier_value(tier), weight=weight)
+    _set_hybrid(
+        req,
+        hybrid,
+        keywords=keywords,
+        rrf_k=rrf_k,
+        vector_weight=vector_weight,
+        keyword_weight=keyword_weight,
+    )
+    _set_given(
+        req,
+        min_similarity=min_similarity,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        recency_tau_seconds=recency_tau_seconds,
+    )
+    if as_of is not None:
+        req.as_of.CopyFrom(_timestamp(as_of))
+    return req
+
+
+# What a search takes besides timeout and call_metadata: _search_request's arguments and the filters.
+_SEARCH_ARGS = (frozenset(inspect.signature(_search_request).parameters) - {"filter_fields"}) | _FILTER_FIELDS
+
+_END = object()
+
+
+def _rest_of(first: Any, call: Any) -> Iterator[Any]:
+    """A response stream from its first message (``_END``: none) on, failing with TiermemError; a
+    stream left unread is cancelled."""
+    try:
+        if first is _END:
+            return
+        yield first
+        yield from call
+    except grpc.RpcError as e:
+        raise from_rpc_error(e) from None
+    finally:
+        call.cancel()
+
+
+def _code(err: grpc.RpcError) -> grpc.StatusCode:
+    return err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+
+
+def _last_error(err: grpc.RpcError) -> str:
+    return f"last error {_code(err).name}: {err.details() if hasattr(err, 'details') else err}"
+
+
+def _unreachable(
+    health: health_pb2_grpc.HealthStub,
+    request: health_pb2.HealthCheckRequest,
+    call_metadata: CallMetadata | None,
+) -> str:
+    """Why the server cannot be reached (e.g. connection refused), from one call that does not wait
+    for the connection; '' if it answers."""
+    try:
+        health.Check(request, timeout=0.25, metadata=call_metadata)
+    except grpc.RpcError as e:
+        return _last_error(e)
+    return ""
+
+
 class _Spread:
     """Stubs over several connections: each call (each method looked up) takes the next one."""
 
@@ -250,7 +420,10 @@ class MemoryClient:
     turn. A server with search followers (``--search-processes``) serves each connection from one
     of its processes, so one connection gains nothing from them; with several, the kernel spreads
     them over the processes (at random: with 2 processes, 8 connections all land on one of them 1
-    time in 128)."""
+    time in 128).
+
+    ``timeout`` is the deadline of each call in seconds, unless the call gives its own; export and
+    import streams have none unless given."""
 
     def __init__(
         self,
@@ -270,6 +443,7 @@ class MemoryClient:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.service_config", _RETRY_CONFIG),
             ("grpc.enable_retries", 1),
+            *_RECONNECT_OPTIONS,
         ]
         if connections > 1:  # channels with equal options would otherwise share one connection
             options.append(("grpc.use_local_subchannel_pool", 1))
@@ -294,30 +468,83 @@ class MemoryClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        """Block until the server reports SERVING on every connection (raises UnavailableError
-        after ``timeout``)."""
-        from .errors import UnavailableError
-
-        deadline = time.monotonic() + timeout  # for all the connections together
-        for channel, health in zip(self.channels, self._healths, strict=True):
+    def _call(
+        self,
+        method: Any,
+        request: Any,
+        timeout: float | None,
+        call_metadata: CallMetadata | None,
+        *,
+        stream: bool = False,
+    ) -> Any:
+        """Make one call, the way every method does: within ``timeout`` (None: the client's, or no
+        deadline for a ``stream``: export and import), with ``call_metadata``, waiting for the
+        connection. A call the server did not run because it was starting or stopping is made again
+        until its deadline (not a streamed upload: its requests are consumed). ``stream``: the
+        response is a stream, returned as an iterator (which fails with TiermemError too)."""
+        if timeout is None and not stream:
+            timeout = self.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        again = isinstance(request, Message)
+        pause = 0.05
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                grpc.channel_ready_future(channel).result(timeout=max(0.0, deadline - time.monotonic()))
-                resp = health.Check(
-                    health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService"),
-                    timeout=max(0.001, deadline - time.monotonic()),
-                    wait_for_ready=True,
+                result = method(request, timeout=left, metadata=call_metadata, wait_for_ready=True)
+                if stream and again:  # a failed call raises from its first message
+                    return _rest_of(next(result, _END), result)
+                return result
+            except grpc.RpcError as e:
+                error = from_rpc_error(e)
+            if not again or error.reason not in _NOT_RUN:
+                raise error
+            if deadline is not None and time.monotonic() + pause >= deadline:
+                raise error
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
+
+    def wait_ready(self, timeout: float | None = None, *, call_metadata: CallMetadata | None = None) -> None:
+        """Block until the server reports SERVING on every connection, asking again while it says
+        NOT_SERVING (a starting server does, for up to a minute when it compiles its kernels) or
+        cannot be reached. After ``timeout`` (None: the client's) raise UnavailableError saying
+        what it last saw."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout  # for all the connections together
+        for health in self._healths:
+            self._wait_serving(health, deadline, timeout, call_metadata)
+
+    def _wait_serving(
+        self,
+        health: health_pb2_grpc.HealthStub,
+        deadline: float,
+        timeout: float,
+        call_metadata: CallMetadata | None,
+    ) -> None:
+        request = health_pb2.HealthCheckRequest(service=_HEALTH_SERVICE)
+        last, answered, pause = "", False, 0.02
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if not answered:  # a call waiting for the connection only learns that time ran out
+                    last = _unreachable(health, request, call_metadata) or last
+                raise UnavailableError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"server not ready after {timeout:g} s: {last or 'no answer'}",
                 )
-            except (grpc.FutureTimeoutError, grpc.RpcError) as e:
-                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"server not ready: {e}") from None
-            if resp.status != health_pb2.HealthCheckResponse.SERVING:
-                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "server is not SERVING")
+            try:
+                status = health.Check(
+                    request, timeout=left, metadata=call_metadata, wait_for_ready=True
+                ).status
+            except grpc.RpcError as e:
+                if _code(e) != grpc.StatusCode.DEADLINE_EXCEEDED or not last:  # time ran out: keep the cause
+                    last = _last_error(e)
+            else:
+                answered = True
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = f"last status {health_pb2.HealthCheckResponse.ServingStatus.Name(status)}"
+            time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(2 * pause, 0.5)
 
     # -- memories -------------------------------------------------------------------------------
     def create(
@@ -328,6 +555,8 @@ class MemoryClient:
         request_id: str = "",
         dedup_similarity: float | None = None,
         allow_duplicates: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
         **fields: Any,
     ) -> pb.Memory:
         """Store one memory; ``fields`` are those of ``build_memory`` (tier, importance, tags, ...).
@@ -335,6 +564,7 @@ class MemoryClient:
         An exact duplicate (same normalized content in the namespace, no client id) reinforces the
         existing memory and returns it, unless ``allow_duplicates``; ``dedup_similarity`` also
         catches near duplicates by vector similarity."""
+        _check_names("create", fields, _MEMORY_FIELDS)
         req = pb.CreateMemoryRequest(
             memory=build_memory(namespace, content, **fields),
             request_id=request_id or uuid.uuid4().hex,
@@ -342,23 +572,53 @@ class MemoryClient:
         )
         if dedup_similarity is not None:
             req.dedup_similarity = dedup_similarity
-        return self._call(self.stub.CreateMemory, req).memory
+        return self._call(self.stub.CreateMemory, req, timeout, call_metadata).memory
 
     def create_batch(
-        self, memories: Iterable[pb.Memory | Mapping[str, Any]], *, request_id: str = ""
+        self,
+        memories: Iterable[pb.Memory | Mapping[str, Any]],
+        *,
+        request_id: str = "",
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> list[pb.Memory]:
         """Store all memories or none; items are ``Memory`` messages or dicts of ``build_memory`` args."""
-        msgs = [m if isinstance(m, pb.Memory) else build_memory(**m) for m in memories]
+        msgs: list[pb.Memory] = []
+        for i, m in enumerate(memories):
+            if not isinstance(m, pb.Memory):
+                _check_names(
+                    "create_batch", m, _MEMORY_FIELDS | {"namespace", "content"}, f" in memories[{i}]"
+                )
+                m = build_memory(**m)
+            msgs.append(m)
         req = pb.BatchCreateMemoriesRequest(memories=msgs, request_id=request_id or uuid.uuid4().hex)
-        return list(self._call(self.stub.BatchCreateMemories, req).memories)
+        return list(self._call(self.stub.BatchCreateMemories, req, timeout, call_metadata).memories)
 
-    def get(self, namespace: str, id: str, *, include_embedding: bool = False) -> pb.Memory:
+    def get(
+        self,
+        namespace: str,
+        id: str,
+        *,
+        include_embedding: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.Memory:
         req = pb.GetMemoryRequest(namespace=namespace, id=id, include_embedding=include_embedding)
-        return self._call(self.stub.GetMemory, req).memory
+        return self._call(self.stub.GetMemory, req, timeout, call_metadata).memory
 
-    def update(self, namespace: str, id: str, *, confirm: bool = False, **fields: Any) -> pb.Memory:
+    def update(
+        self,
+        namespace: str,
+        id: str,
+        *,
+        confirm: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **fields: Any,
+    ) -> pb.Memory:
         """Change the given fields only (e.g. ``update(ns, id, importance=0.9, tags=["x"])``);
         ``confirm=True`` is needed in a protected namespace."""
+        _check_names("update", fields, (_MEMORY_FIELDS - {"id"}) | {"content"})
         if not fields:
             raise ValueError("update needs at least one field")
         memory = build_memory(
@@ -370,13 +630,20 @@ class MemoryClient:
         req = pb.UpdateMemoryRequest(
             memory=memory, update_mask=field_mask_pb2.FieldMask(paths=paths), confirm=confirm
         )
-        return self._call(self.stub.UpdateMemory, req).memory
+        return self._call(self.stub.UpdateMemory, req, timeout, call_metadata).memory
 
-    def delete(self, namespace: str, id: str, *, confirm: bool = False) -> None:
+    def delete(
+        self,
+        namespace: str,
+        id: str,
+        *,
+        confirm: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> None:
         """Delete a memory (``confirm=True`` in a protected namespace)."""
-        self._call(
-            self.stub.DeleteMemory, pb.DeleteMemoryRequest(namespace=namespace, id=id, confirm=confirm)
-        )
+        req = pb.DeleteMemoryRequest(namespace=namespace, id=id, confirm=confirm)
+        self._call(self.stub.DeleteMemory, req, timeout, call_metadata)
 
     def list_page(
         self,
@@ -385,9 +652,12 @@ class MemoryClient:
         page_size: int = 0,
         page_token: str = "",
         include_embedding: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
         **filter_fields: Any,
     ) -> tuple[list[pb.Memory], str]:
         """One page of a namespace, oldest first, and the token of the next page ('' at the end)."""
+        _check_names("list_page", filter_fields, _FILTER_FIELDS)
         req = pb.ListMemoriesRequest(
             namespace=namespace,
             page_size=page_size,
@@ -395,25 +665,40 @@ class MemoryClient:
             filter=build_filter(**filter_fields),
             include_embedding=include_embedding,
         )
-        resp = self._call(self.stub.ListMemories, req)
+        resp = self._call(self.stub.ListMemories, req, timeout, call_metadata)
         return list(resp.memories), resp.next_page_token
 
     def list_memories(
-        self, namespace: str, *, page_size: int = 0, include_embedding: bool = False, **filter_fields: Any
+        self,
+        namespace: str,
+        *,
+        page_size: int = 0,
+        include_embedding: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **filter_fields: Any,
     ) -> Iterator[pb.Memory]:
-        """Every memory of a namespace (matching the filter), fetched page by page."""
-        token = ""
+        """Every memory of a namespace (matching the filter), fetched page by page (``timeout`` is
+        per page)."""
+        _check_names("list_memories", filter_fields, _FILTER_FIELDS)
+        req = pb.ListMemoriesRequest(
+            namespace=namespace,
+            page_size=page_size,
+            filter=build_filter(**filter_fields),
+            include_embedding=include_embedding,
+        )
+        return self._pages(req, timeout, call_metadata)
+
+    def _pages(
+        self, req: pb.ListMemoriesRequest, timeout: float | None, call_metadata: CallMetadata | None
+    ) -> Iterator[pb.Memory]:
+        """The memories of every page of a list, from its first page on (``req`` is reused)."""
         while True:
-            page, token = self.list_page(
-                namespace,
-                page_size=page_size,
-                page_token=token,
-                include_embedding=include_embedding,
-                **filter_fields,
-            )
-            yield from page
-            if not token:
+            resp = self._call(self.stub.ListMemories, req, timeout, call_metadata)
+            yield from resp.memories
+            if not resp.next_page_token:
                 return
+            req.page_token = resp.next_page_token
 
     def search(
         self,
@@ -440,6 +725,8 @@ class MemoryClient:
         vector_weight: float | None = None,
         keyword_weight: float | None = None,
         explain: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
         **filter_fields: Any,
     ) -> list[pb.SearchResult]:
         """Rank memories by alpha*relevance + beta*recency + gamma*importance, best first.
@@ -456,83 +743,119 @@ class MemoryClient:
         matches of the query text (``rrf_k``, ``vector_weight``, ``keyword_weight``; ValueError
         without ``hybrid``); ``explain`` fills
         each result's explanation. Filters: tiers, kinds, tags_any, tags_all, source, topic,
-        created_after, created_before.
+        created_after, created_before, where.
         """
-        req = pb.SearchMemoriesRequest(
-            namespaces=[namespaces] if isinstance(namespaces, str) else list(namespaces),
-            limit=limit,
-            filter=build_filter(**filter_fields),
-            include_embedding=include_embedding,
+        _check_names("search", filter_fields, _FILTER_FIELDS)
+        req = _search_request(
+            namespaces,
+            query,
             embedding_model=embedding_model,
-            strategy=strategy_value(strategy),  # type: ignore[arg-type,unused-ignore]
-            include_ancestors=include_ancestors,
-            scope_weights=[] if scope_weights is None else [float(w) for w in scope_weights],
-            read_only=read_only,
-            explain=explain,
-        )
-        _set_query(req, query, keywords)
-        for tier, weight in (tier_weights or {}).items():
-            req.tier_weights.add(tier=tier_value(tier), weight=weight)
-        _set_hybrid(
-            req,
-            hybrid,
-            keywords=keywords,
-            rrf_k=rrf_k,
-            vector_weight=vector_weight,
-            keyword_weight=keyword_weight,
-        )
-        _set_given(
-            req,
+            limit=limit,
             min_similarity=min_similarity,
             alpha=alpha,
             beta=beta,
             gamma=gamma,
             recency_tau_seconds=recency_tau_seconds,
+            as_of=as_of,
+            include_embedding=include_embedding,
+            strategy=strategy,
+            tier_weights=tier_weights,
+            include_ancestors=include_ancestors,
+            scope_weights=scope_weights,
+            read_only=read_only,
+            hybrid=hybrid,
+            keywords=keywords,
+            rrf_k=rrf_k,
+            vector_weight=vector_weight,
+            keyword_weight=keyword_weight,
+            explain=explain,
+            **filter_fields,
         )
-        if as_of is not None:
-            req.as_of.CopyFrom(_timestamp(as_of))
-        return list(self._call(self.stub.SearchMemories, req).results)
+        return list(self._call(self.stub.SearchMemories, req, timeout, call_metadata).results)
+
+    def search_many(
+        self,
+        searches: Sequence[Mapping[str, Any]],
+        *,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> list[list[pb.SearchResult]]:
+        """Several searches in one call (``BatchSearchMemories``: 1 to 100, run side by side on the
+        server), saving round trips for an agent that fans out. Each mapping holds the arguments of
+        ``search`` (``namespaces``, ``query``, ``limit``, filters, ...) but timeout and
+        call_metadata, which are the call's. Returns each search's results, in order."""
+        req = pb.BatchSearchMemoriesRequest()
+        for i, search in enumerate(searches):
+            _check_names("search_many", search, _SEARCH_ARGS, f" in searches[{i}]")
+            if "namespaces" not in search:
+                raise TypeError(f"search_many() searches[{i}] has no 'namespaces'")
+            req.searches.append(_search_request(**search))
+        resp = self._call(self.stub.BatchSearchMemories, req, timeout, call_metadata)
+        return [list(r.results) for r in resp.responses]
 
     def feedback(
-        self, namespace: str, items: Iterable[Mapping[str, Any]], *, as_of: TimeLike | None = None
+        self,
+        namespace: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        as_of: TimeLike | None = None,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> list[pb.Memory]:
         """Report use of retrieved memories: each item has ``id`` and optionally
         ``predicted_relevance``, ``actual_usefulness`` (both in [0, 1]) and ``success``."""
         req = pb.RecordFeedbackRequest(namespace=namespace, items=[pb.Feedback(**dict(i)) for i in items])
         if as_of is not None:
             req.as_of.CopyFrom(_timestamp(as_of))
-        return list(self._call(self.stub.RecordFeedback, req).memories)
+        return list(self._call(self.stub.RecordFeedback, req, timeout, call_metadata).memories)
 
     # -- server and namespaces ------------------------------------------------------------------
-    def stats(self, namespace: str = "") -> pb.GetStatsResponse:
-        return self._call(self.stub.GetStats, pb.GetStatsRequest(namespace=namespace))
+    def stats(
+        self, namespace: str = "", *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+    ) -> pb.GetStatsResponse:
+        return self._call(self.stub.GetStats, pb.GetStatsRequest(namespace=namespace), timeout, call_metadata)
 
-    def list_namespaces(self, prefix: str = "", *, page_size: int = 0) -> Iterator[pb.NamespaceInfo]:
+    def list_namespaces(
+        self,
+        prefix: str = "",
+        *,
+        page_size: int = 0,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> Iterator[pb.NamespaceInfo]:
+        """Every namespace holding memories (under ``prefix``), page by page (``timeout`` is per page)."""
         token = ""
         while True:
-            resp = self._call(
-                self.stub.ListNamespaces,
-                pb.ListNamespacesRequest(prefix=prefix, page_size=page_size, page_token=token),
-            )
+            req = pb.ListNamespacesRequest(prefix=prefix, page_size=page_size, page_token=token)
+            resp = self._call(self.stub.ListNamespaces, req, timeout, call_metadata)
             yield from resp.namespaces
             token = resp.next_page_token
             if not token:
                 return
 
     def delete_namespace(
-        self, namespace: str, *, include_children: bool = False, confirm: bool = False
+        self,
+        namespace: str,
+        *,
+        include_children: bool = False,
+        confirm: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> int:
         """Delete every memory of a namespace (and of ``namespace/...`` with ``include_children``):
         the one call that clears a task or session scope. Returns how many were deleted."""
         req = pb.DeleteNamespaceRequest(
             namespace=namespace, include_children=include_children, confirm=confirm
         )
-        return int(self._call(self.stub.DeleteNamespace, req).deleted_count)
+        return int(self._call(self.stub.DeleteNamespace, req, timeout, call_metadata).deleted_count)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def get_namespace_config(self, namespace: str) -> pb.GetNamespaceConfigResponse:
+    def get_namespace_config(
+        self, namespace: str, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+    ) -> pb.GetNamespaceConfigResponse:
         """The namespace's stored settings (``.config``) and the complete policy in effect (``.effective``)."""
-        return self._call(self.stub.GetNamespaceConfig, pb.GetNamespaceConfigRequest(namespace=namespace))
+        req = pb.GetNamespaceConfigRequest(namespace=namespace)
+        return self._call(self.stub.GetNamespaceConfig, req, timeout, call_metadata)
 
     def update_namespace_config(
         self,
@@ -547,6 +870,8 @@ class MemoryClient:
         promote_success_count: int | None = None,
         reset_policy: bool = False,
         confirm: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.UpdateNamespaceConfigResponse:
         """Change only what is given. ``tiers`` maps a tier to overrides of ttl_seconds, max_items,
         importance_threshold, half_life_hours, cadence_seconds (it replaces earlier tier overrides);
@@ -582,17 +907,23 @@ class MemoryClient:
         req = pb.UpdateNamespaceConfigRequest(
             config=cfg, update_mask=field_mask_pb2.FieldMask(paths=paths), confirm=confirm
         )
-        return self._call(self.stub.UpdateNamespaceConfig, req)
+        return self._call(self.stub.UpdateNamespaceConfig, req, timeout, call_metadata)
 
     def consolidate(
-        self, namespace: str = "", *, dry_run: bool = False, max_reported_moves: int = 0
+        self,
+        namespace: str = "",
+        *,
+        dry_run: bool = False,
+        max_reported_moves: int = 0,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.ConsolidateMemoriesResponse:
         """Run a lifecycle pass now over one namespace or all (expiry, promotion, demotion, capacity);
         ``dry_run`` reports the moves without making them."""
         req = pb.ConsolidateMemoriesRequest(
             namespace=namespace, dry_run=dry_run, max_reported_moves=max_reported_moves
         )
-        return self._call(self.stub.ConsolidateMemories, req)
+        return self._call(self.stub.ConsolidateMemories, req, timeout, call_metadata)
 
     def transfer(
         self,
@@ -605,6 +936,8 @@ class MemoryClient:
         target_id: str = "",
         overwrite: bool = False,
         confirm: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.Memory:
         """Copy or move (``mode``) a memory to another namespace and/or tier, e.g. task -> project ->
         global; the result's ``origin`` names the source."""
@@ -618,7 +951,7 @@ class MemoryClient:
             overwrite=overwrite,
             confirm=confirm,
         )
-        return self._call(self.stub.TransferMemory, req).memory
+        return self._call(self.stub.TransferMemory, req, timeout, call_metadata).memory
 
     # -- streams, debates, backup ---------------------------------------------------------------
     def timeline(
@@ -628,52 +961,69 @@ class MemoryClient:
         since: TimeLike | None = None,
         until: TimeLike | None = None,
         page_size: int = 0,
+        where: str | Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
         **filter_fields: Any,
     ) -> Iterator[pb.Memory]:
-        """An agent's memory stream, newest first, optionally within [since, until)."""
-        where: dict[str, Any] = {}
-        if since is not None:
-            where["create_time"] = {"$gte": _seconds(since)}
-        if until is not None:
-            where.setdefault("create_time", {})["$lt"] = _seconds(until)
-        token = ""
-        while True:
-            req = pb.ListMemoriesRequest(
-                namespace=namespace,
-                page_size=page_size,
-                page_token=token,
-                newest_first=True,
-                filter=build_filter(where=where or None, **filter_fields),
-            )
-            resp = self._call(self.stub.ListMemories, req)
-            yield from resp.memories
-            token = resp.next_page_token
-            if not token:
-                return
+        """An agent's memory stream, newest first, optionally within [since, until) and matching
+        the filters (``where`` too); ``timeout`` is per page."""
+        _check_names("timeline", filter_fields, _FILTER_FIELDS - {"where"})
+        req = pb.ListMemoriesRequest(
+            namespace=namespace,
+            page_size=page_size,
+            newest_first=True,
+            filter=build_filter(where=_within(where, since, until), **filter_fields),
+        )
+        return self._pages(req, timeout, call_metadata)
 
     def find_similar_debates(
-        self, namespaces: str | Sequence[str], topic: str, *, limit: int = 5, **kwargs: Any
+        self,
+        namespaces: str | Sequence[str],
+        topic: str,
+        *,
+        limit: int = 5,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **kwargs: Any,
     ) -> list[pb.SearchResult]:
-        """Consensus and dissent records (kinds "consensus", "dissent") closest to ``topic``."""
-        return self.search(namespaces, topic, limit=limit, kinds=["consensus", "dissent"], **kwargs)
+        """Consensus and dissent records (kinds "consensus", "dissent") closest to ``topic``;
+        ``kwargs`` are other arguments of ``search``."""
+        _check_names("find_similar_debates", kwargs, _SEARCH_ARGS - {"namespaces", "query", "kinds"})
+        return self.search(
+            namespaces,
+            topic,
+            limit=limit,
+            kinds=["consensus", "dissent"],
+            timeout=timeout,
+            call_metadata=call_metadata,
+            **kwargs,
+        )
 
     def export_memories(
-        self, namespace: str = "", *, include_children: bool = False
+        self,
+        namespace: str = "",
+        *,
+        include_children: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> Iterator[pb.ExportMemoriesResponse]:
         """Stream a consistent snapshot: the header chunk, then every memory with its vector, the
-        namespaces' progress toward a reflection and a summary, and the graph."""
-        try:
-            yield from self.stub.ExportMemories(
-                pb.ExportMemoriesRequest(namespace=namespace, include_children=include_children), timeout=None
-            )
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+        namespaces' progress toward a reflection and a summary, and the graph. No deadline unless
+        ``timeout`` (for the whole stream): a large export takes a while."""
+        req = pb.ExportMemoriesRequest(namespace=namespace, include_children=include_children)
+        yield from self._call(self.stub.ExportMemories, req, timeout, call_metadata, stream=True)
 
     def import_memories(
-        self, chunks: Iterable[pb.ExportMemoriesResponse], *, target_namespace: str = ""
+        self,
+        chunks: Iterable[pb.ExportMemoriesResponse],
+        *,
+        target_namespace: str = "",
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.ImportMemoriesResponse:
         """Restore the chunks of an export (e.g. ``export_memories``' output, possibly saved and
-        read back), optionally under another namespace."""
+        read back), optionally under another namespace. No deadline unless ``timeout``."""
 
         def requests() -> Iterator[pb.ImportMemoriesRequest]:
             for i, chunk in enumerate(chunks):
@@ -695,27 +1045,40 @@ class MemoryClient:
                     raise ValueError(f"chunk {i} of the export is empty")
                 yield req
 
-        try:
-            return self.stub.ImportMemories(requests(), timeout=None)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+        return self._call(self.stub.ImportMemories, requests(), timeout, call_metadata, stream=True)
 
     # -- agent memory: reflection and summaries ------------------------------------------------
     def observe(
-        self, namespace: str, content: str, *, kind: str = "observation", request_id: str = "", **fields: Any
+        self,
+        namespace: str,
+        content: str,
+        *,
+        kind: str = "observation",
+        request_id: str = "",
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **fields: Any,
     ) -> pb.CreateMemoryResponse:
         """Store an observation and return the whole response: ``.memory``, ``.reflection_due`` and
         ``.summary_due`` tell the agent when to reflect or summarize."""
+        _check_names("observe", fields, _MEMORY_FIELDS)
         req = pb.CreateMemoryRequest(
             memory=build_memory(namespace, content, kind=kind, **fields),
             request_id=request_id or uuid.uuid4().hex,
         )
-        return self._call(self.stub.CreateMemory, req)
+        return self._call(self.stub.CreateMemory, req, timeout, call_metadata)
 
-    def reflection_candidates(self, namespace: str, *, limit: int = 0) -> pb.GetReflectionCandidatesResponse:
+    def reflection_candidates(
+        self,
+        namespace: str,
+        *,
+        limit: int = 0,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.GetReflectionCandidatesResponse:
         """The most recent observations (newest first) and the reflection accumulator."""
         req = pb.GetReflectionCandidatesRequest(namespace=namespace, limit=limit)
-        return self._call(self.stub.GetReflectionCandidates, req)
+        return self._call(self.stub.GetReflectionCandidates, req, timeout, call_metadata)
 
     def reflect(
         self,
@@ -725,10 +1088,13 @@ class MemoryClient:
         source_memory_ids: Iterable[str],
         questions: Iterable[str] = (),
         importance: float = 0.9,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
         **fields: Any,
     ) -> pb.Memory:
         """Store a reflection (kind "reflection", importance >= 0.8) derived from observations;
         it resets the namespace's reflection accumulator."""
+        _check_names("reflect", fields, _MEMORY_FIELDS - {"kind"})
         m = build_memory(
             namespace,
             insight,
@@ -739,19 +1105,43 @@ class MemoryClient:
         )
         m.questions.extend(questions)
         req = pb.CreateMemoryRequest(memory=m, request_id=uuid.uuid4().hex)
-        return self._call(self.stub.CreateMemory, req).memory
+        return self._call(self.stub.CreateMemory, req, timeout, call_metadata).memory
 
-    def build_summary(self, namespace: str, *, max_tokens: int = 0) -> pb.BuildSummaryResponse:
+    def build_summary(
+        self,
+        namespace: str,
+        *,
+        max_tokens: int = 0,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.BuildSummaryResponse:
         """A built-in extractive summary of the memories since the last summary (no LLM)."""
         req = pb.BuildSummaryRequest(namespace=namespace, max_tokens=max_tokens)
-        return self._call(self.stub.BuildSummary, req)
+        return self._call(self.stub.BuildSummary, req, timeout, call_metadata)
 
     def summarize(
-        self, namespace: str, text: str, *, source_memory_ids: Iterable[str], **fields: Any
+        self,
+        namespace: str,
+        text: str,
+        *,
+        source_memory_ids: Iterable[str],
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **fields: Any,
     ) -> pb.Memory:
         """Store a rolling summary of the scope: it replaces the previous summary and resets the
         summary token count."""
-        return self.create(namespace, text, kind="summary", source_memory_ids=source_memory_ids, **fields)
+        accepted = (_MEMORY_FIELDS - {"kind"}) | {"request_id", "dedup_similarity", "allow_duplicates"}
+        _check_names("summarize", fields, accepted)
+        return self.create(
+            namespace,
+            text,
+            kind="summary",
+            source_memory_ids=source_memory_ids,
+            timeout=timeout,
+            call_metadata=call_metadata,
+            **fields,
+        )
 
     # -- graph memory ---------------------------------------------------------------------------
     def upsert_node(
@@ -762,14 +1152,15 @@ class MemoryClient:
         label: str = "",
         properties: Mapping[str, Any] | None = None,
         memory_ids: Iterable[str] = (),
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.GraphNode:
         """Create or replace a graph node (an entity the agent records explicitly)."""
         node = pb.GraphNode(id=node_id, label=label, memory_ids=list(memory_ids))
         if properties:
             set_metadata(node.properties, properties)
-        return self._call(
-            self.stub.UpsertGraphNode, pb.UpsertGraphNodeRequest(namespace=namespace, node=node)
-        ).node
+        req = pb.UpsertGraphNodeRequest(namespace=namespace, node=node)
+        return self._call(self.stub.UpsertGraphNode, req, timeout, call_metadata).node
 
     def add_edge(
         self,
@@ -782,6 +1173,8 @@ class MemoryClient:
         memory_ids: Iterable[str] = (),
         valid_from: TimeLike | None = None,
         invalid_from: TimeLike | None = None,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.GraphEdge:
         """Link two nodes: ``source_id relation target_id``, valid over [valid_from, invalid_from)."""
         edge = pb.GraphEdge(
@@ -793,14 +1186,23 @@ class MemoryClient:
             edge.valid_from.CopyFrom(_timestamp(valid_from))
         if invalid_from is not None:
             edge.invalid_from.CopyFrom(_timestamp(invalid_from))
-        return self._call(self.stub.AddGraphEdge, pb.AddGraphEdgeRequest(namespace=namespace, edge=edge)).edge
+        req = pb.AddGraphEdgeRequest(namespace=namespace, edge=edge)
+        return self._call(self.stub.AddGraphEdge, req, timeout, call_metadata).edge
 
-    def invalidate_edge(self, namespace: str, edge_id: str, *, at: TimeLike | None = None) -> pb.GraphEdge:
+    def invalidate_edge(
+        self,
+        namespace: str,
+        edge_id: str,
+        *,
+        at: TimeLike | None = None,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.GraphEdge:
         """End a fact's validity (it stays in history)."""
         req = pb.InvalidateGraphEdgeRequest(namespace=namespace, edge_id=edge_id)
         if at is not None:
             req.invalid_from.CopyFrom(_timestamp(at))
-        return self._call(self.stub.InvalidateGraphEdge, req).edge
+        return self._call(self.stub.InvalidateGraphEdge, req, timeout, call_metadata).edge
 
     def neighbors(
         self,
@@ -811,6 +1213,8 @@ class MemoryClient:
         limit: int = 0,
         as_of: TimeLike | None = None,
         include_invalid: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.GetGraphNeighborsResponse:
         """Nodes (breadth first) and edges around ``node_id`` that hold at ``as_of``."""
         req = pb.GetGraphNeighborsRequest(
@@ -818,7 +1222,7 @@ class MemoryClient:
         )
         if as_of is not None:
             req.as_of.CopyFrom(_timestamp(as_of))
-        return self._call(self.stub.GetGraphNeighbors, req)
+        return self._call(self.stub.GetGraphNeighbors, req, timeout, call_metadata)
 
     # -- context assembly -------------------------------------------------------------------------
     def build_context(
@@ -830,6 +1234,8 @@ class MemoryClient:
         head_tail: int = 0,
         graph_facts: bool = True,
         read_only: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.BuildContextResponse:
         """A token-budgeted context package for an agent turn: ``scopes`` narrowest first (namespace
         strings, or dicts with namespace, share, semantic_k, recent_window)."""
@@ -842,4 +1248,4 @@ class MemoryClient:
         )
         for scope in scopes:
             req.scopes.add(**({"namespace": scope} if isinstance(scope, str) else dict(scope)))
-        return self._call(self.stub.BuildContext, req)
+        return self._call(self.stub.BuildContext, req, timeout, call_metadata)

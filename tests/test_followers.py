@@ -44,14 +44,15 @@ def _search_pid(c: MemoryClient) -> int:
 
 def _client_on(port: int, pid: int) -> MemoryClient:
     """A client whose connection the kernel gave to process ``pid`` (new connections until one is)."""
-    for _ in range(64):
+    deadline = time.monotonic() + 60  # (a replacement follower is listed before it listens)
+    while time.monotonic() < deadline:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
         c = MemoryClient(channel=channel, timeout=30)
         c.wait_ready()
         if _search_pid(c) == pid:
             return c
         channel.close()
-    raise AssertionError(f"no connection reached process {pid} in 64 tries")
+    raise AssertionError(f"no connection reached process {pid} in 60 s")
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ durable before the call returns; the columns and the vector indexes mirror it (s
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +72,8 @@ from tiermem.server.search.searcher import Searcher
 from tiermem.server.storage.store import Store
 from tiermem.server.storage.writer import Writer
 
+logger = logging.getLogger(__name__)
+
 
 class Engine:
     """The memory engine's public API; each method delegates to the module that owns it."""
@@ -117,7 +120,10 @@ class Engine:
                 st.indexer.attach(idx)
         st.indexer.start()
         st.writer = Writer(st.store, max_group=config.max_group_ops, before_commit=st.before_commit)
+        logger.info("compiling kernels (the first start after an install takes up to a minute)")
+        began = time.monotonic()
         kernels.warm_up()
+        logger.info("kernels ready in %.1f s", time.monotonic() - began)
         self._snapshots = Snapshots(st)
         self._background = BackgroundThreads(st, self._snapshots)
         self._background.start()

@@ -1,0 +1,395 @@
+"""The Python client as a new user meets it, through real gRPC servers on 127.0.0.1: waiting for a
+starting server, calls that span a server restart, per-call timeouts and metadata, misspelled
+arguments, ``timeline`` with a ``where`` filter and ``search_many``.
+
+Servers are tiermem's own (``server_factory``, ``create_server``) or, where a test needs a server in
+a given state, a small gRPC server in the test: the standard health servicer alone, or tiermem's
+``MemoryServicer`` over a real engine behind a recording interceptor. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from conftest import FakeClock
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tiermem.client import DeadlineExceededError, MemoryClient, UnavailableError
+from tiermem.server.config import ServerConfig
+from tiermem.server.transport.app import RunningServer, create_server
+from tiermem.server.transport.servicer import MemoryServicer
+from tiermem.v1 import memory_pb2_grpc
+
+NS = "user:ana/project:usability"
+SERVICE = "tiermem.v1.MemoryService"
+T0 = 1_700_000_000.0  # FakeClock's default start
+
+
+@contextlib.contextmanager
+def connect(port: int) -> Iterator[MemoryClient]:
+    with MemoryClient(f"127.0.0.1:{port}", timeout=30) as c:
+        c.wait_ready()
+        yield c
+
+
+@contextlib.contextmanager
+def health_only_server() -> Iterator[tuple[int, health.HealthServicer]]:
+    """A gRPC server on port 0 with only the standard health service, NOT_SERVING at first."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ("", SERVICE):
+        servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port, servicer
+    finally:
+        server.stop(0).wait()
+
+
+class RecordMetadata(grpc.ServerInterceptor):
+    """Keeps the invocation metadata of every call, by method name."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str]]] = []
+
+    def intercept_service(self, continuation: Callable[..., Any], details: Any) -> Any:
+        pairs = {k: v for k, v in details.invocation_metadata if not k.startswith(":")}
+        self.seen.append((details.method.rsplit("/", 1)[-1], pairs))
+        return continuation(details)
+
+
+class Delay(grpc.ServerInterceptor):
+    """Makes every call with a single request wait ``seconds`` on the server before it runs."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def intercept_service(self, continuation: Callable[..., Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming:
+            return handler
+        run = handler.unary_unary or handler.unary_stream
+
+        def later(request: Any, context: grpc.ServicerContext) -> Any:
+            time.sleep(self.seconds)
+            return run(request, context)
+
+        make = (
+            grpc.unary_unary_rpc_method_handler
+            if handler.unary_unary
+            else grpc.unary_stream_rpc_method_handler
+        )
+        return make(
+            later,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+@contextlib.contextmanager
+def front_server(
+    engine_server: RunningServer | None, interceptors: tuple[grpc.ServerInterceptor, ...] = ()
+) -> Iterator[tuple[int, MemoryServicer]]:
+    """tiermem's MemoryService on another port, over ``engine_server``'s engine (none: it answers
+    UNAVAILABLE STARTING until the test attaches one), with ``interceptors``."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=interceptors)
+    servicer = MemoryServicer()
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)
+    if engine_server is not None:
+        servicer.attach(engine_server.engine, None, None)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port, servicer
+    finally:
+        server.stop(0).wait()
+
+
+def result_keys(results: list[Any]) -> list[tuple[str, float]]:
+    return [(r.memory.id, round(r.score, 6)) for r in results]
+
+
+# --------------------------------------------------------------------------------------------
+# 1. wait_ready waits through NOT_SERVING
+# --------------------------------------------------------------------------------------------
+
+
+def test_wait_ready_keeps_asking_while_the_server_is_not_serving() -> None:
+    with health_only_server() as (port, servicer):
+
+        def serve() -> None:
+            for name in ("", SERVICE):
+                servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+        flip = threading.Timer(1.0, serve)
+        began = time.monotonic()
+        flip.start()
+        try:
+            with MemoryClient(f"127.0.0.1:{port}") as c:
+                c.wait_ready(timeout=30)
+        finally:
+            flip.cancel()
+            flip.join()
+        assert time.monotonic() - began >= 0.9  # it returned once SERVING, not before
+
+
+def test_wait_ready_times_out_naming_the_last_status() -> None:
+    with health_only_server() as (port, _), MemoryClient(f"127.0.0.1:{port}") as c:
+        began = time.monotonic()
+        with pytest.raises(UnavailableError, match="last status NOT_SERVING") as info:
+            c.wait_ready(timeout=0.6)
+        assert 0.5 <= time.monotonic() - began < 10
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_wait_ready_names_the_last_error_when_nothing_answers() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with (
+        MemoryClient(f"127.0.0.1:{port}") as c,
+        pytest.raises(UnavailableError, match="last error UNAVAILABLE") as info,
+    ):
+        c.wait_ready(timeout=0.5)
+    assert "NOT_SERVING" not in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. a server restart within a call's deadline is invisible
+# --------------------------------------------------------------------------------------------
+
+
+def _config(data_dir: Path, port: int) -> ServerConfig:
+    return ServerConfig(
+        host="127.0.0.1",
+        port=port,
+        data_dir=data_dir,
+        maintenance_interval_seconds=0,
+        search_records_access=False,
+    )
+
+
+def test_a_call_made_while_the_server_restarts_waits_for_it(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    first = create_server(_config(data_dir, 0))
+    port = first.port
+    second: list[RunningServer] = []
+    failed: list[BaseException] = []
+
+    def restart() -> None:
+        time.sleep(1.0)
+        try:
+            second.append(create_server(_config(data_dir, port)))  # the same port and data
+        except BaseException as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=restart)
+    try:
+        with connect(port) as c:
+            m = c.create(NS, "The deploy failed: STRIPE_KEY missing in staging", tags=["deploy"])
+            first.stop(0)
+            thread.start()
+            began = time.monotonic()
+            got = c.get(NS, m.id, timeout=30)
+            waited = time.monotonic() - began
+    finally:
+        if thread.ident is not None:
+            thread.join(120)
+        with contextlib.suppress(Exception):
+            first.stop(0)
+        for s in second:
+            s.stop(0)
+    assert not failed, failed
+    assert got.id == m.id and got.content == m.content and list(got.tags) == ["deploy"]
+    assert waited >= 0.9  # it was issued while no server ran, and answered by the restarted one
+
+
+def test_a_call_the_server_refused_while_starting_is_made_again(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory()
+    with connect(running.port) as c:
+        m = c.create(NS, "kept until the server is up")
+    with front_server(None) as (port, servicer), MemoryClient(f"127.0.0.1:{port}") as c:
+        # Until attached, every call fails with UNAVAILABLE STARTING (it never ran), and is made
+        # again until its deadline.
+        began = time.monotonic()
+        with pytest.raises(UnavailableError) as info:
+            c.delete(NS, m.id, timeout=0.5)
+        assert info.value.reason == "STARTING" and time.monotonic() - began >= 0.3
+        attach = threading.Timer(1.0, lambda: servicer.attach(running.engine, None, None))
+        attach.start()
+        try:
+            c.delete(NS, m.id, timeout=30)  # not retried by the channel's policy: by the client
+        finally:
+            attach.join()
+    with connect(running.port) as c:
+        assert [x.id for x in c.list_memories(NS)] == []
+
+
+# --------------------------------------------------------------------------------------------
+# 3. timeline with where
+# --------------------------------------------------------------------------------------------
+
+
+def test_timeline_combines_where_with_since_and_until(server_factory: Callable[..., RunningServer]) -> None:
+    running = server_factory()
+    with connect(running.port) as c:
+        for i in range(6):
+            c.create(
+                NS, f"event {i}", id=f"e{i}", kind="note" if i % 2 else "observation", create_time=T0 + i
+            )
+        ids = lambda it: [m.id for m in it]  # noqa: E731
+        assert ids(c.timeline(NS, since=T0 + 1, until=T0 + 5, where={"kind": "note"})) == ["e3", "e1"]
+        assert ids(c.timeline(NS, since=T0 + 2, where='{"kind": "observation"}')) == ["e4", "e2"]
+        assert ids(c.timeline(NS, until=T0 + 3, where={"$or": [{"kind": "note"}, {"tags": "x"}]})) == ["e1"]
+        assert ids(c.timeline(NS, where={"kind": "note"})) == ["e5", "e3", "e1"]
+        assert ids(c.timeline(NS, since=T0 + 4, where="")) == ["e5", "e4"]
+        assert ids(c.timeline(NS, since=T0, until=T0 + 4, kinds=["note"], page_size=1)) == ["e3", "e1"]
+
+
+# --------------------------------------------------------------------------------------------
+# 4. per-call timeout and metadata, misspelled arguments
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_call_takes_its_own_timeout(server_factory: Callable[..., RunningServer]) -> None:
+    running = server_factory()
+    with connect(running.port) as c:
+        c.create(NS, "timeouts are per call")
+        assert [r.memory.content for r in c.search(NS, "timeouts", timeout=2)] == ["timeouts are per call"]
+    # Every call to this server takes 0.5 s more, so a deadline of 0.1 s always passes first.
+    with front_server(running, (Delay(0.5),)) as (port, _):
+        with MemoryClient(f"127.0.0.1:{port}", timeout=30) as c:
+            with pytest.raises(DeadlineExceededError):
+                c.search(NS, "timeouts", timeout=0.1)
+            with pytest.raises(DeadlineExceededError):
+                c.stats(timeout=0.1)
+            with pytest.raises(DeadlineExceededError):
+                list(c.export_memories(NS, timeout=0.1))
+            assert c.stats().memory_count == 1  # the client's 30 s otherwise
+        with MemoryClient(f"127.0.0.1:{port}", timeout=0.1) as c:
+            with pytest.raises(DeadlineExceededError):
+                c.stats()  # the client's 0.1 s
+            assert c.stats(timeout=5).memory_count == 1
+            assert len(c.search(NS, "timeouts", timeout=5)) == 1
+
+
+def test_call_metadata_reaches_the_server(server_factory: Callable[..., RunningServer]) -> None:
+    running = server_factory()
+    recorder = RecordMetadata()
+    sent = [("x-request-origin", "agent-7"), ("x-tenant", "ana")]
+    with front_server(running, (recorder,)) as (port, _), MemoryClient(f"127.0.0.1:{port}") as c:
+        m = c.create(NS, "metadata travels with the call", call_metadata=sent)
+        c.search(NS, "metadata", call_metadata=sent)
+        c.search_many([{"namespaces": NS, "query": "metadata"}], call_metadata=sent)
+        chunks = list(c.export_memories(NS, call_metadata=sent))
+        c.delete(NS, m.id, call_metadata=sent)
+        assert c.import_memories(chunks, call_metadata=sent).imported == 1
+        c.get(NS, m.id)  # none sent
+    by_method = {name: pairs for name, pairs in recorder.seen}
+    for name in (
+        "CreateMemory",
+        "SearchMemories",
+        "BatchSearchMemories",
+        "ExportMemories",
+        "DeleteMemory",
+        "ImportMemories",
+    ):
+        assert by_method[name]["x-request-origin"] == "agent-7", name
+        assert by_method[name]["x-tenant"] == "ana", name
+    assert "x-tenant" not in by_method["GetMemory"]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda c: c.search(NS, "q", tag_any=["x"]),
+            r"^search\(\) got an unexpected keyword argument 'tag_any'",
+        ),
+        (lambda c: c.list_memories(NS, tag_any=["x"]), r"^list_memories\(\) got .* 'tag_any'"),
+        (lambda c: c.list_page(NS, kind=["x"]), r"^list_page\(\) got .* 'kind'"),
+        (lambda c: list(c.timeline(NS, tag_any=["x"])), r"^timeline\(\) got .* 'tag_any'"),
+        (lambda c: c.create(NS, "x", tag=["x"]), r"^create\(\) got .* 'tag'"),
+        (lambda c: c.update(NS, "m1", importanc=0.5), r"^update\(\) got .* 'importanc'"),
+        (lambda c: c.observe(NS, "x", tier_="fast"), r"^observe\(\) got .* 'tier_'"),
+        (lambda c: c.reflect(NS, "x", source_memory_ids=[], kind="x"), r"^reflect\(\) got .* 'kind'"),
+        (lambda c: c.summarize(NS, "x", source_memory_ids=[], kind="x"), r"^summarize\(\) got .* 'kind'"),
+        (lambda c: c.find_similar_debates(NS, "t", kinds=["x"]), r"^find_similar_debates\(\) got .* 'kinds'"),
+        (
+            lambda c: c.search_many([{"namespaces": NS}, {"namespaces": NS, "timeout": 1}]),
+            r"^search_many\(\) got an unexpected keyword argument 'timeout' in searches\[1\]",
+        ),
+        (
+            lambda c: c.create_batch([{"namespace": NS, "content": "x", "tgs": []}]),
+            r"^create_batch\(\) got .* 'tgs' in memories\[0\]",
+        ),
+    ],
+)
+def test_a_misspelled_argument_is_a_type_error_naming_the_method(
+    client: MemoryClient, call: Callable[[MemoryClient], Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        call(client)
+    assert client.stats().memory_count == 0  # nothing was sent
+
+
+def test_a_type_error_suggests_the_argument_meant(client: MemoryClient) -> None:
+    with pytest.raises(TypeError, match=r"Did you mean 'tags_any'\?"):
+        client.search(NS, "q", tag_any=["x"])
+
+
+# --------------------------------------------------------------------------------------------
+# 5. search_many
+# --------------------------------------------------------------------------------------------
+
+
+def test_search_many_equals_the_searches_one_by_one(server_factory: Callable[..., RunningServer]) -> None:
+    clock = FakeClock()
+    clock.advance(86400)  # the memories below are from the day before
+    running = server_factory(clock=clock)
+    with connect(running.port) as c:
+        texts = [
+            "The deploy failed: STRIPE_KEY missing in staging",
+            "Ana prefers short answers in the morning",
+            "The billing report job timed out on the database",
+            "Staging deploys need the release checklist",
+            "The database migration ran for two hours",
+        ]
+        for i, text in enumerate(texts):
+            c.create(
+                NS,
+                text,
+                id=f"m{i}",
+                kind="incident" if i % 2 == 0 else "preference",
+                tags=["deploy"] if "deploy" in text.lower() else [],
+                importance=0.2 + 0.15 * i,
+                create_time=T0 + 60 * i,
+            )
+        c.create("user:bob", "Bob deploys on Fridays", id="b0", tags=["deploy"], create_time=T0)
+        searches: list[dict[str, Any]] = [
+            {"namespaces": NS, "query": "why did the deploy fail?", "limit": 3},
+            {"namespaces": [NS, "user:bob"], "query": "deploy", "tags_any": ["deploy"]},
+            {"namespaces": NS, "query": "database", "kinds": ["incident"], "strategy": "weighted"},
+            {"namespaces": NS, "strategy": "importance", "limit": 2, "where": {"importance": {"$gte": 0.4}}},
+            {"namespaces": NS, "query": "report", "hybrid": True, "explain": True, "as_of": T0 + 3600},
+        ]
+        batched = c.search_many(searches, timeout=10)
+        one_by_one = [c.search(**s) for s in searches]
+    assert len(batched) == len(searches)
+    for got, expected in zip(batched, one_by_one, strict=True):
+        assert expected, "every search finds something"
+        assert result_keys(got) == result_keys(expected)
+        assert [r.explanation for r in got] == [r.explanation for r in expected]
