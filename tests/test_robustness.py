@@ -69,6 +69,11 @@ def test_every_tier_snapshot_is_reused_after_clean_restart(
             c.create("ns", f"m{i}", id=f"m{i}", embedding=v, embedding_model=MODEL, tier=tiers[i % 4])
         for i in range(4):  # one dead entry per tier: well under the 25% compaction threshold
             c.delete("ns", f"m{i}")
+        # A stop leaves what the indexer has not moved yet out of the snapshots (start-up adds it
+        # from LMDB): wait until it has, so every tier's snapshot holds its 10 entries.
+        deadline = time.monotonic() + 30
+        while any(s.pending_vectors for s in c.stats().spaces) and time.monotonic() < deadline:
+            time.sleep(0.05)
     running.stop(0)
     manifests = sorted((data / "indexes").glob("*-t[0-9].json"))  # index manifests (not columns.json)
     assert len(manifests) == 4, manifests
