@@ -497,7 +497,8 @@ def test_namespace_settings_queued_together_are_merged_not_lost(tmp_path: Path) 
             eng.writer,
             [
                 lambda: eng.update_namespace_config(ns, True, {}, ["protected"]),
-                lambda: eng.update_namespace_config(ns, False, {"retention": 4}, ["policy.retention"]),
+                # (the policy of a protected namespace changes with confirm only)
+                lambda: eng.update_namespace_config(ns, False, {"retention": 4}, ["policy.retention"], True),
                 lambda: eng.update_namespace_config(ns, False, {}, ["protected"]),  # unprotect, no confirm
             ],
         )
