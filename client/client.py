@@ -1055,16 +1055,20 @@ class MemoryClient:
         *,
         kind: str = "observation",
         request_id: str = "",
+        allow_duplicates: bool = True,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
         **fields: Any,
     ) -> pb.CreateMemoryResponse:
         """Store an observation and return the whole response: ``.memory``, ``.reflection_due`` and
-        ``.summary_due`` tell the agent when to reflect or summarize."""
+        ``.summary_due`` tell the agent when to reflect or summarize. An event log keeps every
+        event, a repeated one too; ``allow_duplicates=False`` merges one with the same content
+        into the memory already stored, as ``create`` does."""
         _check_names("observe", fields, _MEMORY_FIELDS)
         req = pb.CreateMemoryRequest(
             memory=build_memory(namespace, content, kind=kind, **fields),
             request_id=request_id or uuid.uuid4().hex,
+            allow_duplicates=allow_duplicates,
         )
         return self._call(self.stub.CreateMemory, req, timeout, call_metadata)
 

@@ -120,3 +120,14 @@ def test_a_protected_namespace_keeps_its_policy_without_confirm(
         assert not c.get_namespace_config(NS).config.policy.tiers
         c.update_namespace_config(NS, delete_from_glacial=True, confirm=True, **wipe)  # asked for: done
         assert c.get_namespace_config(NS).config.policy.delete_from_glacial
+
+
+def test_an_event_log_keeps_every_event(server_factory: Callable[..., RunningServer]) -> None:
+    with _client(server_factory()) as c:
+        first = c.observe(NS, "Yes, go ahead.").memory
+        second = c.observe(NS, "Yes, go ahead.").memory
+        assert first.id != second.id
+        assert [m.content for m in c.timeline(NS)] == ["Yes, go ahead."] * 2
+        merged = c.observe(NS, "Yes, go ahead.", allow_duplicates=False).memory  # opt-in
+        assert merged.id in (first.id, second.id)
+        assert len(list(c.timeline(NS))) == 2
