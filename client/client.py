@@ -1116,11 +1116,18 @@ class MemoryClient:
         namespace: str,
         *,
         max_tokens: int = 0,
+        since: TimeLike | None = None,
+        until: TimeLike | None = None,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> pb.BuildSummaryResponse:
-        """A built-in extractive summary of the memories since the last summary (no LLM)."""
+        """A built-in extractive summary (no LLM) of the memories since the last summary, or, with
+        ``since``/``until``, of those created in [since, until)."""
         req = pb.BuildSummaryRequest(namespace=namespace, max_tokens=max_tokens)
+        if since is not None:
+            req.created_after.CopyFrom(_timestamp(since))
+        if until is not None:
+            req.created_before.CopyFrom(_timestamp(until))
         return self._call(self.stub.BuildSummary, req, timeout, call_metadata)
 
     def summarize(

@@ -131,3 +131,20 @@ def test_an_event_log_keeps_every_event(server_factory: Callable[..., RunningSer
         merged = c.observe(NS, "Yes, go ahead.", allow_duplicates=False).memory  # opt-in
         assert merged.id in (first.id, second.id)
         assert len(list(c.timeline(NS))) == 2
+
+
+def test_build_summary_takes_a_time_range(server_factory: Callable[..., RunningServer]) -> None:
+    t0 = 1_700_000_000.0
+    with _client(server_factory()) as c:
+        for minute in (3, 0, 2, 1):  # arrival order is not time order
+            c.observe(
+                NS, f"Event at minute {minute}. More detail.", id=f"e{minute}", create_time=t0 + 60 * minute
+            )
+        s = c.build_summary(NS, since=t0 + 30, until=t0 + 150)  # minutes 1 and 2
+        assert sorted(s.source_memory_ids) == ["e1", "e2"]
+        assert s.text == "Event at minute 1. Event at minute 2."  # in time order, first sentences
+        c.summarize(NS, s.text, source_memory_ids=s.source_memory_ids)
+        since_last = c.build_summary(NS)  # no range: what came since the last summary
+        assert since_last.source_memory_ids == []
+        whole = c.build_summary(NS, since=t0)  # a range reaches behind the last summary
+        assert whole.source_memory_ids == ["e0", "e1", "e2", "e3"]

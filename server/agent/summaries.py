@@ -25,15 +25,21 @@ class Summary:
     tokens: int
 
 
-def build_summary(engine: Engine, namespace: str, max_tokens: int) -> Summary:
-    """An extractive summary of the namespace's memories since its last summary: the first sentence
-    of each, best first by 0.7 * importance + 0.3 * rank in time, kept within max_tokens, then put
-    back in time order."""
+def build_summary(
+    engine: Engine, namespace: str, max_tokens: int, after: float | None = None, before: float | None = None
+) -> Summary:
+    """An extractive summary of the namespace's memories since its last summary, or, with a time range,
+    of those created in [after, before): the first sentence of each, best first by 0.7 * importance +
+    0.3 * rank in time, kept within max_tokens, then put back in time order (by creation)."""
     check.namespace("namespace", namespace)
-    since = engine.scope(namespace).summary_rid
+    ranged = after is not None or before is not None
+    flt = engine.check_filter(Filter(created_after=after, created_before=before), prefix="")
     view = engine.columns.view()
-    allowed, _ = engine.allowed_rows(view, [namespace], Filter(), engine.clock())
-    rows = np.flatnonzero(allowed & (view.rid > since))
+    allowed, _ = engine.allowed_rows(view, [namespace], flt, engine.clock())
+    if not ranged:
+        allowed &= view.rid > engine.scope(namespace).summary_rid
+    rows = np.flatnonzero(allowed)
+    rows = rows[np.lexsort((view.rid[rows], view.created[rows]))]
     with engine.store.read() as txn:
         recs = [
             r

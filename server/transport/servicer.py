@@ -386,7 +386,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.BuildSummaryResponse:
         if request.max_tokens < 0:
             raise InvalidArgument("max_tokens", "must not be negative")
-        summary = build_summary(self._engine, request.namespace, request.max_tokens or 500)
+        summary = build_summary(
+            self._engine,
+            request.namespace,
+            request.max_tokens or 500,
+            convert.ts_to_float(request, "created_after"),
+            convert.ts_to_float(request, "created_before"),
+        )
         return pb.BuildSummaryResponse(
             text=summary.text, source_memory_ids=summary.source_ids, token_count=summary.tokens
         )

@@ -830,12 +830,16 @@ class GetReflectionCandidatesResponse(_message.Message):
     def __init__(self, observations: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., accumulated_importance: _Optional[float] = ..., threshold: _Optional[float] = ..., reflection_due: _Optional[bool] = ...) -> None: ...
 
 class BuildSummaryRequest(_message.Message):
-    __slots__ = ("namespace", "max_tokens")
+    __slots__ = ("namespace", "max_tokens", "created_after", "created_before")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     max_tokens: int
-    def __init__(self, namespace: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., max_tokens: _Optional[int] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class BuildSummaryResponse(_message.Message):
     __slots__ = ("text", "source_memory_ids", "token_count")
