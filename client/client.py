@@ -868,6 +868,8 @@ class MemoryClient:
         promote_access_count: int | None = None,
         promote_surprise: float | None = None,
         promote_success_count: int | None = None,
+        reflection_threshold: float | None = None,
+        summary_token_threshold: int | None = None,
         reset_policy: bool = False,
         confirm: bool = False,
         timeout: float | None = None,
@@ -876,7 +878,9 @@ class MemoryClient:
         """Change only what is given. ``tiers`` maps a tier to overrides of ttl_seconds, max_items,
         importance_threshold, half_life_hours, cadence_seconds (it replaces earlier tier overrides);
         ``retention`` is importance_weighted, recency, fifo or lru; ``reset_policy`` drops every
-        lifecycle override first. Unprotecting a protected namespace needs ``confirm=True``."""
+        lifecycle override first. ``reflection_threshold`` / ``summary_token_threshold`` set when this
+        namespace's reflection / summary is due (0: never). Unprotecting a protected namespace, or
+        changing its policy, needs ``confirm=True``."""
         cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(protected))
         paths = ["protected"] if protected is not None else []
         if reset_policy:
@@ -898,6 +902,8 @@ class MemoryClient:
             ("promote_access_count", promote_access_count),
             ("promote_surprise", promote_surprise),
             ("promote_success_count", promote_success_count),
+            ("reflection_threshold", reflection_threshold),
+            ("summary_token_threshold", summary_token_threshold),
         ):
             if value is not None:
                 setattr(cfg.policy, name, value)

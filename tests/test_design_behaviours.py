@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tiermem.client import MemoryClient
+from tiermem.client import InvalidArgumentError, MemoryClient
 from tiermem.server.transport.app import RunningServer
 
 NS = "design:1"
@@ -148,3 +148,25 @@ def test_build_summary_takes_a_time_range(server_factory: Callable[..., RunningS
         assert since_last.source_memory_ids == []
         whole = c.build_summary(NS, since=t0)  # a range reaches behind the last summary
         assert whole.source_memory_ids == ["e0", "e1", "e2", "e3"]
+
+
+def test_reflection_and_summary_thresholds_are_set_per_namespace(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    with _client(server_factory(reflection_threshold=10.0, summary_token_threshold=8000)) as c:
+        c.update_namespace_config("agent:a", reflection_threshold=1.5, summary_token_threshold=25)
+        c.update_namespace_config("agent:off", reflection_threshold=0, summary_token_threshold=0)
+        eff = c.get_namespace_config("agent:a").effective
+        assert (eff.reflection_threshold, eff.summary_token_threshold) == (1.5, 25)
+        for ns in ("agent:a", "agent:off", "agent:default"):
+            got = [c.observe(ns, f"event {i}", importance=0.8, token_cost=10) for i in range(3)]
+            due = [(r.reflection_due, r.summary_due) for r in got]
+            if ns == "agent:a":  # importance 0.8, 1.6, 2.4 against 1.5; tokens 10, 20, 30 beyond 25
+                assert due == [(False, False), (True, False), (True, True)]
+            else:  # turned off, or the server's 10 and 8,000
+                assert due == [(False, False)] * 3
+        assert c.reflection_candidates("agent:a").threshold == 1.5
+        assert c.reflection_candidates("agent:default").threshold == 10.0
+        with pytest.raises(InvalidArgumentError) as e:
+            c.update_namespace_config("agent:a", reflection_threshold=-1)
+        assert e.value.fields == ["config.policy.reflection_threshold"]

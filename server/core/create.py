@@ -142,7 +142,9 @@ class _CreateOp:
             freed += track_scope(st, txn, scopes, rec)
         for ns, state in scopes.items():
             st.store.put_scope_state(txn, ns, state)
-        due = {ns: due_of(st, scopes[ns]) if ns in scopes else due_for(st, txn, ns) for ns in self.namespaces}
+        due = {
+            ns: due_of(st, ns, scopes[ns]) if ns in scopes else due_for(st, txn, ns) for ns in self.namespaces
+        }
         if self.request_id:
             dups = [v is None for _, v in out]
             rids = [r.rid for r, _ in out]
@@ -336,23 +338,25 @@ def track_scope(st: EngineState, txn: Txn, scopes: dict[str, ScopeState], rec: R
     return replaced
 
 
-def due_of(st: EngineState, state: ScopeState) -> Due:
-    """Whether a reflection and a summary are due, from a namespace's scope state."""
+def due_of(st: EngineState, namespace: str, state: ScopeState) -> Due:
+    """Whether a reflection and a summary are due, from a namespace's scope state and policy (a
+    threshold of 0 turns the signal off)."""
+    p = st.policy_for(namespace)
     return Due(
-        reflection=state.reflection_importance >= st.config.reflection_threshold,
-        summary=state.summary_tokens > st.config.summary_token_threshold,  # "exceeds"
+        reflection=0 < p.reflection_threshold <= state.reflection_importance,
+        summary=0 < p.summary_token_threshold < state.summary_tokens,  # "exceeds"
     )
 
 
 def due_for(st: EngineState, txn: Txn, namespace: str) -> Due:
-    return due_of(st, st.store.scope_state(txn, namespace))
+    return due_of(st, namespace, st.store.scope_state(txn, namespace))
 
 
 def scope_progress(st: EngineState, namespace: str) -> ScopeProgress:
     """A namespace's reflection and summary accumulators, with the thresholds applied."""
     with st.store.read() as txn:
         state = st.store.scope_state(txn, namespace)
-    due = due_of(st, state)
+    due = due_of(st, namespace, state)
     return ScopeProgress(
         reflection_importance=state.reflection_importance,
         reflection_due=due.reflection,

@@ -35,6 +35,8 @@ POLICY_FIELDS = (
     "promote_access_count",
     "promote_surprise",
     "promote_success_count",
+    "reflection_threshold",
+    "summary_token_threshold",
 )
 
 
@@ -57,6 +59,8 @@ class Policy:
     promote_access_count: int
     promote_surprise: float
     promote_success_count: int
+    reflection_threshold: float  # 0: reflections are never due
+    summary_token_threshold: int  # 0: summaries are never due
 
     @classmethod
     def from_config(cls, c: ServerConfig) -> Policy:
@@ -88,6 +92,8 @@ class Policy:
             promote_access_count=c.promote_access_count,
             promote_surprise=c.promote_surprise,
             promote_success_count=c.promote_success_count,
+            reflection_threshold=c.reflection_threshold,
+            summary_token_threshold=c.summary_token_threshold,
         )
 
     def with_overrides(self, overrides: dict[str, Any]) -> Policy:
@@ -149,6 +155,15 @@ def _check_policy_fields(overrides: dict[str, Any], prefix: str) -> dict[str, An
         out["promote_surprise"] = float(overrides["promote_surprise"])
     if overrides.get("delete_from_glacial") is not None:
         out["delete_from_glacial"] = bool(overrides["delete_from_glacial"])
+    if overrides.get("reflection_threshold") is not None:
+        v = overrides["reflection_threshold"]
+        if not (np.isfinite(v) and v >= 0):
+            raise InvalidArgument(f"{prefix}reflection_threshold", "must be a finite number >= 0 (0: off)")
+        out["reflection_threshold"] = float(v)
+    if overrides.get("summary_token_threshold") is not None:
+        if overrides["summary_token_threshold"] < 0:
+            raise InvalidArgument(f"{prefix}summary_token_threshold", "must be >= 0 (0: off)")
+        out["summary_token_threshold"] = int(overrides["summary_token_threshold"])
     return out
 
 

@@ -180,7 +180,14 @@ def feedback_from_pb(items: Any) -> list[FeedbackItem]:
 
 
 _TIER_FIELDS = ("ttl_seconds", "max_items", "importance_threshold", "half_life_hours", "cadence_seconds")
-_TOP_FIELDS = ("delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count")
+_TOP_FIELDS = (
+    "delete_from_glacial",
+    "promote_access_count",
+    "promote_surprise",
+    "promote_success_count",
+    "reflection_threshold",
+    "summary_token_threshold",
+)
 
 
 def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
@@ -231,6 +238,8 @@ def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
     out.promote_access_count = policy.promote_access_count
     out.promote_surprise = policy.promote_surprise
     out.promote_success_count = policy.promote_success_count
+    out.reflection_threshold = policy.reflection_threshold
+    out.summary_token_threshold = policy.summary_token_threshold
 
 
 def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Policy) -> tuple[Any, Any]:

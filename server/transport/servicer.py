@@ -376,7 +376,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         return pb.GetReflectionCandidatesResponse(
             observations=[convert.memory_to_pb(r) for r in recs],
             accumulated_importance=st.reflection_importance,
-            threshold=self._engine.config.reflection_threshold,
+            threshold=self._engine.policy_for(request.namespace).reflection_threshold,
             reflection_due=st.reflection_due,
         )
 
