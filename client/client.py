@@ -870,6 +870,7 @@ class MemoryClient:
         promote_success_count: int | None = None,
         reflection_threshold: float | None = None,
         summary_token_threshold: int | None = None,
+        default_importance: float | None = None,
         reset_policy: bool = False,
         confirm: bool = False,
         timeout: float | None = None,
@@ -879,7 +880,8 @@ class MemoryClient:
         importance_threshold, half_life_hours, cadence_seconds (it replaces earlier tier overrides);
         ``retention`` is importance_weighted, recency, fifo or lru; ``reset_policy`` drops every
         lifecycle override first. ``reflection_threshold`` / ``summary_token_threshold`` set when this
-        namespace's reflection / summary is due (0: never). Unprotecting a protected namespace, or
+        namespace's reflection / summary is due (0: never); ``default_importance`` is the importance
+        of a memory stored without one (else estimated). Unprotecting a protected namespace, or
         changing its policy, needs ``confirm=True``."""
         cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(protected))
         paths = ["protected"] if protected is not None else []
@@ -904,6 +906,7 @@ class MemoryClient:
             ("promote_success_count", promote_success_count),
             ("reflection_threshold", reflection_threshold),
             ("summary_token_threshold", summary_token_threshold),
+            ("default_importance", default_importance),
         ):
             if value is not None:
                 setattr(cfg.policy, name, value)

@@ -170,3 +170,17 @@ def test_reflection_and_summary_thresholds_are_set_per_namespace(
         with pytest.raises(InvalidArgumentError) as e:
             c.update_namespace_config("agent:a", reflection_threshold=-1)
         assert e.value.fields == ["config.policy.reflection_threshold"]
+
+
+def test_a_namespace_can_store_memories_without_importance_at_a_fixed_value(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    with _client(server_factory()) as c:
+        c.update_namespace_config("stream:a", default_importance=0.5)
+        text = "This is an important, critical and urgent decision."
+        assert c.observe("stream:a", text).memory.importance == pytest.approx(0.5)
+        assert c.observe("stream:a", "ok", importance=0.9).memory.importance == pytest.approx(0.9)
+        assert c.reflect("stream:a", "an insight", source_memory_ids=[]).importance >= 0.8
+        assert c.observe("stream:b", text).memory.importance != pytest.approx(0.5)  # estimated there
+        assert c.get_namespace_config("stream:a").effective.default_importance == pytest.approx(0.5)
+        assert not c.get_namespace_config("stream:b").effective.HasField("default_importance")

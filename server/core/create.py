@@ -69,6 +69,9 @@ def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) ->
     seen: dict[tuple[str, str], int] = {}
     for i, m in enumerate(memories):
         prefix = f"memories[{i}]." if batch else "memory."
+        default = st.policy_for(m.namespace).default_importance if m.importance is None else None
+        if default is not None:  # the namespace's, not the estimate (a reflection's at least 0.8)
+            m.importance = max(default, 0.8) if m.kind == "reflection" else default
         check.new_memory(prefix, m, st.config)
         if m.id:
             j = seen.setdefault((m.namespace, m.id), i)

@@ -37,6 +37,7 @@ POLICY_FIELDS = (
     "promote_success_count",
     "reflection_threshold",
     "summary_token_threshold",
+    "default_importance",
 )
 
 
@@ -61,6 +62,7 @@ class Policy:
     promote_success_count: int
     reflection_threshold: float  # 0: reflections are never due
     summary_token_threshold: int  # 0: summaries are never due
+    default_importance: float | None = None  # None: estimated from content and kind
 
     @classmethod
     def from_config(cls, c: ServerConfig) -> Policy:
@@ -164,6 +166,10 @@ def _check_policy_fields(overrides: dict[str, Any], prefix: str) -> dict[str, An
         if overrides["summary_token_threshold"] < 0:
             raise InvalidArgument(f"{prefix}summary_token_threshold", "must be >= 0 (0: off)")
         out["summary_token_threshold"] = int(overrides["summary_token_threshold"])
+    if overrides.get("default_importance") is not None:
+        if not 0.0 <= overrides["default_importance"] <= 1.0:
+            raise InvalidArgument(f"{prefix}default_importance", "must be in [0, 1]")
+        out["default_importance"] = float(overrides["default_importance"])
     return out
 
 

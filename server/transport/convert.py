@@ -187,6 +187,7 @@ _TOP_FIELDS = (
     "promote_success_count",
     "reflection_threshold",
     "summary_token_threshold",
+    "default_importance",
 )
 
 
@@ -240,6 +241,8 @@ def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
     out.promote_success_count = policy.promote_success_count
     out.reflection_threshold = policy.reflection_threshold
     out.summary_token_threshold = policy.summary_token_threshold
+    if policy.default_importance is not None:
+        out.default_importance = policy.default_importance
 
 
 def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Policy) -> tuple[Any, Any]:

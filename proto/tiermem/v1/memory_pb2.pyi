@@ -590,7 +590,7 @@ class TierPolicy(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., ttl_seconds: _Optional[float] = ..., max_items: _Optional[int] = ..., importance_threshold: _Optional[float] = ..., half_life_hours: _Optional[float] = ..., cadence_seconds: _Optional[float] = ...) -> None: ...
 
 class LifecyclePolicy(_message.Message):
-    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold")
+    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold", "default_importance")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     DELETE_FROM_GLACIAL_FIELD_NUMBER: _ClassVar[int]
@@ -599,6 +599,7 @@ class LifecyclePolicy(_message.Message):
     PROMOTE_SUCCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
     REFLECTION_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_TOKEN_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierPolicy]
     retention: RetentionPolicy
     delete_from_glacial: bool
@@ -607,7 +608,8 @@ class LifecyclePolicy(_message.Message):
     promote_success_count: int
     reflection_threshold: float
     summary_token_threshold: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ...) -> None: ...
+    default_importance: float
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ..., default_importance: _Optional[float] = ...) -> None: ...
 
 class NamespaceConfig(_message.Message):
     __slots__ = ("namespace", "protected", "policy")
