@@ -555,6 +555,7 @@ class MemoryClient:
         request_id: str = "",
         dedup_similarity: float | None = None,
         allow_duplicates: bool = False,
+        confirm: bool = False,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
         **fields: Any,
@@ -563,12 +564,14 @@ class MemoryClient:
 
         An exact duplicate (same normalized content in the namespace, no client id) reinforces the
         existing memory and returns it, unless ``allow_duplicates``; ``dedup_similarity`` also
-        catches near duplicates by vector similarity."""
+        catches near duplicates by vector similarity. A preference or a summary in a protected
+        namespace needs ``confirm=True``."""
         _check_names("create", fields, _MEMORY_FIELDS)
         req = pb.CreateMemoryRequest(
             memory=build_memory(namespace, content, **fields),
             request_id=request_id or uuid.uuid4().hex,
             allow_duplicates=allow_duplicates,
+            confirm=confirm,
         )
         if dedup_similarity is not None:
             req.dedup_similarity = dedup_similarity
@@ -579,10 +582,12 @@ class MemoryClient:
         memories: Iterable[pb.Memory | Mapping[str, Any]],
         *,
         request_id: str = "",
+        confirm: bool = False,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> list[pb.Memory]:
-        """Store all memories or none; items are ``Memory`` messages or dicts of ``build_memory`` args."""
+        """Store all memories or none; items are ``Memory`` messages or dicts of ``build_memory`` args
+        (``confirm``: as in ``create``)."""
         msgs: list[pb.Memory] = []
         for i, m in enumerate(memories):
             if not isinstance(m, pb.Memory):
@@ -591,7 +596,9 @@ class MemoryClient:
                 )
                 m = build_memory(**m)
             msgs.append(m)
-        req = pb.BatchCreateMemoriesRequest(memories=msgs, request_id=request_id or uuid.uuid4().hex)
+        req = pb.BatchCreateMemoriesRequest(
+            memories=msgs, request_id=request_id or uuid.uuid4().hex, confirm=confirm
+        )
         return list(self._call(self.stub.BatchCreateMemories, req, timeout, call_metadata).memories)
 
     def get(
@@ -1151,7 +1158,12 @@ class MemoryClient:
     ) -> pb.Memory:
         """Store a rolling summary of the scope: it replaces the previous summary and resets the
         summary token count."""
-        accepted = (_MEMORY_FIELDS - {"kind"}) | {"request_id", "dedup_similarity", "allow_duplicates"}
+        accepted = (_MEMORY_FIELDS - {"kind"}) | {
+            "request_id",
+            "dedup_similarity",
+            "allow_duplicates",
+            "confirm",
+        }
         _check_names("summarize", fields, accepted)
         return self.create(
             namespace,

@@ -184,3 +184,31 @@ def test_a_namespace_can_store_memories_without_importance_at_a_fixed_value(
         assert c.observe("stream:b", text).memory.importance != pytest.approx(0.5)  # estimated there
         assert c.get_namespace_config("stream:a").effective.default_importance == pytest.approx(0.5)
         assert not c.get_namespace_config("stream:b").effective.HasField("default_importance")
+
+
+def test_a_protected_namespace_takes_a_preference_or_a_summary_only_with_confirm(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    from tiermem.client import FailedPreconditionError
+
+    with _client(server_factory()) as c:
+        s1 = c.summarize(NS, "the first summary", source_memory_ids=[])
+        c.create(NS, "likes tea", kind="preference", id="p1")
+        c.update_namespace_config(NS, protected=True)
+        for attempt in (
+            lambda confirm: c.summarize(NS, "a rewrite", source_memory_ids=[], confirm=confirm),
+            lambda confirm: c.create(NS, "likes coffee", kind="preference", confirm=confirm),
+            lambda confirm: c.create_batch(
+                [{"namespace": NS, "content": "x", "kind": "preference"}], confirm=confirm
+            ),
+        ):
+            with pytest.raises(FailedPreconditionError) as e:
+                attempt(False)
+            assert e.value.reason == "NAMESPACE_PROTECTED"
+        assert [m.id for m in c.list_memories(NS, kinds=["summary"])] == [s1.id]  # not replaced
+        assert [m.id for m in c.list_memories(NS, kinds=["preference"])] == ["p1"]
+        c.create(NS, "an ordinary observation")  # other kinds need no confirm
+        s2 = c.summarize(NS, "a rewrite", source_memory_ids=[], confirm=True)
+        assert [m.id for m in c.list_memories(NS, kinds=["summary"])] == [s2.id]
+        c.create(NS, "likes coffee", kind="preference", confirm=True)
+        assert len(list(c.list_memories(NS, kinds=["preference"]))) == 2

@@ -18,6 +18,7 @@ import numpy as np
 
 from tiermem.server.core import upkeep
 from tiermem.server.core.group_vectors import GroupVectors
+from tiermem.server.core.namespaces import check_protected
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import validation as check
@@ -40,6 +41,7 @@ def create_detailed(
     batch: bool = False,
     dedup_similarity: float | None = None,
     allow_duplicates: bool = False,
+    confirm: bool = False,
 ) -> CreateOutcome:
     """Store memories all-or-nothing; returns the records, per memory whether it was a duplicate
     that reinforced an existing memory instead of adding one, and per namespace whether a
@@ -49,17 +51,19 @@ def create_detailed(
     memory whose normalized content equals one already in its namespace, or, with
     ``dedup_similarity``, whose vector is at least that similar to one there, reinforces it
     (importance raised to the larger, one more access, tags merged) and is not stored again.
-    ``batch`` only changes field names in errors.
+    ``batch`` only changes field names in errors. In a protected namespace a preference or a summary
+    (which replaces the previous one) needs ``confirm``.
     """
     check.batch("memories", memories, st.config.max_batch_size)
     check.request_id("request_id", request_id)
     if dedup_similarity is not None and not -1.0 <= dedup_similarity <= 1.0:
         raise InvalidArgument("dedup_similarity", "must be in [-1, 1]")
     _check_and_embed(st, memories, batch)
+    _check_confirmed(st, memories, confirm)
     fingerprint = hashlib.blake2b(
         msgpack.packb([m.fingerprint_parts() for m in memories], use_bin_type=True), digest_size=16
     ).digest()
-    op = _CreateOp(st, memories, request_id, batch, dedup_similarity, allow_duplicates, fingerprint)
+    op = _CreateOp(st, memories, request_id, batch, dedup_similarity, allow_duplicates, fingerprint, confirm)
     weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
     outcome: CreateOutcome = st.writer.submit(op.prepare, op.apply, weight)
     return outcome
@@ -98,6 +102,17 @@ class _Written:
     replayed: CreateOutcome | None = None
 
 
+_CONFIRMED_KINDS = ("preference", "summary")  # in a protected namespace: only with confirm
+
+
+def _check_confirmed(
+    st: EngineState, memories: list[NewMemory], confirm: bool, txn: Txn | None = None
+) -> None:
+    for m in memories:
+        if m.kind in _CONFIRMED_KINDS:
+            check_protected(st, m.namespace, confirm, f"storing a {m.kind}", txn)
+
+
 class _CreateOp:
     """One create's write: ``prepare`` in the writer's transaction, ``apply`` after the commit."""
 
@@ -110,10 +125,11 @@ class _CreateOp:
         dedup_similarity: float | None,
         allow_duplicates: bool,
         fingerprint: bytes,
+        confirm: bool = False,
     ) -> None:
         self.st, self.memories, self.request_id, self.batch = st, memories, request_id, batch
         self.dedup_similarity, self.allow_duplicates = dedup_similarity, allow_duplicates
-        self.fingerprint = fingerprint
+        self.fingerprint, self.confirm = fingerprint, confirm
         self.now = st.clock()
         self.namespaces = {m.namespace for m in memories}
 
@@ -123,6 +139,7 @@ class _CreateOp:
             replayed = self._replay(txn)
             if replayed is not None:
                 return _Written([], [], replayed.due, replayed)
+        _check_confirmed(st, self.memories, self.confirm, txn)  # (a protection queued ahead counts)
         spaces: dict[str, int | None] = {}  # dimension by model, as this transaction sees it
         out: list[tuple[Record, np.ndarray | None]] = []
         freed: list[Record] = []

@@ -219,6 +219,7 @@ class Engine:
         batch: bool = False,
         dedup_similarity: float | None = None,
         allow_duplicates: bool = False,
+        confirm: bool = False,
     ) -> CreateOutcome:
         return create.create_detailed(
             self.state,
@@ -227,6 +228,7 @@ class Engine:
             batch=batch,
             dedup_similarity=dedup_similarity,
             allow_duplicates=allow_duplicates,
+            confirm=confirm,
         )
 
     def scope(self, namespace: str) -> ScopeProgress:

@@ -143,6 +143,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             [spec],
             request.request_id,
             allow_duplicates=request.allow_duplicates,
+            confirm=request.confirm,
             dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
         )
         [rec], [dup] = out.records, out.reinforced
@@ -164,6 +165,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.request_id,
             batch=True,
             allow_duplicates=request.allow_duplicates,
+            confirm=request.confirm,
             dedup_similarity=request.dedup_similarity if request.HasField("dedup_similarity") else None,
         )
         resp = pb.BatchCreateMemoriesResponse(

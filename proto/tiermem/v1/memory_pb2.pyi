@@ -170,16 +170,18 @@ class MemoryOrigin(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., transfer_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateMemoryRequest(_message.Message):
-    __slots__ = ("memory", "request_id", "dedup_similarity", "allow_duplicates")
+    __slots__ = ("memory", "request_id", "dedup_similarity", "allow_duplicates", "confirm")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUP_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     ALLOW_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     request_id: str
     dedup_similarity: float
     allow_duplicates: bool
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ...) -> None: ...
+    confirm: bool
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class CreateMemoryResponse(_message.Message):
     __slots__ = ("memory", "deduplicated", "reflection_due", "summary_due")
@@ -194,16 +196,18 @@ class CreateMemoryResponse(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., deduplicated: _Optional[bool] = ..., reflection_due: _Optional[bool] = ..., summary_due: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesRequest(_message.Message):
-    __slots__ = ("memories", "request_id", "dedup_similarity", "allow_duplicates")
+    __slots__ = ("memories", "request_id", "dedup_similarity", "allow_duplicates", "confirm")
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUP_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     ALLOW_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     memories: _containers.RepeatedCompositeFieldContainer[Memory]
     request_id: str
     dedup_similarity: float
     allow_duplicates: bool
-    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ...) -> None: ...
+    confirm: bool
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesResponse(_message.Message):
     __slots__ = ("memories", "deduplicated", "reflection_due_namespaces", "summary_due_namespaces")
