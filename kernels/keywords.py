@@ -175,8 +175,9 @@ def bm25(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """BM25 of every allowed row holding a wanted key, read in place from the postings of ``sources``:
     (rows in the order first met, their scores, the scores of the ``probe`` rows, 0 where they hold no
-    key); with ``depth`` >= 0 only the ``depth`` best rows, best first (ties: the row met first). Key ``wanted[j]`` (sorted, unique) weighs ``weights[j]`` (its term's idf; 0 skips it). A
-    posting counts when its row is allowed and its generation is the row's ``row_gen``; ``avgdl`` is
+    key); with ``depth`` >= 0 only the ``depth`` best rows, best first (ties: the row met first).
+    Key ``wanted[j]`` (sorted, unique) weighs ``weights[j]`` (its term's idf; 0 skips it). A posting
+    counts when its row is allowed and its generation is the row's ``row_gen``; ``avgdl`` is
     the mean length of a memory (each posting carries its content's)."""
     probe = np.empty(0, np.int64) if probe is None else probe
     _check("probe", probe, np.int64)

@@ -28,7 +28,7 @@ from tiermem.server.storage import snapshots
 
 MODEL = "snap"
 DIM = 16
-FIELDS = ("tier", "importance", "created", "accessed", "access_count", "expire", "vk", "words", "space")
+FIELDS = ("tier", "importance", "created", "accessed", "access_count", "expire", "vk", "space")
 
 
 def _engine(data: Path, clock: FakeClock, snapshot_on_shutdown: bool = True, **settings: Any) -> Engine:

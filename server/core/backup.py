@@ -28,7 +28,6 @@ from tiermem.server.model.reports import (
     ExportItem,
     ImportResult,
 )
-from tiermem.server.model.text import words as text_words
 from tiermem.server.model.types import NO_VECTOR
 from tiermem.server.storage.store import Txn
 
@@ -199,7 +198,6 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]
                     st.store.put_space(txn, rec.embedding_model, int(vec.shape[0]))
                     spaces[rec.embedding_model] = int(vec.shape[0])
             rec.rid, rec.vk = st.alloc_ids()
-            rec.words = len(text_words(rec.content))
             st.store.insert(txn, rec)
             if rec.kind == "summary":
                 _make_current_summary(st, txn, rec)

@@ -26,7 +26,6 @@ from tiermem.server.model.errors import AlreadyExists, InvalidArgument, NotFound
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.reports import CreateOutcome, Due, ScopeProgress, ScopeState
 from tiermem.server.model.text import estimate_tokens
-from tiermem.server.model.text import words as text_words
 from tiermem.server.model.types import NO_VECTOR
 from tiermem.server.storage.store import Txn
 
@@ -266,7 +265,6 @@ class _CreateOp:
             source_ids=list(m.source_ids),
             expire_at=m.expire_at,
             vk=vk,
-            words=len(text_words(m.content)),
             questions=list(m.questions),
         )
         st.store.insert(txn, rec)

@@ -24,7 +24,6 @@ from tiermem.server.model.errors import AlreadyExists, InvalidArgument, NotFound
 from tiermem.server.model.records import NewMemory, Record, enter_tier
 from tiermem.server.model.reports import ScopeProgress
 from tiermem.server.model.text import estimate_tokens
-from tiermem.server.model.text import words as text_words
 from tiermem.server.model.types import NO_VECTOR, FeedbackItem, Filter
 from tiermem.server.storage.store import Txn
 
@@ -260,7 +259,6 @@ class _UpdateOp:
             _, rec.vk = st.alloc_ids()
         rec.updated_at = now
         if rec.content != old.content:
-            rec.words = len(text_words(rec.content))
             st.store.replace_content(txn, old, rec)
         else:
             st.store.put(txn, rec)

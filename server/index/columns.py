@@ -17,7 +17,6 @@ import numpy as np
 
 from tiermem.server.config import Tuning
 from tiermem.server.model.records import Record
-from tiermem.server.model.text import words as text_words
 
 _CHANGE_LOG = Tuning().columns_change_log
 
@@ -40,7 +39,6 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "rid": (np.int64, 0),
     "tier_since": (np.float64, 0.0),
     "updated": (np.float64, 0.0),
-    "words": (np.int32, 0),
     "access_base": (np.int64, 0),
     "success_base": (np.int64, 0),
     "gen": (np.int64, 0),  # bumped by every change of the row (search.PriorBounds relies on it)
@@ -93,7 +91,6 @@ class ColumnsView:
     rid: np.ndarray
     tier_since: np.ndarray
     updated: np.ndarray
-    words: np.ndarray
     access_base: np.ndarray
     success_base: np.ndarray
     gen: np.ndarray
@@ -245,7 +242,6 @@ class Columns:
         a["expire"][row] = np.inf if rec.expire_at is None else rec.expire_at
         a["tier_since"][row] = rec.tier_since or rec.created_at
         a["updated"][row] = rec.updated_at
-        a["words"][row] = rec.words or len(text_words(rec.content))
         old_meta = self._row_meta.get(row, {})
         if old_meta != rec.metadata:
             for k in old_meta:

@@ -45,7 +45,7 @@ class Record:
     access_base: int = 0  # access_count when it entered its tier
     success_base: int = 0  # success_count when it entered its tier
     origin: list[Any] | None = None  # [namespace, id, tier, time] of the memory it was transferred from
-    words: int = 0  # word tokens in content (keyword index document length)
+    words: int = 0  # unused: postings carry their content's length (kept for the stored form)
     questions: list[str] = field(default_factory=list)  # questions a reflection addresses
 
     def expired(self, now: float) -> bool:

@@ -86,7 +86,7 @@ def rank_fused(
         if extra.shape[0]:
             if rel is not None or scorer.query is not None:
                 rel = np.concatenate(
-                    [np.zeros(0, np.float32) if rel is None else rel, _similarities(scorer, extra)]
+                    [np.zeros(0, np.float32) if rel is None else rel, scorer.relevance(extra)]
                 )
             rows = np.concatenate([rows, extra])
     scored = scorer(rows, rel=rel if rel is not None else np.zeros(rows.shape[0], np.float32))
@@ -103,12 +103,3 @@ def rank_fused(
         score = np.where(scored.rel < min_similarity, np.float32(np.nan), score)
     ranked = Scored(rows, scored.rel, base, scored.rec, scored.imp)  # base: the fused score before weights
     return Ranked(ranked, score, vector_rank=v_rank, keyword_rank=k_rank, keyword_score=kw)
-
-
-def _similarities(scorer: Scorer, rows: np.ndarray) -> np.ndarray:
-    """Similarity of each of ``rows`` with the query; 0 for one without a vector in its space."""
-    out = np.zeros(rows.shape[0], np.float32)
-    if scorer.query is not None and scorer.space is not None:
-        kept, sims = scorer.similarities(rows)
-        out[kept] = sims
-    return out

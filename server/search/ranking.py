@@ -118,6 +118,15 @@ class Scorer:
         assert self.space is not None and self.query is not None
         return similarities(self.view, self.space, rows, self.query)
 
+    def relevance(self, rows: np.ndarray) -> np.ndarray:
+        """Similarity of each of ``rows`` with the query; 0 for a row without a vector in its space
+        (a keyword hit not embedded yet), or when the ranking has no query vector."""
+        out = np.zeros(rows.shape[0], np.float32)
+        if self.query is not None and self.space is not None:
+            kept, sims = self.similarities(rows)
+            out[kept] = sims
+        return out
+
     def __call__(
         self, rows: np.ndarray, keep_vectorless: bool = False, rel: np.ndarray | None = None
     ) -> Scored:
@@ -126,15 +135,11 @@ class Scorer:
         a = self.params
         if rel is not None:  # the caller computed them
             pass
-        elif self.query is None or self.space is None:
-            rel = np.zeros(rows.shape[0], np.float32)
+        elif keep_vectorless or self.query is None or self.space is None:
+            rel = self.relevance(rows)
         else:
-            kept, sims = similarities(self.view, self.space, rows, self.query)
-            if keep_vectorless:  # keyword hits without a vector yet rank with relevance 0
-                rel = np.zeros(rows.shape[0], np.float32)
-                rel[kept] = sims
-            else:
-                rows, rel = rows[kept], sims
+            kept, rel = self.similarities(rows)
+            rows = rows[kept]
         score, rec, imp = kernels.score_rows(
             rows, rel, alpha=a.alpha, beta=a.beta, gamma=a.gamma, **self._score_args
         )

@@ -9,7 +9,7 @@ import numpy as np
 
 from tiermem._values import metadata_values, set_metadata, set_timestamp, timestamp_seconds
 from tiermem.server.agent.context import ContextPackage, ScopeSpec
-from tiermem.server.core.policy import Policy
+from tiermem.server.core.policy import POLICY_FIELDS, TIER_FIELDS, Policy
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.reports import (
@@ -179,16 +179,7 @@ def feedback_from_pb(items: Any) -> list[FeedbackItem]:
     ]
 
 
-_TIER_FIELDS = ("ttl_seconds", "max_items", "importance_threshold", "half_life_hours", "cadence_seconds")
-_TOP_FIELDS = (
-    "delete_from_glacial",
-    "promote_access_count",
-    "promote_surprise",
-    "promote_success_count",
-    "reflection_threshold",
-    "summary_token_threshold",
-    "default_importance",
-)
+_TOP_FIELDS = tuple(f for f in POLICY_FIELDS if f != "retention")  # (retention: an enum, 0 unset)
 
 
 def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
@@ -200,7 +191,7 @@ def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
             raise InvalidArgument(f"config.policy.tiers[{i}].tier", "is required")
         if int(tp.tier) in tiers:
             raise InvalidArgument(f"config.policy.tiers[{i}].tier", "appears twice")
-        tiers[int(tp.tier)] = {f: getattr(tp, f) for f in _TIER_FIELDS if tp.HasField(f)}
+        tiers[int(tp.tier)] = {f: getattr(tp, f) for f in TIER_FIELDS if tp.HasField(f)}
     if tiers:
         out["tiers"] = tiers
     if p.retention:
@@ -235,14 +226,9 @@ def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
             cadence_seconds=s.cadence_seconds,
         )
     out.retention = policy.retention  # type: ignore[assignment,unused-ignore]
-    out.delete_from_glacial = policy.delete_from_glacial
-    out.promote_access_count = policy.promote_access_count
-    out.promote_surprise = policy.promote_surprise
-    out.promote_success_count = policy.promote_success_count
-    out.reflection_threshold = policy.reflection_threshold
-    out.summary_token_threshold = policy.summary_token_threshold
-    if policy.default_importance is not None:
-        out.default_importance = policy.default_importance
+    for f in _TOP_FIELDS:
+        if getattr(policy, f) is not None:  # (default_importance None: estimated, left unset)
+            setattr(out, f, getattr(policy, f))
 
 
 def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Policy) -> tuple[Any, Any]:
