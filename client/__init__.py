@@ -1,4 +1,5 @@
-"""Python client for tiermem: ``MemoryClient`` and its error hierarchy."""
+"""Python client for tiermem: ``MemoryClient``, its error hierarchy, and ``metadata_dict`` /
+``to_python`` for results as plain Python values."""
 
 from tiermem.v1.memory_pb2 import Memory, SearchResult, Tier
 
@@ -14,6 +15,7 @@ from .errors import (
     TiermemError,
     UnavailableError,
 )
+from .plain import metadata_dict, to_python
 
 __all__ = [
     "AlreadyExistsError",
@@ -29,4 +31,6 @@ __all__ = [
     "Tier",
     "TiermemError",
     "UnavailableError",
+    "metadata_dict",
+    "to_python",
 ]

@@ -1,7 +1,9 @@
 """``MemoryClient``: typed Python access to a tiermem server.
 
 Results are the generated ``tiermem.v1`` messages (``Memory``, ``SearchResult``), so every field of
-the contract is there, typed by the shipped ``.pyi`` stubs. Failures raise ``TiermemError``
+the contract is there, typed by the shipped ``.pyi`` stubs; ``metadata_dict(m)`` gives a memory's
+metadata as plain Python values and ``to_python(result)`` any result as dicts, lists and scalars
+(``plain.py``). Failures raise ``TiermemError``
 subclasses carrying ``code``, ``reason`` and the invalid ``fields``.
 
 Creates always carry a ``request_id`` (a fresh one unless you pass yours), and the channel retries
@@ -32,11 +34,12 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tiermem._values import metadata_values, set_metadata, set_timestamp
+from tiermem._values import set_metadata, set_timestamp
 from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
 from .errors import UnavailableError, from_rpc_error
+from .plain import metadata_dict as metadata_dict  # re-exported: it lived here
 
 TimeLike = dt.datetime | float | int
 CallMetadata = Sequence[tuple[str, str]]
@@ -175,11 +178,6 @@ def _set_given(message: Any, **values: float | None) -> None:
     for name, value in values.items():
         if value is not None:
             setattr(message, name, value)
-
-
-def metadata_dict(memory: pb.Memory) -> dict[str, Any]:
-    """A memory's metadata as plain Python values."""
-    return {k: v for k, v in metadata_values(memory.metadata).items() if v is not None}
 
 
 def build_memory(

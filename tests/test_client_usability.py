@@ -393,3 +393,41 @@ def test_search_many_equals_the_searches_one_by_one(server_factory: Callable[...
         assert expected, "every search finds something"
         assert result_keys(got) == result_keys(expected)
         assert [r.explanation for r in got] == [r.explanation for r in expected]
+
+
+# --------------------------------------------------------------------------------------------
+# 6. results as plain Python values
+# --------------------------------------------------------------------------------------------
+
+
+def test_metadata_and_results_read_as_plain_python_values(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    from tiermem.client import metadata_dict, to_python
+
+    running = server_factory(clock=FakeClock())
+    meta = {"build": 1432, "flaky": False, "ratio": 0.25, "branch": "main"}
+    with connect(running.port) as c:
+        m = c.create(
+            NS, "The deploy failed: STRIPE_KEY missing", id="d1", tier="fast", metadata=meta, tags=["ci"]
+        )
+        node = c.upsert_node(NS, "deploy", properties={"attempts": 3})
+        [hit] = c.search(NS, "deploy failed", limit=1)
+        [[batched]] = c.search_many([{"namespaces": NS, "query": "deploy failed", "limit": 1}])
+        listed = list(c.list_memories(NS))
+    # The results stay the generated messages: code reading them as such keeps working.
+    assert m.metadata["build"].int_value == 1432 and m.metadata["flaky"].WhichOneof("kind") == "bool_value"
+    # Plain values, the type of each kept (1432 an int, not 1432.0 or "1432").
+    for got in (m, hit.memory, batched.memory, listed[0]):
+        plain = metadata_dict(got)
+        assert plain == meta and type(plain["build"]) is int and type(plain["flaky"]) is bool
+    assert metadata_dict(node) == {"attempts": 3}
+    # A whole result as dicts, lists and scalars: times in epoch seconds, enums by name, unset
+    # optional fields as None.
+    d = to_python(hit)
+    assert d["memory"]["metadata"] == meta
+    assert d["memory"]["tier"] == "TIER_FAST" and d["memory"]["tags"] == ["ci"]
+    assert d["memory"]["create_time"] == pytest.approx(T0) and d["memory"]["expire_time"] is None
+    assert d["score"] == pytest.approx(hit.score) and d["explanation"] is None
+    assert [r["memory"]["id"] for r in to_python([hit, batched])] == ["d1", "d1"]
+    assert to_python(listed)[0]["metadata"]["build"] == 1432

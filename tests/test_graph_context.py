@@ -26,7 +26,7 @@ from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
 T0 = 1_700_000_000.0
-KINDS = ("summary", "recent", "semantic", "graph")
+KINDS = ("summary", "recent", "semantic", "graph", "important", "overflow")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -479,9 +479,10 @@ def test_package_never_exceeds_the_budget_and_its_token_counts_add_up(env: Env) 
                         assert x.tokens == cost[(sec.namespace, x.memory_id)]
                     else:
                         assert sec.kind == "graph" and x.tokens == _tokens(x.text)
-    # A big budget takes everything there is and shows all four kinds.
+    # A big budget takes everything there is and shows every kind but the overflow summary (nothing
+    # is left out to summarize).
     resp = _ctx(s, scopes, 500, query="deploy service")
-    assert {sec.kind for sec in resp.sections if sec.items} == set(KINDS)
+    assert {sec.kind for sec in resp.sections if sec.items} == set(KINDS) - {"overflow"}
     assert _section(resp, "inv/task", "summary")[0].text == "summary of the task so far: deploy service"
     facts = {x.text for x in _section(resp, "inv/task", "graph")}
     assert facts == {"svc depends_on db", "team-x owns svc"}
@@ -635,9 +636,12 @@ def test_recent_window_is_newest_first_and_the_current_summary_comes_first(
         resp = _ctx(s, [_scope("sess", recent_window=50)], 1000)
         assert _sec_ids(resp, "sess", "recent") == [m.id for m in obs[::-1]]
         assert _all_ids(resp).count(s1.id) == 1
-        # recent_window 0: no recent section items.
+        # recent_window 0: no recent section items; the rest of the share takes the scope's other
+        # memories, most important first, then most recent (here all rated 0.5).
         resp = _ctx(s, [_scope("sess", recent_window=0)], 1000)
-        assert _all_ids(resp) == [s1.id]
+        assert _sec_ids(resp, "sess", "recent") == []
+        assert _sec_ids(resp, "sess", "important") == [m.id for m in obs[::-1]]
+        assert _all_ids(resp).count(s1.id) == 1
 
         # A second summary replaces the first everywhere.
         s2 = _mem(s, "sess", "second summary: six events", 6, "summary")
@@ -652,6 +656,7 @@ def test_recent_window_is_newest_first_and_the_current_summary_comes_first(
         assert [(sec.namespace, sec.kind) for sec in resp.sections if sec.items] == [
             ("sess", "summary"),
             ("sess", "recent"),
+            ("sess", "important"),  # the rest of the session's share: its other 4 events
             ("proj", "summary"),
         ]
         assert _sec_ids(resp, "proj", "summary") == [s3.id]
