@@ -75,6 +75,18 @@ def _half_life_table(half_life_hours: np.ndarray | list[Any]) -> np.ndarray:
     return _table("half_life_hours", hl.reshape(1, -1) if hl.ndim == 1 else hl, np.float64)
 
 
+def _floor_table(floor: float | np.ndarray, rows: int) -> np.ndarray:
+    """The decay floor per namespace, float64 (rows,): one value for all, or a table of that length."""
+    if np.ndim(floor) == 0:
+        if not 0.0 <= float(floor) <= 1.0:  # (NaN fails too)
+            raise ValueError("floor must be in [0, 1]")
+        return np.full(rows, float(floor), np.float64)
+    t = _table("floor", floor, np.float64, None)  # type: ignore[arg-type]
+    if t.shape[0] != rows:
+        raise ValueError("floor must have one entry per row of the half-life table")
+    return t
+
+
 def _check_tiers(tier: np.ndarray) -> None:
     if tier.shape[0] and (int(tier.min()) < 0 or int(tier.max()) > 4):
         raise ValueError("tier values must be in 0..4")
@@ -137,7 +149,7 @@ def score_rows(
     now: float,
     tau_seconds: float,
     half_life_hours: np.ndarray | list[Any],
-    floor: float,
+    floor: float | np.ndarray,
     alpha: float,
     beta: float,
     gamma: float,
@@ -147,8 +159,8 @@ def score_rows(
 
     ``relevance[i]`` is the similarity of row ``rows[i]``; importance is decayed as in
     ``decay_importance``, by ``half_life_hours``: 5 values by tier for every row, or a
-    (namespaces, 5) table read at the row's ``ns`` (int32 namespace id column). This is the fused
-    form the search path uses.
+    (namespaces, 5) table read at the row's ``ns`` (int32 namespace id column); ``floor`` is one
+    value or a (namespaces,) table read the same way. This is the fused form the search path uses.
     """
     m = _check("rows", rows, np.int64).shape[0]
     _check("relevance", relevance, np.float32, m)
@@ -165,6 +177,7 @@ def score_rows(
         _check("ns", ns, np.int32, n)
     else:
         ns = np.zeros(1, np.int32)
+    fl = _floor_table(floor, hl.shape[0])
     score = np.empty(m, np.float32)
     rec = np.empty(m, np.float32)
     imp = np.empty(m, np.float32)
@@ -179,7 +192,7 @@ def score_rows(
         float(now),
         float(tau_seconds),
         hl,
-        float(floor),
+        fl,
         float(alpha),
         float(beta),
         float(gamma),
@@ -523,13 +536,14 @@ def plan_moves(
     success_count: np.ndarray,
     success_base: np.ndarray,
     now: float,
-    floor: float,
+    floor: float | np.ndarray,
     half_life_hours: np.ndarray,
     ttl_seconds: np.ndarray,
     threshold: np.ndarray,
     promote_access: np.ndarray,
     promote_surprise: np.ndarray,
     promote_success: np.ndarray,
+    decay_grace: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lifecycle decision per row: (action int8, decayed importance float32).
 
@@ -537,7 +551,7 @@ def plan_moves(
     5 demote (decay); see ``_jit.plan_moves`` for the rules. Only ``eligible`` rows get an action;
     every row with a valid namespace and tier gets its decayed importance. Tables are indexed by
     namespace id: (namespaces, 5) for half_life_hours, ttl_seconds, threshold; (namespaces,) for
-    the promotion thresholds.
+    the promotion thresholds, ``decay_grace`` (None: True everywhere) and ``floor`` (or one value).
     """
     n = _check("eligible", eligible, np.bool_).shape[0]
     for name, arr, dtype in (
@@ -554,9 +568,16 @@ def plan_moves(
         ("success_base", success_base, np.int64),
     ):
         _check(name, arr, dtype, n)
-    hl, ttl, thr, pa, ps, pc = _lifecycle_tables(
-        half_life_hours, ttl_seconds, threshold, promote_access, promote_surprise, promote_success
+    hl, ttl, thr, pa, ps, pc, grace = _lifecycle_tables(
+        half_life_hours,
+        ttl_seconds,
+        threshold,
+        promote_access,
+        promote_surprise,
+        promote_success,
+        decay_grace,
     )
+    fl = _floor_table(floor, hl.shape[0])
     action = np.empty(n, np.int8)
     decayed = np.empty(n, np.float32)
     with PARALLEL_LOCK:
@@ -574,13 +595,14 @@ def plan_moves(
             success_count,
             success_base,
             float(now),
-            float(floor),
+            fl,
             hl,
             ttl,
             thr,
             pa,
             ps,
             pc,
+            grace,
             action,
             decayed,
         )
@@ -594,15 +616,20 @@ def _lifecycle_tables(
     promote_access: np.ndarray,
     promote_surprise: np.ndarray,
     promote_success: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``plan_moves``'s per-namespace tables, checked (and converted where cheap), in its kernel's order."""
+    decay_grace: np.ndarray | None,
+) -> tuple[np.ndarray, ...]:
+    """``plan_moves``'s per-namespace tables, checked (and converted where cheap), in its kernel's
+    order; ``decay_grace`` None is True for every namespace."""
+    hl = _table("half_life_hours", half_life_hours, np.float64)
+    grace = np.ones(hl.shape[0], np.bool_) if decay_grace is None else decay_grace
     tables = (
-        _table("half_life_hours", half_life_hours, np.float64),
+        hl,
         _table("ttl_seconds", ttl_seconds, np.float64),
         _table("threshold", threshold, np.float32),
         _table("promote_access", promote_access, np.int64, None),
         _table("promote_surprise", promote_surprise, np.float32, None),
         _table("promote_success", promote_success, np.int64, None),
+        _table("decay_grace", grace, np.bool_, None),
     )
     if len({t.shape[0] for t in tables}) != 1:
         raise ValueError("lifecycle tables must all have one row per namespace")
@@ -622,7 +649,8 @@ def retention_scores(
 ) -> np.ndarray:
     """Per-row score of how much a memory deserves to stay (higher stays), float64, by the
     namespace's retention policy (``policy[ns]``): 1 importance_weighted = 0.7*decayed +
-    0.3*exp(-(now - accessed)/tau), 2 recency = created_at, 3 fifo = tier_since, 4 lru = accessed_at.
+    0.3*exp(-(now - accessed)/tau), 2 recency = created_at, 3 fifo = tier_since, 4 lru = accessed_at,
+    5 importance = decayed.
     Scores compare only within one namespace (one policy)."""
     n = _check("ns", ns, np.int32).shape[0]
     pol = _table("policy", policy, np.int8, None)
@@ -815,6 +843,7 @@ def _warm_lifecycle(tiny: _Tiny) -> None:
         promote_access=np.ones(2, np.int64),
         promote_surprise=np.ones(2, np.float32),
         promote_success=np.ones(2, np.int64),
+        decay_grace=np.ones(2, np.bool_),
     )
     score = retention_scores(
         ns=i32,

@@ -33,6 +33,18 @@ def _decayed(importance, age_seconds, half_life_hours, floor):
     return d if d > lo else lo
 
 
+def _floor_at(floor, k):
+    """The decay floor of namespace ``k``: ``floor`` itself when one value, else ``floor[k]``."""
+    return floor[k] if np.ndim(floor) else floor
+
+
+@overload(_floor_at, jit_options={"nogil": True})
+def _floor_at_jit(floor, k):
+    if isinstance(floor, types.Array):
+        return lambda floor, k: floor[k]
+    return lambda floor, k: floor
+
+
 @_kernel
 def _recency(last_access, now, tau_seconds):
     dt = now - last_access
@@ -81,8 +93,9 @@ def score_rows(
 ):
     """Fused gather + decay + recency + combined score over the rows ``rows`` of the columns.
 
-    ``half_life_hours`` is a (namespaces, 5) table; with one table row it applies to every row and
-    ``ns`` is not read. Range checks happen here, in the one pass, not as extra passes in the wrapper.
+    ``half_life_hours`` is a (namespaces, 5) table and ``floor`` one value or a (namespaces,) table;
+    with one table row they apply to every row and ``ns`` is not read. Range checks happen here, in the one pass,
+    not as extra passes in the wrapper.
     """
     n = importance.shape[0]
     per_ns = half_life_hours.shape[0] > 1
@@ -98,7 +111,7 @@ def score_rows(
             k = ns[r]
             if k < 0 or k >= half_life_hours.shape[0]:
                 raise ValueError("namespace ids out of range of half_life_hours")
-        d = _decayed(importance[r], now - created_at[r], half_life_hours[k, t], floor)
+        d = _decayed(importance[r], now - created_at[r], half_life_hours[k, t], _floor_at(floor, k))
         c = _recency(last_access[r], now, tau_seconds)
         imp[i] = d
         rec[i] = c
@@ -634,6 +647,7 @@ def plan_moves(
     promote_access,
     promote_surprise,
     promote_success,
+    decay_grace,
     action,
     decayed,
 ):
@@ -642,8 +656,9 @@ def plan_moves(
     Promotion (not from FAST), first rule that holds: accesses since entering the tier >=
     promote_access; surprise >= promote_surprise with an access since entering the tier; successes
     since entering the tier >= promote_success. Demotion (not from GLACIAL): idle (no access, no tier
-    entry) longer than the tier's TTL; or, after one TTL in the tier, decayed importance below the
-    tier's threshold. Tables are indexed [namespace id, tier] or [namespace id].
+    entry) longer than the tier's TTL; or decayed importance below the tier's threshold, after one
+    TTL in the tier where the namespace's decay_grace is set (else at once). Tables are indexed
+    [namespace id, tier] or [namespace id] (floor, promotion thresholds, decay_grace).
     """
     for i in prange(eligible.shape[0]):
         k = ns[i]
@@ -652,7 +667,7 @@ def plan_moves(
             action[i] = NONE
             decayed[i] = importance[i]
             continue
-        d = _decayed(importance[i], now - created_at[i], half_life_hours[k, t], floor)
+        d = _decayed(importance[i], now - created_at[i], half_life_hours[k, t], _floor_at(floor, k))
         decayed[i] = d
         a = NONE
         if eligible[i]:
@@ -668,8 +683,8 @@ def plan_moves(
                 ttl = ttl_seconds[k, t]
                 if now - last > ttl:
                     a = DEMOTE_IDLE
-                elif now - tier_since[i] > ttl and decayed[i] < threshold[k, t]:  # as stored (float32)
-                    a = DEMOTE_DECAY
+                elif (not decay_grace[k] or now - tier_since[i] > ttl) and decayed[i] < threshold[k, t]:
+                    a = DEMOTE_DECAY  # (threshold as stored: float32)
         action[i] = a
 
 
@@ -677,7 +692,7 @@ def plan_moves(
 def retention_scores(ns, policy, decayed, accessed_at, created_at, tier_since, now, tau_seconds, out):
     """How much each row deserves to stay in its tier (higher stays), by its namespace's policy:
     1 importance_weighted 0.7*decayed + 0.3*recency, 2 recency (creation time), 3 fifo (tier entry),
-    4 lru (last access)."""
+    4 lru (last access), 5 importance (decayed)."""
     for i in prange(ns.shape[0]):
         k = ns[i]
         p = policy[k] if k >= 0 and k < policy.shape[0] else 1
@@ -687,6 +702,8 @@ def retention_scores(ns, policy, decayed, accessed_at, created_at, tier_since, n
             out[i] = tier_since[i]
         elif p == 4:
             out[i] = accessed_at[i]
+        elif p == 5:
+            out[i] = decayed[i]
         else:
             out[i] = 0.7 * decayed[i] + 0.3 * _recency(accessed_at[i], now, tau_seconds)
 

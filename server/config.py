@@ -25,7 +25,10 @@ DEFAULT_IMPORTANCE_THRESHOLD = (0.0, 0.8, 0.5, 0.3, 0.0)
 # How often the background pass visits each tier: per event-ish, per round, per cycle, hourly.
 DEFAULT_CADENCE_SECONDS = (0.0, 5.0, 60.0, 600.0, 3600.0)
 
-RETENTION_POLICIES = {"importance_weighted": 1, "recency": 2, "fifo": 3, "lru": 4}
+RETENTION_POLICIES = {"importance_weighted": 1, "recency": 2, "fifo": 3, "lru": 4, "importance": 5}
+# Values match the proto enums tiermem.v1.ImportanceDecay and tiermem.v1.ImportanceHeuristic.
+IMPORTANCE_DECAYS = {"half_life": 1, "none": 2}
+IMPORTANCE_HEURISTICS = {"cues": 1, "ten_point": 2, "phrases": 3}
 
 
 def usable_cores() -> int:
@@ -75,6 +78,8 @@ class Tuning:
     compact_dead_share: float = 0.75  # ... with at least this share dead ...
     compact_max_live: int = 4096  # ... and at most this many live entries is compacted
     dedup_group_limit: int = 4096  # vectors of one commit group compared for similarity dedup
+
+    eviction_summary_tokens: int = 400  # most tokens of a summary of a pass's evictions (per namespace, tier)
 
     # transport/: follower processes
     follower_steady_seconds: float = 60.0  # a follower that served this long resets the restart delay
@@ -150,6 +155,8 @@ class ServerConfig:
     recency_tau_seconds: float = 86400.0
     half_life_hours: tuple[float, ...] = DEFAULT_HALF_LIFE_HOURS
     importance_floor: float = 0.1  # decayed importance never falls below floor * base importance
+    importance_decay: str = "half_life"  # half_life (by tier, with the floor) or none (as stored)
+    importance_heuristic: str = "cues"  # rates memories stored without importance: cues, ten_point, phrases
     # Searches count as accesses of what they return (access_count, last_access_time), committed in
     # the background every access_flush_seconds; a request can opt out with read_only.
     search_records_access: bool = True
@@ -195,7 +202,9 @@ class ServerConfig:
     tier_max_items: tuple[float, ...] = DEFAULT_MAX_ITEMS  # capacity per namespace and tier
     tier_importance_threshold: tuple[float, ...] = DEFAULT_IMPORTANCE_THRESHOLD  # decayed below: demote
     tier_cadence_seconds: tuple[float, ...] = DEFAULT_CADENCE_SECONDS  # background visits per tier
-    retention: str = "importance_weighted"  # eviction order: importance_weighted, recency, fifo, lru
+    retention: str = (
+        "importance_weighted"  # eviction order: importance_weighted, recency, fifo, lru, importance
+    )
     delete_from_glacial: bool = False  # capacity eviction may delete from GLACIAL
     promote_access_count: int = 5  # accesses since entering the tier that promote
     promote_surprise: float = 0.5  # surprise (after feedback in the tier) that promotes
@@ -225,6 +234,16 @@ class ServerConfig:
             )
         # Search bounds assume decayed importance never exceeds the base importance.
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
+        need(
+            self.importance_decay in IMPORTANCE_DECAYS,
+            "importance_decay",
+            f"must be one of {sorted(IMPORTANCE_DECAYS)}",
+        )
+        need(
+            self.importance_heuristic in IMPORTANCE_HEURISTICS,
+            "importance_heuristic",
+            f"must be one of {sorted(IMPORTANCE_HEURISTICS)}",
+        )
         for name in ("default_predicted_relevance", "default_actual_usefulness"):
             need(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
         need(

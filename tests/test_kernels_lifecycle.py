@@ -17,13 +17,14 @@ from the kernel code:
     2 surprise >= promote_surprise[k] and an access since entering the tier (accessed_at > tier_since);
     3 success_count - success_base >= promote_success[k];
   - else demotion (not from GLACIAL): 4 idle, now - max(accessed_at, tier_since) > ttl[k, t]
-    ("longer than"); 5 decay, now - tier_since > ttl[k, t] (after one TTL in the tier) and
-    decayed < threshold[k, t] ("below").
+    ("longer than"); 5 decay, decayed < threshold[k, t] ("below") and, where decay_grace[k] (the
+    default), now - tier_since > ttl[k, t] (after one TTL in the tier).
+  - the floor is one value or a per-namespace table floor[k].
   Reading taken where the docs are terse: promotion is checked before demotion (the kernel
   docstring lists it first and a row moves one tier per pass); "after one TTL" is strict like "longer
   than"; the decay test compares the decayed importance as returned (float32) with the threshold.
 * retention_scores by policy[ns]: 1 -> 0.7*decayed + 0.3*recency(accessed), 2 -> created_at,
-  3 -> tier_since, 4 -> accessed_at. (The wrapper docstring writes exp(-(now - accessed)/tau); the
+  3 -> tier_since, 4 -> accessed_at, 5 -> decayed. (The wrapper docstring writes exp(-(now - accessed)/tau); the
   kernel docstring says "recency", which is clamped at 1 for accesses in the future; we follow that.)
 * select_evictions: among candidates, per group, the count - capacity lowest scores (ties: lower
   row index first) are marked; nothing if count <= capacity; NaN candidate scores are rejected.
@@ -69,6 +70,7 @@ def pure_python(monkeypatch):
     """Make the jitted helpers resolve to plain Python inside the kernels' py_func bodies."""
     for helper in ("_decayed", "_recency"):
         monkeypatch.setattr(_jit, helper, getattr(_jit, helper).py_func)
+    # (_floor_at is a plain function with a compiled overload: it is plain Python already)
     with np.errstate(all="ignore"):
         yield
 
@@ -103,7 +105,8 @@ def ref_plan_moves(c: dict, t: dict, now: float, floor: float) -> tuple[np.ndarr
     valid = (ns >= 0) & (ns < rows) & (tier >= 1) & (tier <= 4)
     k = np.where(valid, ns, 0)
     ti = np.where(valid, tier, 1)
-    d64 = ref_decay64(c["importance"], now - c["created_at"], t["half_life_hours"][k, ti], floor)
+    fl = np.asarray(floor, np.float64)[k] if np.ndim(floor) else floor
+    d64 = ref_decay64(c["importance"], now - c["created_at"], t["half_life_hours"][k, ti], fl)
     d64 = np.where(valid, d64, c["importance"].astype(np.float64))
     act = c["eligible"] & valid
     up = act & (tier != FAST)
@@ -115,7 +118,9 @@ def ref_plan_moves(c: dict, t: dict, now: float, floor: float) -> tuple[np.ndarr
     last = np.maximum(c["accessed_at"], c["tier_since"])
     r_idle = down & (now - last > ttl)
     thr = t["threshold"][k, ti].astype(np.float64)
-    r_decay = down & (now - c["tier_since"] > ttl) & (d64.astype(np.float32).astype(np.float64) < thr)
+    grace = np.asarray(t.get("decay_grace", np.ones(rows, np.bool_)), np.bool_)[k]
+    waited = ~grace | (now - c["tier_since"] > ttl)
+    r_decay = down & waited & (d64.astype(np.float32).astype(np.float64) < thr)
     action = np.select(
         [r_access, r_surprise, r_success, r_idle, r_decay],
         [P_ACCESS, P_SURPRISE, P_SUCCESS, D_IDLE, D_DECAY],
@@ -127,7 +132,11 @@ def ref_plan_moves(c: dict, t: dict, now: float, floor: float) -> tuple[np.ndarr
 def ref_retention(ns, policy, decayed, accessed_at, created_at, tier_since, now, tau_seconds) -> np.ndarray:
     pol = np.asarray(policy)[np.asarray(ns, np.intp)]
     weighted = 0.7 * decayed.astype(np.float64) + 0.3 * ref_recency64(accessed_at, now, tau_seconds)
-    return np.select([pol == 2, pol == 3, pol == 4], [created_at, tier_since, accessed_at], weighted)
+    return np.select(
+        [pol == 2, pol == 3, pol == 4, pol == 5],
+        [created_at, tier_since, accessed_at, decayed.astype(np.float64)],
+        weighted,
+    )
 
 
 def ref_order(group, score, candidates) -> list[int]:
@@ -238,21 +247,21 @@ def make_plan_tables(namespaces: int, rng: np.random.Generator) -> dict:
     }
 
 
-def run_plan(c: dict, t: dict, now: float = NOW, floor: float = 0.0):
+def run_plan(c: dict, t: dict, now: float = NOW, floor: Any = 0.0):
     return K.plan_moves(**c, **t, now=now, floor=floor)
 
 
-def run_plan_py(c: dict, t: dict, now: float = NOW, floor: float = 0.0):
+def run_plan_py(c: dict, t: dict, now: float = NOW, floor: Any = 0.0):
     n = len(c["eligible"])
     action = np.full(n, -1, np.int8)
     decayed = np.full(n, np.nan, np.float32)
-    _jit.plan_moves.py_func(
-        *(c[name] for name in COLUMN_DTYPES), now, floor, *(t[name] for name in TABLE_SPECS), action, decayed
-    )
+    grace = t.get("decay_grace", np.ones(t["half_life_hours"].shape[0], np.bool_))
+    tables = (t[name] for name in TABLE_SPECS)
+    _jit.plan_moves.py_func(*(c[name] for name in COLUMN_DTYPES), now, floor, *tables, grace, action, decayed)
     return action, decayed
 
 
-def check_plan(c: dict, t: dict, action, decayed, now: float = NOW, floor: float = 0.0) -> None:
+def check_plan(c: dict, t: dict, action, decayed, now: float = NOW, floor: Any = 0.0) -> None:
     e_action, e_decayed, _ = ref_plan_moves(c, t, now, floor)
     assert action.dtype == np.int8 and decayed.dtype == np.float32
     np.testing.assert_array_equal(action, e_action)
@@ -311,6 +320,72 @@ def test_py_func_plan_moves(pure_python, n, floor):
     t = make_plan_tables(3, rng)
     action, decayed = run_plan_py(c, t, floor=floor)
     check_plan(c, t, action, decayed, floor=floor)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 50, 1000])
+@pytest.mark.parametrize("impl", ["jit", "py_func"])
+def test_plan_moves_per_namespace_floor_and_decay_grace(request, n, impl):
+    """A floor and a decay_grace per namespace (the policy's importance_floor and decay_grace)."""
+    if impl == "py_func":
+        request.getfixturevalue("pure_python")
+    rng = rng_for("plan-grace", n)
+    c = make_plan_columns(n, rng, 3, invalid_ns=True)
+    c["eligible"][:] = True
+    t = make_plan_tables(3, rng)
+    t["decay_grace"] = np.array([True, False, False], np.bool_)
+    floor = np.array([0.1, 0.0, 0.5], np.float64)
+    run = run_plan_py if impl == "py_func" else run_plan
+    action, decayed = run(c, t, floor=floor)
+    check_plan(c, t, action, decayed, floor=floor)
+
+
+def test_plan_moves_without_grace_demotes_a_fresh_memory_below_threshold():
+    c = columns_of(base_row(tier=FAST, importance=0.5, created_at=NOW, accessed_at=NOW, tier_since=NOW))
+    t = base_tables(1)
+    t["threshold"][0, FAST] = 0.8
+    t["ttl_seconds"][0, FAST] = 60.0
+    assert run_plan(c, t)[0].tolist() == [NONE]
+    t["decay_grace"] = np.zeros(1, np.bool_)
+    assert run_plan(c, t)[0].tolist() == [D_DECAY]
+    check_plan(c, t, *run_plan(c, t))
+
+
+def test_plan_moves_rejects_bad_floor_and_grace_tables():
+    kw = valid_plan_kwargs()
+    with pytest.raises(ValueError, match="floor"):
+        K.plan_moves(**{**kw, "floor": np.zeros(3, np.float64)})
+    with pytest.raises(ValueError, match="floor"):
+        K.plan_moves(**{**kw, "floor": 1.5})
+    with pytest.raises(ValueError, match="one row per namespace"):
+        K.plan_moves(**{**kw, "decay_grace": np.ones(3, np.bool_)})
+
+
+def test_score_rows_per_namespace_floor():
+    """score_rows takes the floor per namespace too: 0.8 after 5 half-lives is 0.025 without a floor,
+    0.08 with 0.1, and 0.8 where the half-life is infinite (no decay)."""
+    rows = np.arange(3, dtype=np.int64)
+    hl = np.array([[0, 1, 1, 1, 1], [0, 1, 1, 1, 1], [0] + [np.inf] * 4], np.float64)
+    _, _, imp = K.score_rows(
+        rows,
+        np.zeros(3, np.float32),
+        importance=np.full(3, 0.8, np.float32),
+        created_at=np.full(3, NOW - 5 * HOUR),
+        last_access=np.full(3, NOW),
+        tier=np.full(3, FAST, np.int8),
+        now=NOW,
+        tau_seconds=60.0,
+        half_life_hours=hl,
+        floor=np.array([0.1, 0.0, 0.1]),
+        alpha=0.0,
+        beta=0.0,
+        gamma=1.0,
+        ns=np.arange(3, dtype=np.int32),
+    )
+    np.testing.assert_allclose(imp, [0.08, 0.025, 0.8], **F32)
+    expected = ref_decay64(
+        np.full(3, 0.8, np.float32), np.full(3, 5 * HOUR), hl[:, FAST], np.array([0.1, 0.0, 0.1])
+    )
+    np.testing.assert_allclose(imp, expected.astype(np.float32), **F32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -781,7 +856,7 @@ def test_plan_moves_rejects_nan_in_tables(name):
 def make_retention_inputs(n: int, rng: np.random.Generator, namespaces: int) -> dict:
     return {
         "ns": rng.integers(0, namespaces, n).astype(np.int32),
-        "policy": rng.integers(1, 5, namespaces).astype(np.int8),
+        "policy": rng.integers(1, 6, namespaces).astype(np.int8),
         "decayed": grid_or_random(n, rng),
         "accessed_at": NOW - rng.uniform(-2 * HOUR, 1000 * HOUR, n),  # some in the future
         "created_at": NOW - rng.uniform(-2 * HOUR, 1000 * HOUR, n),
@@ -803,7 +878,7 @@ def test_retention_scores_random(n, namespaces):
     check_retention(args, K.retention_scores(**args))
 
 
-@pytest.mark.parametrize("policy", [1, 2, 3, 4])
+@pytest.mark.parametrize("policy", [1, 2, 3, 4, 5])
 def test_retention_scores_single_policy(policy):
     args = make_retention_inputs(200, rng_for("retention-single", policy), 1)
     args["policy"] = np.array([policy], np.int8)

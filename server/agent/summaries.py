@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tiermem.server.core.evictions import first_sentence
 from tiermem.server.model import validation as check
 from tiermem.server.model.text import estimate_tokens
 from tiermem.server.model.types import Filter
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from tiermem.server.core.engine import Engine
 
 MAX_SOURCE_IDS = 1000  # ids of covered memories returned with a summary
+__all__ = ["MAX_SOURCE_IDS", "Summary", "build_summary", "first_sentence"]
 
 
 @dataclass
@@ -60,12 +62,3 @@ def build_summary(
         used += cost
     text = " ".join(first_sentence(recs[i].content) for i in sorted(chosen))
     return Summary(text, [r.id for r in recs][:MAX_SOURCE_IDS], estimate_tokens(text))
-
-
-def first_sentence(text: str) -> str:
-    """``text`` with its white space collapsed, up to the first '.', '!' or '?' that ends a word."""
-    text = " ".join(text.split())
-    for i, ch in enumerate(text):
-        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] == " "):
-            return text[: i + 1]
-    return text

@@ -16,11 +16,14 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
+from tiermem.server.config import IMPORTANCE_HEURISTICS
 from tiermem.server.core import upkeep
 from tiermem.server.core.group_vectors import GroupVectors
+from tiermem.server.core.lifecycle import enforce_caps
 from tiermem.server.core.namespaces import check_protected
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
+from tiermem.server.model import importance
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import AlreadyExists, InvalidArgument, NotFound
 from tiermem.server.model.records import NewMemory, Record
@@ -30,6 +33,8 @@ from tiermem.server.model.types import NO_VECTOR
 from tiermem.server.storage.store import Txn
 
 logger = logging.getLogger(__name__)
+
+CUES = IMPORTANCE_HEURISTICS["cues"]  # the heuristic validation applies itself
 
 
 def create_detailed(
@@ -65,17 +70,27 @@ def create_detailed(
     op = _CreateOp(st, memories, request_id, batch, dedup_similarity, allow_duplicates, fingerprint, confirm)
     weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
     outcome: CreateOutcome = st.writer.submit(op.prepare, op.apply, weight)
+    for ns in sorted(op.namespaces):
+        if st.policy_for(ns).evict_on_create:  # the namespace's and kinds' caps, before returning
+            enforce_caps(st, ns)
     return outcome
 
 
 def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) -> None:
     seen: dict[tuple[str, str], int] = {}
+    now = st.clock()
     for i, m in enumerate(memories):
         prefix = f"memories[{i}]." if batch else "memory."
-        default = st.policy_for(m.namespace).default_importance if m.importance is None else None
-        if default is not None:  # the namespace's, not the estimate (a reflection's at least 0.8)
-            m.importance = max(default, 0.8) if m.kind == "reflection" else default
-        check.new_memory(prefix, m, st.config)
+        policy = st.policy_for(m.namespace) if m.importance is None else None
+        if policy is not None and policy.default_importance is not None:
+            # the namespace's, not an estimate (a reflection's at least 0.8)
+            m.importance = (
+                max(policy.default_importance, 0.8) if m.kind == "reflection" else policy.default_importance
+            )
+        check.new_memory(prefix, m, st.config)  # (without importance: rated by the cues heuristic)
+        if policy is not None and policy.default_importance is None and policy.importance_heuristic != CUES:
+            age_hours = 0.0 if m.created_at is None else (now - m.created_at) / 3600.0
+            m.importance = importance.estimate_by(policy.importance_heuristic, m.content, m.kind, age_hours)
         if m.id:
             j = seen.setdefault((m.namespace, m.id), i)
             if j != i:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tiermem.server.core import upkeep
+from tiermem.server.core import evictions, upkeep
 from tiermem.server.core.counters import DELETION, DEMOTION, EVICTION, PROMOTION
 from tiermem.server.core.policy import (
     DELETE_CAPACITY,
@@ -77,10 +77,66 @@ def consolidate(
         )
         if dry_run:
             return report
+        summaries = evictions.collect(st, view, plan.summaries) if plan.summaries else []
         if plan.rows.shape[0]:
             _apply_plan(st, report, rids, plan, now)
+        evictions.store(st, summaries, now)
         compact_indexes(st)  # after the moves, or single deletes, left an index mostly dead
         return report
+
+
+def enforce_caps(st: EngineState, namespace: str) -> int:
+    """Apply a namespace's max_items and kind caps at once (a create crossed one), deleting by its
+    retention policy; returns how many memories were deleted."""
+    policy = st.policy_for(namespace)
+    nid = st.columns.namespaces.get(namespace)
+    if nid < 0 or not (policy.max_items or policy.kind_capacities):
+        return 0
+    with st.pass_lock:
+        now = st.clock()
+        view = st.columns.view()
+        in_scope = view.alive & (view.ns == nid)
+        if not _over_caps(st, view, in_scope, policy.max_items, policy.kind_capacities):
+            return 0
+        tables = st.policy_tables()
+        plan = plan_pass(
+            view,
+            tables,
+            now=now,
+            tau_seconds=st.config.recency_tau_seconds,
+            in_scope=in_scope,
+            due=np.ones((tables.ttl.shape[0], 5), np.bool_),
+            kinds=st.columns.kinds,
+            only_caps=True,
+        )
+        rids = view.rid[plan.rows]
+        items = list(
+            zip(
+                rids.tolist(),
+                plan.from_tier.tolist(),
+                plan.to_tier.tolist(),
+                plan.reason.tolist(),
+                strict=True,
+            )
+        )
+        skipped = sum(
+            apply_moves(st, items[lo : lo + MOVES_PER_COMMIT], now)
+            for lo in range(0, len(items), MOVES_PER_COMMIT)
+        )
+        return len(items) - skipped
+
+
+def _over_caps(
+    st: EngineState, view: ColumnsView, rows: np.ndarray, max_items: int, kinds: dict[str, int]
+) -> bool:
+    """Whether the namespace's ``rows`` pass its cap or a kind's (a quick count before a plan)."""
+    if max_items and int(np.count_nonzero(rows)) > max_items:
+        return True
+    for kind, cap in kinds.items():
+        kid = st.columns.kinds.get(kind)
+        if kid >= 0 and int(np.count_nonzero(rows & (view.kind == kid))) > cap:
+            return True
+    return False
 
 
 def _plan(st: EngineState, view: ColumnsView, namespace: str, scheduled: bool, now: float) -> Plan:
@@ -102,10 +158,10 @@ def _plan(st: EngineState, view: ColumnsView, namespace: str, scheduled: bool, n
         view,
         tables,
         now=now,
-        floor=st.config.importance_floor,
         tau_seconds=st.config.recency_tau_seconds,
         in_scope=in_scope,
         due=due,
+        kinds=st.columns.kinds,
     )
     if scheduled:
         st.last_run[:n_ns][due] = now

@@ -6,8 +6,11 @@ tier by tier from FAST to GLACIAL (evictions move one tier slower, so they can c
 applies the resulting ``Plan`` through the writer.
 
 A pass runs in this order: expired memories are deleted; promotion bottom to top and demotion
-(one tier per pass, so a memory never ping-pongs within a pass; promotion evidence counts from the
-memory's entry into its tier); then capacity per namespace and tier by the retention policy.
+(one tier per pass, so a memory never ping-pongs within a pass, unless the namespace promotes
+through the tiers; promotion evidence counts from the memory's entry into its tier); then the
+namespace and kind caps (deletions); then capacity per namespace and tier by the retention policy.
+Decay (half-life and floor, or none), the heuristic rating, the caps and the named presets
+(presets.py) are per namespace too.
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ from typing import Any
 import numpy as np
 
 from tiermem import kernels
-from tiermem.server.config import RETENTION_POLICIES, TIERS, ServerConfig
-from tiermem.server.index.columns import ColumnsView
+from tiermem.server.config import (
+    IMPORTANCE_DECAYS,
+    IMPORTANCE_HEURISTICS,
+    RETENTION_POLICIES,
+    TIERS,
+    ServerConfig,
+)
+from tiermem.server.core.presets import PRESETS
+from tiermem.server.index.columns import ColumnsView, Interner
 from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.model.validation import KIND_RE
 
 # Move reasons (values of tiermem.v1.MoveReason); 1-5 are the kernel's actions.
 PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 1, 2, 3, 4, 5
@@ -38,7 +49,19 @@ POLICY_FIELDS = (
     "reflection_threshold",
     "summary_token_threshold",
     "default_importance",
+    "importance_decay",
+    "importance_floor",
+    "importance_heuristic",
+    "promote_through_tiers",
+    "decay_grace",
+    "summarize_evictions",
+    "max_items",
+    "kind_capacities",
+    "evict_share",
+    "evict_on_create",
+    "preset",
 )
+DECAY_HALF_LIFE, DECAY_NONE = IMPORTANCE_DECAYS["half_life"], IMPORTANCE_DECAYS["none"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,17 @@ class Policy:
     reflection_threshold: float  # 0: reflections are never due
     summary_token_threshold: int  # 0: summaries are never due
     default_importance: float | None = None  # None: estimated from content and kind
+    importance_decay: int = DECAY_HALF_LIFE  # DECAY_NONE: the stored importance, whatever its age
+    importance_floor: float = 0.1  # decayed importance never below this share of the stored one
+    importance_heuristic: int = IMPORTANCE_HEURISTICS["cues"]  # rates memories stored without one
+    promote_through_tiers: bool = False  # a pass promotes through every faster tier, not one
+    decay_grace: bool = True  # below the threshold: demoted after one TTL in the tier (False: at once)
+    summarize_evictions: bool = False  # a tier's capacity eviction stores a summary of what it evicted
+    max_items: int = 0  # the namespace's memories across tiers and kinds (0: no cap)
+    kind_capacities: dict[str, int] = field(default_factory=dict)  # memories by kind across tiers
+    evict_share: float = 0.0  # over a namespace or kind cap: this share goes (at least the surplus)
+    evict_on_create: bool = False  # namespace and kind caps enforced when a create crosses them
+    preset: str = ""  # the preset applied under the namespace's own overrides
 
     @classmethod
     def from_config(cls, c: ServerConfig) -> Policy:
@@ -96,10 +130,19 @@ class Policy:
             promote_success_count=c.promote_success_count,
             reflection_threshold=c.reflection_threshold,
             summary_token_threshold=c.summary_token_threshold,
+            importance_decay=IMPORTANCE_DECAYS[c.importance_decay],
+            importance_floor=c.importance_floor,
+            importance_heuristic=IMPORTANCE_HEURISTICS[c.importance_heuristic],
         )
 
     def with_overrides(self, overrides: dict[str, Any]) -> Policy:
-        """Apply stored overrides: {"tiers": {tier: {field: value}}, field: value, ...}."""
+        """Apply stored overrides: {"tiers": {tier: {field: value}}, field: value, ...}; a preset's
+        overrides first, the namespace's own over them."""
+        if overrides.get("preset"):
+            return self._apply(PRESETS[overrides["preset"]])._apply(overrides)
+        return self._apply(overrides)
+
+    def _apply(self, overrides: dict[str, Any]) -> Policy:
         tiers = dict(self.tiers)
         for t, fields_ in (overrides.get("tiers") or {}).items():
             tiers[int(t)] = replace(tiers[int(t)], **fields_)
@@ -170,6 +213,59 @@ def _check_policy_fields(overrides: dict[str, Any], prefix: str) -> dict[str, An
         if not 0.0 <= overrides["default_importance"] <= 1.0:
             raise InvalidArgument(f"{prefix}default_importance", "must be in [0, 1]")
         out["default_importance"] = float(overrides["default_importance"])
+    out.update(_check_importance_fields(overrides, prefix))
+    out.update(_check_capacity_fields(overrides, prefix))
+    return out
+
+
+_FLAGS = ("promote_through_tiers", "decay_grace", "summarize_evictions", "evict_on_create")
+
+
+def _check_importance_fields(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Decay, its floor, the heuristic, the promotion and demotion flags and the preset, validated."""
+    out: dict[str, Any] = {}
+    for name, allowed in (
+        ("importance_decay", IMPORTANCE_DECAYS),
+        ("importance_heuristic", IMPORTANCE_HEURISTICS),
+    ):
+        if overrides.get(name):
+            if overrides[name] not in allowed.values():
+                raise InvalidArgument(f"{prefix}{name}", f"must be one of {sorted(allowed.values())}")
+            out[name] = int(overrides[name])
+    if overrides.get("importance_floor") is not None:
+        if not 0.0 <= overrides["importance_floor"] <= 1.0:
+            raise InvalidArgument(f"{prefix}importance_floor", "must be in [0, 1] (0: none)")
+        out["importance_floor"] = float(overrides["importance_floor"])
+    for name in _FLAGS:
+        if overrides.get(name) is not None:
+            out[name] = bool(overrides[name])
+    if overrides.get("preset"):
+        if overrides["preset"] not in PRESETS:
+            raise InvalidArgument(f"{prefix}preset", f"must be one of {', '.join(sorted(PRESETS))}")
+        out["preset"] = str(overrides["preset"])
+    return out
+
+
+def _check_capacity_fields(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The namespace and kind caps and the share a cap evicts, validated."""
+    out: dict[str, Any] = {}
+    if overrides.get("max_items") is not None:
+        if overrides["max_items"] < 0:
+            raise InvalidArgument(f"{prefix}max_items", "must be >= 0 (0: no cap)")
+        out["max_items"] = int(overrides["max_items"])
+    if overrides.get("evict_share") is not None:
+        v = overrides["evict_share"]
+        if not 0.0 <= v < 1.0:
+            raise InvalidArgument(f"{prefix}evict_share", "must be in [0, 1) (0: only the surplus)")
+        out["evict_share"] = float(v)
+    caps = overrides.get("kind_capacities")
+    if caps:
+        for kind, n in caps.items():
+            if not KIND_RE.match(kind):
+                raise InvalidArgument(f"{prefix}kind_capacities.kind", "must be 1-64 characters of [a-z0-9_]")
+            if n < 0:
+                raise InvalidArgument(f"{prefix}kind_capacities.max_items", "must be >= 0")
+        out["kind_capacities"] = {str(k): int(n) for k, n in caps.items()}
     return out
 
 
@@ -187,6 +283,13 @@ class Tables:
     promote_success: np.ndarray  # (n,) int64
     retention: np.ndarray  # (n,) int8
     delete_glacial: np.ndarray  # (n,) bool
+    floor: np.ndarray  # (n,) float64: decayed importance never below floor * stored importance
+    decay_grace: np.ndarray  # (n,) bool: demotion below the threshold waits one TTL in the tier
+    through: np.ndarray  # (n,) bool: promotion goes through every faster tier in one pass
+    summarize: np.ndarray  # (n,) bool: tier capacity evictions are summarized
+    max_items: np.ndarray  # (n,) int64: the namespace's cap across tiers (int64 max: none)
+    evict_share: np.ndarray  # (n,) float64: the share a namespace or kind cap evicts when passed
+    kind_caps: dict[int, dict[str, int]] = field(default_factory=dict)  # namespace id: {kind: cap}
 
     @classmethod
     def build(cls, n: int, base: Policy, overrides: dict[int, Policy]) -> Tables:
@@ -203,6 +306,12 @@ class Tables:
             promote_success=np.ones(n, np.int64),
             retention=np.ones(n, np.int8),
             delete_glacial=np.zeros(n, np.bool_),
+            floor=np.zeros(n, np.float64),
+            decay_grace=np.ones(n, np.bool_),
+            through=np.zeros(n, np.bool_),
+            summarize=np.zeros(n, np.bool_),
+            max_items=np.full(n, np.iinfo(np.int64).max, np.int64),
+            evict_share=np.zeros(n, np.float64),
         )
         t._fill(slice(None), base)
         for i, p in overrides.items():
@@ -220,8 +329,18 @@ class Tables:
         self.promote_access[i] = p.promote_access_count
         self.promote_surprise[i] = p.promote_surprise
         self.promote_success[i] = p.promote_success_count
+        if p.importance_decay == DECAY_NONE:
+            self.half_life[i, :] = np.inf  # (no decay)
         self.retention[i] = p.retention
         self.delete_glacial[i] = p.delete_from_glacial
+        self.floor[i] = p.importance_floor
+        self.decay_grace[i] = p.decay_grace
+        self.through[i] = p.promote_through_tiers
+        self.summarize[i] = p.summarize_evictions
+        self.max_items[i] = p.max_items or np.iinfo(np.int64).max
+        self.evict_share[i] = p.evict_share
+        if isinstance(i, int) and p.kind_capacities:  # (the server's policy has no kind caps)
+            self.kind_caps[i] = dict(p.kind_capacities)
 
 
 @dataclass
@@ -234,6 +353,8 @@ class Plan:
     reason: np.ndarray  # int8 MoveReason
     over_capacity: int = 0  # rows left above capacity in GLACIAL (deleting not allowed)
     counts: dict[str, int] = field(default_factory=dict)
+    # The rows a tier's capacity evicted, by (namespace id, tier), where the namespace summarizes them.
+    summaries: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
 
 def plan_pass(
@@ -241,22 +362,31 @@ def plan_pass(
     tables: Tables,
     *,
     now: float,
-    floor: float,
     tau_seconds: float,
     in_scope: np.ndarray,
     due: np.ndarray,
+    floor: float | None = None,
+    kinds: Interner | None = None,
+    only_caps: bool = False,
 ) -> Plan:
     """Decide a pass over the rows ``in_scope`` (alive rows of the namespaces concerned), for the
-    (namespace, tier) pairs that ``due`` ((namespaces, 5) bool) marks."""
+    (namespace, tier) pairs that ``due`` ((namespaces, 5) bool) marks. ``floor``: one decay floor
+    for every namespace instead of each one's; ``kinds``: the kind names of the columns' kind ids
+    (for kind caps); ``only_caps``: only the namespace and kind caps (a create that crossed one)."""
     ns = view.ns  # every row's namespace id is < due.shape[0]: tables cover all interned namespaces
     tier = view.tier
     expired = in_scope & (view.expire <= now)
     live = in_scope & ~expired
-    action, decayed = _decide_moves(view, tables, live & due[ns, tier], now=now, floor=floor)
+    eligible = live & due[ns, tier] & (not only_caps)
+    fl = tables.floor if floor is None else floor
+    action, decayed = _decide_moves(view, tables, eligible, now=now, floor=fl)
     target = tier.copy()
     promote = (action >= PROMOTE_ACCESS) & (action <= PROMOTE_SUCCESS)
     demote = (action == DEMOTE_IDLE) | (action == DEMOTE_DECAY)
     target[promote] -= 1
+    # The promotion rules and their evidence are the same in every tier of a namespace: one that
+    # holds in a tier holds in each faster one, so promoting through the tiers ends in FAST.
+    target[promote & tables.through[ns]] = 1
     target[demote] += 1
     reason = action.copy()
     reason[expired] = EXPIRED
@@ -271,17 +401,15 @@ def plan_pass(
         now=now,
         tau_seconds=tau_seconds,
     )
-    state = _PassState(view, tables, now, floor, tau_seconds, target, reason, retention)
+    state = _PassState(view, tables, now, fl, tau_seconds, target, reason, retention)
     state.enter(np.flatnonzero(live & (target != tier)))
-    over_capacity = _enforce_capacity(state, live, due)
+    _enforce_caps(state, live, due, kinds)
+    plan = Plan(rows=np.empty(0, np.int64), from_tier=tier[:0], to_tier=target[:0], reason=reason[:0])
+    if not only_caps:
+        plan.over_capacity = _enforce_capacity(state, live, due, plan.summaries)
     changed = np.flatnonzero(in_scope & ((target != tier) | expired))
-    plan = Plan(
-        rows=changed,
-        from_tier=tier[changed].copy(),
-        to_tier=target[changed],
-        reason=reason[changed],
-        over_capacity=over_capacity,
-    )
+    plan.rows, plan.from_tier = changed, tier[changed].copy()
+    plan.to_tier, plan.reason = target[changed], reason[changed]
     by_reason = np.bincount(plan.reason, minlength=EXPIRED + 1)
     plan.counts = {
         "promoted": int(by_reason[list(PROMOTIONS)].sum()),
@@ -293,7 +421,7 @@ def plan_pass(
 
 
 def _decide_moves(
-    view: ColumnsView, tables: Tables, eligible: np.ndarray, *, now: float, floor: float
+    view: ColumnsView, tables: Tables, eligible: np.ndarray, *, now: float, floor: float | np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """(action, decayed importance) of every row: the kernel's promotion or demotion of the
     ``eligible`` rows (0: stays), and every row's importance decayed to ``now``."""
@@ -318,6 +446,7 @@ def _decide_moves(
         promote_access=tables.promote_access,
         promote_surprise=tables.promote_surprise,
         promote_success=tables.promote_success,
+        decay_grace=tables.decay_grace,
     )
 
 
@@ -329,7 +458,7 @@ class _PassState:
     view: ColumnsView
     tables: Tables
     now: float
-    floor: float
+    floor: float | np.ndarray
     tau_seconds: float
     target: np.ndarray  # int8 per row; 0 = delete
     reason: np.ndarray  # int8 MoveReason per row
@@ -366,10 +495,50 @@ class _PassState:
         )
 
 
-def _enforce_capacity(state: _PassState, live: np.ndarray, due: np.ndarray) -> int:
+def _enforce_caps(state: _PassState, live: np.ndarray, due: np.ndarray, kinds: Interner | None) -> None:
+    """Delete the lowest-retention rows of each namespace over its max_items, then of each kind over
+    its cap in its namespace, across tiers; a cap passed loses at least its namespace's evict_share
+    of the rows it counts. Only namespaces with a tier due this pass."""
+    ns, tables = state.view.ns, state.tables
+    visited: np.ndarray = np.asarray(due.any(axis=1))
+    if (tables.max_items < np.iinfo(np.int64).max).any():
+        candidates = live & (state.target != 0) & visited[ns]
+        _delete_over(state, ns.astype(np.int64), candidates, tables.max_items, tables.evict_share)
+    for nid, caps in tables.kind_caps.items():
+        if nid >= visited.shape[0] or not visited[nid] or kinds is None:
+            continue
+        for kind, cap in caps.items():
+            kid = kinds.get(kind)
+            if kid < 0:
+                continue
+            candidates = live & (state.target != 0) & (ns == nid) & (state.view.kind == kid)
+            one = np.zeros(ns.shape[0], np.int64)
+            _delete_over(state, one, candidates, np.array([cap], np.int64), tables.evict_share[nid : nid + 1])
+
+
+def _delete_over(
+    state: _PassState, group: np.ndarray, candidates: np.ndarray, cap: np.ndarray, share: np.ndarray
+) -> None:
+    """Delete, per group over its ``cap``, its lowest-retention candidates: the surplus, or the
+    group's ``share`` of its count if more."""
+    count = np.bincount(group[candidates], minlength=cap.shape[0])
+    over = count > cap
+    if not over.any():
+        return
+    gone = np.maximum(count - cap, np.floor(count * share).astype(np.int64))
+    keep = np.where(over, np.maximum(count - gone, 0), cap)
+    evict = kernels.select_evictions(group, state.retention, candidates, keep)
+    state.target[evict] = 0
+    state.reason[evict] = DELETE_CAPACITY
+
+
+def _enforce_capacity(
+    state: _PassState, live: np.ndarray, due: np.ndarray, summaries: dict[tuple[int, int], np.ndarray]
+) -> int:
     """Evict the lowest-retention rows over each (namespace, tier) capacity, fastest tier first:
     into the next tier (where they count against its capacity), or out of GLACIAL by deletion
-    where the namespace allows it. Returns the rows left over capacity in GLACIAL."""
+    where the namespace allows it. A namespace that summarizes evictions evicts one more, to make
+    room for the summary (``summaries`` gets the rows). Returns the rows left over capacity in GLACIAL."""
     ns, target, reason, tables = state.view.ns, state.target, state.reason, state.tables
     over_capacity = 0
     group = ns.astype(np.int64)
@@ -377,9 +546,9 @@ def _enforce_capacity(state: _PassState, live: np.ndarray, due: np.ndarray) -> i
         candidates = live & (target == t) & due[ns, t]
         if not candidates.any():
             continue
-        evict = kernels.select_evictions(
-            group, state.retention, candidates, np.ascontiguousarray(tables.capacity[:, t])
-        )
+        cap = np.ascontiguousarray(tables.capacity[:, t])
+        room = _summary_room(tables, group, candidates, cap, t)
+        evict = kernels.select_evictions(group, state.retention, candidates, cap - room)
         if not evict.any():
             continue
         if t < TIERS[-1]:
@@ -391,4 +560,20 @@ def _enforce_capacity(state: _PassState, live: np.ndarray, due: np.ndarray) -> i
             target[allowed] = 0
             reason[allowed] = DELETE_CAPACITY
             over_capacity += int((evict & ~allowed).sum())
+            evict = allowed
+        for nid in np.flatnonzero(room):
+            summaries[(int(nid), t)] = np.flatnonzero(evict & (ns == nid))
     return over_capacity
+
+
+def _summary_room(
+    tables: Tables, group: np.ndarray, candidates: np.ndarray, cap: np.ndarray, t: int
+) -> np.ndarray:
+    """1 per namespace whose tier ``t`` will evict and summarize (room for the summary), else 0."""
+    if not tables.summarize.any():
+        return np.zeros(cap.shape[0], np.int64)
+    count = np.bincount(group[candidates], minlength=cap.shape[0])
+    room = tables.summarize & (count > cap) & (cap > 0)
+    if t == TIERS[-1]:
+        room &= tables.delete_glacial  # (GLACIAL evicts only by deleting)
+    return room.astype(np.int64)

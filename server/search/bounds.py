@@ -139,7 +139,8 @@ class PriorBounds:
         # ``changes`` on), so bounds computed from half-written fields are not used for it. A
         # view that growth left frozen has its own generations, and no log (changes -1).
         changes, gen0 = cols.generations(view)
-        half_life = src.policy_tables().half_life
+        tables = src.policy_tables()
+        half_life = tables.half_life
         self.observer.computing_bounds()
         rows = np.arange(view.n, dtype=np.int64)
         _, rec, imp = kernels.score_rows(
@@ -152,7 +153,7 @@ class PriorBounds:
             now=now,
             tau_seconds=tau,
             half_life_hours=half_life,
-            floor=src.config.importance_floor,
+            floor=tables.floor,
             alpha=0.0,
             beta=0.0,
             gamma=0.0,

@@ -98,7 +98,7 @@ class Scorer:
         a: RankingParams,
         row_w: np.ndarray | None,
         half_life: np.ndarray,
-        floor: float,
+        floor: float | np.ndarray,
     ) -> None:
         self.view, self.space, self.query, self.params, self.row_w = view, space, query, a, row_w
         self._score_args: dict[str, Any] = {

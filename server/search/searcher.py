@@ -184,7 +184,8 @@ class Searcher:
         mask, keyword_mask, count, keyword_count = self._allowed(view, a, flt, sp, only_tier)
         if count == 0 and not (by_keywords and keyword_count > 0):
             return []
-        half_life = src.policy_tables().half_life
+        tables = src.policy_tables()
+        half_life = tables.half_life
         row_w = row_weights(view, a, src.columns.namespaces)
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
@@ -203,7 +204,7 @@ class Searcher:
                     only_tier,
                     include_embedding,
                 )
-            scorer = Scorer(view, sp, query, a, row_w, half_life, src.config.importance_floor)
+            scorer = Scorer(view, sp, query, a, row_w, half_life, tables.floor)
             fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
             if query is None or sp is None or count <= src.config.exact_search_max_rows:
                 scored = scorer(np.flatnonzero(mask))
@@ -237,7 +238,7 @@ class Searcher:
         mask, count, keyword_mask, keyword_count = allowed
         depth = max(5 * a.limit, 50)
         by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, min_similarity=None)
-        scorer = Scorer(view, sp, query, by_similarity, None, half_life, src.config.importance_floor)
+        scorer = Scorer(view, sp, query, by_similarity, None, half_life, src.policy_tables().floor)
         if a.hybrid is None and query is None:  # no signal of relevance asked: every allowed row ranks
             everything = Candidates(np.flatnonzero(mask), None)
             no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)

@@ -24,6 +24,9 @@ class PolicyTables(Protocol):
     @property
     def half_life(self) -> np.ndarray: ...  # importance half-life in hours, (namespaces, 5)
 
+    @property
+    def floor(self) -> np.ndarray: ...  # decayed importance never below floor * importance, (namespaces,)
+
 
 class SearchSource(Protocol):
     """The memories a search ranks: their records, columns, vectors and per-namespace policy.

@@ -179,7 +179,10 @@ def feedback_from_pb(items: Any) -> list[FeedbackItem]:
     ]
 
 
-_TOP_FIELDS = tuple(f for f in POLICY_FIELDS if f != "retention")  # (retention: an enum, 0 unset)
+# Fields set or not by presence; the enums (0 unset), the preset ("" unset) and the kind caps
+# (a list) are converted apart.
+_ENUM_FIELDS = ("retention", "importance_decay", "importance_heuristic")
+_TOP_FIELDS = tuple(f for f in POLICY_FIELDS if f not in (*_ENUM_FIELDS, "preset", "kind_capacities"))
 
 
 def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
@@ -194,11 +197,27 @@ def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
         tiers[int(tp.tier)] = {f: getattr(tp, f) for f in TIER_FIELDS if tp.HasField(f)}
     if tiers:
         out["tiers"] = tiers
-    if p.retention:
-        out["retention"] = int(p.retention)
+    for f in _ENUM_FIELDS:
+        if getattr(p, f):
+            out[f] = int(getattr(p, f))
     for f in _TOP_FIELDS:
         if p.HasField(f):
             out[f] = getattr(p, f)
+    if p.preset:
+        out["preset"] = p.preset
+    if p.kind_capacities:
+        out["kind_capacities"] = _kind_capacities_from_pb(p.kind_capacities)
+    return out
+
+
+def _kind_capacities_from_pb(caps: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i, c in enumerate(caps):
+        if not c.kind:
+            raise InvalidArgument(f"config.policy.kind_capacities[{i}].kind", "is required")
+        if c.kind in out:
+            raise InvalidArgument(f"config.policy.kind_capacities[{i}].kind", "appears twice")
+        out[c.kind] = int(c.max_items)
     return out
 
 
@@ -207,11 +226,14 @@ def overrides_to_pb(overrides: dict[str, Any], out: pb.LifecyclePolicy) -> None:
         tp = out.tiers.add(tier=int(tier))
         for f, v in fields.items():
             setattr(tp, f, v)
-    if overrides.get("retention"):
-        out.retention = overrides["retention"]
+    for f in (*_ENUM_FIELDS, "preset"):
+        if overrides.get(f):
+            setattr(out, f, overrides[f])
     for f in _TOP_FIELDS:
         if overrides.get(f) is not None:
             setattr(out, f, overrides[f])
+    for kind, n in sorted((overrides.get("kind_capacities") or {}).items()):
+        out.kind_capacities.add(kind=kind, max_items=n)
 
 
 def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
@@ -225,10 +247,13 @@ def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
             half_life_hours=s.half_life_hours,
             cadence_seconds=s.cadence_seconds,
         )
-    out.retention = policy.retention  # type: ignore[assignment,unused-ignore]
+    for f in (*_ENUM_FIELDS, "preset"):
+        setattr(out, f, getattr(policy, f))
     for f in _TOP_FIELDS:
         if getattr(policy, f) is not None:  # (default_importance None: estimated, left unset)
             setattr(out, f, getattr(policy, f))
+    for kind, n in sorted(policy.kind_capacities.items()):
+        out.kind_capacities.add(kind=kind, max_items=n)
 
 
 def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Policy) -> tuple[Any, Any]:

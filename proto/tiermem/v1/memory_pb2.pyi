@@ -37,6 +37,20 @@ class RetentionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RETENTION_POLICY_RECENCY: _ClassVar[RetentionPolicy]
     RETENTION_POLICY_FIFO: _ClassVar[RetentionPolicy]
     RETENTION_POLICY_LRU: _ClassVar[RetentionPolicy]
+    RETENTION_POLICY_IMPORTANCE: _ClassVar[RetentionPolicy]
+
+class ImportanceDecay(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMPORTANCE_DECAY_UNSPECIFIED: _ClassVar[ImportanceDecay]
+    IMPORTANCE_DECAY_HALF_LIFE: _ClassVar[ImportanceDecay]
+    IMPORTANCE_DECAY_NONE: _ClassVar[ImportanceDecay]
+
+class ImportanceHeuristic(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMPORTANCE_HEURISTIC_UNSPECIFIED: _ClassVar[ImportanceHeuristic]
+    IMPORTANCE_HEURISTIC_CUES: _ClassVar[ImportanceHeuristic]
+    IMPORTANCE_HEURISTIC_TEN_POINT: _ClassVar[ImportanceHeuristic]
+    IMPORTANCE_HEURISTIC_PHRASES: _ClassVar[ImportanceHeuristic]
 
 class MoveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -73,6 +87,14 @@ RETENTION_POLICY_IMPORTANCE_WEIGHTED: RetentionPolicy
 RETENTION_POLICY_RECENCY: RetentionPolicy
 RETENTION_POLICY_FIFO: RetentionPolicy
 RETENTION_POLICY_LRU: RetentionPolicy
+RETENTION_POLICY_IMPORTANCE: RetentionPolicy
+IMPORTANCE_DECAY_UNSPECIFIED: ImportanceDecay
+IMPORTANCE_DECAY_HALF_LIFE: ImportanceDecay
+IMPORTANCE_DECAY_NONE: ImportanceDecay
+IMPORTANCE_HEURISTIC_UNSPECIFIED: ImportanceHeuristic
+IMPORTANCE_HEURISTIC_CUES: ImportanceHeuristic
+IMPORTANCE_HEURISTIC_TEN_POINT: ImportanceHeuristic
+IMPORTANCE_HEURISTIC_PHRASES: ImportanceHeuristic
 MOVE_REASON_UNSPECIFIED: MoveReason
 MOVE_REASON_PROMOTE_ACCESS: MoveReason
 MOVE_REASON_PROMOTE_SURPRISE: MoveReason
@@ -577,6 +599,14 @@ class DeleteNamespaceResponse(_message.Message):
     deleted_count: int
     def __init__(self, deleted_count: _Optional[int] = ...) -> None: ...
 
+class KindCapacity(_message.Message):
+    __slots__ = ("kind", "max_items")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    max_items: int
+    def __init__(self, kind: _Optional[str] = ..., max_items: _Optional[int] = ...) -> None: ...
+
 class TierPolicy(_message.Message):
     __slots__ = ("tier", "ttl_seconds", "max_items", "importance_threshold", "half_life_hours", "cadence_seconds")
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -594,7 +624,7 @@ class TierPolicy(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., ttl_seconds: _Optional[float] = ..., max_items: _Optional[int] = ..., importance_threshold: _Optional[float] = ..., half_life_hours: _Optional[float] = ..., cadence_seconds: _Optional[float] = ...) -> None: ...
 
 class LifecyclePolicy(_message.Message):
-    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold", "default_importance")
+    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold", "default_importance", "importance_decay", "importance_floor", "importance_heuristic", "promote_through_tiers", "decay_grace", "summarize_evictions", "max_items", "kind_capacities", "evict_share", "evict_on_create", "preset")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     DELETE_FROM_GLACIAL_FIELD_NUMBER: _ClassVar[int]
@@ -604,6 +634,17 @@ class LifecyclePolicy(_message.Message):
     REFLECTION_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_TOKEN_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_DECAY_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_HEURISTIC_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_THROUGH_TIERS_FIELD_NUMBER: _ClassVar[int]
+    DECAY_GRACE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    KIND_CAPACITIES_FIELD_NUMBER: _ClassVar[int]
+    EVICT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    EVICT_ON_CREATE_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierPolicy]
     retention: RetentionPolicy
     delete_from_glacial: bool
@@ -613,7 +654,18 @@ class LifecyclePolicy(_message.Message):
     reflection_threshold: float
     summary_token_threshold: int
     default_importance: float
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ..., default_importance: _Optional[float] = ...) -> None: ...
+    importance_decay: ImportanceDecay
+    importance_floor: float
+    importance_heuristic: ImportanceHeuristic
+    promote_through_tiers: bool
+    decay_grace: bool
+    summarize_evictions: bool
+    max_items: int
+    kind_capacities: _containers.RepeatedCompositeFieldContainer[KindCapacity]
+    evict_share: float
+    evict_on_create: bool
+    preset: str
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ..., default_importance: _Optional[float] = ..., importance_decay: _Optional[_Union[ImportanceDecay, str]] = ..., importance_floor: _Optional[float] = ..., importance_heuristic: _Optional[_Union[ImportanceHeuristic, str]] = ..., promote_through_tiers: _Optional[bool] = ..., decay_grace: _Optional[bool] = ..., summarize_evictions: _Optional[bool] = ..., max_items: _Optional[int] = ..., kind_capacities: _Optional[_Iterable[_Union[KindCapacity, _Mapping]]] = ..., evict_share: _Optional[float] = ..., evict_on_create: _Optional[bool] = ..., preset: _Optional[str] = ...) -> None: ...
 
 class NamespaceConfig(_message.Message):
     __slots__ = ("namespace", "protected", "policy")

@@ -1,0 +1,145 @@
+"""Summaries of what a lifecycle pass evicted, for namespaces whose policy sets
+``summarize_evictions``: per (namespace, tier), one extractive summary (no LLM) of the memories the
+tier's capacity evicted, stored in that tier as a memory of kind ``eviction_summary`` with the
+evicted ids as its sources. The pass evicted one memory more than the surplus to make room for it.
+
+The contents are read before the pass applies its moves (a deletion from GLACIAL removes them);
+the summaries are written after, one commit each. They count toward no reflection or summary."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from tiermem.server.core import upkeep
+from tiermem.server.core.state import EngineState
+from tiermem.server.embedding.providers import EmbedderError
+from tiermem.server.index.columns import ColumnsView
+from tiermem.server.model.records import Record
+from tiermem.server.model.text import estimate_tokens
+from tiermem.server.model.types import NO_VECTOR
+from tiermem.server.storage.store import Txn
+
+logger = logging.getLogger(__name__)
+
+EVICTION_SUMMARY_KIND = "eviction_summary"
+EVICTION_SUMMARY_SOURCE = "tiermem:lifecycle"
+MAX_SOURCE_IDS = 1000
+
+
+@dataclass
+class PendingSummary:
+    """A summary to store once the pass's moves are applied."""
+
+    namespace: str
+    tier: int
+    text: str
+    importance: float  # the highest importance among the evicted
+    source_ids: list[str]
+
+
+def first_sentence(text: str) -> str:
+    """``text`` with its white space collapsed, up to the first '.', '!' or '?' that ends a word."""
+    text = " ".join(text.split())
+    for i, ch in enumerate(text):
+        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] == " "):
+            return text[: i + 1]
+    return text
+
+
+def extract(recs: list[Record], max_tokens: int) -> str:
+    """The first sentence of each record, the most important first (the latest created among
+    equals), kept within ``max_tokens``, then put in creation order."""
+    order = sorted(range(len(recs)), key=lambda i: (-recs[i].importance, -recs[i].created_at))
+    chosen, used = [], 0
+    for i in order:
+        cost = estimate_tokens(first_sentence(recs[i].content)) + 1
+        if used + cost <= max_tokens:
+            chosen.append(i)
+            used += cost
+    chosen.sort(key=lambda i: (recs[i].created_at, recs[i].rid))
+    return " ".join(first_sentence(recs[i].content) for i in chosen)
+
+
+def collect(
+    st: EngineState, view: ColumnsView, evicted: dict[tuple[int, int], np.ndarray]
+) -> list[PendingSummary]:
+    """The summaries of the rows evicted per (namespace id, tier), read before they move."""
+    out = []
+    with st.store.read() as txn:
+        for (_, tier), rows in sorted(evicted.items()):
+            recs = [r for r in (st.store.get(txn, int(view.rid[row])) for row in rows) if r is not None]
+            text = extract(recs, st.config.tuning.eviction_summary_tokens)
+            if text:
+                ids = [r.id for r in sorted(recs, key=lambda r: (r.created_at, r.rid))][:MAX_SOURCE_IDS]
+                out.append(
+                    PendingSummary(recs[0].namespace, tier, text, max(r.importance for r in recs), ids)
+                )
+    return out
+
+
+def store(st: EngineState, pending: list[PendingSummary], now: float) -> int:
+    """Store the summaries (embedded by the server's embedder); returns how many were stored."""
+    stored = 0
+    for p in pending:
+        try:
+            vec = st.embedder.embed(p.text)
+        except EmbedderError as e:  # stored anyway; the maintenance pass embeds it later
+            logger.warning("storing an eviction summary without its embedding for now: %s", e)
+            vec = NO_VECTOR
+        try:
+            _submit(st, p, vec, now)
+            stored += 1
+        except Exception:  # optional: the evictions committed already
+            logger.exception("storing the summary of evictions from %s failed", p.namespace)
+    return stored
+
+
+def _submit(st: EngineState, p: PendingSummary, vec: np.ndarray, now: float) -> None:
+    def prepare(txn: Txn) -> tuple[Record, np.ndarray]:
+        return _insert(st, txn, p, vec, now)
+
+    def apply(item: tuple[Record, np.ndarray]) -> None:
+        upkeep.index_new(st, [item])
+
+    st.writer.submit(prepare, apply)
+
+
+def _insert(
+    st: EngineState, txn: Txn, p: PendingSummary, vec: np.ndarray, now: float
+) -> tuple[Record, np.ndarray]:
+    model = st.embedder.model
+    if vec.shape[0]:
+        known = st.store.space(txn, model)
+        if known is None:
+            st.store.put_space(txn, model, int(vec.shape[0]))
+        elif known != vec.shape[0]:
+            vec = NO_VECTOR  # (the space changed dimension: stored for keywords only)
+    rid, vk = st.alloc_ids()
+    rec = Record(
+        rid=rid,
+        id=uuid.uuid4().hex,
+        namespace=p.namespace,
+        content=p.text,
+        kind=EVICTION_SUMMARY_KIND,
+        tier=p.tier,
+        importance=float(p.importance),
+        source=EVICTION_SUMMARY_SOURCE,
+        embedding_model=model,
+        created_at=now,
+        updated_at=now,
+        accessed_at=now,
+        tier_since=now,
+        token_cost=estimate_tokens(p.text),
+        source_ids=p.source_ids,
+        vk=vk,
+    )
+    st.store.insert(txn, rec)
+    if vec.shape[0]:
+        st.store.put_vector(txn, rid, vec, new=True)
+    else:
+        st.store.mark_pending(txn, rid, True)
+    return rec, vec
