@@ -40,6 +40,7 @@ from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
 from .errors import UnavailableError, from_rpc_error
 from .plain import metadata_dict as metadata_dict  # re-exported: it lived here
+from .policy import set_policy_fields
 
 TimeLike = dt.datetime | float | int
 CallMetadata = Sequence[tuple[str, str]]
@@ -876,18 +877,32 @@ class MemoryClient:
         reflection_threshold: float | None = None,
         summary_token_threshold: int | None = None,
         default_importance: float | None = None,
+        importance_decay: str | int | None = None,
+        importance_floor: float | None = None,
+        importance_heuristic: str | int | None = None,
+        promote_through_tiers: bool | None = None,
+        decay_grace: bool | None = None,
+        summarize_evictions: bool | None = None,
+        max_items: int | None = None,
+        kind_capacities: Mapping[str, int] | None = None,
+        evict_share: float | None = None,
+        evict_on_create: bool | None = None,
+        preset: str | None = None,
+        recency_basis: str | int | None = None,
         reset_policy: bool = False,
         confirm: bool = False,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> pb.UpdateNamespaceConfigResponse:
-        """Change only what is given. ``tiers`` maps a tier to overrides of ttl_seconds, max_items,
-        importance_threshold, half_life_hours, cadence_seconds (it replaces earlier tier overrides);
-        ``retention`` is importance_weighted, recency, fifo or lru; ``reset_policy`` drops every
-        lifecycle override first. ``reflection_threshold`` / ``summary_token_threshold`` set when this
-        namespace's reflection / summary is due (0: never); ``default_importance`` is the importance
-        of a memory stored without one (else estimated). Unprotecting a protected namespace, or
-        changing its policy, needs ``confirm=True``."""
+        """Change only what is given (each field named in the update mask as ``policy.<name>``).
+        ``tiers`` maps a tier to overrides of ttl_seconds, max_items, importance_threshold,
+        half_life_hours, cadence_seconds (it replaces earlier tier overrides); ``reset_policy`` drops
+        every lifecycle override first. Enums by name: ``retention`` importance_weighted, recency,
+        fifo, lru or importance; ``importance_decay`` half_life or none; ``importance_heuristic``
+        cues, ten_point or phrases; ``recency_basis`` creation or last_access (an unknown name is a
+        ValueError naming the argument). ``kind_capacities`` maps a kind to its cap (replacing the
+        earlier ones); ``preset`` names a design's set of overrides (docs/lifecycle.md has every
+        field). Unprotecting a protected namespace, or changing its policy, needs ``confirm=True``."""
         cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(protected))
         paths = ["protected"] if protected is not None else []
         if reset_policy:
@@ -896,26 +911,31 @@ class MemoryClient:
             for tier, fields in tiers.items():
                 cfg.policy.tiers.add(tier=tier_value(tier), **fields)
             paths.append("policy.tiers")
-        if retention is not None:
-            chosen = (
-                retention
-                if isinstance(retention, int)
-                else pb.RetentionPolicy.Value(f"RETENTION_POLICY_{retention.upper()}")
-            )
-            cfg.policy.retention = chosen  # type: ignore[assignment,unused-ignore]
-            paths.append("policy.retention")
-        for name, value in (
-            ("delete_from_glacial", delete_from_glacial),
-            ("promote_access_count", promote_access_count),
-            ("promote_surprise", promote_surprise),
-            ("promote_success_count", promote_success_count),
-            ("reflection_threshold", reflection_threshold),
-            ("summary_token_threshold", summary_token_threshold),
-            ("default_importance", default_importance),
-        ):
-            if value is not None:
-                setattr(cfg.policy, name, value)
-                paths.append(f"policy.{name}")
+        paths += set_policy_fields(
+            cfg.policy,
+            {
+                "retention": retention,
+                "delete_from_glacial": delete_from_glacial,
+                "promote_access_count": promote_access_count,
+                "promote_surprise": promote_surprise,
+                "promote_success_count": promote_success_count,
+                "reflection_threshold": reflection_threshold,
+                "summary_token_threshold": summary_token_threshold,
+                "default_importance": default_importance,
+                "importance_decay": importance_decay,
+                "importance_floor": importance_floor,
+                "importance_heuristic": importance_heuristic,
+                "promote_through_tiers": promote_through_tiers,
+                "decay_grace": decay_grace,
+                "summarize_evictions": summarize_evictions,
+                "max_items": max_items,
+                "kind_capacities": kind_capacities,
+                "evict_share": evict_share,
+                "evict_on_create": evict_on_create,
+                "preset": preset,
+                "recency_basis": recency_basis,
+            },
+        )
         if not paths:
             raise ValueError("update_namespace_config needs something to change")
         req = pb.UpdateNamespaceConfigRequest(
@@ -1264,17 +1284,22 @@ class MemoryClient:
         head_tail: int = 0,
         graph_facts: bool = True,
         read_only: bool = False,
+        summarize_overflow: bool = True,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> pb.BuildContextResponse:
         """A token-budgeted context package for an agent turn: ``scopes`` narrowest first (namespace
-        strings, or dicts with namespace, share, semantic_k, recent_window)."""
+        strings, or dicts with namespace, share, semantic_k, recent_window, and fill: False leaves
+        the rest of the scope's share unfilled, no "important" section). ``summarize_overflow``
+        False: no "overflow" section summarizing what did not fit. The response's ``warnings`` name
+        the steps that failed without stopping the build."""
         req = pb.BuildContextRequest(
             query_text=query,
             token_budget=token_budget,
             head_tail=head_tail,
             graph_facts=graph_facts,
             read_only=read_only,
+            summarize_overflow=summarize_overflow,
         )
         for scope in scopes:
             req.scopes.add(**({"namespace": scope} if isinstance(scope, str) else dict(scope)))

@@ -26,9 +26,10 @@ DEFAULT_IMPORTANCE_THRESHOLD = (0.0, 0.8, 0.5, 0.3, 0.0)
 DEFAULT_CADENCE_SECONDS = (0.0, 5.0, 60.0, 600.0, 3600.0)
 
 RETENTION_POLICIES = {"importance_weighted": 1, "recency": 2, "fifo": 3, "lru": 4, "importance": 5}
-# Values match the proto enums tiermem.v1.ImportanceDecay and tiermem.v1.ImportanceHeuristic.
+# Values match the proto enums tiermem.v1.ImportanceDecay, ImportanceHeuristic and RecencyBasis.
 IMPORTANCE_DECAYS = {"half_life": 1, "none": 2}
 IMPORTANCE_HEURISTICS = {"cues": 1, "ten_point": 2, "phrases": 3}
+RECENCY_BASES = {"creation": 1, "last_access": 2}
 
 
 def usable_cores() -> int:
@@ -153,6 +154,9 @@ class ServerConfig:
     fused_beta: float = 0.1
     fused_gamma: float = 0.1
     recency_tau_seconds: float = 86400.0
+    # Recency decays from each memory's creation (the designs' timestamp), or from its last access
+    # (searches and feedback make it recent again); a namespace's policy may choose its own.
+    recency_basis: str = "creation"
     half_life_hours: tuple[float, ...] = DEFAULT_HALF_LIFE_HOURS
     importance_floor: float = 0.1  # decayed importance never falls below floor * base importance
     importance_decay: str = "half_life"  # half_life (by tier, with the floor) or none (as stored)
@@ -234,6 +238,7 @@ class ServerConfig:
             )
         # Search bounds assume decayed importance never exceeds the base importance.
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
+        need(self.tuning.eviction_summary_tokens > 0, "tuning.eviction_summary_tokens", "must be > 0")
         need(
             self.importance_decay in IMPORTANCE_DECAYS,
             "importance_decay",
@@ -244,6 +249,7 @@ class ServerConfig:
             "importance_heuristic",
             f"must be one of {sorted(IMPORTANCE_HEURISTICS)}",
         )
+        need(self.recency_basis in RECENCY_BASES, "recency_basis", f"must be one of {sorted(RECENCY_BASES)}")
         for name in ("default_predicted_relevance", "default_actual_usefulness"):
             need(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
         need(

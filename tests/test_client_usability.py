@@ -431,3 +431,96 @@ def test_metadata_and_results_read_as_plain_python_values(
     assert d["score"] == pytest.approx(hit.score) and d["explanation"] is None
     assert [r["memory"]["id"] for r in to_python([hit, batched])] == ["d1", "d1"]
     assert to_python(listed)[0]["metadata"]["build"] == 1432
+
+
+# --------------------------------------------------------------------------------------------
+# 7. every lifecycle policy field and the context switches as arguments
+# --------------------------------------------------------------------------------------------
+
+EVERY_POLICY_FIELD: dict[str, Any] = {
+    "retention": "importance",
+    "delete_from_glacial": True,
+    "promote_access_count": 4,
+    "promote_surprise": 0.25,
+    "promote_success_count": 2,
+    "reflection_threshold": 3.5,
+    "summary_token_threshold": 900,
+    "default_importance": 0.5,
+    "importance_decay": "none",
+    "importance_floor": 0.05,
+    "importance_heuristic": "ten_point",
+    "promote_through_tiers": True,
+    "decay_grace": False,
+    "summarize_evictions": True,
+    "max_items": 900,
+    "kind_capacities": {"reflection": 100, "observation": 1000},
+    "evict_share": 0.1,
+    "evict_on_create": True,
+    "preset": "generative_agents",
+    "recency_basis": "last_access",
+}
+
+
+def test_update_namespace_config_takes_every_policy_field(client: MemoryClient) -> None:
+    from tiermem.v1 import memory_pb2 as pb
+
+    resp = client.update_namespace_config(NS, tiers={"fast": {"max_items": 7}}, **EVERY_POLICY_FIELD)
+    stored = client.get_namespace_config(NS).config.policy
+    # each argument given is set, and named in the update mask (else the server would not store it)
+    assert {f.name for f, _ in stored.ListFields()} == {*EVERY_POLICY_FIELD, "tiers"}
+    assert stored.retention == pb.RETENTION_POLICY_IMPORTANCE
+    assert stored.importance_decay == pb.IMPORTANCE_DECAY_NONE
+    assert stored.importance_heuristic == pb.IMPORTANCE_HEURISTIC_TEN_POINT
+    assert stored.recency_basis == pb.RECENCY_BASIS_LAST_ACCESS
+    assert {k.kind: k.max_items for k in stored.kind_capacities} == EVERY_POLICY_FIELD["kind_capacities"]
+    for name in ("importance_floor", "max_items", "evict_share", "preset", "decay_grace", "evict_on_create"):
+        assert getattr(stored, name) == pytest.approx(EVERY_POLICY_FIELD[name]), name
+    eff = resp.effective
+    assert (eff.preset, eff.max_items, eff.recency_basis) == (
+        "generative_agents",
+        900,
+        pb.RECENCY_BASIS_LAST_ACCESS,
+    )
+    # names in any case, with or without the enum's prefix, and enum values, are the same
+    client.update_namespace_config(NS, recency_basis="RECENCY_BASIS_CREATION", importance_decay=1)
+    stored = client.get_namespace_config(NS).config.policy
+    assert (stored.recency_basis, stored.importance_decay) == (
+        pb.RECENCY_BASIS_CREATION,
+        pb.IMPORTANCE_DECAY_HALF_LIFE,
+    )
+    assert stored.max_items == 900  # a field not given is not in the mask: kept
+
+
+@pytest.mark.parametrize(
+    "argument,value",
+    [
+        ("importance_decay", "exponential"),
+        ("importance_heuristic", "tenpoint"),
+        ("recency_basis", "access"),
+        ("retention", "oldest"),
+        ("recency_basis", "unspecified"),
+    ],
+)
+def test_an_unknown_policy_name_is_a_value_error_naming_the_argument(
+    client: MemoryClient, argument: str, value: str
+) -> None:
+    client.update_namespace_config(NS, max_items=5)
+    with pytest.raises(ValueError, match=rf"^{argument} must be one of .* not {value!r}"):
+        client.update_namespace_config(NS, max_items=9, **{argument: value})
+    assert client.get_namespace_config(NS).config.policy.max_items == 5  # nothing was sent
+
+
+def test_build_context_takes_fill_per_scope_and_summarize_overflow(client: MemoryClient) -> None:
+    for i in range(5):
+        text = f"Deploy {i} failed on staging. The log shows a long trace of retries and timeouts."
+        client.create(NS, text, id=f"d{i}", importance=0.1 * (i + 1), token_cost=30)
+    scope = {"namespace": NS, "share": 1.0, "recent_window": 0}
+
+    def kinds(**kw: Any) -> list[str]:
+        ctx = client.build_context([{**scope, **kw.pop("scope", {})}], token_budget=100, read_only=True, **kw)
+        return [s.kind for s in ctx.sections if s.items]
+
+    assert kinds() == ["important", "overflow"]  # d4, d3, d2, then a summary of d1 and d0
+    assert kinds(summarize_overflow=False) == ["important"]
+    assert kinds(scope={"fill": False}) == []
+    assert kinds(scope={"fill": True}, summarize_overflow=True) == ["important", "overflow"]

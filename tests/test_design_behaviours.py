@@ -212,3 +212,130 @@ def test_a_protected_namespace_takes_a_preference_or_a_summary_only_with_confirm
         assert [m.id for m in c.list_memories(NS, kinds=["summary"])] == [s2.id]
         c.create(NS, "likes coffee", kind="preference", confirm=True)
         assert len(list(c.list_memories(NS, kinds=["preference"]))) == 2
+
+
+def _set_policy(c: MemoryClient, ns: str, policy: object, paths: list[str], confirm: bool = False) -> object:
+    """UpdateNamespaceConfig with a raw LifecyclePolicy and mask paths (the contract as any client sends it)."""
+    from google.protobuf import field_mask_pb2
+
+    from tiermem.v1 import memory_pb2 as pb
+
+    req = pb.UpdateNamespaceConfigRequest(
+        config=pb.NamespaceConfig(namespace=ns, policy=policy),
+        update_mask=field_mask_pb2.FieldMask(paths=paths),
+        confirm=confirm,
+    )
+    return c.stub.UpdateNamespaceConfig(req, timeout=30)
+
+
+def _episodes(c: MemoryClient, ns: str, t0: float) -> None:
+    """Events created at minutes 0..3 (in another order), then feedback on the oldest, 3 hours on."""
+    for minute in (2, 0, 3, 1):
+        c.observe(ns, f"episode at minute {minute}", id=f"e{minute}", create_time=t0 + 60 * minute)
+    c.feedback(ns, [{"id": "e0", "actual_usefulness": 1.0, "success": True}])
+
+
+def _by_recency(c: MemoryClient, ns: str) -> list[str]:
+    return [r.memory.id for r in c.search(ns, strategy="recency", read_only=True)]
+
+
+def test_recency_is_by_creation_unless_the_namespace_asks_for_last_access(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    from conftest import FakeClock
+
+    from tiermem.v1 import memory_pb2 as pb
+
+    t0 = 1_700_000_000.0
+    clock = FakeClock(t0 + 3 * 3600)  # the episodes are 3 hours old when the feedback comes
+    running = server_factory(clock=clock, search_records_access=True, access_flush_seconds=0)
+    with _client(running) as c:
+        _episodes(c, "agent:a", t0)
+        assert c.get("agent:a", "e0").access_count == 1
+        assert _by_recency(c, "agent:a") == ["e3", "e2", "e1", "e0"]  # the feedback moves nothing
+        c.search("agent:a", "minute 1", limit=1)  # nor does a search counted as an access
+        running.engine.flush_access()
+        assert c.get("agent:a", "e1").access_count == 1
+        assert _by_recency(c, "agent:a") == ["e3", "e2", "e1", "e0"]
+        eff = c.get_namespace_config("agent:a").effective
+        assert eff.recency_basis == pb.RECENCY_BASIS_CREATION  # the server's default, reported
+        # recency by last access, where the namespace asks for it
+        _set_policy(
+            c,
+            "agent:b",
+            pb.LifecyclePolicy(recency_basis=pb.RECENCY_BASIS_LAST_ACCESS),
+            ["policy.recency_basis"],
+        )
+        _episodes(c, "agent:b", t0)
+        assert _by_recency(c, "agent:b") == ["e0", "e3", "e2", "e1"]
+        eff = c.get_namespace_config("agent:b").effective
+        assert eff.recency_basis == pb.RECENCY_BASIS_LAST_ACCESS
+        # each namespace keeps its own in a search over both (the score is recency alone)
+        both = c.search(["agent:a", "agent:b"], strategy="recency", limit=8, read_only=True)
+        got = [(r.memory.namespace, r.memory.id) for r in both]
+        assert got[0] == ("agent:b", "e0") and set(got[1:3]) == {("agent:a", "e3"), ("agent:b", "e3")}
+        # and in the weighted sum's recency
+        [top] = c.search(
+            "agent:b", "episode", strategy="comprehensive", beta=1.0, alpha=0.0, gamma=0.0, limit=1
+        )
+        assert top.memory.id == "e0" and top.recency == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_server_default_recency_basis_is_a_setting(server_factory: Callable[..., RunningServer]) -> None:
+    from conftest import FakeClock
+
+    from tiermem.v1 import memory_pb2 as pb
+
+    t0 = 1_700_000_000.0
+    with _client(server_factory(clock=FakeClock(t0 + 3 * 3600), recency_basis="last_access")) as c:
+        _episodes(c, NS, t0)
+        assert _by_recency(c, NS) == ["e0", "e3", "e2", "e1"]
+        assert c.get_namespace_config(NS).effective.recency_basis == pb.RECENCY_BASIS_LAST_ACCESS
+        _set_policy(
+            c, NS, pb.LifecyclePolicy(recency_basis=pb.RECENCY_BASIS_CREATION), ["policy.recency_basis"]
+        )
+        assert _by_recency(c, NS) == ["e3", "e2", "e1", "e0"]
+    with pytest.raises(ValueError, match="recency_basis"):
+        from tiermem.server.config import ServerConfig
+
+        ServerConfig(recency_basis="access")
+
+
+def test_a_bad_recency_basis_is_refused_and_changes_nothing(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    import grpc
+
+    from tiermem.v1 import memory_pb2 as pb
+
+    with _client(server_factory()) as c:
+        _set_policy(c, NS, pb.LifecyclePolicy(max_items=50), ["policy.max_items"])
+        before = c.get_namespace_config(NS)
+        bad = pb.LifecyclePolicy(max_items=7)
+        bad.recency_basis = 9  # type: ignore[assignment]  # (an enum value the contract does not have)
+        with pytest.raises(grpc.RpcError) as e:
+            _set_policy(c, NS, bad, ["policy.recency_basis", "policy.max_items"])
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "config.policy.recency_basis" in (e.value.details() or "")
+        assert c.get_namespace_config(NS) == before  # nothing changed, max_items neither
+
+
+def test_a_protected_namespace_changes_its_recency_basis_only_with_confirm(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    import grpc
+
+    from tiermem.client import FailedPreconditionError
+    from tiermem.client.errors import from_rpc_error
+    from tiermem.v1 import memory_pb2 as pb
+
+    with _client(server_factory()) as c:
+        c.update_namespace_config(NS, protected=True)
+        by_access = pb.LifecyclePolicy(recency_basis=pb.RECENCY_BASIS_LAST_ACCESS)
+        with pytest.raises(grpc.RpcError) as e:
+            _set_policy(c, NS, by_access, ["policy.recency_basis"])
+        err = from_rpc_error(e.value)
+        assert isinstance(err, FailedPreconditionError) and err.reason == "NAMESPACE_PROTECTED"
+        assert c.get_namespace_config(NS).effective.recency_basis == pb.RECENCY_BASIS_CREATION
+        _set_policy(c, NS, by_access, ["policy.recency_basis"], confirm=True)
+        assert c.get_namespace_config(NS).effective.recency_basis == pb.RECENCY_BASIS_LAST_ACCESS

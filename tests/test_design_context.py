@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -143,6 +144,10 @@ def test_a_failing_graph_part_leaves_the_rest_of_the_context_built(
     assert not [x for s in ctx.sections if s.kind == "graph" for x in s.items]
     assert ctx.tokens_used == healthy.tokens_used - math.ceil(len("ana owns billing") / 4)
     assert any(TASK in r.getMessage() and "graph facts" in r.getMessage() for r in caplog.records)
+    # ... and the response says so: one warning naming the scope and the failure
+    assert list(healthy.warnings) == []
+    [warning] = ctx.warnings
+    assert warning.startswith(f"graph facts of {TASK!r} unavailable") and "graph store unreadable" in warning
 
 
 # -- 3. what does not fit is summarized --------------------------------------------------------------
@@ -176,3 +181,62 @@ def test_what_does_not_fit_the_budget_is_summarized_in_the_tokens_left(
     ctx = c.build_context([scope], token_budget=150, read_only=True)
     assert not [s for s in ctx.sections if s.kind == "overflow"]
     assert ctx.tokens_used == 150
+
+
+# -- 4. each part of a share can be turned off ---------------------------------------------------------
+def test_turning_off_fill_or_the_overflow_summary_removes_its_section(
+    mem: tuple[MemoryClient, FakeClock],
+) -> None:
+    c, clock = mem
+    for i in range(5):
+        text = f"Deploy {i} failed on staging. The log shows a long trace of retries and timeouts."
+        c.create(PROJECT, text, id=f"d{i}", importance=[0.3, 0.9, 0.5, 0.8, 0.4][i], token_cost=30)
+        clock.advance(60)
+    _fill(c, clock, USER, [0.5] * 3, tokens=40)
+    scope = {"namespace": PROJECT, "share": 1.0, "recent_window": 1}
+
+    def kinds(ctx: Any) -> list[str]:
+        return [s.kind for s in ctx.sections]
+
+    both = c.build_context([scope], token_budget=100, read_only=True)
+    assert kinds(both) == ["summary", "recent", "semantic", "graph", "important", "overflow"]
+    assert _ids(both, PROJECT, "recent") == ["d4"] and _ids(both, PROJECT, "important") == ["d1", "d3"]
+    # no overflow summary: the tokens it took stay unused
+    plain = c.build_context([scope], token_budget=100, read_only=True, summarize_overflow=False)
+    assert kinds(plain) == ["summary", "recent", "semantic", "graph", "important"]
+    assert plain.tokens_used == 90 < both.tokens_used
+    # no fill: the window alone (it left nothing out, so there is no overflow either)
+    unfilled = c.build_context([{**scope, "fill": False}], token_budget=100, read_only=True)
+    assert kinds(unfilled) == ["summary", "recent", "semantic", "graph"]
+    assert unfilled.tokens_used == 30
+    # the share a scope does not fill carries to the next: the user scope's 0.4 of 200 (two of its
+    # three 40-token memories) plus the project's unused 70 take all three
+    split = [{"namespace": PROJECT, "share": 0.5, "recent_window": 1, "fill": False}, {"namespace": USER}]
+    ctx = c.build_context(split, token_budget=200, read_only=True)
+    assert not _ids(ctx, PROJECT, "important")
+    by_scope = {ns: sum(s.tokens for s in ctx.sections if s.namespace == ns) for ns in (PROJECT, USER)}
+    assert by_scope == {PROJECT: 30, USER: 120}
+    filled = c.build_context([{**split[0], "fill": True}, split[1]], token_budget=200, read_only=True)
+    assert _ids(filled, PROJECT, "important") == ["d1", "d3"]
+    none = c.build_context([scope], token_budget=100, read_only=True, summarize_overflow=False)
+    assert not [s for s in none.sections if s.kind == "overflow"]
+
+
+def test_only_the_recent_and_semantic_memories_count_as_accessed(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    clock = FakeClock(T0)
+    running = server_factory(clock=clock, search_records_access=True, access_flush_seconds=0.1)
+    c = MemoryClient(f"127.0.0.1:{running.port}", timeout=30)
+    c.wait_ready()
+    _fill(c, clock, TASK, [0.5] * 12)
+    _fill(c, clock, PROJECT, [0.9, 0.2, 0.9, 0.5, 0.2, 0.7, 0.5, 0.2, 0.9, 0.5, 0.2, 0.7])
+    ctx = c.build_context([TASK, PROJECT], token_budget=1000)  # not read-only
+    recent, important = _ids(ctx, TASK, "recent"), _ids(ctx, PROJECT, "important")
+    assert recent and important
+    end = time.monotonic() + 10  # accesses are committed within about a second
+    while time.monotonic() < end and c.get(TASK, recent[0]).access_count == 0:
+        time.sleep(0.1)
+    assert all(c.get(TASK, i).access_count == 1 for i in recent)
+    assert all(c.get(PROJECT, i).access_count == 0 for i in important)  # the fill by importance
+    c.close()

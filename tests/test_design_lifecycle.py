@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from conftest import FakeClock
-from google.protobuf import field_mask_pb2
 
 from tiermem.client import FailedPreconditionError, InvalidArgumentError, MemoryClient
 from tiermem.server.transport.app import RunningServer
@@ -36,23 +35,10 @@ def configure(
     confirm: bool = False,
     **fields: Any,
 ) -> pb.UpdateNamespaceConfigResponse:
-    """Set policy fields (enums by value) with an update mask naming exactly them."""
-    policy = pb.LifecyclePolicy(**fields)
-    paths = [f"policy.{name}" for name in fields]
-    for tier, values in (tiers or {}).items():
-        policy.tiers.add(tier=tier, **values)
-    if tiers:
-        paths.append("policy.tiers")
-    for kind, n in (kind_capacities or {}).items():
-        policy.kind_capacities.add(kind=kind, max_items=n)
-    if kind_capacities is not None:
-        paths.append("policy.kind_capacities")
-    req = pb.UpdateNamespaceConfigRequest(
-        config=pb.NamespaceConfig(namespace=namespace, policy=policy),
-        update_mask=field_mask_pb2.FieldMask(paths=paths),
-        confirm=confirm,
+    """Set policy fields (enums by value or name) with an update mask naming exactly them."""
+    return c.update_namespace_config(
+        namespace, tiers=tiers, kind_capacities=kind_capacities, confirm=confirm, **fields
     )
-    return c._call(c.stub.UpdateNamespaceConfig, req, None, None)  # type: ignore[no-any-return]
 
 
 def counts(c: MemoryClient, namespace: str) -> dict[int, int]:
@@ -329,3 +315,33 @@ def test_presets_fill_the_policy_and_own_overrides_apply_over_them(
         with pytest.raises(FailedPreconditionError):
             configure(c, "guarded", preset="task_project_global")
         assert configure(c, "guarded", preset="task_project_global", confirm=True).effective.max_items == 1000
+
+
+def test_a_create_never_evicts_what_it_stores(server_factory: Callable[..., RunningServer]) -> None:
+    with _client(server_factory()) as c:
+        configure(c, "small", preset="task_project_global", max_items=10)
+        c.create_batch([{"namespace": "small", "content": f"kept {i}", "importance": 0.9} for i in range(10)])
+        made = c.create("small", "the least important yet", importance=0.1, request_id="req-1")
+        # The create's own memory is the one the cap would delete first: it stays (acknowledged), and the
+        # namespace stays one over until the next pass.
+        assert c.get("small", made.id).content == "the least important yet"
+        assert c.stats("small").memory_count == 11
+        again = c.create("small", "the least important yet", importance=0.1, request_id="req-1")
+        assert again.id == made.id  # a retry of the acknowledged create returns it
+        assert c.consolidate("small").deleted >= 1
+        assert c.stats("small").memory_count <= 10
+
+
+def test_an_eviction_summary_of_overlong_sentences_is_cut_not_dropped(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    with _client(server_factory()) as c:
+        configure(c, "long", summarize_evictions=True, tiers={FAST: {"max_items": 3}})
+        for i, imp in enumerate((0.9, 0.95, 0.85, 0.99)):
+            words = " ".join(f"word{i}x{j}" for j in range(400))  # one sentence of ~3,000 characters
+            c.create("long", words + ".", id=f"m{i}", tier="fast", importance=imp)
+        report = c.consolidate("long")
+        assert report.evicted == 2
+        [summary] = c.list_memories("long", kinds=["eviction_summary"])
+        assert summary.content.startswith("word0x0 word0x1")  # the most important evicted, cut to fit
+        assert counts(c, "long")[FAST] == 3

@@ -23,6 +23,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import FakeClock
+from google.protobuf import field_mask_pb2
 
 from tiermem.client import InvalidArgumentError, MemoryClient
 from tiermem.client.client import build_filter, build_memory, metadata_dict
@@ -803,7 +804,7 @@ def _expect(
             rel = float(data["vecs"][mid] @ qu)
         else:
             continue  # another space: never compared with this query
-        rec = recency(ts(m.last_access_time), as_of)
+        rec = recency(ts(m.create_time), as_of)  # (recency by creation: the server's default)
         imp = decayed(float(np.float32(m.importance)), m.tier, ts(m.create_time), as_of)
         base = a * rel + b * rec + g * imp
         tw = (tier_w or {}).get(m.tier, 1.0)
@@ -1613,17 +1614,28 @@ def test_searches_count_as_accesses(server_factory: Callable[..., RunningServer]
             m = c.get(ns, k)
             assert m.access_count == count[k], k
             assert ts(m.last_access_time) == pytest.approx(last[k], abs=1e-3), k
-        # the recency of the next search sees the new last access
-        [hit] = search(
-            c,
-            ns,
-            limit=1,
-            where={"tags": "a3"},
-            strategy=pb.SEARCH_STRATEGY_RECENCY,
-            as_of=T0 + 1000,
-            read_only=True,
+
+        # recency decays from creation by default; where the namespace's policy says last access,
+        # the next search sees the new last access
+        def recency_of_a3() -> float:
+            [hit] = search(
+                c,
+                ns,
+                limit=1,
+                where={"tags": "a3"},
+                strategy=pb.SEARCH_STRATEGY_RECENCY,
+                as_of=T0 + 1000,
+                read_only=True,
+            )
+            return hit.recency
+
+        assert recency_of_a3() == pytest.approx(recency(T0 - 1000, T0 + 1000), abs=1e-6)
+        by_access = pb.NamespaceConfig(
+            namespace=ns, policy=pb.LifecyclePolicy(recency_basis=pb.RECENCY_BASIS_LAST_ACCESS)
         )
-        assert hit.recency == pytest.approx(recency(last["a3"], T0 + 1000), abs=1e-6)
+        mask = field_mask_pb2.FieldMask(paths=["policy.recency_basis"])
+        raw(c, "UpdateNamespaceConfig", pb.UpdateNamespaceConfigRequest(config=by_access, update_mask=mask))
+        assert recency_of_a3() == pytest.approx(recency(last["a3"], T0 + 1000), abs=1e-6)
         # nothing pending: a second flush changes nothing
         running.engine.flush_access()
         assert c.get(ns, "a5").access_count == 0

@@ -7,8 +7,11 @@ search below allows far more than 64 rows, so it goes through HNSW + prior bound
 that the bound kernel really runs); each top 10 is compared with an exact ranking computed here with
 NumPy from the records in LMDB and the documented formula:
 
-    score = w_tier * w_scope * (alpha*cos + beta*exp(-max(0, now - accessed)/tau)
+    score = w_tier * w_scope * (alpha*cos + beta*exp(-max(0, now - since)/tau)
                                 + gamma*max(importance*0.5**(age_h/half_life[ns, tier]), 0.1*importance))
+
+where ``since`` is the creation time, or the last access in the namespaces whose policy sets
+``recency_basis`` LAST_ACCESS (two of the five: searches over all of them mix both per row).
 
 The clusters are few and wide, so many memories are about as similar as the HNSW top-K and their
 recency and importance decide: the bound pass has rows to find. HNSW runs with a wide beam
@@ -31,7 +34,7 @@ import pytest
 from conftest import FakeClock
 
 from tiermem import kernels
-from tiermem.server.config import ServerConfig, Tuning
+from tiermem.server.config import RECENCY_BASES, ServerConfig, Tuning
 from tiermem.server.core.engine import Engine
 from tiermem.server.index.columns import Columns
 from tiermem.server.index.vector_index import VectorIndex
@@ -50,6 +53,8 @@ NS_P = [0.15, 0.2, 0.25, 0.25, 0.15]
 TIER_W = {1: 1.0, 2: 0.85, 3: 0.7, 4: 0.55}  # the weighted strategy's defaults
 SCOPE_W = (1.0, 0.8, 0.6, 0.4)  # the namespace, its parent, grandparent, ...
 FLOOR = 0.1
+BY_ACCESS = RECENCY_BASES["last_access"]
+ACCESS_NAMESPACES = ("acme/proj/s2", "zeta")  # recency by last access; by creation in the others
 PRIOR_HEAVY = {"alpha": 0.3, "beta": 0.4, "gamma": 0.3}  # recency and importance weigh more than similarity
 EPS = 2e-5  # float32 scores: a difference below this is a tie
 # Depth of the first HNSW search (per tier index) of a top-10 search when priors count.
@@ -168,6 +173,8 @@ def build_world(data_dir: Path, seed: int = 7) -> World:
     qc = np.arange(QUERIES) % CLUSTERS
     queries = _unit(centres[qc] + 0.5 * rng.standard_normal((QUERIES, DIM)) / np.sqrt(DIM))
     w = World(eng, clock, {}, {}, centres, queries, qc, rng)
+    for ns in ACCESS_NAMESPACES:
+        eng.update_namespace_config(ns, False, {"recency_basis": BY_ACCESS}, ["policy.recency_basis"])
     for _ in range(6):  # 3,000 memories created over ~a day, with ages up to weeks
         clock.advance(float(rng.uniform(1, 6)) * HOUR)
         w.add(500)
@@ -292,7 +299,7 @@ class Snapshot:
     tier: np.ndarray
     importance: np.ndarray
     created: np.ndarray
-    accessed: np.ndarray
+    since: np.ndarray  # recency decays from: creation, or last access (by the namespace's policy)
     half_life: np.ndarray
     x: np.ndarray
 
@@ -316,7 +323,12 @@ def snapshot(w: World) -> Snapshot:
         np.array([r.tier for r in recs]),
         np.array([r.importance for r in recs], np.float32).astype(np.float64),
         np.array([r.created_at for r in recs]),
-        np.array([r.accessed_at for r in recs]),
+        np.array(
+            [
+                r.accessed_at if policies[r.namespace].recency_basis == BY_ACCESS else r.created_at
+                for r in recs
+            ]
+        ),
         np.array([policies[r.namespace].tiers[r.tier].half_life_hours for r in recs]),
         np.stack([w.vectors[k] for k in keys]).astype(np.float64),
     )
@@ -373,7 +385,7 @@ def reference(w: World, q: SearchQuery, snap: Snapshot, keep: np.ndarray | None 
     age_h = np.maximum(now - snap.created, 0.0) / HOUR
     decays = (hl > 0) & np.isfinite(hl)
     decayed = np.where(decays, np.maximum(imp * 0.5 ** (age_h / np.where(decays, hl, 1.0)), FLOOR * imp), imp)
-    rec = np.exp(-np.maximum(now - snap.accessed, 0.0) / tau)
+    rec = np.exp(-np.maximum(now - snap.since, 0.0) / tau)
     by_tier = np.array([0.0] + [tier_w[t] for t in (1, 2, 3, 4)])
     wt = by_tier[snap.tier] * np.array([scope.get(name, 0.0) for name in snap.names])[snap.ns]
     score = wt * (alpha * cos + beta * rec + gamma * decayed)
@@ -647,10 +659,7 @@ def test_changed_after_cache_still_found(world: World, max_age: str, path: str) 
     now = w.clock.now
     # not accessed for a day (low cached recency), unimportant, but young for their tier's half-life
     sleepy = (
-        (now - snap.created < 5 * DAY)
-        & (now - snap.accessed > DAY)
-        & (snap.importance < 0.5)
-        & (snap.tier >= 3)
+        (now - snap.created < 5 * DAY) & (now - snap.since > DAY) & (snap.importance < 0.5) & (snap.tier >= 3)
     )
     changed: set[Key] = set()
     for i in range(QUERIES):
@@ -976,7 +985,7 @@ def sleepy_keys(w: World) -> list[Key]:
     """Per query, one memory outside HNSW's first top-K that is old news (not accessed for a day,
     unimportant): its cached bound is low, and lifting it must move it into the top."""
     snap = snapshot(w)
-    sleepy = (w.clock.now - snap.accessed > DAY) & (snap.importance < 0.3) & (snap.tier >= 3)
+    sleepy = (w.clock.now - snap.since > DAY) & (snap.importance < 0.3) & (snap.tier >= 3)
     keys: list[Key] = []
     for i in range(QUERIES):
         for j in outside_top_k(snap, w.queries[i])[:60]:

@@ -132,13 +132,14 @@ def expected_parts(
     base_importance: float,
     tier: int,
     created: float,
-    last_access: float,
+    since: float,
     as_of: float,
     tau: float,
 ) -> tuple[float, float, float]:
-    """(relevance, recency, decayed importance) per the contract, in float64."""
+    """(relevance, recency, decayed importance) per the contract, in float64; recency decays from
+    ``since`` (the creation time, or the last access where the namespace ranks by it)."""
     rel = float(unit(emb) @ unit(q))
-    rec = math.exp(-max(0.0, as_of - last_access) / tau)
+    rec = math.exp(-max(0.0, as_of - since) / tau)
     base = f32(base_importance)
     age_h = max(0.0, as_of - created) / 3600.0
     imp = max(base * 0.5 ** (age_h / HALF_LIFE[tier]), FLOOR * base)
@@ -1069,17 +1070,16 @@ def scored(server_factory: Callable[..., RunningServer]) -> Iterator[tuple[Memor
         }
     with connect(running) as c:
         c.create_batch(list(specs.values()))
-        access = {k: s["create_time"] for k, s in specs.items()}
-        c.feedback(NS, [{"id": "m5"}], as_of=now - 600)  # last access differs from create_time
-        access["m5"] = now - 600
-        yield c, clock, {"specs": specs, "access": access}
+        # a last access apart from create_time: recency (by creation, the default) must ignore it
+        c.feedback(NS, [{"id": "m5"}], as_of=now - 600)
+        yield c, clock, {"specs": specs}
 
 
 def _expected(data: dict, q: Any, as_of: float, tau: float, a: float, b: float, g: float) -> dict[str, tuple]:
     out = {}
     for k, s in data["specs"].items():
         rel, rec, imp = expected_parts(
-            q, s["embedding"], s["importance"], s["tier"], s["create_time"], data["access"][k], as_of, tau
+            q, s["embedding"], s["importance"], s["tier"], s["create_time"], s["create_time"], as_of, tau
         )
         out[k] = (a * rel + b * rec + g * imp, rel, rec, imp)
     return out
@@ -1372,7 +1372,10 @@ def test_feedback_surprise_counters_and_access_time(server_factory: Callable[...
         clock.advance(5000)
         [m] = c.feedback(NS, [{"id": "a"}])
         assert ts(m.last_access_time) == clock.now and m.surprise_score == pytest.approx(s, abs=1e-5)
-        # recency is measured from the last access
+        # recency is measured from the creation by default, from the last access where asked
+        [hit] = c.search(NS, [1.0] * DIM, embedding_model=MODEL)
+        assert hit.recency == pytest.approx(math.exp(-5000 / 86400))
+        c.update_namespace_config(NS, recency_basis="last_access")
         [hit] = c.search(NS, [1.0] * DIM, embedding_model=MODEL)
         assert hit.recency == pytest.approx(1.0)
         # stats average the surprise

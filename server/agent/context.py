@@ -3,8 +3,9 @@
 The token budget is split across scopes (default shares by position: 0.4 task/session, 0.4 project,
 0.2 global/user; unused tokens of a scope carry to the next). Within each scope the order is fixed:
 summary -> recent window -> semantic hits -> graph facts -> important (the rest of the scope's share,
-filled with its other memories, most important first, then most recent) -> overflow (an extractive
-summary of the scope's candidates that did not fit, in the tokens still left). Items already taken
+filled with its other memories, most important first, then most recent; unless the scope turns
+``fill`` off) -> overflow (an extractive summary of the scope's candidates that did not fit, in the
+tokens still left; unless the request turns ``summarize_overflow`` off). Items already taken
 (same memory, or the same normalized text) are skipped in later sections and scopes.
 
 A section that does not fit takes part of its items: the recent window and the important section the
@@ -31,6 +32,7 @@ import numpy as np
 
 from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.agent.summaries import first_sentence
+from tiermem.server.index.columns import ColumnsView
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.records import Record
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHARES = (0.4, 0.4, 0.2)
 DEFAULT_SEMANTIC_K = (5, 3, 2)
 FILL_SCAN = 1000  # memories of a scope looked at (most important first) to fill the rest of its share
+ACCESSED = ("recent", "semantic")  # the sections whose memories count as accessed
 OVERFLOW_SOURCES = 200  # left-out candidates of a scope its overflow summary draws on (most important)
 NOT_SUMMARY = '{"$not": {"kind": "summary"}}'
 ALWAYS_SHOWN = frozenset({"summary", "recent", "semantic", "graph"})  # the others only when not empty
@@ -58,6 +61,15 @@ class ScopeSpec:
     share: float | None = None
     semantic_k: int | None = None
     recent_window: int | None = None
+    fill: bool = True  # the share's rest filled with the scope's most important other memories
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The request's switches for the optional parts of each scope."""
+
+    graph_facts: bool = True
+    summarize_overflow: bool = True
 
 
 @dataclass
@@ -112,21 +124,25 @@ class Assembler:
         head_tail: int = 0,
         graph_facts: bool = True,
         read_only: bool = False,
+        summarize_overflow: bool = True,
     ) -> ContextPackage:
         shares = _shares(scopes, budget, head_tail)
         package = _Package(head_tail)
         carry = 0
+        steps = _Steps(graph_facts, summarize_overflow)
         for i, (scope, share) in enumerate(zip(scopes, shares, strict=True)):
-            carry = self._fill_scope(package, i, scope, int(budget * share) + carry, query_text, graph_facts)
+            carry = self._fill_scope(package, i, scope, int(budget * share) + carry, query_text, steps)
         if not read_only:
-            rids = [x.rid for s in package.sections for x in s.items if x.rid]
+            # What was asked for counts as accessed; the fill by importance would promote the same
+            # memories build after build.
+            rids = [x.rid for s in package.sections if s.kind in ACCESSED for x in s.items if x.rid]
             eng = self.engine
             if rids and eng.config.search_records_access:
                 eng.record_access(rids, eng.clock())
         return package.result()
 
     def _fill_scope(
-        self, package: _Package, i: int, scope: ScopeSpec, remaining: int, query_text: str, graph_facts: bool
+        self, package: _Package, i: int, scope: ScopeSpec, remaining: int, query_text: str, steps: _Steps
     ) -> int:
         """Add the sections of the ``i``-th scope within ``remaining`` tokens; returns what is left."""
         ns = scope.namespace
@@ -140,11 +156,11 @@ class Assembler:
         remaining -= package.add(ns, "recent", self._recent(ns, window), remaining, by_importance=True)
         semantic = self._semantic(ns, query_text, k) if query_text and k else []
         remaining -= package.add(ns, "semantic", semantic, remaining)
-        if graph_facts:
+        if steps.graph_facts:
             remaining -= package.add(ns, "graph", self._facts(package, ns), remaining)
-        important = self._important(ns, remaining, package) if remaining > 0 else []
+        important = self._important(ns, remaining, package) if remaining > 0 and scope.fill else []
         remaining -= package.add(ns, "important", important, remaining, by_importance=True)
-        if remaining > 0:
+        if remaining > 0 and steps.summarize_overflow:
             remaining -= package.add(
                 ns, "overflow", self._overflow(package.left_out(ns), remaining), remaining
             )
@@ -187,8 +203,7 @@ class Assembler:
         mask, _ = eng.allowed_rows(
             view, [namespace], eng.check_filter(Filter(where=NOT_SUMMARY)), eng.clock()
         )
-        rows = np.flatnonzero(mask)
-        rows = rows[np.lexsort((view.rid[rows], view.created[rows], view.importance[rows]))[::-1]]
+        rows = _most_important(view, np.flatnonzero(mask), FILL_SCAN + len(package.taken_ids))
         out: list[Item] = []
         left, looked = budget, 0
         with eng.store.read() as txn:
@@ -371,3 +386,17 @@ def _fit(items: list[Item], budget: int, head_tail: int, by_importance: bool = F
             chosen.add(i)
             used += items[i].tokens
     return [items[i] for i in sorted(chosen)]
+
+
+def _most_important(view: ColumnsView, rows: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` of ``rows`` with the highest importance, then the latest created, in that order:
+    a selection first, so a large namespace is not sorted whole."""
+    imp = view.importance[rows]
+    if rows.shape[0] > k:
+        bar = np.partition(imp, rows.shape[0] - k)[rows.shape[0] - k]
+        above, tied = rows[imp > bar], rows[imp == bar]
+        need = k - above.shape[0]
+        if tied.shape[0] > need:
+            tied = tied[np.argpartition(-view.created[tied], need - 1)[:need]] if need > 0 else tied[:0]
+        rows = np.concatenate([above, tied])
+    return rows[np.lexsort((view.rid[rows], view.created[rows], view.importance[rows]))[::-1]]

@@ -72,8 +72,17 @@ def create_detailed(
     outcome: CreateOutcome = st.writer.submit(op.prepare, op.apply, weight)
     for ns in sorted(op.namespaces):
         if st.policy_for(ns).evict_on_create:  # the namespace's and kinds' caps, before returning
-            enforce_caps(st, ns)
+            _enforce_caps_after(st, ns, outcome)
     return outcome
+
+
+def _enforce_caps_after(st: EngineState, namespace: str, outcome: CreateOutcome) -> None:
+    """The caps a create crossed, applied without touching what it stored; the create committed
+    already, so a failure here is logged (the next pass applies the caps), not the caller's."""
+    try:
+        enforce_caps(st, namespace, frozenset(r.rid for r in outcome.records))
+    except Exception:
+        logger.exception("applying the caps of %s after a create failed", namespace)
 
 
 def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) -> None:

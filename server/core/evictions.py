@@ -3,8 +3,8 @@
 tier's capacity evicted, stored in that tier as a memory of kind ``eviction_summary`` with the
 evicted ids as its sources. The pass evicted one memory more than the surplus to make room for it.
 
-The contents are read before the pass applies its moves (a deletion from GLACIAL removes them);
-the summaries are written after, one commit each. They count toward no reflection or summary."""
+The contents are read, and the summaries written (one commit each), before the pass applies its
+moves: a crash between leaves the summary and the memories, which the next pass evicts again. They count toward no reflection or summary."""
 
 from __future__ import annotations
 
@@ -60,8 +60,17 @@ def extract(recs: list[Record], max_tokens: int) -> str:
         if used + cost <= max_tokens:
             chosen.append(i)
             used += cost
+    if not chosen and recs:  # not one sentence fits: the most important one, cut to the budget
+        return _cut(first_sentence(recs[order[0]].content), max_tokens)
     chosen.sort(key=lambda i: (recs[i].created_at, recs[i].rid))
     return " ".join(first_sentence(recs[i].content) for i in chosen)
+
+
+def _cut(text: str, max_tokens: int) -> str:
+    words = text.split()
+    while len(words) > 1 and estimate_tokens(" ".join(words)) > max_tokens:
+        words = words[: max(1, len(words) * 3 // 4)]
+    return " ".join(words)
 
 
 def collect(
@@ -90,11 +99,8 @@ def store(st: EngineState, pending: list[PendingSummary], now: float) -> int:
         except EmbedderError as e:  # stored anyway; the maintenance pass embeds it later
             logger.warning("storing an eviction summary without its embedding for now: %s", e)
             vec = NO_VECTOR
-        try:
-            _submit(st, p, vec, now)
-            stored += 1
-        except Exception:  # optional: the evictions committed already
-            logger.exception("storing the summary of evictions from %s failed", p.namespace)
+        _submit(st, p, vec, now)  # (a failure ends the pass before it evicts: nothing is lost)
+        stored += 1
     return stored
 
 

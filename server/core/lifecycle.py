@@ -77,17 +77,18 @@ def consolidate(
         )
         if dry_run:
             return report
-        summaries = evictions.collect(st, view, plan.summaries) if plan.summaries else []
+        if plan.summaries:  # stored before the evictions: a crash between leaves both, not neither
+            evictions.store(st, evictions.collect(st, view, plan.summaries), now)
         if plan.rows.shape[0]:
             _apply_plan(st, report, rids, plan, now)
-        evictions.store(st, summaries, now)
         compact_indexes(st)  # after the moves, or single deletes, left an index mostly dead
         return report
 
 
-def enforce_caps(st: EngineState, namespace: str) -> int:
+def enforce_caps(st: EngineState, namespace: str, keep: frozenset[int] = frozenset()) -> int:
     """Apply a namespace's max_items and kind caps at once (a create crossed one), deleting by its
-    retention policy; returns how many memories were deleted."""
+    retention policy, never the records ``keep`` (the create's own, just acknowledged: the namespace
+    may stay over by as many until the next pass); returns how many memories were deleted."""
     policy = st.policy_for(namespace)
     nid = st.columns.namespaces.get(namespace)
     if nid < 0 or not (policy.max_items or policy.kind_capacities):
@@ -119,6 +120,7 @@ def enforce_caps(st: EngineState, namespace: str) -> int:
                 strict=True,
             )
         )
+        items = [item for item in items if item[0] not in keep]
         skipped = sum(
             apply_moves(st, items[lo : lo + MOVES_PER_COMMIT], now)
             for lo in range(0, len(items), MOVES_PER_COMMIT)

@@ -9,8 +9,8 @@ A pass runs in this order: expired memories are deleted; promotion bottom to top
 (one tier per pass, so a memory never ping-pongs within a pass, unless the namespace promotes
 through the tiers; promotion evidence counts from the memory's entry into its tier); then the
 namespace and kind caps (deletions); then capacity per namespace and tier by the retention policy.
-Decay (half-life and floor, or none), the heuristic rating, the caps and the named presets
-(presets.py) are per namespace too.
+Decay (half-life and floor, or none), the heuristic rating, the caps, the named presets
+(presets.py) and the searches' recency basis (creation or last access) are per namespace too.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tiermem import kernels
 from tiermem.server.config import (
     IMPORTANCE_DECAYS,
     IMPORTANCE_HEURISTICS,
+    RECENCY_BASES,
     RETENTION_POLICIES,
     TIERS,
     ServerConfig,
@@ -60,6 +61,7 @@ POLICY_FIELDS = (
     "evict_share",
     "evict_on_create",
     "preset",
+    "recency_basis",
 )
 DECAY_HALF_LIFE, DECAY_NONE = IMPORTANCE_DECAYS["half_life"], IMPORTANCE_DECAYS["none"]
 
@@ -97,6 +99,7 @@ class Policy:
     evict_share: float = 0.0  # over a namespace or kind cap: this share goes (at least the surplus)
     evict_on_create: bool = False  # namespace and kind caps enforced when a create crosses them
     preset: str = ""  # the preset applied under the namespace's own overrides
+    recency_basis: int = RECENCY_BASES["creation"]  # searches' recency decays from creation or last access
 
     @classmethod
     def from_config(cls, c: ServerConfig) -> Policy:
@@ -133,6 +136,7 @@ class Policy:
             importance_decay=IMPORTANCE_DECAYS[c.importance_decay],
             importance_floor=c.importance_floor,
             importance_heuristic=IMPORTANCE_HEURISTICS[c.importance_heuristic],
+            recency_basis=RECENCY_BASES[c.recency_basis],
         )
 
     def with_overrides(self, overrides: dict[str, Any]) -> Policy:
@@ -222,11 +226,13 @@ _FLAGS = ("promote_through_tiers", "decay_grace", "summarize_evictions", "evict_
 
 
 def _check_importance_fields(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """Decay, its floor, the heuristic, the promotion and demotion flags and the preset, validated."""
+    """Decay, its floor, the heuristic, the recency basis, the promotion and demotion flags and the
+    preset, validated."""
     out: dict[str, Any] = {}
     for name, allowed in (
         ("importance_decay", IMPORTANCE_DECAYS),
         ("importance_heuristic", IMPORTANCE_HEURISTICS),
+        ("recency_basis", RECENCY_BASES),
     ):
         if overrides.get(name):
             if overrides[name] not in allowed.values():
@@ -289,6 +295,7 @@ class Tables:
     summarize: np.ndarray  # (n,) bool: tier capacity evictions are summarized
     max_items: np.ndarray  # (n,) int64: the namespace's cap across tiers (int64 max: none)
     evict_share: np.ndarray  # (n,) float64: the share a namespace or kind cap evicts when passed
+    recency_basis: np.ndarray  # (n,) int8: searches' recency from creation (1) or last access (2)
     kind_caps: dict[int, dict[str, int]] = field(default_factory=dict)  # namespace id: {kind: cap}
 
     @classmethod
@@ -312,6 +319,7 @@ class Tables:
             summarize=np.zeros(n, np.bool_),
             max_items=np.full(n, np.iinfo(np.int64).max, np.int64),
             evict_share=np.zeros(n, np.float64),
+            recency_basis=np.ones(n, np.int8),
         )
         t._fill(slice(None), base)
         for i, p in overrides.items():
@@ -339,6 +347,7 @@ class Tables:
         self.summarize[i] = p.summarize_evictions
         self.max_items[i] = p.max_items or np.iinfo(np.int64).max
         self.evict_share[i] = p.evict_share
+        self.recency_basis[i] = p.recency_basis
         if isinstance(i, int) and p.kind_capacities:  # (the server's policy has no kind caps)
             self.kind_caps[i] = dict(p.kind_capacities)
 

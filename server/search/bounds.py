@@ -19,6 +19,7 @@ from tiermem import kernels
 from tiermem.server.index.columns import Columns, ColumnsView
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import RankingParams
+from tiermem.server.search.ranking import recency_times
 from tiermem.server.search.source import SearchSource
 
 
@@ -140,7 +141,6 @@ class PriorBounds:
         # view that growth left frozen has its own generations, and no log (changes -1).
         changes, gen0 = cols.generations(view)
         tables = src.policy_tables()
-        half_life = tables.half_life
         self.observer.computing_bounds()
         rows = np.arange(view.n, dtype=np.int64)
         _, rec, imp = kernels.score_rows(
@@ -148,11 +148,11 @@ class PriorBounds:
             np.zeros(view.n, np.float32),
             importance=view.importance,
             created_at=view.created,
-            last_access=view.accessed,
+            last_access=recency_times(view, tables.recency_basis),  # (the scorer's times, for its rows)
             tier=view.tier,
             now=now,
             tau_seconds=tau,
-            half_life_hours=half_life,
+            half_life_hours=tables.half_life,
             floor=tables.floor,
             alpha=0.0,
             beta=0.0,

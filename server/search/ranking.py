@@ -3,7 +3,9 @@
 score = alpha*relevance + beta*recency + gamma*decayed importance, multiplied by a per-row weight:
 the tier weight (under the ``weighted`` strategy FAST > MEDIUM > SLOW > GLACIAL) times the scope
 weight when a search spans a namespace and its ancestors (session before project before user).
-Relevance is the cosine of the row's vector with the query, read from the HNSW storage.
+Relevance is the cosine of the row's vector with the query, read from the HNSW storage. Recency
+decays from each row's creation time, or from its last access in namespaces whose policy says so
+(``recency_times``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from typing import Any
 import numpy as np
 
 from tiermem import kernels
+from tiermem.server.config import RECENCY_BASES
 from tiermem.server.index.columns import ColumnsView, Interner
 from tiermem.server.index.spaces import Space
 from tiermem.server.model.records import Record
 from tiermem.server.model.types import INTERNAL_MASK, SPACE_SHIFT, TIER_SHIFT, Filter
 from tiermem.server.search.query import RankingParams, SearchHit
-from tiermem.server.search.source import SearchSource
+from tiermem.server.search.source import PolicyTables, SearchSource
+
+LAST_ACCESS = RECENCY_BASES["last_access"]
 
 
 @dataclass
@@ -72,6 +77,26 @@ def similarities(
     return kept, sims
 
 
+def recency_times(view: ColumnsView, basis: np.ndarray, ns_ids: list[int] | None = None) -> np.ndarray:
+    """The time each row's recency decays from, by its namespace's entry in ``basis`` (the policy
+    tables' ``recency_basis``): the creation or the last-access column itself when every namespace
+    concerned (``ns_ids``, else every one) uses the same, else a per-row choice between them. The
+    search bounds and the scorer must read the same times for the rows they both see."""
+    used = basis if ns_ids is None else basis[ns_ids]
+    by_access = used == LAST_ACCESS
+    if not by_access.any():
+        return view.created
+    if by_access.all():
+        return view.accessed
+    ids = np.clip(view.ns, 0, basis.shape[0] - 1)  # (rows past the view may hold any id)
+    return np.where(basis[ids] == LAST_ACCESS, view.accessed, view.created)
+
+
+def searched_ids(a: RankingParams, names: Interner, n: int) -> list[int]:
+    """The ids (below ``n``) of the namespaces a ranking searches."""
+    return [i for i in (names.get(name) for name in a.scope_w) if 0 <= i < n]
+
+
 def row_weights(view: ColumnsView, a: RankingParams, names: Interner) -> np.ndarray | None:
     """tier weight x scope weight per row, or None when every weight is 1."""
     if all(w == 1.0 for w in a.tier_w.values()) and all(w == 1.0 for w in a.scope_w.values()):
@@ -97,20 +122,21 @@ class Scorer:
         query: np.ndarray | None,
         a: RankingParams,
         row_w: np.ndarray | None,
-        half_life: np.ndarray,
-        floor: float | np.ndarray,
+        tables: PolicyTables,
+        names: Interner,
     ) -> None:
         self.view, self.space, self.query, self.params, self.row_w = view, space, query, a, row_w
+        searched = searched_ids(a, names, tables.recency_basis.shape[0])
         self._score_args: dict[str, Any] = {
             "importance": view.importance,
             "created_at": view.created,
-            "last_access": view.accessed,
+            "last_access": recency_times(view, tables.recency_basis, searched),
             "tier": view.tier,
             "now": a.now,
             "tau_seconds": a.tau,
-            "half_life_hours": half_life,
+            "half_life_hours": tables.half_life,
             "ns": view.ns,
-            "floor": floor,
+            "floor": tables.floor,
         }
 
     def similarities(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -52,7 +52,7 @@ from tiermem.server.search.query import (
     query_vector,
 )
 from tiermem.server.search.ranking import Ranked, Scorer, collect_hits, row_weights
-from tiermem.server.search.source import SearchSource
+from tiermem.server.search.source import PolicyTables, SearchSource
 
 __all__ = [
     "COMPREHENSIVE",
@@ -185,7 +185,6 @@ class Searcher:
         if count == 0 and not (by_keywords and keyword_count > 0):
             return []
         tables = src.policy_tables()
-        half_life = tables.half_life
         row_w = row_weights(view, a, src.columns.namespaces)
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
@@ -197,14 +196,14 @@ class Searcher:
                     src,
                     view,
                     self._fused(
-                        view, a, (mask, count, keyword_mask, keyword_count), query, sp, half_life, row_w
+                        view, a, (mask, count, keyword_mask, keyword_count), query, sp, tables, row_w
                     ),
                     a,
                     flt,
                     only_tier,
                     include_embedding,
                 )
-            scorer = Scorer(view, sp, query, a, row_w, half_life, tables.floor)
+            scorer = Scorer(view, sp, query, a, row_w, tables, src.columns.namespaces)
             fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
             if query is None or sp is None or count <= src.config.exact_search_max_rows:
                 scored = scorer(np.flatnonzero(mask))
@@ -228,7 +227,7 @@ class Searcher:
         allowed: tuple[np.ndarray, int, np.ndarray, int],
         query: np.ndarray | None,
         sp: Space | None,
-        half_life: np.ndarray,
+        tables: PolicyTables,
         row_w: np.ndarray | None,
     ) -> Ranked:
         """The fused ranking (fused.py): the most similar rows (exact, or HNSW at a similarity search's
@@ -238,7 +237,7 @@ class Searcher:
         mask, count, keyword_mask, keyword_count = allowed
         depth = max(5 * a.limit, 50)
         by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, min_similarity=None)
-        scorer = Scorer(view, sp, query, by_similarity, None, half_life, src.policy_tables().floor)
+        scorer = Scorer(view, sp, query, by_similarity, None, tables, src.columns.namespaces)
         if a.hybrid is None and query is None:  # no signal of relevance asked: every allowed row ranks
             everything = Candidates(np.flatnonzero(mask), None)
             no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)

@@ -27,6 +27,9 @@ class PolicyTables(Protocol):
     @property
     def floor(self) -> np.ndarray: ...  # decayed importance never below floor * importance, (namespaces,)
 
+    @property
+    def recency_basis(self) -> np.ndarray: ...  # recency from creation (1) or last access (2), (namespaces,)
+
 
 class SearchSource(Protocol):
     """The memories a search ranks: their records, columns, vectors and per-namespace policy.

@@ -181,7 +181,7 @@ def feedback_from_pb(items: Any) -> list[FeedbackItem]:
 
 # Fields set or not by presence; the enums (0 unset), the preset ("" unset) and the kind caps
 # (a list) are converted apart.
-_ENUM_FIELDS = ("retention", "importance_decay", "importance_heuristic")
+_ENUM_FIELDS = ("retention", "importance_decay", "importance_heuristic", "recency_basis")
 _TOP_FIELDS = tuple(f for f in POLICY_FIELDS if f not in (*_ENUM_FIELDS, "preset", "kind_capacities"))
 
 
@@ -494,6 +494,7 @@ def scope_specs_from_pb(scopes: Any) -> list[ScopeSpec]:
             s.share if s.HasField("share") else None,
             s.semantic_k if s.HasField("semantic_k") else None,
             s.recent_window if s.HasField("recent_window") else None,
+            s.fill if s.HasField("fill") else True,
         )
         for s in scopes
     ]
@@ -513,4 +514,5 @@ def context_to_pb(package: ContextPackage) -> pb.BuildContextResponse:
         tokens_used=package.tokens_used,
         candidate_tokens=package.candidate_tokens,
         compression_ratio=package.compression_ratio,
+        warnings=package.warnings,
     )

@@ -449,5 +449,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.head_tail,
             request.graph_facts if request.HasField("graph_facts") else True,
             request.read_only,
+            request.summarize_overflow if request.HasField("summarize_overflow") else True,
         )
         return convert.context_to_pb(package)

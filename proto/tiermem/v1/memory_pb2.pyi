@@ -52,6 +52,12 @@ class ImportanceHeuristic(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IMPORTANCE_HEURISTIC_TEN_POINT: _ClassVar[ImportanceHeuristic]
     IMPORTANCE_HEURISTIC_PHRASES: _ClassVar[ImportanceHeuristic]
 
+class RecencyBasis(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECENCY_BASIS_UNSPECIFIED: _ClassVar[RecencyBasis]
+    RECENCY_BASIS_CREATION: _ClassVar[RecencyBasis]
+    RECENCY_BASIS_LAST_ACCESS: _ClassVar[RecencyBasis]
+
 class MoveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MOVE_REASON_UNSPECIFIED: _ClassVar[MoveReason]
@@ -95,6 +101,9 @@ IMPORTANCE_HEURISTIC_UNSPECIFIED: ImportanceHeuristic
 IMPORTANCE_HEURISTIC_CUES: ImportanceHeuristic
 IMPORTANCE_HEURISTIC_TEN_POINT: ImportanceHeuristic
 IMPORTANCE_HEURISTIC_PHRASES: ImportanceHeuristic
+RECENCY_BASIS_UNSPECIFIED: RecencyBasis
+RECENCY_BASIS_CREATION: RecencyBasis
+RECENCY_BASIS_LAST_ACCESS: RecencyBasis
 MOVE_REASON_UNSPECIFIED: MoveReason
 MOVE_REASON_PROMOTE_ACCESS: MoveReason
 MOVE_REASON_PROMOTE_SURPRISE: MoveReason
@@ -624,7 +633,7 @@ class TierPolicy(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., ttl_seconds: _Optional[float] = ..., max_items: _Optional[int] = ..., importance_threshold: _Optional[float] = ..., half_life_hours: _Optional[float] = ..., cadence_seconds: _Optional[float] = ...) -> None: ...
 
 class LifecyclePolicy(_message.Message):
-    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold", "default_importance", "importance_decay", "importance_floor", "importance_heuristic", "promote_through_tiers", "decay_grace", "summarize_evictions", "max_items", "kind_capacities", "evict_share", "evict_on_create", "preset")
+    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold", "default_importance", "importance_decay", "importance_floor", "importance_heuristic", "promote_through_tiers", "decay_grace", "summarize_evictions", "max_items", "kind_capacities", "evict_share", "evict_on_create", "preset", "recency_basis")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     DELETE_FROM_GLACIAL_FIELD_NUMBER: _ClassVar[int]
@@ -645,6 +654,7 @@ class LifecyclePolicy(_message.Message):
     EVICT_SHARE_FIELD_NUMBER: _ClassVar[int]
     EVICT_ON_CREATE_FIELD_NUMBER: _ClassVar[int]
     PRESET_FIELD_NUMBER: _ClassVar[int]
+    RECENCY_BASIS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierPolicy]
     retention: RetentionPolicy
     delete_from_glacial: bool
@@ -665,7 +675,8 @@ class LifecyclePolicy(_message.Message):
     evict_share: float
     evict_on_create: bool
     preset: str
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ..., default_importance: _Optional[float] = ..., importance_decay: _Optional[_Union[ImportanceDecay, str]] = ..., importance_floor: _Optional[float] = ..., importance_heuristic: _Optional[_Union[ImportanceHeuristic, str]] = ..., promote_through_tiers: _Optional[bool] = ..., decay_grace: _Optional[bool] = ..., summarize_evictions: _Optional[bool] = ..., max_items: _Optional[int] = ..., kind_capacities: _Optional[_Iterable[_Union[KindCapacity, _Mapping]]] = ..., evict_share: _Optional[float] = ..., evict_on_create: _Optional[bool] = ..., preset: _Optional[str] = ...) -> None: ...
+    recency_basis: RecencyBasis
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ..., default_importance: _Optional[float] = ..., importance_decay: _Optional[_Union[ImportanceDecay, str]] = ..., importance_floor: _Optional[float] = ..., importance_heuristic: _Optional[_Union[ImportanceHeuristic, str]] = ..., promote_through_tiers: _Optional[bool] = ..., decay_grace: _Optional[bool] = ..., summarize_evictions: _Optional[bool] = ..., max_items: _Optional[int] = ..., kind_capacities: _Optional[_Iterable[_Union[KindCapacity, _Mapping]]] = ..., evict_share: _Optional[float] = ..., evict_on_create: _Optional[bool] = ..., preset: _Optional[str] = ..., recency_basis: _Optional[_Union[RecencyBasis, str]] = ...) -> None: ...
 
 class NamespaceConfig(_message.Message):
     __slots__ = ("namespace", "protected", "policy")
@@ -1032,32 +1043,36 @@ class GetGraphNeighborsResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[GraphNode, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[GraphEdge, _Mapping]]] = ...) -> None: ...
 
 class ContextScope(_message.Message):
-    __slots__ = ("namespace", "share", "semantic_k", "recent_window")
+    __slots__ = ("namespace", "share", "semantic_k", "recent_window", "fill")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_K_FIELD_NUMBER: _ClassVar[int]
     RECENT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    FILL_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     share: float
     semantic_k: int
     recent_window: int
-    def __init__(self, namespace: _Optional[str] = ..., share: _Optional[float] = ..., semantic_k: _Optional[int] = ..., recent_window: _Optional[int] = ...) -> None: ...
+    fill: bool
+    def __init__(self, namespace: _Optional[str] = ..., share: _Optional[float] = ..., semantic_k: _Optional[int] = ..., recent_window: _Optional[int] = ..., fill: _Optional[bool] = ...) -> None: ...
 
 class BuildContextRequest(_message.Message):
-    __slots__ = ("scopes", "query_text", "token_budget", "head_tail", "graph_facts", "read_only")
+    __slots__ = ("scopes", "query_text", "token_budget", "head_tail", "graph_facts", "read_only", "summarize_overflow")
     SCOPES_FIELD_NUMBER: _ClassVar[int]
     QUERY_TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     HEAD_TAIL_FIELD_NUMBER: _ClassVar[int]
     GRAPH_FACTS_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZE_OVERFLOW_FIELD_NUMBER: _ClassVar[int]
     scopes: _containers.RepeatedCompositeFieldContainer[ContextScope]
     query_text: str
     token_budget: int
     head_tail: int
     graph_facts: bool
     read_only: bool
-    def __init__(self, scopes: _Optional[_Iterable[_Union[ContextScope, _Mapping]]] = ..., query_text: _Optional[str] = ..., token_budget: _Optional[int] = ..., head_tail: _Optional[int] = ..., graph_facts: _Optional[bool] = ..., read_only: _Optional[bool] = ...) -> None: ...
+    summarize_overflow: bool
+    def __init__(self, scopes: _Optional[_Iterable[_Union[ContextScope, _Mapping]]] = ..., query_text: _Optional[str] = ..., token_budget: _Optional[int] = ..., head_tail: _Optional[int] = ..., graph_facts: _Optional[bool] = ..., read_only: _Optional[bool] = ..., summarize_overflow: _Optional[bool] = ...) -> None: ...
 
 class ContextItem(_message.Message):
     __slots__ = ("memory_id", "text", "tokens")
@@ -1082,13 +1097,15 @@ class ContextSection(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ContextItem, _Mapping]]] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class BuildContextResponse(_message.Message):
-    __slots__ = ("sections", "tokens_used", "candidate_tokens", "compression_ratio")
+    __slots__ = ("sections", "tokens_used", "candidate_tokens", "compression_ratio", "warnings")
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     sections: _containers.RepeatedCompositeFieldContainer[ContextSection]
     tokens_used: int
     candidate_tokens: int
     compression_ratio: float
-    def __init__(self, sections: _Optional[_Iterable[_Union[ContextSection, _Mapping]]] = ..., tokens_used: _Optional[int] = ..., candidate_tokens: _Optional[int] = ..., compression_ratio: _Optional[float] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sections: _Optional[_Iterable[_Union[ContextSection, _Mapping]]] = ..., tokens_used: _Optional[int] = ..., candidate_tokens: _Optional[int] = ..., compression_ratio: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
