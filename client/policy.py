@@ -11,30 +11,15 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from tiermem.v1 import memory_pb2 as pb
 
-# Each enum field: its enum and the prefix of its value names.
+_FIELDS = pb.LifecyclePolicy.DESCRIPTOR.fields
+# Read from the message itself, so a field the server adds is taken as soon as the stubs have it.
+# Each enum field: its enum and the prefix of its value names (its zero value's, less UNSPECIFIED).
 ENUMS: dict[str, tuple[EnumTypeWrapper, str]] = {
-    "retention": (pb.RetentionPolicy, "RETENTION_POLICY_"),
-    "importance_decay": (pb.ImportanceDecay, "IMPORTANCE_DECAY_"),
-    "importance_heuristic": (pb.ImportanceHeuristic, "IMPORTANCE_HEURISTIC_"),
-    "recency_basis": (pb.RecencyBasis, "RECENCY_BASIS_"),
+    f.name: (getattr(pb, f.enum_type.name), f.enum_type.values_by_number[0].name.removesuffix("UNSPECIFIED"))
+    for f in _FIELDS
+    if f.enum_type is not None
 }
-SCALARS = (
-    "delete_from_glacial",
-    "promote_access_count",
-    "promote_surprise",
-    "promote_success_count",
-    "reflection_threshold",
-    "summary_token_threshold",
-    "default_importance",
-    "importance_floor",
-    "promote_through_tiers",
-    "decay_grace",
-    "summarize_evictions",
-    "max_items",
-    "evict_share",
-    "evict_on_create",
-    "preset",
-)
+SCALARS = tuple(f.name for f in _FIELDS if f.enum_type is None and f.message_type is None)
 
 
 def enum_value(argument: str, value: int | str) -> int:

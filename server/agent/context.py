@@ -31,12 +31,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tiermem.server.agent.graph import GraphMemory
-from tiermem.server.agent.summaries import first_sentence
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.records import Record
-from tiermem.server.model.text import estimate_tokens
+from tiermem.server.model.text import estimate_tokens, first_sentence
 from tiermem.server.model.types import Filter
 from tiermem.server.search.query import SearchQuery
 from tiermem.server.storage.keys import normalize

@@ -8,16 +8,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tiermem.server.core.evictions import first_sentence
 from tiermem.server.model import validation as check
-from tiermem.server.model.text import estimate_tokens
+from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences
 from tiermem.server.model.types import Filter
 
 if TYPE_CHECKING:
     from tiermem.server.core.engine import Engine
 
 MAX_SOURCE_IDS = 1000  # ids of covered memories returned with a summary
-__all__ = ["MAX_SOURCE_IDS", "Summary", "build_summary", "first_sentence"]
 
 
 @dataclass
@@ -52,13 +50,6 @@ def build_summary(
         return Summary("", [], 0)
     n = len(recs)
     order = sorted(range(n), key=lambda i: -(0.7 * recs[i].importance + 0.3 * (i + 1) / n))
-    chosen, used = [], 0
-    for i in order:
-        sentence = first_sentence(recs[i].content)
-        cost = estimate_tokens(sentence) + 1
-        if used + cost > max_tokens:
-            continue
-        chosen.append(i)
-        used += cost
+    chosen = fitting_sentences([r.content for r in recs], order, max_tokens)
     text = " ".join(first_sentence(recs[i].content) for i in sorted(chosen))
     return Summary(text, [r.id for r in recs][:MAX_SOURCE_IDS], estimate_tokens(text))

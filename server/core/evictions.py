@@ -19,7 +19,7 @@ from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.model.records import Record
-from tiermem.server.model.text import estimate_tokens
+from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences
 from tiermem.server.model.types import NO_VECTOR
 from tiermem.server.storage.store import Txn
 
@@ -41,25 +41,11 @@ class PendingSummary:
     source_ids: list[str]
 
 
-def first_sentence(text: str) -> str:
-    """``text`` with its white space collapsed, up to the first '.', '!' or '?' that ends a word."""
-    text = " ".join(text.split())
-    for i, ch in enumerate(text):
-        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] == " "):
-            return text[: i + 1]
-    return text
-
-
 def extract(recs: list[Record], max_tokens: int) -> str:
     """The first sentence of each record, the most important first (the latest created among
     equals), kept within ``max_tokens``, then put in creation order."""
     order = sorted(range(len(recs)), key=lambda i: (-recs[i].importance, -recs[i].created_at))
-    chosen, used = [], 0
-    for i in order:
-        cost = estimate_tokens(first_sentence(recs[i].content)) + 1
-        if used + cost <= max_tokens:
-            chosen.append(i)
-            used += cost
+    chosen = fitting_sentences([r.content for r in recs], order, max_tokens)
     if not chosen and recs:  # not one sentence fits: the most important one, cut to the budget
         return _cut(first_sentence(recs[order[0]].content), max_tokens)
     chosen.sort(key=lambda i: (recs[i].created_at, recs[i].rid))

@@ -110,22 +110,8 @@ def enforce_caps(st: EngineState, namespace: str, keep: frozenset[int] = frozens
             kinds=st.columns.kinds,
             only_caps=True,
         )
-        rids = view.rid[plan.rows]
-        items = list(
-            zip(
-                rids.tolist(),
-                plan.from_tier.tolist(),
-                plan.to_tier.tolist(),
-                plan.reason.tolist(),
-                strict=True,
-            )
-        )
-        items = [item for item in items if item[0] not in keep]
-        skipped = sum(
-            apply_moves(st, items[lo : lo + MOVES_PER_COMMIT], now)
-            for lo in range(0, len(items), MOVES_PER_COMMIT)
-        )
-        return len(items) - skipped
+        items = [item for item in _moves(view.rid[plan.rows], plan) if item[0] not in keep]
+        return len(items) - _apply_in_commits(st, items, now)
 
 
 def _over_caps(
@@ -193,13 +179,24 @@ def _apply_plan(
     for idx in st.all_indexes():
         idx.max_pause_seconds = 0.0
     t1 = time.perf_counter()
-    items = list(
-        zip(rids.tolist(), plan.from_tier.tolist(), plan.to_tier.tolist(), plan.reason.tolist(), strict=True)
-    )
-    for lo in range(0, len(items), MOVES_PER_COMMIT):
-        report.skipped += apply_moves(st, items[lo : lo + MOVES_PER_COMMIT], now)
+    report.skipped += _apply_in_commits(st, _moves(rids, plan), now)
     report.apply_seconds = time.perf_counter() - t1
     report.max_pause_seconds = max([idx.max_pause_seconds for idx in st.all_indexes()], default=0.0)
+
+
+def _moves(rids: np.ndarray, plan: Plan) -> list[Move]:
+    """A plan's moves as (record id, from tier, to tier, reason), ``rids`` those of its rows."""
+    return list(
+        zip(rids.tolist(), plan.from_tier.tolist(), plan.to_tier.tolist(), plan.reason.tolist(), strict=True)
+    )
+
+
+def _apply_in_commits(st: EngineState, items: list[Move], now: float) -> int:
+    """Apply the moves through the writer, MOVES_PER_COMMIT a commit; returns how many were skipped."""
+    return sum(
+        apply_moves(st, items[lo : lo + MOVES_PER_COMMIT], now)
+        for lo in range(0, len(items), MOVES_PER_COMMIT)
+    )
 
 
 @dataclass

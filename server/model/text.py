@@ -169,3 +169,24 @@ def keyword_terms_and_length(text: str) -> tuple[Counter[str], int]:
 def estimate_tokens(text: str) -> int:
     """The token cost of ``text`` when no tokenizer is given: a quarter of its UTF-8 bytes, rounded up."""
     return math.ceil(len(text.encode()) / 4)
+
+
+def first_sentence(text: str) -> str:
+    """``text`` with its white space collapsed, up to the first '.', '!' or '?' that ends a word."""
+    text = " ".join(text.split())
+    for i, ch in enumerate(text):
+        if ch in ".!?" and (i + 1 == len(text) or text[i + 1] == " "):
+            return text[: i + 1]
+    return text
+
+
+def fitting_sentences(texts: list[str], order: list[int], max_tokens: int) -> list[int]:
+    """Of ``texts`` taken in ``order`` (best first), those whose first sentences fit together within
+    ``max_tokens`` (a sentence and its space each); their indices, best first. An extractive summary."""
+    chosen, used = [], 0
+    for i in order:
+        cost = estimate_tokens(first_sentence(texts[i])) + 1
+        if used + cost <= max_tokens:
+            chosen.append(i)
+            used += cost
+    return chosen

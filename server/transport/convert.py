@@ -181,7 +181,7 @@ def feedback_from_pb(items: Any) -> list[FeedbackItem]:
 
 # Fields set or not by presence; the enums (0 unset), the preset ("" unset) and the kind caps
 # (a list) are converted apart.
-_ENUM_FIELDS = ("retention", "importance_decay", "importance_heuristic", "recency_basis")
+_ENUM_FIELDS = tuple(f.name for f in pb.LifecyclePolicy.DESCRIPTOR.fields if f.enum_type is not None)
 _TOP_FIELDS = tuple(f for f in POLICY_FIELDS if f not in (*_ENUM_FIELDS, "preset", "kind_capacities"))
 
 
