@@ -889,6 +889,10 @@ class MemoryClient:
         evict_on_create: bool | None = None,
         preset: str | None = None,
         recency_basis: str | int | None = None,
+        auto_summarize: bool | None = None,
+        summary_max_tokens: int | None = None,
+        summary_strategy: str | int | None = None,
+        working_token_limit: int | None = None,
         reset_policy: bool = False,
         confirm: bool = False,
         timeout: float | None = None,
@@ -898,9 +902,10 @@ class MemoryClient:
         ``tiers`` maps a tier to overrides of ttl_seconds, max_items, importance_threshold,
         half_life_hours, cadence_seconds (it replaces earlier tier overrides); ``reset_policy`` drops
         every lifecycle override first. Enums by name: ``retention`` importance_weighted, recency,
-        fifo, lru or importance; ``importance_decay`` half_life or none; ``importance_heuristic``
-        cues, ten_point or phrases; ``recency_basis`` creation or last_access (an unknown name is a
-        ValueError naming the argument). ``kind_capacities`` maps a kind to its cap (replacing the
+        fifo, lru, importance or ten_point_weighted; ``importance_decay`` half_life or none;
+        ``importance_heuristic`` cues, ten_point or phrases; ``recency_basis`` creation or
+        last_access; ``summary_strategy`` rolling or hierarchical (an unknown name is a ValueError
+        naming the argument). ``kind_capacities`` maps a kind to its cap, 0 for none (replacing the
         earlier ones); ``preset`` names a design's set of overrides (docs/lifecycle.md has every
         field). Unprotecting a protected namespace, or changing its policy, needs ``confirm=True``."""
         cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(protected))
@@ -934,6 +939,10 @@ class MemoryClient:
                 "evict_on_create": evict_on_create,
                 "preset": preset,
                 "recency_basis": recency_basis,
+                "auto_summarize": auto_summarize,
+                "summary_max_tokens": summary_max_tokens,
+                "summary_strategy": summary_strategy,
+                "working_token_limit": working_token_limit,
             },
         )
         if not paths:

@@ -650,7 +650,7 @@ def retention_scores(
     """Per-row score of how much a memory deserves to stay (higher stays), float64, by the
     namespace's retention policy (``policy[ns]``): 1 importance_weighted = 0.7*decayed +
     0.3*exp(-(now - accessed)/tau), 2 recency = created_at, 3 fifo = tier_since, 4 lru = accessed_at,
-    5 importance = decayed.
+    5 importance = decayed, 6 ten_point_weighted = 0.7*(10*decayed) + 0.3*exp(-(now - created)/tau).
     Scores compare only within one namespace (one policy)."""
     n = _check("ns", ns, np.int32).shape[0]
     pol = _table("policy", policy, np.int8, None)

@@ -692,7 +692,8 @@ def plan_moves(
 def retention_scores(ns, policy, decayed, accessed_at, created_at, tier_since, now, tau_seconds, out):
     """How much each row deserves to stay in its tier (higher stays), by its namespace's policy:
     1 importance_weighted 0.7*decayed + 0.3*recency, 2 recency (creation time), 3 fifo (tier entry),
-    4 lru (last access), 5 importance (decayed)."""
+    4 lru (last access), 5 importance (decayed), 6 ten_point_weighted 0.7*(10*decayed) + 0.3*recency
+    (of creation): importance on a 1-10 scale outweighs any recency."""
     for i in prange(ns.shape[0]):
         k = ns[i]
         p = policy[k] if k >= 0 and k < policy.shape[0] else 1
@@ -704,6 +705,8 @@ def retention_scores(ns, policy, decayed, accessed_at, created_at, tier_since, n
             out[i] = accessed_at[i]
         elif p == 5:
             out[i] = decayed[i]
+        elif p == 6:
+            out[i] = 7.0 * decayed[i] + 0.3 * _recency(created_at[i], now, tau_seconds)
         else:
             out[i] = 0.7 * decayed[i] + 0.3 * _recency(accessed_at[i], now, tau_seconds)
 

@@ -25,11 +25,20 @@ DEFAULT_IMPORTANCE_THRESHOLD = (0.0, 0.8, 0.5, 0.3, 0.0)
 # How often the background pass visits each tier: per event-ish, per round, per cycle, hourly.
 DEFAULT_CADENCE_SECONDS = (0.0, 5.0, 60.0, 600.0, 3600.0)
 
-RETENTION_POLICIES = {"importance_weighted": 1, "recency": 2, "fifo": 3, "lru": 4, "importance": 5}
-# Values match the proto enums tiermem.v1.ImportanceDecay, ImportanceHeuristic and RecencyBasis.
+RETENTION_POLICIES = {
+    "importance_weighted": 1,
+    "recency": 2,
+    "fifo": 3,
+    "lru": 4,
+    "importance": 5,
+    "ten_point_weighted": 6,
+}
+# Values match the proto enums tiermem.v1.ImportanceDecay, ImportanceHeuristic, RecencyBasis and
+# SummaryStrategy.
 IMPORTANCE_DECAYS = {"half_life": 1, "none": 2}
 IMPORTANCE_HEURISTICS = {"cues": 1, "ten_point": 2, "phrases": 3}
 RECENCY_BASES = {"creation": 1, "last_access": 2}
+SUMMARY_STRATEGIES = {"rolling": 1, "hierarchical": 2}
 
 
 def usable_cores() -> int:
@@ -142,6 +151,15 @@ class ServerConfig:
     # importance scale); raw events' tokens accumulate until a summary is due.
     reflection_threshold: float = 10.0
     summary_token_threshold: int = 8000
+    # When a summary is due, the server may store one itself (extractive, no LLM; opt-in, usually
+    # per namespace): rolling (the best sentences of the last summary and what followed) or
+    # hierarchical (the best of each ten, then of each ten of those, until it fits).
+    auto_summarize: bool = False
+    summary_max_tokens: int = 2000
+    summary_strategy: str = "rolling"
+    # A namespace's FAST memories past this many tokens move to MEDIUM at the create that passed
+    # it (working memory flushed to episodic); 0: never.
+    working_token_limit: int = 0
     default_kind: str = "observation"
 
     # The weighted-sum strategies (comprehensive, weighted, fast_first):
@@ -250,6 +268,13 @@ class ServerConfig:
             f"must be one of {sorted(IMPORTANCE_HEURISTICS)}",
         )
         need(self.recency_basis in RECENCY_BASES, "recency_basis", f"must be one of {sorted(RECENCY_BASES)}")
+        need(
+            self.summary_strategy in SUMMARY_STRATEGIES,
+            "summary_strategy",
+            f"must be one of {sorted(SUMMARY_STRATEGIES)}",
+        )
+        need(self.summary_max_tokens >= 1, "summary_max_tokens", "must be >= 1")
+        need(self.working_token_limit >= 0, "working_token_limit", "must be >= 0 (0: never)")
         for name in ("default_predicted_relevance", "default_actual_usefulness"):
             need(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
         need(

@@ -24,7 +24,7 @@ from the kernel code:
   docstring lists it first and a row moves one tier per pass); "after one TTL" is strict like "longer
   than"; the decay test compares the decayed importance as returned (float32) with the threshold.
 * retention_scores by policy[ns]: 1 -> 0.7*decayed + 0.3*recency(accessed), 2 -> created_at,
-  3 -> tier_since, 4 -> accessed_at, 5 -> decayed. (The wrapper docstring writes exp(-(now - accessed)/tau); the
+  3 -> tier_since, 4 -> accessed_at, 5 -> decayed, 6 -> 7*decayed + 0.3*recency(created). (The wrapper docstring writes exp(-(now - accessed)/tau); the
   kernel docstring says "recency", which is clamped at 1 for accesses in the future; we follow that.)
 * select_evictions: among candidates, per group, the count - capacity lowest scores (ties: lower
   row index first) are marked; nothing if count <= capacity; NaN candidate scores are rejected.
@@ -132,9 +132,10 @@ def ref_plan_moves(c: dict, t: dict, now: float, floor: float) -> tuple[np.ndarr
 def ref_retention(ns, policy, decayed, accessed_at, created_at, tier_since, now, tau_seconds) -> np.ndarray:
     pol = np.asarray(policy)[np.asarray(ns, np.intp)]
     weighted = 0.7 * decayed.astype(np.float64) + 0.3 * ref_recency64(accessed_at, now, tau_seconds)
+    ten_point = 7.0 * decayed.astype(np.float64) + 0.3 * ref_recency64(created_at, now, tau_seconds)
     return np.select(
-        [pol == 2, pol == 3, pol == 4, pol == 5],
-        [created_at, tier_since, accessed_at, decayed.astype(np.float64)],
+        [pol == 2, pol == 3, pol == 4, pol == 5, pol == 6],
+        [created_at, tier_since, accessed_at, decayed.astype(np.float64), ten_point],
         weighted,
     )
 
@@ -856,7 +857,7 @@ def test_plan_moves_rejects_nan_in_tables(name):
 def make_retention_inputs(n: int, rng: np.random.Generator, namespaces: int) -> dict:
     return {
         "ns": rng.integers(0, namespaces, n).astype(np.int32),
-        "policy": rng.integers(1, 6, namespaces).astype(np.int8),
+        "policy": rng.integers(1, 7, namespaces).astype(np.int8),
         "decayed": grid_or_random(n, rng),
         "accessed_at": NOW - rng.uniform(-2 * HOUR, 1000 * HOUR, n),  # some in the future
         "created_at": NOW - rng.uniform(-2 * HOUR, 1000 * HOUR, n),
@@ -878,7 +879,7 @@ def test_retention_scores_random(n, namespaces):
     check_retention(args, K.retention_scores(**args))
 
 
-@pytest.mark.parametrize("policy", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("policy", [1, 2, 3, 4, 5, 6])
 def test_retention_scores_single_policy(policy):
     args = make_retention_inputs(200, rng_for("retention-single", policy), 1)
     args["policy"] = np.array([policy], np.int8)

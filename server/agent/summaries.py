@@ -37,7 +37,7 @@ def build_summary(
     view = engine.columns.view()
     allowed, _ = engine.allowed_rows(view, [namespace], flt, engine.clock())
     if not ranged:
-        allowed &= view.rid > engine.scope(namespace).summary_rid
+        allowed &= view.rid > engine.scope(namespace).covered_rid
     rows = np.flatnonzero(allowed)
     rows = rows[np.lexsort((view.rid[rows], view.created[rows]))]
     with engine.store.read() as txn:

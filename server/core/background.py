@@ -1,6 +1,6 @@
 """The engine's background work: snapshots of the columns and indexes (periodic, and at shutdown),
-the flush of recorded accesses, the maintenance pass (embedding retries, expiry sweep, scheduled
-lifecycle pass) and, in a follower, the follow thread.
+the flush of recorded accesses, the summaries the server keeps, the maintenance pass (embedding
+and summary retries, expiry sweep, scheduled lifecycle pass) and, in a follower, the follow thread.
 
 Concurrency: each loop runs on its own daemon thread until ``EngineState.stop`` is set; snapshots
 are taken one at a time (``Snapshots.lock``), the columns copied in the writer thread between two
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tiermem.server.core import access, lifecycle, upkeep
+from tiermem.server.core import access, lifecycle, summarizer, upkeep
 from tiermem.server.core.follow import follow_loop
 from tiermem.server.core.state import EngineState
 from tiermem.server.storage import snapshots
@@ -107,6 +107,7 @@ def maintenance_loop(st: EngineState) -> None:
             if st.config.search_processes > 1:
                 st.store.clear_stale_readers()  # a follower killed while reading
             upkeep.retry_embeddings(st)
+            summarizer.retry_failed(st)
             lifecycle.sweep(st)
             report = lifecycle.consolidate(st, scheduled=True, max_reported=0)
             if report.moved:
@@ -131,6 +132,7 @@ class BackgroundThreads:
         if st.following:  # the leader snapshots and maintains; a follower keeps up with its commits
             self._start(lambda: follow_loop(st), "tiermem-follow")
             return
+        self._start(lambda: summarizer.loop(st), "tiermem-summarizer")
         if cfg.snapshot_interval_seconds > 0:
             self._start(self.snaps.loop, "tiermem-snapshots")
         if cfg.maintenance_interval_seconds > 0:
@@ -144,5 +146,6 @@ class BackgroundThreads:
     def stop(self) -> None:
         """Signal every loop to end and wait for each."""
         self.st.stop.set()
+        self.st.summaries_wake.set()
         for thread in self._threads:
             thread.join()

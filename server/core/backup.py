@@ -222,5 +222,5 @@ def _make_current_summary(st: EngineState, txn: Txn, rec: Record) -> None:
     state = st.store.scope_state(txn, rec.namespace)
     current = st.store.get(txn, state.summary_rid) if state.summary_rid else None
     if current is None or current.created_at <= rec.created_at:
-        state.summary_tokens, state.summary_rid = 0, rec.rid
+        state.summary_tokens, state.summary_rid, state.covered_rid = 0, rec.rid, rec.rid
         st.store.put_scope_state(txn, rec.namespace, state)

@@ -108,3 +108,32 @@ class LifecycleTotals:
             if at >= when and (not namespace or ns == namespace):
                 recent[t, kind] += n
         return recent
+
+
+class SummaryCounts:
+    """Summaries the server stored itself (kept and eviction summaries), the tokens they saved and
+    the ones that failed, per namespace and in all, since the server started."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_namespace: dict[str, list[int]] = {}  # namespace -> [stored, tokens saved, failures]
+
+    def stored(self, namespace: str, tokens_saved: int) -> None:
+        with self._lock:
+            counts = self._by_namespace.setdefault(namespace, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += tokens_saved
+
+    def failed(self, namespace: str) -> None:
+        with self._lock:
+            self._by_namespace.setdefault(namespace, [0, 0, 0])[2] += 1
+
+    def figures(self, namespace: str = "") -> tuple[int, int, int]:
+        """(stored, tokens saved, failures) of a namespace, or of all (``""``)."""
+        with self._lock:
+            rows = (
+                [self._by_namespace.get(namespace, [0, 0, 0])]
+                if namespace
+                else list(self._by_namespace.values())
+            )
+            return sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import msgpack
 import numpy as np
@@ -19,7 +21,7 @@ import numpy as np
 from tiermem.server.config import IMPORTANCE_HEURISTICS
 from tiermem.server.core import upkeep
 from tiermem.server.core.group_vectors import GroupVectors
-from tiermem.server.core.lifecycle import enforce_caps
+from tiermem.server.core.lifecycle import enforce_caps, flush_working
 from tiermem.server.core.namespaces import check_protected
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
@@ -46,6 +48,7 @@ def create_detailed(
     dedup_similarity: float | None = None,
     allow_duplicates: bool = False,
     confirm: bool = False,
+    summary_covers: tuple[int, int] | None = None,
 ) -> CreateOutcome:
     """Store memories all-or-nothing; returns the records, per memory whether it was a duplicate
     that reinforced an existing memory instead of adding one, and per namespace whether a
@@ -56,7 +59,9 @@ def create_detailed(
     ``dedup_similarity``, whose vector is at least that similar to one there, reinforces it
     (importance raised to the larger, one more access, tags merged) and is not stored again.
     ``batch`` only changes field names in errors. In a protected namespace a preference or a summary
-    (which replaces the previous one) needs ``confirm``.
+    (which replaces the previous one) needs ``confirm``. ``summary_covers``: a summary the server
+    built covers records up to this id, and the tokens counted when it was started (see
+    summarizer.py); an agent's covers everything before it.
     """
     check.batch("memories", memories, st.config.max_batch_size)
     check.request_id("request_id", request_id)
@@ -68,21 +73,29 @@ def create_detailed(
         msgpack.packb([m.fingerprint_parts() for m in memories], use_bin_type=True), digest_size=16
     ).digest()
     op = _CreateOp(st, memories, request_id, batch, dedup_similarity, allow_duplicates, fingerprint, confirm)
+    op.summary_covers = summary_covers
     weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
     outcome: CreateOutcome = st.writer.submit(op.prepare, op.apply, weight)
     for ns in sorted(op.namespaces):
-        if st.policy_for(ns).evict_on_create:  # the namespace's and kinds' caps, before returning
-            _enforce_caps_after(st, ns, outcome)
+        policy = st.policy_for(ns)
+        if policy.working_token_limit:  # working memory past its limit, before returning
+            _after_commit(st, ns, "flushing the working memory", partial(flush_working, st, ns))
+        if policy.evict_on_create:  # the namespace's and kinds' caps, before returning
+            keep = frozenset(r.rid for r in outcome.records)
+            _after_commit(st, ns, "applying the caps", partial(enforce_caps, st, ns, keep))
+        if policy.auto_summarize and outcome.due[ns].summary:
+            st.request_summary(ns)
     return outcome
 
 
-def _enforce_caps_after(st: EngineState, namespace: str, outcome: CreateOutcome) -> None:
-    """The caps a create crossed, applied without touching what it stored; the create committed
-    already, so a failure here is logged (the next pass applies the caps), not the caller's."""
+def _after_commit(st: EngineState, namespace: str, what: str, step: Callable[[], object]) -> None:
+    """A step a create takes once committed (the caps it crossed, without touching what it stored;
+    the working memory's flush): a failure is logged (the next pass applies the caps, the next
+    create flushes), not the caller's, whose memories are stored."""
     try:
-        enforce_caps(st, namespace, frozenset(r.rid for r in outcome.records))
+        step()
     except Exception:
-        logger.exception("applying the caps of %s after a create failed", namespace)
+        logger.exception("%s of %s after a create failed", what, namespace)
 
 
 def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) -> None:
@@ -155,6 +168,7 @@ class _CreateOp:
         self.fingerprint, self.confirm = fingerprint, confirm
         self.now = st.clock()
         self.namespaces = {m.namespace for m in memories}
+        self.summary_covers: tuple[int, int] | None = None
 
     def prepare(self, txn: Txn) -> _Written:
         st, now = self.st, self.now
@@ -182,7 +196,7 @@ class _CreateOp:
             freed += self._free_id(txn, m)
             rec = self._insert(txn, m)
             out.append((rec, m.embedding))
-            freed += track_scope(st, txn, scopes, rec)
+            freed += track_scope(st, txn, scopes, rec, self.summary_covers)
         for ns, state in scopes.items():
             st.store.put_scope_state(txn, ns, state)
         due = {
@@ -357,10 +371,17 @@ def _reinforce(rec: Record, dup: NewMemory, now: float, max_tags: int) -> None:
 
 
 # -- reflection and summary progress ---------------------------------------------------------------
-def track_scope(st: EngineState, txn: Txn, scopes: dict[str, ScopeState], rec: Record) -> list[Record]:
+def track_scope(
+    st: EngineState,
+    txn: Txn,
+    scopes: dict[str, ScopeState],
+    rec: Record,
+    covers: tuple[int, int] | None = None,
+) -> list[Record]:
     """Count a new memory toward its namespace's reflection and summary thresholds. A reflection
     resets the importance; a summary resets the tokens and replaces the previous summary, which
-    is returned to be unindexed."""
+    is returned to be unindexed. ``covers``: (last record id, tokens counted then) of a summary
+    the server built: the tokens counted since stay."""
     state = scopes.get(rec.namespace)
     if state is None:
         state = scopes[rec.namespace] = st.store.scope_state(txn, rec.namespace)
@@ -374,7 +395,12 @@ def track_scope(st: EngineState, txn: Txn, scopes: dict[str, ScopeState], rec: R
         if prev is not None and prev.namespace == rec.namespace and prev.kind == "summary":
             st.store.delete(txn, prev)
             replaced.append(prev)
-        state.summary_tokens, state.summary_rid = 0, rec.rid
+        state.summary_rid = rec.rid
+        if covers is None:
+            state.summary_tokens, state.covered_rid = 0, rec.rid
+        else:
+            state.covered_rid = covers[0]
+            state.summary_tokens = max(0, state.summary_tokens - covers[1])
     else:
         state.summary_tokens += rec.token_cost
     return replaced
@@ -405,4 +431,5 @@ def scope_progress(st: EngineState, namespace: str) -> ScopeProgress:
         summary_tokens=state.summary_tokens,
         summary_due=due.summary,
         summary_rid=state.summary_rid,
+        covered_rid=state.covered_rid,
     )

@@ -18,6 +18,7 @@ from tiermem.server.core import upkeep
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
+from tiermem.server.model.condense import cut
 from tiermem.server.model.records import Record
 from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences
 from tiermem.server.model.types import NO_VECTOR
@@ -39,6 +40,7 @@ class PendingSummary:
     text: str
     importance: float  # the highest importance among the evicted
     source_ids: list[str]
+    covered_tokens: int = 0  # the evicted memories' tokens
 
 
 def extract(recs: list[Record], max_tokens: int) -> str:
@@ -47,16 +49,9 @@ def extract(recs: list[Record], max_tokens: int) -> str:
     order = sorted(range(len(recs)), key=lambda i: (-recs[i].importance, -recs[i].created_at))
     chosen = fitting_sentences([r.content for r in recs], order, max_tokens)
     if not chosen and recs:  # not one sentence fits: the most important one, cut to the budget
-        return _cut(first_sentence(recs[order[0]].content), max_tokens)
+        return cut(first_sentence(recs[order[0]].content), max_tokens)
     chosen.sort(key=lambda i: (recs[i].created_at, recs[i].rid))
     return " ".join(first_sentence(recs[i].content) for i in chosen)
-
-
-def _cut(text: str, max_tokens: int) -> str:
-    words = text.split()
-    while len(words) > 1 and estimate_tokens(" ".join(words)) > max_tokens:
-        words = words[: max(1, len(words) * 3 // 4)]
-    return " ".join(words)
 
 
 def collect(
@@ -70,9 +65,9 @@ def collect(
             text = extract(recs, st.config.tuning.eviction_summary_tokens)
             if text:
                 ids = [r.id for r in sorted(recs, key=lambda r: (r.created_at, r.rid))][:MAX_SOURCE_IDS]
-                out.append(
-                    PendingSummary(recs[0].namespace, tier, text, max(r.importance for r in recs), ids)
-                )
+                top = max(r.importance for r in recs)
+                covered = sum(r.token_cost for r in recs)
+                out.append(PendingSummary(recs[0].namespace, tier, text, top, ids, covered))
     return out
 
 
@@ -85,7 +80,12 @@ def store(st: EngineState, pending: list[PendingSummary], now: float) -> int:
         except EmbedderError as e:  # stored anyway; the maintenance pass embeds it later
             logger.warning("storing an eviction summary without its embedding for now: %s", e)
             vec = NO_VECTOR
-        _submit(st, p, vec, now)  # (a failure ends the pass before it evicts: nothing is lost)
+        try:
+            _submit(st, p, vec, now)
+        except Exception:  # (it ends the pass before it evicts: nothing is lost)
+            st.summaries.failed(p.namespace)
+            raise
+        st.summaries.stored(p.namespace, max(0, p.covered_tokens - estimate_tokens(p.text)))
         stored += 1
     return stored
 

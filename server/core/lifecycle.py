@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tiermem.server.config import TIER_FAST, TIER_MEDIUM
 from tiermem.server.core import evictions, upkeep
 from tiermem.server.core.counters import DELETION, DEMOTION, EVICTION, PROMOTION
 from tiermem.server.core.policy import (
@@ -22,6 +23,7 @@ from tiermem.server.core.policy import (
     DEMOTIONS,
     EVICT_CAPACITY,
     EXPIRED,
+    FLUSH_WORKING,
     PROMOTIONS,
     Plan,
     plan_pass,
@@ -114,6 +116,23 @@ def enforce_caps(st: EngineState, namespace: str, keep: frozenset[int] = frozens
         return len(items) - _apply_in_commits(st, items, now)
 
 
+def flush_working(st: EngineState, namespace: str) -> int:
+    """Once the namespace's FAST memories pass its ``working_token_limit`` in tokens, move them all
+    to MEDIUM (working memory flushed to episodic memory); returns how many moved."""
+    limit = st.policy_for(namespace).working_token_limit
+    nid = st.columns.namespaces.get(namespace)
+    if nid < 0 or not limit:
+        return 0
+    with st.pass_lock:
+        now = st.clock()
+        view = st.columns.view()
+        rows = np.flatnonzero(view.alive & (view.ns == nid) & (view.tier == TIER_FAST) & (view.expire > now))
+        if int(view.tokens[rows].sum()) <= limit:
+            return 0
+        items = [(rid, TIER_FAST, TIER_MEDIUM, FLUSH_WORKING) for rid in view.rid[rows].tolist()]
+        return len(items) - _apply_in_commits(st, items, now)
+
+
 def _over_caps(
     st: EngineState, view: ColumnsView, rows: np.ndarray, max_items: int, kinds: dict[str, int]
 ) -> bool:
@@ -122,7 +141,7 @@ def _over_caps(
         return True
     for kind, cap in kinds.items():
         kid = st.columns.kinds.get(kind)
-        if kid >= 0 and int(np.count_nonzero(rows & (view.kind == kid))) > cap:
+        if cap > 0 and kid >= 0 and int(np.count_nonzero(rows & (view.kind == kid))) > cap:
             return True
     return False
 
@@ -210,7 +229,7 @@ class _MovesDone:
 def _event_kind(reason: int) -> int:
     if reason in PROMOTIONS:
         return PROMOTION
-    if reason in DEMOTIONS:
+    if reason in DEMOTIONS or reason == FLUSH_WORKING:
         return DEMOTION
     return EVICTION if reason == EVICT_CAPACITY else DELETION
 

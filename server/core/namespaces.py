@@ -10,8 +10,9 @@ from typing import Any
 
 from tiermem.server.core import upkeep
 from tiermem.server.core.lifecycle import compact_indexes
+from tiermem.server.core.overrides import check_overrides
 from tiermem.server.core.pages import decode_token, encode_token
-from tiermem.server.core.policy import POLICY_FIELDS, Policy, check_overrides
+from tiermem.server.core.policy import POLICY_FIELDS, Policy
 from tiermem.server.core.state import EngineState
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import FailedPrecondition, InvalidArgument

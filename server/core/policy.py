@@ -26,17 +26,16 @@ from tiermem.server.config import (
     IMPORTANCE_HEURISTICS,
     RECENCY_BASES,
     RETENTION_POLICIES,
+    SUMMARY_STRATEGIES,
     TIERS,
     ServerConfig,
 )
 from tiermem.server.core.presets import PRESETS
 from tiermem.server.index.columns import ColumnsView, Interner
-from tiermem.server.model.errors import InvalidArgument
-from tiermem.server.model.validation import KIND_RE
 
 # Move reasons (values of tiermem.v1.MoveReason); 1-5 are the kernel's actions.
 PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 1, 2, 3, 4, 5
-EVICT_CAPACITY, DELETE_CAPACITY, EXPIRED = 6, 7, 8
+EVICT_CAPACITY, DELETE_CAPACITY, EXPIRED, FLUSH_WORKING = 6, 7, 8, 9
 PROMOTIONS = (PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS)
 DEMOTIONS = (DEMOTE_IDLE, DEMOTE_DECAY)
 
@@ -62,6 +61,10 @@ POLICY_FIELDS = (
     "evict_on_create",
     "preset",
     "recency_basis",
+    "auto_summarize",
+    "summary_max_tokens",
+    "summary_strategy",
+    "working_token_limit",
 )
 DECAY_HALF_LIFE, DECAY_NONE = IMPORTANCE_DECAYS["half_life"], IMPORTANCE_DECAYS["none"]
 
@@ -100,6 +103,10 @@ class Policy:
     evict_on_create: bool = False  # namespace and kind caps enforced when a create crosses them
     preset: str = ""  # the preset applied under the namespace's own overrides
     recency_basis: int = RECENCY_BASES["creation"]  # searches' recency decays from creation or last access
+    auto_summarize: bool = False  # a due summary is built and stored by the server
+    summary_max_tokens: int = 2000  # the most tokens of a summary the server stores
+    summary_strategy: int = SUMMARY_STRATEGIES["rolling"]
+    working_token_limit: int = 0  # FAST memories past this many tokens move to MEDIUM (0: never)
 
     @classmethod
     def from_config(cls, c: ServerConfig) -> Policy:
@@ -137,13 +144,17 @@ class Policy:
             importance_floor=c.importance_floor,
             importance_heuristic=IMPORTANCE_HEURISTICS[c.importance_heuristic],
             recency_basis=RECENCY_BASES[c.recency_basis],
+            auto_summarize=c.auto_summarize,
+            summary_max_tokens=c.summary_max_tokens,
+            summary_strategy=SUMMARY_STRATEGIES[c.summary_strategy],
+            working_token_limit=c.working_token_limit,
         )
 
     def with_overrides(self, overrides: dict[str, Any]) -> Policy:
         """Apply stored overrides: {"tiers": {tier: {field: value}}, field: value, ...}; a preset's
         overrides first, the namespace's own over them."""
-        if overrides.get("preset"):
-            return self._apply(PRESETS[overrides["preset"]])._apply(overrides)
+        if overrides.get("preset"):  # (one no longer known, stored by another version: none)
+            return self._apply(PRESETS.get(overrides["preset"], {}))._apply(overrides)
         return self._apply(overrides)
 
     def _apply(self, overrides: dict[str, Any]) -> Policy:
@@ -152,127 +163,6 @@ class Policy:
             tiers[int(t)] = replace(tiers[int(t)], **fields_)
         top = {k: v for k, v in overrides.items() if k in POLICY_FIELDS and v is not None}
         return replace(self, tiers=tiers, **top)
-
-
-def check_overrides(overrides: dict[str, Any], prefix: str = "config.policy.") -> dict[str, Any]:
-    """Validate stored-form overrides; returns them without empty parts."""
-    out: dict[str, Any] = {}
-    tiers: dict[int, dict[str, Any]] = {}
-    for t, fields_ in (overrides.get("tiers") or {}).items():
-        if int(t) not in TIERS:
-            raise InvalidArgument(f"{prefix}tiers", "each entry needs a tier other than TIER_UNSPECIFIED")
-        for name, v in fields_.items():
-            _check_tier_field(name, v, f"{prefix}tiers.{name}")
-        if fields_:
-            tiers[int(t)] = dict(fields_)
-    if tiers:
-        out["tiers"] = tiers
-    out.update(_check_policy_fields(overrides, prefix))
-    return out
-
-
-def _check_tier_field(name: str, v: Any, f: str) -> None:
-    """Reject a per-tier override ``name`` = ``v`` outside its range (``f``: the field's path)."""
-    if name == "max_items":
-        if v < 0:
-            raise InvalidArgument(f, "must be >= 0")
-    elif name == "importance_threshold":
-        if not 0.0 <= v <= 1.0:
-            raise InvalidArgument(f, "must be in [0, 1]")
-    elif name in ("ttl_seconds", "half_life_hours"):
-        if not (np.isfinite(v) and v > 0):
-            raise InvalidArgument(f, "must be a finite number > 0")
-    elif name == "cadence_seconds" and not (np.isfinite(v) and v >= 0):
-        raise InvalidArgument(f, "must be a finite number >= 0")
-
-
-def _check_policy_fields(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """The namespace-wide overrides (retention, promotion thresholds, GLACIAL deletion), validated."""
-    out: dict[str, Any] = {}
-    if overrides.get("retention"):
-        if overrides["retention"] not in RETENTION_POLICIES.values():
-            raise InvalidArgument(f"{prefix}retention", "is not a retention policy")
-        out["retention"] = int(overrides["retention"])
-    for name in ("promote_access_count", "promote_success_count"):
-        if overrides.get(name) is not None:
-            if overrides[name] < 1:
-                raise InvalidArgument(f"{prefix}{name}", "must be >= 1")
-            out[name] = int(overrides[name])
-    if overrides.get("promote_surprise") is not None:
-        if not 0.0 <= overrides["promote_surprise"] <= 1.0:
-            raise InvalidArgument(f"{prefix}promote_surprise", "must be in [0, 1]")
-        out["promote_surprise"] = float(overrides["promote_surprise"])
-    if overrides.get("delete_from_glacial") is not None:
-        out["delete_from_glacial"] = bool(overrides["delete_from_glacial"])
-    if overrides.get("reflection_threshold") is not None:
-        v = overrides["reflection_threshold"]
-        if not (np.isfinite(v) and v >= 0):
-            raise InvalidArgument(f"{prefix}reflection_threshold", "must be a finite number >= 0 (0: off)")
-        out["reflection_threshold"] = float(v)
-    if overrides.get("summary_token_threshold") is not None:
-        if overrides["summary_token_threshold"] < 0:
-            raise InvalidArgument(f"{prefix}summary_token_threshold", "must be >= 0 (0: off)")
-        out["summary_token_threshold"] = int(overrides["summary_token_threshold"])
-    if overrides.get("default_importance") is not None:
-        if not 0.0 <= overrides["default_importance"] <= 1.0:
-            raise InvalidArgument(f"{prefix}default_importance", "must be in [0, 1]")
-        out["default_importance"] = float(overrides["default_importance"])
-    out.update(_check_importance_fields(overrides, prefix))
-    out.update(_check_capacity_fields(overrides, prefix))
-    return out
-
-
-_FLAGS = ("promote_through_tiers", "decay_grace", "summarize_evictions", "evict_on_create")
-
-
-def _check_importance_fields(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """Decay, its floor, the heuristic, the recency basis, the promotion and demotion flags and the
-    preset, validated."""
-    out: dict[str, Any] = {}
-    for name, allowed in (
-        ("importance_decay", IMPORTANCE_DECAYS),
-        ("importance_heuristic", IMPORTANCE_HEURISTICS),
-        ("recency_basis", RECENCY_BASES),
-    ):
-        if overrides.get(name):
-            if overrides[name] not in allowed.values():
-                raise InvalidArgument(f"{prefix}{name}", f"must be one of {sorted(allowed.values())}")
-            out[name] = int(overrides[name])
-    if overrides.get("importance_floor") is not None:
-        if not 0.0 <= overrides["importance_floor"] <= 1.0:
-            raise InvalidArgument(f"{prefix}importance_floor", "must be in [0, 1] (0: none)")
-        out["importance_floor"] = float(overrides["importance_floor"])
-    for name in _FLAGS:
-        if overrides.get(name) is not None:
-            out[name] = bool(overrides[name])
-    if overrides.get("preset"):
-        if overrides["preset"] not in PRESETS:
-            raise InvalidArgument(f"{prefix}preset", f"must be one of {', '.join(sorted(PRESETS))}")
-        out["preset"] = str(overrides["preset"])
-    return out
-
-
-def _check_capacity_fields(overrides: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """The namespace and kind caps and the share a cap evicts, validated."""
-    out: dict[str, Any] = {}
-    if overrides.get("max_items") is not None:
-        if overrides["max_items"] < 0:
-            raise InvalidArgument(f"{prefix}max_items", "must be >= 0 (0: no cap)")
-        out["max_items"] = int(overrides["max_items"])
-    if overrides.get("evict_share") is not None:
-        v = overrides["evict_share"]
-        if not 0.0 <= v < 1.0:
-            raise InvalidArgument(f"{prefix}evict_share", "must be in [0, 1) (0: only the surplus)")
-        out["evict_share"] = float(v)
-    caps = overrides.get("kind_capacities")
-    if caps:
-        for kind, n in caps.items():
-            if not KIND_RE.match(kind):
-                raise InvalidArgument(f"{prefix}kind_capacities.kind", "must be 1-64 characters of [a-z0-9_]")
-            if n < 0:
-                raise InvalidArgument(f"{prefix}kind_capacities.max_items", "must be >= 0")
-        out["kind_capacities"] = {str(k): int(n) for k, n in caps.items()}
-    return out
 
 
 @dataclass
@@ -348,8 +238,9 @@ class Tables:
         self.max_items[i] = p.max_items or np.iinfo(np.int64).max
         self.evict_share[i] = p.evict_share
         self.recency_basis[i] = p.recency_basis
-        if isinstance(i, int) and p.kind_capacities:  # (the server's policy has no kind caps)
-            self.kind_caps[i] = dict(p.kind_capacities)
+        caps = {k: n for k, n in p.kind_capacities.items() if n > 0}  # (0: no cap, as max_items)
+        if isinstance(i, int) and caps:  # (the server's policy has no kind caps)
+            self.kind_caps[i] = caps
 
 
 @dataclass

@@ -3,8 +3,9 @@
 serves. A namespace names one in its policy (``LifecyclePolicy.preset``); its own overrides apply
 over the preset's, and the effective policy shows the result. docs/lifecycle.md describes each.
 
-Values of enums are those of the proto: retention 1 importance_weighted, 4 lru, 5 importance;
-importance_decay 1 half_life, 2 none; importance_heuristic 2 ten_point, 3 phrases.
+Values of enums are those of the proto: retention 4 lru, 5 importance, 6 ten_point_weighted;
+importance_decay 1 half_life, 2 none; importance_heuristic 2 ten_point, 3 phrases;
+summary_strategy 1 rolling, 2 hierarchical.
 """
 
 from __future__ import annotations
@@ -41,24 +42,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         "retention": 5,
     },
     # Observations and reflections: importance as stored, rated on ten points when not given,
-    # 1,000 observations and 100 reflections kept by 0.7 importance + 0.3 recency, a reflection due
-    # at 10 of accumulated importance (100 on the ten-point scale).
+    # 1,000 observations and 100 reflections kept by 0.7 importance (on its 1-10 scale) + 0.3 recency,
+    # a reflection due at 10 of accumulated importance (100 on the ten-point scale).
     "generative_agents": {
         "importance_decay": 2,
         "importance_heuristic": 2,
         "kind_capacities": {"observation": 1000, "reflection": 100},
-        "retention": 1,
+        "retention": 6,
         "reflection_threshold": 10.0,
     },
-    # Raw events with a rolling summary: a summary due once more than 8,000 new tokens arrived.
+    # Raw events with a rolling summary the server keeps: rebuilt once more than 8,000 new tokens
+    # arrived, from the previous one and what followed.
     "pyramid": {
         "summary_token_threshold": 8000,
+        "auto_summarize": True,
+        "summary_strategy": 1,
     },
     # Working, episodic and semantic layers: importance as stored, rated by phrases when not given,
-    # and the least recently accessed evicted first.
+    # the least recently accessed evicted first, working memory (FAST) flushed to episodic (MEDIUM)
+    # past 32,000 tokens, and a hierarchical summary of 2,000 tokens kept past 50,000 new ones.
     "hybrid_retrieval": {
         "importance_decay": 2,
         "importance_heuristic": 3,
         "retention": 4,
+        "working_token_limit": 32000,
+        "summary_token_threshold": 50000,
+        "auto_summarize": True,
+        "summary_strategy": 2,
+        "summary_max_tokens": 2000,
     },
 }

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tiermem.server.config import ServerConfig
-from tiermem.server.core.counters import LifecycleTotals, PendingAccesses, SearchCounts
+from tiermem.server.core.counters import LifecycleTotals, PendingAccesses, SearchCounts, SummaryCounts
 from tiermem.server.core.group_vectors import GroupVectors
 from tiermem.server.core.policy import Policy, Tables
 from tiermem.server.embedding import providers
@@ -102,12 +102,24 @@ class EngineState:
         self.last_run = np.full((0, 5), -np.inf)  # last scheduled pass per (namespace id, tier)
         self.searches = SearchCounts()
         self.accesses = PendingAccesses()
+        self.summaries = SummaryCounts()
+        # Namespaces whose kept summary is due, and those whose last one failed (summarizer.py).
+        self.summaries_lock = threading.Lock()
+        self.summaries_due: set[str] = set()
+        self.summaries_failed: set[str] = set()
+        self.summaries_wake = threading.Event()
         # moves acknowledged vectors into HNSW beside the writer
         self.indexer = Indexer(bulk_chunk=config.index_bulk_chunk, tuning=config.tuning)
         # Vectors created in the commit group being written, by (namespace, model): similarity
         # deduplication sees them before they reach the indexes (writer thread only).
         self.group_vectors: dict[tuple[str, str], GroupVectors] = {}
         self.stop = threading.Event()  # set by close: background threads end
+
+    def request_summary(self, namespace: str) -> None:
+        """Ask the summarizer thread to keep the namespace's summary (it checks it is due)."""
+        with self.summaries_lock:
+            self.summaries_due.add(namespace)
+        self.summaries_wake.set()
 
     # -- embedding spaces and their indexes ----------------------------------------------------
     def space(self, model: str, dim: int) -> Space:

@@ -1,5 +1,5 @@
 """Statistics of the server or of one namespace: memories per tier, lifecycle totals and the last
-hour's events, embedding spaces and their indexes, search hit rates, writes and storage. Read
+hour's events, embedding spaces and their indexes, search hit rates, summaries, writes and storage. Read
 without locks from the columns and counters: figures of one moment, not of one transaction."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def stats(st: EngineState, namespace: str = "") -> StatsReport:
     totals = st.lifecycle.by_tier(namespace)
     recent = st.lifecycle.since(st.clock() - 3600, namespace)
     hits, misses = st.searches.hits_misses(namespace)
+    stored, saved, failed = st.summaries.figures(namespace)
     return StatsReport(
         search_hits=hits,
         search_misses=misses,
@@ -51,6 +52,9 @@ def stats(st: EngineState, namespace: str = "") -> StatsReport:
         uptime_seconds=time.monotonic() - st.started,
         storage_bytes=st.store.used_bytes(),
         version=__version__,
+        summaries_stored=stored,
+        summary_tokens_saved=saved,
+        summary_failures=failed,
     )
 
 

@@ -43,6 +43,7 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "success_base": (np.int64, 0),
     "gen": (np.int64, 0),  # bumped by every change of the row (search.PriorBounds relies on it)
     "vk": (np.int64, 0),  # the record's vector key (maps the row to its HNSW snapshot entry)
+    "tokens": (np.int32, 0),  # the record's estimated tokens (token_cost)
 }
 
 
@@ -95,6 +96,7 @@ class ColumnsView:
     success_base: np.ndarray
     gen: np.ndarray
     vk: np.ndarray
+    tokens: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,7 @@ class Columns:
         a["expire"][row] = np.inf if rec.expire_at is None else rec.expire_at
         a["tier_since"][row] = rec.tier_since or rec.created_at
         a["updated"][row] = rec.updated_at
+        a["tokens"][row] = min(rec.token_cost, np.iinfo(np.int32).max)
         old_meta = self._row_meta.get(row, {})
         if old_meta != rec.metadata:
             for k in old_meta:

@@ -33,11 +33,13 @@ class CreateOutcome:
 @dataclass
 class ScopeState:
     """A namespace's progress: observation importance since its last reflection, tokens since its
-    last summary, and the record id of its current summary (0: none)."""
+    last summary, the record id of its current summary (0: none) and the last record id that
+    summary covers (an agent's covers every earlier one; one the server built, those it read)."""
 
     reflection_importance: float = 0.0
     summary_tokens: int = 0
     summary_rid: int = 0
+    covered_rid: int = 0
 
 
 @dataclass
@@ -49,6 +51,7 @@ class ScopeProgress:
     summary_tokens: int
     summary_due: bool
     summary_rid: int
+    covered_rid: int = 0
 
 
 @dataclass
@@ -83,6 +86,9 @@ class StatsReport:
     uptime_seconds: float
     storage_bytes: int
     version: str
+    summaries_stored: int = 0  # summaries the server stored itself (kept and of evictions)
+    summary_tokens_saved: int = 0
+    summary_failures: int = 0
 
 
 @dataclass

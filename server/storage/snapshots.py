@@ -23,7 +23,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # 2: the columns hold each record's tokens (an older snapshot is rebuilt from LMDB)
 
 
 def save_columns(directory: Path, state: dict[str, Any], seq: int, instance: str) -> Path:

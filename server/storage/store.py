@@ -467,7 +467,7 @@ class Store:
         if state is None:
             txn.delete(key, db=self.meta)
         else:
-            packed = [state.reflection_importance, state.summary_tokens, state.summary_rid]
+            packed = [state.reflection_importance, state.summary_tokens, state.summary_rid, state.covered_rid]
             txn.put(key, msgpack.packb(packed), db=self.meta)
 
     # -- graph memory ---------------------------------------------------------------------------
@@ -582,5 +582,8 @@ class Store:
 
 
 def _scope_of(raw: bytes | memoryview) -> ScopeState:
-    refl, tokens, summary_rid = msgpack.unpackb(raw)
-    return ScopeState(reflection_importance=refl, summary_tokens=tokens, summary_rid=summary_rid)
+    refl, tokens, summary_rid, *rest = msgpack.unpackb(raw)  # (an older entry has no covered_rid)
+    covered = rest[0] if rest else summary_rid
+    return ScopeState(
+        reflection_importance=refl, summary_tokens=tokens, summary_rid=summary_rid, covered_rid=covered
+    )

@@ -454,6 +454,9 @@ def stats_to_pb(s: StatsReport, scope: ScopeProgress | None) -> pb.GetStatsRespo
         search_hits=hits,
         search_misses=misses,
         hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+        summaries_stored=s.summaries_stored,
+        summary_tokens_saved=s.summary_tokens_saved,
+        summary_failures=s.summary_failures,
     )
     if scope is not None:
         out.reflection_importance = scope.reflection_importance

@@ -38,6 +38,7 @@ class RetentionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RETENTION_POLICY_FIFO: _ClassVar[RetentionPolicy]
     RETENTION_POLICY_LRU: _ClassVar[RetentionPolicy]
     RETENTION_POLICY_IMPORTANCE: _ClassVar[RetentionPolicy]
+    RETENTION_POLICY_TEN_POINT_WEIGHTED: _ClassVar[RetentionPolicy]
 
 class ImportanceDecay(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +59,12 @@ class RecencyBasis(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RECENCY_BASIS_CREATION: _ClassVar[RecencyBasis]
     RECENCY_BASIS_LAST_ACCESS: _ClassVar[RecencyBasis]
 
+class SummaryStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUMMARY_STRATEGY_UNSPECIFIED: _ClassVar[SummaryStrategy]
+    SUMMARY_STRATEGY_ROLLING: _ClassVar[SummaryStrategy]
+    SUMMARY_STRATEGY_HIERARCHICAL: _ClassVar[SummaryStrategy]
+
 class MoveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MOVE_REASON_UNSPECIFIED: _ClassVar[MoveReason]
@@ -69,6 +76,7 @@ class MoveReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MOVE_REASON_EVICT_CAPACITY: _ClassVar[MoveReason]
     MOVE_REASON_DELETE_CAPACITY: _ClassVar[MoveReason]
     MOVE_REASON_EXPIRED: _ClassVar[MoveReason]
+    MOVE_REASON_FLUSH_WORKING: _ClassVar[MoveReason]
 
 class TransferMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -94,6 +102,7 @@ RETENTION_POLICY_RECENCY: RetentionPolicy
 RETENTION_POLICY_FIFO: RetentionPolicy
 RETENTION_POLICY_LRU: RetentionPolicy
 RETENTION_POLICY_IMPORTANCE: RetentionPolicy
+RETENTION_POLICY_TEN_POINT_WEIGHTED: RetentionPolicy
 IMPORTANCE_DECAY_UNSPECIFIED: ImportanceDecay
 IMPORTANCE_DECAY_HALF_LIFE: ImportanceDecay
 IMPORTANCE_DECAY_NONE: ImportanceDecay
@@ -104,6 +113,9 @@ IMPORTANCE_HEURISTIC_PHRASES: ImportanceHeuristic
 RECENCY_BASIS_UNSPECIFIED: RecencyBasis
 RECENCY_BASIS_CREATION: RecencyBasis
 RECENCY_BASIS_LAST_ACCESS: RecencyBasis
+SUMMARY_STRATEGY_UNSPECIFIED: SummaryStrategy
+SUMMARY_STRATEGY_ROLLING: SummaryStrategy
+SUMMARY_STRATEGY_HIERARCHICAL: SummaryStrategy
 MOVE_REASON_UNSPECIFIED: MoveReason
 MOVE_REASON_PROMOTE_ACCESS: MoveReason
 MOVE_REASON_PROMOTE_SURPRISE: MoveReason
@@ -113,6 +125,7 @@ MOVE_REASON_DEMOTE_DECAY: MoveReason
 MOVE_REASON_EVICT_CAPACITY: MoveReason
 MOVE_REASON_DELETE_CAPACITY: MoveReason
 MOVE_REASON_EXPIRED: MoveReason
+MOVE_REASON_FLUSH_WORKING: MoveReason
 TRANSFER_MODE_UNSPECIFIED: TransferMode
 TRANSFER_MODE_COPY: TransferMode
 TRANSFER_MODE_MOVE: TransferMode
@@ -531,7 +544,7 @@ class EmbeddingSpaceStats(_message.Message):
     def __init__(self, embedding_model: _Optional[str] = ..., dimension: _Optional[int] = ..., live_vectors: _Optional[int] = ..., indexed_vectors: _Optional[int] = ..., pending_vectors: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("memory_count", "namespace_count", "tiers", "spaces", "writes_committed", "commit_groups", "uptime_seconds", "storage_bytes", "server_version", "search_hits", "search_misses", "hit_rate", "reflection_importance", "reflection_due", "summary_tokens", "summary_due")
+    __slots__ = ("memory_count", "namespace_count", "tiers", "spaces", "writes_committed", "commit_groups", "uptime_seconds", "storage_bytes", "server_version", "search_hits", "search_misses", "hit_rate", "reflection_importance", "reflection_due", "summary_tokens", "summary_due", "summaries_stored", "summary_tokens_saved", "summary_failures")
     MEMORY_COUNT_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_COUNT_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -548,6 +561,9 @@ class GetStatsResponse(_message.Message):
     REFLECTION_DUE_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_DUE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIES_STORED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FAILURES_FIELD_NUMBER: _ClassVar[int]
     memory_count: int
     namespace_count: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -564,7 +580,10 @@ class GetStatsResponse(_message.Message):
     reflection_due: bool
     summary_tokens: int
     summary_due: bool
-    def __init__(self, memory_count: _Optional[int] = ..., namespace_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., spaces: _Optional[_Iterable[_Union[EmbeddingSpaceStats, _Mapping]]] = ..., writes_committed: _Optional[int] = ..., commit_groups: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., storage_bytes: _Optional[int] = ..., server_version: _Optional[str] = ..., search_hits: _Optional[int] = ..., search_misses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., reflection_importance: _Optional[float] = ..., reflection_due: _Optional[bool] = ..., summary_tokens: _Optional[int] = ..., summary_due: _Optional[bool] = ...) -> None: ...
+    summaries_stored: int
+    summary_tokens_saved: int
+    summary_failures: int
+    def __init__(self, memory_count: _Optional[int] = ..., namespace_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., spaces: _Optional[_Iterable[_Union[EmbeddingSpaceStats, _Mapping]]] = ..., writes_committed: _Optional[int] = ..., commit_groups: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., storage_bytes: _Optional[int] = ..., server_version: _Optional[str] = ..., search_hits: _Optional[int] = ..., search_misses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., reflection_importance: _Optional[float] = ..., reflection_due: _Optional[bool] = ..., summary_tokens: _Optional[int] = ..., summary_due: _Optional[bool] = ..., summaries_stored: _Optional[int] = ..., summary_tokens_saved: _Optional[int] = ..., summary_failures: _Optional[int] = ...) -> None: ...
 
 class ListNamespacesRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -633,7 +652,7 @@ class TierPolicy(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., ttl_seconds: _Optional[float] = ..., max_items: _Optional[int] = ..., importance_threshold: _Optional[float] = ..., half_life_hours: _Optional[float] = ..., cadence_seconds: _Optional[float] = ...) -> None: ...
 
 class LifecyclePolicy(_message.Message):
-    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold", "default_importance", "importance_decay", "importance_floor", "importance_heuristic", "promote_through_tiers", "decay_grace", "summarize_evictions", "max_items", "kind_capacities", "evict_share", "evict_on_create", "preset", "recency_basis")
+    __slots__ = ("tiers", "retention", "delete_from_glacial", "promote_access_count", "promote_surprise", "promote_success_count", "reflection_threshold", "summary_token_threshold", "default_importance", "importance_decay", "importance_floor", "importance_heuristic", "promote_through_tiers", "decay_grace", "summarize_evictions", "max_items", "kind_capacities", "evict_share", "evict_on_create", "preset", "recency_basis", "auto_summarize", "summary_max_tokens", "summary_strategy", "working_token_limit")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     DELETE_FROM_GLACIAL_FIELD_NUMBER: _ClassVar[int]
@@ -655,6 +674,10 @@ class LifecyclePolicy(_message.Message):
     EVICT_ON_CREATE_FIELD_NUMBER: _ClassVar[int]
     PRESET_FIELD_NUMBER: _ClassVar[int]
     RECENCY_BASIS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_SUMMARIZE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    WORKING_TOKEN_LIMIT_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierPolicy]
     retention: RetentionPolicy
     delete_from_glacial: bool
@@ -676,7 +699,11 @@ class LifecyclePolicy(_message.Message):
     evict_on_create: bool
     preset: str
     recency_basis: RecencyBasis
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ..., default_importance: _Optional[float] = ..., importance_decay: _Optional[_Union[ImportanceDecay, str]] = ..., importance_floor: _Optional[float] = ..., importance_heuristic: _Optional[_Union[ImportanceHeuristic, str]] = ..., promote_through_tiers: _Optional[bool] = ..., decay_grace: _Optional[bool] = ..., summarize_evictions: _Optional[bool] = ..., max_items: _Optional[int] = ..., kind_capacities: _Optional[_Iterable[_Union[KindCapacity, _Mapping]]] = ..., evict_share: _Optional[float] = ..., evict_on_create: _Optional[bool] = ..., preset: _Optional[str] = ..., recency_basis: _Optional[_Union[RecencyBasis, str]] = ...) -> None: ...
+    auto_summarize: bool
+    summary_max_tokens: int
+    summary_strategy: SummaryStrategy
+    working_token_limit: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierPolicy, _Mapping]]] = ..., retention: _Optional[_Union[RetentionPolicy, str]] = ..., delete_from_glacial: _Optional[bool] = ..., promote_access_count: _Optional[int] = ..., promote_surprise: _Optional[float] = ..., promote_success_count: _Optional[int] = ..., reflection_threshold: _Optional[float] = ..., summary_token_threshold: _Optional[int] = ..., default_importance: _Optional[float] = ..., importance_decay: _Optional[_Union[ImportanceDecay, str]] = ..., importance_floor: _Optional[float] = ..., importance_heuristic: _Optional[_Union[ImportanceHeuristic, str]] = ..., promote_through_tiers: _Optional[bool] = ..., decay_grace: _Optional[bool] = ..., summarize_evictions: _Optional[bool] = ..., max_items: _Optional[int] = ..., kind_capacities: _Optional[_Iterable[_Union[KindCapacity, _Mapping]]] = ..., evict_share: _Optional[float] = ..., evict_on_create: _Optional[bool] = ..., preset: _Optional[str] = ..., recency_basis: _Optional[_Union[RecencyBasis, str]] = ..., auto_summarize: _Optional[bool] = ..., summary_max_tokens: _Optional[int] = ..., summary_strategy: _Optional[_Union[SummaryStrategy, str]] = ..., working_token_limit: _Optional[int] = ...) -> None: ...
 
 class NamespaceConfig(_message.Message):
     __slots__ = ("namespace", "protected", "policy")
