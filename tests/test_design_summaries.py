@@ -206,7 +206,9 @@ def test_eviction_summaries_count_in_the_summary_stats(server_factory: Callable[
         assert stats.summary_failures == 0
 
 
-def test_summary_and_working_memory_settings_are_checked(server_factory: Callable[..., RunningServer]) -> None:
+def test_summary_and_working_memory_settings_are_checked(
+    server_factory: Callable[..., RunningServer],
+) -> None:
     ns = "settings:checked"
     with _client(server_factory()) as c:
         for fields, name in (
