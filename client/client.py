@@ -40,7 +40,7 @@ from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
 from .errors import UnavailableError, from_rpc_error
 from .plain import metadata_dict as metadata_dict  # re-exported: it lived here
-from .policy import set_policy_fields
+from .policy import POLICY_ARGUMENTS, set_policy_fields
 
 TimeLike = dt.datetime | float | int
 CallMetadata = Sequence[tuple[str, str]]
@@ -916,35 +916,8 @@ class MemoryClient:
             for tier, fields in tiers.items():
                 cfg.policy.tiers.add(tier=tier_value(tier), **fields)
             paths.append("policy.tiers")
-        paths += set_policy_fields(
-            cfg.policy,
-            {
-                "retention": retention,
-                "delete_from_glacial": delete_from_glacial,
-                "promote_access_count": promote_access_count,
-                "promote_surprise": promote_surprise,
-                "promote_success_count": promote_success_count,
-                "reflection_threshold": reflection_threshold,
-                "summary_token_threshold": summary_token_threshold,
-                "default_importance": default_importance,
-                "importance_decay": importance_decay,
-                "importance_floor": importance_floor,
-                "importance_heuristic": importance_heuristic,
-                "promote_through_tiers": promote_through_tiers,
-                "decay_grace": decay_grace,
-                "summarize_evictions": summarize_evictions,
-                "max_items": max_items,
-                "kind_capacities": kind_capacities,
-                "evict_share": evict_share,
-                "evict_on_create": evict_on_create,
-                "preset": preset,
-                "recency_basis": recency_basis,
-                "auto_summarize": auto_summarize,
-                "summary_max_tokens": summary_max_tokens,
-                "summary_strategy": summary_strategy,
-                "working_token_limit": working_token_limit,
-            },
-        )
+        given = locals()  # each policy field is an argument of the same name
+        paths += set_policy_fields(cfg.policy, {name: given[name] for name in POLICY_ARGUMENTS})
         if not paths:
             raise ValueError("update_namespace_config needs something to change")
         req = pb.UpdateNamespaceConfigRequest(

@@ -20,6 +20,9 @@ ENUMS: dict[str, tuple[EnumTypeWrapper, str]] = {
     if f.enum_type is not None
 }
 SCALARS = tuple(f.name for f in _FIELDS if f.enum_type is None and f.message_type is None)
+# The fields MemoryClient.update_namespace_config takes as keyword arguments of the same name
+# (``tiers`` apart: a mapping of per-tier messages).
+POLICY_ARGUMENTS = (*SCALARS, *ENUMS, "kind_capacities")
 
 
 def enum_value(argument: str, value: int | str) -> int:

@@ -458,12 +458,17 @@ EVERY_POLICY_FIELD: dict[str, Any] = {
     "evict_on_create": True,
     "preset": "generative_agents",
     "recency_basis": "last_access",
+    "auto_summarize": True,
+    "summary_max_tokens": 900,
+    "summary_strategy": "hierarchical",
+    "working_token_limit": 32000,
 }
 
 
 def test_update_namespace_config_takes_every_policy_field(client: MemoryClient) -> None:
     from tiermem.v1 import memory_pb2 as pb
 
+    assert {*EVERY_POLICY_FIELD, "tiers"} == {f.name for f in pb.LifecyclePolicy.DESCRIPTOR.fields}
     resp = client.update_namespace_config(NS, tiers={"fast": {"max_items": 7}}, **EVERY_POLICY_FIELD)
     stored = client.get_namespace_config(NS).config.policy
     # each argument given is set, and named in the update mask (else the server would not store it)
@@ -472,8 +477,19 @@ def test_update_namespace_config_takes_every_policy_field(client: MemoryClient) 
     assert stored.importance_decay == pb.IMPORTANCE_DECAY_NONE
     assert stored.importance_heuristic == pb.IMPORTANCE_HEURISTIC_TEN_POINT
     assert stored.recency_basis == pb.RECENCY_BASIS_LAST_ACCESS
+    assert stored.summary_strategy == pb.SUMMARY_STRATEGY_HIERARCHICAL
     assert {k.kind: k.max_items for k in stored.kind_capacities} == EVERY_POLICY_FIELD["kind_capacities"]
-    for name in ("importance_floor", "max_items", "evict_share", "preset", "decay_grace", "evict_on_create"):
+    for name in (
+        "importance_floor",
+        "max_items",
+        "evict_share",
+        "preset",
+        "decay_grace",
+        "evict_on_create",
+        "auto_summarize",
+        "summary_max_tokens",
+        "working_token_limit",
+    ):
         assert getattr(stored, name) == pytest.approx(EVERY_POLICY_FIELD[name]), name
     eff = resp.effective
     assert (eff.preset, eff.max_items, eff.recency_basis) == (
