@@ -253,3 +253,85 @@ def test_a_generative_agents_namespace_keeps_importance_over_recency(
             c.create(ns, f"another moment {i}", importance=0.3)
         c.consolidate(ns)
         assert len(list(c.list_memories(ns))) == 5
+
+
+def test_creates_leave_a_kept_summary_to_the_server(server_factory: Callable[..., RunningServer]) -> None:
+    """With auto_summarize, creates do not answer summary_due (no agent should race the server);
+    stats still say one is due until it is stored."""
+    ns = "kept:no-race"
+    with _client(server_factory()) as c:
+        c.update_namespace_config(ns, auto_summarize=True, summary_token_threshold=100)
+        for i in range(3):
+            resp = c.stub.CreateMemory(
+                pb.CreateMemoryRequest(memory=pb.Memory(namespace=ns, content=event(i), token_cost=40)), timeout=10
+            )
+            assert not resp.summary_due
+        wait_for_summary(c, ns)
+        plain = "plain:due"
+        c.update_namespace_config(plain, summary_token_threshold=100)
+        for i in range(3):
+            resp = c.stub.CreateMemory(
+                pb.CreateMemoryRequest(memory=pb.Memory(namespace=plain, content=event(i), token_cost=40)), timeout=10
+            )
+        assert resp.summary_due and summaries(c, plain) == []
+
+
+def test_a_rolling_summary_lets_new_memories_in_after_an_important_one(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    ns = "rolling:moves-on"
+    with _client(server_factory()) as c:
+        c.update_namespace_config(ns, auto_summarize=True, summary_token_threshold=50, summary_max_tokens=40)
+        c.create(ns, event(0), token_cost=30, importance=1.0)
+        c.create(ns, event(1), token_cost=30, importance=0.6)
+        s = wait_for_summary(c, ns)
+        for round_ in range(1, 4):
+            first_new = 2 * round_
+            c.create(ns, event(first_new), token_cost=30, importance=0.6)
+            c.create(ns, event(first_new + 1), token_cost=30, importance=0.6)
+            s = wait_for_summary(c, ns, not_id=s.id)
+            # The latest memories make it in; the summary does not freeze on the first one.
+            assert first(first_new + 1) in s.content, (round_, s.content)
+
+
+def test_a_protected_namespace_keeps_its_summary_unless_it_asked_for_kept_ones(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    with _client(server_factory()) as c:
+        by_preset, own = "protected:preset", "protected:own"
+        c.update_namespace_config(by_preset, preset="pyramid", summary_token_threshold=100)
+        c.update_namespace_config(own, auto_summarize=True, summary_token_threshold=100)
+        for ns in (by_preset, own):
+            c.summarize(ns, "The curated summary.", source_memory_ids=[])
+            c.update_namespace_config(ns, protected=True)
+            for i in range(3):
+                c.create(ns, event(i), token_cost=40)
+        kept = wait_for_summary(c, own)
+        assert kept.source == "tiermem:summarizer"
+        time.sleep(0.5)
+        [curated] = summaries(c, by_preset)
+        assert curated.content == "The curated summary."
+
+
+def test_a_summary_built_before_a_deletion_is_not_stored(server_factory: Callable[..., RunningServer]) -> None:
+    """The write re-checks what the summary was built from: a namespace cleared meanwhile stays cleared."""
+    from tiermem.server.core.create import SummaryCovers, create_detailed
+    from tiermem.server.model.errors import FailedPrecondition
+    from tiermem.server.model.records import NewMemory
+
+    running = server_factory()
+    ns = "stale:deleted"
+    with _client(running) as c:
+        ids = [c.create(ns, event(i), token_cost=10).id for i in range(3)]
+        st = running.engine.state
+        progress = running.engine.scope(ns)
+        view = st.columns.view()
+        rids = [int(r) for r in view.rid[: view.n]]
+        covers = SummaryCovers(max(rids), 30, progress.summary_rid, progress.covered_rid)
+        assert c.delete_namespace(ns) == 3
+        with pytest.raises(FailedPrecondition) as e:
+            create_detailed(
+                st, [NewMemory(namespace=ns, content="Secret.", kind="summary")], confirm=True, summary_covers=covers
+            )
+        assert e.value.reason == "SUMMARY_STALE"
+        assert list(c.list_memories(ns)) == [] and len(ids) == 3

@@ -222,5 +222,7 @@ def _make_current_summary(st: EngineState, txn: Txn, rec: Record) -> None:
     state = st.store.scope_state(txn, rec.namespace)
     current = st.store.get(txn, state.summary_rid) if state.summary_rid else None
     if current is None or current.created_at <= rec.created_at:
-        state.summary_tokens, state.summary_rid, state.covered_rid = 0, rec.rid, rec.rid
+        # Restored records get ids in export order, not time order: what the summary covers is
+        # left as it was, so a summary the server builds next reads them all again.
+        state.summary_tokens, state.summary_rid = 0, rec.rid
         st.store.put_scope_state(txn, rec.namespace, state)

@@ -27,7 +27,7 @@ from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import importance
 from tiermem.server.model import validation as check
-from tiermem.server.model.errors import AlreadyExists, InvalidArgument, NotFound
+from tiermem.server.model.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.reports import CreateOutcome, Due, ScopeProgress, ScopeState
 from tiermem.server.model.text import estimate_tokens
@@ -48,7 +48,7 @@ def create_detailed(
     dedup_similarity: float | None = None,
     allow_duplicates: bool = False,
     confirm: bool = False,
-    summary_covers: tuple[int, int] | None = None,
+    summary_covers: SummaryCovers | None = None,
 ) -> CreateOutcome:
     """Store memories all-or-nothing; returns the records, per memory whether it was a duplicate
     that reinforced an existing memory instead of adding one, and per namespace whether a
@@ -59,9 +59,8 @@ def create_detailed(
     ``dedup_similarity``, whose vector is at least that similar to one there, reinforces it
     (importance raised to the larger, one more access, tags merged) and is not stored again.
     ``batch`` only changes field names in errors. In a protected namespace a preference or a summary
-    (which replaces the previous one) needs ``confirm``. ``summary_covers``: a summary the server
-    built covers records up to this id, and the tokens counted when it was started (see
-    summarizer.py); an agent's covers everything before it.
+    (which replaces the previous one) needs ``confirm``. ``summary_covers``: what a summary the
+    server built covers (see ``SummaryCovers``); an agent's covers everything before it.
     """
     check.batch("memories", memories, st.config.max_batch_size)
     check.request_id("request_id", request_id)
@@ -83,7 +82,7 @@ def create_detailed(
         if policy.evict_on_create:  # the namespace's and kinds' caps, before returning
             keep = frozenset(r.rid for r in outcome.records)
             _after_commit(st, ns, "applying the caps", partial(enforce_caps, st, ns, keep))
-        if policy.auto_summarize and outcome.due[ns].summary:
+        if outcome.due[ns].summary_kept:
             st.request_summary(ns)
     return outcome
 
@@ -168,7 +167,7 @@ class _CreateOp:
         self.fingerprint, self.confirm = fingerprint, confirm
         self.now = st.clock()
         self.namespaces = {m.namespace for m in memories}
-        self.summary_covers: tuple[int, int] | None = None
+        self.summary_covers: SummaryCovers | None = None
 
     def prepare(self, txn: Txn) -> _Written:
         st, now = self.st, self.now
@@ -371,17 +370,30 @@ def _reinforce(rec: Record, dup: NewMemory, now: float, max_tags: int) -> None:
 
 
 # -- reflection and summary progress ---------------------------------------------------------------
+@dataclass(frozen=True)
+class SummaryCovers:
+    """What a summary the server built covers: the records up to ``last_rid`` (whose tokens,
+    ``tokens``, it takes off the count), read when the scope's summary was ``summary_rid`` and
+    covered records up to ``covered_rid``. Stored only if those still hold and the last record
+    read is still there (else FailedPrecondition SUMMARY_STALE: the summarizer builds it again)."""
+
+    last_rid: int
+    tokens: int
+    summary_rid: int
+    covered_rid: int
+
+
 def track_scope(
     st: EngineState,
     txn: Txn,
     scopes: dict[str, ScopeState],
     rec: Record,
-    covers: tuple[int, int] | None = None,
+    covers: SummaryCovers | None = None,
 ) -> list[Record]:
     """Count a new memory toward its namespace's reflection and summary thresholds. A reflection
     resets the importance; a summary resets the tokens and replaces the previous summary, which
-    is returned to be unindexed. ``covers``: (last record id, tokens counted then) of a summary
-    the server built: the tokens counted since stay."""
+    is returned to be unindexed. ``covers``: a summary the server built (the tokens it did not
+    cover stay counted)."""
     state = scopes.get(rec.namespace)
     if state is None:
         state = scopes[rec.namespace] = st.store.scope_state(txn, rec.namespace)
@@ -391,6 +403,8 @@ def track_scope(
     elif rec.kind == "observation":
         state.reflection_importance += rec.importance
     if rec.kind == "summary":
+        if covers is not None:
+            _check_still_covers(st, txn, state, rec.namespace, covers)
         prev = st.store.get(txn, state.summary_rid) if state.summary_rid else None
         if prev is not None and prev.namespace == rec.namespace and prev.kind == "summary":
             st.store.delete(txn, prev)
@@ -399,20 +413,36 @@ def track_scope(
         if covers is None:
             state.summary_tokens, state.covered_rid = 0, rec.rid
         else:
-            state.covered_rid = covers[0]
-            state.summary_tokens = max(0, state.summary_tokens - covers[1])
+            state.covered_rid = covers.last_rid
+            state.summary_tokens = max(0, state.summary_tokens - covers.tokens)
     else:
         state.summary_tokens += rec.token_cost
     return replaced
+
+
+def _check_still_covers(
+    st: EngineState, txn: Txn, state: ScopeState, namespace: str, c: SummaryCovers
+) -> None:
+    """A summary built from what the scope held is stale when another summary was stored since,
+    or the records it read were deleted (the namespace cleared)."""
+    last = st.store.get(txn, c.last_rid)
+    if (
+        (state.summary_rid, state.covered_rid) != (c.summary_rid, c.covered_rid)
+        or last is None
+        or last.namespace != namespace
+    ):
+        raise FailedPrecondition(f"the summary of {namespace!r} changed while one was built", "SUMMARY_STALE")
 
 
 def due_of(st: EngineState, namespace: str, state: ScopeState) -> Due:
     """Whether a reflection and a summary are due, from a namespace's scope state and policy (a
     threshold of 0 turns the signal off)."""
     p = st.policy_for(namespace)
+    summary = 0 < p.summary_token_threshold < state.summary_tokens  # "exceeds"
     return Due(
         reflection=0 < p.reflection_threshold <= state.reflection_importance,
-        summary=0 < p.summary_token_threshold < state.summary_tokens,  # "exceeds"
+        summary=summary and not p.auto_summarize,  # (the server keeps it: no agent should race it)
+        summary_kept=summary and p.auto_summarize,
     )
 
 
@@ -429,7 +459,7 @@ def scope_progress(st: EngineState, namespace: str) -> ScopeProgress:
         reflection_importance=state.reflection_importance,
         reflection_due=due.reflection,
         summary_tokens=state.summary_tokens,
-        summary_due=due.summary,
+        summary_due=due.summary or due.summary_kept,
         summary_rid=state.summary_rid,
         covered_rid=state.covered_rid,
     )

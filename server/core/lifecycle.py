@@ -121,16 +121,23 @@ def flush_working(st: EngineState, namespace: str) -> int:
     to MEDIUM (working memory flushed to episodic memory); returns how many moved."""
     limit = st.policy_for(namespace).working_token_limit
     nid = st.columns.namespaces.get(namespace)
-    if nid < 0 or not limit:
+    if nid < 0 or not limit or _working_rows(st, nid, limit) is None:  # (most creates: no lock)
         return 0
     with st.pass_lock:
-        now = st.clock()
-        view = st.columns.view()
-        rows = np.flatnonzero(view.alive & (view.ns == nid) & (view.tier == TIER_FAST) & (view.expire > now))
-        if int(view.tokens[rows].sum()) <= limit:
+        rids = _working_rows(st, nid, limit)
+        if rids is None:
             return 0
-        items = [(rid, TIER_FAST, TIER_MEDIUM, FLUSH_WORKING) for rid in view.rid[rows].tolist()]
-        return len(items) - _apply_in_commits(st, items, now)
+        items = [(rid, TIER_FAST, TIER_MEDIUM, FLUSH_WORKING) for rid in rids.tolist()]
+        return len(items) - _apply_in_commits(st, items, st.clock())
+
+
+def _working_rows(st: EngineState, nid: int, limit: int) -> np.ndarray | None:
+    """The record ids of namespace ``nid``'s FAST memories if their tokens pass ``limit``, else None."""
+    view = st.columns.view()
+    rows = np.flatnonzero(
+        view.alive & (view.ns == nid) & (view.tier == TIER_FAST) & (view.expire > st.clock())
+    )
+    return view.rid[rows] if int(view.tokens[rows].sum()) > limit else None
 
 
 def _over_caps(

@@ -5,9 +5,11 @@ namespace's ``summary_strategy``, within ``summary_max_tokens``, no LLM) and sto
 namespace's summary (kind "summary"), replacing the previous one like an agent's would.
 
 The summary covers the memories it read: a memory created while it was built counts toward the
-next one (the scope keeps the last record id covered, and the tokens that arrived since the
-summary was started). A failure
-keeps the previous summary; the namespace is tried again at its next create or maintenance pass.
+next one (the scope keeps the last record id covered, and the tokens of what it did not cover).
+It is stored only if no other summary was stored, and nothing it read deleted, meanwhile (else it
+is built again). A failure keeps the previous summary; the namespace is tried again at its next
+create that finds the summary due, or at the next maintenance pass. In a protected namespace the
+server replaces the summary only if the namespace's own policy sets ``auto_summarize``.
 
 Concurrency: one thread builds (reading the columns and LMDB) and stores through ``create``, so
 the writer serializes it with every other write."""
@@ -19,10 +21,11 @@ import logging
 import numpy as np
 
 from tiermem.server.config import SUMMARY_STRATEGIES
-from tiermem.server.core.create import create_detailed, scope_progress
+from tiermem.server.core.create import SummaryCovers, create_detailed, scope_progress
 from tiermem.server.core.evictions import EVICTION_SUMMARY_KIND
 from tiermem.server.core.state import EngineState
 from tiermem.server.model.condense import Piece, hierarchical, rolling, sentences
+from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.text import estimate_tokens
 
@@ -60,6 +63,11 @@ def keep(st: EngineState, namespace: str) -> bool:
     was stored. A failure is logged and counted, and the namespace kept for a retry."""
     try:
         return _keep(st, namespace)
+    except FailedPrecondition as e:
+        if e.reason != "SUMMARY_STALE":
+            raise
+        st.request_summary(namespace)  # (another summary, or a deletion, came first: build again)
+        return False
     except Exception:
         logger.exception("keeping the summary of %s failed; the previous one stays", namespace)
         st.summaries.failed(namespace)
@@ -70,17 +78,21 @@ def keep(st: EngineState, namespace: str) -> bool:
 
 def _keep(st: EngineState, namespace: str) -> bool:
     policy = st.policy_for(namespace)
-    if not policy.auto_summarize:
+    if not policy.auto_summarize or not _may_replace(st, namespace):
         return False
     progress = scope_progress(st, namespace)
     if not progress.summary_due:
         return False
-    previous, recs, last_rid = _since_last(st, namespace, progress.summary_rid, progress.covered_rid)
-    if not recs:
+    got = _since_last(st, namespace, progress.summary_rid, progress.covered_rid)
+    if got is None:
         return False
+    previous, recs, covers = got
     pieces = [Piece(r.content, r.importance) for r in recs]
     if previous is not None:
-        pieces = [Piece(s, previous.importance) for s in sentences(previous.content)] + pieces
+        # The previous summary's sentences rank oldest, as important as the new memories on
+        # average: an important memory once summarized does not keep every later one out.
+        usual = sum(p.importance for p in pieces) / len(pieces)
+        pieces = [Piece(s, usual) for s in sentences(previous.content)] + pieces
     budget = min(policy.summary_max_tokens, st.config.max_content_bytes // 4 - 1)
     if policy.summary_strategy == HIERARCHICAL:
         text, _ = hierarchical(pieces, budget)
@@ -91,23 +103,29 @@ def _keep(st: EngineState, namespace: str) -> bool:
         namespace=namespace,
         content=text,
         kind=SUMMARY_KIND,
-        importance=max(p.importance for p in pieces),
+        importance=max(r.importance for r in recs),
         source=SUMMARIZER_SOURCE,
         source_ids=[r.id for r in recs][-MAX_SOURCE_IDS:],
     )
-    create_detailed(
-        st, [summary], allow_duplicates=True, confirm=True, summary_covers=(last_rid, progress.summary_tokens)
-    )
+    create_detailed(st, [summary], allow_duplicates=True, confirm=True, summary_covers=covers)
     st.summaries.stored(namespace, max(0, condensed - estimate_tokens(text)))
     return True
 
 
+def _may_replace(st: EngineState, namespace: str) -> bool:
+    """A protected namespace's summary is replaced only where the namespace itself (not a preset
+    or the server's default) asks for kept summaries: its policy changes need confirmation."""
+    settings = st.ns_config.get(namespace, {})
+    return not settings.get("protected") or (settings.get("policy") or {}).get("auto_summarize") is True
+
+
 def _since_last(
     st: EngineState, namespace: str, summary_rid: int, covered_rid: int
-) -> tuple[Record | None, list[Record], int]:
-    """The namespace's current summary, its memories after the last one it covers (oldest first,
-    summaries left out) and the highest record id read. Rows not yet visible to searches (their
-    vector still being indexed) are read too: LMDB says which are deleted."""
+) -> tuple[Record | None, list[Record], SummaryCovers] | None:
+    """The namespace's current summary, its memories (with some content) after the last one it
+    covers, oldest first, and what a summary of them covers; None when there are none. Rows not
+    yet visible to searches (their vector still being indexed) are read too: LMDB says which are
+    deleted."""
     nid = st.columns.namespaces.get(namespace)
     view = st.columns.view()
     now = st.clock()
@@ -118,8 +136,18 @@ def _since_last(
         recs = [
             r
             for r in (st.store.get(txn, int(view.rid[row])) for row in rows)
-            if r is not None and not r.expired(now) and r.kind not in (SUMMARY_KIND, EVICTION_SUMMARY_KIND)
+            if r is not None and r.kind not in (SUMMARY_KIND, EVICTION_SUMMARY_KIND)
         ]
+    recs = [r for r in recs if not r.expired(now) and r.content.strip()]
     if previous is not None and (previous.namespace != namespace or previous.kind != SUMMARY_KIND):
         previous = None
-    return previous, recs, int(view.rid[rows].max()) if rows.shape[0] else covered_rid
+    if not recs:
+        return None
+    last = max(r.rid for r in recs)
+    # The tokens creates counted for the rows covered (deleted ones included), summaries apart.
+    summaries = [
+        k for k in (st.columns.kinds.get(SUMMARY_KIND), st.columns.kinds.get(EVICTION_SUMMARY_KIND)) if k >= 0
+    ]
+    counted = rows[(view.rid[rows] <= last) & ~np.isin(view.kind[rows], summaries)]
+    covers = SummaryCovers(last, int(view.tokens[counted].sum()), summary_rid, covered_rid)
+    return previous, recs, covers

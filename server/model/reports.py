@@ -17,7 +17,8 @@ class Due:
     """Whether a namespace has accumulated enough for a reflection and for a summary."""
 
     reflection: bool = False
-    summary: bool = False
+    summary: bool = False  # due, and the agent is expected to store one
+    summary_kept: bool = False  # due, and the server stores one itself (auto_summarize)
 
 
 @dataclass
