@@ -66,7 +66,7 @@ lint-proto: $(NODE_STAMP) ## buf format, buf lint (STANDARD) and buf breaking ag
 proto-baseline: $(NODE_STAMP) ## Record the current contract as the baseline buf breaking compares with
 	$(BUF) build proto --exclude-source-info -o proto/buf-baseline.binpb
 
-serve: proto ## Run the server on $(HOST):$(PORT) with data in $(DATA_DIR) (SEARCH_PROCESSES=N: N processes serving)
+serve: $(STAMP) ## Run the server on $(HOST):$(PORT) with data in $(DATA_DIR) (SEARCH_PROCESSES=N: N processes serving)
 	$(PY) -m tiermem.server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)$(if $(SEARCH_PROCESSES), --search-processes $(SEARCH_PROCESSES))
 
 test: proto $(NODE_STAMP) ## Run the whole test suite (Python and the Node.js client)

@@ -11,8 +11,10 @@ from .errors import (
     FieldViolation,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     TiermemError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from .plain import metadata_dict, to_python
@@ -26,10 +28,12 @@ __all__ = [
     "Memory",
     "MemoryClient",
     "NotFoundError",
+    "PermissionDeniedError",
     "ResourceExhaustedError",
     "SearchResult",
     "Tier",
     "TiermemError",
+    "UnauthenticatedError",
     "UnavailableError",
     "metadata_dict",
     "to_python",

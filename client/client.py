@@ -26,6 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -401,6 +402,68 @@ def _unreachable(
     return ""
 
 
+def _open_channel(target: str, options: list[tuple[str, Any]], tls: Any) -> grpc.Channel:
+    if tls is False or tls is None:
+        return grpc.insecure_channel(target, options=options)
+    if isinstance(tls, grpc.ChannelCredentials):
+        creds = tls
+    elif tls is True:
+        creds = grpc.ssl_channel_credentials()
+    else:
+        pem = tls if isinstance(tls, bytes) else Path(tls).read_bytes()
+        creds = grpc.ssl_channel_credentials(root_certificates=pem)
+    return grpc.secure_channel(target, creds, options=options)
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds ``authorization: Bearer <token>`` to every call (health checks included)."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._header]
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(
+        self,
+        method: str,
+        timeout: Any,
+        metadata: Any,
+        credentials: Any,
+        wait_for_ready: Any,
+        compression: Any,
+    ) -> None:
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
 class _Spread:
     """Stubs over several connections: each call (each method looked up) takes the next one."""
 
@@ -422,7 +485,12 @@ class MemoryClient:
     time in 128).
 
     ``timeout`` is the deadline of each call in seconds, unless the call gives its own; export and
-    import streams have none unless given."""
+    import streams have none unless given.
+
+    ``api_key``: the token every call carries (``authorization: Bearer <token>``), for a server
+    with API keys. ``tls``: connect with TLS: True trusts the system's certificate authorities, a
+    path (or PEM bytes) trusts that CA certificate, ``grpc.ssl_channel_credentials(...)`` anything
+    else (a client certificate for mutual TLS)."""
 
     def __init__(
         self,
@@ -432,6 +500,8 @@ class MemoryClient:
         channel: grpc.Channel | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
         connections: int = 1,
+        api_key: str | None = None,
+        tls: bool | str | bytes | grpc.ChannelCredentials = False,
     ) -> None:
         if connections < 1 or (channel is not None and connections != 1):
             raise ValueError("connections must be >= 1, and 1 with a channel of your own")
@@ -449,8 +519,10 @@ class MemoryClient:
         self.channels: list[grpc.Channel] = (
             [channel]
             if channel is not None
-            else [grpc.insecure_channel(target, options=options) for _ in range(connections)]
+            else [_open_channel(target, options, tls) for _ in range(connections)]
         )
+        if api_key:
+            self.channels = [grpc.intercept_channel(c, _BearerToken(api_key)) for c in self.channels]
         self.channel = self.channels[0]
         stubs = [pb_grpc.MemoryServiceStub(c) for c in self.channels]
         self.stub: pb_grpc.MemoryServiceStub = stubs[0] if len(stubs) == 1 else cast(Any, _Spread(stubs))

@@ -26,6 +26,7 @@ class TiermemError(Exception):
         reason: str = "",
         field_violations: tuple[FieldViolation, ...] = (),
         metadata: dict[str, str] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(f"{code.name}: {message}" + (f" [{reason}]" if reason else ""))
         self.code = code
@@ -33,6 +34,7 @@ class TiermemError(Exception):
         self.reason = reason
         self.field_violations = field_violations
         self.metadata = metadata or {}
+        self.retry_after = retry_after  # seconds, when the server said when to try again (RetryInfo)
 
     @property
     def fields(self) -> list[str]:
@@ -64,6 +66,16 @@ class UnavailableError(TiermemError):
     pass
 
 
+class UnauthenticatedError(TiermemError):
+    """The call had no API key, or one the server does not know (``reason`` API_KEY_MISSING or
+    API_KEY_INVALID)."""
+
+
+class PermissionDeniedError(TiermemError):
+    """The API key does not cover a namespace the call names (NAMESPACE_NOT_COVERED) or its role is
+    too low (ROLE_TOO_LOW); ``metadata`` names which."""
+
+
 class DeadlineExceededError(TiermemError):
     """The call's deadline passed: on the way, or while a search waited for its turn on the server
     (then it was not run)."""
@@ -77,6 +89,8 @@ _BY_CODE: dict[grpc.StatusCode, type[TiermemError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 
@@ -84,7 +98,7 @@ def from_rpc_error(err: grpc.RpcError) -> TiermemError:
     """Build the matching TiermemError from a failed call, reading google.rpc.Status details."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = err.details() if hasattr(err, "details") else str(err)
-    reason, metadata, violations = "", {}, []
+    reason, metadata, violations, retry_after = "", {}, [], None
     status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
     if status is not None:
         for detail in status.details:
@@ -96,5 +110,9 @@ def from_rpc_error(err: grpc.RpcError) -> TiermemError:
                 bad = error_details_pb2.BadRequest()
                 detail.Unpack(bad)
                 violations = [FieldViolation(v.field, v.description) for v in bad.field_violations]
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                retry_after = retry.retry_delay.ToNanoseconds() / 1e9
     cls = _BY_CODE.get(code, TiermemError)
-    return cls(code, message or "", reason, tuple(violations), metadata)
+    return cls(code, message or "", reason, tuple(violations), metadata, retry_after)

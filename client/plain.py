@@ -75,4 +75,5 @@ def _is_map(value: Any) -> bool:
 
 def _is_repeated(value: Any) -> bool:
     """A repeated field's container (not a str, bytes or message)."""
-    return hasattr(value, "extend") and hasattr(value, "__iter__") and not isinstance(value, (str, bytes))
+    # (upb's containers have no __iter__ attribute, yet iterate: extend tells them apart)
+    return hasattr(value, "extend") and not isinstance(value, (str, bytes))

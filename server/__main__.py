@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 # Before anything loads FAISS's OpenMP runtime (libgomp reads this once): its worker threads sleep
 # between parallel regions instead of spinning, so the indexer's bulk adds leave CPU to the writer
@@ -31,6 +32,19 @@ def main(argv: list[str] | None = None) -> None:
         help="processes serving the port: N > 1 adds N - 1 search followers (default 1, "
         "env TIERMEM_SEARCH_PROCESSES; see README, Configuration)",
     )
+    p.add_argument(
+        "--api-keys", help="keys file (`tiermem keys add`): every call needs a key (env TIERMEM_API_KEYS)"
+    )
+    p.add_argument("--tls-cert", help="server certificate chain, PEM (env TIERMEM_TLS_CERT)")
+    p.add_argument("--tls-key", help="server private key, PEM (env TIERMEM_TLS_KEY)")
+    p.add_argument(
+        "--tls-client-ca", help="CA of client certificates: mutual TLS (env TIERMEM_TLS_CLIENT_CA)"
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow an address other than loopback without TLS or without API keys",
+    )
     args = p.parse_args(argv)
     overrides = {
         "host": args.host,
@@ -38,9 +52,15 @@ def main(argv: list[str] | None = None) -> None:
         "data_dir": args.data_dir,
         "log_level": args.log_level,
         "search_processes": args.search_processes,
+        "api_keys": args.api_keys,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_client_ca": args.tls_client_ca,
     }
     if args.no_sync:
         overrides["sync"] = False
+    if args.insecure:
+        overrides["insecure"] = True
     try:
         config = ServerConfig.from_env(**overrides)
     except ValueError as e:
@@ -48,7 +68,17 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    serve(config)
+    try:
+        serve(config)
+    except Exception as e:
+        # An error the server raises on purpose (a TiermemError: the data directory in use, not
+        # writable, damaged, of another schema version) names its cause: one line, no traceback.
+        # Anything else is a bug, and its traceback is wanted.
+        reason = getattr(e, "reason", None)
+        if not isinstance(reason, str) or not hasattr(e, "status"):
+            raise
+        print(f"tiermem-server: cannot start: {e} [{reason}]", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

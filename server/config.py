@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,17 @@ IMPORTANCE_DECAYS = {"half_life": 1, "none": 2}
 IMPORTANCE_HEURISTICS = {"cues": 1, "ten_point": 2, "phrases": 3}
 RECENCY_BASES = {"creation": 1, "last_access": 2}
 SUMMARY_STRATEGIES = {"rolling": 1, "hierarchical": 2}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` only listens on this machine (a loopback address or name)."""
+    name = host.strip("[]").lower()
+    if name in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # another name, or "" / "0.0.0.0"-like wildcards: other machines may reach it
 
 
 def usable_cores() -> int:
@@ -111,6 +124,21 @@ class ServerConfig:
     # gRPC
     max_workers: int = 8  # handler threads: more only contend for the cores and the GIL
     max_concurrent_rpcs: int = 256  # beyond this, calls get RESOURCE_EXHAUSTED at once
+    monitoring_reserved_rpcs: int = 16  # of those, kept for health checks and GetStats
+
+    # Security (docs/security.md). API keys: a keys file (`tiermem keys add`), reloaded when it
+    # changes; empty: no keys, every caller may do everything (refused off loopback, see insecure).
+    api_keys: str = ""
+    key_max_concurrent_rpcs: int = 64  # calls in flight per key (0: no cap)
+    key_rate_per_second: float = 0.0  # calls a second per key on average (0: no cap)
+    key_burst: int = 200  # calls a key may make at once above its rate
+    # TLS: the server's certificate chain and key (PEM); with a client CA, clients must present a
+    # certificate it signed (mutual TLS).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    # Bind an address other than loopback without TLS or without API keys (else refused at start).
+    insecure: bool = False
     # Searches ranking at once (0: the cores of the process's CPU affinity); the others wait their
     # turn: more than the cores only contend for them and for the GIL (docs/perf-log.md).
     search_concurrency: int = 0
@@ -200,6 +228,12 @@ class ServerConfig:
     embedder_api_key_env: str = "TIERMEM_EMBEDDER_API_KEY"  # the variable holding the API key, if any
     embedder_timeout_seconds: float = 10.0
     embedding_cache_size: int = 10000  # LRU cache of embeddings by text
+    embedder_batch_size: int = 0  # texts per request or forward pass (0: 64 openai, 32 sentence_transformers)
+    embedder_concurrency: int = 4  # requests in flight to an OpenAI-compatible endpoint
+    # After this many failed calls in a row the embedder fails at once for the cool-down, then tries
+    # one call: a dead endpoint costs one timeout per cool-down, not one per memory.
+    embedder_breaker_failures: int = 3
+    embedder_breaker_cooldown_seconds: float = 30.0
     hnsw_m: int = 32
     hnsw_ef_construction: int = 128
     hnsw_ef_search: int = 64
@@ -285,6 +319,9 @@ class ServerConfig:
         for name in (
             "max_workers",
             "max_concurrent_rpcs",
+            "key_burst",
+            "embedder_concurrency",
+            "embedder_breaker_failures",
             "search_processes",
             "max_group_ops",
             "hnsw_ef_construction",
@@ -292,6 +329,7 @@ class ServerConfig:
         ):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.hnsw_m >= 2, "hnsw_m", "must be >= 2")
+        self._check_security(need)
         need(self.startup_pending_max >= 0, "startup_pending_max", "must be >= 0")
         need(
             0 <= self.malloc_mmap_threshold <= 32 * 1024 * 1024,
@@ -323,6 +361,38 @@ class ServerConfig:
         values["data_dir"] = Path(values.get("data_dir", defaults.data_dir))
         values["tuning"] = Tuning(**values.get("tuning", {}))
         return replace(defaults, **values)
+
+    def _check_security(self, need: Callable[[bool, str, str], None]) -> None:
+        need(
+            0 <= self.monitoring_reserved_rpcs < self.max_concurrent_rpcs,
+            "monitoring_reserved_rpcs",
+            "must be >= 0 and below max_concurrent_rpcs",
+        )
+        need(self.key_max_concurrent_rpcs >= 0, "key_max_concurrent_rpcs", "must be >= 0 (0: no cap)")
+        need(self.embedder_batch_size >= 0, "embedder_batch_size", "must be >= 0 (0: the embedder's own)")
+        need(
+            math.isfinite(self.embedder_breaker_cooldown_seconds)
+            and self.embedder_breaker_cooldown_seconds >= 0,
+            "embedder_breaker_cooldown_seconds",
+            "must be a finite number >= 0",
+        )
+        need(
+            math.isfinite(self.key_rate_per_second) and self.key_rate_per_second >= 0,
+            "key_rate_per_second",
+            "must be a finite number >= 0 (0: no cap)",
+        )
+        need(bool(self.tls_cert) == bool(self.tls_key), "tls_key", "tls_cert and tls_key go together")
+        need(not self.tls_client_ca or bool(self.tls_cert), "tls_client_ca", "needs tls_cert and tls_key")
+        for name in ("api_keys", "tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            need(not path or os.path.isfile(path), name, f"{path!r} is not a readable file")
+        exposed = not is_loopback(self.host)
+        need(
+            self.insecure or not exposed or (bool(self.tls_cert) and bool(self.api_keys)),
+            "host",
+            f"{self.host!r} is reachable from other machines: serve it with TLS (tls_cert, tls_key) and "
+            "API keys (api_keys), or say insecure to do without",
+        )
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:

@@ -21,8 +21,10 @@ LAYERS: dict[str, set[str]] = {
     "search": {"index", "storage", "embedding", "model", "config"},
     "core": {"search", "index", "storage", "embedding", "model", "config"},
     "agent": {"core", "search", "index", "storage", "embedding", "model", "config"},
-    "transport": {"agent", "core", "search", "index", "storage", "embedding", "model", "config"},
+    "security": {"model", "config"},
+    "transport": {"agent", "core", "security", "search", "index", "storage", "embedding", "model", "config"},
     "__main__": {"transport", "config"},
+    "cli": {"security", "config"},
     "__init__": set(),
 }
 # Modules only one server layer may import (the client speaks gRPC itself).

@@ -540,3 +540,14 @@ def test_build_context_takes_fill_per_scope_and_summarize_overflow(client: Memor
     assert kinds(summarize_overflow=False) == ["important"]
     assert kinds(scope={"fill": False}) == []
     assert kinds(scope={"fill": True}, summarize_overflow=True) == ["important", "overflow"]
+
+
+def test_to_python_turns_repeated_messages_into_lists_of_dicts(client: MemoryClient) -> None:
+    from tiermem.client import to_python
+
+    client.create(NS, "one memory", tier="fast", tags=["a", "b"])
+    stats = to_python(client.stats(NS))
+    assert isinstance(stats["tiers"], list) and stats["tiers"][0]["tier"] == "TIER_FAST"
+    assert stats["tiers"][0]["memory_count"] == 1
+    [m] = [to_python(x) for x in client.list_memories(NS)]
+    assert m["tags"] == ["a", "b"]

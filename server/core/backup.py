@@ -102,7 +102,7 @@ def restore(
     for i, item in enumerate(items):
         if isinstance(item, ExportedGraphItem):
             ns = check.namespace(f"chunks[{i + 1}].graph_namespace", imp.rename(item.namespace))
-            imp.graph.append((item.kind, ns, item.item))
+            imp.graph.append((item.kind, ns, _checked_graph_item(st, i, item)))
         elif isinstance(item, ExportedScope):
             _add_scope(imp, i, item)
         else:
@@ -153,6 +153,31 @@ def _flush(st: EngineState, imp: _Import) -> None:
     if imp.pending:
         imp.imported += _restore_batch(st, list(imp.pending))
         imp.pending.clear()
+
+
+def _checked_graph_item(st: EngineState, i: int, item: ExportedGraphItem) -> dict[str, Any]:
+    """An imported node or edge checked as UpsertGraphNode and AddGraphEdge check theirs; a time
+    the export lacks is the import's."""
+    f, g, now = f"chunks[{i + 1}].{item.kind}.", dict(item.item), st.clock()
+    check.memory_id(f + "id", g.get("id", ""))
+    check.metadata(f + "properties", g.get("properties", {}), st.config)
+    for k, mid in enumerate(g.get("memory_ids", [])):
+        check.memory_id(f"{f}memory_ids[{k}]", mid)
+    if item.kind == "node":
+        check.text(f + "label", g.get("label", ""))
+        g["updated"] = now if g.get("updated") is None else check.finite_time(f + "update_time", g["updated"])
+        return g
+    check.memory_id(f + "source_id", g.get("source_id", ""))
+    check.memory_id(f + "target_id", g.get("target_id", ""))
+    check.text(f + "relation", g.get("relation", ""), 128)
+    g["created"] = now if g.get("created") is None else check.finite_time(f + "create_time", g["created"])
+    g["valid_from"] = (
+        g["created"] if g.get("valid_from") is None else check.finite_time(f + "valid_from", g["valid_from"])
+    )
+    inv = g.get("invalid_from")
+    if inv is not None and check.finite_time(f + "invalid_from", inv) <= g["valid_from"]:
+        raise InvalidArgument(f + "invalid_from", "must be after valid_from")
+    return g
 
 
 def _store_graph(st: EngineState, graph: list[tuple[str, str, dict[str, Any]]], batch: int) -> None:

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
+
+# Which namespaces a figure counts: "" every one, a name that one, a predicate those it accepts.
+Selection = str | Callable[[str], bool]
+
+
+def selected(sel: Selection, namespace: str) -> bool:
+    if callable(sel):
+        return sel(namespace)
+    return not sel or namespace == sel
 
 
 class SearchCounts:
@@ -26,9 +35,13 @@ class SearchCounts:
                 counts = self._by_namespace.setdefault(ns, [0, 0])
                 counts[0 if ns in found else 1] += 1
 
-    def hits_misses(self, namespace: str = "") -> tuple[int, int]:
-        """A namespace's [hits, misses], or every search's (``""``)."""
+    def hits_misses(self, namespace: Selection = "") -> tuple[int, int]:
+        """A namespace's [hits, misses], every search's (``""``), or the sums over the namespaces
+        a predicate accepts."""
         with self._lock:
+            if callable(namespace):
+                rows = [c for ns, c in self._by_namespace.items() if namespace(ns)]
+                return sum(r[0] for r in rows), sum(r[1] for r in rows)
             hits, misses = self._by_namespace.get(namespace, [0, 0]) if namespace else self._total
         return hits, misses
 
@@ -93,19 +106,19 @@ class LifecycleTotals:
         while self._events and self._events[0][0] < when - 3600:
             self._events.popleft()
 
-    def by_tier(self, namespace: str = "") -> np.ndarray:
-        """tier x [promotions, demotions, evictions, deleted], ever, of a namespace or all."""
+    def by_tier(self, namespace: Selection = "") -> np.ndarray:
+        """tier x [promotions, demotions, evictions, deleted], ever, of the namespaces selected."""
         totals = np.zeros((5, 4), np.int64)
         for (ns, t), c in list(self.totals.items()):
-            if not namespace or ns == namespace:
+            if selected(namespace, ns):
                 totals[t] += c
         return totals
 
-    def since(self, when: float, namespace: str = "") -> np.ndarray:
+    def since(self, when: float, namespace: Selection = "") -> np.ndarray:
         """tier x [promotions, demotions, evictions, 0] of the events at ``when`` or later."""
         recent = np.zeros((5, 4), np.int64)
         for at, ns, t, kind, n in list(self._events):
-            if at >= when and (not namespace or ns == namespace):
+            if at >= when and selected(namespace, ns):
                 recent[t, kind] += n
         return recent
 
@@ -128,12 +141,8 @@ class SummaryCounts:
         with self._lock:
             self._by_namespace.setdefault(namespace, [0, 0, 0])[2] += 1
 
-    def figures(self, namespace: str = "") -> tuple[int, int, int]:
-        """(stored, tokens saved, failures) of a namespace, or of all (``""``)."""
+    def figures(self, namespace: Selection = "") -> tuple[int, int, int]:
+        """(stored, tokens saved, failures) of the namespaces selected."""
         with self._lock:
-            rows = (
-                [self._by_namespace.get(namespace, [0, 0, 0])]
-                if namespace
-                else list(self._by_namespace.values())
-            )
+            rows = [c for ns, c in self._by_namespace.items() if selected(namespace, ns)]
             return sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)

@@ -116,13 +116,18 @@ def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) ->
             j = seen.setdefault((m.namespace, m.id), i)
             if j != i:
                 raise InvalidArgument(f"{prefix}id", f"repeats memories[{j}].id in the same batch")
-        if m.embedding is None:
-            m.embedding_model = st.embedder.model
-            try:
-                m.embedding = st.embedder.embed(m.content)
-            except EmbedderError as e:  # store it anyway; the maintenance pass embeds it later
-                logger.warning("storing a memory without its embedding for now: %s", e)
-                m.embedding = NO_VECTOR
+    # The memories without a vector, embedded in one call (batched by the embedder). Those it
+    # could not embed are stored anyway; the maintenance pass embeds them later.
+    unembedded = [m for m in memories if m.embedding is None]
+    failed: dict[str, int] = {}
+    for m, vec in zip(unembedded, st.embedder.embed_many([m.content for m in unembedded]), strict=True):
+        m.embedding_model = st.embedder.model
+        if isinstance(vec, EmbedderError):
+            failed[str(vec)] = failed.get(str(vec), 0) + 1
+            vec = NO_VECTOR
+        m.embedding = vec
+    for why, count in failed.items():
+        logger.warning("storing %d memories without their embedding for now: %s", count, why)
 
 
 @dataclass

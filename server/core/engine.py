@@ -94,11 +94,17 @@ class Engine:
         set_faiss_threads(1)  # per-query search on gRPC threads; OpenMP would oversubscribe
         data = Path(config.data_dir)
         if not follower:
-            (data / "indexes").mkdir(parents=True, exist_ok=True)
+            startup.prepare_data_dir(data)  # created and writable, or a StorageError naming the path
+        # The directory lock; LMDB's data file is locked too, for as long as the store is open
+        # (storage/datafile.py): a deleted LOCK file lets no second writer in.
         self._dir_lock: IO[str] | None = startup.lock_data_dir(data) if not follower else None
+        self._closed = False
         try:
             self._open(config, clock, follower, access_sink)
         except BaseException:
+            st = getattr(self, "state", None)
+            if st is not None and getattr(st, "writer", None) is None:
+                st.store.close()  # a failed load must not keep data.mdb locked either
             if self._dir_lock is not None:
                 self._dir_lock.close()  # a failed start must not keep the directory locked
             raise
@@ -129,19 +135,32 @@ class Engine:
         self._background.start()
 
     def close(self) -> None:
-        """Stop background work, drain queued writes, snapshot the indexes, close LMDB."""
+        """Stop background work, drain queued writes, snapshot the indexes, close LMDB. Once: a
+        second call does nothing (it would snapshot state another server may have moved past)."""
+        if self._closed:
+            return
+        self._closed = True
         st = self.state
         self._background.stop()
         self._batch_pool.shutdown(wait=True)
-        self.flush_access()
+        try:
+            self.flush_access()
+        except Exception as e:  # soft state (a full disk, say): the shutdown goes on
+            logger.warning("search accesses not recorded at shutdown: %s", e)
         st.writer.close()
         # No draining: what is still pending stays out of the index snapshot, and the next start-up
         # adds it again from LMDB, in the background (a shutdown after a start-up with a large
         # backlog would otherwise wait for all of it).
         st.indexer.stop(drain=False)
         if not st.following and st.config.snapshot_on_shutdown:
-            self._snapshots.take(running=False)
+            # Snapshots only save start-up time; one that fails (a full disk) is skipped with a
+            # warning by take(), and LMDB, which holds the truth, is closed cleanly all the same.
+            try:
+                self._snapshots.take(running=False)
+            except Exception as e:
+                logger.warning("shutdown snapshot skipped (%s); the next start-up loads from LMDB", e)
         st.store.close()
+        st.embedder.close()  # (the request threads of a remote embedder)
         if self._dir_lock is not None:
             self._dir_lock.close()  # releases the data directory for the next server
 
@@ -318,9 +337,9 @@ class Engine:
         return namespaces.delete_namespace(self.state, namespace, include_children, confirm)
 
     def list_namespaces(
-        self, prefix: str, page_size: int, page_token: str
+        self, prefix: str, page_size: int, page_token: str, within: Callable[[str], bool] | None = None
     ) -> tuple[list[tuple[str, int]], str]:
-        return namespaces.list_namespaces(self.state, prefix, page_size, page_token)
+        return namespaces.list_namespaces(self.state, prefix, page_size, page_token, within)
 
     # -- lifecycle, upkeep, snapshots ------------------------------------------------------------------
     def consolidate(
@@ -354,5 +373,5 @@ class Engine:
     ) -> ImportResult:
         return backup.restore(self.state, header, items, target_namespace, batch)
 
-    def stats(self, namespace: str = "") -> StatsReport:
-        return stats_module.stats(self.state, namespace)
+    def stats(self, namespace: str = "", within: Callable[[str], bool] | None = None) -> StatsReport:
+        return stats_module.stats(self.state, namespace, within)

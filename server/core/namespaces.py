@@ -6,6 +6,7 @@ lags writes queued in the same commit group, so every write re-checks against it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tiermem.server.core import upkeep
@@ -156,10 +157,23 @@ def delete_namespace(
 
 
 def list_namespaces(
-    st: EngineState, prefix: str, page_size: int, page_token: str
+    st: EngineState,
+    prefix: str,
+    page_size: int,
+    page_token: str,
+    within: Callable[[str], bool] | None = None,
 ) -> tuple[list[tuple[str, int]], str]:
-    """A page of (namespace, memory count) in name order under ``prefix``, and the next token."""
+    """A page of (namespace, memory count) in name order under ``prefix`` (and, with ``within``,
+    only the namespaces it accepts: an API key's), and the next token."""
     size = check.page_size("page_size", page_size, st.config)
     after = decode_token("page_token", page_token, str) if page_token else ""
-    page, more = st.columns.namespaces_page(prefix, after, size)
-    return page, (encode_token(page[-1][0]) if page and more else "")
+    out: list[tuple[str, int]] = []
+    while True:
+        page, more = st.columns.namespaces_page(prefix, after, size)
+        out += page if within is None else [(n, c) for n, c in page if within(n)]
+        if len(out) >= size or not more or not page:
+            break
+        after = page[-1][0]
+    cut = len(out) > size
+    out = out[:size]
+    return out, (encode_token(out[-1][0]) if out and (more or cut) else "")

@@ -1,5 +1,6 @@
-"""Start-up: the data-directory lock, then the columns and indexes loaded from their snapshots and
-LMDB (records changed since a snapshot are decoded again, vectors it lacks are indexed again).
+"""Start-up: the data directory checked writable and locked, then the columns and indexes loaded
+from their snapshots and LMDB (records changed since a snapshot are decoded again, vectors it lacks
+are indexed again).
 
 Runs before the writer starts and before any search: nothing else touches the state meanwhile.
 A follower loads while its leader writes, so it reads again when the leader replaces the snapshot
@@ -7,7 +8,9 @@ under it."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +28,7 @@ from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.errors import StorageError
 from tiermem.server.model.records import Record
 from tiermem.server.model.types import location
-from tiermem.server.storage import snapshots
+from tiermem.server.storage import datafile, snapshots
 from tiermem.server.storage.store import Txn
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,45 @@ _CHUNK = 4096  # vectors read from LMDB and added to an index at a time
 
 class _SnapshotReplaced(Exception):
     pass
+
+
+def prepare_data_dir(data: Path) -> None:
+    """Create the data directory and its ``indexes`` and ``lmdb`` folders, and check the server can
+    write in each of them and the files it writes in place: a StorageError (DATA_DIR_NOT_WRITABLE)
+    names the first it cannot (a read-only mount, missing permissions) before anything is opened."""
+    for folder in (data, data / "indexes", data / "lmdb"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if e.errno in datafile.NOT_WRITABLE:
+                raise datafile.not_writable(_existing_parent(folder), e) from None
+            raise StorageError(f"cannot create {folder}: {e}") from None
+        probe = folder / f".write-probe-{os.getpid()}"
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            probe.unlink()
+        except OSError as e:
+            if e.errno in datafile.NOT_WRITABLE:
+                raise datafile.not_writable(folder, e) from None
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk: the server still serves
+                raise StorageError(f"cannot write in {folder}: {e}") from None
+    for path in (data / "LOCK", data / "lmdb" / datafile.DATA_FILE, data / "lmdb" / "lock.mdb"):
+        try:
+            os.close(os.open(path, os.O_WRONLY))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno in datafile.NOT_WRITABLE:
+                raise datafile.not_writable(path, e) from None
+            raise StorageError(f"cannot open {path}: {e}") from None
+
+
+def _existing_parent(folder: Path) -> Path:
+    """The deepest existing folder above ``folder`` (where a mkdir failed)."""
+    parent = folder.parent
+    while not parent.exists() and parent.parent != parent:
+        parent = parent.parent
+    return parent
 
 
 def lock_data_dir(data: Path) -> IO[str]:

@@ -87,6 +87,10 @@ class EngineState:
             dimension=config.builtin_dimension,
             builtin_model=config.builtin_model,
             cache_size=config.embedding_cache_size,
+            batch_size=config.embedder_batch_size or None,
+            concurrency=config.embedder_concurrency,
+            breaker_failures=config.embedder_breaker_failures,
+            breaker_cooldown_seconds=config.embedder_breaker_cooldown_seconds,
         )
         self.columns = Columns(change_log=config.tuning.columns_change_log)
         self.keywords = KeywordIndex()  # postings of the rows' content, by namespace (keyword search)

@@ -5,31 +5,44 @@ without locks from the columns and counters: figures of one moment, not of one t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from tiermem import __version__
 from tiermem.server.config import TIERS
+from tiermem.server.core.counters import Selection, selected
 from tiermem.server.core.state import EngineState
 from tiermem.server.model import validation as check
 from tiermem.server.model.reports import SpaceStats, StatsReport, TierStats
 
 
-def stats(st: EngineState, namespace: str = "") -> StatsReport:
+def stats(st: EngineState, namespace: str = "", within: Callable[[str], bool] | None = None) -> StatsReport:
+    """The figures of one namespace, or of all; ``within``: only the namespaces it accepts (an API
+    key's), and no server-wide figures (writes, storage, spaces)."""
     view = st.columns.view()
     mask = view.alive & (view.expire > st.clock())
+    sel: Selection = namespace
     if namespace:
         check.namespace("namespace", namespace)
         mask &= view.ns == st.columns.namespaces.get(namespace)
+    elif within is not None:
+        sel = within
+        ids = [i for i, name in enumerate(list(st.columns.namespaces.names)) if within(name)]
+        mask &= np.isin(view.ns, np.asarray(ids, np.int32))
     tiers = view.tier[mask]
     counts = np.bincount(tiers, minlength=5)
     imp = np.bincount(tiers, weights=view.importance[mask], minlength=5)
     sur = np.bincount(tiers, weights=view.surprise[mask], minlength=5)
-    ns_count = len(st.columns.ns_counts) if not namespace else int(namespace in st.columns.ns_counts)
-    totals = st.lifecycle.by_tier(namespace)
-    recent = st.lifecycle.since(st.clock() - 3600, namespace)
-    hits, misses = st.searches.hits_misses(namespace)
-    stored, saved, failed = st.summaries.figures(namespace)
+    if namespace:
+        ns_count = int(namespace in st.columns.ns_counts)
+    else:
+        ns_count = sum(1 for n in list(st.columns.ns_counts) if selected(sel, n))
+    totals = st.lifecycle.by_tier(sel)
+    recent = st.lifecycle.since(st.clock() - 3600, sel)
+    hits, misses = st.searches.hits_misses(sel)
+    stored, saved, failed = st.summaries.figures(sel)
+    server_wide = within is None
     return StatsReport(
         search_hits=hits,
         search_misses=misses,
@@ -46,11 +59,11 @@ def stats(st: EngineState, namespace: str = "") -> StatsReport:
             )
             for t in TIERS
         ],
-        spaces=_space_stats(st),
-        writes_committed=st.writer.ops_committed,
-        commit_groups=st.writer.groups_committed,
+        spaces=_space_stats(st) if server_wide else [],
+        writes_committed=st.writer.ops_committed if server_wide else 0,
+        commit_groups=st.writer.groups_committed if server_wide else 0,
         uptime_seconds=time.monotonic() - st.started,
-        storage_bytes=st.store.used_bytes(),
+        storage_bytes=st.store.used_bytes() if server_wide else 0,
         version=__version__,
         summaries_stored=stored,
         summary_tokens_saved=saved,

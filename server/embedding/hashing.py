@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
+from tiermem.server.embedding.base import Embedded
 from tiermem.server.model.text import words as text_words
 
 
@@ -52,3 +54,6 @@ class HashEmbedder:
             return vec
         vec /= norm
         return vec
+
+    def embed_many(self, texts: Sequence[str]) -> list[Embedded]:
+        return [self.embed(t) for t in texts]

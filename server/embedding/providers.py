@@ -1,98 +1,49 @@
 """Server-side embedders, chosen by configuration, behind an LRU cache.
 
 - ``builtin`` (default): ``HashEmbedder``, deterministic feature hashing, no download.
-- ``sentence_transformers``: a sentence-transformers model loaded from a local path
-  (``pip install 'tiermem[sentence-transformers]'``; nothing is fetched from a hub).
-- ``openai``: any OpenAI-compatible ``/embeddings`` HTTP endpoint (Ollama, vLLM, TEI, hosted APIs);
-  the API key, if any, is read from the environment variable named by ``embedder_api_key_env``.
+- ``sentence_transformers``: a sentence-transformers model loaded from a local path at start-up
+  (``local.py``; ``pip install 'tiermem[sentence-transformers]'``; nothing is fetched from a hub).
+- ``openai``: any OpenAI-compatible ``/embeddings`` HTTP endpoint (Ollama, vLLM, TEI, hosted APIs),
+  in batches, with retries and a circuit breaker (``remote.py``); the API key, if any, is read from
+  the environment variable named by ``embedder_api_key_env``.
 
-Failures raise ``EmbedderError``: the engine then stores the memory without a vector (findable by
-keyword), and the maintenance pass retries the embedding later.
+Failures are ``EmbedderError``s (``base.py``): the engine then stores the memory without a vector
+(findable by keyword), and the maintenance pass retries the embedding later.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
-import urllib.error
-import urllib.request
 from collections import OrderedDict
-from typing import Any, Protocol
+from collections.abc import Sequence
 
 import numpy as np
 
+from tiermem.server.embedding.base import Embedded, Embedder, EmbedderError, one
 from tiermem.server.embedding.hashing import HashEmbedder
+from tiermem.server.embedding.local import SentenceTransformerEmbedder
+from tiermem.server.embedding.remote import OpenAIEmbedder
 
+__all__ = [
+    "CachedEmbedder",
+    "Embedded",
+    "Embedder",
+    "EmbedderError",
+    "HashEmbedder",
+    "OpenAIEmbedder",
+    "SentenceTransformerEmbedder",
+    "build",
+]
 
-class EmbedderError(Exception):
-    """The embedder could not embed (unreachable, failing, or answering nonsense)."""
-
-
-class Embedder(Protocol):
-    model: str
-
-    def embed(self, text: str) -> np.ndarray: ...
-
-
-class OpenAIEmbedder:
-    """POSTs {"model", "input": [text]} to ``<url>/embeddings`` and reads data[0].embedding."""
-
-    def __init__(self, url: str, model: str, api_key: str = "", timeout: float = 10.0) -> None:
-        if not url or not model:
-            raise ValueError("the openai embedder needs embedder_url and embedder_model")
-        self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/embeddings") else "/embeddings")
-        self.model = model
-        self.api_key = api_key
-        self.timeout = timeout
-
-    def embed(self, text: str) -> np.ndarray:
-        body = json.dumps({"model": self.model, "input": [text]}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                payload = json.loads(response.read())
-            vector = np.asarray(payload["data"][0]["embedding"], dtype=np.float32)
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            raise EmbedderError(f"embedding endpoint {self.url} failed: {e}") from e
-        if vector.ndim != 1 or vector.shape[0] == 0 or not np.all(np.isfinite(vector)):
-            raise EmbedderError(f"embedding endpoint {self.url} returned an invalid vector")
-        return vector
-
-
-class SentenceTransformerEmbedder:
-    """A sentence-transformers model from a local directory (loaded once, on first use)."""
-
-    def __init__(self, path: str, model: str = "") -> None:
-        if not path:
-            raise ValueError("the sentence_transformers embedder needs embedder_model (a local path)")
-        self.path = path
-        self.model = model or f"st:{os.path.basename(path.rstrip('/'))}"
-        self._impl: Any = None
-        self._lock = threading.Lock()
-
-    def embed(self, text: str) -> np.ndarray:
-        with self._lock:
-            if self._impl is None:
-                try:
-                    from sentence_transformers import SentenceTransformer  # optional extra
-                except ImportError as e:
-                    raise EmbedderError(
-                        "sentence-transformers is not installed "
-                        "(pip install 'tiermem[sentence-transformers]')"
-                    ) from e
-                try:
-                    self._impl = SentenceTransformer(self.path, local_files_only=True)
-                except Exception as e:
-                    raise EmbedderError(f"cannot load the model at {self.path}: {e}") from e
-        try:
-            return np.asarray(self._impl.encode(text), dtype=np.float32)
-        except Exception as e:
-            raise EmbedderError(f"embedding failed: {e}") from e
+# Defaults of the settings ServerConfig does not carry (yet): see build().
+OPENAI_BATCH_SIZE = 64  # texts per request
+OPENAI_CONCURRENCY = 4  # requests in flight at once, per embedder
+OPENAI_ATTEMPTS = 3  # tries per request (timeouts, connection errors, 5xx, 429), within the timeout
+BREAKER_FAILURES = 3  # failed calls in a row that open the circuit breaker
+BREAKER_COOLDOWN_SECONDS = 30.0  # how long an open breaker fails calls at once
+ST_BATCH_SIZE = 32  # texts per sentence-transformers forward pass
 
 
 class CachedEmbedder:
@@ -108,22 +59,49 @@ class CachedEmbedder:
         self.misses = 0
 
     def embed(self, text: str) -> np.ndarray:
-        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        return one(self.embed_many([text])[0])
+
+    def embed_many(self, texts: Sequence[str]) -> list[Embedded]:
+        """Cached vectors from the cache; the others (each distinct text once) from the embedder."""
+        out: list[Embedded | None] = [None] * len(texts)
+        missing: dict[bytes, list[int]] = {}  # digest -> positions of that text
         with self._lock:
-            vec = self._cache.get(key)
-            if vec is not None:
+            for i, text in enumerate(texts):
+                key = _digest(text)
+                vec = self._cache.get(key)
+                if vec is None:
+                    missing.setdefault(key, []).append(i)
+                    continue
                 self._cache.move_to_end(key)
                 self.hits += 1
-                return vec
-            self.misses += 1
-        vec = self.inner.embed(text)
-        vec.setflags(write=False)
-        if self.size > 0:
-            with self._lock:
-                self._cache[key] = vec
-                while len(self._cache) > self.size:
-                    self._cache.popitem(last=False)
-        return vec
+                out[i] = vec
+            self.misses += sum(len(at) for at in missing.values())
+        if missing:
+            answers = self.inner.embed_many([texts[at[0]] for at in missing.values()])
+            for (key, at), answer in zip(missing.items(), answers, strict=True):
+                if not isinstance(answer, EmbedderError):
+                    answer.setflags(write=False)
+                    self._keep(key, answer)
+                for i in at:
+                    out[i] = answer
+        return [x for x in out if x is not None]
+
+    def _keep(self, key: bytes, vec: np.ndarray) -> None:
+        if self.size <= 0:
+            return
+        with self._lock:
+            self._cache[key] = vec
+            while len(self._cache) > self.size:
+                self._cache.popitem(last=False)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def build(
@@ -136,13 +114,30 @@ def build(
     dimension: int,
     builtin_model: str,
     cache_size: int,
+    batch_size: int | None = None,
+    concurrency: int = OPENAI_CONCURRENCY,
+    breaker_failures: int = BREAKER_FAILURES,
+    breaker_cooldown_seconds: float = BREAKER_COOLDOWN_SECONDS,
 ) -> CachedEmbedder:
+    """The configured embedder behind its cache. ``timeout`` bounds one embedding call of the
+    ``openai`` embedder, its retries included; ``batch_size`` is texts per request (``openai``,
+    default 64) or per forward pass (``sentence_transformers``, default 32)."""
     if kind == "builtin":
         inner: Embedder = HashEmbedder(dimension, builtin_model)
     elif kind == "openai":
-        inner = OpenAIEmbedder(url, model, os.environ.get(api_key_env, ""), timeout)
+        inner = OpenAIEmbedder(
+            url,
+            model,
+            os.environ.get(api_key_env, ""),
+            timeout,
+            batch_size=batch_size or OPENAI_BATCH_SIZE,
+            concurrency=concurrency,
+            attempts=OPENAI_ATTEMPTS,
+            breaker_failures=breaker_failures,
+            breaker_cooldown_seconds=breaker_cooldown_seconds,
+        )
     elif kind == "sentence_transformers":
-        inner = SentenceTransformerEmbedder(model)
+        inner = SentenceTransformerEmbedder(model, batch_size=batch_size or ST_BATCH_SIZE)
     else:
         raise ValueError(f"embedder must be builtin, openai or sentence_transformers, not {kind!r}")
     return CachedEmbedder(inner, cache_size)

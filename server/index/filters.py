@@ -14,6 +14,11 @@
 - times: epoch seconds or an RFC 3339 string ("2026-11-21T10:00:00Z").
 - ``metadata.<key>``: compares with values of the same type (numbers with numbers, strings with
   strings, booleans with booleans); a memory without the key matches only ``$ne`` and ``$nin``.
+- numbers: any finite JSON number. Integer fields compare exactly, fractions and bounds beyond
+  int64 included: ``{"access_count": {"$gt": 1e300}}`` matches nothing, ``{"$gte": 2.5}`` keeps 3
+  and not 2. NaN, Infinity and integers beyond the floats' range are INVALID_ARGUMENT.
+- at most 32 levels of ``$and``/``$or``/``$not`` and 1000 nodes; text nesting arrays and objects
+  more than 128 deep is refused before it is parsed.
 
 A filter compiles to a boolean mask over the in-memory columns, so it costs the same whether it keeps
 one memory or all of them, and search ranks exactly over what it keeps.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +41,17 @@ from tiermem.server.model.errors import InvalidArgument
 FIELD = "filter.where"
 MAX_DEPTH = 32
 MAX_NODES = 1000
+# Text nesting arrays and objects deeper than this is refused before it is parsed: json.loads
+# recurses once per level, and a few hundred levels reach the interpreter's recursion limit
+# (RecursionError, which was INTERNAL). A filter needs at most 2 * MAX_DEPTH + 3 levels (a where node
+# at depth d is an object nested 2d + 1 deep, as $and and $or hold lists of objects, and its deepest
+# value, {field: {op: [values]}}, is two below that); the margin above it lets a filter a little too
+# deep get the message naming where it is too deep.
+MAX_NESTING = 4 * MAX_DEPTH
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SHOWN = 80  # characters of a request's value (or key) quoted in an error message
+_SHOWN_PATH = 400  # ... and of the path to it
 
 _COMPARE = {"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"}
 _SETS = {"$in", "$nin"}
@@ -55,16 +72,44 @@ def compile_where(text: str) -> Mask | None:
     """Parse and check a ``where`` JSON text; returns a function building the mask, or None if empty."""
     if not text.strip():
         return None
+    if _nesting(text) > MAX_NESTING:
+        raise InvalidArgument(
+            FIELD,
+            f"nests arrays and objects more than {MAX_NESTING} levels deep (a filter: {MAX_DEPTH} at most)",
+        )
     try:
         tree = json.loads(text)
     except json.JSONDecodeError as e:
         raise InvalidArgument(FIELD, f"is not valid JSON: {e.msg} at position {e.pos}") from None
+    except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4300 digits
+        raise InvalidArgument(FIELD, f"is not valid JSON: {_short(str(e))}") from None
     counter = [0]
     return _node(tree, "", 0, counter)
 
 
+def _nesting(text: str) -> int:
+    """How deep arrays and objects nest in a JSON text (brackets within strings do not count; in
+    text that is not JSON, an estimate), without parsing it."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if len(brackets) <= MAX_NESTING:
+        return len(brackets)  # an upper bound, and small enough
+    codes = np.frombuffer(brackets.encode("ascii"), np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
+def _short(text: str, limit: int = _SHOWN) -> str:
+    """``text`` cut to ``limit`` characters, for an error message: a request's text can be long, and
+    a status whose details pass the client's metadata limit (8 KiB) reaches it as RESOURCE_EXHAUSTED."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _show(value: Any) -> str:
+    return _short(repr(value))
+
+
 def _fail(path: str, msg: str) -> InvalidArgument:
-    return InvalidArgument(FIELD, f"at {path or 'the top'}: {msg}")
+    return InvalidArgument(FIELD, f"at {_short(path, _SHOWN_PATH) if path else 'the top'}: {msg}")
 
 
 def _node(tree: Any, path: str, depth: int, counter: list[int]) -> Mask:
@@ -75,7 +120,7 @@ def _node(tree: Any, path: str, depth: int, counter: list[int]) -> Mask:
         raise _fail(path, "expected a non-empty JSON object")
     parts: list[Mask] = []
     for key, value in tree.items():
-        here = f"{path}.{key}" if path else key
+        here = f"{path}.{_short(key)}" if path else _short(key)
         if key in ("$and", "$or"):
             if not isinstance(value, list) or not value:
                 raise _fail(here, "expects a non-empty list of filters")
@@ -84,7 +129,7 @@ def _node(tree: Any, path: str, depth: int, counter: list[int]) -> Mask:
         elif key == "$not":
             parts.append(_negate(_node(value, here, depth + 1, counter)))
         elif key.startswith("$"):
-            raise _fail(here, f"unknown operator {key!r} (use $and, $or, $not at this level)")
+            raise _fail(here, f"unknown operator {_show(key)} (use $and, $or, $not at this level)")
         else:
             parts.append(_field(key, value, here))
     return _all(parts)
@@ -144,14 +189,16 @@ def _field(name: str, value: Any, path: str) -> Mask:
         return _all([_metadata(key, op, arg, f"{path}.{op}") for op, arg in ops.items()])
     raise _fail(
         path,
-        f"unknown field {name!r}; fields: tags, tier, {', '.join(sorted(_NUMERIC))}, "
+        f"unknown field {_show(name)}; fields: tags, tier, {', '.join(sorted(_NUMERIC))}, "
         f"{', '.join(sorted(_TIMES))}, {', '.join(sorted(_INTERNED))}, metadata.<key>",
     )
 
 
 def _check_op(op: str, path: str, allowed: set[str]) -> None:
     if op not in allowed:
-        raise _fail(path, f"operator {op!r} is not allowed here; use one of {', '.join(sorted(allowed))}")
+        raise _fail(
+            path, f"operator {_show(op)} is not allowed here; use one of {', '.join(sorted(allowed))}"
+        )
 
 
 def _listed(op: str, arg: Any, path: str) -> list[Any]:
@@ -162,13 +209,26 @@ def _listed(op: str, arg: Any, path: str) -> list[Any]:
     return [arg]
 
 
+def _finite(a: Any) -> float | None:
+    """A JSON number as a finite float; None for anything else (booleans, NaN, Infinity, and an
+    integer beyond the floats' range, which ``float`` cannot convert)."""
+    if isinstance(a, bool) or not isinstance(a, int | float):
+        return None
+    try:
+        x = float(a)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _number_arg(op: str, arg: Any, path: str) -> list[float]:
     _check_op(op, path, _COMPARE | _SETS)
     out = []
     for a in _listed(op, arg, path):
-        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isfinite(a):
-            raise _fail(path, f"expects finite numbers, got {a!r}")
-        out.append(float(a))
+        x = _finite(a)
+        if x is None:
+            raise _fail(path, f"expects finite numbers, got {_show(a)}")
+        out.append(x)
     return out
 
 
@@ -179,7 +239,7 @@ def _tier_arg(op: str, arg: Any, path: str) -> list[float]:
         if isinstance(a, str):
             a = _TIER_NAMES.get(a.upper().removeprefix("TIER_"), a)
         if isinstance(a, bool) or a not in (1, 2, 3, 4):
-            raise _fail(path, f"expects a tier (1-4 or FAST, MEDIUM, SLOW, GLACIAL), got {a!r}")
+            raise _fail(path, f"expects a tier (1-4 or FAST, MEDIUM, SLOW, GLACIAL), got {_show(a)}")
         out.append(float(a))
     return out
 
@@ -188,22 +248,31 @@ def _time_arg(op: str, arg: Any, path: str) -> list[float]:
     _check_op(op, path, _COMPARE | _SETS)
     out = []
     for a in _listed(op, arg, path):
+        x = _finite(a)
         if isinstance(a, str):
             try:
                 t = dt.datetime.fromisoformat(a.upper().replace("Z", "+00:00"))
-            except ValueError:
-                raise _fail(path, f"expects epoch seconds or an RFC 3339 time, got {a!r}") from None
-            out.append((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp())
-        elif isinstance(a, int | float) and not isinstance(a, bool) and math.isfinite(a):
-            out.append(float(a))
-        else:
-            raise _fail(path, f"expects epoch seconds or an RFC 3339 time, got {a!r}")
+                x = (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
+            except (ValueError, OverflowError):
+                x = None
+        if x is None:
+            raise _fail(path, f"expects epoch seconds or an RFC 3339 time, got {_show(a)}")
+        out.append(x)
     return out
 
 
 def _compare(col: np.ndarray, op: str, values: list[float]) -> np.ndarray:
-    # Compare in the column's precision (float32 importance stores 0.7 as 0.699999988...).
-    typed = np.asarray(values, dtype=col.dtype)
+    if np.issubdtype(col.dtype, np.integer):
+        # Integer columns (counts, tier) compare in float64, exactly (counts stay far below 2**53):
+        # a bound cast to the column's type would lose its fraction ({"$gte": 2.5} would keep 2) and
+        # cannot hold a bound beyond int64 (OverflowError). So a bound beyond any count compares as
+        # it reads: {"access_count": {"$gt": 1e300}} matches nothing, {"$lt": 1e300} everything.
+        typed = np.asarray(values, dtype=np.float64)
+    else:
+        # Float columns compare in their precision (float32 importance stores 0.7 as 0.699999988...);
+        # a bound beyond float32 becomes +-inf, which orders against every stored value as it did.
+        with np.errstate(over="ignore"):
+            typed = np.asarray(values, dtype=col.dtype)
     if op == "$in":
         return np.isin(col, typed)
     if op == "$nin":
@@ -228,7 +297,7 @@ def _interned(table: str, name: str, op: str, arg: Any, path: str) -> Mask:
     values = _listed(op, arg, path)
     for a in values:
         if not isinstance(a, str):
-            raise _fail(path, f"{name} values are strings, got {a!r}")
+            raise _fail(path, f"{name} values are strings, got {_show(a)}")
     column = {"kinds": "kind", "sources": "source", "topics": "topic"}[table]
 
     def mask(v: ColumnsView, c: Columns) -> np.ndarray:
@@ -246,7 +315,7 @@ def _tags(op: str, arg: Any, path: str) -> Mask:
     values = _listed(op, arg, path)
     for a in values:
         if not isinstance(a, str):
-            raise _fail(path, f"tags are strings, got {a!r}")
+            raise _fail(path, f"tags are strings, got {_show(a)}")
 
     def mask(v: ColumnsView, c: Columns) -> np.ndarray:
         m = c.tag_mask(values, v.n, require_all=op == "$all")
@@ -259,8 +328,8 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
     _check_op(op, path, _COMPARE | _SETS)
     values = _listed(op, arg, path)
     for a in values:
-        if not isinstance(a, str | int | float | bool) or (isinstance(a, float) and not math.isfinite(a)):
-            raise _fail(path, f"metadata values are strings, numbers or booleans, got {a!r}")
+        if not isinstance(a, str | bool) and _finite(a) is None:
+            raise _fail(path, f"metadata values are strings, finite numbers or booleans, got {_show(a)}")
     if (
         op not in ("$eq", "$ne", "$in", "$nin")
         and not all(isinstance(a, int | float) and not isinstance(a, bool) for a in values)
@@ -271,7 +340,7 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
     # The operator's values by type; each compares only with stored values of its type.
     groups: dict[int, list[Any]] = {
         0: [a for a in values if isinstance(a, bool)],
-        1: [a for a in values if isinstance(a, int | float) and not isinstance(a, bool)],
+        1: [float(a) for a in values if isinstance(a, int | float) and not isinstance(a, bool)],
         2: [a for a in values if isinstance(a, str)],
     }
 

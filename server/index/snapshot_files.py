@@ -5,24 +5,141 @@ last, atomically). The token ties the three together: a crash mid-save leaves th
 pointing at the previous, complete files. ``instance`` is the LMDB environment's id, so a snapshot is
 never applied to another database (e.g. a restored LMDB backup). Which entries a snapshot holds, and
 the locking while FAISS writes it, are ``VectorIndex.save``'s business.
+
+Damage is detected before FAISS reads a byte: the manifest carries the size and BLAKE2b digest of
+both files and a checksum of its own fields (the same scheme as the columns snapshot,
+storage/snapshots.py); a mismatch discards the snapshot with a warning, and start-up rebuilds the
+index from the vectors in LMDB. FAISS parses what it is given without checking it: a damaged
+neighbour list would send searches astray (or out of bounds) and a damaged length could ask for
+any amount of memory. The ``.npy`` file is read without pickle (``np.load``'s default).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import faiss
 import numpy as np
 
+from tiermem.server.config import usable_cores
+
 logger = logging.getLogger(__name__)
 
-VERSION = 2
+VERSION = 3  # 3: sizes and checksums of the files and of the manifest (an older snapshot is rebuilt)
+_PART = 16 << 20  # bytes per checksummed part of a file
+
+
+def digest() -> Any:
+    """The checksum of snapshot files (``hashlib`` BLAKE2b, 128 bits)."""
+    return hashlib.blake2b(digest_size=16)
+
+
+def sealed(fields: dict[str, Any]) -> str:
+    """``fields`` as a manifest's JSON, with a checksum of its own content (``check``)."""
+    check = digest()
+    check.update(json.dumps(fields, sort_keys=True).encode())
+    return json.dumps({**fields, "check": check.hexdigest()}, sort_keys=True)
+
+
+def unseal(text: str) -> dict[str, Any]:
+    """A manifest written by ``sealed``; ValueError when it does not match its checksum. One of
+    an older version (no checksum) comes back unchecked: its version alone is read, to ignore it."""
+    fields = json.loads(text)
+    if not isinstance(fields, dict):
+        raise ValueError("manifest is not an object")
+    if "check" not in fields and fields.get("version") != VERSION:
+        return {"version": fields.get("version")}
+    check = fields.pop("check", None)
+    expected = digest()
+    expected.update(json.dumps(fields, sort_keys=True).encode())
+    if check != expected.hexdigest():
+        raise ValueError("manifest checksum mismatch")
+    return fields
+
+
+class HashingWriter:
+    """A writable file that checksums what goes through it (FAISS's writer callback, np.save):
+    the digest of the digests of its ``_PART``-byte parts, so reading it back can check the parts
+    on every core at once (``file_checksum``)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.size = 0
+        self._parts: list[bytes] = []
+        self._part = digest()
+        self._filled = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        self.f.write(view)
+        while view.nbytes:
+            take = min(view.nbytes, _PART - self._filled)
+            self._part.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == _PART:
+                self._parts.append(self._part.digest())
+                self._part, self._filled = digest(), 0
+        self.size += n
+        return n
+
+    def checksum(self) -> tuple[int, str]:
+        """(size, digest) of what was written."""
+        last = [self._part.digest()] if self._filled or not self._parts else []
+        return self.size, _combined(self._parts + last)
+
+
+def _combined(parts: list[bytes]) -> str:
+    check = digest()
+    for part in parts:
+        check.update(part)
+    return str(check.hexdigest())
+
+
+def file_checksum(path: Path) -> tuple[int, str]:
+    """(size, digest) of a file as ``HashingWriter`` computes it, its parts read and hashed on
+    every core (pread and hashlib let go of the GIL): a large index costs little more than reading."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+
+        def part(i: int) -> bytes:
+            want = min(_PART, size - i * _PART)
+            data = os.pread(fd, want, i * _PART)
+            if len(data) != want:
+                raise ValueError(f"{path.name}: short read")
+            check = digest()
+            check.update(data)
+            return bytes(check.digest())
+
+        count = max(1, -(-size // _PART))
+        if count == 1:
+            return size, _combined([part(0)])
+        with ThreadPoolExecutor(min(count, usable_cores()), thread_name_prefix="tiermem-check") as pool:
+            return size, _combined(list(pool.map(part, range(count))))
+    finally:
+        os.close(fd)
+
+
+def bytes_checksum(data: bytes) -> tuple[int, str]:
+    """(size, digest) of ``data`` as ``HashingWriter`` computes it."""
+    view = memoryview(data)
+    parts = []
+    for start in range(0, max(1, view.nbytes), _PART):
+        check = digest()
+        check.update(view[start : start + _PART])
+        parts.append(bytes(check.digest()))
+    return view.nbytes, _combined(parts)
 
 
 @dataclass(frozen=True)
@@ -54,62 +171,95 @@ class Manifest:
     n: int  # entries in the FAISS index
     token: str
     instance: str
+    index_checksum: tuple[int, str]  # (size, digest) of the FAISS file as written
 
 
 def commit_snapshot(base: Path, files: SnapshotFiles, vks: np.ndarray, manifest: Manifest) -> None:
     """Make a snapshot whose FAISS index is already written to ``files.index`` the current one:
-    fsync it, write the vks, then the manifest (atomically), then drop the previous snapshot's files."""
-    _fsync(files.index)
-    with open(files.vks, "wb") as f:
-        np.save(f, vks)
-        f.flush()
-        os.fsync(f.fileno())
-    fields = {
-        "model": manifest.model,
-        "dim": manifest.dim,
-        "n": manifest.n,
-        "token": manifest.token,
-        "instance": manifest.instance,
-        "version": VERSION,
-    }
+    fsync it, write the vks, then the manifest (atomically), then drop the previous snapshot's files.
+    On failure (a full disk) the new files are removed and the previous snapshot stays current."""
     tmp_manifest = base.with_name(f"{base.name}.json.tmp")
-    tmp_manifest.write_text(json.dumps(fields))
-    _fsync(tmp_manifest)
-    os.replace(tmp_manifest, base.with_name(f"{base.name}.json"))
+    try:
+        _fsync(files.index)
+        with open(files.vks, "wb") as f:
+            out = HashingWriter(f)
+            np.save(out, vks)
+            f.flush()
+            os.fsync(f.fileno())
+        fields = {
+            "model": manifest.model,
+            "dim": manifest.dim,
+            "n": manifest.n,
+            "token": manifest.token,
+            "instance": manifest.instance,
+            "version": VERSION,
+            "index": list(manifest.index_checksum),
+            "vks": list(out.checksum()),
+        }
+        tmp_manifest.write_text(sealed(fields))
+        _fsync(tmp_manifest)
+        os.replace(tmp_manifest, base.with_name(f"{base.name}.json"))
+    except BaseException:
+        discard(files)
+        tmp_manifest.unlink(missing_ok=True)
+        raise
     _fsync(base.parent)
     for old in base.parent.glob(f"{base.name}.*"):
         if old.suffix in (".faiss", ".npy") and f".{files.token}." not in old.name:
             old.unlink(missing_ok=True)
 
 
+def discard(files: SnapshotFiles) -> None:
+    """Remove the files of a snapshot that was not completed."""
+    files.index.unlink(missing_ok=True)
+    files.vks.unlink(missing_ok=True)
+
+
 def read_snapshot(base: Path, model: str, dim: int, instance: str) -> tuple[Any, np.ndarray] | None:
     """(FAISS index, vks by internal id) of the snapshot of ``base``, or None when there is none
-    for this model, dimension and database, or it is damaged. A snapshot replaced while it is read
-    (a search follower loading while its leader writes the next one) is read again from the new
-    manifest."""
+    for this model, dimension and database, or it is damaged (then with a warning). A snapshot
+    replaced while it is read (a search follower loading while its leader writes the next one) is
+    read again from the new manifest."""
     manifest_path = base.with_name(f"{base.name}.json")
     token = None
     for _ in range(3):
         try:
-            manifest = json.loads(manifest_path.read_text())
+            manifest = unseal(manifest_path.read_text())
+            if manifest.get("version") != VERSION:
+                logger.info("index snapshot %s of another version: rebuilt from LMDB", base.name)
+                return None
             if (
-                manifest.get("version") != VERSION
-                or manifest.get("model") != model
+                manifest.get("model") != model
                 or manifest.get("dim") != dim
                 or manifest.get("instance") != instance
             ):
                 return None
             token = manifest["token"]
             files = _files(base, token)
+            raw_vks = files.vks.read_bytes()
+            if list(bytes_checksum(raw_vks)) != manifest["vks"]:
+                raise ValueError(f"{files.vks.name}: checksum mismatch")
+            # Checked whole before FAISS parses it (files are never rewritten: a new token each save)
+            if list(file_checksum(files.index)) != manifest["index"]:
+                raise ValueError(f"{files.index.name}: checksum mismatch")
             index: Any = faiss.read_index(str(files.index))
-            vks = np.load(files.vks)
+            vks = np.load(io.BytesIO(raw_vks), allow_pickle=False)
             if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
-                return None
+                raise ValueError("entries do not match the manifest")
             return index, vks
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except FileNotFoundError:
+            if token is None:
+                return None  # no snapshot
+            if _manifest_token(manifest_path) not in (token, None):
+                continue  # replaced meanwhile: read the new one
+            logger.warning(
+                "ignoring index snapshot %s whose files are missing (rebuilt from LMDB)", base.name
+            )
+            return None
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             if token is not None and _manifest_token(manifest_path) not in (token, None):
                 continue  # replaced meanwhile: read the new one
-            logger.warning("ignoring index snapshot %s: %s", base, e)
+            logger.warning("ignoring damaged index snapshot %s (rebuilt from LMDB): %s", base.name, e)
             return None
     return None
 
@@ -124,6 +274,6 @@ def _fsync(path: Path) -> None:
 
 def _manifest_token(path: Path) -> str | None:
     try:
-        return str(json.loads(path.read_text())["token"])
+        return str(unseal(path.read_text())["token"])
     except (OSError, ValueError, KeyError):
         return None

@@ -44,7 +44,14 @@ import numpy as np
 from tiermem import kernels
 from tiermem.server.config import Tuning
 from tiermem.server.index.indexer import Indexer
-from tiermem.server.index.snapshot_files import Manifest, commit_snapshot, new_snapshot_files, read_snapshot
+from tiermem.server.index.snapshot_files import (
+    HashingWriter,
+    Manifest,
+    commit_snapshot,
+    discard,
+    new_snapshot_files,
+    read_snapshot,
+)
 from tiermem.server.model.locks import RWLock
 
 logger = logging.getLogger(__name__)
@@ -495,16 +502,20 @@ class VectorIndex:
             # Written straight to the file, not through serialize_index's in-memory copy, which
             # would hold the whole index a second time and the lock longer. Through a Python file:
             # a failed write or flush raises (FAISS's own file writer ignores a failure of its last
-            # flush at close, which would leave a short file).
+            # flush at close, which would leave a short file); it checksums what it writes.
             with self._lock.read(), open(files.index, "wb") as f:
+                out = HashingWriter(f)
                 n = self.indexed
-                faiss.write_index(self.index, faiss.PyCallbackIOWriter(f.write))  # type: ignore[attr-defined]
+                faiss.write_index(self.index, faiss.PyCallbackIOWriter(out.write))  # type: ignore[attr-defined]
                 vks = self.vks[:n].copy()
+        except BaseException:
+            discard(files)  # (a full disk: the previous snapshot stays current)
+            raise
         finally:
             with self._state:
                 self._saving -= 1
                 self._state.notify_all()
-        commit_snapshot(base, files, vks, Manifest(model, self.dim, n, files.token, instance))
+        commit_snapshot(base, files, vks, Manifest(model, self.dim, n, files.token, instance, out.checksum()))
 
     @classmethod
     def load(

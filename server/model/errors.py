@@ -86,6 +86,20 @@ class Unavailable(TiermemError):
         super().__init__(message=message, reason=reason, status="UNAVAILABLE")
 
 
+class Unauthenticated(TiermemError):
+    """The call carries no API key, or one the server does not know."""
+
+    def __init__(self, message: str, reason: str = "API_KEY_MISSING") -> None:
+        super().__init__(message=message, reason=reason, status="UNAUTHENTICATED")
+
+
+class PermissionDenied(TiermemError):
+    """The call's API key does not cover a namespace it names, or its role is too low."""
+
+    def __init__(self, message: str, reason: str, metadata: dict[str, str] | None = None) -> None:
+        super().__init__(message=message, reason=reason, status="PERMISSION_DENIED", metadata=metadata or {})
+
+
 class StorageError(TiermemError):
     """The data directory cannot be used (wrong schema version, corrupt, not writable)."""
 

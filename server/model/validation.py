@@ -14,10 +14,15 @@ from tiermem.server.model import importance
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.records import NewMemory
 
+# Anchored with \Z, never $: "$" also matches before a final newline, so "r/a\n" would pass as a
+# namespace beside "r/a". Checks here use fullmatch; the \Z keeps a .match elsewhere exact too.
 _SEGMENT = r"[A-Za-z0-9._:\-]+"
-NAMESPACE_RE = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT})*$")
-ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-KIND_RE = re.compile(r"^[a-z0-9_]{1,64}$")
+NAMESPACE_RE = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT})*\Z")
+ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}\Z")
+KIND_RE = re.compile(r"^[a-z0-9_]{1,64}\Z")
+# Labels (tags, metadata keys) are free text but never hold control characters: "deploy\n" beside
+# "deploy" is a second label no one meant (a line read with its newline).
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_NAMESPACE = 256
 MAX_TEXT_FIELD = 256
 MAX_TAG = 128
@@ -30,7 +35,7 @@ def namespace(field: str, value: str) -> str:
         raise InvalidArgument(field, "is required")
     if len(value) > MAX_NAMESPACE:
         raise InvalidArgument(field, f"is {len(value)} characters long, the limit is {MAX_NAMESPACE}")
-    if not NAMESPACE_RE.match(value):
+    if not NAMESPACE_RE.fullmatch(value):
         raise InvalidArgument(
             field, "must be segments of [A-Za-z0-9._:-] separated by single '/' (e.g. 'user:ana/project:x')"
         )
@@ -40,7 +45,7 @@ def namespace(field: str, value: str) -> str:
 def memory_id(field: str, value: str) -> str:
     if not value:
         raise InvalidArgument(field, "is required")
-    if not ID_RE.match(value):
+    if not ID_RE.fullmatch(value):
         raise InvalidArgument(field, "must be 1-128 characters of [A-Za-z0-9._:-]")
     return value
 
@@ -74,8 +79,16 @@ def text(field: str, value: str, limit: int = MAX_TEXT_FIELD) -> str:
     return value
 
 
+def label(field: str, value: str, limit: int) -> str:
+    """A tag or a metadata key: ``text`` within ``limit`` bytes, without control characters."""
+    text(field, value, limit)
+    if _CONTROL_RE.search(value):
+        raise InvalidArgument(field, "must not contain control characters (e.g. a newline or a tab)")
+    return value
+
+
 def kind(field: str, value: str) -> str:
-    if not KIND_RE.match(value):
+    if not KIND_RE.fullmatch(value):
         raise InvalidArgument(field, "must be 1-64 characters of [a-z0-9_]")
     return value
 
@@ -95,8 +108,15 @@ def tags(field: str, values: list[str], config: ServerConfig) -> list[str]:
     for i, t in enumerate(out):
         if not t:
             raise InvalidArgument(f"{field}[{i}]", "must not be empty")
-        text(f"{field}[{i}]", t, MAX_TAG)
+        label(f"{field}[{i}]", t, MAX_TAG)
     return out
+
+
+def _shown_key(key: str) -> str:
+    """A map key as a field name shows it: quoted, and cut when longer than any valid key (an error
+    echoing a huge key would pass the client's metadata limit and arrive as RESOURCE_EXHAUSTED)."""
+    shown = repr(key)
+    return shown if len(shown) <= MAX_TEXT_FIELD + 2 else f"{key[:64]!r}..."
 
 
 def metadata(field: str, values: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
@@ -109,11 +129,12 @@ def metadata(field: str, values: dict[str, Any], config: ServerConfig) -> dict[s
     for k, v in values.items():
         if not k:
             raise InvalidArgument(field, "keys must not be empty")
-        text(f"{field}[{k!r}]", k, MAX_TEXT_FIELD)
+        here = f"{field}[{_shown_key(k)}]"
+        label(here, k, MAX_TEXT_FIELD)
         if isinstance(v, float) and not math.isfinite(v):
-            raise InvalidArgument(f"{field}[{k!r}]", "must be a finite number")
+            raise InvalidArgument(here, "must be a finite number")
         if not isinstance(v, str | int | float | bool):
-            raise InvalidArgument(f"{field}[{k!r}]", "must have a value")
+            raise InvalidArgument(here, "must have a value")
     size = len(msgpack.packb(values, use_bin_type=True))
     if size > config.max_metadata_bytes:
         raise InvalidArgument(

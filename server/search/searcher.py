@@ -63,12 +63,29 @@ __all__ = [
     "STRATEGY_NAMES",
     "WEIGHTED",
     "SearchHit",
+    "SearchHits",
     "SearchQuery",
     "Searcher",
     "Turns",
 ]
 
 logger = logging.getLogger(__name__)
+
+KEYWORD_ONLY = (
+    "query_text could not be embedded (the server's embedder is unavailable): "
+    "results are ranked by keyword match only"
+)
+
+
+class SearchHits(list[SearchHit]):
+    """A search's hits, best first, with what the caller should know about how they were found:
+    ``keyword_only`` when the query text could not be embedded (the embedder failed) and the
+    memories were matched by keywords alone; ``warnings`` says so in words."""
+
+    def __init__(self, hits: list[SearchHit], keyword_only: bool = False) -> None:
+        super().__init__(hits)
+        self.keyword_only = keyword_only
+        self.warnings = [KEYWORD_ONLY] if keyword_only else []
 
 
 class Turns:
@@ -110,7 +127,7 @@ class Searcher:
 
     def search(
         self, q: SearchQuery, include_embedding: bool = False, wanted: Callable[[], bool] | None = None
-    ) -> list[SearchHit]:
+    ) -> SearchHits:
         """Rank memories for ``q``. ``wanted``, when given, is asked once the search has its turn:
         False (the caller's deadline passed while it waited, or it went away) skips the ranking."""
         checked = check_query(q, self.source.config, self.source.check_filter)
@@ -120,16 +137,18 @@ class Searcher:
         except EmbedderError as e:
             if not q.text:
                 raise
-            # The embedder is down: memories stay findable by keyword.
+            # The embedder is down: memories stay findable by keyword, and the answer says so.
             logger.warning("embedder failed, searching by keyword only: %s", e)
             query, sp = None, None
             hybrid = Hybrid(q.text, q.rrf_k, 0.0, 1.0)
+        keyword_only = hybrid is not None
         if hybrid is None and (q.hybrid or (checked.strategy == FUSED and q.text)):
             hybrid = check_hybrid(q)  # the fused strategy matches the text's keywords unasked
         with self.turns.take(wanted):
             # Ranked at the time it runs, not the time it queued.
             now = self.source.clock() if checked.as_of is None else checked.as_of
-            return self._rank_strategy(checked, checked.params(now, hybrid), query, sp, include_embedding)
+            hits = self._rank_strategy(checked, checked.params(now, hybrid), query, sp, include_embedding)
+        return SearchHits(hits, keyword_only)
 
     def _rank_strategy(
         self,

@@ -8,11 +8,26 @@ readers use short read transactions. Durability is explicit: with ``sync=True`` 
 data and meta pages, so a commit that returned survives kill -9 and power loss; ``writemap`` stays off
 (nested transactions, used to roll back one failed operation of a group, need it off, and a stray
 write through the map could corrupt the file).
+
+Before LMDB maps ``data.mdb``, ``datafile.py`` checks it is whole (a truncated file would kill the
+process with SIGBUS) and the writing server locks it for its lifetime (a second writer would reuse
+record ids).
+
+Space: the map grows (doubling) up to ``max_map_size``; past that the data may not grow, but
+deletes may still commit into a reserve beyond it (``reserve_bytes``), so space can always be
+freed: LMDB copies every page a delete touches, so a map filled to the last page refuses deletes
+too. While the pages in use exceed ``max_map_size`` the writer refuses every operation that
+stores records, vectors, request ids or graph items (``grows`` counts them), and lets the others
+through. A disk that fills up (or a file that reaches the process's file-size limit) makes commits
+fail with ENOSPC or EFBIG, or EIO for a short write: ``disk_full`` tells those from other I/O errors.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import resource
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +43,7 @@ from tiermem.server.model.errors import StorageError
 from tiermem.server.model.locks import RWLock
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import ScopeState
+from tiermem.server.storage import datafile
 from tiermem.server.storage.keys import (
     META_INSTANCE,
     META_LSTAT,
@@ -55,6 +71,10 @@ from tiermem.server.storage.keys import (
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+# errno values of a commit that failed for want of disk space (EFBIG: the process's file-size limit)
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+# An EIO while this little is free (or this close to the file-size limit) is a short write of a full disk.
+_NEARLY_FULL = 64 * 1024 * 1024
 # The transaction type of Store's methods: the layers above name it without importing lmdb.
 Txn = lmdb.Transaction
 
@@ -78,14 +98,18 @@ class Store:
         (its commits appear at each new read transaction); any write attempt raises.
         ``log_commits``: keep the commit log (a writer with search followers), dropping entries
         ``commit_log_seconds`` old, looked for every ``prune_every`` commits."""
-        if not readonly:
-            path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_map_size = max_map_size
+        # Beyond max_map_size, room only for writes that free space (see the module docstring).
+        self.reserve_bytes = min(max(max_map_size // 16, 4 * 1024 * 1024), 1024**3)
         self.readonly = readonly
         self.log_commits = log_commits
         self.commit_log_seconds = commit_log_seconds
         self.prune_every = prune_every
+        self.grows = 0  # calls that store records, vectors, request ids or graph items (see writer.py)
+        # The writer's lock on data.mdb, taken once the file is checked whole. (A follower neither
+        # locks nor checks it: its leader did both before it started, and the file changes under it.)
+        self._lock_fd = -1 if readonly else datafile.open_and_lock(path)
         try:
             self.env = lmdb.open(
                 str(path),
@@ -102,7 +126,20 @@ class Store:
                 create=not readonly,
             )
         except lmdb.Error as e:
+            self._unlock()
+            if getattr(e, "code", 0) in datafile.NOT_WRITABLE and not readonly:
+                raise datafile.not_writable(path, OSError(e.code, os.strerror(e.code))) from None
             raise StorageError(f"cannot open LMDB at {path}: {e}") from e
+        try:
+            self._open_databases()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_databases(self) -> None:
+        readonly = self.readonly
+        self.map_size = int(self.env.info()["map_size"])
+        self.page_size = int(self.env.stat()["psize"])
         # What the commit being written changed (rids; settings or spaces), for the commit log.
         self._log_rids: set[int] = set()
         self._log_settings = False
@@ -117,6 +154,19 @@ class Store:
         self.graph = self.env.open_db(b"graph")
         self.changes = self.env.open_db(b"changes")
         self.commits = self.env.open_db(b"commits")
+        self._dbs = [
+            self.meta,
+            self.records,
+            self.ids,
+            self.vectors,
+            self.requests,
+            self.request_times,
+            self.contents,
+            self.pending,
+            self.graph,
+            self.changes,
+            self.commits,
+        ]
         self._gate = RWLock()
         self.instance = self._check_schema()
         if not readonly:
@@ -169,6 +219,12 @@ class Store:
 
     def close(self) -> None:
         self.env.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases data.mdb for the next server
+            self._lock_fd = -1
 
     # -- transactions -------------------------------------------------------------------------
     @contextmanager
@@ -197,15 +253,53 @@ class Store:
         return self.env.begin(write=True)
 
     def grow(self) -> int:
-        """Double the map size (no transaction may be open in this process's writer). Returns it."""
-        size = self.env.info()["map_size"]
-        if size >= self.max_map_size:
+        """Double the map size up to ``max_map_size``; once there, add the reserve for writes that
+        free space (no transaction may be open in this process's writer). Returns the new size, or
+        -1 when the map has the reserve already."""
+        size = self.map_size
+        if size < self.max_map_size:
+            new = min(size * 2, self.max_map_size)
+        elif size < self.max_map_size + self.reserve_bytes:
+            new = self.max_map_size + self.reserve_bytes
+        else:
             return -1
-        new = min(size * 2, self.max_map_size)
         with self._gate.write():
             self.env.set_mapsize(new)
-        logger.warning("LMDB map grown from %d to %d bytes", size, new)
-        return new
+        self.map_size = int(self.env.info()["map_size"])
+        logger.warning("LMDB map grown from %d to %d bytes", size, self.map_size)
+        return self.map_size
+
+    def over_limit(self, txn: lmdb.Transaction) -> bool:
+        """Whether the pages ``txn`` uses exceed ``max_map_size`` (only once the map has its
+        reserve: below that, LMDB's own MapFullError is the limit)."""
+        return self.map_size > self.max_map_size and self.pages_in_use(txn) > self.max_map_size
+
+    def pages_in_use(self, txn: lmdb.Transaction) -> int:
+        """Bytes of the pages the databases use as ``txn`` sees them (not free pages, nor the
+        free list itself)."""
+        pages = 0
+        for db in self._dbs:
+            st = txn.stat(db)
+            pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        return pages * self.page_size
+
+    def disk_full(self, e: lmdb.Error) -> bool:
+        """Whether a failed LMDB call failed for want of disk space: ENOSPC, EDQUOT or EFBIG, or
+        EIO (LMDB's report of a short write) while the file system is (nearly) full or the file
+        is at the process's file-size limit."""
+        code = getattr(e, "code", 0)
+        if isinstance(e, lmdb.DiskError) or code in _DISK_FULL:
+            return True
+        if code != errno.EIO:
+            return False
+        try:
+            fs = os.statvfs(self.path)
+            free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            size = os.stat(self.path / datafile.DATA_FILE).st_size
+        except OSError:
+            return False
+        return free < _NEARLY_FULL or (limit != resource.RLIM_INFINITY and size > limit - _NEARLY_FULL)
 
     def used_bytes(self) -> int:
         info = self.env.info()
@@ -314,6 +408,7 @@ class Store:
         return len(old)
 
     def put(self, txn: lmdb.Transaction, rec: Record, new: bool = False) -> None:
+        self.grows += 1
         self._changed(txn, rec.rid)
         put_maybe_append(txn, rid_key(rec.rid), rec.pack(), self.records, new)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
@@ -391,6 +486,7 @@ class Store:
 
     # -- vectors -------------------------------------------------------------------------------
     def put_vector(self, txn: lmdb.Transaction, rid: int, vector: np.ndarray, new: bool = False) -> None:
+        self.grows += 1
         raw = np.ascontiguousarray(vector, dtype=np.float32).tobytes()
         put_maybe_append(txn, rid_key(rid), raw, self.vectors, new)
 
@@ -476,6 +572,7 @@ class Store:
         return None if raw is None else msgpack.unpackb(raw, raw=False)
 
     def put_node(self, txn: lmdb.Transaction, namespace: str, node: dict[str, Any]) -> None:
+        self.grows += 1
         txn.put(graph_key(namespace, b"n", node["id"]), msgpack.packb(node, use_bin_type=True), db=self.graph)
 
     def get_edge(self, txn: lmdb.Transaction, namespace: str, edge_id: str) -> dict[str, Any] | None:
@@ -483,6 +580,7 @@ class Store:
         return None if raw is None else msgpack.unpackb(raw, raw=False)
 
     def put_edge(self, txn: lmdb.Transaction, namespace: str, edge: dict[str, Any]) -> None:
+        self.grows += 1
         txn.put(graph_key(namespace, b"e", edge["id"]), msgpack.packb(edge, use_bin_type=True), db=self.graph)
         for end in (edge["source_id"], edge["target_id"]):
             txn.put(graph_key(namespace, b"a", end, edge["id"]), b"", db=self.graph)
@@ -561,6 +659,7 @@ class Store:
         now: float,
         dups: list[bool] | None = None,
     ) -> None:
+        self.grows += 1
         key = id_key(namespace, request_id)
         value = {"fp": fingerprint, "rids": rids, "t": now, "dups": dups or []}
         txn.put(key, msgpack.packb(value, use_bin_type=True), db=self.requests)

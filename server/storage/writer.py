@@ -13,6 +13,15 @@ again and each one from it on in a nested transaction of its own, rolled back al
 be repeatable: they run again after map growth too). Nested transactions cost a begin and a commit per operation, and py-lmdb gives up the
 GIL around each call: under load, each handoff waits for another thread's turn, so writes that
 succeed skip them. ``apply(prepared)`` runs after the commit, in this thread, in submission order.
+
+Full storage (see store.py): a group that finds the map full grows it and runs again; once the
+map holds max_map_size and its reserve, or the pages in use exceed max_map_size, the group runs
+again with every operation in a nested transaction of its own, and each one that stores records,
+vectors, request ids or graph items is rolled back and fails with RESOURCE_EXHAUSTED
+(STORAGE_FULL): deletes still commit, into the reserve, so space can be freed. A commit that fails
+because the disk is full fails its group with RESOURCE_EXHAUSTED (STORAGE_FULL, ErrorInfo metadata
+``resource: disk``) and changes nothing: LMDB writes its meta page last, so the failed commit is not
+in the file.
 """
 
 from __future__ import annotations
@@ -47,6 +56,30 @@ class _Op:
 _STOP = object()
 
 
+class _OpFailed(Exception):
+    """An operation of the group raised: run the group again, it and those after it alone."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
+
+
+class _OverLimit(Exception):
+    """The group would leave more pages in use than max_map_size: run it again freeing only."""
+
+
+def _map_full(message: str) -> ResourceExhausted:
+    err = ResourceExhausted(message)
+    err.metadata["resource"] = "map"
+    return err
+
+
+def _disk_full(e: lmdb.Error) -> ResourceExhausted:
+    err = ResourceExhausted(f"the disk is full ({e})")
+    err.metadata["resource"] = "disk"
+    return err
+
+
 class Writer:
     def __init__(
         self,
@@ -66,6 +99,7 @@ class Writer:
         self.ops_committed = 0
         self.groups_committed = 0
         self.apply_failures = 0  # committed writes whose in-memory apply failed (columns snapshots skip then)
+        self._refusing = False  # storage full: writes that store anything are refused (logged once)
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 
@@ -132,6 +166,11 @@ class Writer:
     def _commit_group(self, group: list[_Op]) -> None:
         try:
             self._write_group(group)
+        except ResourceExhausted as e:  # full storage: nothing of the group was committed
+            logger.warning("commit of %d write operations refused: %s", len(group), e)
+            for op in group:
+                op.future.set_exception(e)
+            return
         except BaseException as e:  # the whole group failed: nothing of it was committed
             logger.exception("commit of %d write operations failed", len(group))
             err = e if isinstance(e, TiermemError) else TiermemError(f"write failed: {e}")
@@ -152,52 +191,100 @@ class Writer:
                 op.future.set_exception(TiermemError(f"write committed but not applied: {e}"))
 
     def _write_group(self, group: list[_Op]) -> None:
+        store = self._store
         alone_from = len(group)  # operations from this position on run in nested transactions
+        freeing = False  # storage is full: every operation alone, those that store anything refused
         attempt = 0
         while True:
             # The store's in-memory counters move with the writes: an aborted pass puts them back.
-            seq, changed = self._store.seq, self._store.changed_count
-            failed_at = -1
+            seq, changed = store.seq, store.changed_count
             try:
-                with self._store.write() as txn:
-                    for i, op in enumerate(group):
-                        op.error = None
-                        if i >= alone_from:
-                            self._prepare_alone(txn, op)
-                            continue
-                        try:
-                            op.prepared = op.prepare(txn)
-                        except lmdb.MapFullError:
-                            raise
-                        except Exception:
-                            failed_at = i
-                            raise
-                    self._before_commit(txn)
+                self._write_pass(group, alone_from, freeing)
+                if not freeing and self._refusing:
+                    self._refusing = False
+                    logger.warning("storage has room again: writes are accepted")
                 return
-            except lmdb.MapFullError:
-                self._store.seq, self._store.changed_count = seq, changed
-                attempt += 1
-                if attempt > 8:
-                    raise ResourceExhausted("storage map is full") from None
-                if self._store.grow() < 0:
-                    raise ResourceExhausted("storage map is full (max_map_size reached)") from None
-                logger.info("retrying write group after map growth (attempt %d)", attempt)
-            except Exception:
-                self._store.seq, self._store.changed_count = seq, changed
-                if failed_at < 0:  # not an operation's own failure (the commit, say): the group fails
-                    raise
+            except _OpFailed as e:
+                store.seq, store.changed_count = seq, changed
                 # Again: the ones before it succeeded on the same state and run straight; from it
                 # on, each in a nested transaction, rolled back alone if it fails.
-                alone_from = failed_at
+                alone_from = e.position
+            except _OverLimit:
+                store.seq, store.changed_count = seq, changed
+                freeing = self._refuse()
+            except lmdb.MapFullError:
+                store.seq, store.changed_count = seq, changed
+                attempt += 1
+                if attempt > 8:
+                    raise _map_full("storage map is full") from None
+                if store.grow() >= 0:
+                    logger.info("retrying write group after map growth (attempt %d)", attempt)
+                elif freeing:
+                    raise _map_full("storage map is full (max_map_size and its reserve reached)") from None
+                else:
+                    freeing = self._refuse()
+            except lmdb.Error as e:  # not an operation's own failure (the commit, say): the group fails
+                store.seq, store.changed_count = seq, changed
+                if store.disk_full(e):
+                    raise _disk_full(e) from None
+                raise
+            except BaseException:
+                store.seq, store.changed_count = seq, changed
+                raise
 
-    def _prepare_alone(self, txn: lmdb.Transaction, op: _Op) -> None:
+    def _write_pass(self, group: list[_Op], alone_from: int, freeing: bool) -> None:
+        """One attempt at committing the group (see ``_write_group``)."""
+        store = self._store
+        with store.write() as txn:
+            for i, op in enumerate(group):
+                op.error = None
+                if freeing or i >= alone_from:
+                    self._prepare_alone(txn, op, freeing)
+                    continue
+                try:
+                    op.prepared = op.prepare(txn)
+                except lmdb.MapFullError:
+                    raise
+                except lmdb.Error as e:
+                    if store.disk_full(e):  # (a page spilled to a full disk: the group fails)
+                        raise
+                    raise _OpFailed(i) from e
+                except Exception as e:
+                    raise _OpFailed(i) from e
+            self._before_commit(txn)
+            if not freeing and store.over_limit(txn):
+                raise _OverLimit
+
+    def _refuse(self) -> bool:
+        if not self._refusing:
+            self._refusing = True
+            logger.warning(
+                "storage full (max_map_size %d bytes in use): only writes that free space are accepted",
+                self._store.max_map_size,
+            )
+        return True
+
+    def _prepare_alone(self, txn: lmdb.Transaction, op: _Op, freeing: bool = False) -> None:
         """Run one operation in a nested transaction: if it fails, its writes are undone and its
-        error kept for its caller."""
+        error kept for its caller. ``freeing``: storage is full, so an operation that stores
+        anything fails (RESOURCE_EXHAUSTED) and is undone."""
+        store = self._store
+        grows = store.grows
         try:
-            with self._store.env.begin(write=True, parent=txn) as child:
+            with store.env.begin(write=True, parent=txn) as child:
                 op.prepared = op.prepare(child)
+                if freeing and store.grows != grows:
+                    raise _map_full(
+                        "storage is full (max_map_size reached): only deletes are accepted until "
+                        "space is freed"
+                    )
         except lmdb.MapFullError:
             raise
+        except lmdb.Error as e:
+            if store.disk_full(e):
+                raise
+            logger.exception("write operation failed")
+            op.error = TiermemError(f"write failed: {e}")
         except TiermemError as e:
             op.error = e
         except Exception as e:

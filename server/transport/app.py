@@ -15,20 +15,21 @@ from grpc_health.v1 import health
 
 from tiermem.server.agent.context import Assembler
 from tiermem.server.agent.graph import GraphMemory
-from tiermem.server.config import ServerConfig
+from tiermem.server.config import ServerConfig, is_loopback
 from tiermem.server.core.engine import Engine
 from tiermem.server.transport import follower
+from tiermem.server.transport.decoding import add_memory_service
 from tiermem.server.transport.follower import Followers
 from tiermem.server.transport.process import (
     StopSignals,
     add_health_and_reflection,
+    bind,
     freeze_startup_objects,
     grpc_server,
     set_serving,
     tune_malloc,
 )
 from tiermem.server.transport.servicer import MemoryServicer
-from tiermem.v1 import memory_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +59,11 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     if leading and config.port:
         _check_port_free(config.host, config.port)
     # Alone, a port in use is an error; with followers, they bind it too.
-    server = grpc_server(config, reuseport=leading)
+    server = grpc_server(config, reuseport=leading, exempt=(follower.REPORT_METHOD,))
     servicer = MemoryServicer()
-    memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, server)
+    add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = bind(server, f"{config.host}:{config.port}", config)
     if port == 0:
         raise RuntimeError(f"cannot bind {config.host}:{config.port}")
     private = ""
@@ -117,6 +118,13 @@ def serve(config: ServerConfig) -> None:
     # From here a stop signal is noted: one during start-up (health may already say SERVING) stops
     # the server cleanly once it is up, instead of killing it halfway.
     stops = StopSignals()
+    if not is_loopback(config.host) and not (config.tls_cert and config.api_keys):
+        logger.warning(
+            "serving %s without %s (--insecure): anyone who reaches the port can read and change "
+            "every namespace's memories",
+            config.host,
+            " and ".join(w for w, ok in (("TLS", config.tls_cert), ("API keys", config.api_keys)) if not ok),
+        )
     running = create_server(config)
     logger.info("gc: %d objects alive after start-up frozen", freeze_startup_objects())
     logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())

@@ -27,6 +27,8 @@ from tiermem.server.model.validation import new_memory as check_new_memory
 from tiermem.server.search.query import FUSED, SearchHit, SearchQuery
 from tiermem.v1 import memory_pb2 as pb
 
+_INT32_MAX = 2**31 - 1
+
 
 def ts_to_float(msg: Any, name: str) -> float | None:
     return timestamp_seconds(getattr(msg, name)) if msg.HasField(name) else None
@@ -514,8 +516,8 @@ def context_to_pb(package: ContextPackage) -> pb.BuildContextResponse:
             )
             for s in package.sections
         ],
-        tokens_used=package.tokens_used,
-        candidate_tokens=package.candidate_tokens,
+        tokens_used=min(package.tokens_used, _INT32_MAX),  # (token costs are the clients': clamped)
+        candidate_tokens=min(package.candidate_tokens, _INT32_MAX),
         compression_ratio=package.compression_ratio,
         warnings=package.warnings,
     )

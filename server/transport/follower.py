@@ -38,16 +38,21 @@ from google.protobuf.message import DecodeError
 
 from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
+from tiermem.server.model.errors import TiermemError
 from tiermem.server.model.reports import FollowerReport
+from tiermem.server.transport.auth import authorize
+from tiermem.server.transport.decoding import checked_raw
 from tiermem.server.transport.forward import Forwarder, methods_of
 from tiermem.server.transport.process import (
     StopSignals,
     add_health_and_reflection,
+    bind,
     freeze_startup_objects,
     grpc_server,
     tune_malloc,
 )
 from tiermem.server.transport.servicer import MemoryServicer
+from tiermem.server.transport.status import to_status
 from tiermem.v1 import memory_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -257,6 +262,10 @@ def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forward
                 request = request_type.FromString(raw)
             except DecodeError:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {name}Request")
+            try:
+                authorize(name, request)  # (the interceptor saw bytes: the key's rights apply here)
+            except TiermemError as e:
+                context.abort_with_status(to_status(e))
             return bytes(local(request, context).SerializeToString())
 
         return grpc.unary_unary_rpc_method_handler(serve)  # bytes in and out: forwarded as they are
@@ -287,9 +296,11 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     )
     server.add_generic_rpc_handlers((forwarder,))
     # A follower's servicer answers searches only (everything else is forwarded): no agent services.
-    server.add_generic_rpc_handlers((_local_searches(MemoryServicer(engine), engine, forwarder),))
+    server.add_generic_rpc_handlers(
+        (checked_raw(_local_searches(MemoryServicer(engine), engine, forwarder)),)
+    )
     health_servicer = add_health_and_reflection(server, serving=True)  # loaded before it binds
-    if server.add_insecure_port(f"{config.host}:{port}") != port:
+    if bind(server, f"{config.host}:{port}", config) != port:
         raise RuntimeError(f"cannot bind {config.host}:{port}")
     server.start()
     freeze_startup_objects()

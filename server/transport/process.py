@@ -10,28 +10,57 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tiermem.server.config import ServerConfig
+from tiermem.server.security.keys import KeyRing
+from tiermem.server.security.limits import Admission, KeyLimits
+from tiermem.server.transport.auth import AuthInterceptor
 from tiermem.v1 import memory_pb2
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
 
-def grpc_server(config: ServerConfig, reuseport: bool) -> grpc.Server:
-    """A gRPC server with the configured handler threads, call limit and message sizes."""
+def grpc_server(config: ServerConfig, reuseport: bool, exempt: tuple[str, ...] = ()) -> grpc.Server:
+    """A gRPC server with the configured handler threads, message sizes and the interceptor that
+    admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
+    keys = KeyRing(Path(config.api_keys)) if config.api_keys else None
+    interceptor = AuthInterceptor(
+        keys,
+        Admission(config.max_concurrent_rpcs, config.monitoring_reserved_rpcs),
+        KeyLimits(config.key_max_concurrent_rpcs, config.key_rate_per_second, config.key_burst),
+        exempt,
+    )
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        interceptors=[interceptor],
+        # The interceptor sheds past max_concurrent_rpcs, keeping a share for health and stats;
+        # gRPC's own cap (which refuses every method alike) only past twice that.
+        maximum_concurrent_rpcs=2 * config.max_concurrent_rpcs,
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", int(reuseport)),
         ],
     )
+
+
+def bind(server: grpc.Server, address: str, config: ServerConfig) -> int:
+    """Listen on ``address`` with TLS when a certificate is configured (mutual TLS with a client CA);
+    returns the port (0: the bind failed)."""
+    if not config.tls_cert:
+        return server.add_insecure_port(address)
+    ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
+    creds = grpc.ssl_server_credentials(
+        [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+    return server.add_secure_port(address, creds)
 
 
 def add_health_and_reflection(server: grpc.Server, serving: bool) -> health.HealthServicer:

@@ -18,8 +18,18 @@ from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.agent.summaries import build_summary
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import InvalidArgument, ResourceExhausted, TiermemError, Unavailable
-from tiermem.server.model.reports import ExportItem
+from tiermem.server.model.records import Record
+from tiermem.server.model.reports import (
+    ExportedGraphItem,
+    ExportedMemory,
+    ExportedScope,
+    ExportHeader,
+    ExportItem,
+)
+from tiermem.server.search.searcher import SearchHit, SearchHits
+from tiermem.server.security.keys import ApiKey
 from tiermem.server.transport import convert
+from tiermem.server.transport.auth import caller
 from tiermem.server.transport.status import to_status
 from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
@@ -71,6 +81,22 @@ def _still_wanted(context: grpc.ServicerContext | None) -> Callable[[], bool] | 
         return bool(context.is_active()) and (left is None or left > 0)
 
     return wanted
+
+
+def _tell_fallback(hits: list[SearchHit], resp: pb.SearchMemoriesResponse) -> None:
+    """A search whose query text could not be embedded says it was ranked by keywords alone."""
+    if isinstance(hits, SearchHits) and hits.keyword_only:
+        resp.keyword_only = True
+        resp.warnings.extend(hits.warnings)
+
+
+def _covered_item(key: ApiKey, item: ExportHeader | ExportItem) -> bool:
+    """Whether an export chunk belongs to a namespace the key covers (the header always does)."""
+    if isinstance(item, ExportedMemory):
+        return key.covers(item.record.namespace)
+    if isinstance(item, ExportedScope | ExportedGraphItem):
+        return key.covers(item.namespace)
+    return True
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
@@ -148,11 +174,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         )
         [rec], [dup] = out.records, out.reinforced
         due = out.due[rec.namespace]
+        [pending] = self._embedding_pending(out.records)
         return pb.CreateMemoryResponse(
             memory=convert.memory_to_pb(rec),
             deduplicated=dup,
             reflection_due=due.reflection,
             summary_due=due.summary,
+            embedding_pending=pending,
         )
 
     @_rpc
@@ -172,10 +200,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             deduplicated=out.reinforced,
             reflection_due_namespaces=sorted(ns for ns, due in out.due.items() if due.reflection),
             summary_due_namespaces=sorted(ns for ns, due in out.due.items() if due.summary),
+            embedding_pending=self._embedding_pending(out.records),
         )
         for rec in out.records:
             convert.memory_to_pb(rec, out=resp.memories.add())
         return resp
+
+    def _embedding_pending(self, records: list[Record]) -> list[bool]:
+        """Per record, whether it is stored without its vector for now (the embedder failed; the
+        maintenance pass embeds it): as stored, so a duplicate or a replayed create answers with the
+        memory's state now."""
+        return [vec is None or vec.shape[0] == 0 for vec in self._engine.vectors_of(records)]
 
     @_rpc
     def GetMemory(self, request: pb.GetMemoryRequest, context: grpc.ServicerContext) -> pb.GetMemoryResponse:
@@ -222,6 +257,23 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self._tell_process(context)
         return self._search(request, context)
 
+    def _check_fits(self, searches: Any) -> None:
+        """RESOURCE_EXHAUSTED, before any work, when the answers could not fit one message: each hit
+        with its vector takes 4 bytes a dimension (the query's, else the widest space's)."""
+        eng = self._engine
+        widest = max((sp.dim for sp in list(eng.spaces.values())), default=0)
+        least = 0
+        for s in searches:
+            if s.include_embedding:
+                limit = min(max(s.limit, 0) or 10, eng.config.max_search_limit)  # (as query.py takes it)
+                least += limit * 4 * (len(s.query_embedding) or widest)
+        if least > eng.config.max_message_bytes:
+            raise ResourceExhausted(
+                f"the answer would take at least {least} bytes, over the {eng.config.max_message_bytes}"
+                " a message may hold: ask for fewer results, or without include_embedding",
+                reason="RESPONSE_TOO_LARGE",
+            )
+
     def _tell_process(self, context: grpc.ServicerContext) -> None:
         """With search followers, a search's trailing metadata names the process that ranked it."""
         if self._engine.config.search_processes > 1:
@@ -230,12 +282,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def _search(
         self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext | None
     ) -> pb.SearchMemoriesResponse:
+        self._check_fits([request])
         hits = self._engine.search(
             convert.search_from_pb(request), request.include_embedding, _still_wanted(context)
         )
         resp = pb.SearchMemoriesResponse()
         for hit in hits:
             convert.hit_to_pb(hit, resp.results.add(), request.explain)
+        _tell_fallback(hits, resp)
         return resp
 
     @_rpc
@@ -245,6 +299,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self._tell_process(context)
         if not 1 <= len(request.searches) <= 100:
             raise InvalidArgument("searches", "must hold 1 to 100 searches")
+        self._check_fits(request.searches)
         results = self._engine.search_many(
             [(convert.search_from_pb(s), s.include_embedding) for s in request.searches],
             _still_wanted(context),
@@ -254,6 +309,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             out = resp.responses.add()
             for hit in hits:
                 convert.hit_to_pb(hit, out.results.add(), search.explain)
+            _tell_fallback(hits, out)
         return resp
 
     @_rpc
@@ -269,7 +325,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     @_rpc
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
-        report = self._engine.stats(request.namespace)
+        key = caller()
+        within = None if key is None or key.everything else key.covers
+        report = self._engine.stats(request.namespace, within=within)
         scope = self._engine.scope(request.namespace) if request.namespace else None
         return convert.stats_to_pb(report, scope)
 
@@ -277,7 +335,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def ListNamespaces(
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
     ) -> pb.ListNamespacesResponse:
-        page, token = self._engine.list_namespaces(request.prefix, request.page_size, request.page_token)
+        key = caller()
+        within = None if key is None or key.everything else key.covers
+        page, token = self._engine.list_namespaces(
+            request.prefix, request.page_size, request.page_token, within=within
+        )
         return pb.ListNamespacesResponse(
             namespaces=[pb.NamespaceInfo(name=n, memory_count=c) for n, c in page], next_page_token=token
         )
@@ -344,8 +406,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.ExportMemoriesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ExportMemoriesResponse]:
         with self._stream_slot():
+            key = caller()
             for item in self._engine.export(request.namespace, request.include_children):
-                yield convert.export_chunk_to_pb(item)
+                if key is None or key.everything or _covered_item(key, item):
+                    yield convert.export_chunk_to_pb(item)
 
     @_rpc
     def ImportMemories(

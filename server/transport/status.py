@@ -10,6 +10,7 @@ from grpc_status import rpc_status
 from tiermem.server.model.errors import TiermemError
 
 DOMAIN = "tiermem"
+MAX_MESSAGE = 1024
 
 # status name (TiermemError.status) -> (grpc code, google.rpc code)
 STATUS_CODES: dict[str, tuple[grpc.StatusCode, int]] = {
@@ -20,11 +21,14 @@ STATUS_CODES: dict[str, tuple[grpc.StatusCode, int]] = {
     "RESOURCE_EXHAUSTED": (grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED),
     "UNAVAILABLE": (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
     "DEADLINE_EXCEEDED": (grpc.StatusCode.DEADLINE_EXCEEDED, code_pb2.DEADLINE_EXCEEDED),
+    "UNAUTHENTICATED": (grpc.StatusCode.UNAUTHENTICATED, code_pb2.UNAUTHENTICATED),
+    "PERMISSION_DENIED": (grpc.StatusCode.PERMISSION_DENIED, code_pb2.PERMISSION_DENIED),
     "INTERNAL": (grpc.StatusCode.INTERNAL, code_pb2.INTERNAL),
 }
 
 
-def to_status(err: TiermemError) -> grpc.Status:
+def to_status(err: TiermemError, retry_after: float | None = None) -> grpc.Status:
+    """``err`` as a rich status; ``retry_after`` (seconds) adds a RetryInfo."""
     _, code = STATUS_CODES.get(err.status, STATUS_CODES["INTERNAL"])
     details = []
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=err.metadata)
@@ -41,4 +45,13 @@ def to_status(err: TiermemError) -> grpc.Status:
         packed = any_pb2.Any()
         packed.Pack(bad)
         details.append(packed)
-    return rpc_status.to_status(status_pb2.Status(code=code, message=err.message, details=details))
+    if retry_after is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(int(retry_after * 1e9))
+        packed = any_pb2.Any()
+        packed.Pack(retry)
+        details.append(packed)
+    # A message repeating hostile input at length would not fit the trailers (the client would see
+    # RESOURCE_EXHAUSTED instead): cut.
+    message = err.message if len(err.message) <= MAX_MESSAGE else err.message[:MAX_MESSAGE] + "..."
+    return rpc_status.to_status(status_pb2.Status(code=code, message=message, details=details))

@@ -1,7 +1,10 @@
 #!/usr/bin/env node
 // Proves that a non-Python client can use tiermem with stubs built from proto/ alone.
 //
-// Usage: node client_test.js HOST:PORT
+// Usage: node client_test.js HOST:PORT [--ca CA.pem] [--token TOKEN]
+//
+// With --ca it connects with TLS trusting that CA; with --token every call carries
+// `authorization: Bearer TOKEN` (and one call without it must be UNAUTHENTICATED).
 //
 // Loads proto/tiermem/v1/memory.proto at run time with @grpc/proto-loader (no generated code, no
 // Python), then creates, gets, searches, deletes and lists memories against a running server and
@@ -128,9 +131,15 @@ function decodeStatusDetails(err) {
 async function main() {
   const target = process.argv[2];
   if (!target) {
-    console.error('usage: node client_test.js HOST:PORT');
+    console.error('usage: node client_test.js HOST:PORT [--ca CA.pem] [--token TOKEN]');
     process.exit(2);
   }
+  const option = (name) => {
+    const i = process.argv.indexOf(name);
+    return i > 2 ? process.argv[i + 1] : undefined;
+  };
+  const caFile = option('--ca');
+  const token = option('--token');
 
   const definition = protoLoader.loadSync(PROTO_FILE, {
     includeDirs: [PROTO_DIR],
@@ -144,7 +153,36 @@ async function main() {
   const MemoryService = proto.tiermem.v1.MemoryService;
   check('MemoryService is defined by proto/', () => assert.equal(typeof MemoryService, 'function'));
 
-  const client = new MemoryService(target, grpc.credentials.createInsecure());
+  const transport = caFile
+    ? grpc.credentials.createSsl(require('node:fs').readFileSync(caFile))
+    : grpc.credentials.createInsecure();
+  if (token) {
+    // Call credentials need a secure channel; over plain loopback the token goes in each call's metadata.
+    const anonymous = new MemoryService(target, transport);
+    const refused = await callExpectingError(anonymous, 'ListNamespaces', {});
+    check('a call without the API key is UNAUTHENTICATED', () => {
+      assert.equal(refused.code, grpc.status.UNAUTHENTICATED);
+      assert.equal(decodeStatusDetails(refused).errorInfo.reason, 'API_KEY_MISSING');
+    });
+    anonymous.close();
+  }
+  const bearer = (_params, done) => {
+    const md = new grpc.Metadata();
+    md.set('authorization', `Bearer ${token}`);
+    done(null, md);
+  };
+  const channelCredentials = token && caFile
+    ? grpc.credentials.combineChannelCredentials(transport, grpc.credentials.createFromMetadataGenerator(bearer))
+    : transport;
+  const options = token && !caFile
+    ? { interceptors: [(opts, next) => new grpc.InterceptingCall(next(opts), {
+      start: (metadata, listener, nextStart) => {
+        metadata.set('authorization', `Bearer ${token}`);
+        nextStart(metadata, listener);
+      },
+    })] }
+    : {};
+  const client = new MemoryService(target, channelCredentials, options);
   await new Promise((resolve, reject) =>
     client.waitForReady(new Date(Date.now() + CALL_TIMEOUT_MS), (err) =>
       err ? reject(new Error(`cannot connect to ${target}: ${err.message}`)) : resolve()));

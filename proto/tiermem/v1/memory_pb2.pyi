@@ -228,16 +228,18 @@ class CreateMemoryRequest(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class CreateMemoryResponse(_message.Message):
-    __slots__ = ("memory", "deduplicated", "reflection_due", "summary_due")
+    __slots__ = ("memory", "deduplicated", "reflection_due", "summary_due", "embedding_pending")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     REFLECTION_DUE_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_DUE_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_PENDING_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     deduplicated: bool
     reflection_due: bool
     summary_due: bool
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., deduplicated: _Optional[bool] = ..., reflection_due: _Optional[bool] = ..., summary_due: _Optional[bool] = ...) -> None: ...
+    embedding_pending: bool
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., deduplicated: _Optional[bool] = ..., reflection_due: _Optional[bool] = ..., summary_due: _Optional[bool] = ..., embedding_pending: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesRequest(_message.Message):
     __slots__ = ("memories", "request_id", "dedup_similarity", "allow_duplicates", "confirm")
@@ -254,16 +256,18 @@ class BatchCreateMemoriesRequest(_message.Message):
     def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., request_id: _Optional[str] = ..., dedup_similarity: _Optional[float] = ..., allow_duplicates: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class BatchCreateMemoriesResponse(_message.Message):
-    __slots__ = ("memories", "deduplicated", "reflection_due_namespaces", "summary_due_namespaces")
+    __slots__ = ("memories", "deduplicated", "reflection_due_namespaces", "summary_due_namespaces", "embedding_pending")
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     REFLECTION_DUE_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_DUE_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_PENDING_FIELD_NUMBER: _ClassVar[int]
     memories: _containers.RepeatedCompositeFieldContainer[Memory]
     deduplicated: _containers.RepeatedScalarFieldContainer[bool]
     reflection_due_namespaces: _containers.RepeatedScalarFieldContainer[str]
     summary_due_namespaces: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., deduplicated: _Optional[_Iterable[bool]] = ..., reflection_due_namespaces: _Optional[_Iterable[str]] = ..., summary_due_namespaces: _Optional[_Iterable[str]] = ...) -> None: ...
+    embedding_pending: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., deduplicated: _Optional[_Iterable[bool]] = ..., reflection_due_namespaces: _Optional[_Iterable[str]] = ..., summary_due_namespaces: _Optional[_Iterable[str]] = ..., embedding_pending: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class GetMemoryRequest(_message.Message):
     __slots__ = ("namespace", "id", "include_embedding")
@@ -464,10 +468,14 @@ class SearchResult(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recency: _Optional[float] = ..., importance: _Optional[float] = ..., explanation: _Optional[_Union[SearchExplanation, _Mapping]] = ...) -> None: ...
 
 class SearchMemoriesResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "keyword_only", "warnings")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    KEYWORD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SearchResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ...) -> None: ...
+    keyword_only: bool
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., keyword_only: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Feedback(_message.Message):
     __slots__ = ("id", "predicted_relevance", "actual_usefulness", "success")

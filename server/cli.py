@@ -1,0 +1,240 @@
+"""``tiermem`` (also ``python -m tiermem``): administration commands.
+
+- ``tiermem keys add --file F --namespace PREFIX --role ROLE`` appends an API key to a keys file
+  (hashes only) and prints the new token on its last line.
+- ``tiermem backup --target ADDR FILE [--namespace NS] [--include-children]`` saves an export to a
+  backup file (docs/backup.md); ``tiermem restore --target ADDR FILE [--target-namespace NS]``
+  checks the file whole, then imports it. Both print a JSON summary.
+- ``tiermem stats --target ADDR [--namespace NS]`` and ``tiermem namespaces --target ADDR
+  [--prefix P]`` print the server's figures and its namespaces as JSON.
+- ``tiermem health --target ADDR`` prints SERVING and exits 0, or prints NOT_SERVING and exits 1.
+
+The commands that talk to a server take ``--api-key`` (or the TIERMEM_API_KEY environment
+variable), ``--tls`` / ``--tls-ca FILE`` and ``--timeout``, and go through ``tiermem.client``.
+A failure prints one line on stderr and exits 1; a usage error exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tiermem.client import MemoryClient, TiermemError, to_python
+from tiermem.client.backup import backup, restore
+from tiermem.server.security.keys import ROLES, KeysFileError, add_key
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except (TiermemError, KeysFileError, ValueError, OSError) as e:
+        print(f"tiermem {args.command}: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# -- arguments ------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tiermem", description="tiermem administration.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_keys(sub)
+    conn = _connection_options()
+
+    b = sub.add_parser(
+        "backup",
+        parents=[conn],
+        help="save an export of the server to a backup file",
+        description="Export memories (with their vectors), scope progress and the graph into FILE, "
+        "written to a temporary file and renamed over FILE once complete (docs/backup.md). Prints a "
+        "JSON summary.",
+    )
+    b.add_argument("file", type=Path, metavar="FILE", help="the backup file (replaced if it exists)")
+    b.add_argument(
+        "--namespace", default="", metavar="NS", help="the namespace to back up (default: every namespace)"
+    )
+    b.add_argument("--include-children", action="store_true", help="also the namespaces below it (NS/...)")
+    b.set_defaults(run=_backup)
+
+    r = sub.add_parser(
+        "restore",
+        parents=[conn],
+        help="import a backup file into the server",
+        description="Check FILE whole (format, version, checksum) and import it; a file that fails "
+        "the check is refused before anything is sent. Prints the import's counts as JSON.",
+    )
+    r.add_argument("file", type=Path, metavar="FILE", help="a file written by `tiermem backup`")
+    r.add_argument(
+        "--target-namespace",
+        default="",
+        metavar="NS",
+        help="restore under this namespace instead of the exported one (children follow)",
+    )
+    r.set_defaults(run=_restore)
+
+    s = sub.add_parser("stats", parents=[conn], help="print the server's figures as JSON")
+    s.add_argument(
+        "--namespace", default="", metavar="NS", help="one namespace's figures (default: the server's)"
+    )
+    s.set_defaults(run=_stats)
+
+    n = sub.add_parser("namespaces", parents=[conn], help="list the namespaces as JSON")
+    n.add_argument("--prefix", default="", metavar="P", help="only namespaces starting with this")
+    n.set_defaults(run=_namespaces)
+
+    h = sub.add_parser(
+        "health",
+        parents=[conn],
+        help="exit 0 if the server is SERVING, 1 otherwise",
+        description="Print SERVING and exit 0 once the server reports SERVING within --timeout; "
+        "otherwise print NOT_SERVING (and why on stderr) and exit 1. Needs no API key.",
+    )
+    h.set_defaults(run=_health)
+    return p
+
+
+def _add_keys(sub: Any) -> None:
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
+    add = keys.add_parser(
+        "add",
+        help="append a key to a keys file and print its token (last line)",
+        description="Append an API key to a keys file (only its hash is stored) and print its token on "
+        "the last line: it is shown once. A running server picks the key up within a second.",
+    )
+    add.add_argument("--file", required=True, type=Path, help="the keys file (created if missing)")
+    add.add_argument(
+        "--namespace",
+        action="append",
+        required=True,
+        help="a namespace prefix the key covers (the namespace and those below it); repeatable; "
+        "'' covers every namespace",
+    )
+    add.add_argument("--role", required=True, choices=sorted(ROLES), help="read, write or admin")
+    add.set_defaults(run=_keys_add, command="keys add")
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    conn = argparse.ArgumentParser(add_help=False)
+    conn.add_argument("--target", required=True, metavar="ADDR", help="the server, host:port")
+    conn.add_argument(
+        "--api-key",
+        default=os.environ.get("TIERMEM_API_KEY") or None,
+        metavar="TOKEN",
+        help="API key (default: the TIERMEM_API_KEY environment variable)",
+    )
+    conn.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CAs")
+    conn.add_argument(
+        "--tls-ca", type=Path, metavar="FILE", help="connect with TLS, trusting this CA certificate (PEM)"
+    )
+    conn.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long to wait for the server, and each call's deadline (default {DEFAULT_TIMEOUT:g}); "
+        "a backup's or restore's stream has none",
+    )
+    return conn
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+def _keys_add(args: argparse.Namespace) -> int:
+    token = add_key(args.file, list(args.namespace), args.role)
+    scope = ", ".join(repr(n) for n in args.namespace)
+    print(f"added a {args.role} key for {scope} to {args.file}; its token (shown once):")
+    print(token)
+    return 0
+
+
+def _connect(args: argparse.Namespace) -> MemoryClient:
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive, not {args.timeout:g}")
+    tls: bool | str = str(args.tls_ca) if args.tls_ca is not None else bool(args.tls)
+    return MemoryClient(args.target, timeout=args.timeout, api_key=args.api_key, tls=tls)
+
+
+def _ready(args: argparse.Namespace) -> MemoryClient:
+    """A client of a server that reported SERVING within --timeout (else UnavailableError)."""
+    client = _connect(args)
+    try:
+        client.wait_ready(args.timeout)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(_plain(value), indent=2, default=str))
+
+
+def _plain(value: Any) -> Any:
+    """``to_python``'s output with every repeated field a list: under the upb protobuf runtime a
+    repeated field's container has no ``__iter__`` attribute, and ``to_python`` leaves it as it is."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, bytes, int, float)):
+        return value
+    if isinstance(value, (list, tuple, Sequence)):
+        return [_plain(to_python(v)) for v in value]
+    return value
+
+
+def _backup(args: argparse.Namespace) -> int:
+    with _ready(args) as client:
+        summary = backup(client, args.file, args.namespace, args.include_children)
+    _print_json(dataclasses.asdict(summary))
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    if not args.file.is_file():  # before connecting: a typo is not a server problem
+        raise FileNotFoundError(f"{args.file}: no such file")
+    with _ready(args) as client:
+        response = restore(client, args.file, args.target_namespace)
+    _print_json(to_python(response))
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    with _ready(args) as client:
+        _print_json(to_python(client.stats(args.namespace)))
+    return 0
+
+
+def _namespaces(args: argparse.Namespace) -> int:
+    with _ready(args) as client:
+        _print_json([to_python(n) for n in client.list_namespaces(args.prefix)])
+    return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    with _connect(args) as client:
+        try:
+            client.wait_ready(args.timeout)
+        except TiermemError as e:
+            print("NOT_SERVING")
+            print(f"tiermem health: {_one_line(e)}", file=sys.stderr)
+            return 1
+    print("SERVING")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The one interceptor every call passes: admission (a server-wide cap with a share kept for health
+and stats), then, with API keys configured, the caller's key (``authorization: Bearer <token>``),
+its limits, and its right to every namespace the request names (``RULES``). The handler then runs
+with the key in ``caller()``, so listings, stats and exports show only what it covers.
+
+Health checks need no key. The search followers' private report method is checked by its own
+handler (its peer must be the leader's Unix socket). A forwarded call (raw bytes in a follower) is
+authenticated there and checked in full by the leader it is forwarded to. Tokens are never logged."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from tiermem.server.model.errors import PermissionDenied, ResourceExhausted, TiermemError, Unauthenticated
+from tiermem.server.security.keys import ROLES, ApiKey, KeyRing
+from tiermem.server.security.limits import Admission, KeyLimits
+from tiermem.server.transport.status import to_status
+
+SERVICE = "/tiermem.v1.MemoryService/"
+HEALTH = "/grpc.health.v1.Health/"
+MONITORING = (HEALTH, SERVICE + "GetStats")
+READ, WRITE, ADMIN = "read", "write", "admin"
+
+_caller: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar("tiermem_caller", default=None)
+
+
+def caller() -> ApiKey | None:
+    """The API key of the call being served (None: the server has no keys, or no call)."""
+    return _caller.get()
+
+
+def ancestors(namespace: str) -> list[str]:
+    """ "a/b/c" -> ["a/b", "a"]."""
+    parts = namespace.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def _need(key: ApiKey, role: str, namespaces: Iterable[str], what: str) -> None:
+    """PERMISSION_DENIED unless ``key`` has ``role`` (or more) on each of ``namespaces``."""
+    if key.level < ROLES[role]:
+        raise PermissionDenied(
+            f"{what} needs the {role} role; this key has {key.role}",
+            reason="ROLE_TOO_LOW",
+            metadata={"needed_role": role, "key_role": key.role, "key_id": key.id},
+        )
+    for ns in namespaces:
+        if not key.covers(ns):
+            raise PermissionDenied(
+                f"this key does not cover namespace {ns!r}",
+                reason="NAMESPACE_NOT_COVERED",
+                metadata={"namespace": ns, "key_id": key.id},
+            )
+
+
+def _search_namespaces(namespaces: Iterable[str], with_ancestors: bool) -> list[str]:
+    out = list(namespaces)
+    if with_ancestors:
+        out += [a for ns in out for a in ancestors(ns)]
+    return out
+
+
+def _everything(key: ApiKey, role: str, what: str) -> None:
+    _need(key, role, [], what)
+    if not key.everything:
+        raise PermissionDenied(
+            f"{what} needs a key for every namespace (an empty prefix)",
+            reason="NAMESPACE_NOT_COVERED",
+            metadata={"namespace": "", "key_id": key.id},
+        )
+
+
+def _delete_namespace(key: ApiKey, r: Any) -> None:
+    _need(key, ADMIN if r.include_children else WRITE, [r.namespace], "DeleteNamespace")
+
+
+def _update_config(key: ApiKey, r: Any) -> None:
+    paths = set(r.update_mask.paths) or {"protected"}
+    role = ADMIN if "protected" in paths else WRITE
+    _need(
+        key, role, [r.config.namespace], "changing protection" if role == ADMIN else "UpdateNamespaceConfig"
+    )
+
+
+def _consolidate(key: ApiKey, r: Any) -> None:
+    if r.namespace:
+        _need(key, WRITE, [r.namespace], "ConsolidateMemories")
+    else:
+        _everything(key, ADMIN, "a server-wide ConsolidateMemories")
+
+
+def _export(key: ApiKey, r: Any) -> None:
+    # Everything, or a namespace with its children: filtered to what the key covers.
+    _need(key, READ, [r.namespace] if r.namespace and not r.include_children else [], "ExportMemories")
+
+
+def _import_chunk(key: ApiKey, r: Any, target: str) -> None:
+    """Each chunk of an import: admin, and the namespace it lands in covered (everything lands
+    under ``target``, the first chunk's target_namespace, when there is one)."""
+    chunk = r.WhichOneof("chunk")
+    names = [target] if target else []
+    if not target:
+        if chunk == "header" and r.header.namespace:
+            names.append(r.header.namespace)
+        elif chunk == "memory":
+            names.append(r.memory.namespace)
+        elif chunk == "scope":
+            names.append(r.scope.namespace)
+        elif chunk in ("node", "edge"):
+            names.append(r.graph_namespace)
+    _need(key, ADMIN, names, "ImportMemories")
+
+
+def _simple(role: str, names: Callable[[Any], Iterable[str]]) -> Callable[[ApiKey, Any], None]:
+    def rule(key: ApiKey, r: Any) -> None:
+        _need(key, role, names(r), "this call")
+
+    return rule
+
+
+# Method -> the check of a request (for a client stream: of each message).
+RULES: dict[str, Callable[[ApiKey, Any], None]] = {
+    "CreateMemory": _simple(WRITE, lambda r: [r.memory.namespace]),
+    "BatchCreateMemories": _simple(WRITE, lambda r: [m.namespace for m in r.memories]),
+    "GetMemory": _simple(READ, lambda r: [r.namespace]),
+    "UpdateMemory": _simple(WRITE, lambda r: [r.memory.namespace]),
+    "DeleteMemory": _simple(WRITE, lambda r: [r.namespace]),
+    "ListMemories": _simple(READ, lambda r: [r.namespace]),
+    "SearchMemories": _simple(READ, lambda r: _search_namespaces(r.namespaces, r.include_ancestors)),
+    "BatchSearchMemories": _simple(
+        READ,
+        lambda r: [ns for s in r.searches for ns in _search_namespaces(s.namespaces, s.include_ancestors)],
+    ),
+    "RecordFeedback": _simple(WRITE, lambda r: [r.namespace]),
+    "GetStats": _simple(READ, lambda r: [r.namespace] if r.namespace else []),
+    "ListNamespaces": _simple(READ, lambda r: []),
+    "DeleteNamespace": _delete_namespace,
+    "GetNamespaceConfig": _simple(READ, lambda r: [r.namespace]),
+    "UpdateNamespaceConfig": _update_config,
+    "ConsolidateMemories": _consolidate,
+    "TransferMemory": _simple(
+        WRITE, lambda r: [r.namespace] + ([r.target_namespace] if r.target_namespace else [])
+    ),
+    "GetReflectionCandidates": _simple(READ, lambda r: [r.namespace]),
+    "BuildSummary": _simple(READ, lambda r: [r.namespace]),
+    "UpsertGraphNode": _simple(WRITE, lambda r: [r.namespace]),
+    "AddGraphEdge": _simple(WRITE, lambda r: [r.namespace]),
+    "InvalidateGraphEdge": _simple(WRITE, lambda r: [r.namespace]),
+    "GetGraphNeighbors": _simple(READ, lambda r: [r.namespace]),
+    "BuildContext": _simple(READ, lambda r: [s.namespace for s in r.scopes]),
+    "ExportMemories": _export,
+}
+IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first chunk's target
+
+
+def authorize(method: str, request: Message) -> None:
+    """For a handler that decodes its own request (a follower's searches): PermissionDenied unless
+    the caller's key may make it."""
+    key = caller()
+    if key is not None:
+        RULES[method](key, request)
+
+
+def _abort(context: grpc.ServicerContext, err: TiermemError, retry_after: float | None = None) -> None:
+    context.abort_with_status(to_status(err, retry_after))
+
+
+def _token(context: grpc.ServicerContext) -> str | None:
+    for md in context.invocation_metadata() or ():
+        if md.key == "authorization":
+            value = str(md.value)
+            scheme, _, token = value.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else ""
+    return None
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """See the module docstring. ``keys`` None: no keys (every call may do everything)."""
+
+    def __init__(
+        self,
+        keys: KeyRing | None,
+        admission: Admission,
+        limits: KeyLimits,
+        exempt: tuple[str, ...] = (),
+    ) -> None:
+        self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
+
+    def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = continuation(details)
+        method = details.method
+        if handler is None or method in self.exempt:
+            return handler
+        rule = RULES.get(method[len(SERVICE) :]) if method.startswith(SERVICE) else None
+        call = _Call(self, method, rule)
+        return _wrap(handler, call)
+
+
+class _Call:
+    """What the interceptor does around one method's handler."""
+
+    def __init__(
+        self, owner: AuthInterceptor, method: str, rule: Callable[[ApiKey, Any], None] | None
+    ) -> None:
+        self.owner, self.method, self.rule = owner, method, rule
+        self.monitoring = method.startswith(MONITORING)
+        self.open = method.startswith(HEALTH)  # health needs no key
+
+    def enter(self, context: grpc.ServicerContext) -> ApiKey | None:
+        """Admit the call and authenticate it (aborting the call otherwise); returns its key."""
+        o = self.owner
+        if not o.admission.enter(self.monitoring):
+            _abort(
+                context,
+                ResourceExhausted("the server is at its limit of calls in flight", "SERVER_BUSY"),
+                0.1,
+            )
+        key = None
+        try:
+            if o.keys is not None and not self.open:
+                key = self._authenticate(context)
+                wait = o.limits.enter(key.id)
+                if wait is not None:
+                    _abort(
+                        context,
+                        ResourceExhausted(f"key {key.id} is over its limits", "KEY_RATE_LIMITED"),
+                        wait,
+                    )
+        except BaseException:
+            o.admission.leave()
+            raise
+        return key
+
+    def _authenticate(self, context: grpc.ServicerContext) -> ApiKey:
+        assert self.owner.keys is not None
+        token = _token(context)
+        if token is None:
+            _abort(
+                context,
+                Unauthenticated("this server needs an API key: metadata authorization: Bearer <token>"),
+            )
+        key = self.owner.keys.lookup(token or "")
+        if key is None:
+            _abort(
+                context, Unauthenticated("the API key is not valid (unknown or revoked)", "API_KEY_INVALID")
+            )
+        assert key is not None
+        return key
+
+    def leave(self, key: ApiKey | None) -> None:
+        if key is not None:
+            self.owner.limits.leave(key.id)
+        self.owner.admission.leave()
+
+    def check(self, key: ApiKey | None, request: Any) -> None:
+        """PermissionDenied unless the key may make this request (an undecodable request, not a
+        message, is left to the handler, which refuses it)."""
+        if key is None or not isinstance(request, Message):
+            return
+        if self.rule is not None:
+            self.rule(key, request)
+        elif self.method.startswith(SERVICE):  # (a method without a rule: admin on everything)
+            _everything(key, ADMIN, self.method)
+
+    def check_or_abort(self, key: ApiKey | None, request: Any, context: grpc.ServicerContext) -> None:
+        try:
+            self.check(key, request)
+        except TiermemError as e:
+            _abort(context, e)
+
+
+def _wrap(handler: Any, call: _Call) -> Any:
+    if handler.request_streaming and handler.response_streaming:
+        inner: Callable[..., Any] = handler.stream_stream
+        return grpc.stream_stream_rpc_method_handler(
+            _stream_in_stream_out(inner, call), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(
+            _stream_in(handler.stream_unary, call), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(
+            _stream_out(handler.unary_stream, call), handler.request_deserializer, handler.response_serializer
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        _unary(handler.unary_unary, call), handler.request_deserializer, handler.response_serializer
+    )
+
+
+def _unary(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
+    def behavior(request: Any, context: grpc.ServicerContext) -> Any:
+        key = call.enter(context)
+        try:
+            call.check_or_abort(key, request, context)
+            token = _caller.set(key)
+            try:
+                return inner(request, context)
+            finally:
+                _caller.reset(token)
+        finally:
+            call.leave(key)
+
+    return behavior
+
+
+def _stream_out(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
+    def behavior(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        key = call.enter(context)
+        try:
+            call.check_or_abort(key, request, context)
+            token = _caller.set(key)
+            try:
+                yield from inner(request, context)
+            finally:
+                _caller.reset(token)
+        finally:
+            call.leave(key)
+
+    return behavior
+
+
+def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterator[Any]:
+    """The messages of a client stream, each checked as the handler reads it (a refused one raises
+    PermissionDenied into the handler, which answers it and stores nothing more)."""
+    target: str | None = None
+    for r in requests:
+        if call.method == IMPORT and key is not None and isinstance(r, Message):
+            target = r.target_namespace if target is None else target  # type: ignore[attr-defined]
+            _import_chunk(key, r, target)
+        else:
+            call.check(key, r)
+        yield r
+
+
+def _stream_in(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
+    def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        key = call.enter(context)
+        try:
+            token = _caller.set(key)
+            try:
+                return inner(_checked(requests, key, call), context)
+            finally:
+                _caller.reset(token)
+        finally:
+            call.leave(key)
+
+    return behavior
+
+
+def _stream_in_stream_out(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
+    def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        key = call.enter(context)
+        try:
+            token = _caller.set(key)
+            try:
+                yield from inner(_checked(requests, key, call), context)
+            finally:
+                _caller.reset(token)
+        finally:
+            call.leave(key)
+
+    return behavior

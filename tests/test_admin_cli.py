@@ -1,0 +1,486 @@
+"""The ``tiermem`` administration commands, run as subprocesses (``python -m tiermem``) against real
+servers: backup and restore through a backup file (memories with vectors, graph, scope progress),
+damaged files refused before anything is sent, stats / namespaces / health, API keys and TLS; the
+backup file format read in-process; the packaging files (Dockerfile, systemd unit) checked by
+reading them, since no image is built here."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tiermem.client import MemoryClient, NotFoundError, metadata_dict
+from tiermem.client import backup as backup_module
+from tiermem.client.backup import FORMAT_VERSION, MAGIC, BackupFileError, backup, restore, verify
+from tiermem.server.security.keys import add_key
+from tiermem.server.transport.app import RunningServer
+
+ROOT = Path(__file__).resolve().parent.parent
+Factory = Callable[..., RunningServer]
+
+
+def tiermem(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tiermem ARGS`` (TIERMEM_API_KEY only from ``env``)."""
+    base = {k: v for k, v in os.environ.items() if k != "TIERMEM_API_KEY"}
+    return subprocess.run(
+        [sys.executable, "-m", "tiermem", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**base, **(env or {})},
+    )
+
+
+def addr(running: RunningServer) -> str:
+    return f"127.0.0.1:{running.port}"
+
+
+def connect(running: RunningServer, **kw: Any) -> MemoryClient:
+    c = MemoryClient(addr(running), timeout=30, **kw)
+    c.wait_ready()
+    return c
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+# -- what a server holds --------------------------------------------------------------------------
+
+NAMESPACES = ("p", "p/c", "other")
+
+
+def fill(c: MemoryClient) -> None:
+    """Memories with and without vectors in three namespaces, a graph, and scope progress."""
+    for i in range(12):
+        vector = {"embedding": [float(i), 1.0, -0.5 * i, 0.25], "embedding_model": "m"} if i % 3 else {}
+        c.create(
+            "p",
+            f"memory number {i} about deploys",
+            id=f"m{i}",
+            tier=["fast", "medium", "slow", "glacial"][i % 4],
+            importance=0.1 + 0.07 * i,
+            tags=[f"t{i % 2}"],
+            metadata={"n": i, "odd": bool(i % 2), "who": "ana"},
+            **vector,
+        )
+    c.create("p/c", "a child scope memory", id="child", embedding=[0.0, 0.0, 1.0, 0.0], embedding_model="m")
+    c.create("other", "another namespace", id="o1", tier="slow")
+    c.observe("p", "the deploy failed twice on friday", importance=0.6)
+    c.observe("p/c", "the child saw it too", importance=0.3)
+    c.upsert_node("p", "ana", label="person", properties={"age": 41}, memory_ids=["m1"])
+    c.upsert_node("p", "billing", label="service")
+    c.add_edge("p", "ana", "owns", "billing", properties={"since": 2021})
+
+
+def memories(c: MemoryClient, ns: str) -> dict[str, tuple[Any, ...]]:
+    out = {}
+    for m in c.list_memories(ns):
+        full = c.get(ns, m.id, include_embedding=True)
+        out[m.id] = (
+            full.content,
+            full.kind,
+            full.tier,
+            round(full.importance, 6),
+            tuple(full.tags),
+            tuple(sorted(metadata_dict(full).items())),
+            full.embedding_model,
+            tuple(round(x, 6) for x in full.embedding),
+        )
+    return out
+
+
+def graph(c: MemoryClient, ns: str) -> tuple[Any, ...]:
+    around = c.neighbors(ns, "ana")
+    nodes = sorted((n.id, n.label, tuple(sorted(metadata_dict(n).items())), tuple(n.memory_ids)) for n in around.nodes)  # fmt: skip
+    edges = sorted((e.source_id, e.relation, e.target_id, tuple(sorted(metadata_dict(e).items()))) for e in around.edges)  # fmt: skip
+    return tuple(nodes), tuple(edges)
+
+
+def progress(c: MemoryClient, ns: str) -> tuple[float, int]:
+    st = c.stats(ns)
+    return round(st.reflection_importance, 6), st.summary_tokens
+
+
+def state(c: MemoryClient) -> dict[str, Any]:
+    return {
+        "memories": {ns: memories(c, ns) for ns in NAMESPACES},
+        "graph": graph(c, "p"),
+        "progress": {ns: progress(c, ns) for ns in NAMESPACES},
+        "namespaces": sorted(n.name for n in c.list_namespaces()),
+    }
+
+
+# -- backup and restore ---------------------------------------------------------------------------
+
+
+def test_backup_and_restore_through_the_cli_carry_everything(server_factory: Factory, tmp_path: Path) -> None:
+    source = server_factory(data_dir=tmp_path / "source")
+    with connect(source) as c:
+        fill(c)
+        before = state(c)
+    assert len(before["memories"]["p"]) == 13  # 12 and the observation
+    assert any(v[7] for v in before["memories"]["p"].values())  # vectors are compared
+    assert before["progress"]["p"][0] > 0 and before["progress"]["p"][1] > 0
+    assert before["graph"][1]
+
+    file = tmp_path / "backups" / "all.tmb"
+    file.parent.mkdir()
+    out = tiermem("backup", "--target", addr(source), str(file))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["memories"] == 16 and summary["nodes"] == 2 and summary["edges"] == 1
+    assert summary["scopes"] >= 2 and summary["namespace"] == ""
+    assert summary["size_bytes"] == file.stat().st_size and file.read_bytes().startswith(MAGIC)
+    assert file.stat().st_mode & 0o077 == 0  # the owner's only: it holds every memory
+    assert [p.name for p in file.parent.iterdir()] == ["all.tmb"]  # no temporary file left
+
+    target = server_factory(data_dir=tmp_path / "other")
+    with connect(target) as c:
+        assert list(c.list_namespaces()) == []
+        out = tiermem("restore", "--target", addr(target), str(file))
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"imported": 16, "graph_items": 3, "reembedded": 0}
+        assert state(c) == before
+
+    # One namespace and its children, restored elsewhere.
+    part = tmp_path / "p.tmb"
+    out = tiermem("backup", "--target", addr(source), str(part), "--namespace", "p", "--include-children")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["memories"] == 15
+    out = tiermem("restore", "--target", addr(target), str(part), "--target-namespace", "q")
+    assert out.returncode == 0, out.stderr
+    with connect(target) as c:
+        assert memories(c, "q") == before["memories"]["p"]
+        assert memories(c, "q/c") == before["memories"]["p/c"]
+        assert progress(c, "q") == before["progress"]["p"]
+        assert graph(c, "q") == before["graph"]
+
+
+def _flip_inside(data: bytes, needle: bytes) -> bytes:
+    at = data.index(needle) + 3
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+
+
+def test_a_damaged_or_truncated_file_is_refused_and_restores_nothing(
+    server_factory: Factory, tmp_path: Path
+) -> None:
+    source = server_factory(data_dir=tmp_path / "source")
+    with connect(source) as c:
+        fill(c)
+    good = tmp_path / "good.tmb"
+    assert tiermem("backup", "--target", addr(source), str(good)).returncode == 0
+    data = good.read_bytes()
+    target = server_factory(data_dir=tmp_path / "other")
+
+    cases = {
+        "flipped.tmb": (_flip_inside(data, b"memory number 7"), "checksum mismatch"),
+        "cut-trailer.tmb": (data[:-10], "truncated"),
+        "cut-record.tmb": (data[: len(data) // 2], "truncated"),
+        "not-a-backup.tmb": (b'{"memories": []}\n', "not a tiermem backup"),
+    }
+    for name, (content, problem) in cases.items():
+        bad = tmp_path / name
+        bad.write_bytes(content)
+        out = tiermem("restore", "--target", addr(target), str(bad))
+        line = one_error_line(out)
+        assert line.startswith("tiermem restore: ") and str(bad) in line and problem in line, line
+        assert out.stdout == ""
+    with connect(target) as c:
+        assert list(c.list_namespaces()) == []
+        assert c.stats().memory_count == 0
+        with pytest.raises(NotFoundError):
+            c.neighbors("p", "ana")
+
+
+def test_the_file_format_is_checked_part_by_part(server_factory: Factory, tmp_path: Path) -> None:
+    """In-process: the summary, and each way a file can be wrong, named in a BackupFileError."""
+    running = server_factory()
+    path = tmp_path / "b.tmb"
+    with connect(running) as c:
+        c.create("p", "one", id="a", embedding=[1.0, 0.0], embedding_model="m")
+        c.create("p", "two", id="b")
+        written = backup(c, path, "p")
+    assert written == verify(path)
+    assert (written.memories, written.messages, written.namespace, written.format_version) == (2, 4, "p", 1)
+    data = path.read_bytes()
+    assert data[: len(MAGIC)] == MAGIC and struct.unpack(">I", data[len(MAGIC) : len(MAGIC) + 4]) == (1,)
+    assert data[-32:].hex() == written.sha256 and struct.unpack(">Q", data[-40:-32]) == (written.messages,)
+
+    def refused(content: bytes) -> BackupFileError:
+        bad = tmp_path / "bad.tmb"
+        bad.write_bytes(content)
+        with pytest.raises(BackupFileError) as e:
+            verify(bad)
+        assert isinstance(e.value, ValueError) and e.value.path == bad and str(bad) in str(e.value)
+        return e.value
+
+    head = len(MAGIC) + 4
+    newer = data[: len(MAGIC)] + struct.pack(">I", FORMAT_VERSION + 1) + data[head:]
+    assert "format version 2 is not supported" in refused(newer).problem
+    assert refused(b"").problem.startswith("not a tiermem backup")
+    assert refused(MAGIC[:5]).problem.startswith("truncated")
+    assert refused(data + b"\0").problem == "damaged: 1 unexpected bytes follow the trailer"
+    assert refused(data[:-1]).problem.startswith("truncated")
+    assert refused(_flip_inside(data, b"two")).problem.startswith("checksum mismatch")
+    # A trailer whose count is wrong, with a checksum that matches: the count is still checked.
+    miscounted = data[:-44] + struct.pack(">IQ", 0xFFFFFFFF, 9)
+    miscounted += hashlib.sha256(miscounted).digest()
+    assert refused(miscounted).problem == "damaged: the trailer counts 9 messages, the file holds 4"
+    # restore checks the file before it sends anything: nothing reached the server.
+    with connect(running) as c, pytest.raises(BackupFileError):
+        restore(c, tmp_path / "bad.tmb", "elsewhere")
+    with connect(running) as c:
+        assert [n.name for n in c.list_namespaces()] == ["p"]
+
+
+def test_a_file_changed_after_its_check_stops_the_restore_with_the_file_named(
+    server_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunks sent are read again and checked as they go: a damaged file that got past the
+    first check (here skipped) cancels the import with a BackupFileError, not a bare CANCELLED."""
+    running = server_factory()
+    path = tmp_path / "b.tmb"
+    with connect(running) as c:
+        c.create("p", "memory number one", id="a")
+        backup(c, path, "p")
+        path.write_bytes(_flip_inside(path.read_bytes(), b"memory number one"))
+        monkeypatch.setattr(backup_module, "_check", lambda f, p: None)
+        with pytest.raises(BackupFileError) as e:
+            restore(c, path, "q")
+        assert e.value.path == path and e.value.problem.startswith("checksum mismatch")
+
+
+def test_a_failed_backup_leaves_the_previous_file(server_factory: Factory, tmp_path: Path) -> None:
+    running = server_factory(api_keys=str(_keys(tmp_path)))
+    path = tmp_path / "keep.tmb"
+    path.write_bytes(b"the previous backup")
+    out = tiermem("backup", "--target", addr(running), str(path))  # no key: refused
+    line = one_error_line(out)
+    assert "UNAUTHENTICATED" in line and "API_KEY_MISSING" in line
+    assert path.read_bytes() == b"the previous backup"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "keep.tmb", "keys.jsonl"]
+
+
+# -- figures, health, keys, TLS -------------------------------------------------------------------
+
+
+def _keys(tmp_path: Path) -> Path:
+    keys = tmp_path / "keys.jsonl"
+    if not keys.exists():
+        add_key(keys, [""], "admin")
+    return keys
+
+
+def test_stats_namespaces_and_health(server_factory: Factory, tmp_path: Path) -> None:
+    running = server_factory()
+    with connect(running) as c:
+        c.create("user:ana", "one")
+        c.create("user:ana/project:x", "two")
+        c.create("team:x", "three")
+    out = tiermem("stats", "--target", addr(running))
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["memory_count"] == 3 and figures["namespace_count"] == 3
+    assert [t["tier"] for t in figures["tiers"]] == ["TIER_FAST", "TIER_MEDIUM", "TIER_SLOW", "TIER_GLACIAL"]
+    out = tiermem("stats", "--target", addr(running), "--namespace", "team:x")
+    assert json.loads(out.stdout)["memory_count"] == 1
+
+    out = tiermem("namespaces", "--target", addr(running), "--prefix", "user:")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [
+        {"name": "user:ana", "memory_count": 1},
+        {"name": "user:ana/project:x", "memory_count": 1},
+    ]
+
+    out = tiermem("health", "--target", addr(running))
+    assert (out.returncode, out.stdout, out.stderr) == (0, "SERVING\n", "")
+    running.stop(0)
+    out = tiermem("health", "--target", addr(running), "--timeout", "1")
+    assert out.stdout == "NOT_SERVING\n"
+    assert one_error_line(out).startswith("tiermem health: ")
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    for args in (["backup", "--target", "127.0.0.1:1"], ["stats"], ["frobnicate"], []):
+        out = tiermem(*args)
+        assert out.returncode == 2 and "usage: tiermem" in out.stderr, args
+    out = tiermem("restore", "--target", "127.0.0.1:1", str(tmp_path / "missing.tmb"))
+    assert "missing.tmb: no such file" in one_error_line(out)
+
+
+def test_a_server_with_keys_needs_api_key(server_factory: Factory, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.jsonl"
+    admin = add_key(keys, [""], "admin")
+    reader = add_key(keys, ["user:ana"], "read")
+    running = server_factory(api_keys=str(keys))
+    with connect(running, api_key=admin) as c:
+        c.create("user:ana", "hello", id="h")
+        c.create("user:bob", "hi", id="b")
+
+    out = tiermem("stats", "--target", addr(running))
+    assert "API_KEY_MISSING" in one_error_line(out)
+    assert tiermem("health", "--target", addr(running)).returncode == 0  # health needs no key
+    out = tiermem("stats", "--target", addr(running), "--api-key", admin)
+    assert out.returncode == 0 and json.loads(out.stdout)["memory_count"] == 2
+    out = tiermem("namespaces", "--target", addr(running), env={"TIERMEM_API_KEY": reader})
+    assert out.returncode == 0 and [n["name"] for n in json.loads(out.stdout)] == ["user:ana"]
+
+    file = tmp_path / "ana.tmb"
+    out = tiermem(
+        "backup", "--target", addr(running), str(file), "--namespace", "user:ana", "--api-key", reader
+    )
+    assert out.returncode == 0, out.stderr  # reading is enough to export
+    out = tiermem("restore", "--target", addr(running), str(file), "--target-namespace", "user:ana/copy", "--api-key", reader)  # fmt: skip
+    assert "PERMISSION_DENIED" in one_error_line(out)  # importing needs admin
+    out = tiermem("restore", "--target", addr(running), str(file), "--target-namespace", "user:cy", env={"TIERMEM_API_KEY": admin})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    with connect(running, api_key=admin) as c:
+        assert c.get("user:cy", "h").content == "hello"
+
+
+def _pki(directory: Path) -> dict[str, Path]:
+    """A CA and a server certificate for localhost and 127.0.0.1, as PEM files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(name: str, issuer: Any, key: Any, signer: Any, ca: bool) -> Any:
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert(
+        "test CA", x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")]), ca_key, ca_key, True
+    )
+    server = cert("localhost", ca.subject, server_key, ca_key, False)
+    paths = {"ca": directory / "ca.crt", "crt": directory / "server.crt", "key": directory / "server.key"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["crt"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return paths
+
+
+def test_tls_with_a_ca_file(server_factory: Factory, tmp_path: Path) -> None:
+    pki = _pki(tmp_path)
+    running = server_factory(tls_cert=str(pki["crt"]), tls_key=str(pki["key"]))
+    out = tiermem("health", "--target", f"localhost:{running.port}", "--tls-ca", str(pki["ca"]))
+    assert (out.returncode, out.stdout) == (0, "SERVING\n"), out.stderr
+    out = tiermem("stats", "--target", addr(running), "--tls-ca", str(pki["ca"]))
+    assert out.returncode == 0 and json.loads(out.stdout)["memory_count"] == 0
+    out = tiermem("health", "--target", addr(running), "--timeout", "1")  # plaintext to a TLS port
+    assert out.returncode == 1 and out.stdout == "NOT_SERVING\n"
+    out = tiermem("stats", "--target", addr(running), "--tls-ca", str(tmp_path / "nope.crt"))
+    assert "nope.crt" in one_error_line(out)
+
+
+def test_keys_add_still_works_as_python_m_tiermem(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.jsonl"
+    out = tiermem("keys", "add", "--file", str(keys), "--namespace", "team:x", "--role", "read")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1].startswith("tm_") and '"role": "read"' in keys.read_text()
+
+
+# -- packaging ------------------------------------------------------------------------------------
+
+
+def _instructions(dockerfile: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile: continuation lines joined, comments dropped."""
+    joined = re.sub(
+        r"\\\n", " ", "\n".join(ln for ln in dockerfile.splitlines() if not ln.lstrip().startswith("#"))
+    )
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), " ".join(rest.split())))
+    return out
+
+
+def _words(command: str) -> str:
+    """A command in exec form (a JSON array, one or several lines) or shell form, as one line."""
+    return " ".join(re.sub(r'[\[\]",]', " ", command).split())
+
+
+def test_the_dockerfile_has_the_essentials() -> None:
+    steps = _instructions((ROOT / "Dockerfile").read_text())
+    froms = [args for word, args in steps if word == "FROM"]
+    assert len(froms) >= 2 and "slim" in froms[-1]  # multi-stage, a slim runtime
+    runtime = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
+    words = {w for w, _ in runtime}
+    assert {"USER", "VOLUME", "HEALTHCHECK", "EXPOSE", "ENV", "CMD"} <= words
+    user = [a for w, a in runtime if w == "USER"][-1]
+    assert user.split(":")[0] not in ("root", "0")
+    assert any("/data" in a for w, a in runtime if w == "VOLUME")
+    assert any("50051" in a for w, a in runtime if w == "EXPOSE")
+    health = _words(next(a for w, a in runtime if w == "HEALTHCHECK").partition(" CMD ")[2])
+    assert health.startswith("tiermem health --target 127.0.0.1:50051")
+    env = " ".join(a for w, a in runtime if w == "ENV")
+    assert "TIERMEM_DATA_DIR=/data" in env and "TIERMEM_HOST=0.0.0.0" in env
+    assert any("pip install" in a and " ." in a for w, a in steps[: len(steps) - len(runtime)] if w == "RUN")
+    assert (ROOT / ".dockerignore").is_file()
+
+
+def _unit(text: str) -> dict[str, list[str]]:
+    """A systemd unit's settings, each with its values (continued lines joined)."""
+    fields: dict[str, list[str]] = {}
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";", "[")) and "=" in line:
+            key, _, value = line.partition("=")
+            fields.setdefault(key.strip(), []).append(value.strip())
+    return fields
+
+
+def test_the_systemd_unit_runs_a_hardened_service() -> None:
+    unit = _unit((ROOT / "deploy" / "tiermem.service").read_text())
+    assert unit["User"] and unit["User"][0] != "root"
+    start = " ".join(unit["ExecStart"][0].split())
+    assert start.startswith("/opt/tiermem/bin/tiermem-server ") and "--data-dir /var/lib/tiermem" in start
+    assert "--api-keys /etc/tiermem/keys.jsonl" in start and "--tls-cert" in start
+    assert unit["Restart"] == ["on-failure"]
+    assert unit["NoNewPrivileges"] == ["yes"] and unit["ProtectSystem"] == ["strict"]
+    assert "/var/lib/tiermem" in " ".join(unit["ReadWritePaths"])
+    assert float(unit["TimeoutStopSec"][0].rstrip("s")) >= 30
+
+
+def test_compose_and_license() -> None:
+    compose = (ROOT / "deploy" / "compose.yaml").read_text()
+    assert "CMD tiermem health --target" in _words(compose)
+    assert ":/data" in compose and ":ro" in compose
+    assert "TIERMEM_API_KEYS" in compose and "TIERMEM_TLS_CERT" in compose
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()

@@ -1,0 +1,481 @@
+"""API keys, TLS and limits, through real servers on loopback: keys bound to namespace prefixes and
+roles, checked on every call (streams included); what listings, stats and exports show a key; the
+keys file reloaded without a restart; TLS and mutual TLS; per-key and server-wide admission."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tiermem.client import (
+    MemoryClient,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+)
+from tiermem.server.config import ServerConfig
+from tiermem.server.security.keys import add_key
+from tiermem.server.transport.app import RunningServer
+from tiermem.v1 import memory_pb2 as pb
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> Path:
+    return tmp_path / "keys.jsonl"
+
+
+def client(running: RunningServer, token: str | None = None, **kw: object) -> MemoryClient:
+    return MemoryClient(f"127.0.0.1:{running.port}", timeout=20, api_key=token, **kw)  # type: ignore[arg-type]
+
+
+def health(running: RunningServer) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        return int(health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10).status)
+
+
+# -- keys ------------------------------------------------------------------------------------------
+
+
+def test_keys_add_prints_the_token_last_and_stores_only_its_hash(keys_file: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tiermem.server.cli", "keys", "add", "--file", str(keys_file),
+         "--namespace", "user:ana", "--namespace", "team:x", "--role", "write"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    token = out.stdout.strip().splitlines()[-1]
+    assert token.startswith("tm_") and len(token) > 40
+    stored = keys_file.read_text()
+    assert token not in stored and token.split("_")[2] not in stored
+    assert '"namespaces": ["user:ana", "team:x"]' in stored and '"role": "write"' in stored
+    assert keys_file.stat().st_mode & 0o077 == 0  # readable by its owner only
+    bad = subprocess.run(
+        [sys.executable, "-m", "tiermem.server.cli", "keys", "add", "--file", str(keys_file),
+         "--namespace", "user:ana", "--role", "owner"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "owner" in bad.stderr
+    assert keys_file.read_text() == stored
+
+
+def test_calls_need_a_known_key_but_health_does_not(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    token = add_key(keys_file, ["user:ana"], "write")
+    running = server_factory(api_keys=str(keys_file))
+    assert health(running) == health_pb2.HealthCheckResponse.SERVING
+    with client(running) as anonymous:
+        with pytest.raises(UnauthenticatedError) as e:
+            list(anonymous.list_namespaces())
+        assert e.value.reason == "API_KEY_MISSING"
+    with client(running, token[:-2] + "xx") as wrong:
+        with pytest.raises(UnauthenticatedError) as e:
+            wrong.create("user:ana", "hello")
+        assert e.value.reason == "API_KEY_INVALID"
+    with client(running, token) as ana:
+        ana.create("user:ana", "hello")
+        assert [n.name for n in ana.list_namespaces()] == ["user:ana"]
+
+
+def test_a_key_covers_its_prefix_and_the_namespaces_below_never_a_longer_name(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    ana = add_key(keys_file, ["user:ana"], "write")
+    project = add_key(keys_file, ["user:ana/project:x"], "write")
+    running = server_factory(api_keys=str(keys_file))
+    with client(running, ana) as c:
+        c.create("user:ana", "the user's own memory about deploys")
+        c.create("user:ana/project:x", "a project memory about deploys")
+        with pytest.raises(PermissionDeniedError) as e:
+            c.create("user:anabel", "not hers")
+        assert e.value.reason == "NAMESPACE_NOT_COVERED" and e.value.metadata["namespace"] == "user:anabel"
+        hits = c.search("user:ana/project:x", "deploys", include_ancestors=True)
+        assert len(hits) == 2
+    with client(running, project) as c:
+        assert len(c.search("user:ana/project:x", "deploys")) == 1
+        # The ancestors a search names need the right too.
+        with pytest.raises(PermissionDeniedError):
+            c.search("user:ana/project:x", "deploys", include_ancestors=True)
+        with pytest.raises(PermissionDeniedError):
+            c.search_many([{"namespaces": ["user:ana/project:x"]}, {"namespaces": ["user:ana"]}])
+        with pytest.raises(PermissionDeniedError):
+            c.build_context(["user:ana/project:x", "user:ana"], token_budget=100)
+        m = c.create("user:ana/project:x", "move me")
+        with pytest.raises(PermissionDeniedError):
+            c.transfer("user:ana/project:x", m.id, target_namespace="user:ana", mode="move")
+        assert c.get("user:ana/project:x", m.id).id == m.id  # nothing moved
+
+
+def test_roles_read_write_admin(server_factory: Callable[..., RunningServer], keys_file: Path) -> None:
+    reader = add_key(keys_file, ["team:x"], "read")
+    writer = add_key(keys_file, ["team:x"], "write")
+    admin = add_key(keys_file, ["team:x"], "admin")
+    root = add_key(keys_file, [""], "admin")
+    running = server_factory(api_keys=str(keys_file))
+    with client(running, writer) as w, client(running, reader) as r, client(running, admin) as a:
+        m = w.create("team:x", "a shared note")
+        w.create("team:x/sub", "below it")
+        assert r.get("team:x", m.id).content == "a shared note"
+        with pytest.raises(PermissionDeniedError) as e:
+            r.create("team:x", "readers do not write")
+        assert e.value.reason == "ROLE_TOO_LOW" and e.value.metadata["needed_role"] == "write"
+        # Deleting a namespace with its children, and protection, need admin.
+        with pytest.raises(PermissionDeniedError):
+            w.delete_namespace("team:x", include_children=True)
+        with pytest.raises(PermissionDeniedError):
+            w.update_namespace_config("team:x", protected=True)
+        w.update_namespace_config("team:x", max_items=100)  # a policy change is a write
+        a.update_namespace_config("team:x", protected=True)
+        # A server-wide pass needs a key for every namespace.
+        with pytest.raises(PermissionDeniedError):
+            a.consolidate()
+        a.consolidate("team:x")
+        with client(running, root) as g:
+            g.consolidate()
+        assert a.delete_namespace("team:x/sub", include_children=True) == 1
+
+
+def test_listings_stats_and_exports_show_only_what_the_key_covers(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    ana = add_key(keys_file, ["user:ana"], "admin")
+    root = add_key(keys_file, [""], "admin")
+    running = server_factory(api_keys=str(keys_file))
+    with client(running, root) as g:
+        for ns in ("user:ana", "user:ana/p", "user:anabel", "user:bob"):
+            g.create(ns, f"a memory of {ns}", token_cost=10)
+    with client(running, ana) as c:
+        assert [n.name for n in c.list_namespaces()] == ["user:ana", "user:ana/p"]
+        # pages are filled from the covered namespaces only
+        page = c.stub.ListNamespaces(pb.ListNamespacesRequest(page_size=1), timeout=10)
+        assert [n.name for n in page.namespaces] == ["user:ana"] and page.next_page_token
+        stats = c.stats()
+        assert stats.memory_count == 2 and stats.namespace_count == 2 and stats.storage_bytes == 0
+        exported = list(c.export_memories())
+        contents = [x.memory.content for x in exported if x.WhichOneof("chunk") == "memory"]
+        assert sorted(contents) == ["a memory of user:ana", "a memory of user:ana/p"]
+        with pytest.raises(PermissionDeniedError):
+            list(c.export_memories("user:bob"))
+    with client(running, root) as g:
+        assert g.stats().memory_count == 4 and g.stats().storage_bytes > 0
+
+
+def test_import_needs_admin_on_every_namespace_it_writes(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    root = add_key(keys_file, [""], "admin")
+    ana_admin = add_key(keys_file, ["user:ana"], "admin")
+    ana_writer = add_key(keys_file, ["user:ana"], "write")
+    running = server_factory(api_keys=str(keys_file))
+    with client(running, root) as g:
+        g.create("user:bob", "bob's memory")
+        dump = list(g.export_memories("user:bob"))
+    with client(running, ana_writer) as c, pytest.raises(PermissionDeniedError):
+        c.import_memories(iter(dump), target_namespace="user:ana/restored")
+    with client(running, ana_admin) as c:
+        with pytest.raises(PermissionDeniedError):
+            c.import_memories(iter(dump))  # into user:bob
+        assert c.import_memories(iter(dump), target_namespace="user:ana/restored").imported == 1
+    with client(running, root) as g:
+        assert g.stats("user:bob").memory_count == 1
+        assert g.stats("user:ana/restored").memory_count == 1
+
+
+def test_the_keys_file_is_reloaded_for_new_and_revoked_keys(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    first = add_key(keys_file, ["user:ana"], "write")
+    running = server_factory(api_keys=str(keys_file))
+    second = add_key(keys_file, ["user:ana"], "write")  # added while serving
+    deadline = time.monotonic() + 10
+    with client(running, second) as c:
+        while True:
+            try:
+                c.create("user:ana", "with the new key")
+                break
+            except UnauthenticatedError:
+                assert time.monotonic() < deadline, "the new key was not picked up"
+                time.sleep(0.2)
+    # Revoke the first: rewrite the file without its line.
+    lines = keys_file.read_text().splitlines()
+    keys_file.write_text("\n".join(lines[1:]) + "\n")
+    with client(running, first) as c:
+        while True:
+            try:
+                c.create("user:ana", "with the old key")
+            except UnauthenticatedError:
+                break
+            assert time.monotonic() < deadline, "the revoked key still works"
+            time.sleep(0.2)
+    # A broken file keeps the keys loaded before.
+    keys_file.write_text("not json\n")
+    time.sleep(1.2)
+    with client(running, second) as c:
+        c.create("user:ana", "still works")
+
+
+def test_tokens_are_never_logged(
+    server_factory: Callable[..., RunningServer], keys_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = add_key(keys_file, ["user:ana"], "read")
+    running = server_factory(api_keys=str(keys_file))
+    with caplog.at_level(logging.DEBUG):
+        with client(running, token) as c:
+            c.search("user:ana", "anything")
+            with pytest.raises(PermissionDeniedError):
+                c.create("user:ana", "denied")
+            with pytest.raises(PermissionDeniedError):
+                c.search("user:bob", "denied")
+        with client(running, token + "x") as c, pytest.raises(UnauthenticatedError):
+            c.search("user:ana", "anything")
+    secret = token.split("_", 2)[2]
+    assert all(secret not in r.getMessage() for r in caplog.records)
+
+
+# -- binding, TLS --------------------------------------------------------------------------------------
+
+
+def test_an_exposed_address_needs_tls_and_keys_or_insecure(tmp_path: Path, keys_file: Path) -> None:
+    with pytest.raises(ValueError, match=r"host.*TLS.*API keys.*insecure"):
+        ServerConfig(host="0.0.0.0", data_dir=tmp_path)
+    add_key(keys_file, [""], "admin")
+    with pytest.raises(ValueError, match="host"):
+        ServerConfig(host="0.0.0.0", data_dir=tmp_path, api_keys=str(keys_file))  # keys, no TLS
+    ServerConfig(host="0.0.0.0", data_dir=tmp_path, insecure=True)
+    ServerConfig(host="::1", data_dir=tmp_path)
+    ServerConfig(host="localhost", data_dir=tmp_path)
+
+
+def _cert(name: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None, ca: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer[0].subject if issuer else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))]),
+            critical=False,
+        )  # fmt: skip
+    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+    return cert, key
+
+
+def _pem(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey, directory: Path, name: str) -> tuple[Path, Path]:  # fmt: skip
+    c, k = directory / f"{name}.crt", directory / f"{name}.key"
+    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))  # fmt: skip
+    return c, k
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Path]:
+    ca = _cert("tiermem test CA", None, ca=True)
+    server = _cert("localhost", ca, ca=False)
+    client_cert = _cert("agent-7", ca, ca=False)
+    out: dict[str, Path] = {}
+    out["ca"], _ = _pem(*ca, tmp_path, "ca")
+    out["server_crt"], out["server_key"] = _pem(*server, tmp_path, "server")
+    out["client_crt"], out["client_key"] = _pem(*client_cert, tmp_path, "client")
+    return out
+
+
+def test_tls_with_a_token_in_one_argument_each(
+    server_factory: Callable[..., RunningServer], keys_file: Path, pki: dict[str, Path]
+) -> None:
+    token = add_key(keys_file, ["user:ana"], "write")
+    running = server_factory(
+        api_keys=str(keys_file), tls_cert=str(pki["server_crt"]), tls_key=str(pki["server_key"])
+    )
+    with client(running, token, tls=str(pki["ca"])) as c:
+        c.wait_ready()
+        c.create("user:ana", "over TLS")
+        assert c.stats("user:ana").memory_count == 1
+    with client(running, token) as plain, pytest.raises(Exception):  # noqa: B017 (no TLS: no answer)
+        plain.stats("user:ana", timeout=2)
+
+
+def test_mutual_tls_needs_a_client_certificate_from_the_ca(
+    server_factory: Callable[..., RunningServer], pki: dict[str, Path]
+) -> None:
+    running = server_factory(
+        tls_cert=str(pki["server_crt"]), tls_key=str(pki["server_key"]), tls_client_ca=str(pki["ca"])
+    )
+    ca = pki["ca"].read_bytes()
+    with client(running, tls=ca) as no_cert, pytest.raises(Exception):  # noqa: B017
+        no_cert.stats(timeout=2)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=pki["client_key"].read_bytes(),
+        certificate_chain=pki["client_crt"].read_bytes(),
+    )
+    with client(running, tls=creds) as c:
+        c.create("user:ana", "mutual")
+        assert c.stats().memory_count == 1
+
+
+# -- limits --------------------------------------------------------------------------------------------
+
+
+def _held_imports(c: MemoryClient, n: int) -> tuple[threading.Event, list[threading.Thread]]:
+    """``n`` ImportMemories calls held open (the server waits for their next chunk) until set."""
+    release = threading.Event()
+    header = pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1))
+
+    def chunks() -> Iterator[pb.ImportMemoriesRequest]:
+        yield header
+        release.wait(30)
+
+    def run() -> None:
+        with contextlib.suppress(grpc.RpcError):
+            c.stub.ImportMemories(chunks(), timeout=40)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # (they reach the server and wait there)
+    return release, threads
+
+
+def test_health_and_stats_keep_a_share_when_the_server_is_full(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory(max_workers=8, max_concurrent_rpcs=6, monitoring_reserved_rpcs=2)
+    with client(running) as c:
+        release, threads = _held_imports(c, 4)
+        try:
+            with pytest.raises(ResourceExhaustedError) as e:
+                list(c.list_namespaces())
+            assert e.value.reason == "SERVER_BUSY" and e.value.retry_after and e.value.retry_after > 0
+            assert c.stats().memory_count == 0
+            assert health(running) == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            release.set()
+            for t in threads:
+                t.join(10)
+        list(c.list_namespaces())  # free again
+
+
+def test_a_key_over_its_rate_or_concurrency_is_told_when_to_retry(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    slow = add_key(keys_file, ["user:ana"], "admin")
+    running = server_factory(api_keys=str(keys_file), key_rate_per_second=0.5, key_burst=2)
+    with client(running, slow) as c:
+        c.stats("user:ana")
+        c.stats("user:ana")
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.stats("user:ana")
+        assert e.value.reason == "KEY_RATE_LIMITED" and 0 < (e.value.retry_after or 0) <= 2.0
+    busy = add_key(keys_file, ["user:ana"], "admin")
+    other = add_key(keys_file, ["user:ana"], "admin")
+    running = server_factory(
+        api_keys=str(keys_file), key_max_concurrent_rpcs=1, data_dir=keys_file.parent / "d2"
+    )
+    with client(running, busy) as c, client(running, other) as o:
+        release, threads = _held_imports(c, 1)
+        try:
+            with pytest.raises(ResourceExhaustedError) as e:
+                c.stats("user:ana")
+            assert e.value.reason == "KEY_RATE_LIMITED"
+            o.stats("user:ana")  # another key is not held back
+        finally:
+            release.set()
+            for t in threads:
+                t.join(10)
+
+
+def test_an_answer_that_cannot_fit_is_refused_before_the_work(client: MemoryClient) -> None:
+    vec = [0.01] * 4096
+    client.create("big", "one memory", embedding=vec, embedding_model="wide")
+    searches = [
+        {
+            "namespaces": ["big"],
+            "query": vec,
+            "embedding_model": "wide",
+            "limit": 1000,
+            "include_embedding": True,
+        }
+        for _ in range(8)
+    ]
+    t0 = time.monotonic()
+    with pytest.raises(ResourceExhaustedError) as e:
+        client.search_many(searches)
+    assert e.value.reason == "RESPONSE_TOO_LARGE" and time.monotonic() - t0 < 5
+    assert len(client.search_many(searches[:1])) == 1  # one fits
+
+
+def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tiermem.server",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "TLS" in proc.stderr and "insecure" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_search_followers_check_keys_too(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """A follower serves searches itself (checked there) and forwards writes (checked by the leader)."""
+    ana = add_key(keys_file, ["user:ana", "probe"], "write")
+    running = server_factory(search_processes=2, api_keys=str(keys_file))
+    assert running.followers is not None
+    (fpid,) = running.followers.pids()
+    deadline = time.monotonic() + 60
+    while True:  # a connection the kernel gave to the follower
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{running.port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        c = MemoryClient(channel=channel, timeout=30, api_key=ana)
+        req = pb.SearchMemoriesRequest(namespaces=["probe"], query_text="probe", read_only=True)
+        _, call = c.stub.SearchMemories.with_call(req, timeout=30)
+        if int(dict(call.trailing_metadata())["tiermem-search-process"]) == fpid:
+            break
+        channel.close()
+        assert time.monotonic() < deadline
+    c.create("user:ana", "forwarded to the leader")  # a write through the follower
+    assert len(c.search("user:ana", "forwarded leader")) == 1  # ranked by the follower
+    with pytest.raises(PermissionDeniedError):
+        c.search("user:bob", "anything")
+    with pytest.raises(PermissionDeniedError):
+        c.create("user:bob", "not covered")
+    anonymous = MemoryClient(channel=grpc.insecure_channel(f"127.0.0.1:{running.port}"), timeout=30)
+    with pytest.raises(UnauthenticatedError):
+        anonymous.search("user:ana", "anything")
+    channel.close()
