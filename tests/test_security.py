@@ -479,3 +479,21 @@ def test_search_followers_check_keys_too(
     with pytest.raises(UnauthenticatedError):
         anonymous.search("user:ana", "anything")
     channel.close()
+
+
+def test_admission_keeps_a_share_for_monitoring_and_reclaims_lost_leases() -> None:
+    from tiermem.server.security.limits import Admission
+
+    a = Admission(total=3, reserved=1, lease_seconds=0.2)
+    first, second = a.enter(False), a.enter(False)
+    assert first is not None and second is not None
+    assert a.enter(False) is None  # general calls stop at total - reserved
+    probe = a.enter(True)
+    assert probe is not None and a.enter(True) is None  # monitoring may take the reserve, no more
+    a.leave(first)
+    assert a.enter(False) is None  # (the probe still counts)
+    a.leave(probe)
+    assert a.enter(False) is not None
+    # A lease never given back (a call cancelled while queued) is reclaimed after lease_seconds.
+    time.sleep(0.25)
+    assert a.enter(False) is not None and a.in_flight() == 1  # the three old ones reclaimed

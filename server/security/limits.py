@@ -10,23 +10,43 @@ from dataclasses import dataclass
 
 
 class Admission:
-    """At most ``total`` calls in flight, of which monitoring calls may take the last ``reserved``."""
+    """At most ``total`` calls admitted and not yet finished, of which monitoring calls may take the
+    last ``reserved``. A call is admitted when it arrives, before it waits for a handler thread, so
+    the calls queued count too; each admission is a lease, given back when the call ends, or
+    reclaimed after ``lease_seconds`` (a call cancelled while it was queued never runs its handler,
+    so it never gives its lease back)."""
 
-    def __init__(self, total: int, reserved: int) -> None:
+    def __init__(self, total: int, reserved: int, lease_seconds: float = 120.0) -> None:
         self.total, self.general = total, max(1, total - reserved)
+        self.lease_seconds = lease_seconds
         self._lock = threading.Lock()
-        self._in_flight = 0
+        self._leases: dict[int, float] = {}  # lease -> when it was given
+        self._next = 0
 
-    def enter(self, monitoring: bool) -> bool:
+    def enter(self, monitoring: bool) -> int | None:
+        """A lease, or None when the call must be refused."""
+        limit = self.total if monitoring else self.general
         with self._lock:
-            if self._in_flight >= (self.total if monitoring else self.general):
-                return False
-            self._in_flight += 1
-            return True
+            if len(self._leases) >= limit:
+                self._reclaim(time.monotonic() - self.lease_seconds)
+                if len(self._leases) >= limit:
+                    return None
+            self._next += 1
+            self._leases[self._next] = time.monotonic()
+            return self._next
 
-    def leave(self) -> None:
+    def leave(self, lease: int) -> None:
         with self._lock:
-            self._in_flight -= 1
+            self._leases.pop(lease, None)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+    def _reclaim(self, before: float) -> None:
+        stale = [lease for lease, at in self._leases.items() if at < before]
+        for lease in stale:
+            del self._leases[lease]
 
 
 @dataclass

@@ -199,6 +199,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return handler
         rule = RULES.get(method[len(SERVICE) :]) if method.startswith(SERVICE) else None
         call = _Call(self, method, rule)
+        # Admitted as it arrives, before it waits for a handler thread: past the cap a call is
+        # refused at once, and the queue ahead of a health check stays short.
+        call.lease = self.admission.enter(call.monitoring)
         return _wrap(handler, call)
 
 
@@ -211,11 +214,12 @@ class _Call:
         self.owner, self.method, self.rule = owner, method, rule
         self.monitoring = method.startswith(MONITORING)
         self.open = method.startswith(HEALTH)  # health needs no key
+        self.lease: int | None = None
 
     def enter(self, context: grpc.ServicerContext) -> ApiKey | None:
-        """Admit the call and authenticate it (aborting the call otherwise); returns its key."""
+        """Refuse a call not admitted, authenticate it (aborting the call otherwise); returns its key."""
         o = self.owner
-        if not o.admission.enter(self.monitoring):
+        if self.lease is None:
             _abort(
                 context,
                 ResourceExhausted("the server is at its limit of calls in flight", "SERVER_BUSY"),
@@ -233,9 +237,14 @@ class _Call:
                         wait,
                     )
         except BaseException:
-            o.admission.leave()
+            self._release()
             raise
         return key
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            self.owner.admission.leave(self.lease)
+            self.lease = None
 
     def _authenticate(self, context: grpc.ServicerContext) -> ApiKey:
         assert self.owner.keys is not None
@@ -256,7 +265,7 @@ class _Call:
     def leave(self, key: ApiKey | None) -> None:
         if key is not None:
             self.owner.limits.leave(key.id)
-        self.owner.admission.leave()
+        self._release()
 
     def check(self, key: ApiKey | None, request: Any) -> None:
         """PermissionDenied unless the key may make this request (an undecodable request, not a
