@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -14,6 +13,7 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tiermem.server.config import ServerConfig
+from tiermem.server.transport import logs
 from tiermem.server.transport.app import serve
 
 
@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--no-sync", action="store_true", help="do not fsync commits (survives kill -9, not power loss)"
     )
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument("--config", help="a TOML settings file (env TIERMEM_CONFIG): flags > environment > file")
+    p.add_argument("--log-level", help="DEBUG (with an access line a call), INFO, WARNING (default INFO)")
+    p.add_argument("--log-format", help="text or json (default text, env TIERMEM_LOG_FORMAT)")
     p.add_argument(
         "--search-processes",
         type=int,
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         "port": args.port,
         "data_dir": args.data_dir,
         "log_level": args.log_level,
+        "log_format": args.log_format,
         "search_processes": args.search_processes,
         "api_keys": args.api_keys,
         "tls_cert": args.tls_cert,
@@ -62,12 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.insecure:
         overrides["insecure"] = True
     try:
-        config = ServerConfig.from_env(**overrides)
+        config = ServerConfig.from_env(config_file=args.config, **overrides)
     except ValueError as e:
         p.error(str(e))  # exit status 2 with the setting named
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(config.log_level, config.log_format)
     try:
         serve(config)
     except Exception as e:

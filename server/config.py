@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 # Tier values match the proto enum tiermem.v1.Tier.
 TIER_FAST, TIER_MEDIUM, TIER_SLOW, TIER_GLACIAL = 1, 2, 3, 4
@@ -273,6 +280,7 @@ class ServerConfig:
 
     # Whole-tier maintenance runs elsewhere; the request path uses serial kernels.
     log_level: str = "INFO"
+    log_format: str = "text"  # text, or json (one object a line, with the request id where there is one)
     tuning: Tuning = Tuning()  # internal thresholds (see Tuning); not read from the environment
 
     def __post_init__(self) -> None:
@@ -329,6 +337,11 @@ class ServerConfig:
         ):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.hnsw_m >= 2, "hnsw_m", "must be >= 2")
+        levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        need(self.log_level.upper() in levels, "log_level", f"must be one of {', '.join(levels)}")
+        need(self.log_format in ("text", "json"), "log_format", "must be text or json")
+        kinds = ("builtin", "openai", "sentence_transformers")
+        need(self.embedder in kinds, "embedder", f"must be one of {', '.join(kinds)}")
         self._check_security(need)
         need(self.startup_pending_max >= 0, "startup_pending_max", "must be >= 0")
         need(
@@ -395,21 +408,82 @@ class ServerConfig:
         )
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> ServerConfig:
-        """Defaults, then ``TIERMEM_*`` environment variables, then explicit overrides."""
+    def from_env(
+        cls, env: dict[str, str] | None = None, config_file: str | Path | None = None, **overrides: Any
+    ) -> ServerConfig:
+        """Defaults, then a TOML settings file (``config_file``, or the file ``TIERMEM_CONFIG``
+        names), then ``TIERMEM_*`` environment variables, then explicit overrides (the flags). An
+        unknown variable or file key is a ValueError naming it."""
         env = dict(os.environ if env is None else env)
+        defaults = cls()
+        names = {f.name for f in fields(cls) if f.name != "tuning"}
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name == "tuning":
-                continue
-            raw = env.get(f"TIERMEM_{f.name.upper()}")
-            if raw is None:
-                continue
-            values[f.name] = _parse(f.name, raw, getattr(cls(), f.name))
+        path = config_file or env.get("TIERMEM_CONFIG")
+        if path:
+            values.update(_read_file(Path(path), names, defaults))
+        known = {f"TIERMEM_{n.upper()}" for n in names} | NOT_SETTINGS
+        known.add(str(values.get("embedder_api_key_env", defaults.embedder_api_key_env)))
+        unknown = sorted(k for k in env if k.startswith("TIERMEM_") and k not in known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"unknown setting {', '.join(unknown)} in the environment{hint}")
+        for name in names:
+            raw = env.get(f"TIERMEM_{name.upper()}")
+            if raw is not None:
+                values[name] = _parse(name, raw, getattr(defaults, name))
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "data_dir" in values:
             values["data_dir"] = Path(values["data_dir"])
-        return replace(cls(), **values)
+        return replace(defaults, **values)
+
+    def summary(self) -> str:
+        """The settings an operator checks first, in one line (logged at start; no secrets)."""
+        security = (
+            ("API keys " + self.api_keys if self.api_keys else "no API keys")
+            + (", TLS" + (" (mutual)" if self.tls_client_ca else "") if self.tls_cert else ", no TLS")
+            + (", insecure allowed" if self.insecure else "")
+        )
+        model = f" {self.embedder_model}" if self.embedder_model else ""
+        return (
+            f"data {Path(self.data_dir).resolve()}; embedder {self.embedder}{model}; {security}; "
+            f"max {self.max_concurrent_rpcs} calls in flight ({self.monitoring_reserved_rpcs} for monitoring), "
+            f"per key {self.key_max_concurrent_rpcs or 'no cap'} in flight, "
+            f"{self.key_rate_per_second or 'no cap'} a second; {self.max_workers} handler threads; "
+            f"search processes {self.search_processes}; sync {self.sync}"
+        )
+
+
+# TIERMEM_* variables that are not server settings: the settings file's path, the admin command's
+# token, the test suite's switch.
+NOT_SETTINGS = {"TIERMEM_CONFIG", "TIERMEM_API_KEY", "TIERMEM_REQUIRE_NODE"}
+
+
+def _read_file(path: Path, names: set[str], defaults: ServerConfig) -> dict[str, Any]:
+    """The settings of a TOML file: top-level keys named as the settings; unknown keys refused."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read the settings file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"the settings file {path} is not TOML: {e}") from None
+    unknown = sorted(k for k in data if k not in names)
+    if unknown:
+        raise ValueError(f"unknown setting {', '.join(unknown)} in {path}")
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        default = getattr(defaults, k)
+        if isinstance(default, tuple) and isinstance(v, list):
+            v = tuple(float(x) for x in v)
+        elif isinstance(default, Path):
+            v = Path(str(v))
+        elif isinstance(default, float) and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if type(v) is not type(default):
+            raise ValueError(f"setting {k} in {path}: {v!r} is not a valid {type(default).__name__}")
+        out[k] = v
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -118,6 +118,7 @@ def serve(config: ServerConfig) -> None:
     # From here a stop signal is noted: one during start-up (health may already say SERVING) stops
     # the server cleanly once it is up, instead of killing it halfway.
     stops = StopSignals()
+    logger.info("settings: %s", config.summary())
     if not is_loopback(config.host) and not (config.tls_cert and config.api_keys):
         logger.warning(
             "serving %s without %s (--insecure): anyone who reaches the port can read and change "

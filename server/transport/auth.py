@@ -9,7 +9,9 @@ authenticated there and checked in full by the leader it is forwarded to. Tokens
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ from google.protobuf.message import Message
 from tiermem.server.model.errors import PermissionDenied, ResourceExhausted, TiermemError, Unauthenticated
 from tiermem.server.security.keys import ROLES, ApiKey, KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
+from tiermem.server.transport import logs
 from tiermem.server.transport.status import to_status
 
 SERVICE = "/tiermem.v1.MemoryService/"
@@ -267,6 +270,27 @@ class _Call:
             self.owner.limits.leave(key.id)
         self._release()
 
+    @contextlib.contextmanager
+    def serving(self, context: grpc.ServicerContext) -> Iterator[ApiKey | None]:
+        """Around a handler: its request id, admission, key and limits, the caller's key in
+        ``caller()``, and the access line at the end."""
+        rid = logs.set_request_id(logs.request_id_of(context))
+        started = time.perf_counter()
+        key: ApiKey | None = None
+        try:
+            key = self.enter(context)
+            try:
+                token = _caller.set(key)
+                try:
+                    yield key
+                finally:
+                    _caller.reset(token)
+            finally:
+                self.leave(key)
+        finally:
+            logs.access(self.method, context, started, key.id if key is not None else "")
+            logs.reset_request_id(rid)
+
     def check(self, key: ApiKey | None, request: Any) -> None:
         """PermissionDenied unless the key may make this request (an undecodable request, not a
         message, is left to the handler, which refuses it)."""
@@ -305,32 +329,18 @@ def _wrap(handler: Any, call: _Call) -> Any:
 
 def _unary(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(request: Any, context: grpc.ServicerContext) -> Any:
-        key = call.enter(context)
-        try:
+        with call.serving(context) as key:
             call.check_or_abort(key, request, context)
-            token = _caller.set(key)
-            try:
-                return inner(request, context)
-            finally:
-                _caller.reset(token)
-        finally:
-            call.leave(key)
+            return inner(request, context)
 
     return behavior
 
 
 def _stream_out(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        key = call.enter(context)
-        try:
+        with call.serving(context) as key:
             call.check_or_abort(key, request, context)
-            token = _caller.set(key)
-            try:
-                yield from inner(request, context)
-            finally:
-                _caller.reset(token)
-        finally:
-            call.leave(key)
+            yield from inner(request, context)
 
     return behavior
 
@@ -350,29 +360,15 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
 
 def _stream_in(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-        key = call.enter(context)
-        try:
-            token = _caller.set(key)
-            try:
-                return inner(_checked(requests, key, call), context)
-            finally:
-                _caller.reset(token)
-        finally:
-            call.leave(key)
+        with call.serving(context) as key:
+            return inner(_checked(requests, key, call), context)
 
     return behavior
 
 
 def _stream_in_stream_out(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        key = call.enter(context)
-        try:
-            token = _caller.set(key)
-            try:
-                yield from inner(_checked(requests, key, call), context)
-            finally:
-                _caller.reset(token)
-        finally:
-            call.leave(key)
+        with call.serving(context) as key:
+            yield from inner(_checked(requests, key, call), context)
 
     return behavior

@@ -1,0 +1,132 @@
+"""One settings model: defaults < a TOML file < TIERMEM_* variables < flags; unknown names refused;
+bad values one line and exit 2; the effective settings logged at start; JSON logs with request ids
+and an access line a call at DEBUG."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tiermem.server.config import ServerConfig
+from tiermem.v1 import memory_pb2 as pb
+from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    f = tmp_path / "tiermem.toml"
+    f.write_text(
+        'port = 6000\nrecency_tau_seconds = 60\nembedder = "builtin"\ntier_max_items = [0, 1, 2, 3, 4]\n'
+    )
+    c = ServerConfig.from_env(env={}, config_file=f)
+    assert (c.port, c.recency_tau_seconds, c.tier_max_items) == (6000, 60.0, (0.0, 1.0, 2.0, 3.0, 4.0))
+    c = ServerConfig.from_env(env={"TIERMEM_PORT": "6001", "TIERMEM_CONFIG": str(f)})
+    assert c.port == 6001 and c.recency_tau_seconds == 60.0  # the variable over the file
+    c = ServerConfig.from_env(env={"TIERMEM_PORT": "6001"}, config_file=f, port=6002)
+    assert c.port == 6002  # the flag over both
+
+
+@pytest.mark.parametrize(
+    "env,content,message",
+    [
+        ({"TIERMEM_EMBEDER": "openai"}, None, r"TIERMEM_EMBEDER.*did you mean TIERMEM_EMBEDDER"),
+        ({}, "portt = 1\n", r"unknown setting portt in .*tiermem.toml"),
+        ({}, 'port = "many"\n', r"setting port .* not a valid int"),
+        ({}, "port = \n", r"not TOML"),
+        ({"TIERMEM_LOG_LEVEL": "verbose"}, None, r"log_level.*DEBUG"),
+        ({"TIERMEM_EMBEDDER": "word2vec"}, None, r"embedder.*builtin"),
+        ({"TIERMEM_PORT": "x"}, None, r"TIERMEM_PORT='x' is not a valid int"),
+    ],
+)
+def test_unknown_names_and_bad_values_are_named(
+    tmp_path: Path, env: dict[str, str], content: str | None, message: str
+) -> None:
+    f = None
+    if content is not None:
+        f = tmp_path / "tiermem.toml"
+        f.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        ServerConfig.from_env(env=env, config_file=f)
+
+
+def test_the_embedders_key_variable_and_the_admin_token_are_not_settings() -> None:
+    ServerConfig.from_env(env={"TIERMEM_EMBEDDER_API_KEY": "k", "TIERMEM_API_KEY": "t", "TIERMEM_CONFIG": ""})
+    ServerConfig.from_env(env={"MY_KEY": "k", "TIERMEM_EMBEDDER_API_KEY_ENV": "MY_KEY"})
+
+
+def _server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tiermem.server", "--port", "0", "--data-dir", str(tmp_path / "data"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("TIERMEM_")}, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    "args,env,named",
+    [
+        ((), {"TIERMEM_EMBEDER": "openai"}, "TIERMEM_EMBEDER"),
+        (("--log-level", "verbose"), {}, "log_level"),
+        ((), {"TIERMEM_EMBEDDER": "word2vec"}, "embedder"),
+    ],
+)
+def test_the_server_refuses_bad_settings_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str], named: str
+) -> None:
+    proc = _server(tmp_path, *args, env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "data").exists()  # stopped before it opened any data
+
+
+def test_json_logs_carry_request_ids_and_an_access_line(tmp_path: Path) -> None:
+    proc = _server(tmp_path, "--log-format", "json", "--log-level", "DEBUG")
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        port = None
+        for line in proc.stdout:
+            m = re.search(r"listening on [^:]+:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.MemoryServiceStub(ch)
+            grpc.channel_ready_future(ch).result(timeout=60)
+            stub.CreateMemory(
+                pb.CreateMemoryRequest(memory=pb.Memory(namespace="logs", content="hello")),
+                metadata=[("x-request-id", "req-42")],
+                timeout=60,
+            )
+            with pytest.raises(grpc.RpcError):
+                stub.GetMemory(pb.GetMemoryRequest(namespace="logs", id="missing"), timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+        reader.join(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    records = [json.loads(line) for line in lines if line.strip()]  # every line is one JSON object
+    settings = [r for r in records if r["message"].startswith("settings: ")]
+    assert (
+        settings and "embedder builtin" in settings[0]["message"] and "no API keys" in settings[0]["message"]
+    )
+    access = [r for r in records if r["logger"] == "tiermem.access"]
+    create = [r for r in access if r["method"].endswith("/CreateMemory")]
+    assert create and create[0]["code"] == "OK" and create[0]["request_id"] == "req-42"
+    missing = [r for r in access if r["method"].endswith("/GetMemory")]
+    assert missing and missing[0]["code"] == "NOT_FOUND" and missing[0]["request_id"]
