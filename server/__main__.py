@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--no-sync", action="store_true", help="do not fsync commits (survives kill -9, not power loss)"
     )
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on this port (env TIERMEM_METRICS_PORT)"
+    )
     p.add_argument("--config", help="a TOML settings file (env TIERMEM_CONFIG): flags > environment > file")
     p.add_argument("--log-level", help="DEBUG (with an access line a call), INFO, WARNING (default INFO)")
     p.add_argument("--log-format", help="text or json (default text, env TIERMEM_LOG_FORMAT)")
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         "data_dir": args.data_dir,
         "log_level": args.log_level,
         "log_format": args.log_format,
+        "metrics_port": args.metrics_port,
         "search_processes": args.search_processes,
         "api_keys": args.api_keys,
         "tls_cert": args.tls_cert,

@@ -146,6 +146,9 @@ class ServerConfig:
     tls_client_ca: str = ""
     # Bind an address other than loopback without TLS or without API keys (else refused at start).
     insecure: bool = False
+    # Prometheus metrics over HTTP at metrics_host:metrics_port/metrics (-1: none; 0: a free port).
+    metrics_port: int = -1
+    metrics_host: str = "127.0.0.1"
     # Searches ranking at once (0: the cores of the process's CPU affinity); the others wait their
     # turn: more than the cores only contend for them and for the GIL (docs/perf-log.md).
     search_concurrency: int = 0

@@ -103,6 +103,10 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 
+    def queue_depth(self) -> int:
+        """Operations submitted and not yet taken into a commit group (approximate)."""
+        return self._queue.qsize()
+
     def submit(
         self, prepare: Callable[[lmdb.Transaction], Any], apply: Callable[[Any], Any], weight: int = 0
     ) -> Any:

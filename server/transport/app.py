@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health
@@ -20,6 +21,7 @@ from tiermem.server.core.engine import Engine
 from tiermem.server.transport import follower
 from tiermem.server.transport.decoding import add_memory_service
 from tiermem.server.transport.follower import Followers
+from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.process import (
     StopSignals,
     add_health_and_reflection,
@@ -41,11 +43,19 @@ class RunningServer:
     engine: Engine
     health: health.HealthServicer
     followers: Followers | None = None  # search followers (config.search_processes > 1)
+    metrics_server: Any = None  # the Prometheus endpoint (config.metrics_port >= 0)
+
+    @property
+    def metrics_port(self) -> int:
+        return int(self.metrics_server.server_port) if self.metrics_server is not None else 0
 
     def stop(self, grace: float | None = None) -> None:
         """Stop taking calls (followers first: they forward writes here), let running ones
         finish, drain writes, snapshot indexes, close LMDB."""
         self.health.enter_graceful_shutdown()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
         if self.followers is not None:
             self.followers.stop(grace or 0.0)
         self.server.stop(grace).wait()
@@ -59,7 +69,8 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     if leading and config.port:
         _check_port_free(config.host, config.port)
     # Alone, a port in use is an error; with followers, they bind it too.
-    server = grpc_server(config, reuseport=leading, exempt=(follower.REPORT_METHOD,))
+    metrics = Metrics() if config.metrics_port >= 0 else None
+    server = grpc_server(config, reuseport=leading, exempt=(follower.REPORT_METHOD,), metrics=metrics)
     servicer = MemoryServicer()
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
@@ -89,8 +100,13 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     except BaseException:
         server.stop(None)
         raise
+    metrics_server = None
+    if metrics is not None:
+        metrics.attach(lambda: servicer.engine)
+        metrics_server = metrics.serve(config.metrics_host, config.metrics_port)
+        logger.info("metrics on http://%s:%d/metrics", config.metrics_host, metrics_server.server_port)
     set_serving(health_servicer, True)
-    return RunningServer(server, port, engine, health_servicer, followers)
+    return RunningServer(server, port, engine, health_servicer, followers, metrics_server)
 
 
 def _check_port_free(host: str, port: int) -> None:

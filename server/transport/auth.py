@@ -22,6 +22,7 @@ from tiermem.server.model.errors import PermissionDenied, ResourceExhausted, Tie
 from tiermem.server.security.keys import ROLES, ApiKey, KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
 from tiermem.server.transport import logs
+from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.status import to_status
 
 SERVICE = "/tiermem.v1.MemoryService/"
@@ -190,8 +191,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
         admission: Admission,
         limits: KeyLimits,
         exempt: tuple[str, ...] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
+        self.metrics = metrics
 
     def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
@@ -288,7 +291,10 @@ class _Call:
             finally:
                 self.leave(key)
         finally:
-            logs.access(self.method, context, started, key.id if key is not None else "")
+            code, seconds = logs.code_of(context), time.perf_counter() - started
+            if self.owner.metrics is not None:
+                self.owner.metrics.observe(self.method, code, seconds)
+            logs.access(self.method, code, seconds, context, key.id if key is not None else "")
             logs.reset_request_id(rid)
 
     def check(self, key: ApiKey | None, request: Any) -> None:

@@ -71,13 +71,17 @@ def configure(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
-def access(method: str, context: grpc.ServicerContext, started: float, key_id: str) -> None:
+def code_of(context: grpc.ServicerContext) -> str:
+    """The status code a finished call answered with."""
+    code = context.code() if hasattr(context, "code") else None
+    return code.name if isinstance(code, grpc.StatusCode) else "OK"
+
+
+def access(method: str, name: str, seconds: float, context: grpc.ServicerContext, key_id: str) -> None:
     """The access line of a finished call (DEBUG): method, status code, milliseconds, key id."""
     if not ACCESS.isEnabledFor(logging.DEBUG):
         return
-    code = context.code() if hasattr(context, "code") else None
-    name = code.name if isinstance(code, grpc.StatusCode) else "OK"
-    ms = round((time.perf_counter() - started) * 1000, 3)
+    ms = round(seconds * 1000, 3)
     ACCESS.debug(
         "%s %s %.3f ms key=%s",
         method,

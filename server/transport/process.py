@@ -20,12 +20,15 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.security.keys import KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
 from tiermem.server.transport.auth import AuthInterceptor
+from tiermem.server.transport.metrics import Metrics
 from tiermem.v1 import memory_pb2
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
 
-def grpc_server(config: ServerConfig, reuseport: bool, exempt: tuple[str, ...] = ()) -> grpc.Server:
+def grpc_server(
+    config: ServerConfig, reuseport: bool, exempt: tuple[str, ...] = (), metrics: Metrics | None = None
+) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
     admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
     keys = KeyRing(Path(config.api_keys)) if config.api_keys else None
@@ -34,6 +37,7 @@ def grpc_server(config: ServerConfig, reuseport: bool, exempt: tuple[str, ...] =
         Admission(config.max_concurrent_rpcs, config.monitoring_reserved_rpcs),
         KeyLimits(config.key_max_concurrent_rpcs, config.key_rate_per_second, config.key_burst),
         exempt,
+        metrics,
     )
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
