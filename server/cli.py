@@ -104,7 +104,25 @@ def _parser() -> argparse.ArgumentParser:
         "otherwise print NOT_SERVING (and why on stderr) and exit 1. Needs no API key.",
     )
     h.set_defaults(run=_health)
+    w = sub.add_parser(
+        "warm-up",
+        help="compile the Numba kernels into their cache now",
+        description="Compile the kernels into Numba's cache (NUMBA_CACHE_DIR, else beside the package or "
+        "in the user's cache), so the server's first start takes seconds, not the compilation's minute.",
+    )
+    w.set_defaults(run=_warm_up, command="warm-up")
     return p
+
+
+def _warm_up(args: argparse.Namespace) -> int:
+    import time
+
+    from tiermem.kernels import warm_up
+
+    t0 = time.perf_counter()
+    warm_up()
+    print(f"kernels compiled (or loaded from the cache) in {time.perf_counter() - t0:.1f} s")
+    return 0
 
 
 def _add_keys(sub: Any) -> None:

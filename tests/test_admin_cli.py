@@ -484,3 +484,13 @@ def test_compose_and_license() -> None:
     assert "TIERMEM_API_KEYS" in compose and "TIERMEM_TLS_CERT" in compose
     assert "Apache License" in (ROOT / "LICENSE").read_text()
     assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.mark.slow
+def test_warm_up_fills_the_kernel_cache(tmp_path: Path) -> None:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    out = subprocess.run(
+        [sys.executable, "-m", "tiermem", "warm-up"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0 and "kernels compiled" in out.stdout
+    assert any((tmp_path / "numba").rglob("*.nbi"))  # Numba's cache index files
