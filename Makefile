@@ -76,13 +76,14 @@ test-fast: proto ## Run the test suite without the slow tests
 	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP) ## Lint and type-check
-	$(VENV)/bin/ruff check server client kernels tests bench proto/tiermem/*.py
-	$(VENV)/bin/ruff format --check server client kernels tests bench proto/tiermem/*.py
+	$(VENV)/bin/ruff check server client kernels integrations tests bench proto/tiermem/*.py
+	$(VENV)/bin/ruff format --check server client kernels integrations tests bench proto/tiermem/*.py
 	@# mypy sees the installed layout (tiermem.server, ...) through a tree of links, so imports across modules resolve
 	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/tiermem
 	@for f in proto/tiermem/*; do ln -s "$$PWD/$$f" $(TYPECHECK)/tiermem/; done
 	@for d in server client kernels; do ln -s "$$PWD/$$d" $(TYPECHECK)/tiermem/$$d; done
-	cd $(TYPECHECK) && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p tiermem.server -p tiermem.client -p tiermem.kernels
+	@for d in mcp langgraph; do ln -s "$$PWD/integrations/$$d" $(TYPECHECK)/tiermem/$$d; done
+	cd $(TYPECHECK) && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p tiermem.server -p tiermem.client -p tiermem.kernels -p tiermem.mcp -p tiermem.langgraph
 
 bench: proto ## Run the benchmark suite at 100k (vs empty RPC, FAISS, Chroma; recall, start-up, plots), the consolidation kernels, threads vs processes
 	@$(MAKE) --no-print-directory $(BENCH_STAMP) || echo "bench: could not set up $(BENCH_VENV); the suite runs without Chroma and plots"

@@ -1,0 +1,1 @@
+"""tiermem as a LangGraph store: ``TiermemStore``."""

@@ -1,0 +1,1 @@
+"""tiermem for MCP clients: ``python -m tiermem.mcp --target ADDR``."""
