@@ -136,7 +136,7 @@ class ServerConfig:
     # Security (docs/security.md). API keys: a keys file (`tiermem keys add`), reloaded when it
     # changes; empty: no keys, every caller may do everything (refused off loopback, see insecure).
     api_keys: str = ""
-    key_max_concurrent_rpcs: int = 64  # calls in flight per key (0: no cap)
+    key_max_concurrent_rpcs: int = 0  # calls running at once per key (0: half of max_workers)
     key_rate_per_second: float = 0.0  # calls a second per key on average (0: no cap)
     key_burst: int = 200  # calls a key may make at once above its rate
     # TLS: the server's certificate chain and key (PEM); with a client CA, clients must present a
@@ -384,7 +384,11 @@ class ServerConfig:
             "monitoring_reserved_rpcs",
             "must be >= 0 and below max_concurrent_rpcs",
         )
-        need(self.key_max_concurrent_rpcs >= 0, "key_max_concurrent_rpcs", "must be >= 0 (0: no cap)")
+        need(
+            self.key_max_concurrent_rpcs >= 0,
+            "key_max_concurrent_rpcs",
+            "must be >= 0 (0: half of max_workers)",
+        )
         need(self.embedder_batch_size >= 0, "embedder_batch_size", "must be >= 0 (0: the embedder's own)")
         need(
             math.isfinite(self.embedder_breaker_cooldown_seconds)
@@ -451,7 +455,7 @@ class ServerConfig:
         return (
             f"data {Path(self.data_dir).resolve()}; embedder {self.embedder}{model}; {security}; "
             f"max {self.max_concurrent_rpcs} calls in flight ({self.monitoring_reserved_rpcs} for monitoring), "
-            f"per key {self.key_max_concurrent_rpcs or 'no cap'} in flight, "
+            f"per key {self.key_max_concurrent_rpcs or max(1, self.max_workers // 2)} running, "
             f"{self.key_rate_per_second or 'no cap'} a second; {self.max_workers} handler threads; "
             f"search processes {self.search_processes}; sync {self.sync}"
         )
@@ -459,7 +463,13 @@ class ServerConfig:
 
 # TIERMEM_* variables that are not server settings: the settings file's path, the admin command's
 # token, the test suite's switch.
-NOT_SETTINGS = {"TIERMEM_CONFIG", "TIERMEM_API_KEY", "TIERMEM_REQUIRE_NODE"}
+NOT_SETTINGS = {
+    "TIERMEM_CONFIG",
+    "TIERMEM_API_KEY",
+    "TIERMEM_REQUIRE_NODE",
+    "TIERMEM_FOLLOWER_CONFIG",  # a search follower's settings and its leader's secret
+    "TIERMEM_FOLLOWER_SECRET",
+}
 
 
 def _read_file(path: Path, names: set[str], defaults: ServerConfig) -> dict[str, Any]:

@@ -74,13 +74,15 @@ class _Import:
     imported: int = 0
     reembedded: int = 0
 
-    def rename(self, ns: str) -> str:
-        """The namespace here of an exported namespace (under ``target_ns`` when given)."""
+    def rename(self, ns: str, field_: str) -> str:
+        """The namespace here of an exported namespace (under ``target_ns`` when given: then a
+        chunk from outside the exported namespace is refused, never stored elsewhere)."""
         if self.target_ns:
             if self.source_ns and (ns == self.source_ns or ns.startswith(self.source_ns + "/")):
                 return self.target_ns + ns[len(self.source_ns) :]
             if not self.source_ns:
                 return f"{self.target_ns}/{ns}"
+            raise InvalidArgument(field_, f"is outside the exported namespace {self.source_ns!r}")
         return ns
 
 
@@ -101,7 +103,8 @@ def restore(
     imp = _Import(header.namespace, target_namespace, header.embedder_model)
     for i, item in enumerate(items):
         if isinstance(item, ExportedGraphItem):
-            ns = check.namespace(f"chunks[{i + 1}].graph_namespace", imp.rename(item.namespace))
+            f = f"chunks[{i + 1}].graph_namespace"
+            ns = check.namespace(f, imp.rename(item.namespace, f))
             imp.graph.append((item.kind, ns, _checked_graph_item(st, i, item)))
         elif isinstance(item, ExportedScope):
             _add_scope(imp, i, item)
@@ -122,7 +125,7 @@ def _add_scope(imp: _Import, i: int, item: ExportedScope) -> None:
         raise InvalidArgument(field_ + "reflection_importance", "must be a finite number >= 0")
     if tokens < 0:
         raise InvalidArgument(field_ + "summary_tokens", "must not be negative")
-    ns = check.namespace(field_ + "namespace", imp.rename(item.namespace))
+    ns = check.namespace(field_ + "namespace", imp.rename(item.namespace, field_ + "namespace"))
     got = imp.scopes.setdefault(ns, [0.0, 0])
     got[0], got[1] = got[0] + refl, got[1] + tokens
 
@@ -134,7 +137,7 @@ def _memory_to_store(
     made it and differs from this server's; None: stored now, embedded by the maintenance pass)."""
     rec, vec = item.record, item.vector
     field_ = f"memories[{i}]."
-    rec.namespace = imp.rename(rec.namespace)
+    rec.namespace = imp.rename(rec.namespace, field_ + "namespace")
     check.namespace(field_ + "namespace", rec.namespace)
     check.memory_id(field_ + "id", rec.id)
     model = st.embedder.model

@@ -77,10 +77,11 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     port = bind(server, f"{config.host}:{config.port}", config)
     if port == 0:
         raise RuntimeError(f"cannot bind {config.host}:{config.port}")
-    private = ""
+    private, secret = "", ""
     if leading:
         private = follower.private_address()
-        server.add_generic_rpc_handlers((follower.report_handler(lambda: servicer.engine),))
+        secret = follower.new_secret()
+        server.add_generic_rpc_handlers((follower.report_handler(lambda: servicer.engine, secret),))
         if server.add_insecure_port(private) == 0:
             raise RuntimeError(f"cannot bind {private}")
     server.start()
@@ -90,7 +91,9 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         graph = GraphMemory(engine.store, engine.writer, engine.config, engine.clock)
         servicer.attach(engine, Assembler(engine, graph), graph)
         if leading:
-            followers = follower.Followers(config, port, private, on_exit=engine.store.clear_stale_readers)
+            followers = follower.Followers(
+                config, port, private, on_exit=engine.store.clear_stale_readers, secret=secret
+            )
             try:
                 followers.start()
             except BaseException:

@@ -173,8 +173,9 @@ def _abort(context: grpc.ServicerContext, err: TiermemError, retry_after: float 
     context.abort_with_status(to_status(err, retry_after))
 
 
-def _token(context: grpc.ServicerContext) -> str | None:
-    for md in context.invocation_metadata() or ():
+def _token(metadata: Any) -> str | None:
+    """The bearer token of a call's metadata ("" when malformed), None when it has none."""
+    for md in metadata or ():
         if md.key == "authorization":
             value = str(md.value)
             scheme, _, token = value.partition(" ")
@@ -201,41 +202,64 @@ class AuthInterceptor(grpc.ServerInterceptor):
     ) -> Any:
         handler = continuation(details)
         method = details.method
-        if handler is None or method in self.exempt:
-            return handler
+        if handler is None or method in self.exempt or method.startswith(HEALTH):
+            return handler  # (health needs no key, is cheap, and its Watch must stay non-blocking)
+        # Authenticated and admitted as it arrives, before it waits for a handler thread: a call
+        # refused here is answered at once, reads nothing and holds no share of the cap.
+        key = None
+        if self.keys is not None:
+            token = _token(details.invocation_metadata)
+            key = self.keys.lookup(token) if token else None
+            if key is None:
+                missing = token is None
+                return _refusal(
+                    Unauthenticated(
+                        "this server needs an API key: metadata authorization: Bearer <token>"
+                        if missing
+                        else "the API key is not valid (unknown or revoked)",
+                        "API_KEY_MISSING" if missing else "API_KEY_INVALID",
+                    )
+                )
         rule = RULES.get(method[len(SERVICE) :]) if method.startswith(SERVICE) else None
-        call = _Call(self, method, rule)
-        # Admitted as it arrives, before it waits for a handler thread: past the cap a call is
-        # refused at once, and the queue ahead of a health check stays short.
+        call = _Call(self, method, rule, key)
         call.lease = self.admission.enter(call.monitoring)
+        if call.lease is None:
+            return _refusal(
+                ResourceExhausted("the server is at its limit of calls in flight", "SERVER_BUSY"), 0.1
+            )
         return _wrap(handler, call)
+
+
+def _refusal(err: TiermemError, retry_after: float | None = None) -> Any:
+    """A handler that answers ``err`` without reading the request (as a client stream, so no
+    handler thread waits for a message that may never come)."""
+
+    def refuse(_requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        _abort(context, err, retry_after)
+
+    return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class _Call:
     """What the interceptor does around one method's handler."""
 
     def __init__(
-        self, owner: AuthInterceptor, method: str, rule: Callable[[ApiKey, Any], None] | None
+        self,
+        owner: AuthInterceptor,
+        method: str,
+        rule: Callable[[ApiKey, Any], None] | None,
+        key: ApiKey | None,
     ) -> None:
-        self.owner, self.method, self.rule = owner, method, rule
+        self.owner, self.method, self.rule, self.key = owner, method, rule, key
         self.monitoring = method.startswith(MONITORING)
-        self.open = method.startswith(HEALTH)  # health needs no key
         self.lease: int | None = None
 
     def enter(self, context: grpc.ServicerContext) -> ApiKey | None:
-        """Refuse a call not admitted, authenticate it (aborting the call otherwise); returns its key."""
-        o = self.owner
-        if self.lease is None:
-            _abort(
-                context,
-                ResourceExhausted("the server is at its limit of calls in flight", "SERVER_BUSY"),
-                0.1,
-            )
-        key = None
+        """The key's own limits (aborting the call past them); returns the call's key."""
+        key = self.key
         try:
-            if o.keys is not None and not self.open:
-                key = self._authenticate(context)
-                wait = o.limits.enter(key.id)
+            if key is not None:
+                wait = self.owner.limits.enter(key.id)
                 if wait is not None:
                     _abort(
                         context,
@@ -251,22 +275,6 @@ class _Call:
         if self.lease is not None:
             self.owner.admission.leave(self.lease)
             self.lease = None
-
-    def _authenticate(self, context: grpc.ServicerContext) -> ApiKey:
-        assert self.owner.keys is not None
-        token = _token(context)
-        if token is None:
-            _abort(
-                context,
-                Unauthenticated("this server needs an API key: metadata authorization: Bearer <token>"),
-            )
-        key = self.owner.keys.lookup(token or "")
-        if key is None:
-            _abort(
-                context, Unauthenticated("the API key is not valid (unknown or revoked)", "API_KEY_INVALID")
-            )
-        assert key is not None
-        return key
 
     def leave(self, key: ApiKey | None) -> None:
         if key is not None:

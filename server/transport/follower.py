@@ -21,8 +21,10 @@ that fell behind the commit log exits on purpose and loads again).
 from __future__ import annotations
 
 import argparse
+import hmac
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -68,11 +70,23 @@ def private_address() -> str:
     return f"unix-abstract:tiermem-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
-def report_handler(engine: Callable[[], Engine | None]) -> grpc.GenericRpcHandler:
-    """The leader's end of ``REPORT_METHOD``: a follower's accesses and hit counts (msgpack)."""
+# The leader's per-run secret its followers present when they report (an abstract socket has no
+# file permissions: any local user could reach it); passed to them in the environment.
+SECRET_ENV = "TIERMEM_FOLLOWER_SECRET"
+SECRET_HEADER = "tiermem-follower-secret"
+
+
+def new_secret() -> str:
+    return secrets.token_hex(16)
+
+
+def report_handler(engine: Callable[[], Engine | None], secret: str) -> grpc.GenericRpcHandler:
+    """The leader's end of ``REPORT_METHOD``: a follower's accesses and hit counts (msgpack), from
+    the private socket and with the run's secret only."""
 
     def report(request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not context.peer().startswith("unix"):
+        given = dict((md.key, md.value) for md in context.invocation_metadata() or ()).get(SECRET_HEADER, "")
+        if not context.peer().startswith("unix") or not hmac.compare_digest(str(given), secret):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "followers report over the private socket only")
         eng = engine()
         if eng is None:
@@ -111,8 +125,14 @@ class Followers:
     MIN_DELAY, MAX_DELAY = 1.0, 60.0  # between a follower's exit and its replacement
 
     def __init__(
-        self, config: ServerConfig, port: int, leader: str, on_exit: Callable[[], Any] = lambda: None
+        self,
+        config: ServerConfig,
+        port: int,
+        leader: str,
+        on_exit: Callable[[], Any] = lambda: None,
+        secret: str = "",
     ) -> None:
+        self.secret = secret
         self.config = config
         self.port = port
         self.leader = leader
@@ -141,7 +161,7 @@ class Followers:
                 "--port",
                 str(self.port),
             ]
-            env = dict(os.environ, TIERMEM_FOLLOWER_CONFIG=self.config.to_json())
+            env = dict(os.environ, TIERMEM_FOLLOWER_CONFIG=self.config.to_json(), **{SECRET_ENV: self.secret})
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
             self._procs[i], self._started[i] = proc, time.monotonic()
             return proc
@@ -286,8 +306,10 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     )
     report = channel.unary_unary(REPORT_METHOD)
 
+    secret = os.environ.get(SECRET_ENV, "")
+
     def sink(r: FollowerReport) -> None:
-        report(msgpack.packb(r.to_wire()), timeout=10.0)
+        report(msgpack.packb(r.to_wire()), timeout=10.0, metadata=[(SECRET_HEADER, secret)])
 
     engine = Engine(config, follower=True, access_sink=sink)
     server = grpc_server(config, reuseport=True)

@@ -34,8 +34,14 @@ def grpc_server(
     keys = KeyRing(Path(config.api_keys)) if config.api_keys else None
     interceptor = AuthInterceptor(
         keys,
-        Admission(config.max_concurrent_rpcs, config.monitoring_reserved_rpcs),
-        KeyLimits(config.key_max_concurrent_rpcs, config.key_rate_per_second, config.key_burst),
+        # A call cancelled while queued never runs its handler: its share comes back after 30 s.
+        Admission(config.max_concurrent_rpcs, config.monitoring_reserved_rpcs, lease_seconds=30.0),
+        # By default one key may keep at most half the handler threads busy.
+        KeyLimits(
+            config.key_max_concurrent_rpcs or max(1, config.max_workers // 2),
+            config.key_rate_per_second,
+            config.key_burst,
+        ),
         exempt,
         metrics,
     )

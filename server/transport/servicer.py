@@ -17,17 +17,19 @@ from tiermem.server.agent.context import Assembler
 from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.agent.summaries import build_summary
 from tiermem.server.core.engine import Engine
-from tiermem.server.model.errors import InvalidArgument, ResourceExhausted, TiermemError, Unavailable
+from tiermem.server.model.errors import (
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    TiermemError,
+    Unavailable,
+)
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import (
-    ExportedGraphItem,
-    ExportedMemory,
-    ExportedScope,
     ExportHeader,
     ExportItem,
 )
 from tiermem.server.search.searcher import SearchHit, SearchHits
-from tiermem.server.security.keys import ApiKey
 from tiermem.server.transport import convert
 from tiermem.server.transport.auth import caller
 from tiermem.server.transport.status import to_status
@@ -88,15 +90,6 @@ def _tell_fallback(hits: list[SearchHit], resp: pb.SearchMemoriesResponse) -> No
     if isinstance(hits, SearchHits) and hits.keyword_only:
         resp.keyword_only = True
         resp.warnings.extend(hits.warnings)
-
-
-def _covered_item(key: ApiKey, item: ExportHeader | ExportItem) -> bool:
-    """Whether an export chunk belongs to a namespace the key covers (the header always does)."""
-    if isinstance(item, ExportedMemory):
-        return key.covers(item.record.namespace)
-    if isinstance(item, ExportedScope | ExportedGraphItem):
-        return key.covers(item.namespace)
-    return True
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
@@ -406,9 +399,33 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.ExportMemoriesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ExportMemoriesResponse]:
         with self._stream_slot():
-            key = caller()
-            for item in self._engine.export(request.namespace, request.include_children):
-                if key is None or key.everything or _covered_item(key, item):
+            key, ns = caller(), request.namespace
+            if (
+                key is None
+                or key.everything
+                or (ns and key.covers(ns))
+                or (not request.include_children and ns)
+            ):
+                for item in self._engine.export(ns, request.include_children):
+                    yield convert.export_chunk_to_pb(item)
+                return
+            # A key for some prefixes, asking for more: the export of what it covers below the
+            # namespace asked for (only those subtrees are read), under one header.
+            parts = [p for p in key.namespaces if not ns or p == ns or p.startswith(ns + "/")]
+            if not parts:
+                raise PermissionDenied(
+                    f"this key covers no namespace under {ns!r}",
+                    reason="NAMESPACE_NOT_COVERED",
+                    metadata={"namespace": ns, "key_id": key.id},
+                )
+            parts = [p for p in set(parts) if not any(p != q and p.startswith(q + "/") for q in parts)]
+            header_sent = False
+            for part in sorted(parts):
+                for item in self._engine.export(part, True):
+                    if isinstance(item, ExportHeader):
+                        if header_sent:
+                            continue
+                        item.namespace, header_sent = ns, True
                     yield convert.export_chunk_to_pb(item)
 
     @_rpc
