@@ -160,7 +160,9 @@ class Engine:
             except Exception as e:
                 logger.warning("shutdown snapshot skipped (%s); the next start-up loads from LMDB", e)
         st.store.close()
-        st.embedder.close()  # (the request threads of a remote embedder)
+        close_embedder = getattr(st.embedder, "close", None)  # (a remote embedder's request threads)
+        if close_embedder is not None:
+            close_embedder()
         if self._dir_lock is not None:
             self._dir_lock.close()  # releases the data directory for the next server
 
