@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> None:
         "--no-sync", action="store_true", help="do not fsync commits (survives kill -9, not power loss)"
     )
     p.add_argument(
+        "--tracing", action="store_true", help="OpenTelemetry spans for every call (env TIERMEM_TRACING)"
+    )
+    p.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics on this port (env TIERMEM_METRICS_PORT)"
     )
     p.add_argument("--config", help="a TOML settings file (env TIERMEM_CONFIG): flags > environment > file")
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.no_sync:
         overrides["sync"] = False
+    if args.tracing:
+        overrides["tracing"] = True
     if args.insecure:
         overrides["insecure"] = True
     try:

@@ -146,6 +146,8 @@ class ServerConfig:
     tls_client_ca: str = ""
     # Bind an address other than loopback without TLS or without API keys (else refused at start).
     insecure: bool = False
+    # OpenTelemetry spans for every call (the tracing extra; exporters as OpenTelemetry configures them).
+    tracing: bool = False
     # Prometheus metrics over HTTP at metrics_host:metrics_port/metrics (-1: none; 0: a free port).
     metrics_port: int = -1
     metrics_host: str = "127.0.0.1"

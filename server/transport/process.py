@@ -45,9 +45,12 @@ def grpc_server(
         exempt,
         metrics,
     )
+    interceptors: list[grpc.ServerInterceptor] = [interceptor]
+    if config.tracing:
+        interceptors.insert(0, _tracing_interceptor())
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
-        interceptors=[interceptor],
+        interceptors=interceptors,
         # The interceptor sheds past max_concurrent_rpcs, keeping a share for health and stats;
         # gRPC's own cap (which refuses every method alike) only past twice that.
         maximum_concurrent_rpcs=2 * config.max_concurrent_rpcs,
@@ -57,6 +60,17 @@ def grpc_server(
             ("grpc.so_reuseport", int(reuseport)),
         ],
     )
+
+
+def _tracing_interceptor() -> grpc.ServerInterceptor:
+    """OpenTelemetry's gRPC server interceptor over the global tracer provider (configured by the
+    operator: ``opentelemetry-instrument``, or the SDK in an embedding process): a span a call,
+    joined to the caller's trace when it sends one (``traceparent``)."""
+    try:
+        from opentelemetry.instrumentation.grpc import server_interceptor
+    except ImportError:
+        raise ValueError("setting tracing=True needs OpenTelemetry: pip install 'tiermem[tracing]'") from None
+    return server_interceptor()
 
 
 def bind(server: grpc.Server, address: str, config: ServerConfig) -> int:
