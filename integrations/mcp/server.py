@@ -73,7 +73,7 @@ class ContextPackage(BaseModel):
     sections: list[dict[str, Any]] = Field(
         description="In order, per scope: summary, recent, semantic, graph, important, overflow "
         "(each when it holds something); each has namespace, kind, tokens and items "
-        "(memory_id, text, tokens)."
+        "(memory_id, empty for graph facts and the overflow summary; text; tokens)."
     )
     warnings: list[str] = Field(description="Steps that failed without stopping the build.")
 
@@ -112,8 +112,10 @@ def describe(error: TiermemError) -> str:
     """A refused call in one line: reason, status code, message, the invalid fields and when to
     try again (what a model needs to correct itself)."""
     text = f"{error.reason or error.code.name} ({error.code.name}): {error.message}"
-    if error.field_violations:
-        text += "; " + "; ".join(f"{v.field}: {v.description}" for v in error.field_violations)
+    for v in error.field_violations:
+        violation = f"{v.field}: {v.description}"
+        if violation not in text:
+            text += f"; {violation}"
     if error.retry_after is not None:
         text += f"; retry after {error.retry_after:.1f} s"
     return text
@@ -131,20 +133,27 @@ def _refusals() -> Iterator[None]:
         raise ToolError(str(e)) from e
 
 
+# Fields the contract holds as 32-bit floats: rounded, so 0.3 does not read 0.30000001192092896.
+_FLOAT32 = frozenset({"importance", "surprise_score"})
+
+
 def _plain_memory(memory: Any) -> dict[str, Any]:
-    """A Memory as plain values without the vector and without fields left empty."""
-    return {
-        k: v for k, v in to_python(memory).items() if k != "embedding" and v is not None and v != "" and v != []
-    }
+    """A Memory as plain values (``to_python``) without the vector and without fields left empty."""
+    plain = {}
+    for k, v in to_python(memory).items():
+        if k == "embedding" or v is None or v == "" or v == [] or v == {}:
+            continue
+        plain[k] = round(v, 6) if k in _FLOAT32 else v
+    return plain
 
 
 def _plain_result(result: Any) -> dict[str, Any]:
     return {
         "memory": _plain_memory(result.memory),
-        "score": result.score,
-        "relevance": result.relevance,
-        "recency": result.recency,
-        "importance": result.importance,
+        "score": round(result.score, 6),
+        "relevance": round(result.relevance, 6),
+        "recency": round(result.recency, 6),
+        "importance": round(result.importance, 6),
     }
 
 
@@ -206,14 +215,16 @@ class MemoryTools:
             id=memory.id,
             namespace=memory.namespace,
             kind=memory.kind,
-            importance=memory.importance if memory.HasField("importance") else None,
+            importance=round(memory.importance, 6) if memory.HasField("importance") else None,
             reflection_due=response.reflection_due,
             summary_due=response.summary_due,
         )
 
     def recall(
         self,
-        query: Annotated[str, Field(description="What to look for, in words (matched by meaning and keywords).")],
+        query: Annotated[
+            str, Field(description="What to look for, in words (matched by meaning and keywords).")
+        ],
         limit: Annotated[int, Field(ge=1, le=100, description="At most this many memories.")] = 10,
         namespaces: Annotated[
             list[str] | None,
@@ -223,8 +234,12 @@ class MemoryTools:
             bool,
             Field(description="Also search the namespaces' parents ('a/b/c' -> 'a/b', 'a'), weighted less."),
         ] = False,
-        tags_any: Annotated[list[str] | None, Field(description="Only memories with one of these tags.")] = None,
-        tags_all: Annotated[list[str] | None, Field(description="Only memories with all of these tags.")] = None,
+        tags_any: Annotated[
+            list[str] | None, Field(description="Only memories with one of these tags.")
+        ] = None,
+        tags_all: Annotated[
+            list[str] | None, Field(description="Only memories with all of these tags.")
+        ] = None,
         kinds: Annotated[list[str] | None, Field(description="Only memories of these kinds.")] = None,
     ) -> Recalled:
         """Search memories by meaning: the best matches first, each with its score and the
@@ -268,7 +283,7 @@ class MemoryTools:
             text="\n".join(item.text for section in package.sections for item in section.items),
             tokens_used=package.tokens_used,
             token_budget=token_budget,
-            sections=[to_python(section) for section in package.sections],
+            sections=[to_python(section) for section in package.sections if section.items],
             warnings=list(package.warnings),
         )
 
@@ -353,7 +368,9 @@ def build_server(
     tools = MemoryTools(client, namespace)
     server: MCPServer = MCPServer("tiermem", instructions=INSTRUCTIONS, log_level=log_level)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-    server.add_tool(tools.remember, annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    server.add_tool(
+        tools.remember, annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False)
+    )
     server.add_tool(tools.recall, annotations=reads)
     server.add_tool(tools.build_context, annotations=reads)
     server.add_tool(

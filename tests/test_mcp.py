@@ -1,0 +1,308 @@
+"""The MCP server (``python -m tiermem.mcp``) end to end: a real tiermem server, the MCP server as a
+subprocess, and the official SDK's own clients over stdio and streamable HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
+
+from tiermem.client import MemoryClient
+from tiermem.mcp import build_server
+from tiermem.mcp.__main__ import parse_args
+from tiermem.server.security.keys import add_key
+from tiermem.server.transport.app import RunningServer
+
+NAMESPACE = "agent:test"
+HTTP = ("--timeout", "10", "--transport", "streamable-http", "--port")
+TOOLS = {"remember", "recall", "build_context", "forget", "reflect", "namespaces"}
+
+
+def _run(make: Callable[[], Awaitable[None]], timeout: float = 30.0) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(make(), timeout)
+
+    asyncio.run(bounded())
+
+
+@contextlib.asynccontextmanager
+async def _stdio(
+    target: str, errlog: Path, *extra: str, env: dict[str, str] | None = None
+) -> AsyncIterator[ClientSession]:
+    """An SDK client session with ``python -m tiermem.mcp`` spawned over stdio (its stderr in ``errlog``)."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "tiermem.mcp", "--target", target, "--namespace", NAMESPACE, "--timeout", "10", *extra],
+        env=env,
+    )
+    with errlog.open("a") as err:
+        async with stdio_client(params, errlog=err) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+
+async def _call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured result; fails the test, quoting the text, if the call is an error."""
+    result = await session.call_tool(tool, arguments)
+    assert isinstance(result, CallToolResult)
+    assert not result.is_error, f"{tool}: {_text(result)}"
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def _error(session: ClientSession, tool: str, **arguments: Any) -> str:
+    """The text of a tool call that must fail as an MCP tool error (not a protocol error or a crash)."""
+    result = await session.call_tool(tool, arguments)
+    assert isinstance(result, CallToolResult)
+    assert result.is_error, f"{tool} succeeded: {result.structured_content}"
+    return _text(result)
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def _ids(recalled: dict[str, Any]) -> list[str]:
+    return [r["memory"]["id"] for r in recalled["results"]]
+
+
+def test_stdio_tools_remember_recall_context_reflect_forget(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    running = server_factory()
+    errlog = tmp_path / "mcp.stderr"
+
+    async def scenario() -> None:
+        async with _stdio(f"127.0.0.1:{running.port}", errlog) as s:
+            listed = {t.name: t for t in (await s.list_tools()).tools}
+            assert set(listed) == TOOLS
+            for tool in listed.values():
+                assert tool.description and tool.input_schema["type"] == "object"
+            remember = listed["remember"].input_schema
+            assert remember["required"] == ["content"]
+            assert {"content", "kind", "importance", "tags", "metadata", "namespace"} <= set(
+                remember["properties"]
+            )
+            assert remember["properties"]["content"]["type"] == "string"
+            assert remember["properties"]["content"]["description"]
+            assert {"query", "limit", "namespaces", "tags_any"} <= set(
+                listed["recall"].input_schema["properties"]
+            )
+            assert listed["remember"].output_schema is not None
+
+            pref = await _call(
+                s,
+                "remember",
+                content="Ana prefers short answers about the billing report",
+                kind="preference",
+                tags=["billing"],
+                metadata={"ticket": 1432, "urgent": True},
+            )
+            assert pref["namespace"] == NAMESPACE and pref["kind"] == "preference" and pref["id"]
+            event = await _call(s, "remember", content="The nightly report job failed with a DB timeout")
+            assert event["kind"] == "observation" and 0 <= event["importance"] <= 1
+
+            found = await _call(s, "recall", query="how does Ana like her answers", limit=5)
+            assert found["namespaces"] == [NAMESPACE]
+            top = found["results"][0]
+            assert top["memory"]["id"] == pref["id"]
+            assert {"score", "relevance", "recency", "importance"} <= set(top)
+            assert top["memory"]["tags"] == ["billing"]
+            assert top["memory"]["metadata"] == {"ticket": 1432, "urgent": True}
+            assert isinstance(top["memory"]["create_time"], float)
+            assert "embedding" not in top["memory"]
+            assert _ids(await _call(s, "recall", query="answers", tags_any=["nothing-like-it"])) == []
+
+            ctx = await _call(s, "build_context", query="Ana billing answers", token_budget=400)
+            assert "Ana prefers short answers about the billing report" in ctx["text"]
+            assert 0 < ctx["tokens_used"] <= 400
+            assert pref["id"] in {i["memory_id"] for sec in ctx["sections"] for i in sec["items"]}
+            assert all(sec["items"] for sec in ctx["sections"])
+
+            material = await _call(s, "reflect")
+            assert [m["id"] for m in material["observations"]] == [event["id"]]
+            assert material["threshold"] > 0 and material["reflection_due"] is False
+            stored = await _call(
+                s, "reflect", insight="Report jobs time out by day", source_memory_ids=[event["id"]]
+            )
+            assert stored["stored"]["kind"] == "reflection"
+            assert stored["stored"]["source_memory_ids"] == [event["id"]]
+            assert stored["observations"] == [] and stored["accumulated_importance"] == 0
+
+            other = await _call(
+                s, "remember", content="Ben owns the deploy pipeline", namespace="agent:other"
+            )
+            assert other["namespace"] == "agent:other"
+            assert _ids(await _call(s, "recall", query="deploy pipeline", namespaces=["agent:other"])) == [
+                other["id"]
+            ]
+            spaces = await _call(s, "namespaces")
+            assert spaces["default"] == NAMESPACE
+            counts = {n["name"]: n["memory_count"] for n in spaces["namespaces"]}
+            assert counts == {NAMESPACE: 3, "agent:other": 1}
+
+            assert await _call(s, "forget", id=pref["id"]) == {
+                "id": pref["id"],
+                "namespace": NAMESPACE,
+                "deleted": True,
+            }
+            assert pref["id"] not in _ids(await _call(s, "recall", query="how does Ana like her answers"))
+
+            # Refusals come back as tool errors naming the reason, and the server keeps serving.
+            missing = await _error(s, "forget", id=pref["id"])
+            assert "MEMORY_NOT_FOUND" in missing and "NOT_FOUND" in missing
+            empty = await _error(s, "remember", content="")
+            assert (
+                "INVALID_ARGUMENT" in empty and "memory.content" in empty and empty.count("is required") == 1
+            )
+            assert "importance" in await _error(s, "remember", content="x", importance=2)
+            assert "Unknown tool" in await _error(s, "no_such_tool")
+            assert (await _call(s, "namespaces"))["default"] == NAMESPACE
+
+    try:
+        _run(scenario)
+    finally:
+        print(errlog.read_text() if errlog.exists() else "", file=sys.stderr)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _http_server(target: str, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m tiermem.mcp --transport streamable-http`` on ``port``, once it accepts connections."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tiermem.mcp",
+                "--target",
+                target,
+                "--namespace",
+                NAMESPACE,
+                *HTTP,
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, f"the MCP server exited:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the MCP server did not listen:\n{log.read_text()}"
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_streamable_http_serves_the_tools(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    running = server_factory()
+    port = _free_port()
+
+    async def scenario() -> None:
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with streamable_http_client(url) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            assert {t.name for t in (await s.list_tools()).tools} == TOOLS
+            kept = await _call(s, "remember", content="The staging database lives in eu-west-1", kind="fact")
+            found = await _call(s, "recall", query="where is the staging database")
+            assert _ids(found)[0] == kept["id"]
+            assert "MEMORY_NOT_FOUND" in await _error(s, "forget", id="no-such-id")
+
+    with _http_server(f"127.0.0.1:{running.port}", port, tmp_path / "mcp.log") as proc:
+        _run(scenario)
+        assert proc.poll() is None
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        assert [m.content for m in c.list_memories(NAMESPACE)] == ["The staging database lives in eu-west-1"]
+
+
+def test_api_keys_from_the_flag_or_the_environment_and_a_wrong_key_is_a_tool_error(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.jsonl"
+    token = add_key(keys, [NAMESPACE], "write")
+    running = server_factory(api_keys=str(keys))
+    target = f"127.0.0.1:{running.port}"
+    errlog = tmp_path / "mcp.stderr"
+
+    async def scenario() -> None:
+        async with _stdio(target, errlog, "--api-key", token) as s:
+            kept = await _call(s, "remember", content="Keys are rotated every quarter")
+            assert _ids(await _call(s, "recall", query="key rotation")) == [kept["id"]]
+            outside = await _error(s, "remember", content="elsewhere", namespace="agent:elsewhere")
+            assert "PERMISSION_DENIED" in outside
+        async with _stdio(target, errlog, env={"TIERMEM_API_KEY": token}) as s:
+            assert (await _call(s, "recall", query="key rotation"))["results"]
+        async with _stdio(target, errlog, "--api-key", "tm_000000000000_wrong") as s:
+            wrong = await _error(s, "remember", content="Keys are rotated every quarter")
+            assert "API_KEY_INVALID" in wrong and "UNAUTHENTICATED" in wrong
+            assert "UNAUTHENTICATED" in await _error(s, "recall", query="key rotation")
+        async with _stdio(target, errlog) as s:
+            assert "API_KEY_MISSING" in await _error(s, "namespaces")
+
+    try:
+        _run(scenario, timeout=60)
+    finally:
+        print(errlog.read_text() if errlog.exists() else "", file=sys.stderr)
+
+
+def test_without_a_default_namespace_a_call_must_name_one(client: MemoryClient) -> None:
+    async def scenario() -> None:
+        async with Client(build_server(client)) as c:
+            result = await c.call_tool("remember", {"content": "no scope"})
+            assert result.is_error and "no namespace" in _text(result)
+            named = await c.call_tool("remember", {"content": "a scope", "namespace": "agent:named"})
+            assert not named.is_error and named.structured_content
+            assert named.structured_content["namespace"] == "agent:named"
+            spaces = await c.call_tool("namespaces", {})
+            assert spaces.structured_content == {
+                "default": None,
+                "namespaces": [{"name": "agent:named", "memory_count": 1}],
+                "truncated": False,
+            }
+
+    _run(scenario)
+
+
+def test_an_unreachable_tiermem_is_a_tool_error() -> None:
+    with MemoryClient(f"127.0.0.1:{_free_port()}", timeout=1) as unreachable:
+
+        async def scenario() -> None:
+            async with Client(build_server(unreachable, namespace=NAMESPACE)) as c:
+                result = await c.call_tool("recall", {"query": "anything"})
+                assert result.is_error and "DEADLINE_EXCEEDED" in _text(result)
+
+        _run(scenario)
+
+
+def test_the_http_endpoint_stays_on_loopback_unless_told_otherwise() -> None:
+    assert parse_args(["--target", "t", "--transport", "streamable-http", "--host", "::1"]).host == "::1"
+    with pytest.raises(SystemExit):
+        parse_args(["--target", "t", "--transport", "streamable-http", "--host", "0.0.0.0"])
+    assert parse_args(["--target", "t", "--transport", "streamable-http", "--host", "0.0.0.0", "--insecure"])
