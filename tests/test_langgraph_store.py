@@ -1,0 +1,720 @@
+"""``tiermem.langgraph.TiermemStore`` end to end against a real server: a conformance suite modelled on
+LangGraph's own store tests (the installed langgraph and langgraph-checkpoint ship none to reuse),
+with LangGraph's ``InMemoryStore`` as the reference where the semantics are the same, then what is
+tiermem's own: the mapping onto memories, TTL as ``expire_time``, a graph using the store."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any, TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    InvalidNamespaceError,
+    ListNamespacesOp,
+    MatchCondition,
+    PutOp,
+    SearchOp,
+)
+from langgraph.store.memory import InMemoryStore
+
+from tiermem.client import MemoryClient, metadata_dict
+from tiermem.langgraph import TiermemStore
+from tiermem.langgraph import filters as lg_filters
+from tiermem.langgraph import keys as lg_keys
+from tiermem.langgraph import values as lg_values
+
+PREFIX = "app:test/lg"
+
+
+@pytest.fixture
+def target(server_factory: Callable[..., Any]) -> str:
+    return f"127.0.0.1:{server_factory().port}"
+
+
+@pytest.fixture
+def store(target: str) -> Iterator[TiermemStore]:
+    with TiermemStore(target, namespace_prefix=PREFIX) as s:
+        s.client.wait_ready()
+        yield s
+
+
+@pytest.fixture
+def raw(target: str) -> Iterator[MemoryClient]:
+    """The server as tiermem sees it."""
+    with MemoryClient(target) as c:
+        yield c
+
+
+def _both(tiermem: BaseStore) -> list[BaseStore]:
+    return [tiermem, InMemoryStore()]
+
+
+NESTED: dict[str, Any] = {
+    "text": "Ana prefers window seats on long flights",
+    "zeta": 1,
+    "alpha": [1, 2.5, -0.0, True, None, "x", {"deep": {"deeper": [[], {}]}}],
+    "big": 2**70,
+    "small": -(2**60) - 1,
+    "float": 0.1 + 0.2,
+    "tiny": 5e-324,
+    "unicode": 'café ☕ 日本 \u0000 \n\t"quoted" \\',
+    "empty": {},
+    "null": None,
+    "flag": False,
+}
+
+
+# -- put, get, delete ----------------------------------------------------------------------------
+@pytest.mark.parametrize("index", [None, ["text"], ["alpha[*]", "unicode"], False])
+def test_put_get_round_trips_any_json_value(store: TiermemStore, index: Any) -> None:
+    before = datetime.now(timezone.utc)
+    store.put(("users", "ana"), "seat", NESTED, index=index)
+    item = store.get(("users", "ana"), "seat")
+    assert item is not None
+    assert item.value == NESTED
+    assert list(item.value) == list(NESTED)  # key order kept
+    assert list(item.value["alpha"][6]["deep"]) == ["deeper"]
+    assert type(item.value["big"]) is int and type(item.value["float"]) is float
+    assert math.copysign(1, item.value["alpha"][2]) == -1  # -0.0 stays -0.0
+    assert item.key == "seat" and item.namespace == ("users", "ana")
+    assert item.created_at.tzinfo is not None and item.created_at == item.updated_at
+    assert before.timestamp() - 1 <= item.created_at.timestamp() <= time.time() + 1
+
+
+def test_non_finite_numbers_and_surrogates_round_trip(store: TiermemStore) -> None:
+    value = {"nan": math.nan, "inf": math.inf, "ninf": -math.inf, "lone": "a\ud800b"}
+    store.put(("x",), "odd", value)
+    item = store.get(("x",), "odd")
+    assert item is not None
+    assert math.isnan(item.value["nan"]) and item.value["inf"] == math.inf and item.value["ninf"] == -math.inf
+    assert item.value["lone"] == "a\ud800b"
+
+
+def test_get_missing_and_delete(store: TiermemStore) -> None:
+    assert store.get(("users", "ana"), "nothing") is None
+    assert store.get(("nobody",), "nothing") is None
+    store.put(("users", "ana"), "k", {"v": 1})
+    store.delete(("users", "ana"), "k")
+    assert store.get(("users", "ana"), "k") is None
+    store.delete(("users", "ana"), "k")  # deleting what is not there is fine
+    store.delete(("never", "was"), "k")
+
+
+AWKWARD_KEYS = [
+    "",
+    " ",
+    "a b",
+    "user:7",
+    "notes.md",
+    "a/b\\c",
+    "::",
+    ":3A",
+    "%41",
+    "ключ",
+    "😀",
+    "tab\there",
+    "x" * 129,
+    "é" * 100,
+]
+AWKWARD_NAMESPACES = [
+    ("users", "ana maria"),
+    ("a/b", "c:d"),
+    ("日本",),
+    ("-", "_", ":"),
+    ("users", "ana", "memories", "deep", "er"),
+    ("sp ace", "new\nline"),
+]
+
+
+def test_awkward_keys_and_namespaces_round_trip(store: TiermemStore) -> None:
+    for ns in AWKWARD_NAMESPACES:
+        for i, key in enumerate(AWKWARD_KEYS):
+            store.put(ns, key, {"i": i, "key": key})
+    for ns in AWKWARD_NAMESPACES:
+        for i, key in enumerate(AWKWARD_KEYS):
+            item = store.get(ns, key)
+            assert item is not None, (ns, key)
+            assert (item.namespace, item.key, item.value) == (ns, key, {"i": i, "key": key})
+        found = store.search(ns, limit=100)
+        assert sorted(it.key for it in found if it.namespace == ns) == sorted(AWKWARD_KEYS)
+    assert sorted(store.list_namespaces(limit=100)) == sorted(AWKWARD_NAMESPACES)
+
+
+def test_keys_and_labels_map_reversibly() -> None:
+    for key in [*AWKWARD_KEYS, "plain-Key_1.2"]:
+        mid = lg_keys.memory_id(key)
+        assert 1 <= len(mid) <= 128
+        assert all(c.isascii() and (c.isalnum() or c in "._:-") for c in mid)
+        assert lg_keys.key_of(mid) in (key, None)
+    assert lg_keys.memory_id("plain-Key_1.2") == "plain-Key_1.2"
+    assert lg_keys.memory_id("user:7") == "user:3A7"
+    assert len({lg_keys.memory_id(k) for k in AWKWARD_KEYS}) == len(AWKWARD_KEYS)
+    for ns in AWKWARD_NAMESPACES:
+        path = lg_keys.namespace_path("p", ns)
+        assert lg_keys.namespace_tuple("p", path) == ns
+    assert lg_keys.namespace_path("", ("user:ana", "project:x")) == "user:ana/project:x"
+    assert lg_keys.namespace_path("", ("ana maria", "a/b")) == "ana.20maria/a.2Fb"
+    # Paths no namespace maps to: another client's ('.' of its own, non-canonical escapes).
+    for path in ["v1.2/x", "a/.41", "a/.zz", "a//b", "p"]:
+        assert lg_keys.namespace_tuple("p" if path == "p" else "", path) is None
+    with pytest.raises(ValueError):
+        TiermemStore("127.0.0.1:1", namespace_prefix="bad prefix")
+
+
+def test_namespace_and_id_as_tiermem_sees_them(store: TiermemStore, raw: MemoryClient) -> None:
+    store.put(("users", "ana maria"), "user:7", {"text": "hello"})
+    memory = raw.get(f"{PREFIX}/users/ana.20maria", "user:3A7")
+    assert memory.kind == "langgraph_item"
+    assert memory.content == '{"text": "hello"}'
+    meta = metadata_dict(memory)
+    assert meta["langgraph.key"] == "user:7" and meta["value.text"] == "hello"
+    assert "langgraph.value" not in meta  # the content is the value's JSON
+
+
+def test_put_replaces_keeping_created_at(store: TiermemStore, raw: MemoryClient) -> None:
+    ns = ("users", "ana")
+    store.put(ns, "profile", {"name": "Ana", "city": "Lisbon", "tags": ["a"]})
+    first = store.get(ns, "profile")
+    time.sleep(0.01)
+    store.put(ns, "profile", {"name": "Ana", "city": "Porto"}, index=["city"])
+    second = store.get(ns, "profile")
+    assert first is not None and second is not None
+    assert second.value == {"name": "Ana", "city": "Porto"}
+    assert second.created_at == first.created_at and second.updated_at > first.updated_at
+    (memory,) = list(raw.list_memories(f"{PREFIX}/users/ana"))  # replaced, not added
+    assert memory.content == "Porto"
+    assert metadata_dict(memory).get("value.tags") is None  # the old mirror is gone too
+    assert store.search(ns, filter={"city": "Lisbon"}) == []
+    assert [it.key for it in store.search(ns, filter={"city": "Porto"})] == ["profile"]
+
+
+# -- search ----------------------------------------------------------------------------------------
+FACTS = {
+    "pets": "Ana has two cats named Miso and Tofu",
+    "food": "Ana is allergic to peanuts and avoids satay",
+    "work": "Ana works as a structural engineer on bridges",
+    "travel": "Ana is planning a trip to Japan in April",
+    "music": "Ana plays the cello in a community orchestra",
+}
+
+
+def test_search_with_query_ranks_the_right_item_first(store: TiermemStore) -> None:
+    for i, (key, text) in enumerate(FACTS.items()):
+        store.put(("users", "ana", "facts"), key, {"text": text, "i": i})
+    store.put(("users", "bob"), "pets", {"text": "Bob has a dog"})
+    for query, key in [
+        ("what instrument does she play in the orchestra", "music"),
+        ("peanut allergy", "food"),
+        ("cats", "pets"),
+        ("trip to Japan", "travel"),
+    ]:
+        found = store.search(("users", "ana"), query=query, limit=3)
+        assert found[0].key == key, (query, [(it.key, it.score) for it in found])
+        assert all(it.namespace == ("users", "ana", "facts") for it in found)
+        scores = [it.score for it in found]
+        assert all(isinstance(s, float) for s in scores) and scores == sorted(scores, reverse=True)
+    everything = store.search((), query="pets", limit=10)
+    assert {(it.namespace, it.key) for it in everything} >= {(("users", "bob"), "pets")}
+
+
+def test_search_with_query_limit_offset_and_filter(store: TiermemStore) -> None:
+    # Graded overlap with the query, so relevance (not recency or importance) decides the order.
+    graded = {
+        "four": "marmot glacier lantern orchid",
+        "three": "marmot glacier lantern",
+        "two": "marmot glacier",
+        "one": "marmot",
+        "none": "unrelated words here",
+    }
+    for i, (key, text) in enumerate(graded.items()):
+        store.put(("users", "ana"), key, {"text": text, "i": i})
+    query = "marmot glacier lantern orchid"
+    ranked = [it.key for it in store.search(("users",), query=query, limit=5)]
+    assert ranked == list(graded)
+    assert [it.key for it in store.search(("users",), query=query, limit=2, offset=1)] == ranked[1:3]
+    assert [it.key for it in store.search(("users",), query=query, offset=5)] == []
+    assert [it.key for it in store.search(("users",), query=query, filter={"i": {"$gte": 2}})] == ranked[2:]
+    found = store.search(
+        ("users",), query=query, filter={"text": {"$gte": "marmot glacier l", "$lt": "n"}}, limit=10
+    )
+    assert [it.key for it in found] == ["four", "three"]
+
+
+def test_search_without_query_lists_newest_first(store: TiermemStore) -> None:
+    keys = []
+    for i in range(12):
+        ns = ("docs", "a") if i % 3 else ("docs", "b", "c")
+        store.put(ns, f"k{i:02}", {"i": i})
+        keys.append(f"k{i:02}")
+    newest = keys[::-1]
+    found = store.search(("docs",), limit=20)
+    assert [it.key for it in found] == newest
+    assert all(it.score is None for it in found)
+    assert [it.key for it in store.search(("docs",), limit=4, offset=3)] == newest[3:7]
+    assert [it.key for it in store.search(("docs", "b"), limit=20)] == [
+        k for k in newest if int(k[1:]) % 3 == 0
+    ]
+    assert store.search(("docs",), limit=0) == []
+    assert store.search(("nothing",)) == []
+    assert [it.key for it in store.search((), limit=2)] == newest[:2]
+
+
+def test_search_prefix_is_by_label_not_by_text(store: TiermemStore) -> None:
+    store.put(("users", "ana"), "a", {"v": 1})
+    store.put(("users", "anabel"), "b", {"v": 2})
+    store.put(("users", "ana", "sub"), "c", {"v": 3})
+    assert sorted(it.key for it in store.search(("users", "ana"))) == ["a", "c"]
+    assert sorted(it.key for it in store.search(("users", "ana"), query="v")) == ["a", "c"]
+    assert sorted(it.key for it in store.search(("users",))) == ["a", "b", "c"]
+
+
+def test_search_across_more_than_64_namespaces(store: TiermemStore) -> None:
+    store.batch(
+        [
+            PutOp(("tenants", f"t{i:03}"), "note", {"text": f"tenant {i} note about invoices"})
+            for i in range(70)
+        ]
+        + [PutOp(("tenants", "t042"), "target", {"text": "the quarterly volcano eruption report"})]
+    )
+    found = store.search(("tenants",), query="volcano eruption", limit=5)
+    assert (found[0].namespace, found[0].key) == (("tenants", "t042"), "target")
+    assert len(found) == 5 and [it.score for it in found] == sorted((it.score for it in found), reverse=True)
+    assert len(store.search(("tenants",), query="invoices", limit=100)) == 71
+    assert len(store.search(("tenants",), limit=100)) == 71
+    assert len(store.list_namespaces(prefix=("tenants",), limit=1000)) == 70
+
+
+def test_other_memories_in_the_namespaces_are_not_items(store: TiermemStore, raw: MemoryClient) -> None:
+    store.put(("users", "ana"), "k", {"text": "an item about cats"})
+    raw.create(f"{PREFIX}/users/ana", "an observation about cats", id="obs")
+    assert store.get(("users", "ana"), "obs") is None
+    assert [it.key for it in store.search(("users",), query="cats")] == ["k"]
+    assert [it.key for it in store.search(("users",))] == ["k"]
+
+
+def test_index_false_and_index_fields(store: TiermemStore, raw: MemoryClient) -> None:
+    ns = ("docs",)
+    store.put(ns, "hidden", {"text": "secret marmalade recipe"}, index=False)
+    store.put(ns, "shown", {"text": "marmalade on toast", "body": "unrelated words"}, index=["text"])
+    store.put(ns, "nothing", {"body": "marmalade"}, index=["missing.path"])
+    assert [it.key for it in store.search(ns, query="marmalade")] == ["shown"]
+    assert sorted(it.key for it in store.search(ns)) == ["hidden", "nothing", "shown"]
+    shown = raw.get(f"{PREFIX}/docs", "shown")
+    assert shown.content == "marmalade on toast"  # only the indexed text is searched
+    assert (
+        metadata_dict(shown)["langgraph.value"] == '{"text": "marmalade on toast", "body": "unrelated words"}'
+    )
+
+
+def test_store_default_index_fields(target: str, raw: MemoryClient) -> None:
+    with TiermemStore(target, namespace_prefix=PREFIX, index={"fields": ["title", "tags[*]"]}) as s:
+        s.put(("docs",), "d", {"title": "Harbour", "tags": ["boats", "sea"], "body": "x"})
+        s.put(("docs",), "e", {"title": "Other", "body": "x"}, index=["body"])
+        assert raw.get(f"{PREFIX}/docs", "d").content == "Harbour\nboats\nsea"
+        assert raw.get(f"{PREFIX}/docs", "e").content == "x"
+        assert s.get(("docs",), "d").value == {"title": "Harbour", "tags": ["boats", "sea"], "body": "x"}  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="embeds on the server"):
+        TiermemStore(target, index={"dims": 3, "embed": lambda texts: [[1.0, 0, 0] for _ in texts]})  # type: ignore[typeddict-item]
+
+
+def test_a_large_value_round_trips(store: TiermemStore, raw: MemoryClient) -> None:
+    big = {"text": "summary of the whole thing", "log": [f"line {i} " * 20 for i in range(300)]}
+    store.put(("docs",), "big", big, index=["text"])  # its JSON is too large for the metadata
+    item = store.get(("docs",), "big")
+    assert item is not None and item.value == big
+    memory = raw.get(f"{PREFIX}/docs", "big")
+    assert "langgraph.value" not in metadata_dict(memory) and memory.content.startswith('{"text"')
+
+
+# -- filters ---------------------------------------------------------------------------------------
+ITEMS: dict[str, dict[str, Any]] = {
+    "a": {
+        "color": "red",
+        "score": 4.5,
+        "n": 1,
+        "ok": True,
+        "meta": {"lang": "en", "v": 2},
+        "tags": ["x", "y"],
+    },
+    "b": {"color": "blue", "score": 3.0, "n": 2, "ok": False, "meta": {"lang": "pt", "v": 2}, "tags": ["x"]},
+    "c": {"color": "red", "score": 5.0, "n": 3, "ok": True, "meta": {"lang": "en", "v": 3}},
+    "d": {"color": "green", "score": 2, "n": 4, "long": "z" * 2000, "meta": None},
+    "e": {"color": None, "score": 1, "n": 2**60, "ok": None},
+}
+FILTERS: list[dict[str, Any]] = [
+    {"color": "red"},
+    {"color": {"$eq": "red"}},
+    {"color": {"$ne": "red"}},
+    {"score": {"$gt": 3.0}},
+    {"score": {"$gte": 3.0}},
+    {"score": {"$lt": 4.5}},
+    {"score": {"$lte": 4.5}},
+    {"score": {"$gt": 1, "$lt": 5}},
+    {"color": "red", "score": {"$gte": 5}},
+    {"n": 2},
+    {"n": 2**60},
+    {"n": {"$gte": 2**60}},
+    {"n": {"$gt": 2}},
+    {"ok": True},
+    {"ok": False},
+    {"ok": {"$ne": True}},
+    {"color": None},
+    {"meta": {"lang": "en"}},
+    {"meta": {"lang": "en", "v": 3}},
+    {"tags": ["x", "y"]},
+    {"tags": ["x"]},
+    {"long": "z" * 2000},
+    {"long": {"$ne": "z"}},
+    {"missing": {"$ne": 1}},
+    {"missing": 1},
+    {},
+]
+
+
+@pytest.mark.parametrize("flt", FILTERS, ids=[str(f)[:60] for f in FILTERS])
+def test_filters_agree_with_the_in_memory_store(store: TiermemStore, flt: dict[str, Any]) -> None:
+    results = []
+    for s in _both(store):
+        for key, value in ITEMS.items():
+            s.put(("f", key[0]), key, value)
+        results.append(sorted(it.key for it in s.search(("f",), filter=flt, limit=50)))
+    assert results[0] == results[1]
+    # With a query the filter keeps the same items, ranked.
+    assert (
+        sorted(it.key for it in store.search(("f",), query="red blue green", filter=flt, limit=50))
+        == results[0]
+    )
+
+
+def test_filters_checked_in_the_client_page_through_enough(store: TiermemStore) -> None:
+    """A filter the server cannot apply (a nested object here) is made up in the client: the store
+    reads on (more timeline pages, a larger search) until enough items pass."""
+    store.batch(
+        [
+            PutOp(("p", f"n{i % 3}"), f"k{i:03}", {"text": f"walrus {i}", "meta": {"hit": i < 4}})
+            for i in range(150)
+        ]
+    )
+    newest_hits = ["k003", "k002", "k001", "k000"]
+    flt = {"meta": {"hit": True}}
+    assert [it.key for it in store.search(("p",), filter=flt, limit=3)] == newest_hits[:3]
+    assert [it.key for it in store.search(("p",), filter=flt, limit=3, offset=2)] == newest_hits[2:]
+    assert sorted(it.key for it in store.search(("p",), query="walrus", filter=flt, limit=4)) == sorted(
+        newest_hits
+    )
+
+
+def test_filters_with_json_types(store: TiermemStore) -> None:
+    """Where LangGraph's in-memory store uses Python's rules (True == 1, float() of strings), the
+    store uses JSON's: booleans are not numbers, strings order among strings."""
+    for key, value in ITEMS.items():
+        store.put(("f",), key, value)
+
+    def keys(flt: dict[str, Any], query: str | None = None) -> list[str]:
+        return sorted(it.key for it in store.search(("f",), filter=flt, query=query, limit=50))
+
+    assert keys({"ok": 1}) == []
+    assert keys({"n": True}) == []
+    assert keys({"color": {"$gt": "green"}}) == ["a", "c"]
+    assert keys({"color": {"$lt": 5}}) == []
+    assert keys({"ok": {"$gt": False}}) == []
+    assert keys({"long": {"$gt": "y"}}, query="z") == ["d"]  # a long string: checked in the client
+    with pytest.raises(ValueError, match=r"\$regex"):
+        store.search(("f",), filter={"color": {"$regex": "r.*"}})
+
+
+def test_filters_split_between_server_and_client() -> None:
+    where, complete = lg_filters.where({"color": "red", "n": {"$gt": 2, "$lte": 9}})
+    assert complete
+    assert where == {
+        "$or": [
+            {"metadata.langgraph.unmirrored": True},
+            {
+                "$and": [
+                    {"metadata.value.color": {"$eq": "red"}},
+                    {"metadata.value.n": {"$gt": 2}},
+                    {"metadata.value.n": {"$lte": 9}},
+                ]
+            },
+        ]
+    }
+    for partial in [
+        {"meta": {"lang": "en"}},
+        {"x": None},
+        {"x": [1]},
+        {"x": "z" * 600},
+        {"x": 2**60},
+        {"b": {"$gt": True}},
+    ]:
+        where, complete = lg_filters.where(partial)
+        assert where is None and not complete
+    assert lg_filters.where(None) == (None, True)
+
+
+def test_values_mirror_scalars_within_limits() -> None:
+    stored = lg_values.store("k", {f"f{i}": i for i in range(100)}, None, None, 1.0)
+    assert len(stored.metadata) <= lg_values.METADATA_KEYS and stored.metadata["langgraph.unmirrored"] is True
+    stored = lg_values.store("k", {"a": 1, "b": [1], "c": None, "d": math.nan, "e": {"x": 1}}, None, 5, 1.0)
+    assert stored.metadata == {
+        "langgraph.key": "k",
+        "langgraph.updated_at": 1.0,
+        "langgraph.ttl_minutes": 5.0,
+        "value.a": 1,
+    }
+    loaded = lg_values.load(stored.content, stored.metadata)
+    assert math.isnan(loaded.pop("d")) and loaded == {"a": 1, "b": [1], "c": None, "e": {"x": 1}}
+    assert lg_values.load("not json", {}) == {"content": "not json"}
+
+
+# -- list_namespaces -------------------------------------------------------------------------------
+NAMESPACES = [
+    ("a", "b", "c"),
+    ("a", "b", "d", "e"),
+    ("a", "b", "d", "i"),
+    ("a", "b", "f"),
+    ("a", "c", "f"),
+    ("b", "a", "f"),
+    ("users", "123"),
+    ("users", "456", "settings"),
+    ("admin", "users", "789"),
+]
+LISTINGS: list[dict[str, Any]] = [
+    {},
+    {"prefix": ("a", "b")},
+    {"prefix": ("a", "b"), "max_depth": 3},
+    {"prefix": ("a",), "max_depth": 2},
+    {"max_depth": 1},
+    {"max_depth": 0},
+    {"suffix": ("f",)},
+    {"prefix": ("a",), "suffix": ("f",)},
+    {"prefix": ("a", "*", "f")},
+    {"prefix": ("*", "b")},
+    {"suffix": ("*", "f")},
+    {"suffix": ("users", "*")},
+    {"prefix": ("users",), "max_depth": 2},
+    {"limit": 3},
+    {"limit": 3, "offset": 3},
+    {"offset": 20},
+    {"prefix": ("nothing",)},
+    {"prefix": ("a", "b", "c", "d")},
+]
+
+
+def test_list_namespaces_agrees_with_the_in_memory_store(store: TiermemStore) -> None:
+    stores = _both(store)
+    for s in stores:
+        for i, ns in enumerate(NAMESPACES):
+            s.put(ns, f"k{i}", {"i": i})
+    for listing in LISTINGS:
+        got, expected = (s.list_namespaces(**listing) for s in stores)
+        assert got == expected, listing
+    store.delete(("b", "a", "f"), "k5")  # a namespace emptied is gone
+    assert ("b", "a", "f") not in store.list_namespaces()
+
+
+def test_list_namespaces_skips_namespaces_no_label_maps_to(target: str, raw: MemoryClient) -> None:
+    raw.create("v1.2/x", "another client's memory")
+    raw.create("plain/ns", "another client's memory")
+    with TiermemStore(target) as s:
+        s.put(("mine",), "k", {"v": 1})
+        assert s.list_namespaces() == [("mine",), ("plain", "ns")]  # tiermem's namespaces, without '.'
+        assert [it.key for it in s.search(())] == ["k"]  # only the store's kind of memory
+
+
+# -- batches ---------------------------------------------------------------------------------------
+def test_batch_with_mixed_ops_agrees_with_the_in_memory_store(store: TiermemStore) -> None:
+    ops_before = [PutOp(("b", "x"), "k1", {"v": 1}), PutOp(("b", "y"), "k2", {"v": 2})]
+    ops = [
+        GetOp(("b", "x"), "k1"),
+        PutOp(("b", "x"), "k1", {"v": 10}),
+        GetOp(("b", "x"), "k1"),  # reads see the state before the batch's writes
+        SearchOp(("b",), filter={"v": {"$gte": 2}}),
+        PutOp(("b", "z"), "k3", {"v": 3}),
+        PutOp(("b", "y"), "k2", None),
+        ListNamespacesOp(match_conditions=(MatchCondition("prefix", ("b",)),)),
+        PutOp(("b", "z"), "k3", {"v": 30}),  # the last put of a key wins
+        GetOp(("b", "nowhere"), "k"),
+    ]
+
+    def summary(result: Any) -> Any:
+        if isinstance(result, list):
+            return [summary(r) for r in result]
+        if result is None or isinstance(result, tuple):
+            return result
+        return (result.namespace, result.key, result.value)
+
+    outcomes = []
+    for s in _both(store):
+        s.batch(ops_before)
+        outcomes.append(
+            (
+                [summary(r) for r in s.batch(ops)],
+                [
+                    summary(s.get(ns, k))
+                    for ns, k in [(("b", "x"), "k1"), (("b", "y"), "k2"), (("b", "z"), "k3")]
+                ],
+            )
+        )
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] == [(("b", "x"), "k1", {"v": 10}), None, (("b", "z"), "k3", {"v": 30})]
+
+
+def test_batch_puts_of_new_and_existing_keys(store: TiermemStore, raw: MemoryClient) -> None:
+    store.put(("b",), "k2", {"v": "old"})
+    store.batch([PutOp(("b",), f"k{i}", {"v": i}) for i in range(5)])  # k2 exists: one by one
+    assert [store.get(("b",), f"k{i}").value for i in range(5)] == [{"v": i} for i in range(5)]  # type: ignore[union-attr]
+    assert len(list(raw.list_memories(f"{PREFIX}/b"))) == 5
+
+
+def test_invalid_namespaces_are_refused(store: TiermemStore) -> None:
+    with pytest.raises(InvalidNamespaceError):
+        store.put((), "k", {"v": 1})
+    with pytest.raises(InvalidNamespaceError):
+        store.put(("langgraph", "x"), "k", {"v": 1})
+    with pytest.raises(InvalidNamespaceError):
+        store.batch([PutOp(("a.b",), "k", {"v": 1})])  # not ("a", "b")
+    with pytest.raises(InvalidNamespaceError):
+        store.batch([GetOp(("",), "k")])
+    with pytest.raises(ValueError):
+        store.batch([SearchOp(("a",), limit=-1)])
+    assert store.get((), "k") is None
+
+
+# -- TTL -------------------------------------------------------------------------------------------
+def _expiry(raw: MemoryClient, ns: str, key: str) -> float | None:
+    memory = raw.get(f"{PREFIX}/{ns}", lg_keys.memory_id(key))
+    return (
+        memory.expire_time.seconds + memory.expire_time.nanos / 1e9
+        if memory.HasField("expire_time")
+        else None
+    )
+
+
+def test_ttl_is_the_memory_expire_time(store: TiermemStore, raw: MemoryClient) -> None:
+    assert store.supports_ttl
+    start = time.time()
+    store.put(("t",), "k", {"v": 1}, ttl=1)
+    expiry = _expiry(raw, "t", "k")
+    assert expiry is not None and start + 60 <= expiry <= time.time() + 60
+    time.sleep(0.05)
+    assert store.get(("t",), "k", refresh_ttl=False) is not None
+    assert _expiry(raw, "t", "k") == expiry
+    item = store.get(("t",), "k")  # a read refreshes the TTL
+    refreshed = _expiry(raw, "t", "k")
+    assert item is not None and refreshed is not None and refreshed > expiry
+    assert item.updated_at.timestamp() < start + 1  # a refresh is no update
+    store.search(("t",), query="v")
+    assert _expiry(raw, "t", "k") > refreshed  # type: ignore[operator]
+    store.put(("t",), "k", {"v": 2})  # no TTL any more
+    assert _expiry(raw, "t", "k") is None
+    store.get(("t",), "k")
+    assert _expiry(raw, "t", "k") is None
+
+
+def test_an_item_is_gone_after_its_ttl(store: TiermemStore) -> None:
+    store.put(("t",), "short", {"v": 1}, ttl=0.002)  # 120 ms
+    store.put(("t",), "long", {"v": 2}, ttl=10)
+    assert store.get(("t",), "short", refresh_ttl=False) is not None
+    time.sleep(0.3)
+    assert store.get(("t",), "short") is None
+    assert [it.key for it in store.search(("t",))] == ["long"]
+    assert [it.key for it in store.search(("t",), query="v")] == ["long"]
+    store.put(("t",), "short", {"v": 3})  # the key is free again
+    assert store.get(("t",), "short").value == {"v": 3}  # type: ignore[union-attr]
+
+
+def test_ttl_config_default_ttl(target: str, raw: MemoryClient) -> None:
+    with TiermemStore(target, namespace_prefix=PREFIX, ttl={"default_ttl": 5, "refresh_on_read": False}) as s:
+        start = time.time()
+        s.put(("t",), "k", {"v": 1})
+        expiry = _expiry(raw, "t", "k")
+        assert expiry is not None and start + 300 <= expiry <= time.time() + 300
+        s.get(("t",), "k")
+        assert _expiry(raw, "t", "k") == expiry  # refresh_on_read False
+        s.put(("t",), "forever", {"v": 1}, ttl=None)
+        assert _expiry(raw, "t", "forever") is None
+
+
+# -- async and graphs ------------------------------------------------------------------------------
+def test_async_api(store: TiermemStore) -> None:
+    async def run() -> None:
+        await store.aput(("users", "ana"), "a", {"text": "Ana collects vintage stamps"})
+        await asyncio.gather(
+            *(store.aput(("users", "bob"), f"b{i}", {"text": f"Bob note {i}"}) for i in range(5))
+        )
+        item = await store.aget(("users", "ana"), "a")
+        assert item is not None and item.value == {"text": "Ana collects vintage stamps"}
+        found = await store.asearch(("users",), query="stamp collection", limit=3)
+        assert found[0].key == "a"
+        assert len(await store.asearch(("users", "bob"), limit=10)) == 5
+        assert await store.alist_namespaces(prefix=("users",)) == [("users", "ana"), ("users", "bob")]
+        await store.adelete(("users", "ana"), "a")
+        assert await store.aget(("users", "ana"), "a") is None
+        results = await store.abatch([GetOp(("users", "bob"), "b1"), SearchOp(("users",), limit=2)])
+        assert results[0].value == {"text": "Bob note 1"}  # type: ignore[union-attr]
+        assert len(results[1]) == 2  # type: ignore[arg-type]
+
+    asyncio.run(run())
+
+
+class State(TypedDict):
+    user: str
+    fact: str
+    recalled: list[str]
+
+
+def _graph(store: BaseStore) -> Any:
+    def remember(state: State, runtime: Runtime[None]) -> dict[str, Any]:
+        assert runtime.store is not None
+        ns = ("users", state["user"], "memories")
+        runtime.store.put(ns, f"m{len(runtime.store.search(ns, limit=100))}", {"text": state["fact"]})
+        return {}
+
+    def recall(state: State, runtime: Runtime[None]) -> dict[str, Any]:
+        assert runtime.store is not None
+        found = runtime.store.search(("users", state["user"]), query=state["fact"], limit=1)
+        return {"recalled": [it.value["text"] for it in found]}
+
+    builder = StateGraph(State)
+    builder.add_node("remember", remember)
+    builder.add_node("recall", recall)
+    builder.add_edge(START, "remember")
+    builder.add_edge("remember", "recall")
+    builder.add_edge("recall", END)
+    return builder.compile(store=store)
+
+
+def test_a_graph_uses_the_store(store: TiermemStore) -> None:
+    graph = _graph(store)
+    graph.invoke({"user": "ana", "fact": "Ana's dog is called Pretzel", "recalled": []})
+    out = graph.invoke({"user": "ana", "fact": "Ana drinks oolong tea every morning", "recalled": []})
+    assert out["recalled"] == ["Ana drinks oolong tea every morning"]
+    assert sorted(it.value["text"] for it in store.search(("users", "ana"))) == [
+        "Ana drinks oolong tea every morning",
+        "Ana's dog is called Pretzel",
+    ]
+    out = asyncio.run(graph.ainvoke({"user": "bob", "fact": "Bob sails on weekends", "recalled": []}))
+    assert out["recalled"] == ["Bob sails on weekends"]
+    assert store.list_namespaces(suffix=("memories",)) == [
+        ("users", "ana", "memories"),
+        ("users", "bob", "memories"),
+    ]
+
+
+def test_shares_a_client(target: str) -> None:
+    with MemoryClient(target) as c:
+        s = TiermemStore(client=c, namespace_prefix="shared")
+        s.put(("n",), "k", {"v": 1})
+        s.close()  # not the client's owner: the client stays open
+        assert c.get("shared/n", "k").kind == "langgraph_item"
+        with pytest.raises(ValueError):
+            TiermemStore(client=c, api_key="secret")
