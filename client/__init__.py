@@ -1,8 +1,9 @@
-"""Python client for tiermem: ``MemoryClient``, its error hierarchy, and ``metadata_dict`` /
-``to_python`` for results as plain Python values."""
+"""Python client for tiermem: ``MemoryClient``, ``AsyncMemoryClient`` (the same for asyncio), their
+error hierarchy, and ``metadata_dict`` / ``to_python`` for results as plain Python values."""
 
 from tiermem.v1.memory_pb2 import Memory, SearchResult, Tier
 
+from .aio import AsyncMemoryClient
 from .client import MemoryClient
 from .errors import (
     AlreadyExistsError,
@@ -21,6 +22,7 @@ from .plain import metadata_dict, to_python
 
 __all__ = [
     "AlreadyExistsError",
+    "AsyncMemoryClient",
     "DeadlineExceededError",
     "FailedPreconditionError",
     "FieldViolation",

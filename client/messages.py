@@ -223,7 +223,6 @@ def within(
     return {"$and": [given, in_range]}
 
 
-
 def search_request(
     namespaces: str | Sequence[str],
     query: str | Sequence[float] | Any = None,

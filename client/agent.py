@@ -1,0 +1,225 @@
+"""``MemoryClient``'s methods for agent memory: observations, reflections and summaries, the graph,
+and context assembly (a mixin: ``client.py`` has the connection and the memory store's methods)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import tiermem.client.requests as rq  # not "from . import requests": that imports the package, a cycle
+from tiermem.v1 import memory_pb2 as pb
+
+from .connection import CallMetadata
+from .messages import TimeLike
+
+
+class AgentMethods:
+    """Observations, reflections, summaries, the graph and context packages, through the
+    ``stub`` and ``_call`` of ``MemoryClient``."""
+
+    stub: Any
+    if TYPE_CHECKING:
+
+        def _call(
+            self,
+            method: Any,
+            request: Any,
+            timeout: float | None,
+            call_metadata: CallMetadata | None,
+            *,
+            stream: bool = False,
+        ) -> Any: ...
+
+    # -- agent memory: reflection and summaries ------------------------------------------------
+    def observe(
+        self,
+        namespace: str,
+        content: str,
+        *,
+        kind: str = "observation",
+        request_id: str = "",
+        allow_duplicates: bool = True,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **fields: Any,
+    ) -> pb.CreateMemoryResponse:
+        """Store an observation and return the whole response: ``.memory``, ``.reflection_due`` and
+        ``.summary_due`` tell the agent when to reflect or summarize. An event log keeps every
+        event, a repeated one too; ``allow_duplicates=False`` merges one with the same content
+        into the memory already stored, as ``create`` does."""
+        req = rq.observe_request(
+            namespace, content, kind=kind, request_id=request_id, allow_duplicates=allow_duplicates, **fields
+        )
+        return self._call(self.stub.CreateMemory, req, timeout, call_metadata)
+
+    def reflection_candidates(
+        self,
+        namespace: str,
+        *,
+        limit: int = 0,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.GetReflectionCandidatesResponse:
+        """The most recent observations (newest first) and the reflection accumulator."""
+        req = rq.reflection_candidates_request(namespace, limit=limit)
+        return self._call(self.stub.GetReflectionCandidates, req, timeout, call_metadata)
+
+    def reflect(
+        self,
+        namespace: str,
+        insight: str,
+        *,
+        source_memory_ids: Iterable[str],
+        questions: Iterable[str] = (),
+        importance: float = 0.9,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **fields: Any,
+    ) -> pb.Memory:
+        """Store a reflection (kind "reflection", importance >= 0.8) derived from observations;
+        it resets the namespace's reflection accumulator."""
+        req = rq.reflect_request(
+            namespace,
+            insight,
+            source_memory_ids=source_memory_ids,
+            questions=questions,
+            importance=importance,
+            **fields,
+        )
+        return self._call(self.stub.CreateMemory, req, timeout, call_metadata).memory
+
+    def build_summary(
+        self,
+        namespace: str,
+        *,
+        max_tokens: int = 0,
+        since: TimeLike | None = None,
+        until: TimeLike | None = None,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.BuildSummaryResponse:
+        """A built-in extractive summary (no LLM) of the memories since the last summary, or, with
+        ``since``/``until``, of those created in [since, until)."""
+        req = rq.build_summary_request(namespace, max_tokens=max_tokens, since=since, until=until)
+        return self._call(self.stub.BuildSummary, req, timeout, call_metadata)
+
+    def summarize(
+        self,
+        namespace: str,
+        text: str,
+        *,
+        source_memory_ids: Iterable[str],
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+        **fields: Any,
+    ) -> pb.Memory:
+        """Store a rolling summary of the scope: it replaces the previous summary and resets the
+        summary token count."""
+        req = rq.summarize_request(namespace, text, source_memory_ids=source_memory_ids, **fields)
+        return self._call(self.stub.CreateMemory, req, timeout, call_metadata).memory
+
+    # -- graph memory ---------------------------------------------------------------------------
+    def upsert_node(
+        self,
+        namespace: str,
+        node_id: str,
+        *,
+        label: str = "",
+        properties: Mapping[str, Any] | None = None,
+        memory_ids: Iterable[str] = (),
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.GraphNode:
+        """Create or replace a graph node (an entity the agent records explicitly)."""
+        req = rq.upsert_node_request(
+            namespace, node_id, label=label, properties=properties, memory_ids=memory_ids
+        )
+        return self._call(self.stub.UpsertGraphNode, req, timeout, call_metadata).node
+
+    def add_edge(
+        self,
+        namespace: str,
+        source_id: str,
+        relation: str,
+        target_id: str,
+        *,
+        properties: Mapping[str, Any] | None = None,
+        memory_ids: Iterable[str] = (),
+        valid_from: TimeLike | None = None,
+        invalid_from: TimeLike | None = None,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.GraphEdge:
+        """Link two nodes: ``source_id relation target_id``, valid over [valid_from, invalid_from)."""
+        req = rq.add_edge_request(
+            namespace,
+            source_id,
+            relation,
+            target_id,
+            properties=properties,
+            memory_ids=memory_ids,
+            valid_from=valid_from,
+            invalid_from=invalid_from,
+        )
+        return self._call(self.stub.AddGraphEdge, req, timeout, call_metadata).edge
+
+    def invalidate_edge(
+        self,
+        namespace: str,
+        edge_id: str,
+        *,
+        at: TimeLike | None = None,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.GraphEdge:
+        """End a fact's validity (it stays in history)."""
+        req = rq.invalidate_edge_request(namespace, edge_id, at=at)
+        return self._call(self.stub.InvalidateGraphEdge, req, timeout, call_metadata).edge
+
+    def neighbors(
+        self,
+        namespace: str,
+        node_id: str,
+        *,
+        depth: int = 1,
+        limit: int = 0,
+        as_of: TimeLike | None = None,
+        include_invalid: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.GetGraphNeighborsResponse:
+        """Nodes (breadth first) and edges around ``node_id`` that hold at ``as_of``."""
+        req = rq.neighbors_request(
+            namespace, node_id, depth=depth, limit=limit, as_of=as_of, include_invalid=include_invalid
+        )
+        return self._call(self.stub.GetGraphNeighbors, req, timeout, call_metadata)
+
+    # -- context assembly -------------------------------------------------------------------------
+    def build_context(
+        self,
+        scopes: Sequence[str | Mapping[str, Any]],
+        *,
+        token_budget: int,
+        query: str = "",
+        head_tail: int = 0,
+        graph_facts: bool = True,
+        read_only: bool = False,
+        summarize_overflow: bool = True,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.BuildContextResponse:
+        """A token-budgeted context package for an agent turn: ``scopes`` narrowest first (namespace
+        strings, or dicts with namespace, share, semantic_k, recent_window, and fill: False leaves
+        the rest of the scope's share unfilled, no "important" section). ``summarize_overflow``
+        False: no "overflow" section summarizing what did not fit. The response's ``warnings`` name
+        the steps that failed without stopping the build."""
+        req = rq.build_context_request(
+            scopes,
+            token_budget=token_budget,
+            query=query,
+            head_tail=head_tail,
+            graph_facts=graph_facts,
+            read_only=read_only,
+            summarize_overflow=summarize_overflow,
+        )
+        return self._call(self.stub.BuildContext, req, timeout, call_metadata)

@@ -1,0 +1,293 @@
+"""Connections, shared by ``MemoryClient`` and ``AsyncMemoryClient``: channel options (the retry
+policy, quick reconnection), TLS credentials, the bearer token interceptors, the spreading of calls
+over several connections, and the rules for making a call again and for waiting until the server
+is ready."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2
+
+from .errors import TiermemError, UnavailableError
+
+CallMetadata = Sequence[tuple[str, str]]
+
+_RETRY_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [
+                    {"service": "tiermem.v1.MemoryService", "method": m}
+                    for m in (
+                        "CreateMemory",
+                        "BatchCreateMemories",
+                        "GetMemory",
+                        "UpdateMemory",
+                        "ListMemories",
+                        "SearchMemories",
+                        "BatchSearchMemories",
+                        "GetStats",
+                        "ListNamespaces",
+                    )  # not deletes or feedback: a retry after a lost reply would not repeat their result
+                ],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+
+# Reconnect within 100 ms to 1 s of a server coming back (gRPC's default backoff grows to 2 min).
+# ``min_reconnect_backoff_ms`` is the least time one connection attempt gets, not a backoff.
+_RECONNECT_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", 5000),
+]
+
+# Reasons of UNAVAILABLE errors for calls the server did not run (it was starting or stopping):
+# making them again is safe for every method.
+_NOT_RUN = frozenset({"STARTING", "SHUTTING_DOWN"})
+
+HEALTH_REQUEST = health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService")
+
+
+def channel_options(max_message_bytes: int, connections: int) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.service_config", _RETRY_CONFIG),
+        ("grpc.enable_retries", 1),
+        *_RECONNECT_OPTIONS,
+    ]
+    if connections > 1:  # channels with equal options would otherwise share one connection
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    return options
+
+
+def check_connections(connections: int, channel: object) -> None:
+    if connections < 1 or (channel is not None and connections != 1):
+        raise ValueError("connections must be >= 1, and 1 with a channel of your own")
+
+
+def credentials(tls: bool | str | bytes | grpc.ChannelCredentials | None) -> grpc.ChannelCredentials | None:
+    """The channel credentials ``tls`` means (None: no TLS): True trusts the system's certificate
+    authorities, a path or PEM bytes that CA certificate, credentials are taken as they are."""
+    if tls is False or tls is None:
+        return None
+    if isinstance(tls, grpc.ChannelCredentials):
+        return tls
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    pem = tls if isinstance(tls, bytes) else Path(tls).read_bytes()
+    return grpc.ssl_channel_credentials(root_certificates=pem)
+
+
+def open_channel(target: str, options: list[tuple[str, Any]], tls: Any) -> grpc.Channel:
+    creds = credentials(tls)
+    if creds is None:
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def with_token(channel: grpc.Channel, api_key: str | None) -> grpc.Channel:
+    """``channel`` adding ``api_key`` to every call, if there is one."""
+    return grpc.intercept_channel(channel, _BearerToken(api_key)) if api_key else channel
+
+
+def open_aio_channel(
+    target: str, options: list[tuple[str, Any]], tls: Any, api_key: str | None
+) -> grpc.aio.Channel:
+    """A grpc.aio channel (of the running event loop) adding ``api_key`` to every call, if there is one."""
+    creds = credentials(tls)
+    interceptors: list[grpc.aio.ClientInterceptor] = (
+        [cls(api_key) for cls in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)]
+        if api_key
+        else []
+    )
+    if creds is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(target, creds, options=options, interceptors=interceptors)
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds ``authorization: Bearer <token>`` to every call (health checks included)."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._header]
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(
+        self,
+        method: str,
+        timeout: Any,
+        metadata: Any,
+        credentials: Any,
+        wait_for_ready: Any,
+        compression: Any,
+    ) -> None:
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+class _AioBearerToken:
+    """``_BearerToken`` for grpc.aio, which takes one interceptor object per kind of call."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._header)
+        return details._replace(metadata=metadata)
+
+
+class _AioUnaryUnary(_AioBearerToken, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _AioUnaryStream(_AioBearerToken, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _AioStreamUnary(_AioBearerToken, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+class _AioStreamStream(_AioBearerToken, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+class Spread:
+    """Stubs over several connections: each call (each method looked up) takes the next one."""
+
+    def __init__(self, stubs: list[Any]) -> None:
+        self._stubs = stubs
+        self._turn = itertools.count()  # next() is atomic: threads may share the client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stubs[next(self._turn) % len(self._stubs)], name)
+
+
+def one_stub(stubs: list[Any]) -> Any:
+    return stubs[0] if len(stubs) == 1 else Spread(stubs)
+
+
+class Attempts:
+    """The deadline of one call, and whether a failed attempt is made again: only a call the server
+    did not run because it was starting or stopping, and only if it can be sent again (``again``:
+    not a streamed upload, whose requests are consumed), after a pause of 50 ms doubling to 1 s,
+    as long as the pause ends before the deadline."""
+
+    def __init__(self, timeout: float | None, again: bool) -> None:
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.again = again
+        self._pause = 0.05
+
+    def left(self) -> float | None:
+        """Seconds left for the next attempt (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def pause_after(self, error: TiermemError) -> float:
+        """How long to wait before the next attempt; raises ``error`` if there is none."""
+        if not self.again or error.reason not in _NOT_RUN:
+            raise error
+        pause = self._pause
+        if self.deadline is not None and time.monotonic() + pause >= self.deadline:
+            raise error
+        self._pause = min(2 * pause, 1.0)
+        return pause
+
+
+def _code(err: grpc.RpcError) -> grpc.StatusCode:
+    return err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+
+
+def last_error(err: grpc.RpcError) -> str:
+    return f"last error {_code(err).name}: {err.details() if hasattr(err, 'details') else err}"
+
+
+class Readiness:
+    """What ``wait_ready`` saw of one connection's health: ``Check`` answers and failures, the
+    pause before asking again, and the error to raise once ``timeout`` (seconds) has passed."""
+
+    def __init__(self, deadline: float, timeout: float) -> None:
+        self.deadline, self.timeout = deadline, timeout
+        self.last = ""
+        self.answered = False
+        self._pause = 0.02
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def failed(self, err: grpc.RpcError) -> None:
+        if _code(err) != grpc.StatusCode.DEADLINE_EXCEEDED or not self.last:  # time ran out: keep the cause
+            self.last = last_error(err)
+
+    def serving(self, status: int) -> bool:
+        """Whether ``status``, an answer, is SERVING."""
+        self.answered = True
+        if status == health_pb2.HealthCheckResponse.SERVING:
+            return True
+        self.last = f"last status {health_pb2.HealthCheckResponse.ServingStatus.Name(status)}"  # type: ignore[arg-type,unused-ignore]
+        return False
+
+    def pause(self) -> float:
+        pause = max(0.0, min(self._pause, self.left()))
+        self._pause = min(2 * self._pause, 0.5)
+        return pause
+
+    def not_ready(self, unreachable: str = "") -> UnavailableError:
+        """The error once time ran out; ``unreachable``: why a call that did not wait for the
+        connection failed (a call waiting for the connection only learns that time ran out)."""
+        last = unreachable or self.last
+        return UnavailableError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"server not ready after {self.timeout:g} s: {last or 'no answer'}",
+        )
