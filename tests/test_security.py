@@ -565,3 +565,9 @@ def test_health_watch_streams_do_not_hold_the_handler_threads(
         finally:
             for w in watches:
                 w.cancel()
+            # Let the server see the cancellations before it stops: grpc_health's shutdown, which
+            # tells every watcher NOT_SERVING, deadlocks with a watcher's close still in flight.
+            deadline = time.monotonic() + 10
+            callbacks = running.health._send_response_callbacks
+            while any(callbacks.values()) and time.monotonic() < deadline:
+                time.sleep(0.05)
