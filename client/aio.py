@@ -572,7 +572,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         req = rq.find_similar_debates_request(namespaces, topic, limit=limit, **kwargs)
         return list((await self._call(self.stub.SearchMemories, req, timeout, call_metadata)).results)
 
-    async def export_memories(
+    def export_memories(
         self,
         namespace: str = "",
         *,
@@ -580,9 +580,9 @@ class AsyncMemoryClient(AsyncAgentMethods):
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> AsyncIterator[pb.ExportMemoriesResponse]:
+        # The stream itself (not wrapped): closing it, or leaving its loop, cancels the call at once.
         req = rq.export_request(namespace, include_children=include_children)
-        async for chunk in self._stream(self.stub.ExportMemories, req, timeout, call_metadata):
-            yield chunk
+        return self._stream(self.stub.ExportMemories, req, timeout, call_metadata)
 
     async def import_memories(
         self,

@@ -80,8 +80,12 @@ def _public(cls: type) -> dict[str, Any]:
     return {name: f for name, f in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_")}
 
 
-ITERATORS = {"list_memories", "timeline"}  # return an async iterator at once: arguments checked on the call
-GENERATORS = {"list_namespaces", "export_memories"}
+ITERATORS = {
+    "list_memories",
+    "timeline",
+    "export_memories",
+}  # an async iterator at once: arguments checked on the call
+GENERATORS = {"list_namespaces"}
 
 
 def test_every_method_of_memory_client_is_there_with_the_same_parameters() -> None:
@@ -599,3 +603,19 @@ def test_tls_by_ca_path_pem_bytes_and_client_certificates(
     )
     assert ready(mutual, over_tls, tls=creds) == 1
     run(mutual, plain, tls=pki["ca"].read_bytes())  # no client certificate
+
+
+def test_leaving_an_export_early_cancels_the_call(client: MemoryClient, server: RunningServer) -> None:
+    for i in range(30):
+        client.create("aio:early", f"memory {i}")
+
+    async def run() -> None:
+        async with AsyncMemoryClient(f"127.0.0.1:{server.port}") as mem:
+            stream = mem.export_memories("aio:early")
+            async for _ in stream:
+                break
+            await stream.aclose()  # type: ignore[attr-defined]
+            # The next call is served at once: the export's stream slot was given back.
+            assert (await mem.stats("aio:early")).memory_count == 30
+
+    asyncio.run(run())

@@ -718,3 +718,44 @@ def test_shares_a_client(target: str) -> None:
         assert c.get("shared/n", "k").kind == "langgraph_item"
         with pytest.raises(ValueError):
             TiermemStore(client=c, api_key="secret")
+
+
+def test_a_read_key_reads_items_with_a_ttl(server_factory: Callable[..., Any], tmp_path: Any) -> None:
+    """A read's TTL refresh is best effort: a read-only key still gets the item."""
+    from tiermem.server.security.keys import add_key
+
+    keys = tmp_path / "keys.jsonl"
+    writer, reader = add_key(keys, ["app"], "write"), add_key(keys, ["app"], "read")
+    running = server_factory(api_keys=str(keys))
+    target = f"127.0.0.1:{running.port}"
+    TiermemStore(target, api_key=writer, namespace_prefix="app").put(("u",), "k", {"v": 1}, ttl=5)
+    ro = TiermemStore(target, api_key=reader, namespace_prefix="app")
+    item = ro.get(("u",), "k")
+    assert item is not None and item.value == {"v": 1}
+    assert [i.key for i in ro.search(("u",))] == ["k"]
+
+
+def test_puts_and_deletes_racing_on_one_key_never_fail(store: TiermemStore) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def churn(i: int) -> None:
+        try:
+            for j in range(25):
+                if (i + j) % 2:
+                    store.put(("race",), "k", {"i": i, "j": j})
+                else:
+                    store.delete(("race",), "k")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    store.put(("race",), "k", {"final": True})
+    item = store.get(("race",), "k")
+    assert item is not None and item.value == {"final": True}

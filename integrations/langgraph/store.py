@@ -47,7 +47,14 @@ from langgraph.store.base import (
     TTLConfig,
 )
 
-from tiermem.client import AlreadyExistsError, Memory, MemoryClient, NotFoundError, metadata_dict
+from tiermem.client import (
+    AlreadyExistsError,
+    Memory,
+    MemoryClient,
+    NotFoundError,
+    PermissionDeniedError,
+    metadata_dict,
+)
 
 from . import filters, keys, values
 
@@ -249,13 +256,26 @@ class TiermemStore(BaseStore):
         return Item(**self._fields(memory, op.namespace))
 
     def _refresh(self, memories: Iterable[Memory]) -> None:
-        """Move the expiry of those with a TTL to their TTL from now (a read's refresh)."""
+        """Move the expiry of those with a TTL to their TTL from now (a read's refresh; best
+        effort: a read key may not write). A put that lands between the read and the refresh
+        wins: the refresh is undone to what that put's own TTL says."""
         now = time.time()
         for memory in memories:
-            ttl = values.ttl_minutes(metadata_dict(memory))
-            if ttl is not None:
-                with contextlib.suppress(NotFoundError):  # deleted meanwhile
-                    self.client.update(memory.namespace, memory.id, expire_time=now + ttl * 60)
+            meta = metadata_dict(memory)
+            ttl = values.ttl_minutes(meta)
+            if ttl is None:
+                continue
+            try:
+                after = self.client.update(memory.namespace, memory.id, expire_time=now + ttl * 60)
+            except (NotFoundError, PermissionDeniedError):  # deleted meanwhile; a read-only key
+                continue
+            newer = metadata_dict(after)
+            if newer.get(values.UPDATED) != meta.get(values.UPDATED):
+                own = values.ttl_minutes(newer)
+                with contextlib.suppress(NotFoundError):
+                    self.client.update(
+                        after.namespace, after.id, expire_time=None if own is None else time.time() + own * 60
+                    )
 
     def _put(self, ops: list[PutOp]) -> None:
         for op in ops:
@@ -296,10 +316,18 @@ class TiermemStore(BaseStore):
         except AlreadyExistsError:
             pass
         changes = {name: memory[name] for name in ("content", "kind", "metadata", "expire_time")}
-        try:
-            self.client.update(memory["namespace"], memory["id"], **changes)
-        except NotFoundError:  # deleted meanwhile
-            self.client.create(**memory)
+        for _ in range(8):  # a delete and another put may keep racing this one: try again
+            try:
+                self.client.update(memory["namespace"], memory["id"], **changes)
+                return
+            except NotFoundError:  # deleted meanwhile
+                pass
+            try:
+                self.client.create(**memory)
+                return
+            except AlreadyExistsError:  # put again meanwhile
+                pass
+        self.client.update(memory["namespace"], memory["id"], **changes)
 
     # -- search -----------------------------------------------------------------------------------
     def _namespaces(self, prefix: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
@@ -348,7 +376,8 @@ class TiermemStore(BaseStore):
     def _search_memories(
         self, paths: list[str], query: str, limit: int, where: Mapping[str, Any] | None
     ) -> list[tuple[Memory, float]]:
-        common: dict[str, Any] = {"limit": limit, "kinds": [self.kind], "where": where}
+        # read_only: a store's searches do not count as accesses (which would reorder later pages)
+        common: dict[str, Any] = {"limit": limit, "kinds": [self.kind], "where": where, "read_only": True}
         if len(paths) <= NAMESPACES_PER_SEARCH:
             return [(r.memory, r.score) for r in self.client.search(paths, query, **common)]
         groups = list(_chunks(paths, NAMESPACES_PER_SEARCH))

@@ -4,7 +4,6 @@ tiermem server (docs/integrations.md)."""
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from collections.abc import Sequence
@@ -61,12 +60,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    # Exactly the names the SDK guards against DNS rebinding (a web page reaching the endpoint).
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
