@@ -209,7 +209,7 @@ def test_memories_stored_while_the_embedder_fails_are_kept_and_embedded_later(
 
 
 def test_unknown_embedder_kind_is_rejected_at_start(server_factory: Callable[..., RunningServer]) -> None:
-    with pytest.raises(ValueError, match="embedder.*must be"):
+    with pytest.raises(ValueError, match=r"embedder.*must be"):
         server_factory(embedder="nope")
 
 
