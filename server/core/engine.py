@@ -266,6 +266,9 @@ class Engine:
     def vectors_of(self, records: list[Record]) -> list[np.ndarray | None]:
         return memories.vectors_of(self.state, records)
 
+    def embedding_pending(self, records: list[Record]) -> list[bool]:
+        return memories.embedding_pending(self.state, records)
+
     def list_memories(
         self, namespace: str, page_size: int, page_token: str, flt: Filter, newest_first: bool = False
     ) -> tuple[list[Record], str]:

@@ -72,6 +72,13 @@ def vectors_of(st: EngineState, records: list[Record]) -> list[np.ndarray | None
         return [st.store.get_vector(txn, r.rid) for r in records]
 
 
+def embedding_pending(st: EngineState, records: list[Record]) -> list[bool]:
+    """Per record, whether it is stored without its vector for now (waiting for the embedder): its
+    row has no embedding space. From the columns, which a create's apply has updated (no LMDB)."""
+    space, rows = st.columns.column("space"), st.columns.rows
+    return [(row := rows.get(r.rid)) is None or int(space[row]) < 0 for r in records]
+
+
 def list_memories(
     st: EngineState, namespace: str, page_size: int, page_token: str, flt: Filter, newest_first: bool = False
 ) -> tuple[list[Record], str]:

@@ -16,9 +16,7 @@ any amount of memory. The ``.npy`` file is read without pickle (``np.load``'s de
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
 import os
 import uuid
@@ -31,39 +29,12 @@ import faiss
 import numpy as np
 
 from tiermem.server.config import usable_cores
+from tiermem.server.model.manifests import digest, sealed, unseal
 
 logger = logging.getLogger(__name__)
 
 VERSION = 3  # 3: sizes and checksums of the files and of the manifest (an older snapshot is rebuilt)
 _PART = 16 << 20  # bytes per checksummed part of a file
-
-
-def digest() -> Any:
-    """The checksum of snapshot files (``hashlib`` BLAKE2b, 128 bits)."""
-    return hashlib.blake2b(digest_size=16)
-
-
-def sealed(fields: dict[str, Any]) -> str:
-    """``fields`` as a manifest's JSON, with a checksum of its own content (``check``)."""
-    check = digest()
-    check.update(json.dumps(fields, sort_keys=True).encode())
-    return json.dumps({**fields, "check": check.hexdigest()}, sort_keys=True)
-
-
-def unseal(text: str) -> dict[str, Any]:
-    """A manifest written by ``sealed``; ValueError when it does not match its checksum. One of
-    an older version (no checksum) comes back unchecked: its version alone is read, to ignore it."""
-    fields = json.loads(text)
-    if not isinstance(fields, dict):
-        raise ValueError("manifest is not an object")
-    if "check" not in fields and fields.get("version") != VERSION:
-        return {"version": fields.get("version")}
-    check = fields.pop("check", None)
-    expected = digest()
-    expected.update(json.dumps(fields, sort_keys=True).encode())
-    if check != expected.hexdigest():
-        raise ValueError("manifest checksum mismatch")
-    return fields
 
 
 class HashingWriter:
@@ -224,7 +195,7 @@ def read_snapshot(base: Path, model: str, dim: int, instance: str) -> tuple[Any,
     token = None
     for _ in range(3):
         try:
-            manifest = unseal(manifest_path.read_text())
+            manifest = unseal(manifest_path.read_text(), VERSION)
             if manifest.get("version") != VERSION:
                 logger.info("index snapshot %s of another version: rebuilt from LMDB", base.name)
                 return None
@@ -274,6 +245,6 @@ def _fsync(path: Path) -> None:
 
 def _manifest_token(path: Path) -> str | None:
     try:
-        return str(unseal(path.read_text())["token"])
+        return str(unseal(path.read_text(), VERSION)["token"])
     except (OSError, ValueError, KeyError):
         return None

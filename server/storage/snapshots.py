@@ -21,9 +21,7 @@ dicts (integer keys allowed), arrays as tuples; arrays are numeric or fixed-widt
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
 import os
 import struct
@@ -35,6 +33,8 @@ from typing import Any, BinaryIO
 import msgpack
 import numpy as np
 
+from tiermem.server.model.manifests import digest, sealed, unseal
+
 logger = logging.getLogger(__name__)
 
 # 2: the columns hold each record's tokens; 3: this format (checksummed, no pickle). A snapshot of
@@ -44,35 +44,6 @@ MAGIC = b"TMCOLS\x00\x03"
 _LENGTH = struct.Struct("<Q")
 _ARRAY = 1  # msgpack ext code: the index of an array in the header's list
 _KINDS = set("biufcSU")  # dtype kinds that hold no Python objects
-
-
-def digest() -> Any:
-    """The checksum of snapshot files (``hashlib`` BLAKE2b, 128 bits)."""
-    return hashlib.blake2b(digest_size=16)
-
-
-def sealed(fields: dict[str, Any]) -> str:
-    """``fields`` as a manifest's JSON, with a checksum of its own content (``check``)."""
-    body = json.dumps(fields, sort_keys=True)
-    check = digest()
-    check.update(body.encode())
-    return json.dumps({**fields, "check": check.hexdigest()}, sort_keys=True)
-
-
-def unseal(text: str) -> dict[str, Any]:
-    """A manifest written by ``sealed``; ValueError when it does not match its checksum. One of
-    an older version (no checksum) comes back unchecked: its version alone is read, to ignore it."""
-    fields = json.loads(text)
-    if not isinstance(fields, dict):
-        raise ValueError("manifest is not an object")
-    if "check" not in fields and fields.get("version") != VERSION:
-        return {"version": fields.get("version")}
-    check = fields.pop("check", None)
-    expected = digest()
-    expected.update(json.dumps(fields, sort_keys=True).encode())
-    if check != expected.hexdigest():
-        raise ValueError("manifest checksum mismatch")
-    return fields
 
 
 class _Hashing:
@@ -159,7 +130,7 @@ def save_columns(directory: Path, state: dict[str, Any], seq: int, instance: str
 def current_seq(directory: Path) -> int | None:
     """The commit sequence number of the current columns snapshot (None: none readable)."""
     try:
-        return int(unseal((directory / "columns.json").read_text())["seq"])
+        return int(unseal((directory / "columns.json").read_text(), VERSION)["seq"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -170,7 +141,7 @@ def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] |
     manifest_path = directory / "columns.json"
     try:
         for _ in range(3):
-            manifest = unseal(manifest_path.read_text())
+            manifest = unseal(manifest_path.read_text(), VERSION)
             if manifest.get("version") != VERSION:
                 logger.info("columns snapshot of another version: the columns are loaded from LMDB")
                 return None

@@ -203,7 +203,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         """Per record, whether it is stored without its vector for now (the embedder failed; the
         maintenance pass embeds it): as stored, so a duplicate or a replayed create answers with the
         memory's state now."""
-        return [vec is None or vec.shape[0] == 0 for vec in self._engine.vectors_of(records)]
+        return self._engine.embedding_pending(records)
 
     @_rpc
     def GetMemory(self, request: pb.GetMemoryRequest, context: grpc.ServicerContext) -> pb.GetMemoryResponse:
@@ -254,12 +254,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         """RESOURCE_EXHAUSTED, before any work, when the answers could not fit one message: each hit
         with its vector takes 4 bytes a dimension (the query's, else the widest space's)."""
         eng = self._engine
-        widest = max((sp.dim for sp in list(eng.spaces.values())), default=0)
         least = 0
         for s in searches:
-            if s.include_embedding:
+            if s.include_embedding:  # (the common search without vectors costs nothing here)
                 limit = min(max(s.limit, 0) or 10, eng.config.max_search_limit)  # (as query.py takes it)
-                least += limit * 4 * (len(s.query_embedding) or widest)
+                dim = len(s.query_embedding) or max((sp.dim for sp in list(eng.spaces.values())), default=0)
+                least += limit * 4 * dim
         if least > eng.config.max_message_bytes:
             raise ResourceExhausted(
                 f"the answer would take at least {least} bytes, over the {eng.config.max_message_bytes}"
