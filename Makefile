@@ -23,7 +23,7 @@ PORT ?= 50051
 DATA_DIR ?= ./data
 SEARCH_PROCESSES ?=
 
-.PHONY: help venv proto check-proto lint-proto proto-baseline serve test test-fast lint bench bench-venv bench-smoke bench-quality clean
+.PHONY: help venv proto check-proto lint-proto proto-baseline go-toolchain go-stubs check-go-stubs serve test test-fast lint bench bench-venv bench-smoke bench-quality clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -65,6 +65,25 @@ lint-proto: $(NODE_STAMP) ## buf format, buf lint (STANDARD) and buf breaking ag
 
 proto-baseline: $(NODE_STAMP) ## Record the current contract as the baseline buf breaking compares with
 	$(BUF) build proto --exclude-source-info -o proto/buf-baseline.binpb
+
+# Go: stubs in gen/go/tiermem/v1 (the proto's go_package) and the example in examples/go, built
+# with Debian's Go toolchain and libraries (GOPATH mode: no module proxy needed). GO_PACKAGES is
+# what `make go-toolchain` installs with apt-get (as root); the example's test needs them.
+GO_PACKAGES := golang-go golang-google-grpc-dev golang-google-genproto-dev golang-google-protobuf-dev \
+	golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
+
+go-toolchain: ## Install Debian's Go toolchain, gRPC libraries and protoc plugins (apt-get, as root)
+	@dpkg -s $(GO_PACKAGES) >/dev/null 2>&1 || { \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(GO_PACKAGES) >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(GO_PACKAGES) >/dev/null; }; }
+	@go version
+
+go-stubs: $(NODE_STAMP) ## Regenerate the Go stubs in gen/go/tiermem/v1 (buf generate, buf.gen.yaml)
+	$(BUF) generate proto
+
+check-go-stubs: go-stubs ## Fail if the checked-in Go stubs differ from what proto/ generates
+	@git diff --exit-code --stat -- gen/go || { echo "Go stubs drift from proto/: run 'make go-stubs' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain --untracked-files=all -- gen/go)" || { git status --short -- gen/go; echo "untracked generated files in gen/go"; exit 1; }
 
 serve: $(STAMP) ## Run the server on $(HOST):$(PORT) with data in $(DATA_DIR) (SEARCH_PROCESSES=N: N processes serving)
 	$(PY) -m tiermem.server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)$(if $(SEARCH_PROCESSES), --search-processes $(SEARCH_PROCESSES))
