@@ -54,6 +54,7 @@ from .messages import build_memory as build_memory
 from .messages import strategy_value as strategy_value
 from .messages import tier_value as tier_value
 from .plain import metadata_dict as metadata_dict  # re-exported, as the "X as X" names above: they lived here
+from .routing import with_routes
 
 _END = object()
 
@@ -97,7 +98,10 @@ class MemoryClient(AgentMethods):
     ``api_key``: the token every call carries (``authorization: Bearer <token>``), for a server
     with API keys. ``tls``: connect with TLS: True trusts the system's certificate authorities, a
     path (or PEM bytes) trusts that CA certificate, ``grpc.ssl_channel_credentials(...)`` anything
-    else (a client certificate for mutual TLS)."""
+    else (a client certificate for mutual TLS).
+
+    ``sharded``: ``target`` is a proxy in front of tenant shards (docs/scaling.md): every call
+    carries its routing key, the top-level scope of the namespaces it names (``routing.py``)."""
 
     def __init__(
         self,
@@ -109,6 +113,7 @@ class MemoryClient(AgentMethods):
         connections: int = 1,
         api_key: str | None = None,
         tls: bool | str | bytes | grpc.ChannelCredentials = False,
+        sharded: bool = False,
     ) -> None:
         check_connections(connections, channel)
         self.timeout = timeout
@@ -119,7 +124,7 @@ class MemoryClient(AgentMethods):
             if channel is not None
             else [open_channel(target, options, tls) for _ in range(connections)]
         )
-        self.channels = [with_token(c, api_key) for c in channels]
+        self.channels = [with_token(with_routes(c) if sharded else c, api_key) for c in channels]
         self.channel = self.channels[0]
         self.stub: pb_grpc.MemoryServiceStub = one_stub([pb_grpc.MemoryServiceStub(c) for c in self.channels])
         self._healths = [health_pb2_grpc.HealthStub(c) for c in self.channels]

@@ -53,6 +53,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="allow an address other than loopback without TLS or without API keys",
     )
+    p.add_argument(
+        "--sharded",
+        action="store_true",
+        help="this server is one shard behind a proxy: requests must carry their tiermem-route "
+        "metadata (env TIERMEM_SHARDED; docs/scaling.md)",
+    )
     args = p.parse_args(argv)
     overrides = {
         "host": args.host,
@@ -73,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         overrides["tracing"] = True
     if args.insecure:
         overrides["insecure"] = True
+    if args.sharded:
+        overrides["sharded"] = True
     try:
         config = ServerConfig.from_env(config_file=args.config, **overrides)
     except ValueError as e:

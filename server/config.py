@@ -146,6 +146,10 @@ class ServerConfig:
     tls_client_ca: str = ""
     # Bind an address other than loopback without TLS or without API keys (else refused at start).
     insecure: bool = False
+    # This server is one shard of several behind a proxy (docs/scaling.md): every request that names
+    # namespaces must carry their top-level scope as tiermem-route metadata (a request with one is
+    # checked against it either way).
+    sharded: bool = False
     # OpenTelemetry spans for every call (the tracing extra; exporters as OpenTelemetry configures them).
     tracing: bool = False
     # Prometheus metrics over HTTP at metrics_host:metrics_port/metrics (-1: none; 0: a free port).
@@ -460,6 +464,7 @@ class ServerConfig:
             f"per key {self.key_max_concurrent_rpcs or max(1, self.max_workers // 2)} running, "
             f"{self.key_rate_per_second or 'no cap'} a second; {self.max_workers} handler threads; "
             f"search processes {self.search_processes}; sync {self.sync}"
+            + ("; a shard (routing keys required)" if self.sharded else "")
         )
 
 

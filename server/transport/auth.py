@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from tiermem.server.model.errors import PermissionDenied, ResourceExhausted, TiermemError, Unauthenticated
 from tiermem.server.security.keys import ROLES, ApiKey, KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
-from tiermem.server.transport import logs
+from tiermem.server.transport import logs, names, routing
 from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.status import to_status
 
@@ -31,17 +31,15 @@ MONITORING = (HEALTH, SERVICE + "GetStats")
 READ, WRITE, ADMIN = "read", "write", "admin"
 
 _caller: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar("tiermem_caller", default=None)
+# The call's routing key and whether this server requires one (routing.py).
+_route: contextvars.ContextVar[tuple[str | None, bool]] = contextvars.ContextVar(
+    "tiermem_route", default=(None, False)
+)
 
 
 def caller() -> ApiKey | None:
     """The API key of the call being served (None: the server has no keys, or no call)."""
     return _caller.get()
-
-
-def ancestors(namespace: str) -> list[str]:
-    """ "a/b/c" -> ["a/b", "a"]."""
-    parts = namespace.split("/")
-    return ["/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
 
 
 def _need(key: ApiKey, role: str, namespaces: Iterable[str], what: str) -> None:
@@ -59,13 +57,6 @@ def _need(key: ApiKey, role: str, namespaces: Iterable[str], what: str) -> None:
                 reason="NAMESPACE_NOT_COVERED",
                 metadata={"namespace": ns, "key_id": key.id},
             )
-
-
-def _search_namespaces(namespaces: Iterable[str], with_ancestors: bool) -> list[str]:
-    out = list(namespaces)
-    if with_ancestors:
-        out += [a for ns in out for a in ancestors(ns)]
-    return out
 
 
 def _everything(key: ApiKey, role: str, what: str) -> None:
@@ -105,65 +96,41 @@ def _export(key: ApiKey, r: Any) -> None:
 def _import_chunk(key: ApiKey, r: Any, target: str) -> None:
     """Each chunk of an import: admin, and the namespace it lands in covered (everything lands
     under ``target``, the first chunk's target_namespace, when there is one)."""
-    chunk = r.WhichOneof("chunk")
-    names = [target] if target else []
-    if not target:
-        if chunk == "header" and r.header.namespace:
-            names.append(r.header.namespace)
-        elif chunk == "memory":
-            names.append(r.memory.namespace)
-        elif chunk == "scope":
-            names.append(r.scope.namespace)
-        elif chunk in ("node", "edge"):
-            names.append(r.graph_namespace)
-    _need(key, ADMIN, names, "ImportMemories")
+    _need(key, ADMIN, names.import_chunk(r, target), "ImportMemories")
 
 
-def _simple(role: str, names: Callable[[Any], Iterable[str]]) -> Callable[[ApiKey, Any], None]:
+def _simple(role: str, method: str) -> Callable[[ApiKey, Any], None]:
+    named = names.NAMES[method]
+
     def rule(key: ApiKey, r: Any) -> None:
-        _need(key, role, names(r), "this call")
+        _need(key, role, named(r), "this call")
 
     return rule
 
 
+_READS = ("GetMemory", "ListMemories", "SearchMemories", "BatchSearchMemories", "GetStats")
+_READS += ("ListNamespaces", "GetNamespaceConfig", "GetReflectionCandidates", "BuildSummary")
+_READS += ("GetGraphNeighbors", "BuildContext")
+_WRITES = ("CreateMemory", "BatchCreateMemories", "UpdateMemory", "DeleteMemory", "RecordFeedback")
+_WRITES += ("TransferMemory", "UpsertGraphNode", "AddGraphEdge", "InvalidateGraphEdge")
 # Method -> the check of a request (for a client stream: of each message).
 RULES: dict[str, Callable[[ApiKey, Any], None]] = {
-    "CreateMemory": _simple(WRITE, lambda r: [r.memory.namespace]),
-    "BatchCreateMemories": _simple(WRITE, lambda r: [m.namespace for m in r.memories]),
-    "GetMemory": _simple(READ, lambda r: [r.namespace]),
-    "UpdateMemory": _simple(WRITE, lambda r: [r.memory.namespace]),
-    "DeleteMemory": _simple(WRITE, lambda r: [r.namespace]),
-    "ListMemories": _simple(READ, lambda r: [r.namespace]),
-    "SearchMemories": _simple(READ, lambda r: _search_namespaces(r.namespaces, r.include_ancestors)),
-    "BatchSearchMemories": _simple(
-        READ,
-        lambda r: [ns for s in r.searches for ns in _search_namespaces(s.namespaces, s.include_ancestors)],
-    ),
-    "RecordFeedback": _simple(WRITE, lambda r: [r.namespace]),
-    "GetStats": _simple(READ, lambda r: [r.namespace] if r.namespace else []),
-    "ListNamespaces": _simple(READ, lambda r: []),
+    **{m: _simple(READ, m) for m in _READS},
+    **{m: _simple(WRITE, m) for m in _WRITES},
     "DeleteNamespace": _delete_namespace,
-    "GetNamespaceConfig": _simple(READ, lambda r: [r.namespace]),
     "UpdateNamespaceConfig": _update_config,
     "ConsolidateMemories": _consolidate,
-    "TransferMemory": _simple(
-        WRITE, lambda r: [r.namespace] + ([r.target_namespace] if r.target_namespace else [])
-    ),
-    "GetReflectionCandidates": _simple(READ, lambda r: [r.namespace]),
-    "BuildSummary": _simple(READ, lambda r: [r.namespace]),
-    "UpsertGraphNode": _simple(WRITE, lambda r: [r.namespace]),
-    "AddGraphEdge": _simple(WRITE, lambda r: [r.namespace]),
-    "InvalidateGraphEdge": _simple(WRITE, lambda r: [r.namespace]),
-    "GetGraphNeighbors": _simple(READ, lambda r: [r.namespace]),
-    "BuildContext": _simple(READ, lambda r: [s.namespace for s in r.scopes]),
     "ExportMemories": _export,
 }
 IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first chunk's target
 
 
 def authorize(method: str, request: Message) -> None:
-    """For a handler that decodes its own request (a follower's searches): PermissionDenied unless
-    the caller's key may make it."""
+    """For a handler that decodes its own request (a follower's searches): InvalidArgument unless
+    its routing key matches it, PermissionDenied unless the caller's key may make it."""
+    route, sharded = _route.get()
+    if sharded:
+        routing.check_route(route, names.NAMES[method](request))
     key = caller()
     if key is not None:
         RULES[method](key, request)
@@ -193,9 +160,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         limits: KeyLimits,
         exempt: tuple[str, ...] = (),
         metrics: Metrics | None = None,
+        sharded: bool = False,
     ) -> None:
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
+        self.sharded = sharded  # requests naming namespaces must carry their routing key (routing.py)
 
     def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
@@ -220,8 +189,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
                         "API_KEY_MISSING" if missing else "API_KEY_INVALID",
                     )
                 )
-        rule = RULES.get(method[len(SERVICE) :]) if method.startswith(SERVICE) else None
-        call = _Call(self, method, rule, key)
+        name = method[len(SERVICE) :] if method.startswith(SERVICE) else ""
+        call = _Call(self, method, RULES.get(name), key)
+        call.named = names.NAMES.get(name)
+        call.route = routing.route_of(details.invocation_metadata)
         call.lease = self.admission.enter(call.monitoring)
         if call.lease is None:
             return _refusal(
@@ -253,6 +224,8 @@ class _Call:
         self.owner, self.method, self.rule, self.key = owner, method, rule, key
         self.monitoring = method.startswith(MONITORING)
         self.lease: int | None = None
+        self.named: Callable[[Any], list[str]] | None = None  # the namespaces a request names
+        self.route: str | None = None  # the call's routing key
 
     def enter(self, context: grpc.ServicerContext) -> ApiKey | None:
         """The key's own limits (aborting the call past them); returns the call's key."""
@@ -292,9 +265,11 @@ class _Call:
             key = self.enter(context)
             try:
                 token = _caller.set(key)
+                routed = _route.set((self.route, self.owner.sharded))
                 try:
                     yield key
                 finally:
+                    _route.reset(routed)
                     _caller.reset(token)
             finally:
                 self.leave(key)
@@ -306,9 +281,14 @@ class _Call:
             logs.reset_request_id(rid)
 
     def check(self, key: ApiKey | None, request: Any) -> None:
-        """PermissionDenied unless the key may make this request (an undecodable request, not a
-        message, is left to the handler, which refuses it)."""
-        if key is None or not isinstance(request, Message):
+        """InvalidArgument unless the routing key matches the request, PermissionDenied unless the
+        key may make it (an undecodable request, not a message, is left to the handler, which
+        refuses it)."""
+        if not isinstance(request, Message):
+            return
+        if self.named is not None and self.owner.sharded:
+            routing.check_route(self.route, self.named(request))
+        if key is None:
             return
         if self.rule is not None:
             self.rule(key, request)
@@ -364,9 +344,12 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
     PermissionDenied into the handler, which answers it and stores nothing more)."""
     target: str | None = None
     for r in requests:
-        if call.method == IMPORT and key is not None and isinstance(r, Message):
+        if call.method == IMPORT and isinstance(r, Message):
             target = r.target_namespace if target is None else target  # type: ignore[attr-defined]
-            _import_chunk(key, r, target)
+            if call.owner.sharded:
+                routing.check_route(call.route, names.import_chunk(r, target))
+            if key is not None:
+                _import_chunk(key, r, target)
         else:
             call.check(key, r)
         yield r

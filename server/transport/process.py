@@ -44,6 +44,7 @@ def grpc_server(
         ),
         exempt,
         metrics,
+        sharded=config.sharded,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
     if config.tracing:

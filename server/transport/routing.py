@@ -1,0 +1,57 @@
+"""Routing keys for tenant shards (docs/scaling.md): a proxy routes each call by its ``tiermem-route``
+metadata, the top-level scope of the namespaces it names ("user:ana" for "user:ana/project:x"), so
+a tenant's whole scope tree lives on one shard. A server started with ``sharded`` checks the key
+against each request before anything runs: a request without one, naming namespaces of several
+top-level scopes, or of another scope than its key, is refused (INVALID_ARGUMENT). Requests that
+name no namespace (ListNamespaces, server-wide stats) need none."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from tiermem.server.model.errors import InvalidArgument
+
+ROUTE_HEADER = "tiermem-route"
+FIELD = f"metadata.{ROUTE_HEADER}"
+
+
+def route_of(metadata: Any) -> str | None:
+    """The call's routing key (None: it has none)."""
+    for md in metadata or ():
+        if md.key == ROUTE_HEADER:
+            return str(md.value)
+    return None
+
+
+def top_scope(namespace: str) -> str:
+    """ "user:ana/project:x" -> "user:ana"."""
+    return namespace.split("/", 1)[0]
+
+
+def check_route(route: str | None, namespaces: Iterable[str]) -> None:
+    """InvalidArgument unless ``namespaces`` (if any) lie under one top-level scope, the one ``route``
+    names (None: the call has no routing key)."""
+    tops = sorted({top_scope(ns) for ns in namespaces if ns})
+    if len(tops) > 1:
+        raise InvalidArgument(
+            "namespaces",
+            f"the request names namespaces of {len(tops)} top-level scopes ({', '.join(tops[:4])}); "
+            "a sharded server takes one tenant's scope tree a request: send one request a tenant",
+            "NAMESPACES_SPAN_SHARDS",
+        )
+    if not tops:
+        return
+    if route is None:
+        raise InvalidArgument(
+            FIELD,
+            f"this server is a shard: send the top-level scope of the request's namespaces "
+            f"({tops[0]!r}) as {ROUTE_HEADER} metadata",
+            "ROUTE_MISSING",
+        )
+    if route != tops[0]:
+        raise InvalidArgument(
+            FIELD,
+            f"the routing key {route!r} is not the top-level scope of the request's namespaces ({tops[0]!r})",
+            "ROUTE_MISMATCH",
+        )

@@ -1,0 +1,101 @@
+"""Tenant shards: a server started with ``sharded`` takes only requests whose ``tiermem-route``
+metadata names the one top-level scope of every namespace they name (docs/scaling.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tiermem.client import MemoryClient, TiermemError
+from tiermem.server.transport.app import RunningServer
+
+ANA = [("tiermem-route", "user:ana")]
+BOB = [("tiermem-route", "user:bob")]
+
+
+def _refused(call: Callable[[], object], reason: str, field: str) -> TiermemError:
+    with pytest.raises(TiermemError) as info:
+        call()
+    err = info.value
+    assert (err.code.name, err.reason, err.fields) == ("INVALID_ARGUMENT", reason, [field]), err
+    return err
+
+
+def test_a_shard_takes_only_requests_routed_to_their_scope(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory(sharded=True)
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        kept = c.create("user:ana/project:x", "ana deploys on fridays", call_metadata=ANA)
+        c.create("user:bob", "bob prefers tea", call_metadata=BOB)
+
+        err = _refused(lambda: c.create("user:ana", "no key"), "ROUTE_MISSING", "metadata.tiermem-route")
+        assert "'user:ana'" in err.message
+        _refused(
+            lambda: c.create("user:ana", "wrong key", call_metadata=BOB),
+            "ROUTE_MISMATCH",
+            "metadata.tiermem-route",
+        )
+        _refused(
+            lambda: c.search(["user:ana", "user:bob"], "tea", call_metadata=ANA),
+            "NAMESPACES_SPAN_SHARDS",
+            "namespaces",
+        )
+        _refused(
+            lambda: c.transfer("user:ana/project:x", kept.id, target_namespace="user:bob", call_metadata=ANA),
+            "NAMESPACES_SPAN_SHARDS",
+            "namespaces",
+        )
+        # Nothing refused was stored; a tenant's subtree and its ancestors search together.
+        hits = c.search("user:ana/project:x", "deploys", include_ancestors=True, call_metadata=ANA)
+        assert [h.memory.id for h in hits] == [kept.id]
+        assert [m.content for m in c.list_memories("user:ana", call_metadata=ANA)] == []
+        assert {m.content for m in c.list_memories("user:bob", call_metadata=BOB)} == {"bob prefers tea"}
+        # What names no namespace needs no key: the fan-out helper asks every shard.
+        assert {n.name for n in c.list_namespaces()} == {"user:ana/project:x", "user:bob"}
+        assert c.stats().memory_count == 2
+
+
+def test_an_import_into_a_shard_checks_every_chunk(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    source = server_factory(tmp_path / "source")
+    shard = server_factory(tmp_path / "shard", sharded=True)
+    with MemoryClient(f"127.0.0.1:{source.port}") as src, MemoryClient(f"127.0.0.1:{shard.port}") as dst:
+        src.create("user:ana", "ana's memory")
+        src.create("user:bob", "bob's memory")
+        chunks = list(src.export_memories())
+        _refused(
+            lambda: dst.import_memories(chunks, call_metadata=ANA), "ROUTE_MISMATCH", "metadata.tiermem-route"
+        )
+        ana_only = list(src.export_memories(namespace="user:ana", include_children=True))
+        dst.import_memories(ana_only, call_metadata=ANA)
+        assert [m.content for m in dst.list_memories("user:ana", call_metadata=ANA)] == ["ana's memory"]
+        assert dst.stats().memory_count == 1
+
+
+def test_a_server_that_is_not_a_shard_ignores_routing_keys(server: RunningServer) -> None:
+    with MemoryClient(f"127.0.0.1:{server.port}") as c:
+        m = c.create("user:ana", "a memory", call_metadata=BOB)
+        c.transfer("user:ana", m.id, target_namespace="user:bob")
+        assert [x.content for x in c.list_memories("user:bob")] == ["a memory"]
+
+
+def test_a_sharded_client_sends_each_calls_routing_key(server_factory: Callable[..., RunningServer]) -> None:
+    """Every method of a client made with sharded=True carries its key: unary, streamed out, and
+    streamed in (the key from the first chunk that names a namespace)."""
+    running = server_factory(sharded=True)
+    with MemoryClient(f"127.0.0.1:{running.port}", sharded=True) as c:
+        m = c.create("user:ana/session:1", "ana asked about the deploy")
+        c.create_batch([{"namespace": "user:ana", "content": "ana likes tea"}])
+        assert c.get("user:ana/session:1", m.id).content == "ana asked about the deploy"
+        assert len(c.search("user:ana/session:1", "deploy", include_ancestors=True)) == 2
+        c.upsert_node("user:ana", "ana")
+        chunks = list(c.export_memories("user:ana", include_children=True))
+        c.delete_namespace("user:ana", include_children=True)
+        assert c.import_memories(chunks).imported == 2
+        assert c.stats("user:ana").memory_count == 1
+        # A request that spans tenants is still refused: the key is the first namespace's.
+        _refused(lambda: c.search(["user:ana", "user:bob"], "tea"), "NAMESPACES_SPAN_SHARDS", "namespaces")
