@@ -108,11 +108,10 @@ def _simple(role: str, method: str) -> Callable[[ApiKey, Any], None]:
     return rule
 
 
-_READS = ("GetMemory", "ListMemories", "SearchMemories", "BatchSearchMemories", "GetStats")
-_READS += ("ListNamespaces", "GetNamespaceConfig", "GetReflectionCandidates", "BuildSummary")
-_READS += ("GetGraphNeighbors", "BuildContext")
-_WRITES = ("CreateMemory", "BatchCreateMemories", "UpdateMemory", "DeleteMemory", "RecordFeedback")
-_WRITES += ("TransferMemory", "UpsertGraphNode", "AddGraphEdge", "InvalidateGraphEdge")
+_READS = """GetMemory ListMemories SearchMemories BatchSearchMemories GetStats ListNamespaces
+    GetNamespaceConfig GetReflectionCandidates BuildSummary GetGraphNeighbors BuildContext""".split()
+_WRITES = """CreateMemory BatchCreateMemories UpdateMemory DeleteMemory RecordFeedback TransferMemory
+    UpsertGraphNode AddGraphEdge InvalidateGraphEdge""".split()
 # Method -> the check of a request (for a client stream: of each message).
 RULES: dict[str, Callable[[ApiKey, Any], None]] = {
     **{m: _simple(READ, m) for m in _READS},
