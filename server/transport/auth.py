@@ -108,10 +108,30 @@ def _simple(role: str, method: str) -> Callable[[ApiKey, Any], None]:
     return rule
 
 
-_READS = """GetMemory ListMemories SearchMemories BatchSearchMemories GetStats ListNamespaces
-    GetNamespaceConfig GetReflectionCandidates BuildSummary GetGraphNeighbors BuildContext""".split()
-_WRITES = """CreateMemory BatchCreateMemories UpdateMemory DeleteMemory RecordFeedback TransferMemory
-    UpsertGraphNode AddGraphEdge InvalidateGraphEdge""".split()
+_READS = [
+    "GetMemory",
+    "ListMemories",
+    "SearchMemories",
+    "BatchSearchMemories",
+    "GetStats",
+    "ListNamespaces",
+    "GetNamespaceConfig",
+    "GetReflectionCandidates",
+    "BuildSummary",
+    "GetGraphNeighbors",
+    "BuildContext",
+]
+_WRITES = [
+    "CreateMemory",
+    "BatchCreateMemories",
+    "UpdateMemory",
+    "DeleteMemory",
+    "RecordFeedback",
+    "TransferMemory",
+    "UpsertGraphNode",
+    "AddGraphEdge",
+    "InvalidateGraphEdge",
+]
 # Method -> the check of a request (for a client stream: of each message).
 RULES: dict[str, Callable[[ApiKey, Any], None]] = {
     **{m: _simple(READ, m) for m in _READS},
