@@ -475,6 +475,22 @@ class MemoryClient(AgentMethods):
         return int(self._call(self.stub.DeleteNamespace, req, timeout, call_metadata).deleted_count)
 
     # -- lifecycle ------------------------------------------------------------------------------
+    def set_scope_routing(
+        self,
+        scope: str,
+        routing: int | str,
+        *,
+        moved_to: str = "",
+        purge: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.SetScopeRoutingResponse:
+        """Fence (``"fenced"``: writes refused), retire (``"moved"``, with ``purge`` deleting its
+        data) or serve again (``"serving"``) top-level ``scope`` on this server: what ``tiermem
+        shard move`` does at the source (docs/scaling.md). Admin."""
+        req = rq.set_scope_routing_request(scope, routing, moved_to, purge)
+        return self._call(self.stub.SetScopeRouting, req, timeout, call_metadata)
+
     def get_namespace_config(
         self, namespace: str, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
     ) -> pb.GetNamespaceConfigResponse:

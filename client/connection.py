@@ -59,9 +59,10 @@ _RECONNECT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.min_reconnect_backoff_ms", 5000),
 ]
 
-# Reasons of UNAVAILABLE errors for calls the server did not run (it was starting or stopping):
-# making them again is safe for every method.
-_NOT_RUN = frozenset({"STARTING", "SHUTTING_DOWN"})
+# Reasons of UNAVAILABLE errors for calls the server did not run (it was starting or stopping, or
+# the scope is fenced or has moved during a shard move, docs/scaling.md, which lasts about a
+# second): making them again is safe for every method.
+_NOT_RUN = frozenset({"STARTING", "SHUTTING_DOWN", "SCOPE_FENCED", "SCOPE_MOVED"})
 
 HEALTH_REQUEST = health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService")
 

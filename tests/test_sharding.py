@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tiermem.client import MemoryClient, TiermemError
@@ -99,3 +100,85 @@ def test_a_sharded_client_sends_each_calls_routing_key(server_factory: Callable[
         assert c.stats("user:ana").memory_count == 1
         # A request that spans tenants is still refused: the key is the first namespace's.
         _refused(lambda: c.search(["user:ana", "user:bob"], "tea"), "NAMESPACES_SPAN_SHARDS", "namespaces")
+
+
+def _plain(port: int) -> MemoryClient:
+    """A client on a channel without gRPC's retry policy: a refused call ends in its own error
+    once the client's attempts reach the deadline, not in DEADLINE_EXCEEDED."""
+    return MemoryClient(channel=grpc.insecure_channel(f"127.0.0.1:{port}"), timeout=0.3)
+
+
+def _unavailable(call: Callable[[], object], reason: str) -> TiermemError:
+    with pytest.raises(TiermemError) as info:
+        call()
+    err = info.value
+    assert (err.code.name, err.reason) == ("UNAVAILABLE", reason), err
+    assert err.retry_after is not None and 0 < err.retry_after <= 1, err.retry_after
+    return err
+
+
+def test_a_fenced_scope_refuses_writes_until_it_serves_again_and_across_a_restart(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    running = server_factory(tmp_path / "data")
+    with _plain(running.port) as c:
+        kept = c.create("user:ana/project:x", "ana deploys on fridays")
+        c.set_scope_routing("user:ana", "fenced")
+        err = _unavailable(lambda: c.create("user:ana/project:x", "refused"), "SCOPE_FENCED")
+        assert err.metadata["scope"] == "user:ana"
+        _unavailable(lambda: c.delete("user:ana/project:x", kept.id), "SCOPE_FENCED")
+        _unavailable(lambda: c.upsert_node("user:ana", "ana"), "SCOPE_FENCED")
+        # Reads are answered; other scopes are not touched.
+        assert [h.memory.id for h in c.search("user:ana/project:x", "deploys")] == [kept.id]
+        c.create("user:bob", "bob is served")
+    running.stop(0)
+    running = server_factory(tmp_path / "data")
+    with _plain(running.port) as c:
+        _unavailable(lambda: c.create("user:ana", "still refused after a restart"), "SCOPE_FENCED")
+        c.set_scope_routing("user:ana", "serving")
+        c.create("user:ana", "served again")
+        assert sorted(m.content for m in c.list_memories("user:ana")) == ["served again"]
+
+
+def test_a_moved_scope_refuses_every_call_and_purge_deletes_it(server: RunningServer) -> None:
+    with _plain(server.port) as c:
+        c.create("user:ana/session:1", "ana's memory")
+        c.create("user:bob", "bob's memory")
+        moved = c.set_scope_routing("user:ana", "moved", moved_to="shard-b", purge=True)
+        assert moved.purged_count == 1
+        err = _unavailable(lambda: c.search("user:ana/session:1", "memory"), "SCOPE_MOVED")
+        assert err.metadata == {"scope": "user:ana", "moved_to": "shard-b"}
+        _unavailable(lambda: list(c.list_memories("user:ana/session:1")), "SCOPE_MOVED")
+        assert {n.name for n in c.list_namespaces()} == {"user:bob"}
+        c.set_scope_routing("user:ana", "serving")
+        assert list(c.list_memories("user:ana/session:1")) == []
+
+
+def test_a_write_waiting_out_a_fence_succeeds_within_its_deadline(server: RunningServer) -> None:
+    import threading
+
+    with MemoryClient(f"127.0.0.1:{server.port}") as c:
+        c.set_scope_routing("user:ana", "fenced")
+        threading.Timer(0.4, lambda: c.set_scope_routing("user:ana", "serving")).start()
+        m = c.create("user:ana", "written once the fence lifts", timeout=5)
+        assert [x.id for x in c.list_memories("user:ana")] == [m.id]
+
+
+@pytest.mark.parametrize(
+    ("scope", "routing", "purge", "field"),
+    [
+        ("user:ana/x", "fenced", False, "scope"),
+        ("user:ana", "fenced", True, "purge"),
+        ("", "moved", False, "scope"),
+    ],
+)
+def test_bad_scope_routing_requests_change_nothing(
+    server: RunningServer, scope: str, routing: str, purge: bool, field: str
+) -> None:
+    with MemoryClient(f"127.0.0.1:{server.port}") as c:
+        c.create("user:ana", "kept")
+        with pytest.raises(TiermemError) as info:
+            c.set_scope_routing(scope, routing, purge=purge)
+        assert (info.value.code.name, info.value.fields) == ("INVALID_ARGUMENT", [field])
+        c.create("user:ana", "still writable")
+        assert len(list(c.list_memories("user:ana"))) == 2

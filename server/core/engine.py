@@ -341,6 +341,15 @@ class Engine:
     def delete_namespace(self, namespace: str, include_children: bool = False, confirm: bool = False) -> int:
         return namespaces.delete_namespace(self.state, namespace, include_children, confirm)
 
+    def set_scope_routing(
+        self, scope: str, state: int, moved_to: str = "", purge: bool = False
+    ) -> tuple[int, int]:
+        return namespaces.set_scope_routing(self.state, scope, state, moved_to, purge)
+
+    def scope_routing(self, scope: str) -> tuple[int, str] | None:
+        """The routing state of top-level ``scope`` and where it moved, None when it is served."""
+        return self.state.routing.get(scope)
+
     def list_namespaces(
         self, prefix: str, page_size: int, page_token: str, within: Callable[[str], bool] | None = None
     ) -> tuple[list[tuple[str, int]], str]:

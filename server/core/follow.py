@@ -57,6 +57,7 @@ def _follow_settings(st: EngineState, txn: Txn) -> None:
     for model, dim in st.store.spaces(txn).items():
         st.space(model, dim)
     st.ns_config = st.store.namespace_configs(txn)
+    st.routing = st.store.scope_routing(txn)
     for name in st.ns_config:
         st.columns.namespaces.id(name)
     st.config_version += 1

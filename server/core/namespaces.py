@@ -177,3 +177,36 @@ def list_namespaces(
     cut = len(out) > size
     out = out[:size]
     return out, (encode_token(out[-1][0]) if out and (more or cut) else "")
+
+
+# Routing states of a top-level scope (the proto's ScopeRouting): served, writes fenced while it
+# moves to another shard, moved (every call refused: it is served elsewhere).
+SERVING, FENCED, MOVED = 0, 1, 2
+
+
+def set_scope_routing(st: EngineState, scope: str, state: int, moved_to: str, purge: bool) -> tuple[int, int]:
+    """Set the routing state of top-level ``scope`` (durable when it returns); with ``purge`` (MOVED
+    only) delete its memories and graph facts, children included: (state, memories purged)."""
+    check.namespace("scope", scope)
+    if "/" in scope:
+        raise InvalidArgument("scope", f"{scope!r} is not a top-level scope (it has a '/')")
+    if state not in (SERVING, FENCED, MOVED):
+        raise InvalidArgument("routing", f"unknown routing state {state}")
+    check.text("moved_to", moved_to, 256)
+    if purge and state != MOVED:
+        raise InvalidArgument("purge", "only a scope that has MOVED can be purged")
+
+    def prepare(txn: Txn) -> None:
+        st.store.put_scope_routing(txn, scope, state, moved_to)
+
+    def publish(_: None) -> None:
+        routing = dict(st.routing)
+        if state == SERVING:
+            routing.pop(scope, None)
+        else:
+            routing[scope] = (state, moved_to)
+        st.routing = routing
+
+    st.writer.submit(prepare, publish)
+    purged = delete_namespace(st, scope, include_children=True, confirm=True) if purge else 0
+    return state, purged

@@ -122,6 +122,7 @@ def _load_once(st: EngineState) -> None:
             st.store.seq = st.applied  # the commits this read sees, not those at open
         st.next_rid, st.next_vk = st.store.counters(txn)
         st.ns_config = st.store.namespace_configs(txn)
+        st.routing = st.store.scope_routing(txn)
         st.lifecycle.totals = st.store.lifecycle_counters(txn)
         for model, dim in st.store.spaces(txn).items():
             st.space(model, dim)

@@ -98,6 +98,9 @@ class EngineState:
         self.space_list: list[Space] = []  # by space id
         self.base_policy = Policy.from_config(config)
         self.ns_config: dict[str, dict[str, Any]] = {}  # namespace -> {"protected", "policy" overrides}
+        # Top-level scope -> (routing state, moved_to) for scopes fenced or moved to another shard
+        # (replaced whole, read without a lock).
+        self.routing: dict[str, tuple[int, str]] = {}
         self.config_version = 0  # moves whenever a namespace's settings change
         self._tables_cache: tuple[tuple[int, int], Tables] | None = None
         self.next_rid = self.next_vk = 1

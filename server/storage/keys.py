@@ -3,7 +3,8 @@
 One environment with named sub-databases:
 
 - ``meta``:     schema version, id counters, embedding spaces (model -> dimension), namespace
-  settings, scope states and lifecycle counters (each under its own key prefix)
+  settings, scope states, lifecycle counters and the routing states of top-level scopes moving
+  between shards (each under its own key prefix)
 - ``records``:  rid (8-byte big-endian, so LMDB order is creation order) -> msgpack Record
   (an array of its fields, see ``Record.pack``)
 - ``ids``:      namespace NUL id -> rid
@@ -45,6 +46,7 @@ META_NEXT_VK = b"next_vk"
 META_SPACE = b"space:"
 META_NSCONF = b"nsconf:"
 META_SCOPE = b"scope:"
+META_ROUTING = b"routing:"  # top-level scope -> [state, moved_to]: fenced or moved to another shard
 META_LSTAT = b"lstat:"
 META_SEQ = b"commit_seq"
 META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots

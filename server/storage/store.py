@@ -50,6 +50,7 @@ from tiermem.server.storage.keys import (
     META_NEXT_RID,
     META_NEXT_VK,
     META_NSCONF,
+    META_ROUTING,
     META_SCHEMA,
     META_SCOPE,
     META_SEQ,
@@ -497,6 +498,22 @@ class Store:
     # -- namespace settings and lifecycle counters ----------------------------------------------
     def namespace_configs(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
         return {k.decode(): unpack_config(v) for k, v in self._prefixed(txn, META_NSCONF)}
+
+    def scope_routing(self, txn: lmdb.Transaction) -> dict[str, tuple[int, str]]:
+        """Top-level scope -> (routing state, moved_to), for the scopes not simply served."""
+        out = {}
+        for key, raw in self._prefixed(txn, META_ROUTING):
+            state, moved_to = msgpack.unpackb(raw)
+            out[key.decode()] = (int(state), str(moved_to))
+        return out
+
+    def put_scope_routing(self, txn: lmdb.Transaction, scope: str, state: int, moved_to: str) -> None:
+        key = META_ROUTING + scope.encode()
+        self._log_settings = True  # (followers reload the settings: they refuse the same calls)
+        if state:
+            txn.put(key, msgpack.packb([state, moved_to], use_bin_type=True), db=self.meta)
+        else:
+            txn.delete(key, db=self.meta)
 
     def namespace_config(self, txn: lmdb.Transaction, namespace: str) -> dict[str, Any]:
         raw = txn.get(META_NSCONF + namespace.encode(), db=self.meta)

@@ -70,8 +70,15 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         _check_port_free(config.host, config.port)
     # Alone, a port in use is an error; with followers, they bind it too.
     metrics = Metrics() if config.metrics_port >= 0 else None
-    server = grpc_server(config, reuseport=leading, exempt=(follower.REPORT_METHOD,), metrics=metrics)
     servicer = MemoryServicer()
+
+    def routing_of(scope: str) -> tuple[int, str] | None:
+        engine = servicer.engine
+        return None if engine is None else engine.scope_routing(scope)
+
+    server = grpc_server(
+        config, reuseport=leading, exempt=(follower.REPORT_METHOD,), metrics=metrics, routing_of=routing_of
+    )
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
     port = bind(server, f"{config.host}:{config.port}", config)

@@ -31,9 +31,9 @@ MONITORING = (HEALTH, SERVICE + "GetStats")
 READ, WRITE, ADMIN = "read", "write", "admin"
 
 _caller: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar("tiermem_caller", default=None)
-# The call's routing key and whether this server requires one (routing.py).
-_route: contextvars.ContextVar[tuple[str | None, bool]] = contextvars.ContextVar(
-    "tiermem_route", default=(None, False)
+# The call's routing key, whether this server requires one, and its scopes' routing (routing.py).
+_route: contextvars.ContextVar[tuple[str | None, bool, routing.RoutingOf | None]] = contextvars.ContextVar(
+    "tiermem_route", default=(None, False, None)
 )
 
 
@@ -140,6 +140,7 @@ RULES: dict[str, Callable[[ApiKey, Any], None]] = {
     "UpdateNamespaceConfig": _update_config,
     "ConsolidateMemories": _consolidate,
     "ExportMemories": _export,
+    "SetScopeRouting": _simple(ADMIN, "SetScopeRouting"),
 }
 IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first chunk's target
 
@@ -147,9 +148,12 @@ IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first ch
 def authorize(method: str, request: Message) -> None:
     """For a handler that decodes its own request (a follower's searches): InvalidArgument unless
     its routing key matches it, PermissionDenied unless the caller's key may make it."""
-    route, sharded = _route.get()
+    route, sharded, routing_of = _route.get()
+    named = names.NAMES[method](request)
     if sharded:
-        routing.check_route(route, names.NAMES[method](request))
+        routing.check_route(route, named)
+    if routing_of is not None:
+        routing.check_fence(method, named, routing_of)
     key = caller()
     if key is not None:
         RULES[method](key, request)
@@ -180,10 +184,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
         exempt: tuple[str, ...] = (),
         metrics: Metrics | None = None,
         sharded: bool = False,
+        routing_of: routing.RoutingOf | None = None,
     ) -> None:
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
         self.sharded = sharded  # requests naming namespaces must carry their routing key (routing.py)
+        self.routing_of = routing_of  # a top-level scope's routing state: fenced or moved away
 
     def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
@@ -210,6 +216,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 )
         name = method[len(SERVICE) :] if method.startswith(SERVICE) else ""
         call = _Call(self, method, RULES.get(name), key)
+        call.name = name
         call.named = names.NAMES.get(name)
         call.route = routing.route_of(details.invocation_metadata)
         call.lease = self.admission.enter(call.monitoring)
@@ -243,6 +250,7 @@ class _Call:
         self.owner, self.method, self.rule, self.key = owner, method, rule, key
         self.monitoring = method.startswith(MONITORING)
         self.lease: int | None = None
+        self.name = ""  # the method's name in the service
         self.named: Callable[[Any], list[str]] | None = None  # the namespaces a request names
         self.route: str | None = None  # the call's routing key
 
@@ -284,7 +292,7 @@ class _Call:
             key = self.enter(context)
             try:
                 token = _caller.set(key)
-                routed = _route.set((self.route, self.owner.sharded))
+                routed = _route.set((self.route, self.owner.sharded, self.owner.routing_of))
                 try:
                     yield key
                 finally:
@@ -305,8 +313,8 @@ class _Call:
         refuses it)."""
         if not isinstance(request, Message):
             return
-        if self.named is not None and self.owner.sharded:
-            routing.check_route(self.route, self.named(request))
+        if self.named is not None:
+            self._check_routing(self.named(request))
         if key is None:
             return
         if self.rule is not None:
@@ -314,11 +322,17 @@ class _Call:
         elif self.method.startswith(SERVICE):  # (a method without a rule: admin on everything)
             _everything(key, ADMIN, self.method)
 
+    def _check_routing(self, named: list[str]) -> None:
+        if self.owner.sharded:
+            routing.check_route(self.route, named)
+        if self.owner.routing_of is not None:
+            routing.check_fence(self.name, named, self.owner.routing_of)
+
     def check_or_abort(self, key: ApiKey | None, request: Any, context: grpc.ServicerContext) -> None:
         try:
             self.check(key, request)
         except TiermemError as e:
-            _abort(context, e)
+            _abort(context, e, getattr(e, "retry_after", None))
 
 
 def _wrap(handler: Any, call: _Call) -> Any:
@@ -365,8 +379,7 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
     for r in requests:
         if call.method == IMPORT and isinstance(r, Message):
             target = r.target_namespace if target is None else target  # type: ignore[attr-defined]
-            if call.owner.sharded:
-                routing.check_route(call.route, names.import_chunk(r, target))
+            call._check_routing(names.import_chunk(r, target))
             if key is not None:
                 _import_chunk(key, r, target)
         else:

@@ -312,7 +312,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         report(msgpack.packb(r.to_wire()), timeout=10.0, metadata=[(SECRET_HEADER, secret)])
 
     engine = Engine(config, follower=True, access_sink=sink)
-    server = grpc_server(config, reuseport=True)
+    server = grpc_server(config, reuseport=True, routing_of=engine.scope_routing)
     forwarder = Forwarder(
         channel, SERVICE.full_name, methods_of(SERVICE), keep=set(SEARCHES), upstream="the leader"
     )

@@ -66,4 +66,5 @@ NAMES: dict[str, Callable[[Any], list[str]]] = {
     "GetGraphNeighbors": lambda r: [r.namespace],
     "BuildContext": lambda r: [s.namespace for s in r.scopes],
     "ExportMemories": lambda r: [r.namespace] if r.namespace else [],
+    "SetScopeRouting": lambda r: [r.scope],
 }

@@ -7,13 +7,56 @@ name no namespace (ListNamespaces, server-wide stats) need none."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.model.errors import InvalidArgument, Unavailable
 
 ROUTE_HEADER = "tiermem-route"
 FIELD = f"metadata.{ROUTE_HEADER}"
+
+
+# The proto's ScopeRouting: a scope fenced (its writes refused) or moved to another shard.
+FENCED, MOVED = 1, 2
+RETRY_SECONDS = 0.5  # what a refused call is told to wait: a move's switch takes about this long
+# Calls that change a scope: refused while it is fenced.
+WRITES = frozenset(
+    {
+        *("CreateMemory", "BatchCreateMemories", "UpdateMemory", "DeleteMemory", "RecordFeedback"),
+        *("TransferMemory", "UpsertGraphNode", "AddGraphEdge", "InvalidateGraphEdge", "DeleteNamespace"),
+        *("UpdateNamespaceConfig", "ConsolidateMemories", "ImportMemories"),
+    }
+)
+RoutingOf = Callable[[str], "tuple[int, str] | None"]
+
+
+class ScopeUnavailable(Unavailable):
+    """A call on a scope fenced or moved: UNAVAILABLE, to be made again after ``retry_after``."""
+
+    retry_after = RETRY_SECONDS
+
+
+def check_fence(method: str, namespaces: Iterable[str], routing_of: RoutingOf) -> None:
+    """ScopeUnavailable if a top-level scope of ``namespaces`` has moved away, or is fenced and
+    ``method`` writes (SetScopeRouting itself always passes: it is how a fence is lifted)."""
+    if method == "SetScopeRouting":
+        return
+    for top in sorted({top_scope(ns) for ns in namespaces if ns}):
+        found = routing_of(top)
+        if found is None:
+            continue
+        state, moved_to = found
+        if state == MOVED:
+            err = ScopeUnavailable(
+                f"scope {top!r} has moved to another shard ({moved_to or 'unnamed'}): retry through the proxy",
+                "SCOPE_MOVED",
+            )
+            err.metadata.update(scope=top, moved_to=moved_to)
+            raise err
+        if state == FENCED and method in WRITES:
+            err = ScopeUnavailable(f"scope {top!r} is moving to another shard: retry shortly", "SCOPE_FENCED")
+            err.metadata.update(scope=top)
+            raise err
 
 
 def route_of(metadata: Any) -> str | None:

@@ -345,6 +345,15 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         return pb.DeleteNamespaceResponse(deleted_count=count)
 
     @_rpc
+    def SetScopeRouting(
+        self, request: pb.SetScopeRoutingRequest, context: grpc.ServicerContext
+    ) -> pb.SetScopeRoutingResponse:
+        state, purged = self._engine.set_scope_routing(
+            request.scope, request.routing, request.moved_to, request.purge
+        )
+        return pb.SetScopeRoutingResponse(routing=state, purged_count=purged)  # type: ignore[arg-type]
+
+    @_rpc
     def GetNamespaceConfig(
         self, request: pb.GetNamespaceConfigRequest, context: grpc.ServicerContext
     ) -> pb.GetNamespaceConfigResponse:

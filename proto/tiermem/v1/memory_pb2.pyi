@@ -30,6 +30,12 @@ class SearchStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEARCH_STRATEGY_IMPORTANCE: _ClassVar[SearchStrategy]
     SEARCH_STRATEGY_FUSED: _ClassVar[SearchStrategy]
 
+class ScopeRouting(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCOPE_ROUTING_UNSPECIFIED: _ClassVar[ScopeRouting]
+    SCOPE_ROUTING_FENCED: _ClassVar[ScopeRouting]
+    SCOPE_ROUTING_MOVED: _ClassVar[ScopeRouting]
+
 class RetentionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RETENTION_POLICY_UNSPECIFIED: _ClassVar[RetentionPolicy]
@@ -96,6 +102,9 @@ SEARCH_STRATEGY_SIMILARITY: SearchStrategy
 SEARCH_STRATEGY_RECENCY: SearchStrategy
 SEARCH_STRATEGY_IMPORTANCE: SearchStrategy
 SEARCH_STRATEGY_FUSED: SearchStrategy
+SCOPE_ROUTING_UNSPECIFIED: ScopeRouting
+SCOPE_ROUTING_FENCED: ScopeRouting
+SCOPE_ROUTING_MOVED: ScopeRouting
 RETENTION_POLICY_UNSPECIFIED: RetentionPolicy
 RETENTION_POLICY_IMPORTANCE_WEIGHTED: RetentionPolicy
 RETENTION_POLICY_RECENCY: RetentionPolicy
@@ -634,6 +643,26 @@ class DeleteNamespaceResponse(_message.Message):
     DELETED_COUNT_FIELD_NUMBER: _ClassVar[int]
     deleted_count: int
     def __init__(self, deleted_count: _Optional[int] = ...) -> None: ...
+
+class SetScopeRoutingRequest(_message.Message):
+    __slots__ = ("scope", "routing", "moved_to", "purge")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    MOVED_TO_FIELD_NUMBER: _ClassVar[int]
+    PURGE_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    routing: ScopeRouting
+    moved_to: str
+    purge: bool
+    def __init__(self, scope: _Optional[str] = ..., routing: _Optional[_Union[ScopeRouting, str]] = ..., moved_to: _Optional[str] = ..., purge: _Optional[bool] = ...) -> None: ...
+
+class SetScopeRoutingResponse(_message.Message):
+    __slots__ = ("routing", "purged_count")
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    PURGED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    routing: ScopeRouting
+    purged_count: int
+    def __init__(self, routing: _Optional[_Union[ScopeRouting, str]] = ..., purged_count: _Optional[int] = ...) -> None: ...
 
 class KindCapacity(_message.Message):
     __slots__ = ("kind", "max_items")

@@ -160,6 +160,11 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesResponse.FromString,
                 _registered_method=True)
+        self.SetScopeRouting = channel.unary_unary(
+                '/tiermem.v1.MemoryService/SetScopeRouting',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -349,6 +354,16 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetScopeRouting(self, request, context):
+        """SetScopeRouting fences or retires a top-level scope on this server while a tenant moves to
+        another shard (docs/scaling.md): FENCED refuses its writes, MOVED every call, with UNAVAILABLE
+        and retry info, so a client whose proxy has not switched yet retries instead of getting a
+        wrong answer. Admin; kept across restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -476,6 +491,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.ImportMemories,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.ImportMemoriesResponse.SerializeToString,
+            ),
+            'SetScopeRouting': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetScopeRouting,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1154,6 +1174,33 @@ class MemoryService:
             '/tiermem.v1.MemoryService/ImportMemories',
             tiermem_dot_v1_dot_memory__pb2.ImportMemoriesRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.ImportMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetScopeRouting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/SetScopeRouting',
+            tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.FromString,
             options,
             channel_credentials,
             insecure,

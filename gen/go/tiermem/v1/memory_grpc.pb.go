@@ -75,6 +75,11 @@ type MemoryServiceClient interface {
 	// ImportMemories restores an export into an empty or another namespace; the client streams the
 	// chunks of an export (the header first).
 	ImportMemories(ctx context.Context, opts ...grpc.CallOption) (MemoryService_ImportMemoriesClient, error)
+	// SetScopeRouting fences or retires a top-level scope on this server while a tenant moves to
+	// another shard (docs/scaling.md): FENCED refuses its writes, MOVED every call, with UNAVAILABLE
+	// and retry info, so a client whose proxy has not switched yet retries instead of getting a
+	// wrong answer. Admin; kept across restarts.
+	SetScopeRouting(ctx context.Context, in *SetScopeRoutingRequest, opts ...grpc.CallOption) (*SetScopeRoutingResponse, error)
 }
 
 type memoryServiceClient struct {
@@ -358,6 +363,15 @@ func (x *memoryServiceImportMemoriesClient) CloseAndRecv() (*ImportMemoriesRespo
 	return m, nil
 }
 
+func (c *memoryServiceClient) SetScopeRouting(ctx context.Context, in *SetScopeRoutingRequest, opts ...grpc.CallOption) (*SetScopeRoutingResponse, error) {
+	out := new(SetScopeRoutingResponse)
+	err := c.cc.Invoke(ctx, "/tiermem.v1.MemoryService/SetScopeRouting", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MemoryServiceServer is the server API for MemoryService service.
 // All implementations must embed UnimplementedMemoryServiceServer
 // for forward compatibility
@@ -420,6 +434,11 @@ type MemoryServiceServer interface {
 	// ImportMemories restores an export into an empty or another namespace; the client streams the
 	// chunks of an export (the header first).
 	ImportMemories(MemoryService_ImportMemoriesServer) error
+	// SetScopeRouting fences or retires a top-level scope on this server while a tenant moves to
+	// another shard (docs/scaling.md): FENCED refuses its writes, MOVED every call, with UNAVAILABLE
+	// and retry info, so a client whose proxy has not switched yet retries instead of getting a
+	// wrong answer. Admin; kept across restarts.
+	SetScopeRouting(context.Context, *SetScopeRoutingRequest) (*SetScopeRoutingResponse, error)
 	mustEmbedUnimplementedMemoryServiceServer()
 }
 
@@ -501,6 +520,9 @@ func (UnimplementedMemoryServiceServer) ExportMemories(*ExportMemoriesRequest, M
 }
 func (UnimplementedMemoryServiceServer) ImportMemories(MemoryService_ImportMemoriesServer) error {
 	return status.Errorf(codes.Unimplemented, "method ImportMemories not implemented")
+}
+func (UnimplementedMemoryServiceServer) SetScopeRouting(context.Context, *SetScopeRoutingRequest) (*SetScopeRoutingResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetScopeRouting not implemented")
 }
 func (UnimplementedMemoryServiceServer) mustEmbedUnimplementedMemoryServiceServer() {}
 
@@ -976,6 +998,24 @@ func (x *memoryServiceImportMemoriesServer) Recv() (*ImportMemoriesRequest, erro
 	return m, nil
 }
 
+func _MemoryService_SetScopeRouting_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetScopeRoutingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).SetScopeRouting(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/tiermem.v1.MemoryService/SetScopeRouting",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).SetScopeRouting(ctx, req.(*SetScopeRoutingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _MemoryService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "tiermem.v1.MemoryService",
 	HandlerType: (*MemoryServiceServer)(nil),
@@ -1071,6 +1111,10 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BuildContext",
 			Handler:    _MemoryService_BuildContext_Handler,
+		},
+		{
+			MethodName: "SetScopeRouting",
+			Handler:    _MemoryService_SetScopeRouting_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
