@@ -1,0 +1,89 @@
+"""HAProxy in front of tenant shards (docs/scaling.md): its configuration, and the switch of one
+scope's route during a move.
+
+Calls are routed by their ``tiermem-route`` metadata (routing.py): a map file pins the scopes that
+were moved (scope -> the backend of their shard), every other scope is placed by consistent
+hashing over all shards (``balance hdr(tiermem-route)``, ``hash-type consistent``), and calls
+without a key (ListNamespaces, server-wide stats) go to any shard. Shards have no health checks
+on purpose: while one is down its tenants get UNAVAILABLE and retry, rather than being served by
+another shard that does not hold their memories.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from .routing import ROUTE_HEADER
+
+
+def backend_of(shard: str) -> str:
+    """The HAProxy backend that reaches one shard alone."""
+    return f"shard-{shard}"
+
+
+def config(shards: Mapping[str, str], listen: str, map_file: str | Path, admin_socket: str | Path) -> str:
+    """An haproxy.cfg routing gRPC on ``listen`` ("127.0.0.1:50051") to ``shards`` (name ->
+    "host:port", plain HTTP/2), with the moved scopes of ``map_file`` and the runtime API on
+    ``admin_socket`` (what ``set_route`` talks to)."""
+    hashed = "\n".join(f"    server {name} {address} proto h2" for name, address in shards.items())
+    pinned = "\n".join(
+        f"backend {backend_of(name)}\n    server {name} {address} proto h2\n"
+        for name, address in shards.items()
+    )
+    return f"""global
+    stats socket {admin_socket} mode 600 level admin
+    log stderr format short local0 notice
+
+defaults
+    mode http
+    log global
+    timeout connect 5s
+    # Long enough for a large export or import stream.
+    timeout client 10m
+    timeout server 10m
+
+frontend tiermem
+    bind {listen} proto h2
+    use_backend %[req.hdr({ROUTE_HEADER}),map({map_file},shards)]
+    default_backend shards
+
+backend shards
+    balance hdr({ROUTE_HEADER})
+    hash-type consistent
+{hashed}
+
+{pinned}"""
+
+
+def _runtime(admin_socket: str | Path, command: str) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5.0)
+        s.connect(str(admin_socket))
+        s.sendall(command.encode() + b"\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out.decode()
+
+
+def set_route(admin_socket: str | Path, map_file: str | Path, scope: str, shard: str) -> None:
+    """Route ``scope`` to ``shard`` from now on: in the running HAProxy (its runtime API, one
+    command: there is no moment without a route) and in the map file, for its next start."""
+    backend = backend_of(shard)
+    shown = _runtime(admin_socket, f"show map {map_file}")
+    verb = "set" if any(line.split()[1:2] == [scope] for line in shown.splitlines()) else "add"
+    answer = _runtime(admin_socket, f"{verb} map {map_file} {scope} {backend}").strip()
+    if answer:
+        raise RuntimeError(f"HAProxy refused '{verb} map {map_file} {scope} {backend}': {answer}")
+    path = Path(map_file)
+    lines = [ln for ln in path.read_text().splitlines() if ln.split()[:1] != [scope]] if path.exists() else []
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{ln}\n" for ln in [*lines, f"{scope} {backend}"]))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,225 @@
+"""Tenant shards from the outside (docs/scaling.md): ``Shards`` asks every shard what names no
+namespace (the namespaces, server-wide figures), and ``move_scope`` moves a tenant, a top-level
+scope with its whole tree, from one shard to another without losing or repeating a write.
+
+A move, with ``switch`` the caller's way to point the proxy at the target:
+
+1. copy: export the scope at the source (children, graph) and import it at the target, while the
+   tenant keeps writing at the source;
+2. fence: the source refuses the scope's writes (UNAVAILABLE, SCOPE_FENCED, with retry info:
+   clients make them again), so what it holds no longer changes;
+3. catch up: export again and bring the target to exactly that: memories created or changed
+   meanwhile imported, those deleted meanwhile deleted, the graph and the namespaces' reflection
+   and summary progress written, their settings copied; then both sides are compared memory by
+   memory;
+4. switch: ``switch()`` routes the scope to the target;
+5. retire: the source answers every call of the scope with UNAVAILABLE SCOPE_MOVED (so a client
+   whose proxy has not switched yet retries instead of reading an empty scope) and deletes it.
+
+A write acknowledged by the source before the fence is in the export of step 3; a write refused
+by the fence is made again by its client and lands, after the switch, at the target. A failure
+before step 4 lifts the fence and leaves the source serving (the target's partial copy is deleted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiermem.v1 import memory_pb2 as pb
+
+from .client import MemoryClient
+from .routing import ROUTE_HEADER
+
+
+class Shards:
+    """Clients of every shard, by name (``{"a": "10.0.0.1:50051", ...}``; ``options`` are
+    ``MemoryClient``'s: api_key, tls, timeout), for what a proxy cannot route: calls that name no
+    namespace. Use as a context manager or call ``close``."""
+
+    def __init__(self, shards: Mapping[str, str], **options: Any) -> None:
+        if not shards:
+            raise ValueError("shards: give at least one shard")
+        self.clients = {name: MemoryClient(address, **options) for name, address in shards.items()}
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+    def __enter__(self) -> Shards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def locate(self, scope: str) -> list[str]:
+        """The shards holding memories of top-level ``scope`` (one, unless a move is under way)."""
+        route = [(ROUTE_HEADER, scope)]
+        return [name for name, c in self.clients.items() if _namespaces(c, scope, route)]
+
+    def list_namespaces(self, prefix: str = "") -> list[tuple[str, pb.NamespaceInfo]]:
+        """(shard, namespace) of every namespace holding memories on any shard, in name order."""
+        found = [(name, ns) for name, c in self.clients.items() for ns in c.list_namespaces(prefix)]
+        return sorted(found, key=lambda pair: (pair[1].name, pair[0]))
+
+    def stats(self) -> dict[str, Any]:
+        """Each shard's server-wide figures, and the memories and namespaces of all of them."""
+        per_shard = {name: c.stats() for name, c in self.clients.items()}
+        return {
+            "memory_count": sum(s.memory_count for s in per_shard.values()),
+            "namespace_count": sum(s.namespace_count for s in per_shard.values()),
+            "shards": per_shard,
+        }
+
+
+@dataclass
+class MoveReport:
+    """What ``move_scope`` did: memories copied in the first pass and caught up in the second (and
+    deleted at the target because they were deleted meanwhile), the memories of the scope at the
+    end, how long writes were fenced, and the steps with their times."""
+
+    scope: str
+    copied: int = 0
+    caught_up: int = 0
+    deleted: int = 0
+    memories: int = 0
+    fenced_seconds: float = 0.0
+    steps: list[tuple[str, float]] = field(default_factory=list)
+
+
+def move_scope(
+    scope: str,
+    source: MemoryClient,
+    target: MemoryClient,
+    switch: Callable[[], None],
+    *,
+    moved_to: str = "",
+    on_step: Callable[[str], None] | None = None,
+) -> MoveReport:
+    """Move top-level ``scope`` from ``source`` to ``target`` (clients of the shards themselves, not
+    of the proxy, with an admin key); ``switch`` routes the scope to the target. See the module
+    docstring for the steps and their guarantees."""
+    if not scope or "/" in scope:
+        raise ValueError(f"scope: {scope!r} is not a top-level scope (a namespace without '/')")
+    route = [(ROUTE_HEADER, scope)]
+    report = MoveReport(scope)
+    started = time.monotonic()
+
+    def step(name: str) -> None:
+        report.steps.append((name, round(time.monotonic() - started, 3)))
+        if on_step is not None:
+            on_step(name)
+
+    held = _namespaces(target, scope, route)
+    if held:
+        raise ValueError(f"the target already holds {len(held)} namespaces of {scope!r} ({held[0]})")
+    target.set_scope_routing(scope, "serving", call_metadata=route)  # (it may have moved away once)
+    fenced_at = None
+    try:
+        step("copy")
+        first = list(source.export_memories(scope, include_children=True, call_metadata=route))
+        report.copied = _import(target, [c for c in first if c.WhichOneof("chunk") != "scope"], route)
+        step("fence")
+        source.set_scope_routing(scope, "fenced", moved_to=moved_to, call_metadata=route)
+        fenced_at = time.monotonic()
+        step("catch up")
+        final = list(source.export_memories(scope, include_children=True, call_metadata=route))
+        report.caught_up, report.deleted = _catch_up(target, final, route)
+        _copy_settings(source, target, final, route)
+        report.memories = _verify(source, target, scope, route)
+    except BaseException:
+        if fenced_at is not None:
+            source.set_scope_routing(scope, "serving", call_metadata=route)
+        target.delete_namespace(scope, include_children=True, confirm=True, call_metadata=route)
+        raise
+    step("switch")
+    switch()
+    step("retire")
+    source.set_scope_routing(scope, "moved", moved_to=moved_to, purge=True, call_metadata=route)
+    report.fenced_seconds = round(time.monotonic() - fenced_at, 3)
+    step("done")
+    return report
+
+
+def _namespaces(client: MemoryClient, scope: str, route: list[tuple[str, str]]) -> list[str]:
+    """The namespaces of ``scope``'s tree that hold memories on ``client``'s server."""
+    return [
+        ns.name
+        for ns in client.list_namespaces(scope, call_metadata=route)
+        if ns.name == scope or ns.name.startswith(scope + "/")
+    ]
+
+
+def _import(
+    target: MemoryClient, chunks: list[pb.ExportMemoriesResponse], route: list[tuple[str, str]]
+) -> int:
+    if not any(c.WhichOneof("chunk") != "header" for c in chunks):
+        return 0
+    return int(target.import_memories(chunks, call_metadata=route).imported)
+
+
+def _key(m: pb.Memory) -> tuple[str, str]:
+    return m.namespace, m.id
+
+
+def _version(m: pb.Memory) -> tuple[int, int, str]:
+    return m.update_time.seconds, m.update_time.nanos, m.content
+
+
+def _stored(
+    client: MemoryClient, scope: str, route: list[tuple[str, str]]
+) -> dict[tuple[str, str], pb.Memory]:
+    return {
+        _key(m): m
+        for ns in _namespaces(client, scope, route)
+        for m in client.list_memories(ns, call_metadata=route)
+    }
+
+
+def _catch_up(
+    target: MemoryClient, final: list[pb.ExportMemoriesResponse], route: list[tuple[str, str]]
+) -> tuple[int, int]:
+    """Bring the target to the fenced source's export ``final``: (memories imported, deleted)."""
+    scope = route[0][1]
+    at_target = _stored(target, scope, route)
+    wanted = {_key(c.memory): c.memory for c in final if c.WhichOneof("chunk") == "memory"}
+    stale = [k for k, m in at_target.items() if k not in wanted or _version(m) != _version(wanted[k])]
+    for ns, id_ in stale:
+        target.delete(ns, id_, confirm=True, call_metadata=route)
+    missing = {k for k in wanted if k not in at_target or k in stale}
+    chunks = [
+        c for c in final if c.WhichOneof("chunk") != "memory" or _key(c.memory) in missing
+    ]  # the header, the new and changed memories, the scopes' progress and the graph (idempotent)
+    imported = _import(target, chunks, route)
+    return imported, len([k for k in stale if k not in wanted])
+
+
+def _copy_settings(
+    source: MemoryClient,
+    target: MemoryClient,
+    final: Iterable[pb.ExportMemoriesResponse],
+    route: list[tuple[str, str]],
+) -> None:
+    """Each moved namespace's stored settings (protection, policy overrides), set at the target."""
+    names = {c.memory.namespace for c in final if c.WhichOneof("chunk") == "memory"}
+    for ns in sorted(names):
+        stored = source.get_namespace_config(ns, call_metadata=route).config
+        paths = [f"policy.{f.name}" for f, _ in stored.policy.ListFields()]
+        if stored.protected:
+            paths.append("protected")
+        if paths:
+            request = pb.UpdateNamespaceConfigRequest(config=stored, confirm=True)
+            request.update_mask.paths.extend(paths)
+            target.stub.UpdateNamespaceConfig(request, timeout=target.timeout, metadata=route)
+
+
+def _verify(source: MemoryClient, target: MemoryClient, scope: str, route: list[tuple[str, str]]) -> int:
+    """The number of memories of ``scope``, once both sides hold the same ones, each at the same
+    version; else RuntimeError naming the first difference."""
+    here, there = _stored(source, scope, route), _stored(target, scope, route)
+    for key in sorted(here.keys() | there.keys()):
+        if key not in there or key not in here or _version(here[key]) != _version(there[key]):
+            raise RuntimeError(f"the copy of {scope!r} differs at memory {key}: the move was not switched")
+    return len(here)
