@@ -23,7 +23,7 @@ PORT ?= 50051
 DATA_DIR ?= ./data
 SEARCH_PROCESSES ?=
 
-.PHONY: help venv proto check-proto lint-proto proto-baseline go-toolchain go-stubs check-go-stubs serve test test-fast lint bench bench-venv bench-smoke bench-quality clean
+.PHONY: help venv proto check-proto lint-proto proto-baseline go-toolchain go-stubs check-go-stubs proxy-toolchain serve test test-fast test-cluster lint bench bench-venv bench-smoke bench-quality image-check clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -88,11 +88,19 @@ check-go-stubs: go-stubs ## Fail if the checked-in Go stubs differ from what pro
 serve: $(STAMP) ## Run the server on $(HOST):$(PORT) with data in $(DATA_DIR) (SEARCH_PROCESSES=N: N processes serving)
 	$(PY) -m tiermem.server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)$(if $(SEARCH_PROCESSES), --search-processes $(SEARCH_PROCESSES))
 
-test: proto $(NODE_STAMP) ## Run the whole test suite (Python and the Node.js client)
-	$(PY) -m pytest
+test: proto $(NODE_STAMP) ## Run the whole test suite (Python and the Node.js client) but the cluster test
+	$(PY) -m pytest -m "not cluster"
+
+proxy-toolchain: ## Install Debian's HAProxy, the proxy of the cluster test (apt-get, as root)
+	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null; }; }
+
+test-cluster: proto proxy-toolchain ## Three shards behind HAProxy on loopback: 50 tenants, a move under writes, a kill -9
+	$(PY) -m pytest -m cluster
 
 test-fast: proto ## Run the test suite without the slow tests
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not cluster"
 
 lint: $(STAMP) ## Lint and type-check
 	$(VENV)/bin/ruff check server client kernels integrations tests bench proto/tiermem/*.py
@@ -118,6 +126,9 @@ bench-quality: proto ## Retrieval quality on real conversations (QUALITY_DATA=di
 
 bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py runs), without Chroma
 	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke
+
+image-check: ## Build the Dockerfile's image without Docker Hub (debootstrap, buildah, podman; as root) and check it serves
+	bash deploy/check-image.sh
 
 clean: ## Remove the virtual environment and caches (keeps ./data)
 	rm -rf $(VENV) $(BENCH_VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache $(TYPECHECK)

@@ -342,9 +342,14 @@ class Engine:
         return namespaces.delete_namespace(self.state, namespace, include_children, confirm)
 
     def set_scope_routing(
-        self, scope: str, state: int, moved_to: str = "", purge: bool = False
+        self,
+        scope: str,
+        state: int,
+        moved_to: str = "",
+        purge: bool = False,
+        drain: Callable[[], None] | None = None,
     ) -> tuple[int, int]:
-        return namespaces.set_scope_routing(self.state, scope, state, moved_to, purge)
+        return namespaces.set_scope_routing(self.state, scope, state, moved_to, purge, drain)
 
     def scope_routing(self, scope: str) -> tuple[int, str] | None:
         """The routing state of top-level ``scope`` and where it moved, None when it is served."""

@@ -184,9 +184,17 @@ def list_namespaces(
 SERVING, FENCED, MOVED = 0, 1, 2
 
 
-def set_scope_routing(st: EngineState, scope: str, state: int, moved_to: str, purge: bool) -> tuple[int, int]:
-    """Set the routing state of top-level ``scope`` (durable when it returns); with ``purge`` (MOVED
-    only) delete its memories and graph facts, children included: (state, memories purged)."""
+def set_scope_routing(
+    st: EngineState,
+    scope: str,
+    state: int,
+    moved_to: str,
+    purge: bool,
+    drain: Callable[[], None] | None = None,
+) -> tuple[int, int]:
+    """Set the routing state of top-level ``scope`` (durable when it returns); ``drain`` then waits
+    for the scope's writes in flight (the transport's); with ``purge`` (MOVED only) delete its
+    memories and graph facts, children included: (state, memories purged)."""
     check.namespace("scope", scope)
     if "/" in scope:
         raise InvalidArgument("scope", f"{scope!r} is not a top-level scope (it has a '/')")
@@ -208,5 +216,7 @@ def set_scope_routing(st: EngineState, scope: str, state: int, moved_to: str, pu
         st.routing = routing
 
     st.writer.submit(prepare, publish)
+    if drain is not None and state != SERVING:
+        drain()
     purged = delete_namespace(st, scope, include_children=True, confirm=True) if purge else 0
     return state, purged

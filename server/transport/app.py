@@ -31,6 +31,7 @@ from tiermem.server.transport.process import (
     set_serving,
     tune_malloc,
 )
+from tiermem.server.transport.routing import WriteGate
 from tiermem.server.transport.servicer import MemoryServicer
 
 logger = logging.getLogger(__name__)
@@ -71,13 +72,19 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     # Alone, a port in use is an error; with followers, they bind it too.
     metrics = Metrics() if config.metrics_port >= 0 else None
     servicer = MemoryServicer()
+    servicer.gate = WriteGate()
 
     def routing_of(scope: str) -> tuple[int, str] | None:
         engine = servicer.engine
         return None if engine is None else engine.scope_routing(scope)
 
     server = grpc_server(
-        config, reuseport=leading, exempt=(follower.REPORT_METHOD,), metrics=metrics, routing_of=routing_of
+        config,
+        reuseport=leading,
+        exempt=(follower.REPORT_METHOD,),
+        metrics=metrics,
+        routing_of=routing_of,
+        gate=servicer.gate,
     )
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)

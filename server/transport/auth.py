@@ -185,11 +185,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
         metrics: Metrics | None = None,
         sharded: bool = False,
         routing_of: routing.RoutingOf | None = None,
+        gate: routing.WriteGate | None = None,
     ) -> None:
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
         self.sharded = sharded  # requests naming namespaces must carry their routing key (routing.py)
         self.routing_of = routing_of  # a top-level scope's routing state: fenced or moved away
+        self.gate = gate  # the write calls in flight per top-level scope
 
     def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
@@ -251,6 +253,7 @@ class _Call:
         self.monitoring = method.startswith(MONITORING)
         self.lease: int | None = None
         self.name = ""  # the method's name in the service
+        self.writing: list[str] = []  # the top-level scopes it writes, counted in the write gate
         self.named: Callable[[Any], list[str]] | None = None  # the namespaces a request names
         self.route: str | None = None  # the call's routing key
 
@@ -300,6 +303,8 @@ class _Call:
                     _caller.reset(token)
             finally:
                 self.leave(key)
+                if self.writing and self.owner.gate is not None:
+                    self.owner.gate.leave(self.writing)
         finally:
             code, seconds = logs.code_of(context), time.perf_counter() - started
             if self.owner.metrics is not None:
@@ -325,6 +330,11 @@ class _Call:
     def _check_routing(self, named: list[str]) -> None:
         if self.owner.sharded:
             routing.check_route(self.route, named)
+        gate = self.owner.gate
+        if gate is not None and self.name in routing.WRITES:
+            new = sorted({routing.top_scope(ns) for ns in named if ns} - set(self.writing))
+            gate.enter(new)  # (before the fence is looked at: see WriteGate)
+            self.writing += new
         if self.owner.routing_of is not None:
             routing.check_fence(self.name, named, self.owner.routing_of)
 

@@ -21,7 +21,7 @@ from tiermem.server.security.keys import KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
 from tiermem.server.transport.auth import AuthInterceptor
 from tiermem.server.transport.metrics import Metrics
-from tiermem.server.transport.routing import RoutingOf
+from tiermem.server.transport.routing import RoutingOf, WriteGate
 from tiermem.v1 import memory_pb2
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
@@ -33,6 +33,7 @@ def grpc_server(
     exempt: tuple[str, ...] = (),
     metrics: Metrics | None = None,
     routing_of: RoutingOf | None = None,
+    gate: WriteGate | None = None,
 ) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
     admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
@@ -51,6 +52,7 @@ def grpc_server(
         metrics,
         sharded=config.sharded,
         routing_of=routing_of,
+        gate=gate,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
     if config.tracing:

@@ -7,6 +7,7 @@ name no namespace (ListNamespaces, server-wide stats) need none."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -57,6 +58,41 @@ def check_fence(method: str, namespaces: Iterable[str], routing_of: RoutingOf) -
             err = ScopeUnavailable(f"scope {top!r} is moving to another shard: retry shortly", "SCOPE_FENCED")
             err.metadata.update(scope=top)
             raise err
+
+
+class WriteGate:
+    """The write calls in flight per top-level scope, so that fencing a scope can wait for those
+    admitted before the fence: a write counts itself in before it looks at the fence, so once the
+    fence is visible and the count is 0, no write of the scope can still commit."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._changed = threading.Condition()
+
+    def enter(self, scopes: Iterable[str]) -> None:
+        with self._changed:
+            for s in scopes:
+                self._counts[s] = self._counts.get(s, 0) + 1
+
+    def leave(self, scopes: Iterable[str]) -> None:
+        with self._changed:
+            for s in scopes:
+                left = self._counts[s] - 1
+                if left:
+                    self._counts[s] = left
+                else:
+                    del self._counts[s]
+            self._changed.notify_all()
+
+    def drain(self, scope: str, timeout: float) -> None:
+        """Wait until no write call of ``scope`` is in flight; Unavailable after ``timeout``."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: scope not in self._counts, timeout):
+                raise Unavailable(
+                    f"writes of scope {scope!r} still running after {timeout:.0f} s: the fence is set, "
+                    "but call again before relying on it",
+                    "WRITES_IN_FLIGHT",
+                )
 
 
 def route_of(metadata: Any) -> str | None:

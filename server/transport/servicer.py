@@ -32,6 +32,7 @@ from tiermem.server.model.reports import (
 from tiermem.server.search.searcher import SearchHit, SearchHits
 from tiermem.server.transport import convert
 from tiermem.server.transport.auth import caller
+from tiermem.server.transport.routing import WriteGate
 from tiermem.server.transport.status import to_status
 from tiermem.v1 import memory_pb2 as pb
 from tiermem.v1 import memory_pb2_grpc as pb_grpc
@@ -103,6 +104,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         graph: GraphMemory | None = None,
     ) -> None:
         self.engine: Engine | None = None  # None while the server starts (health: NOT_SERVING)
+        self.gate: WriteGate | None = None  # the write calls in flight per scope (fences wait for them)
         self.assembler: Assembler | None = None
         self.graph: GraphMemory | None = None
         self._streams: threading.BoundedSemaphore | None = None
@@ -348,8 +350,15 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def SetScopeRouting(
         self, request: pb.SetScopeRoutingRequest, context: grpc.ServicerContext
     ) -> pb.SetScopeRoutingResponse:
+        gate = self.gate
+
+        def drain() -> None:  # the writes admitted before the fence end before it answers
+            if gate is not None:
+                left = context.time_remaining()
+                gate.drain(request.scope, 30.0 if left is None else max(0.0, left - 0.1))
+
         state, purged = self._engine.set_scope_routing(
-            request.scope, request.routing, request.moved_to, request.purge
+            request.scope, request.routing, request.moved_to, request.purge, drain
         )
         return pb.SetScopeRoutingResponse(routing=state, purged_count=purged)  # type: ignore[arg-type]
 

@@ -1,0 +1,223 @@
+"""Tenant shards behind a real HAProxy on loopback (``make test-cluster``; docs/scaling.md): three
+``--sharded`` server processes, 50 tenants written through the proxy, one tenant moved to another
+shard while it and another tenant keep writing, one shard killed with SIGKILL and restarted; then
+every acknowledged write is present exactly once, on its tenant's one shard, and no tenant sees
+another's memories.
+
+Needs Debian's haproxy (``make proxy-toolchain``); skipped without it unless
+TIERMEM_REQUIRE_HAPROXY=1 (CI), which makes a missing proxy a failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import ServerProcess, spawn_server
+
+from tiermem.client import MemoryClient, TiermemError, haproxy
+from tiermem.client.shards import Shards, move_scope
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+TENANTS = 50
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _haproxy_or_skip() -> str:
+    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+    if found is None:
+        if os.environ.get("TIERMEM_REQUIRE_HAPROXY") == "1":
+            pytest.fail("TIERMEM_REQUIRE_HAPROXY=1 but haproxy is not installed (make proxy-toolchain)")
+        pytest.skip("the cluster test needs haproxy (make proxy-toolchain)")
+    return found
+
+
+@dataclass
+class Cluster:
+    base: Path
+    ports: dict[str, int]
+    shards: dict[str, ServerProcess] = field(default_factory=dict)
+    proxy_port: int = 0
+    map_file: Path = Path()
+    admin_socket: Path = Path()
+
+    @property
+    def proxy(self) -> str:
+        return f"127.0.0.1:{self.proxy_port}"
+
+    def addresses(self) -> dict[str, str]:
+        return {name: f"127.0.0.1:{port}" for name, port in self.ports.items()}
+
+    def start_shard(self, name: str) -> None:
+        if name in self.shards:
+            self.shards[name].close()  # (its process is gone: this closes its pipe)
+        self.shards[name] = spawn_server(self.base / name, "--port", str(self.ports[name]), "--sharded")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    binary = _haproxy_or_skip()
+    c = Cluster(tmp_path, {name: _free_port() for name in ("a", "b", "c")})
+    for name in c.ports:
+        c.start_shard(name)
+    c.proxy_port = _free_port()
+    c.map_file, c.admin_socket = tmp_path / "routes.map", tmp_path / "admin.sock"
+    c.map_file.write_text("")
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(haproxy.config(c.addresses(), c.proxy, c.map_file, c.admin_socket))
+    log = (tmp_path / "haproxy.log").open("w")
+    proxy = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while not c.admin_socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.poll() is None, (tmp_path / "haproxy.log").read_text()
+        yield c
+    finally:
+        proxy.kill()
+        proxy.wait()
+        log.close()
+        for shard in c.shards.values():
+            shard.close()
+
+
+class Ledger:
+    """Every write the proxy acknowledged: tenant -> {(namespace, id): content}."""
+
+    def __init__(self) -> None:
+        self.acked: dict[str, dict[tuple[str, str], str]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, tenant: str, namespace: str, id_: str, content: str) -> None:
+        with self._lock:
+            self.acked.setdefault(tenant, {})[(namespace, id_)] = content
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
+def _stored(c: MemoryClient, tenant: str) -> list[tuple[str, str, str]]:
+    """Every memory of ``tenant``'s tree, as seen through ``c``."""
+    route = [("tiermem-route", tenant)]
+    out = []
+    for ns in c.list_namespaces(tenant, call_metadata=route):
+        if ns.name == tenant or ns.name.startswith(tenant + "/"):
+            out += [(m.namespace, m.id, m.content) for m in c.list_memories(ns.name, call_metadata=route)]
+    return out
+
+
+def _check_exactly_once(c: MemoryClient, ledger: Ledger, tenants: list[str]) -> None:
+    for tenant in tenants:
+        stored = _stored(c, tenant)
+        keys = [(ns, id_) for ns, id_, _ in stored]
+        assert len(keys) == len(set(keys)), f"{tenant}: a memory stored twice"
+        contents = [content for _, _, content in stored]
+        assert len(contents) == len(set(contents)), f"{tenant}: a write applied twice"
+        assert {(ns, id_): content for ns, id_, content in stored} == ledger.acked[tenant], tenant
+
+
+def _writer(
+    c: MemoryClient, tenants: list[str], ledger: Ledger, stop: threading.Event, errors: list[BaseException]
+) -> None:
+    n = 0
+    while not stop.is_set():
+        tenant = tenants[n % len(tenants)]
+        ns = f"{tenant}/session:live"
+        content = f"{tenant} live write {threading.get_ident()}-{n}"
+        try:
+            m = c.create(ns, content, timeout=20)
+            ledger.add(tenant, ns, m.id, content)
+        except TiermemError as e:  # (an unacknowledged write: it must then be absent, see the checks)
+            errors.append(e)
+        n += 1
+
+
+def test_tenants_on_shards_behind_haproxy(cluster: Cluster) -> None:
+    ledger = Ledger()
+    tenants = [f"user:t{i}" for i in range(TENANTS)]
+    with MemoryClient(cluster.proxy, sharded=True, timeout=20) as c, Shards(cluster.addresses()) as shards:
+        # -- 50 tenants, each a scope tree, written through the proxy.
+        for t in tenants:
+            for ns in (t, f"{t}/project:p"):
+                for k in range(2):
+                    content = f"{t} fact {k} about {ns.rsplit('/', 1)[-1]}"
+                    ledger.add(t, ns, c.create(ns, content).id, content)
+        placed = {t: shards.locate(t) for t in tenants}
+        assert all(len(where) == 1 for where in placed.values()), placed
+        assert len({where[0] for where in placed.values()}) == 3, "consistent hashing used every shard"
+
+        # -- Move one tenant while it and another tenant keep writing.
+        moving, other = tenants[0], tenants[1]
+        source = placed[moving][0]
+        target = next(n for n in cluster.ports if n != source)
+        stop, errors = threading.Event(), []
+        writers = [
+            threading.Thread(target=_writer, args=(c, [moving, other], ledger, stop, errors))
+            for _ in range(2)
+        ]
+        for w in writers:
+            w.start()
+        time.sleep(0.5)
+        try:
+            report = move_scope(
+                moving,
+                shards.clients[source],
+                shards.clients[target],
+                lambda: haproxy.set_route(cluster.admin_socket, cluster.map_file, moving, target),
+                moved_to=target,
+            )
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            for w in writers:
+                w.join()
+        assert errors == [], errors[:3]  # fenced writes were made again, never failed
+        assert report.memories >= 4 and report.copied >= 4, report
+        assert shards.locate(moving) == [target]
+        assert cluster.map_file.read_text() == f"{moving} {haproxy.backend_of(target)}\n"
+        live = [k for k in ledger.acked[moving] if k[0].endswith("session:live")]
+        assert len(live) > 10, "writes went on through the move"
+        # The source answers a stale route with UNAVAILABLE, never with an empty scope.
+        plain = grpc.insecure_channel(cluster.addresses()[source])
+        with MemoryClient(channel=plain, timeout=0.3) as stale, pytest.raises(TiermemError) as refused:
+            stale.list_namespaces(moving, call_metadata=[("tiermem-route", moving)])
+            list(stale.list_memories(moving, call_metadata=[("tiermem-route", moving)]))
+        assert refused.value.reason == "SCOPE_MOVED"
+        _check_exactly_once(c, ledger, [moving, other])
+
+        # -- A shard killed with SIGKILL: its tenants are unavailable, never answered by another
+        # shard; restarted, it has every acknowledged write.
+        victim = placed[tenants[2]][0]
+        cluster.shards[victim].kill9()
+        with (
+            MemoryClient(cluster.proxy, sharded=True, timeout=1) as impatient,
+            pytest.raises(TiermemError) as down,
+        ):
+            impatient.search(tenants[2], "fact")
+        assert down.value.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), down.value
+        cluster.start_shard(victim)
+        shards.clients[victim].wait_ready(timeout=60)
+        _check_exactly_once(c, ledger, tenants)
+
+        # -- Isolation: each tenant finds only its own memories; a key for one tenant cannot reach another.
+        for t in tenants[:10]:
+            hits = c.search(t, "fact about", include_ancestors=False, limit=50)
+            assert hits and {h.memory.namespace for h in hits} == {t}
+        with MemoryClient(cluster.proxy, timeout=5) as manual, pytest.raises(TiermemError) as mismatch:
+            manual.search(tenants[3], "fact", call_metadata=[("tiermem-route", tenants[4])])
+        assert mismatch.value.reason == "ROUTE_MISMATCH"
+        assert shards.stats()["memory_count"] == ledger.count()
