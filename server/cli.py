@@ -8,6 +8,9 @@
 - ``tiermem stats --target ADDR [--namespace NS]`` and ``tiermem namespaces --target ADDR
   [--prefix P]`` print the server's figures and its namespaces as JSON.
 - ``tiermem health --target ADDR`` prints SERVING and exits 0, or prints NOT_SERVING and exits 1.
+- ``tiermem shard move --scope S --from ADDR --to ADDR --to-shard NAME --haproxy-socket F
+  --haproxy-map F`` moves a tenant between shards behind HAProxy (docs/scaling.md);
+  ``tiermem shard namespaces|stats --shard NAME=ADDR ...`` ask every shard.
 
 The commands that talk to a server take ``--api-key`` (or the TIERMEM_API_KEY environment
 variable), ``--tls`` / ``--tls-ca FILE`` and ``--timeout``, and go through ``tiermem.client``.
@@ -25,8 +28,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tiermem.client import MemoryClient, TiermemError, to_python
+from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import backup, restore
+from tiermem.client.shards import Shards, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
 
 DEFAULT_TIMEOUT = 30.0
@@ -111,7 +115,39 @@ def _parser() -> argparse.ArgumentParser:
         "in the user's cache), so the server's first start takes seconds, not the compilation's minute.",
     )
     w.set_defaults(run=_warm_up, command="warm-up")
+    _add_shard(sub, _connection_options(target=False))
     return p
+
+
+def _add_shard(sub: Any, conn: argparse.ArgumentParser) -> None:
+    shard = sub.add_parser("shard", help="tenant shards behind a proxy (docs/scaling.md)")
+    actions = shard.add_subparsers(dest="action", required=True)
+    move = actions.add_parser(
+        "move",
+        parents=[conn],
+        help="move a tenant (a top-level scope) to another shard without losing a write",
+        description="Copy the scope from --from to --to while it keeps writing, fence its writes at the "
+        "source (clients retry them), catch up, compare, route it to --to-shard in HAProxy (runtime API "
+        "and map file), then retire it at the source. Prints a JSON report. The clients need admin keys.",
+    )
+    move.add_argument("--scope", required=True, help="the top-level scope, e.g. user:ana")
+    move.add_argument("--from", dest="source", required=True, metavar="ADDR", help="the shard holding it")
+    move.add_argument("--to", dest="dest", required=True, metavar="ADDR", help="the shard to move it to")
+    move.add_argument("--to-shard", required=True, metavar="NAME", help="--to's name in the HAProxy config")
+    move.add_argument("--haproxy-socket", required=True, type=Path, help="HAProxy's admin stats socket")
+    move.add_argument("--haproxy-map", required=True, type=Path, help="the map file of moved scopes")
+    move.set_defaults(run=_shard_move, command="shard move")
+    for name, run, what in (
+        ("namespaces", _shard_namespaces, "every shard's namespaces, as JSON"),
+        ("stats", _shard_stats, "every shard's figures and their sum, as JSON"),
+    ):
+        a = actions.add_parser(name, parents=[conn], help=what)
+        a.add_argument(
+            "--shard", action="append", required=True, metavar="NAME=ADDR", help="a shard; repeat for each"
+        )
+        if name == "namespaces":
+            a.add_argument("--prefix", default="", metavar="P", help="only namespaces starting with this")
+        a.set_defaults(run=run, command=f"shard {name}")
 
 
 def _warm_up(args: argparse.Namespace) -> int:
@@ -145,9 +181,10 @@ def _add_keys(sub: Any) -> None:
     add.set_defaults(run=_keys_add, command="keys add")
 
 
-def _connection_options() -> argparse.ArgumentParser:
+def _connection_options(target: bool = True) -> argparse.ArgumentParser:
     conn = argparse.ArgumentParser(add_help=False)
-    conn.add_argument("--target", required=True, metavar="ADDR", help="the server, host:port")
+    if target:
+        conn.add_argument("--target", required=True, metavar="ADDR", help="the server, host:port")
     conn.add_argument(
         "--api-key",
         default=os.environ.get("TIERMEM_API_KEY") or None,
@@ -180,11 +217,52 @@ def _keys_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connect(args: argparse.Namespace) -> MemoryClient:
+def _options(args: argparse.Namespace) -> dict[str, Any]:
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, not {args.timeout:g}")
     tls: bool | str = str(args.tls_ca) if args.tls_ca is not None else bool(args.tls)
-    return MemoryClient(args.target, timeout=args.timeout, api_key=args.api_key, tls=tls)
+    return {"timeout": args.timeout, "api_key": args.api_key, "tls": tls}
+
+
+def _connect(args: argparse.Namespace, target: str | None = None) -> MemoryClient:
+    return MemoryClient(target or args.target, **_options(args))
+
+
+def _shard_move(args: argparse.Namespace) -> int:
+    with _connect(args, args.source) as source, _connect(args, args.dest) as dest:
+        report = move_scope(
+            args.scope,
+            source,
+            dest,
+            lambda: haproxy.set_route(args.haproxy_socket, args.haproxy_map, args.scope, args.to_shard),
+            moved_to=args.to_shard,
+            on_step=lambda step: print(f"tiermem shard move: {step}", file=sys.stderr, flush=True),
+        )
+    _print_json(dataclasses.asdict(report))
+    return 0
+
+
+def _shard_list(args: argparse.Namespace) -> dict[str, str]:
+    pairs = [item.partition("=") for item in args.shard]
+    bad = [f"{name}{eq}{addr}" for name, eq, addr in pairs if not (name and eq and addr)]
+    if bad:
+        raise ValueError(f"--shard takes NAME=HOST:PORT, not {bad[0]!r}")
+    return {name: addr for name, _, addr in pairs}
+
+
+def _shard_namespaces(args: argparse.Namespace) -> int:
+    with Shards(_shard_list(args), **_options(args)) as shards:
+        found = shards.list_namespaces(args.prefix)
+    _print_json([{"shard": s, "name": ns.name, "memory_count": ns.memory_count} for s, ns in found])
+    return 0
+
+
+def _shard_stats(args: argparse.Namespace) -> int:
+    with Shards(_shard_list(args), **_options(args)) as shards:
+        figures = shards.stats()
+    per_shard = {name: _plain(to_python(s)) for name, s in figures.pop("shards").items()}
+    _print_json({**figures, "shards": per_shard})
+    return 0
 
 
 def _ready(args: argparse.Namespace) -> MemoryClient:

@@ -221,3 +221,59 @@ def test_tenants_on_shards_behind_haproxy(cluster: Cluster) -> None:
             manual.search(tenants[3], "fact", call_metadata=[("tiermem-route", tenants[4])])
         assert mismatch.value.reason == "ROUTE_MISMATCH"
         assert shards.stats()["memory_count"] == ledger.count()
+
+
+def test_the_shard_command_moves_a_tenant_and_lists_every_shard(cluster: Cluster) -> None:
+    import json
+    import sys
+
+    tenants = [f"user:cli{i}" for i in range(6)]
+    with MemoryClient(cluster.proxy, sharded=True, timeout=20) as c, Shards(cluster.addresses()) as shards:
+        for t in tenants:
+            c.create(f"{t}/project:p", f"{t} keeps notes")
+        tenant = tenants[0]
+        source = shards.locate(tenant)[0]
+        target = next(n for n in cluster.ports if n != source)
+        addresses = cluster.addresses()
+
+        def tiermem(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "tiermem", *args], capture_output=True, text=True, timeout=120
+            )
+
+        moved = tiermem(
+            "shard", "move", "--scope", tenant, "--from", addresses[source], "--to", addresses[target],
+            "--to-shard", target, "--haproxy-socket", str(cluster.admin_socket),
+            "--haproxy-map", str(cluster.map_file),
+        )  # fmt: skip
+        assert moved.returncode == 0, moved.stderr
+        report = json.loads(moved.stdout)
+        assert (report["scope"], report["memories"]) == (tenant, 1)
+        assert [step for step, _ in report["steps"]] == [
+            "copy",
+            "fence",
+            "catch up",
+            "switch",
+            "retire",
+            "done",
+        ]
+        c.create(tenant, "written after the move")
+        assert shards.locate(tenant) == [target]
+        assert sorted(m.content for m in c.list_memories(tenant)) == ["written after the move"]
+
+        shard_args = [f"--shard={name}={addr}" for name, addr in addresses.items()]
+        listed = tiermem("shard", "namespaces", "--prefix", "user:cli", *shard_args)
+        assert listed.returncode == 0, listed.stderr
+        where = {(row["shard"], row["name"]) for row in json.loads(listed.stdout)}
+        assert (target, tenant) in where and (target, f"{tenant}/project:p") in where
+        assert len(where) == len(tenants) + 1
+        stats = json.loads(tiermem("shard", "stats", *shard_args).stdout)
+        assert stats["memory_count"] == len(tenants) + 1 and set(stats["shards"]) == set(addresses)
+
+        # A scope that is not top-level is refused before anything moves (exit 1, one line).
+        bad = tiermem(
+            "shard", "move", "--scope", f"{tenants[1]}/project:p", "--from", addresses[source],
+            "--to", addresses[target], "--to-shard", target, "--haproxy-socket", str(cluster.admin_socket),
+            "--haproxy-map", str(cluster.map_file),
+        )  # fmt: skip
+        assert bad.returncode == 1 and "not a top-level scope" in bad.stderr
