@@ -185,6 +185,7 @@ def test_tenants_on_shards_behind_haproxy(cluster: Cluster) -> None:
             stop.set()
             for w in writers:
                 w.join()
+        print(f"move under writes: {report}")
         assert errors == [], errors[:3]  # fenced writes were made again, never failed
         assert report.memories >= 4 and report.copied >= 4, report
         assert shards.locate(moving) == [target]
