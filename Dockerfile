@@ -5,8 +5,11 @@
 # the runtime stage copies that environment into a slim Python and runs it as a non-root user.
 
 ARG PYTHON_VERSION=3.12
+# The image both stages start from: the official slim Python unless told otherwise
+# (deploy/check-image.sh passes a Debian image made with debootstrap, to build without Docker Hub).
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim
 
-FROM python:${PYTHON_VERSION}-slim AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
@@ -21,9 +24,10 @@ COPY proto ./proto
 COPY server ./server
 COPY client ./client
 COPY kernels ./kernels
+COPY integrations ./integrations
 RUN /opt/tiermem/bin/pip install .
 
-FROM python:${PYTHON_VERSION}-slim AS runtime
+FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="tiermem" \
       org.opencontainers.image.description="A gRPC memory server for AI agents" \
       org.opencontainers.image.licenses="Apache-2.0"

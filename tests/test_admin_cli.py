@@ -437,8 +437,18 @@ def _words(command: str) -> str:
 
 def test_the_dockerfile_has_the_essentials() -> None:
     steps = _instructions((ROOT / "Dockerfile").read_text())
-    froms = [args for word, args in steps if word == "FROM"]
-    assert len(froms) >= 2 and "slim" in froms[-1]  # multi-stage, a slim runtime
+    # The stages' images by default: the ARGs before the first FROM, each resolved in turn.
+    defaults: dict[str, str] = {}
+
+    def resolve(text: str) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: defaults.get(m[1], m[0]), text)
+
+    for word, args in steps[: next(i for i, (w, _) in enumerate(steps) if w == "FROM")]:
+        if word == "ARG" and "=" in args:
+            name, _, value = args.partition("=")
+            defaults[name] = resolve(value)
+    froms = [resolve(args) for word, args in steps if word == "FROM"]
+    assert len(froms) >= 2 and froms[-1].startswith("python:") and "slim" in froms[-1]  # multi-stage, slim
     runtime = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
     words = {w for w, _ in runtime}
     assert {"USER", "VOLUME", "HEALTHCHECK", "EXPOSE", "ENV", "CMD"} <= words
@@ -494,3 +504,22 @@ def test_warm_up_fills_the_kernel_cache(tmp_path: Path) -> None:
     )
     assert out.returncode == 0 and "kernels compiled" in out.stdout
     assert any((tmp_path / "numba").rglob("*.nbi"))  # Numba's cache index files
+
+
+def test_the_image_copies_every_package_directory() -> None:
+    """``pip install .`` in the image's build stage needs every folder pyproject maps packages from:
+    copied by the Dockerfile and let through by .dockerignore (an integration once was neither)."""
+    import tomllib
+
+    dirs = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    )
+    tops = {d.split("/")[0] for d in dirs}
+    copied = {
+        args.split()[0] for word, args in _instructions((ROOT / "Dockerfile").read_text()) if word == "COPY"
+    }
+    allowed = {
+        ln[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.startswith("!")
+    }
+    assert tops <= copied, f"the Dockerfile does not copy {sorted(tops - copied)}"
+    assert tops <= allowed, f".dockerignore keeps out {sorted(tops - allowed)}"
