@@ -9,13 +9,17 @@ are retried as ``MemoryClient``'s are, and fail with the same ``TiermemError`` s
 
 Create the client inside the event loop that uses it (in a coroutine): its channels belong to that
 loop. ``async with AsyncMemoryClient(target) as client:`` closes it; so does ``await client.close()``.
+Calls under way when it closes fail as ``MemoryClient``'s do then, with ``TiermemError`` CANCELLED
+("Channel closed!"); a call whose task is cancelled (``task.cancel()``, a timeout around it) raises
+``asyncio.CancelledError`` as any awaitable does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -41,6 +45,12 @@ from .connection import (
 )
 from .errors import TiermemError, from_rpc_error
 from .messages import TimeLike
+from .routing import ROUTE_HEADER, aio_route_interceptors, peek_route, top_scope
+
+
+def _channel_closed() -> TiermemError:
+    """The error of a call under way when its channel closed: ``MemoryClient``'s (gRPC's status)."""
+    return TiermemError(grpc.StatusCode.CANCELLED, "Channel closed!")
 
 
 async def _unreachable(health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None) -> str:
@@ -95,10 +105,13 @@ class AsyncMemoryClient(AsyncAgentMethods):
         connections: int = 1,
         api_key: str | None = None,
         tls: bool | str | bytes | grpc.ChannelCredentials = False,
+        sharded: bool = False,
     ) -> None:
         check_connections(connections, channel)
-        if channel is not None and api_key:
-            raise ValueError("api_key is added to the client's own channels, not to a channel given")
+        if channel is not None and (api_key or sharded):
+            raise ValueError(
+                "api_key and sharded are added to the client's own channels, not to a channel given"
+            )
         if channel is None:
             try:
                 asyncio.get_running_loop()
@@ -107,22 +120,42 @@ class AsyncMemoryClient(AsyncAgentMethods):
                     "create AsyncMemoryClient in a coroutine: its channels belong to the running event loop"
                 ) from None
         self.timeout = timeout
+        self.sharded = sharded
         self._own_channel = channel is None
         options = channel_options(max_message_bytes, connections)
+        more = aio_route_interceptors() if sharded else []
         self.channels: list[grpc.aio.Channel] = (
             [channel]
             if channel is not None
-            else [open_aio_channel(target, options, tls, api_key) for _ in range(connections)]
+            else [open_aio_channel(target, options, tls, api_key, more) for _ in range(connections)]
         )
         self.channel = self.channels[0]
         self.stub: pb_grpc.MemoryServiceStub = one_stub([pb_grpc.MemoryServiceStub(c) for c in self.channels])
         self._healths = [health_pb2_grpc.HealthStub(c) for c in self.channels]
+        self._closing = False
 
     async def close(self) -> None:
-        """Close the client's own channels (not a channel given); calls under way are cancelled."""
+        """Close the client's own channels (not a channel given); calls under way fail with
+        TiermemError CANCELLED."""
         if self._own_channel:
+            self._closing = True
             for c in self.channels:
                 await c.close()
+
+    @contextlib.contextmanager
+    def _closing_fails(self) -> Iterator[None]:
+        """Around awaiting a call: the CancelledError of a call cancelled by its channel closing
+        becomes MemoryClient's TiermemError CANCELLED; one of the awaiting task itself
+        (``task.cancel()``) goes on up."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)  # Python 3.11+: cancellations asked of it
+            by_task = bool(cancelling()) if cancelling is not None else not self._closing  # (3.10)
+            if by_task:
+                raise
+            raise _channel_closed() from None
 
     async def __aenter__(self) -> AsyncMemoryClient:
         return self
@@ -139,9 +172,10 @@ class AsyncMemoryClient(AsyncAgentMethods):
         attempts = Attempts(self.timeout if timeout is None else timeout, again=True)
         while True:
             try:
-                return await method(
-                    request, timeout=attempts.left(), metadata=call_metadata, wait_for_ready=True
-                )
+                with self._closing_fails():
+                    return await method(
+                        request, timeout=attempts.left(), metadata=call_metadata, wait_for_ready=True
+                    )
             except grpc.RpcError as e:
                 error = from_rpc_error(e)
             await asyncio.sleep(attempts.pause_after(error))  # raises the error if it is not made again
@@ -156,7 +190,8 @@ class AsyncMemoryClient(AsyncAgentMethods):
         while True:
             call = method(request, timeout=attempts.left(), metadata=call_metadata, wait_for_ready=True)
             try:
-                response = await call.read()
+                with self._closing_fails():
+                    response = await call.read()
                 break
             except grpc.RpcError as e:
                 error = from_rpc_error(e)
@@ -164,7 +199,8 @@ class AsyncMemoryClient(AsyncAgentMethods):
         try:
             while response is not grpc.aio.EOF:
                 yield response
-                response = await call.read()
+                with self._closing_fails():
+                    response = await call.read()
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         finally:
@@ -177,12 +213,14 @@ class AsyncMemoryClient(AsyncAgentMethods):
         unless ``timeout``. Requests that fail fail the call as in ``MemoryClient``: TiermemError
         UNKNOWN, caused by their exception."""
         try:
-            return await method(requests, timeout=timeout, metadata=call_metadata, wait_for_ready=True)
+            with self._closing_fails():
+                return await method(requests, timeout=timeout, metadata=call_metadata, wait_for_ready=True)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, TiermemError):
             if requests.failure is None:
                 raise
+            # grpc.aio cancels the call when its requests fail (a CancelledError not the task's)
             raise TiermemError(grpc.StatusCode.UNKNOWN, "Exception iterating requests!") from requests.failure
 
     async def _pages(
@@ -211,9 +249,10 @@ class AsyncMemoryClient(AsyncAgentMethods):
                 if left <= 0:
                     raise seen.not_ready("" if seen.answered else await _unreachable(health, call_metadata))
                 try:
-                    response = await health.Check(
-                        HEALTH_REQUEST, timeout=left, metadata=call_metadata, wait_for_ready=True
-                    )
+                    with self._closing_fails():
+                        response = await health.Check(
+                            HEALTH_REQUEST, timeout=left, metadata=call_metadata, wait_for_ready=True
+                        )
                 except grpc.RpcError as e:
                     seen.failed(e)
                 else:
@@ -592,8 +631,33 @@ class AsyncMemoryClient(AsyncAgentMethods):
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> pb.ImportMemoriesResponse:
+        if self.sharded and not any(k == ROUTE_HEADER for k, _ in call_metadata or ()):
+            # (a client stream's key is in its metadata, sent before the first chunk)
+            if target_namespace:
+                route = top_scope(target_namespace)
+            elif isinstance(chunks, AsyncIterable):
+                raise ValueError(
+                    "a sharded client imports an async stream of chunks only with target_namespace, "
+                    "or with call_metadata=[('tiermem-route', SCOPE)]"
+                )
+            else:
+                route, chunks = peek_route(iter(chunks))
+            call_metadata = [*(call_metadata or ()), *([(ROUTE_HEADER, route)] if route else [])]
         requests = _Requests(chunks, target_namespace)
         return await self._upload(self.stub.ImportMemories, requests, timeout, call_metadata)
+
+    async def set_scope_routing(
+        self,
+        scope: str,
+        routing: int | str,
+        *,
+        moved_to: str = "",
+        purge: bool = False,
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
+    ) -> pb.SetScopeRoutingResponse:
+        req = rq.set_scope_routing_request(scope, routing, moved_to, purge)
+        return await self._call(self.stub.SetScopeRouting, req, timeout, call_metadata)
 
 
 def _share_docstrings() -> None:

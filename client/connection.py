@@ -111,15 +111,20 @@ def with_token(channel: grpc.Channel, api_key: str | None) -> grpc.Channel:
 
 
 def open_aio_channel(
-    target: str, options: list[tuple[str, Any]], tls: Any, api_key: str | None
+    target: str,
+    options: list[tuple[str, Any]],
+    tls: Any,
+    api_key: str | None,
+    more: list[grpc.aio.ClientInterceptor] | None = None,
 ) -> grpc.aio.Channel:
-    """A grpc.aio channel (of the running event loop) adding ``api_key`` to every call, if there is one."""
+    """A grpc.aio channel (of the running event loop) adding ``api_key`` to every call, if there is
+    one, and with the ``more`` interceptors."""
     creds = credentials(tls)
     interceptors: list[grpc.aio.ClientInterceptor] = (
         [cls(api_key) for cls in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)]
         if api_key
         else []
-    )
+    ) + (more or [])
     if creds is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
     return grpc.aio.secure_channel(target, creds, options=options, interceptors=interceptors)

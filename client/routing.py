@@ -15,7 +15,7 @@ import grpc.aio
 from google.protobuf.message import Message
 
 ROUTE_HEADER = "tiermem-route"
-_NAMED = ("namespace", "namespaces", "target_namespace", "graph_namespace")
+_NAMED = ("namespace", "namespaces", "target_namespace", "graph_namespace", "scope")
 
 
 def top_scope(namespace: str) -> str:
@@ -28,7 +28,7 @@ def route_of(request: Message) -> str | None:
     the messages it holds), or None."""
     nested: list[Message] = []
     for field, value in request.ListFields():
-        if field.name in _NAMED:
+        if field.name in _NAMED and field.message_type is None:
             for ns in [value] if isinstance(value, str) else value:
                 if ns:
                     return top_scope(ns)
@@ -41,7 +41,7 @@ def route_of(request: Message) -> str | None:
     return None
 
 
-def _peek(requests: Iterator[Message]) -> tuple[str | None, Iterator[Message]]:
+def peek_route(requests: Iterator[Message]) -> tuple[str | None, Iterator[Message]]:
     """The route of a client stream (the first message naming a namespace; those before it are
     held, not sent) and the whole stream again."""
     held: list[Message] = []
@@ -83,11 +83,11 @@ class _Routes(
         return continuation(_Details(details, _with_route(details.metadata, _route(request))), request)
 
     def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        route, requests = _peek(iter(requests))
+        route, requests = peek_route(iter(requests))
         return continuation(_Details(details, _with_route(details.metadata, route)), requests)
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        route, requests = _peek(iter(requests))
+        route, requests = peek_route(iter(requests))
         return continuation(_Details(details, _with_route(details.metadata, route)), requests)
 
 
@@ -122,5 +122,5 @@ class _AioUnaryStream(_AioRoutes, grpc.aio.UnaryStreamClientInterceptor):
 
 def aio_route_interceptors() -> list[grpc.aio.ClientInterceptor]:
     """The grpc.aio interceptors sending each call's routing key (unary requests; a client stream,
-    an import, is given its key by ``AsyncMemoryClient`` itself)."""
+    an import, is given its key by ``AsyncMemoryClient`` itself, before its first chunk is read)."""
     return [_AioUnaryUnary(), _AioUnaryStream()]

@@ -182,3 +182,36 @@ def test_bad_scope_routing_requests_change_nothing(
         assert (info.value.code.name, info.value.fields) == ("INVALID_ARGUMENT", [field])
         c.create("user:ana", "still writable")
         assert len(list(c.list_memories("user:ana"))) == 2
+
+
+def test_a_sharded_async_client_sends_each_calls_routing_key(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    import asyncio
+
+    from tiermem.client import AsyncMemoryClient
+
+    running = server_factory(sharded=True)
+
+    async def run() -> None:
+        async with AsyncMemoryClient(f"127.0.0.1:{running.port}", sharded=True) as c:
+            m = await c.create("user:ana/session:1", "ana asked about the deploy")
+            assert (await c.get("user:ana/session:1", m.id)).content == "ana asked about the deploy"
+            assert len(await c.search("user:ana/session:1", "deploy", include_ancestors=True)) == 1
+            chunks = [chunk async for chunk in c.export_memories("user:ana", include_children=True)]
+            await c.delete_namespace("user:ana", include_children=True)
+            assert (await c.import_memories(chunks)).imported == 1  # (the key from the first chunk)
+            await c.set_scope_routing("user:ana", "fenced")
+            with pytest.raises(TiermemError) as fenced:
+                await c.create("user:ana", "refused", timeout=0.3)
+            assert fenced.value.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+            await c.set_scope_routing("user:ana", "serving")
+            with pytest.raises(ValueError, match="target_namespace"):
+
+                async def stream():  # type: ignore[no-untyped-def]
+                    for chunk in chunks:
+                        yield chunk
+
+                await c.import_memories(stream())
+
+    asyncio.run(run())
