@@ -619,3 +619,93 @@ def test_leaving_an_export_early_cancels_the_call(client: MemoryClient, server: 
             assert (await mem.stats("aio:early")).memory_count == 30
 
     asyncio.run(run())
+
+
+# -- closing with calls under way, and cancelled tasks ----------------------------------------------
+
+
+def test_closing_fails_the_calls_under_way_as_the_sync_client_does(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """close() with calls under way: each fails with MemoryClient's error then (TiermemError
+    CANCELLED), unary calls, pages, a response stream and a request stream alike."""
+    running = server_factory()
+    with sync_client(running) as s:
+        m = s.create(NS, "kept")
+    with front_server(running, (Delay(0.5),)) as (port, _):
+        address = f"127.0.0.1:{port}"
+        sync = MemoryClient(address, timeout=30)
+        sync_errors: list[BaseException] = []
+
+        def sync_call() -> None:
+            try:
+                sync.get(NS, m.id)
+            except BaseException as e:
+                sync_errors.append(e)
+
+        caller = threading.Thread(target=sync_call)
+        caller.start()
+        time.sleep(0.2)
+        sync.close()
+        caller.join()
+        (want,) = sync_errors
+        assert isinstance(want, TiermemError) and want.code == grpc.StatusCode.CANCELLED
+
+        async def body() -> list[BaseException]:
+            c = AsyncMemoryClient(address, timeout=30)
+            chunks = await collect(c.export_memories(NS))
+            never = asyncio.Event()
+
+            async def stalled() -> AsyncIterator[pb.ExportMemoriesResponse]:
+                yield chunks[0]
+                await never.wait()  # the import is under way, waiting for its next chunk
+                yield chunks[1]
+
+            tasks = [
+                asyncio.ensure_future(call)
+                for call in (
+                    c.get(NS, m.id),
+                    c.search(NS, "kept"),
+                    collect(c.list_memories(NS)),
+                    collect(c.list_namespaces()),
+                    collect(c.export_memories(NS)),
+                    c.import_memories(stalled(), target_namespace="restored:stalled"),
+                )
+            ]
+            await asyncio.sleep(0.2)
+            await c.close()
+            return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+        for got in asyncio.run(body()):
+            assert type(got) is type(want), got
+            assert isinstance(got, TiermemError)
+            assert (got.code, got.message, got.reason) == (want.code, want.message, want.reason)
+
+
+def test_a_task_cancelled_by_its_caller_raises_cancelled_error(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """task.cancel() (or a timeout around the call) during a call: CancelledError, as any awaitable;
+    the client goes on serving other calls."""
+    running = server_factory()
+    with sync_client(running) as s:
+        m = s.create(NS, "kept")
+    with front_server(running, (Delay(0.5),)) as (port, _):
+
+        async def body(c: AsyncMemoryClient) -> None:
+            tasks = [
+                asyncio.ensure_future(call)
+                for call in (c.get(NS, m.id), collect(c.list_memories(NS)), collect(c.export_memories(NS)))
+            ]
+            await asyncio.sleep(0.2)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert task.cancelled()
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.get(NS, m.id), 0.1)
+            assert (await c.get(NS, m.id)).content == "kept"
+
+        run(f"127.0.0.1:{port}", body)

@@ -1,17 +1,24 @@
 """``tiermem.langgraph.TiermemStore`` end to end against a real server: a conformance suite modelled on
 LangGraph's own store tests (the installed langgraph and langgraph-checkpoint ship none to reuse),
 with LangGraph's ``InMemoryStore`` as the reference where the semantics are the same, then what is
-tiermem's own: the mapping onto memories, TTL as ``expire_time``, a graph using the store."""
+tiermem's own: the mapping onto memories, TTL as ``expire_time``, a graph using the store.
+
+Every test of a store runs twice: on the sync path (``batch``, ``MemoryClient``) and on the async
+path (``ThroughAbatch``: each operation through ``abatch`` and its ``AsyncMemoryClient``)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import math
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from typing import Any, TypedDict
 
+import grpc
 import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -25,14 +32,41 @@ from langgraph.store.base import (
     SearchOp,
 )
 from langgraph.store.memory import InMemoryStore
+from test_client_usability import Delay, RecordMetadata, front_server
 
-from tiermem.client import MemoryClient, metadata_dict
+from tiermem.client import MemoryClient, TiermemError, metadata_dict
 from tiermem.langgraph import TiermemStore
 from tiermem.langgraph import filters as lg_filters
 from tiermem.langgraph import keys as lg_keys
+from tiermem.langgraph import newest as lg_newest
 from tiermem.langgraph import values as lg_values
 
 PREFIX = "app:test/lg"
+
+
+class ThroughAbatch(TiermemStore):
+    """A ``TiermemStore`` whose every operation, the sync ones too (``put``, ``search``, ...), goes
+    through ``abatch``, its async path, on an event loop of its own thread: the suite's checks made
+    of the async path. Its own ``a*`` methods run on the caller's loop (a second one)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def batch(self, ops: Iterable[Any]) -> list[Any]:
+        return asyncio.run_coroutine_threadsafe(self.abatch(list(ops)), self.loop).result()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.aclose(), self.loop).result()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+            self.loop.close()
 
 
 @pytest.fixture
@@ -40,9 +74,23 @@ def target(server_factory: Callable[..., Any]) -> str:
     return f"127.0.0.1:{server_factory().port}"
 
 
+@pytest.fixture(params=["sync", "async"])
+def make(request: pytest.FixtureRequest) -> Iterator[Callable[..., TiermemStore]]:
+    """``make(...)``: ``TiermemStore(...)`` (or ``ThroughAbatch(...)``), closed after the test."""
+    made: list[TiermemStore] = []
+
+    def build(*args: Any, **kwargs: Any) -> TiermemStore:
+        made.append((TiermemStore if request.param == "sync" else ThroughAbatch)(*args, **kwargs))
+        return made[-1]
+
+    yield build
+    for s in made:
+        s.close()
+
+
 @pytest.fixture
-def store(target: str) -> Iterator[TiermemStore]:
-    with TiermemStore(target, namespace_prefix=PREFIX) as s:
+def store(target: str, make: Callable[..., TiermemStore]) -> Iterator[TiermemStore]:
+    with make(target, namespace_prefix=PREFIX) as s:
         s.client.wait_ready()
         yield s
 
@@ -293,6 +341,129 @@ def test_search_across_more_than_64_namespaces(store: TiermemStore) -> None:
     assert len(store.list_namespaces(prefix=("tenants",), limit=1000)) == 70
 
 
+def _newest_reference(ops: list[PutOp]) -> tuple[InMemoryStore, list[tuple[tuple[str, ...], str]]]:
+    """LangGraph's store after ``ops``, and their keys newest first by first put (a replace keeps
+    its place, as created_at does)."""
+    reference = InMemoryStore()
+    order: dict[tuple[tuple[str, ...], str], None] = {}
+    for op in ops:
+        reference.batch([op])
+        if op.value is None:
+            order.pop((op.namespace, op.key), None)
+        else:
+            order.setdefault((op.namespace, op.key), None)
+    return reference, list(reversed(order))
+
+
+def _uneven_puts() -> list[list[PutOp]]:
+    """Batches over 150 namespaces (three searches of 64): one item in each, 300 in one of them,
+    another in the first 70, a replace and a delete."""
+    counter = itertools.count()
+
+    def put(ns: tuple[str, ...], key: str) -> PutOp:
+        i = next(counter)
+        return PutOp(ns, key, {"i": i, "even": i % 2 == 0, "meta": {"hit": i % 37 == 0}})
+
+    spaces = [("m", f"n{j:03}") for j in range(150)]
+    return [
+        [put(ns, "a") for ns in spaces],
+        [put(("m", "n007"), f"b{i:03}") for i in range(300)],
+        [put(ns, "c") for ns in spaces[:70]],
+        [put(("m", "n003"), "a"), PutOp(("m", "n005"), "a", None)],
+        [put(("m", "n149", "deep"), "d")],
+    ]
+
+
+NEWEST_SEARCHES: list[dict[str, Any]] = [
+    {"limit": 10},
+    {"limit": 1},
+    {"limit": 5, "offset": 3},
+    {"limit": 100, "offset": 250},
+    {"limit": 1000, "offset": 100},  # 1,100 wanted: past one search's 1,000
+    {"limit": 50, "offset": 600},  # past the end
+    {"limit": 7, "filter": {"even": True}},  # on the server
+    {"limit": 7, "offset": 2, "filter": {"meta": {"hit": True}}},  # in the client only
+    {"limit": 30, "filter": {"i": {"$gte": 300}, "even": False}},
+    {"namespace_prefix": ("m", "n007"), "limit": 20, "offset": 290},
+    {"namespace_prefix": ("m", "n149"), "limit": 5},
+    {"namespace_prefix": (), "limit": 3},
+]
+
+
+@pytest.mark.parametrize("rounds", ["searched", "read whole"])
+def test_search_without_query_over_many_namespaces_agrees_with_the_in_memory_store(
+    store: TiermemStore, rounds: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same items, values and filters as LangGraph's store, newest first by creation, offset
+    and limit applied; whether the windows are searched or (past the rounds) read whole."""
+    if rounds == "read whole":
+        monkeypatch.setattr(lg_newest, "ROUNDS", 0)
+    ops = [op for batch in _uneven_puts() for op in batch]
+    for batch in _uneven_puts():
+        store.batch(batch)
+    reference, newest_first = _newest_reference(ops)
+    for search in NEWEST_SEARCHES:
+        prefix = search.get("namespace_prefix", ("m",))
+        flt, offset, limit = search.get("filter"), search.get("offset", 0), search["limit"]
+        matching = {
+            (it.namespace, it.key): it.value for it in reference.search(prefix, filter=flt, limit=10_000)
+        }
+        want = [(ns, k, matching[(ns, k)]) for ns, k in newest_first if (ns, k) in matching]
+        found = store.search(prefix, filter=flt, offset=offset, limit=limit)
+        assert [(it.namespace, it.key, it.value) for it in found] == want[offset : offset + limit], search
+        assert all(it.score is None for it in found)
+
+
+def test_search_without_query_costs_a_few_calls_whatever_the_namespaces(
+    server_factory: Callable[..., Any], make: Callable[..., TiermemStore]
+) -> None:
+    """700 namespaces (11 searches of 64): one ListNamespaces and a few BatchSearchMemories, not a
+    ListMemories per namespace."""
+    running = server_factory()
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        c.wait_ready()
+    recorder = RecordMetadata()
+    with front_server(running, (recorder,)) as (port, _):
+        s = make(f"127.0.0.1:{port}", namespace_prefix=PREFIX)
+        s.batch([PutOp(("t", f"n{i:03}"), "k", {"i": i}) for i in range(700)])
+        for limit, offset in [(10, 0), (3, 600), (1, 0)]:
+            recorder.seen.clear()
+            found = s.search(("t",), limit=limit, offset=offset)
+            assert [it.namespace for it in found] == [
+                ("t", f"n{i:03}") for i in range(699 - offset, 699 - offset - limit, -1)
+            ]
+            calls = [name for name, _ in recorder.seen]
+            assert calls.count("ListNamespaces") == 1 and "ListMemories" not in calls, calls
+            assert 1 <= calls.count("BatchSearchMemories") <= 3 and len(calls) <= 4, calls
+
+
+def test_search_without_query_orders_ties_in_creation_time_by_namespace_then_id(
+    store: TiermemStore, raw: MemoryClient
+) -> None:
+    """Items created at the same instant (by another writer: the store's own puts never are), more
+    than a search returns: the window around them cannot be narrowed and is read whole."""
+    at = time.time() - 3600
+    tied = [
+        {
+            "namespace": f"{PREFIX}/tie/{ns}",
+            "content": json.dumps({"n": i}),
+            "id": f"k{i:02}",
+            "kind": "langgraph_item",
+            "metadata": {"langgraph.key": f"k{i:02}"},
+            "create_time": at,
+        }
+        for ns in ("b", "a")
+        for i in range(40)
+    ]
+    raw.create_batch(tied)
+    store.put(("tie", "a"), "newer", {"n": -1})
+    store.put(("tie", "c"), "newest", {"n": -2})
+    found = store.search(("tie",), limit=30, offset=1)
+    ties = [(("tie", ns), f"k{i:02}") for ns in ("a", "b") for i in range(40)]
+    assert [(it.namespace, it.key) for it in found] == [(("tie", "a"), "newer"), *ties[:29]]
+    assert all(it.created_at.timestamp() == pytest.approx(at) for it in found[1:])
+
+
 def test_other_memories_in_the_namespaces_are_not_items(store: TiermemStore, raw: MemoryClient) -> None:
     store.put(("users", "ana"), "k", {"text": "an item about cats"})
     raw.create(f"{PREFIX}/users/ana", "an observation about cats", id="obs")
@@ -315,8 +486,10 @@ def test_index_false_and_index_fields(store: TiermemStore, raw: MemoryClient) ->
     )
 
 
-def test_store_default_index_fields(target: str, raw: MemoryClient) -> None:
-    with TiermemStore(target, namespace_prefix=PREFIX, index={"fields": ["title", "tags[*]"]}) as s:
+def test_store_default_index_fields(
+    target: str, raw: MemoryClient, make: Callable[..., TiermemStore]
+) -> None:
+    with make(target, namespace_prefix=PREFIX, index={"fields": ["title", "tags[*]"]}) as s:
         s.put(("docs",), "d", {"title": "Harbour", "tags": ["boats", "sea"], "body": "x"})
         s.put(("docs",), "e", {"title": "Other", "body": "x"}, index=["body"])
         assert raw.get(f"{PREFIX}/docs", "d").content == "Harbour\nboats\nsea"
@@ -521,10 +694,12 @@ def test_list_namespaces_agrees_with_the_in_memory_store(store: TiermemStore) ->
     assert ("b", "a", "f") not in store.list_namespaces()
 
 
-def test_list_namespaces_skips_namespaces_no_label_maps_to(target: str, raw: MemoryClient) -> None:
+def test_list_namespaces_skips_namespaces_no_label_maps_to(
+    target: str, raw: MemoryClient, make: Callable[..., TiermemStore]
+) -> None:
     raw.create("v1.2/x", "another client's memory")
     raw.create("plain/ns", "another client's memory")
-    with TiermemStore(target) as s:
+    with make(target) as s:
         s.put(("mine",), "k", {"v": 1})
         assert s.list_namespaces() == [("mine",), ("plain", "ns")]  # tiermem's namespaces, without '.'
         assert [it.key for it in s.search(())] == ["k"]  # only the store's kind of memory
@@ -632,8 +807,8 @@ def test_an_item_is_gone_after_its_ttl(store: TiermemStore) -> None:
     assert store.get(("t",), "short").value == {"v": 3}  # type: ignore[union-attr]
 
 
-def test_ttl_config_default_ttl(target: str, raw: MemoryClient) -> None:
-    with TiermemStore(target, namespace_prefix=PREFIX, ttl={"default_ttl": 5, "refresh_on_read": False}) as s:
+def test_ttl_config_default_ttl(target: str, raw: MemoryClient, make: Callable[..., TiermemStore]) -> None:
+    with make(target, namespace_prefix=PREFIX, ttl={"default_ttl": 5, "refresh_on_read": False}) as s:
         start = time.time()
         s.put(("t",), "k", {"v": 1})
         expiry = _expiry(raw, "t", "k")
@@ -664,6 +839,109 @@ def test_async_api(store: TiermemStore) -> None:
         assert len(results[1]) == 2  # type: ignore[arg-type]
 
     asyncio.run(run())
+
+
+def test_an_async_client_per_event_loop_closed_with_the_store(target: str) -> None:
+    """The async path opens an AsyncMemoryClient on each event loop using the store (a grpc.aio
+    channel belongs to its loop): loops one after another, two at once in two threads, one kept
+    running in a thread; close() closes them, and the store cannot be used after."""
+    store = TiermemStore(target, namespace_prefix=PREFIX)
+
+    async def put_get(key: str) -> Any:
+        await store.aput(("loops",), key, {"v": key})
+        item = await store.aget(("loops",), key)
+        return None if item is None else item.value
+
+    assert asyncio.run(put_get("a")) == {"v": "a"}
+    assert asyncio.run(put_get("b")) == {"v": "b"}  # a new loop (the first loop's client went with it)
+    got: dict[str, Any] = {}
+    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, asyncio.run(put_get(k)))) for k in "cd"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {"c": {"v": "c"}, "d": {"v": "d"}}
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        assert asyncio.run_coroutine_threadsafe(put_get("e"), loop).result() == {"v": "e"}
+        assert sorted(it.key for it in store.search(("loops",))) == list("abcde")  # (the sync path too)
+        store.close()
+        for attempt in (
+            lambda: asyncio.run_coroutine_threadsafe(store.aget(("loops",), "a"), loop).result(),
+            lambda: asyncio.run(store.aget(("loops",), "a")),
+            lambda: store.get(("loops",), "a"),
+        ):
+            with pytest.raises(RuntimeError, match="closed"):
+                attempt()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def test_closing_the_store_fails_the_calls_under_way(server_factory: Callable[..., Any]) -> None:
+    """aclose() (async with) or close() from another thread while calls are under way: they fail
+    with TiermemError CANCELLED; a task cancelled by its caller raises CancelledError."""
+    running = server_factory()
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        c.wait_ready()
+    with front_server(running, (Delay(0.5),)) as (port, _):
+        slow = f"127.0.0.1:{port}"
+
+        async def main() -> None:
+            async with TiermemStore(slow, namespace_prefix=PREFIX) as store:
+                under_way = asyncio.ensure_future(store.aget(("x",), "k"))
+                searching = asyncio.ensure_future(store.asearch(("x",)))
+                cancelled = asyncio.ensure_future(store.aget(("x",), "k"))
+                await asyncio.sleep(0.2)
+                cancelled.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await cancelled
+                await store.aclose()
+                for task in (under_way, searching):
+                    with pytest.raises(TiermemError) as e:
+                        await task
+                    assert e.value.code == grpc.StatusCode.CANCELLED
+
+        asyncio.run(main())
+
+        store = TiermemStore(slow, namespace_prefix=PREFIX)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever)
+        thread.start()
+        try:
+            under_way = asyncio.run_coroutine_threadsafe(store.aget(("x",), "k"), loop)
+            time.sleep(0.2)
+            store.close()  # closes that loop's client there
+            with pytest.raises(TiermemError) as e:
+                under_way.result()
+            assert e.value.code == grpc.StatusCode.CANCELLED
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+
+
+def test_abatch_makes_independent_calls_at_once(server_factory: Callable[..., Any]) -> None:
+    """The reads of a batch on the async path are under way together (the sync path: in turn)."""
+    running = server_factory()
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        c.wait_ready()
+    with front_server(running, (Delay(0.3),)) as (port, _), TiermemStore(f"127.0.0.1:{port}") as store:
+        ops = [GetOp(("x",), f"k{i}") for i in range(6)]
+
+        async def both() -> float:
+            await store.aget(("x",), "warm")  # (the loop's client opened and connected)
+            began = time.monotonic()
+            assert await store.abatch(ops) == [None] * 6
+            return time.monotonic() - began
+
+        took = asyncio.run(both())
+        began = time.monotonic()
+        assert store.batch(ops) == [None] * 6
+        assert time.monotonic() - began >= 6 * 0.3 > 1.2 > took
 
 
 class State(TypedDict):
@@ -710,17 +988,19 @@ def test_a_graph_uses_the_store(store: TiermemStore) -> None:
     ]
 
 
-def test_shares_a_client(target: str) -> None:
+def test_shares_a_client(target: str, make: Callable[..., TiermemStore]) -> None:
     with MemoryClient(target) as c:
-        s = TiermemStore(client=c, namespace_prefix="shared")
-        s.put(("n",), "k", {"v": 1})
+        s = make(client=c, namespace_prefix="shared")
+        s.put(("n",), "k", {"v": 1})  # (async: the client's calls on worker threads)
         s.close()  # not the client's owner: the client stays open
         assert c.get("shared/n", "k").kind == "langgraph_item"
         with pytest.raises(ValueError):
             TiermemStore(client=c, api_key="secret")
 
 
-def test_a_read_key_reads_items_with_a_ttl(server_factory: Callable[..., Any], tmp_path: Any) -> None:
+def test_a_read_key_reads_items_with_a_ttl(
+    server_factory: Callable[..., Any], tmp_path: Any, make: Callable[..., TiermemStore]
+) -> None:
     """A read's TTL refresh is best effort: a read-only key still gets the item."""
     from tiermem.server.security.keys import add_key
 
@@ -728,8 +1008,8 @@ def test_a_read_key_reads_items_with_a_ttl(server_factory: Callable[..., Any], t
     writer, reader = add_key(keys, ["app"], "write"), add_key(keys, ["app"], "read")
     running = server_factory(api_keys=str(keys))
     target = f"127.0.0.1:{running.port}"
-    TiermemStore(target, api_key=writer, namespace_prefix="app").put(("u",), "k", {"v": 1}, ttl=5)
-    ro = TiermemStore(target, api_key=reader, namespace_prefix="app")
+    make(target, api_key=writer, namespace_prefix="app").put(("u",), "k", {"v": 1}, ttl=5)
+    ro = make(target, api_key=reader, namespace_prefix="app")
     item = ro.get(("u",), "k")
     assert item is not None and item.value == {"v": 1}
     assert [i.key for i in ro.search(("u",))] == ["k"]

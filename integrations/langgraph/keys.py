@@ -38,6 +38,8 @@ def _escape(text: str, safe: frozenset[str], mark: str) -> str:
 
 def _unescape(text: str, safe: frozenset[str], mark: str) -> str | None:
     """``text`` unescaped, or None unless ``_escape`` writes exactly ``text`` for the result."""
+    if mark not in text and safe.issuperset(text):
+        return text  # nothing escaped (the common case, and ``_escape`` writes it as it is)
     raw = bytearray()
     i = 0
     while i < len(text):

@@ -2,7 +2,7 @@
 
 Each item is one memory of kind ``langgraph_item``: its namespace tuple a namespace path under the
 store's ``namespace_prefix`` and its key the memory's client id (keys.py), its value the memory's
-content and metadata (values.py). Operations map onto ``MemoryClient`` calls:
+content and metadata (values.py). Operations map onto client calls:
 
 - get: ``GetMemory``; put: ``CreateMemory`` with the client id (several puts of a batch in one
   ``BatchCreateMemories``), and on ALREADY_EXISTS ``UpdateMemory`` of content, kind, metadata and
@@ -10,21 +10,23 @@ content and metadata (values.py). Operations map onto ``MemoryClient`` calls:
   ``DeleteMemory``.
 - search: ``ListNamespaces`` under the prefix, then with a query one ``SearchMemories`` over those
   namespaces (tiermem's default ranking; more than 64 namespaces: ``BatchSearchMemories`` of 64 each
-  with the comprehensive strategy, whose scores compare across searches), without one each
-  namespace's timeline (``ListMemories`` newest first) merged newest first; ``filter`` as in
+  with the comprehensive strategy, whose scores compare across searches), without one the newest
+  items by windows of creation time over groups of 64 namespaces (newest.py); ``filter`` as in
   filters.py.
 - list_namespaces: ``ListNamespaces``, matched, cut to ``max_depth`` and paged in the client.
 - TTL (minutes): ``expire_time``; reads with ``refresh_ttl`` move it on (``UpdateMemory``).
 
-A batch runs its reads in order, then its writes (the last put of a key wins), as LangGraph's own
-stores do: a read never sees a write of its own batch. The async methods run the same calls on a
-worker thread."""
+A batch runs its reads, then its writes (the last put of a key wins), as LangGraph's own stores do:
+a read never sees a write of its own batch. Each operation is written once, as steps (calls.py):
+``batch`` makes their calls with the store's ``MemoryClient``, ``abatch`` with an
+``AsyncMemoryClient`` of the running event loop (one per loop, opened on first use), independent
+calls of a batch at once."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-import heapq
 import itertools
 import threading
 import time
@@ -49,6 +51,7 @@ from langgraph.store.base import (
 
 from tiermem.client import (
     AlreadyExistsError,
+    AsyncMemoryClient,
     Memory,
     MemoryClient,
     NotFoundError,
@@ -56,7 +59,9 @@ from tiermem.client import (
     metadata_dict,
 )
 
-from . import filters, keys, values
+from . import calls, filters, keys, values
+from .calls import All, Call, Steps
+from .newest import created, newest
 
 DEFAULT_KIND = "langgraph_item"
 # tiermem's limits: results of one search (max_search_limit), namespaces of one search, searches of
@@ -74,10 +79,6 @@ T = TypeVar("T")
 def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-def _seconds(ts: Any) -> float:
-    return float(ts.seconds + ts.nanos / 1e9)
 
 
 def _when(seconds: float) -> datetime:
@@ -138,14 +139,19 @@ def _check(op: Op) -> None:
 class TiermemStore(BaseStore):
     """A LangGraph store whose items are memories of a tiermem server (docs/langgraph.md).
 
-    ``target``, ``api_key``, ``tls`` and ``timeout`` open a ``MemoryClient`` (see it for ``tls``);
-    ``client`` uses one of yours instead (it stays open on ``close``). ``namespace_prefix``: the
-    tiermem namespace the store's namespaces live under ('' for the root: ``("users", "ana")`` is
-    ``users/ana``; ``"app:x"`` makes it ``app:x/users/ana``). ``kind``: the kind of the store's
-    memories (other kinds in the same namespaces are not items). ``index``: ``{"fields": [...]}``,
-    the paths of a value whose text is searched when a put gives no ``index`` (default: the whole
-    value as JSON); tiermem embeds it on the server, so ``embed`` and ``dims`` do not apply.
-    ``ttl``: LangGraph's ``TTLConfig`` (``default_ttl`` minutes, ``refresh_on_read``)."""
+    ``target``, ``api_key``, ``tls`` and ``timeout`` open a ``MemoryClient`` (see it for ``tls``),
+    and for the async methods an ``AsyncMemoryClient`` per event loop; ``client`` uses one of yours
+    instead (it stays open on ``close``; the async methods then make its calls on worker threads).
+    ``namespace_prefix``: the tiermem namespace the store's namespaces live under ('' for the root:
+    ``("users", "ana")`` is ``users/ana``; ``"app:x"`` makes it ``app:x/users/ana``). ``kind``: the
+    kind of the store's memories (other kinds in the same namespaces are not items). ``index``:
+    ``{"fields": [...]}``, the paths of a value whose text is searched when a put gives no ``index``
+    (default: the whole value as JSON); tiermem embeds it on the server, so ``embed`` and ``dims``
+    do not apply. ``ttl``: LangGraph's ``TTLConfig`` (``default_ttl`` minutes, ``refresh_on_read``).
+
+    ``close()``, ``await aclose()``, ``with`` and ``async with`` close the clients the store opened:
+    calls still under way fail with ``TiermemError`` CANCELLED, and the store cannot be used again
+    (one on a client of yours stays usable)."""
 
     supports_ttl = True
 
@@ -176,18 +182,74 @@ class TiermemStore(BaseStore):
         self.fields: list[str] | None = fields
         self.ttl_config = ttl
         self._own_client = client is None
+        self._connection = {"target": target, "timeout": timeout, "api_key": api_key, "tls": tls}
         self.client = client or MemoryClient(target, timeout=timeout, api_key=api_key, tls=tls)
         self._last_time = 0.0
-        self._time_lock = threading.Lock()
+        self._lock = threading.Lock()  # _last_time, _aclients, _closed
+        # The async clients, one per event loop (a grpc.aio channel belongs to the loop it was made on).
+        self._aclients: dict[asyncio.AbstractEventLoop, AsyncMemoryClient] = {}
+        self._closing: set[concurrent.futures.Future[None]] = set()  # async clients closing on their loops
+        self._closed = False
 
     def _now(self) -> float:
         """The time of a put: now, but always after this store's previous put (by a microsecond),
         so the puts of one batch, and quick ones in a row, list newest first in the order made."""
-        with self._time_lock:
+        with self._lock:
             self._last_time = max(time.time(), self._last_time + 1e-6)
             return self._last_time
 
+    # -- clients ----------------------------------------------------------------------------------
+    def _aclient(self) -> AsyncMemoryClient:
+        """The async client of the running event loop, opened on its first use there."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._check_open()
+            for gone in [other for other in self._aclients if other.is_closed()]:
+                del self._aclients[gone]  # its channel went with its loop (closed once collected)
+            client = self._aclients.get(loop)
+            if client is None:
+                client = self._aclients[loop] = AsyncMemoryClient(**self._connection)
+            return client
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the TiermemStore is closed")
+
+    def _take_clients(self) -> dict[asyncio.AbstractEventLoop, AsyncMemoryClient]:
+        """Mark the store closed (if it opened its clients) and hand over its async clients."""
+        with self._lock:
+            self._closed = self._own_client
+            clients, self._aclients = self._aclients, {}
+        return clients
+
+    def _close_on(self, loop: asyncio.AbstractEventLoop, client: AsyncMemoryClient) -> None:
+        """Close ``client`` on its own loop, without waiting for another thread's loop."""
+        if loop.is_closed():
+            return  # its channel went with its loop
+        if loop.is_running():
+            # In this thread (close() inside one of its coroutines): once that coroutine yields; in
+            # another thread: there.
+            closing = asyncio.run_coroutine_threadsafe(client.close(), loop)
+            self._closing.add(closing)  # (the loop holds its task only weakly)
+            closing.add_done_callback(self._closing.discard)
+        else:
+            loop.run_until_complete(client.close())  # a loop between runs
+
     def close(self) -> None:
+        """Close the clients the store opened (those of other event loops on their loops)."""
+        for loop, client in self._take_clients().items():
+            self._close_on(loop, client)
+        if self._own_client:
+            self.client.close()
+
+    async def aclose(self) -> None:
+        """``close``, waiting for the async client of the running loop to close."""
+        clients = self._take_clients()
+        mine = clients.pop(asyncio.get_running_loop(), None)
+        for loop, client in clients.items():
+            self._close_on(loop, client)
+        if mine is not None:
+            await mine.close()
         if self._own_client:
             self.client.close()
 
@@ -197,29 +259,53 @@ class TiermemStore(BaseStore):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> TiermemStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     # -- batches ----------------------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         ops = list(ops)
         for op in ops:
             _check(op)
-        results: list[Result] = []
-        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
-        for op in ops:
-            if isinstance(op, GetOp):
-                results.append(self._get(op))
-            elif isinstance(op, SearchOp):
-                results.append(self._search(op))
-            elif isinstance(op, ListNamespacesOp):
-                results.append(self._list_namespaces(op))
-            else:
-                puts[(op.namespace, op.key)] = op  # the last put of a key wins
-                results.append(None)
-        if puts:
-            self._put(list(puts.values()))
-        return results
+        with self._lock:
+            self._check_open()
+        return calls.run(self._batch(ops), self.client)
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        return await asyncio.to_thread(self.batch, list(ops))
+        ops = list(ops)
+        for op in ops:
+            _check(op)
+        if not self._own_client:  # a client of yours: its calls on worker threads
+            client = self.client
+            return await calls.arun(
+                self._batch(ops), lambda call: asyncio.to_thread(calls.perform, client, call)
+            )
+        aclient = self._aclient()
+        return await calls.arun(self._batch(ops), lambda call: calls.perform_async(aclient, call))
+
+    def _batch(self, ops: list[Op]) -> Steps[list[Result]]:
+        results: list[Result] = [None] * len(ops)
+        reads: list[tuple[int, Steps[Result]]] = []
+        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        for i, op in enumerate(ops):
+            if isinstance(op, GetOp):
+                reads.append((i, self._get(op)))
+            elif isinstance(op, SearchOp):
+                reads.append((i, self._search(op)))
+            elif isinstance(op, ListNamespacesOp):
+                reads.append((i, self._list_namespaces(op)))
+            elif isinstance(op, PutOp):
+                puts[(op.namespace, op.key)] = op  # the last put of a key wins
+        if reads:
+            found = yield All([steps for _, steps in reads])
+            for (i, _), result in zip(reads, found, strict=True):
+                results[i] = result
+        if puts:
+            yield from self._put(list(puts.values()))
+        return results
 
     # -- items ------------------------------------------------------------------------------------
     def _path(self, namespace: tuple[str, ...]) -> str:
@@ -229,69 +315,75 @@ class TiermemStore(BaseStore):
         """An item's fields from its memory: created_at is the memory's creation, updated_at the
         time of the last put (the metadata's: a TTL refresh is no update)."""
         meta = metadata_dict(memory)
-        created = _seconds(memory.create_time)
+        first = created(memory)
         updated = meta.get(values.UPDATED)
         return {
             "namespace": namespace,
             "key": values.key(memory.id, meta),
             "value": values.load(memory.content, meta),
-            "created_at": _when(created),
-            "updated_at": _when(float(updated) if isinstance(updated, int | float) else created),
+            "created_at": _when(first),
+            "updated_at": _when(float(updated) if isinstance(updated, int | float) else first),
         }
 
     def _found(self, memory: Memory, namespace: tuple[str, ...], score: float | None = None) -> SearchItem:
         return SearchItem(**self._fields(memory, namespace), score=score)
 
-    def _get(self, op: GetOp) -> Item | None:
+    def _get(self, op: GetOp) -> Steps[Item | None]:
         if not op.namespace:
             return None  # nothing is stored at the root
         try:
-            memory = self.client.get(self._path(op.namespace), keys.memory_id(op.key))
+            memory = yield Call.to("get", self._path(op.namespace), keys.memory_id(op.key))
         except NotFoundError:
             return None
         if memory.kind != self.kind:
             return None
         if op.refresh_ttl:
-            self._refresh([memory])
+            yield from self._refresh([memory])
         return Item(**self._fields(memory, op.namespace))
 
-    def _refresh(self, memories: Iterable[Memory]) -> None:
+    def _refresh(self, memories: Iterable[Memory]) -> Steps[None]:
         """Move the expiry of those with a TTL to their TTL from now (a read's refresh; best
-        effort: a read key may not write). A put that lands between the read and the refresh
-        wins: the refresh is undone to what that put's own TTL says."""
+        effort: a read key may not write)."""
         now = time.time()
-        for memory in memories:
-            meta = metadata_dict(memory)
-            ttl = values.ttl_minutes(meta)
-            if ttl is None:
-                continue
-            try:
-                after = self.client.update(memory.namespace, memory.id, expire_time=now + ttl * 60)
-            except (NotFoundError, PermissionDeniedError):  # deleted meanwhile; a read-only key
-                continue
-            newer = metadata_dict(after)
-            if newer.get(values.UPDATED) != meta.get(values.UPDATED):
-                own = values.ttl_minutes(newer)
-                with contextlib.suppress(NotFoundError):
-                    self.client.update(
-                        after.namespace, after.id, expire_time=None if own is None else time.time() + own * 60
-                    )
+        refreshes = [self._refresh_one(memory, now) for memory in memories]
+        if refreshes:
+            yield All(refreshes)
 
-    def _put(self, ops: list[PutOp]) -> None:
-        for op in ops:
-            if op.value is None and op.namespace:
-                with contextlib.suppress(NotFoundError):
-                    self.client.delete(self._path(op.namespace), keys.memory_id(op.key))
+    def _refresh_one(self, memory: Memory, now: float) -> Steps[None]:
+        """A put that lands between the read and the refresh wins: the refresh is undone to what
+        that put's own TTL says."""
+        meta = metadata_dict(memory)
+        ttl = values.ttl_minutes(meta)
+        if ttl is None:
+            return
+        try:
+            after = yield Call.to("update", memory.namespace, memory.id, expire_time=now + ttl * 60)
+        except (NotFoundError, PermissionDeniedError):  # deleted meanwhile; a read-only key
+            return
+        newer = metadata_dict(after)
+        if newer.get(values.UPDATED) != meta.get(values.UPDATED):
+            own = values.ttl_minutes(newer)
+            expire = None if own is None else time.time() + own * 60
+            with contextlib.suppress(NotFoundError):
+                yield Call.to("update", after.namespace, after.id, expire_time=expire)
+
+    def _put(self, ops: list[PutOp]) -> Steps[None]:
+        deletes = [self._delete(op) for op in ops if op.value is None and op.namespace]
+        if deletes:
+            yield All(deletes)
         memories = [self._memory(op, self._now()) for op in ops if op.value is not None]
         for chunk in _chunks(memories, MAX_BATCH):
             if len(chunk) > 1:
                 try:
-                    self.client.create_batch(chunk)  # all or none
+                    yield Call.to("create_batch", chunk)  # all or none
                     continue
                 except AlreadyExistsError:
                     pass  # some keys exist: one by one
-            for memory in chunk:
-                self._write(memory)
+            yield All([self._write(memory) for memory in chunk])
+
+    def _delete(self, op: PutOp) -> Steps[None]:
+        with contextlib.suppress(NotFoundError):
+            yield Call.to("delete", self._path(op.namespace), keys.memory_id(op.key))
 
     def _memory(self, op: PutOp, now: float) -> dict[str, Any]:
         """The create arguments of a put (``build_memory``'s)."""
@@ -308,33 +400,30 @@ class TiermemStore(BaseStore):
             "expire_time": None if op.ttl is None else now + op.ttl * 60,
         }
 
-    def _write(self, memory: dict[str, Any]) -> None:
-        """Create the memory, or replace the one stored under its id."""
-        try:
-            self.client.create(**memory)
-            return
-        except AlreadyExistsError:
-            pass
+    def _write(self, memory: dict[str, Any]) -> Steps[None]:
+        """Create the memory, or replace the one stored under its id. Deletes and other puts racing
+        this one may keep changing which it finds: it tries again, 9 times; if a delete still
+        removed the memory between its create (ALREADY_EXISTS) and its update (NOT_FOUND), it
+        leaves it deleted, the put being ordered just before that delete (which did come after it)."""
         changes = {name: memory[name] for name in ("content", "kind", "metadata", "expire_time")}
-        for _ in range(8):  # a delete and another put may keep racing this one: try again
+        for _ in range(9):
             try:
-                self.client.update(memory["namespace"], memory["id"], **changes)
+                yield Call.to("create", **memory)
+                return
+            except AlreadyExistsError:  # put before, or meanwhile
+                pass
+            try:
+                yield Call.to("update", memory["namespace"], memory["id"], **changes)
                 return
             except NotFoundError:  # deleted meanwhile
                 pass
-            try:
-                self.client.create(**memory)
-                return
-            except AlreadyExistsError:  # put again meanwhile
-                pass
-        self.client.update(memory["namespace"], memory["id"], **changes)
 
     # -- search -----------------------------------------------------------------------------------
-    def _namespaces(self, prefix: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    def _namespaces(self, prefix: tuple[str, ...]) -> Steps[dict[str, tuple[str, ...]]]:
         """The store's namespaces at or under ``prefix`` holding memories: tiermem path -> tuple."""
         base = self._path(prefix)
         out: dict[str, tuple[str, ...]] = {}
-        for info in self.client.list_namespaces(base, page_size=MAX_PAGE):
+        for info in (yield Call.listing("list_namespaces", base, page_size=MAX_PAGE)):
             name = info.name
             if prefix and name != base and not name.startswith(base + "/"):
                 continue  # "users/ana" lists "users/anabel" too
@@ -343,18 +432,23 @@ class TiermemStore(BaseStore):
                 out[name] = namespace
         return out
 
-    def _search(self, op: SearchOp) -> list[SearchItem]:
+    def _search(self, op: SearchOp) -> Steps[list[SearchItem]]:
         if op.limit == 0:
             return []
-        spaces = self._namespaces(op.namespace_prefix)
+        spaces = yield from self._namespaces(op.namespace_prefix)
         if not spaces:
             return []
-        found = self._ranked(spaces, op) if op.query else self._newest(spaces, op)
+        if op.query:
+            found = yield from self._ranked(spaces, op)
+        else:
+            found = yield from self._newest(spaces, op)
         if op.refresh_ttl:
-            self._refresh(memory for memory, _ in found)
+            yield from self._refresh(memory for memory, _ in found)
         return [item for _, item in found]
 
-    def _ranked(self, spaces: dict[str, tuple[str, ...]], op: SearchOp) -> list[tuple[Memory, SearchItem]]:
+    def _ranked(
+        self, spaces: dict[str, tuple[str, ...]], op: SearchOp
+    ) -> Steps[list[tuple[Memory, SearchItem]]]:
         """The items best for ``op.query`` by tiermem's ranking, from ``op.offset`` on. A filter the
         server applies only in part is made up by asking for more until enough pass (at most
         ``MAX_RESULTS``: the deepest a query search reaches)."""
@@ -363,7 +457,7 @@ class TiermemStore(BaseStore):
         where, complete = filters.where(op.filter, extra=[_UNINDEXED])
         fetch = min(MAX_RESULTS, needed if complete else max(2 * needed, 50))
         while True:
-            hits = self._search_memories(list(spaces), op.query, fetch, where)
+            hits = yield from self._search_memories(list(spaces), op.query, fetch, where)
             kept = []
             for memory, score in hits:
                 item = self._found(memory, spaces[memory.namespace], score)
@@ -375,49 +469,56 @@ class TiermemStore(BaseStore):
 
     def _search_memories(
         self, paths: list[str], query: str, limit: int, where: Mapping[str, Any] | None
-    ) -> list[tuple[Memory, float]]:
+    ) -> Steps[list[tuple[Memory, float]]]:
         # read_only: a store's searches do not count as accesses (which would reorder later pages)
         common: dict[str, Any] = {"limit": limit, "kinds": [self.kind], "where": where, "read_only": True}
         if len(paths) <= NAMESPACES_PER_SEARCH:
-            return [(r.memory, r.score) for r in self.client.search(paths, query, **common)]
+            results = yield Call.to("search", paths, query, **common)
+            return [(r.memory, r.score) for r in results]
         groups = list(_chunks(paths, NAMESPACES_PER_SEARCH))
-        hits: list[tuple[Memory, float]] = []
-        for calls in _chunks(groups, SEARCHES_PER_CALL):
-            searches = [
-                {"namespaces": list(g), "query": query, "strategy": "comprehensive", **common} for g in calls
-            ]
-            for results in self.client.search_many(searches):
-                hits.extend((r.memory, r.score) for r in results)
+        batches = [
+            [{"namespaces": list(g), "query": query, "strategy": "comprehensive", **common} for g in calls]
+            for calls in _chunks(groups, SEARCHES_PER_CALL)
+        ]
+        answers = yield All([_one(Call.to("search_many", searches)) for searches in batches])
+        hits = [(r.memory, r.score) for answer in answers for results in answer for r in results]
         hits.sort(key=lambda hit: -hit[1])
         return hits[:limit]
 
-    def _newest(self, spaces: dict[str, tuple[str, ...]], op: SearchOp) -> list[tuple[Memory, SearchItem]]:
-        """The items newest first (by creation), from ``op.offset`` on: each namespace's timeline,
-        read page by page as the merge needs it."""
+    def _newest(
+        self, spaces: dict[str, tuple[str, ...]], op: SearchOp
+    ) -> Steps[list[tuple[Memory, SearchItem]]]:
+        """The items newest first (by creation), from ``op.offset`` on (newest.py)."""
         needed = op.offset + op.limit
         where, complete = filters.where(op.filter)
-        page = min(MAX_PAGE, needed if complete else max(2 * needed, 50))
-        timelines = [
-            self.client.timeline(path, kinds=[self.kind], where=where, page_size=page) for path in spaces
-        ]
-        kept: list[tuple[Memory, SearchItem]] = []
-        for memory in heapq.merge(*timelines, key=lambda m: -_seconds(m.create_time)):
-            item = self._found(memory, spaces[memory.namespace])
-            if filters.matches(item.value, op.filter):
-                kept.append((memory, item))
-                if len(kept) >= needed:
-                    break
-        return kept[op.offset :]
+
+        def keep(memory: Memory) -> bool:
+            return filters.matches(values.load(memory.content, metadata_dict(memory)), op.filter)
+
+        found = yield from newest(
+            list(spaces),
+            kind=self.kind,
+            where=where,
+            keep=keep if op.filter else None,
+            needed=needed,
+            want=min(MAX_PAGE, needed if complete else max(2 * needed, 50)),
+        )
+        return [(memory, self._found(memory, spaces[memory.namespace])) for memory in found[op.offset :]]
 
     # -- namespaces -------------------------------------------------------------------------------
-    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+    def _list_namespaces(self, op: ListNamespacesOp) -> Steps[list[tuple[str, ...]]]:
         conditions = op.match_conditions or ()
         fixed: tuple[str, ...] = ()  # the labels before a prefix's first wildcard narrow the listing
         for condition in conditions:
             if condition.match_type == "prefix":
                 fixed = tuple(itertools.takewhile(lambda label: label != "*", condition.path))
                 break
-        found = [ns for ns in self._namespaces(fixed).values() if all(_does_match(c, ns) for c in conditions)]
+        spaces = yield from self._namespaces(fixed)
+        found = [ns for ns in spaces.values() if all(_does_match(c, ns) for c in conditions)]
         if op.max_depth is not None:
             found = list({ns[: op.max_depth] for ns in found})
         return sorted(found)[op.offset : op.offset + op.limit]
+
+
+def _one(call: Call) -> Steps[Any]:
+    return (yield call)
