@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -633,6 +633,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
     ) -> pb.ImportMemoriesResponse:
         if self.sharded and not any(k == ROUTE_HEADER for k, _ in call_metadata or ()):
             # (a client stream's key is in its metadata, sent before the first chunk)
+            route: str | None
             if target_namespace:
                 route = top_scope(target_namespace)
             elif isinstance(chunks, AsyncIterable):
@@ -641,7 +642,8 @@ class AsyncMemoryClient(AsyncAgentMethods):
                     "or with call_metadata=[('tiermem-route', SCOPE)]"
                 )
             else:
-                route, chunks = peek_route(iter(chunks))
+                route, peeked = peek_route(iter(chunks))
+                chunks = cast(Iterator[pb.ExportMemoriesResponse], peeked)
             call_metadata = [*(call_metadata or ()), *([(ROUTE_HEADER, route)] if route else [])]
         requests = _Requests(chunks, target_namespace)
         return await self._upload(self.stub.ImportMemories, requests, timeout, call_metadata)
