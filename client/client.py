@@ -491,6 +491,13 @@ class MemoryClient(AgentMethods):
         req = rq.set_scope_routing_request(scope, routing, moved_to, purge)
         return self._call(self.stub.SetScopeRouting, req, timeout, call_metadata)
 
+    def promote_replica(
+        self, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+    ) -> pb.PromoteReplicaResponse:
+        """Make this server, a replica, stop following its leader and take writes (docs/scaling.md).
+        Admin; FAILED_PRECONDITION (NOT_A_REPLICA) on a server that is not a replica."""
+        return self._call(self.stub.PromoteReplica, pb.PromoteReplicaRequest(), timeout, call_metadata)
+
     def get_namespace_config(
         self, namespace: str, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
     ) -> pb.GetNamespaceConfigResponse:

@@ -87,3 +87,16 @@ def set_route(admin_socket: str | Path, map_file: str | Path, scope: str, shard:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def set_shard_address(admin_socket: str | Path, shard: str, address: str) -> None:
+    """Send ``shard``'s calls to ``address`` ("host:port") from now on, e.g. to its promoted
+    replica: in the hashed backend and in the shard's own one (the running HAProxy only: change
+    the configuration file too, for its next start)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address: {address!r} is not host:port")
+    for backend in ("shards", backend_of(shard)):
+        answer = _runtime(admin_socket, f"set server {backend}/{shard} addr {host} port {port}").strip()
+        if answer and "changed from" not in answer and "no need to change" not in answer:
+            raise RuntimeError(f"HAProxy refused to move {backend}/{shard} to {address}: {answer}")

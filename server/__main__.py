@@ -17,7 +17,7 @@ from tiermem.server.transport import logs
 from tiermem.server.transport.app import serve
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiermem-server", description="Run the tiermem gRPC memory server.")
     p.add_argument("--host", help="address to bind (default 127.0.0.1, env TIERMEM_HOST)")
     p.add_argument("--port", type=int, help="port (default 50051; 0 picks a free one; env TIERMEM_PORT)")
@@ -59,6 +59,24 @@ def main(argv: list[str] | None = None) -> None:
         help="this server is one shard behind a proxy: requests must carry their tiermem-route "
         "metadata (env TIERMEM_SHARDED; docs/scaling.md)",
     )
+    p.add_argument(
+        "--replication",
+        action="store_true",
+        help="keep a commit log and feed replicas on other hosts (env TIERMEM_REPLICATION; docs/scaling.md)",
+    )
+    p.add_argument(
+        "--replica-of", metavar="ADDR", help="be a replica of the server at ADDR (env TIERMEM_REPLICA_OF)"
+    )
+    p.add_argument(
+        "--replica-ack",
+        choices=("async", "sync"),
+        help="sync: answer a write once a replica stored it too (env TIERMEM_REPLICA_ACK; default async)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _parser()
     args = p.parse_args(argv)
     overrides = {
         "host": args.host,
@@ -81,6 +99,10 @@ def main(argv: list[str] | None = None) -> None:
         overrides["insecure"] = True
     if args.sharded:
         overrides["sharded"] = True
+    if args.replication:
+        overrides["replication"] = True
+    overrides["replica_of"] = args.replica_of
+    overrides["replica_ack"] = args.replica_ack
     try:
         config = ServerConfig.from_env(config_file=args.config, **overrides)
     except ValueError as e:

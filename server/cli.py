@@ -10,7 +10,9 @@
 - ``tiermem health --target ADDR`` prints SERVING and exits 0, or prints NOT_SERVING and exits 1.
 - ``tiermem shard move --scope S --from ADDR --to ADDR --to-shard NAME --haproxy-socket F
   --haproxy-map F`` moves a tenant between shards behind HAProxy (docs/scaling.md);
-  ``tiermem shard namespaces|stats --shard NAME=ADDR ...`` ask every shard.
+  ``tiermem shard promote --replica ADDR --shard NAME --haproxy-socket F`` promotes a shard's
+  replica and points HAProxy at it; ``tiermem shard namespaces|stats --shard NAME=ADDR ...`` ask
+  every shard.
 
 The commands that talk to a server take ``--api-key`` (or the TIERMEM_API_KEY environment
 variable), ``--tls`` / ``--tls-ca FILE`` and ``--timeout``, and go through ``tiermem.client``.
@@ -137,6 +139,20 @@ def _add_shard(sub: Any, conn: argparse.ArgumentParser) -> None:
     move.add_argument("--haproxy-socket", required=True, type=Path, help="HAProxy's admin stats socket")
     move.add_argument("--haproxy-map", required=True, type=Path, help="the map file of moved scopes")
     move.set_defaults(run=_shard_move, command="shard move")
+    promote = actions.add_parser(
+        "promote",
+        parents=[conn],
+        help="promote a shard's replica and point HAProxy at it",
+        description="Make the replica at --replica stop following its leader and take writes, then send "
+        "the shard's calls to it through HAProxy's runtime API (change haproxy.cfg too, for its next start). "
+        "Prints a JSON report.",
+    )
+    promote.add_argument("--replica", required=True, metavar="ADDR", help="the replica, host:port")
+    promote.add_argument(
+        "--shard", required=True, metavar="NAME", help="the shard's name in the HAProxy config"
+    )
+    promote.add_argument("--haproxy-socket", type=Path, help="HAProxy's admin stats socket (omit: no switch)")
+    promote.set_defaults(run=_shard_promote, command="shard promote")
     for name, run, what in (
         ("namespaces", _shard_namespaces, "every shard's namespaces, as JSON"),
         ("stats", _shard_stats, "every shard's figures and their sum, as JSON"),
@@ -239,6 +255,23 @@ def _shard_move(args: argparse.Namespace) -> int:
             on_step=lambda step: print(f"tiermem shard move: {step}", file=sys.stderr, flush=True),
         )
     _print_json(dataclasses.asdict(report))
+    return 0
+
+
+def _shard_promote(args: argparse.Namespace) -> int:
+    with _connect(args, args.replica) as replica:
+        promoted = replica.promote_replica()
+    if args.haproxy_socket is not None:
+        haproxy.set_shard_address(args.haproxy_socket, args.shard, args.replica)
+    _print_json(
+        {
+            "replica": args.replica,
+            "shard": args.shard,
+            "applied_seq": promoted.applied_seq,
+            "memory_count": promoted.memory_count,
+            "switched": args.haproxy_socket is not None,
+        }
+    )
     return 0
 
 

@@ -150,6 +150,17 @@ class ServerConfig:
     # namespaces must carry their top-level scope as tiermem-route metadata (a request with one is
     # checked against it either way).
     sharded: bool = False
+    # Replicas on other hosts (docs/scaling.md). ``replication``: keep the commit log and feed
+    # replicas (ReplicateChanges). ``replica_of``: this server is a replica of that address: it
+    # copies everything there and serves reads, refusing writes until promoted (PromoteReplica).
+    # ``replica_ack`` "sync": a write is answered once a replica has stored it too (waiting up to
+    # replica_ack_timeout_seconds, then UNAVAILABLE REPLICA_NOT_CONFIRMED: stored here, not there).
+    replication: bool = False
+    replica_of: str = ""
+    replica_api_key: str = ""  # the key the replica presents to its leader (an admin key there)
+    replica_tls_ca: str = ""  # the CA the replica trusts for its leader's certificate (PEM); "": no TLS
+    replica_ack: str = "async"
+    replica_ack_timeout_seconds: float = 5.0
     # OpenTelemetry spans for every call (the tracing extra; exporters as OpenTelemetry configures them).
     tracing: bool = False
     # Prometheus metrics over HTTP at metrics_host:metrics_port/metrics (-1: none; 0: a free port).
@@ -299,6 +310,14 @@ class ServerConfig:
             if not ok:
                 raise ValueError(f"setting {name}={getattr(self, name)!r}: {rule}")
 
+        need(self.replica_ack in ("async", "sync"), "replica_ack", "must be async or sync")
+        need(self.replica_ack == "async" or self.replication, "replica_ack", "sync needs replication")
+        need(self.replica_ack_timeout_seconds > 0, "replica_ack_timeout_seconds", "must be > 0")
+        need(
+            not (self.replica_of and self.search_processes > 1),
+            "replica_of",
+            "a replica serves in one process",
+        )
         for name in ("alpha", "beta", "gamma", "fused_beta", "fused_gamma"):
             need(
                 math.isfinite(getattr(self, name)) and getattr(self, name) >= 0,
@@ -465,6 +484,8 @@ class ServerConfig:
             f"{self.key_rate_per_second or 'no cap'} a second; {self.max_workers} handler threads; "
             f"search processes {self.search_processes}; sync {self.sync}"
             + ("; a shard (routing keys required)" if self.sharded else "")
+            + (f"; replicating ({self.replica_ack})" if self.replication else "")
+            + (f"; a replica of {self.replica_of}" if self.replica_of else "")
         )
 
 

@@ -163,14 +163,22 @@ class BackgroundThreads:
 
     def start(self) -> None:
         st, cfg = self.st, self.st.config
-        if cfg.access_flush_seconds > 0 and (cfg.search_records_access or st.following):
-            self._start(lambda: flush_loop(st), "tiermem-access")
         if st.following:  # the leader snapshots and maintains; a follower keeps up with its commits
+            if cfg.access_flush_seconds > 0:
+                self._start(lambda: flush_loop(st), "tiermem-access")
             self._start(lambda: follow_loop(st), "tiermem-follow")
             return
-        self._start(lambda: summarizer.loop(st), "tiermem-summarizer")
         if cfg.snapshot_interval_seconds > 0:
             self._start(self.snaps.loop, "tiermem-snapshots")
+        if not st.replica:  # (a replica writes only what its leader sends, until promoted)
+            self.start_writers()
+
+    def start_writers(self) -> None:
+        """The loops that write on their own: access flushes, summaries, maintenance."""
+        st, cfg = self.st, self.st.config
+        if cfg.access_flush_seconds > 0 and cfg.search_records_access:
+            self._start(lambda: flush_loop(st), "tiermem-access")
+        self._start(lambda: summarizer.loop(st), "tiermem-summarizer")
         if cfg.maintenance_interval_seconds > 0:
             self._start(lambda: maintenance_loop(st), "tiermem-maintenance")
 

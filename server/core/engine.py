@@ -42,6 +42,7 @@ from tiermem.server.core import (
     lifecycle,
     memories,
     namespaces,
+    replication,
     searches,
     startup,
     upkeep,
@@ -54,6 +55,7 @@ from tiermem.server.embedding.providers import Embedder
 from tiermem.server.index.columns import Columns, ColumnsView
 from tiermem.server.index.spaces import Space
 from tiermem.server.index.threads import set_faiss_threads
+from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.reports import (
     ConsolidationReport,
@@ -120,6 +122,11 @@ class Engine:
             max_workers=config.search_concurrency or usable_cores(), thread_name_prefix="tiermem-batch"
         )
         startup.load(st)
+        if st.replica and replication.position(st)[0].startswith(replication.PROMOTED):
+            raise FailedPrecondition(
+                "this data directory was promoted from a replica: start it without replica_of",
+                "REPLICA_PROMOTED",
+            )
         set_faiss_threads(1)
         for sp in st.space_list:
             for idx in sp.indexes.values():
@@ -133,6 +140,48 @@ class Engine:
         self._snapshots = Snapshots(st)
         self._background = BackgroundThreads(st, self._snapshots)
         self._background.start()
+
+    # -- replicas on other hosts (replication.py) ------------------------------------------------------
+    @property
+    def is_replica(self) -> bool:
+        return self.state.replica
+
+    @property
+    def instance_id(self) -> str:
+        """The id of this server's data (a replica's copy keeps its leader's in its position)."""
+        return self.state.store.instance
+
+    @property
+    def committed_seq(self) -> int:
+        """The last commit's sequence number (writer thread's view: at least every write answered)."""
+        return self.state.store.seq
+
+    def replication_feed(
+        self, instance: str, after: int, wanted: Callable[[], bool]
+    ) -> Iterator[tuple[int, bool, bytes]]:
+        return replication.feed(self.state, instance, after, wanted)
+
+    def replica_position(self) -> tuple[str, int]:
+        return replication.position(self.state)
+
+    def store_replica_batch(self, instance: str, seq: int, start: bool, payload: bytes) -> None:
+        if not self.state.replica:
+            raise FailedPrecondition("this server was promoted: it follows no leader", "NOT_A_REPLICA")
+        replication.store_batch(self.state, instance, seq, start, payload)
+
+    def promote(self) -> tuple[int, int]:
+        """Stop being a replica: take writes and run the lifecycle from now on (kept across a
+        restart). Returns (the leader's last commit stored here, memories held)."""
+        st = self.state
+        if not st.replica:
+            raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
+        instance, seq = replication.position(st)
+        marker = replication.PROMOTED + instance
+        st.writer.submit(lambda txn: st.store.put_replica_position(txn, marker, seq), lambda _: None)
+        st.replica = False
+        self._background.start_writers()
+        with st.store.read() as txn:
+            return seq, st.store.record_count(txn)
 
     def close(self) -> None:
         """Stop background work, drain queued writes, snapshot the indexes, close LMDB. Once: a

@@ -41,8 +41,8 @@ def catch_up(st: EngineState) -> int:
                 raise FollowerBehind(f"commits {st.applied + 1}..{seq} are no longer in the commit log")
             _, settings, rids = log
             if settings:
-                _follow_settings(st, txn)
-            _follow_records(st, txn, rids)
+                follow_settings(st, txn)
+            follow_records(st, txn, rids)
         except Exception as e:
             # Applied in part, maybe: this process can no longer be trusted to match LMDB. It
             # stops serving searches and exits; its leader starts another, which loads afresh.
@@ -53,7 +53,7 @@ def catch_up(st: EngineState) -> int:
         return done
 
 
-def _follow_settings(st: EngineState, txn: Txn) -> None:
+def follow_settings(st: EngineState, txn: Txn) -> None:
     for model, dim in st.store.spaces(txn).items():
         st.space(model, dim)
     st.ns_config = st.store.namespace_configs(txn)
@@ -63,7 +63,7 @@ def _follow_settings(st: EngineState, txn: Txn) -> None:
     st.config_version += 1
 
 
-def _follow_records(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
+def follow_records(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
     """Bring the rows of ``rids`` in line with their records, as the leader's writes did:
     new rows indexed then shown, changed vectors added before the old entry dies, deleted rows
     hidden before their entries die."""

@@ -68,7 +68,7 @@ class EngineState:
             max_map_size=config.max_map_size,
             sync=config.sync,
             readonly=following,
-            log_commits=config.search_processes > 1,
+            log_commits=config.search_processes > 1 or config.replication,
             commit_log_seconds=config.tuning.commit_log_seconds,
             prune_every=config.tuning.commit_log_prune_every,
         )
@@ -104,6 +104,9 @@ class EngineState:
         self.config_version = 0  # moves whenever a namespace's settings change
         self._tables_cache: tuple[tuple[int, int], Tables] | None = None
         self.next_rid = self.next_vk = 1
+        # A replica of another host's server (replication.py): it stores the leader's batches and
+        # runs no lifecycle, summaries or access writes of its own until promoted.
+        self.replica = bool(config.replica_of)
         self.lifecycle = LifecycleTotals()
         self.pass_lock = threading.Lock()  # one lifecycle pass at a time
         self.last_run = np.full((0, 5), -np.inf)  # last scheduled pass per (namespace id, tier)

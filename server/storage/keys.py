@@ -46,6 +46,7 @@ META_NEXT_VK = b"next_vk"
 META_SPACE = b"space:"
 META_NSCONF = b"nsconf:"
 META_SCOPE = b"scope:"
+META_REPLICA = b"replica_of"  # on a replica: [leader data's instance id, last commit of it stored]
 META_ROUTING = b"routing:"  # top-level scope -> [state, moved_to]: fenced or moved to another shard
 META_LSTAT = b"lstat:"
 META_SEQ = b"commit_seq"

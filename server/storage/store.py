@@ -50,6 +50,7 @@ from tiermem.server.storage.keys import (
     META_NEXT_RID,
     META_NEXT_VK,
     META_NSCONF,
+    META_REPLICA,
     META_ROUTING,
     META_SCHEMA,
     META_SCOPE,
@@ -144,6 +145,7 @@ class Store:
         # What the commit being written changed (rids; settings or spaces), for the commit log.
         self._log_rids: set[int] = set()
         self._log_settings = False
+        self._log_graph: set[tuple[str, bool]] = set()  # (namespace, with its children) whose graph changed
         self.meta = self.env.open_db(b"meta")
         self.records = self.env.open_db(b"records")
         self.ids = self.env.open_db(b"ids")
@@ -251,6 +253,7 @@ class Store:
         """The writer's transaction (each attempt of a commit group starts here)."""
         self._log_rids.clear()
         self._log_settings = False
+        self._log_graph.clear()
         return self.env.begin(write=True)
 
     def grow(self) -> int:
@@ -312,6 +315,20 @@ class Store:
         vk = txn.get(META_NEXT_VK, db=self.meta)
         return (msgpack.unpackb(rid) if rid else 1, msgpack.unpackb(vk) if vk else 1)
 
+    def replica_position(self, txn: lmdb.Transaction) -> tuple[str, int]:
+        """(the leader data's instance id, the last of its commits stored here); ("", 0): none."""
+        raw = txn.get(META_REPLICA, db=self.meta)
+        if raw is None:
+            return "", 0
+        instance, seq = msgpack.unpackb(raw)
+        return str(instance), int(seq)
+
+    def put_replica_position(self, txn: lmdb.Transaction, instance: str, seq: int) -> None:
+        if instance:
+            txn.put(META_REPLICA, msgpack.packb([instance, seq]), db=self.meta)
+        else:
+            txn.delete(META_REPLICA, db=self.meta)
+
     def put_counters(self, txn: lmdb.Transaction, next_rid: int, next_vk: int) -> None:
         txn.put(META_NEXT_RID, msgpack.packb(next_rid), db=self.meta)
         txn.put(META_NEXT_VK, msgpack.packb(next_vk), db=self.meta)
@@ -354,12 +371,16 @@ class Store:
         txn.put(META_SEQ, RID.pack(self.seq), db=self.meta)
         if self.log_commits:
             rids = np.fromiter(self._log_rids, np.uint64, len(self._log_rids))
-            entry = msgpack.packb([now, self._log_settings, np.sort(rids).tobytes()], use_bin_type=True)
+            graph = sorted(self._log_graph)
+            entry = msgpack.packb(
+                [now, self._log_settings, np.sort(rids).tobytes(), graph], use_bin_type=True
+            )
             put_maybe_append(txn, RID.pack(self.seq), entry, self.commits, new=True)
         if self.seq % self.prune_every == 0:
             self._prune_commit_log(txn, now - self.commit_log_seconds)
         self._log_rids.clear()
         self._log_settings = False
+        self._log_graph.clear()
 
     def _prune_commit_log(self, txn: lmdb.Transaction, before: float, most: int = 4096) -> int:
         """Drop up to ``most`` commit-log entries written before ``before``, oldest first."""
@@ -386,10 +407,22 @@ class Store:
         settings = False
         parts = []
         for _, raw in cur:
-            _, changed, rids = msgpack.unpackb(raw)
+            _, changed, rids = msgpack.unpackb(raw)[:3]
             settings = settings or bool(changed)
             parts.append(np.frombuffer(rids, np.uint64))
         return first, settings, np.unique(np.concatenate(parts)).astype(np.int64)
+
+    def commit_log_entry(
+        self, txn: lmdb.Transaction, seq: int
+    ) -> tuple[bool, list[int], list[tuple[str, bool]]] | None:
+        """What commit ``seq`` changed: (settings or spaces, rids written or deleted, the
+        namespaces whose graph changed, each with whether its children's did); None: not logged."""
+        raw = txn.get(RID.pack(seq), db=self.commits)
+        if raw is None:
+            return None
+        entry = msgpack.unpackb(raw)
+        graph = [(str(ns), bool(children)) for ns, children in (entry[3] if len(entry) > 3 else [])]
+        return bool(entry[1]), np.frombuffer(entry[2], np.uint64).astype(np.int64).tolist(), graph
 
     def _changed(self, txn: lmdb.Transaction, rid: int) -> None:
         txn.put(rid_key(rid), RID.pack(self.seq + 1), db=self.changes)
@@ -590,6 +623,8 @@ class Store:
 
     def put_node(self, txn: lmdb.Transaction, namespace: str, node: dict[str, Any]) -> None:
         self.grows += 1
+        if self.log_commits:
+            self._log_graph.add((namespace, False))
         txn.put(graph_key(namespace, b"n", node["id"]), msgpack.packb(node, use_bin_type=True), db=self.graph)
 
     def get_edge(self, txn: lmdb.Transaction, namespace: str, edge_id: str) -> dict[str, Any] | None:
@@ -598,6 +633,8 @@ class Store:
 
     def put_edge(self, txn: lmdb.Transaction, namespace: str, edge: dict[str, Any]) -> None:
         self.grows += 1
+        if self.log_commits:
+            self._log_graph.add((namespace, False))
         txn.put(graph_key(namespace, b"e", edge["id"]), msgpack.packb(edge, use_bin_type=True), db=self.graph)
         for end in (edge["source_id"], edge["target_id"]):
             txn.put(graph_key(namespace, b"a", end, edge["id"]), b"", db=self.graph)
@@ -645,6 +682,8 @@ class Store:
         return out
 
     def delete_graph(self, txn: lmdb.Transaction, namespace: str, include_children: bool) -> None:
+        if self.log_commits:
+            self._log_graph.add((namespace, include_children))
         cur = txn.cursor(db=self.graph)
         for prefix in namespace_prefixes(namespace, include_children):
             while cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):

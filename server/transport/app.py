@@ -31,6 +31,8 @@ from tiermem.server.transport.process import (
     set_serving,
     tune_malloc,
 )
+from tiermem.server.transport.replication import ReplicaAcks, ReplicaFollower
+from tiermem.server.transport.replication import confirm_write as confirm_write_on_replica
 from tiermem.server.transport.routing import WriteGate
 from tiermem.server.transport.servicer import MemoryServicer
 
@@ -45,6 +47,11 @@ class RunningServer:
     health: health.HealthServicer
     followers: Followers | None = None  # search followers (config.search_processes > 1)
     metrics_server: Any = None  # the Prometheus endpoint (config.metrics_port >= 0)
+    servicer: MemoryServicer | None = None
+
+    @property
+    def replica_follower(self) -> ReplicaFollower | None:
+        return None if self.servicer is None else self.servicer.replica_follower
 
     @property
     def metrics_port(self) -> int:
@@ -60,6 +67,8 @@ class RunningServer:
         if self.followers is not None:
             self.followers.stop(grace or 0.0)
         self.server.stop(grace).wait()
+        if self.replica_follower is not None:
+            self.replica_follower.stop()
         self.engine.close()
 
 
@@ -73,6 +82,16 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     metrics = Metrics() if config.metrics_port >= 0 else None
     servicer = MemoryServicer()
     servicer.gate = WriteGate()
+    servicer.acks = ReplicaAcks() if config.replication else None
+
+    def is_replica() -> bool:
+        engine = servicer.engine
+        return engine is not None and engine.is_replica
+
+    def confirm_write() -> None:
+        engine, acks = servicer.engine, servicer.acks
+        if engine is not None and acks is not None:
+            confirm_write_on_replica(engine, acks, config.replica_ack_timeout_seconds)
 
     def routing_of(scope: str) -> tuple[int, str] | None:
         engine = servicer.engine
@@ -85,6 +104,8 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         metrics=metrics,
         routing_of=routing_of,
         gate=servicer.gate,
+        is_replica=is_replica if config.replica_of else None,
+        after_write=confirm_write if config.replica_ack == "sync" else None,
     )
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
@@ -104,6 +125,10 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         engine = Engine(config) if clock is None else Engine(config, clock=clock)
         graph = GraphMemory(engine.store, engine.writer, engine.config, engine.clock)
         servicer.attach(engine, Assembler(engine, graph), graph)
+        if engine.is_replica:
+            servicer.replica_follower = ReplicaFollower(engine, config)
+            servicer.replica_follower.start()
+            logger.info("replica of %s, from commit %d", config.replica_of, servicer.replica_follower.applied)
         if leading:
             followers = follower.Followers(
                 config, port, private, on_exit=engine.store.clear_stale_readers, secret=secret
@@ -123,7 +148,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         metrics_server = metrics.serve(config.metrics_host, config.metrics_port)
         logger.info("metrics on http://%s:%d/metrics", config.metrics_host, metrics_server.server_port)
     set_serving(health_servicer, True)
-    return RunningServer(server, port, engine, health_servicer, followers, metrics_server)
+    return RunningServer(server, port, engine, health_servicer, followers, metrics_server, servicer)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -18,7 +18,13 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from tiermem.server.model.errors import PermissionDenied, ResourceExhausted, TiermemError, Unauthenticated
+from tiermem.server.model.errors import (
+    FailedPrecondition,
+    PermissionDenied,
+    ResourceExhausted,
+    TiermemError,
+    Unauthenticated,
+)
 from tiermem.server.security.keys import ROLES, ApiKey, KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
 from tiermem.server.transport import logs, names, routing
@@ -142,7 +148,10 @@ RULES: dict[str, Callable[[ApiKey, Any], None]] = {
     "ExportMemories": _export,
     "SetScopeRouting": _simple(ADMIN, "SetScopeRouting"),
 }
-IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first chunk's target
+IMPORT = SERVICE + "ImportMemories"
+_REPLICA_REFUSES = routing.WRITES | {
+    "SetScopeRouting"
+}  # checked chunk by chunk, with the first chunk's target
 
 
 def authorize(method: str, request: Message) -> None:
@@ -186,12 +195,16 @@ class AuthInterceptor(grpc.ServerInterceptor):
         sharded: bool = False,
         routing_of: routing.RoutingOf | None = None,
         gate: routing.WriteGate | None = None,
+        is_replica: Callable[[], bool] | None = None,
+        after_write: Callable[[], None] | None = None,
     ) -> None:
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
         self.sharded = sharded  # requests naming namespaces must carry their routing key (routing.py)
         self.routing_of = routing_of  # a top-level scope's routing state: fenced or moved away
         self.gate = gate  # the write calls in flight per top-level scope
+        self.is_replica = is_replica  # a replica refuses writes (its leader takes them)
+        self.after_write = after_write  # waits for a replica to store a write (synchronous replication)
 
     def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
@@ -318,6 +331,10 @@ class _Call:
         refuses it)."""
         if not isinstance(request, Message):
             return
+        if self.owner.is_replica is not None and self.name in _REPLICA_REFUSES and self.owner.is_replica():
+            raise FailedPrecondition(
+                "this server is a replica: writes go to its leader (or promote it first)", "READ_ONLY_REPLICA"
+            )
         if self.named is not None:
             self._check_routing(self.named(request))
         if key is None:
@@ -337,6 +354,14 @@ class _Call:
             self.writing += new
         if self.owner.routing_of is not None:
             routing.check_fence(self.name, named, self.owner.routing_of)
+
+    def confirm(self, context: grpc.ServicerContext) -> None:
+        """After a write answered without error: with synchronous replication, wait for a replica."""
+        if self.owner.after_write is not None and self.name in routing.WRITES:
+            try:
+                self.owner.after_write()
+            except TiermemError as e:
+                _abort(context, e)
 
     def check_or_abort(self, key: ApiKey | None, request: Any, context: grpc.ServicerContext) -> None:
         try:
@@ -368,7 +393,9 @@ def _unary(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(request: Any, context: grpc.ServicerContext) -> Any:
         with call.serving(context) as key:
             call.check_or_abort(key, request, context)
-            return inner(request, context)
+            result = inner(request, context)
+            call.confirm(context)
+            return result
 
     return behavior
 
@@ -400,7 +427,9 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
 def _stream_in(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         with call.serving(context) as key:
-            return inner(_checked(requests, key, call), context)
+            result = inner(_checked(requests, key, call), context)
+            call.confirm(context)
+            return result
 
     return behavior
 

@@ -34,6 +34,8 @@ def grpc_server(
     metrics: Metrics | None = None,
     routing_of: RoutingOf | None = None,
     gate: WriteGate | None = None,
+    is_replica: Callable[[], bool] | None = None,
+    after_write: Callable[[], None] | None = None,
 ) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
     admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
@@ -53,6 +55,8 @@ def grpc_server(
         sharded=config.sharded,
         routing_of=routing_of,
         gate=gate,
+        is_replica=is_replica,
+        after_write=after_write,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
     if config.tracing:

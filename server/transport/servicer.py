@@ -18,6 +18,7 @@ from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.agent.summaries import build_summary
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import (
+    FailedPrecondition,
     InvalidArgument,
     PermissionDenied,
     ResourceExhausted,
@@ -32,6 +33,7 @@ from tiermem.server.model.reports import (
 from tiermem.server.search.searcher import SearchHit, SearchHits
 from tiermem.server.transport import convert
 from tiermem.server.transport.auth import caller
+from tiermem.server.transport.replication import ReplicaAcks, ReplicaFollower, serve_changes
 from tiermem.server.transport.routing import WriteGate
 from tiermem.server.transport.status import to_status
 from tiermem.v1 import memory_pb2 as pb
@@ -105,6 +107,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> None:
         self.engine: Engine | None = None  # None while the server starts (health: NOT_SERVING)
         self.gate: WriteGate | None = None  # the write calls in flight per scope (fences wait for them)
+        self.acks: ReplicaAcks | None = None  # with replication: what each replica has stored
+        self.replica_follower: ReplicaFollower | None = None  # on a replica: its call to the leader
         self.assembler: Assembler | None = None
         self.graph: GraphMemory | None = None
         self._streams: threading.BoundedSemaphore | None = None
@@ -345,6 +349,31 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.DeleteNamespaceResponse:
         count = self._engine.delete_namespace(request.namespace, request.include_children, request.confirm)
         return pb.DeleteNamespaceResponse(deleted_count=count)
+
+    @_rpc_stream
+    def ReplicateChanges(
+        self, requests: Iterator[pb.ReplicateChangesRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.ReplicateChangesResponse]:
+        if self.acks is None:
+            raise FailedPrecondition(
+                "this server feeds no replicas: start it with replication", "NOT_REPLICATING"
+            )
+        with self._stream_slot():
+            yield from serve_changes(
+                self._engine, requests, _still_wanted(context) or (lambda: True), self.acks
+            )
+
+    @_rpc
+    def PromoteReplica(
+        self, request: pb.PromoteReplicaRequest, context: grpc.ServicerContext
+    ) -> pb.PromoteReplicaResponse:
+        engine = self._engine
+        if not engine.is_replica:
+            raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
+        if self.replica_follower is not None:
+            self.replica_follower.stop()  # (no batch is stored after this)
+        seq, count = engine.promote()
+        return pb.PromoteReplicaResponse(applied_seq=seq, memory_count=count)
 
     @_rpc
     def SetScopeRouting(

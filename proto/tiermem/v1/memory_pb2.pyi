@@ -664,6 +664,38 @@ class SetScopeRoutingResponse(_message.Message):
     purged_count: int
     def __init__(self, routing: _Optional[_Union[ScopeRouting, str]] = ..., purged_count: _Optional[int] = ...) -> None: ...
 
+class ReplicateChangesRequest(_message.Message):
+    __slots__ = ("instance_id", "applied_seq")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    applied_seq: int
+    def __init__(self, instance_id: _Optional[str] = ..., applied_seq: _Optional[int] = ...) -> None: ...
+
+class ReplicateChangesResponse(_message.Message):
+    __slots__ = ("instance_id", "seq", "full_copy_start", "changes")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FULL_COPY_START_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    seq: int
+    full_copy_start: bool
+    changes: bytes
+    def __init__(self, instance_id: _Optional[str] = ..., seq: _Optional[int] = ..., full_copy_start: _Optional[bool] = ..., changes: _Optional[bytes] = ...) -> None: ...
+
+class PromoteReplicaRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PromoteReplicaResponse(_message.Message):
+    __slots__ = ("applied_seq", "memory_count")
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    applied_seq: int
+    memory_count: int
+    def __init__(self, applied_seq: _Optional[int] = ..., memory_count: _Optional[int] = ...) -> None: ...
+
 class KindCapacity(_message.Message):
     __slots__ = ("kind", "max_items")
     KIND_FIELD_NUMBER: _ClassVar[int]

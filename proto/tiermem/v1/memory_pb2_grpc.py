@@ -165,6 +165,16 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.FromString,
                 _registered_method=True)
+        self.ReplicateChanges = channel.stream_stream(
+                '/tiermem.v1.MemoryService/ReplicateChanges',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.ReplicateChangesRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.ReplicateChangesResponse.FromString,
+                _registered_method=True)
+        self.PromoteReplica = channel.unary_unary(
+                '/tiermem.v1.MemoryService/PromoteReplica',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.PromoteReplicaRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.PromoteReplicaResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -364,6 +374,24 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicateChanges(self, request_iterator, context):
+        """ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
+        is, then the acknowledgement of each batch it has stored; the server streams a full copy when
+        the replica has none it can continue from, then every commit's changes as they happen.
+        Admin; the server must keep a commit log (replication).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromoteReplica(self, request, context):
+        """PromoteReplica makes a replica a server of its own: it stops following and takes writes.
+        Admin; FAILED_PRECONDITION on a server that is not a replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -496,6 +524,16 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.SetScopeRouting,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.SerializeToString,
+            ),
+            'ReplicateChanges': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicateChanges,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.ReplicateChangesRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.ReplicateChangesResponse.SerializeToString,
+            ),
+            'PromoteReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteReplica,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.PromoteReplicaRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.PromoteReplicaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1201,6 +1239,60 @@ class MemoryService:
             '/tiermem.v1.MemoryService/SetScopeRouting',
             tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicateChanges(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tiermem.v1.MemoryService/ReplicateChanges',
+            tiermem_dot_v1_dot_memory__pb2.ReplicateChangesRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.ReplicateChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/PromoteReplica',
+            tiermem_dot_v1_dot_memory__pb2.PromoteReplicaRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.PromoteReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,

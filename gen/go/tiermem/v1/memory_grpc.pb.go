@@ -80,6 +80,14 @@ type MemoryServiceClient interface {
 	// and retry info, so a client whose proxy has not switched yet retries instead of getting a
 	// wrong answer. Admin; kept across restarts.
 	SetScopeRouting(ctx context.Context, in *SetScopeRoutingRequest, opts ...grpc.CallOption) (*SetScopeRoutingResponse, error)
+	// ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
+	// is, then the acknowledgement of each batch it has stored; the server streams a full copy when
+	// the replica has none it can continue from, then every commit's changes as they happen.
+	// Admin; the server must keep a commit log (replication).
+	ReplicateChanges(ctx context.Context, opts ...grpc.CallOption) (MemoryService_ReplicateChangesClient, error)
+	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
+	// Admin; FAILED_PRECONDITION on a server that is not a replica.
+	PromoteReplica(ctx context.Context, in *PromoteReplicaRequest, opts ...grpc.CallOption) (*PromoteReplicaResponse, error)
 }
 
 type memoryServiceClient struct {
@@ -372,6 +380,46 @@ func (c *memoryServiceClient) SetScopeRouting(ctx context.Context, in *SetScopeR
 	return out, nil
 }
 
+func (c *memoryServiceClient) ReplicateChanges(ctx context.Context, opts ...grpc.CallOption) (MemoryService_ReplicateChangesClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_MemoryService_serviceDesc.Streams[2], "/tiermem.v1.MemoryService/ReplicateChanges", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &memoryServiceReplicateChangesClient{stream}
+	return x, nil
+}
+
+type MemoryService_ReplicateChangesClient interface {
+	Send(*ReplicateChangesRequest) error
+	Recv() (*ReplicateChangesResponse, error)
+	grpc.ClientStream
+}
+
+type memoryServiceReplicateChangesClient struct {
+	grpc.ClientStream
+}
+
+func (x *memoryServiceReplicateChangesClient) Send(m *ReplicateChangesRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *memoryServiceReplicateChangesClient) Recv() (*ReplicateChangesResponse, error) {
+	m := new(ReplicateChangesResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *memoryServiceClient) PromoteReplica(ctx context.Context, in *PromoteReplicaRequest, opts ...grpc.CallOption) (*PromoteReplicaResponse, error) {
+	out := new(PromoteReplicaResponse)
+	err := c.cc.Invoke(ctx, "/tiermem.v1.MemoryService/PromoteReplica", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MemoryServiceServer is the server API for MemoryService service.
 // All implementations must embed UnimplementedMemoryServiceServer
 // for forward compatibility
@@ -439,6 +487,14 @@ type MemoryServiceServer interface {
 	// and retry info, so a client whose proxy has not switched yet retries instead of getting a
 	// wrong answer. Admin; kept across restarts.
 	SetScopeRouting(context.Context, *SetScopeRoutingRequest) (*SetScopeRoutingResponse, error)
+	// ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
+	// is, then the acknowledgement of each batch it has stored; the server streams a full copy when
+	// the replica has none it can continue from, then every commit's changes as they happen.
+	// Admin; the server must keep a commit log (replication).
+	ReplicateChanges(MemoryService_ReplicateChangesServer) error
+	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
+	// Admin; FAILED_PRECONDITION on a server that is not a replica.
+	PromoteReplica(context.Context, *PromoteReplicaRequest) (*PromoteReplicaResponse, error)
 	mustEmbedUnimplementedMemoryServiceServer()
 }
 
@@ -523,6 +579,12 @@ func (UnimplementedMemoryServiceServer) ImportMemories(MemoryService_ImportMemor
 }
 func (UnimplementedMemoryServiceServer) SetScopeRouting(context.Context, *SetScopeRoutingRequest) (*SetScopeRoutingResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetScopeRouting not implemented")
+}
+func (UnimplementedMemoryServiceServer) ReplicateChanges(MemoryService_ReplicateChangesServer) error {
+	return status.Errorf(codes.Unimplemented, "method ReplicateChanges not implemented")
+}
+func (UnimplementedMemoryServiceServer) PromoteReplica(context.Context, *PromoteReplicaRequest) (*PromoteReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PromoteReplica not implemented")
 }
 func (UnimplementedMemoryServiceServer) mustEmbedUnimplementedMemoryServiceServer() {}
 
@@ -1016,6 +1078,50 @@ func _MemoryService_SetScopeRouting_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemoryService_ReplicateChanges_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MemoryServiceServer).ReplicateChanges(&memoryServiceReplicateChangesServer{stream})
+}
+
+type MemoryService_ReplicateChangesServer interface {
+	Send(*ReplicateChangesResponse) error
+	Recv() (*ReplicateChangesRequest, error)
+	grpc.ServerStream
+}
+
+type memoryServiceReplicateChangesServer struct {
+	grpc.ServerStream
+}
+
+func (x *memoryServiceReplicateChangesServer) Send(m *ReplicateChangesResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *memoryServiceReplicateChangesServer) Recv() (*ReplicateChangesRequest, error) {
+	m := new(ReplicateChangesRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func _MemoryService_PromoteReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromoteReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).PromoteReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/tiermem.v1.MemoryService/PromoteReplica",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).PromoteReplica(ctx, req.(*PromoteReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _MemoryService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "tiermem.v1.MemoryService",
 	HandlerType: (*MemoryServiceServer)(nil),
@@ -1116,6 +1222,10 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "SetScopeRouting",
 			Handler:    _MemoryService_SetScopeRouting_Handler,
 		},
+		{
+			MethodName: "PromoteReplica",
+			Handler:    _MemoryService_PromoteReplica_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -1126,6 +1236,12 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ImportMemories",
 			Handler:       _MemoryService_ImportMemories_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "ReplicateChanges",
+			Handler:       _MemoryService_ReplicateChanges_Handler,
+			ServerStreams: true,
 			ClientStreams: true,
 		},
 	},

@@ -1,0 +1,242 @@
+"""Replicas on other hosts (docs/scaling.md): the leader's side turns its commit log into batches of
+changes (``feed``), the replica's side stores them (``store_batch``).
+
+A batch carries the current state of what the commits changed, not the operations: each memory
+written (its record, vector and whether it waits for one) or deleted, the settings (namespace
+configs, embedding spaces, scope routing) when they changed, the whole graph of each namespace
+whose graph changed, and the reflection and summary progress of the namespaces written. Stored in
+one write transaction with the leader's commit it reaches, a batch is applied whole or not at all,
+and applying one twice changes nothing: a replica that reconnects continues from its last commit.
+A replica that holds no copy of this leader's data, or one the commit log no longer reaches, gets
+a full copy first (``full_copy_start``: what it held is dropped).
+
+Encoding: msgpack maps, ``{"v": 1, ...}``; fields an older replica does not know are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from tiermem.server.core import follow
+from tiermem.server.core.state import EngineState
+from tiermem.server.model.errors import FailedPrecondition
+from tiermem.server.model.records import Record
+from tiermem.server.model.reports import ScopeState
+from tiermem.server.storage.store import Txn
+
+FORMAT = 1
+PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:<leader instance>"
+BATCH_RECORDS = 512  # memories a batch carries at most (a backlog is split)
+POLL_SECONDS = 0.01  # how often the feed looks for new commits
+
+
+# -- the leader's side --------------------------------------------------------------------------
+def feed(
+    st: EngineState, instance: str, after: int, wanted: Callable[[], bool]
+) -> Iterator[tuple[int, bool, bytes]]:
+    """(commit reached or 0 within a split batch, full_copy_start, batch) for a replica at commit
+    ``after`` of data ``instance``, until ``wanted()`` is false."""
+    if not st.store.log_commits:
+        raise FailedPrecondition(
+            "this server keeps no commit log: start it with replication", "NOT_REPLICATING"
+        )
+    with st.store.read() as txn:
+        continuable = (
+            instance == st.store.instance
+            and after > 0
+            and (
+                after == st.store.committed_seq(txn) or st.store.commit_log_entry(txn, after + 1) is not None
+            )
+        )
+    if not continuable:
+        after = yield from _full_copy(st)
+    while wanted():
+        with st.store.read() as txn:
+            seq = st.store.committed_seq(txn)
+            batches = None if seq == after else _changes_since(st, txn, after, seq)
+        if batches is None:
+            time.sleep(POLL_SECONDS)
+            continue
+        yield from batches
+        after = seq
+
+
+def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> list[tuple[int, bool, bytes]]:
+    settings, rids, graph = False, set(), set()
+    for s in range(after + 1, seq + 1):
+        entry = st.store.commit_log_entry(txn, s)
+        if entry is None:  # (dropped from the log: the replica starts over with a full copy)
+            raise FailedPrecondition(f"commit {s} is no longer in the commit log", "REPLICA_TOO_FAR_BEHIND")
+        settings = settings or entry[0]
+        rids.update(entry[1])
+        graph.update(entry[2])
+    ordered = sorted(rids)
+    parts = [ordered[i : i + BATCH_RECORDS] for i in range(0, len(ordered), BATCH_RECORDS)] or [[]]
+    out = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        batch = _records(st, txn, part)
+        if last:
+            batch.update(_settings(st, txn) if settings else {})
+            batch["graph"] = [[ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)]
+        out.append((seq if last else 0, False, _pack(st, txn, batch)))
+    return out
+
+
+def _full_copy(st: EngineState) -> Generator[tuple[int, bool, bytes], None, int]:
+    """A whole copy from one read transaction; returns the commit it holds."""
+    with st.store.read() as txn:
+        seq = st.store.committed_seq(txn)
+        first = _settings(st, txn)
+        first["scopes_all"] = True
+        yield 0, True, _pack(st, txn, first)
+        rids: list[int] = []
+        for rec in st.store.iter_records(txn):
+            rids.append(rec.rid)
+            if len(rids) == BATCH_RECORDS:
+                yield 0, False, _pack(st, txn, _records(st, txn, rids))
+                rids = []
+        last = _records(st, txn, rids)
+        last["graph"] = [["", True, _graph(st, txn, "", True)]]
+        yield seq, False, _pack(st, txn, last)
+    return seq
+
+
+def _records(st: EngineState, txn: Txn, rids: list[int]) -> dict[str, Any]:
+    written, deleted = [], []
+    for rid, rec in zip(rids, st.store.get_many(txn, rids), strict=True):
+        if rec is None:
+            deleted.append(rid)
+            continue
+        vec = st.store.get_vector(txn, rid)
+        raw = None if vec is None else np.ascontiguousarray(vec, np.float32).tobytes()
+        written.append([rid, rec.pack(), raw, st.store.is_pending(txn, rid)])
+    return {"records": written, "deleted": deleted}
+
+
+def _settings(st: EngineState, txn: Txn) -> dict[str, Any]:
+    routing = st.store.scope_routing(txn)
+    return {
+        "configs": st.store.namespace_configs(txn),
+        "spaces": st.store.spaces(txn),
+        "routing": [[scope, state, moved_to] for scope, (state, moved_to) in routing.items()],
+    }
+
+
+def _graph(st: EngineState, txn: Txn, namespace: str, children: bool) -> list[list[Any]]:
+    return [[kind, ns, item] for kind, ns, item in st.store.graph_items(txn, namespace, children)]
+
+
+def _pack(st: EngineState, txn: Txn, batch: dict[str, Any]) -> bytes:
+    names = {Record.unpack(r[1]).namespace for r in batch.get("records", [])}
+    if batch.pop("scopes_all", False):
+        states = st.store.scope_states(txn)
+    else:
+        states = [(ns, st.store.scope_state(txn, ns)) for ns in sorted(names)]
+    batch["scopes"] = [
+        [ns, [s.reflection_importance, s.summary_tokens, s.summary_rid, s.covered_rid]] for ns, s in states
+    ]
+    batch["next_rid"] = st.store.counters(txn)[0]
+    batch["v"] = FORMAT
+    return msgpack.packb(batch, use_bin_type=True)
+
+
+# -- the replica's side -------------------------------------------------------------------------
+def position(st: EngineState) -> tuple[str, int]:
+    """(the leader data this replica copies, the last of its commits stored here)."""
+    with st.store.read() as txn:
+        return st.store.replica_position(txn)
+
+
+def store_batch(st: EngineState, instance: str, seq: int, start: bool, payload: bytes) -> None:
+    """Store one batch (durably, in one commit) and bring the columns and indexes in line."""
+    batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if batch.get("v", 0) > FORMAT:
+        raise FailedPrecondition(
+            f"the leader sends batches of format {batch['v']}: upgrade this replica", "FORMAT"
+        )
+
+    def prepare(txn: Txn) -> tuple[list[int], bool]:
+        touched = _wipe(st, txn) if start else []
+        touched += _store_records(st, txn, batch)
+        settings = "configs" in batch
+        if settings:
+            _store_settings(st, txn, batch)
+        for ns, children, items in batch.get("graph", []):
+            st.store.delete_graph(txn, ns, children)
+            for kind, item_ns, item in items:
+                (st.store.put_node if kind == "node" else st.store.put_edge)(txn, item_ns, item)
+        for ns, (refl, tokens, summary_rid, covered) in batch.get("scopes", []):
+            st.store.put_scope_state(txn, ns, ScopeState(refl, tokens, summary_rid, covered))
+        # (written with the commit by EngineState.before_commit: a promoted replica never reuses a rid)
+        st.next_rid = max(st.next_rid, int(batch.get("next_rid", 1)))
+        if seq or start:
+            st.store.put_replica_position(txn, instance, seq)
+        return touched, settings or start
+
+    def publish(result: tuple[list[int], bool]) -> None:
+        touched, settings = result
+        with st.store.read() as txn:
+            if settings:
+                follow.follow_settings(st, txn)
+            follow.follow_records(st, txn, np.array(sorted(set(touched)), np.int64))
+
+    st.writer.submit(prepare, publish)
+
+
+def _wipe(st: EngineState, txn: Txn) -> list[int]:
+    """Drop what the replica held (a full copy replaces it): the rids deleted."""
+    gone = list(st.store.iter_records(txn))
+    for rec in gone:
+        st.store.delete(txn, rec)
+    st.store.delete_graph(txn, "", True)
+    for ns in st.store.namespace_configs(txn):
+        st.store.put_namespace_config(txn, ns, {})
+    for scope in st.store.scope_routing(txn):
+        st.store.put_scope_routing(txn, scope, 0, "")
+    for ns, _ in st.store.scope_states(txn):
+        st.store.put_scope_state(txn, ns, None)
+    return [rec.rid for rec in gone]
+
+
+def _store_records(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int]:
+    touched = []
+    for rid, packed, raw, pending in batch.get("records", []):
+        rec = Record.unpack(packed)
+        old = st.store.get(txn, rid)
+        if old is not None and (old.namespace, old.id) != (rec.namespace, rec.id):
+            st.store.delete(txn, old)
+        st.store.put(txn, rec)
+        if raw is not None:
+            st.store.put_vector(txn, rid, np.frombuffer(raw, np.float32))
+        st.store.mark_pending(txn, rid, bool(pending))
+        touched.append(rid)
+    for rid in batch.get("deleted", []):
+        old = st.store.get(txn, rid)
+        if old is not None:
+            st.store.delete(txn, old)
+            touched.append(rid)
+    return touched
+
+
+def _store_settings(st: EngineState, txn: Txn, batch: dict[str, Any]) -> None:
+    configs = batch["configs"]
+    for ns in st.store.namespace_configs(txn):
+        if ns not in configs:
+            st.store.put_namespace_config(txn, ns, {})
+    for ns, cfg in configs.items():
+        st.store.put_namespace_config(txn, ns, cfg)
+    for model, dim in batch["spaces"].items():
+        if st.store.space(txn, model) is None:
+            st.store.put_space(txn, model, int(dim))
+    wanted = {scope: (int(state), str(moved_to)) for scope, state, moved_to in batch["routing"]}
+    for scope in st.store.scope_routing(txn):
+        if scope not in wanted:
+            st.store.put_scope_routing(txn, scope, 0, "")
+    for scope, (state, moved_to) in wanted.items():
+        st.store.put_scope_routing(txn, scope, state, moved_to)

@@ -1,0 +1,154 @@
+"""Replicas on other hosts (docs/scaling.md): a server started with ``replica_of`` copies its leader
+over gRPC (ReplicateChanges), serves reads, refuses writes, catches up after a restart, and takes
+over when promoted; with ``replica_ack`` sync a write is answered once a replica has stored it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tiermem.client import MemoryClient, TiermemError
+from tiermem.client.errors import from_rpc_error
+from tiermem.server.transport.app import RunningServer
+from tiermem.v1 import memory_pb2 as pb
+
+
+def _state(c: MemoryClient) -> dict[str, Any]:
+    """What a server holds, as comparable values: memories (with vectors), configs, graph."""
+    out: dict[str, Any] = {}
+    for ns in c.list_namespaces():
+        for m in c.list_memories(ns.name, include_embedding=True):
+            out[(m.namespace, m.id)] = (m.content, m.tier, round(m.importance, 6), tuple(m.embedding))
+    out["config"] = c.get_namespace_config("user:ana").config.SerializeToString(deterministic=True)
+    try:
+        around = c.neighbors("user:ana", "ana", depth=1, include_invalid=True)
+        out["graph"] = (sorted(n.id for n in around.nodes), sorted(e.relation for e in around.edges))
+    except TiermemError as e:  # (no graph)
+        out["graph"] = e.reason
+    return out
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the replica did not catch up in time"
+        time.sleep(0.05)
+
+
+def _same(leader: MemoryClient, replica: MemoryClient) -> Callable[[], bool]:
+    return lambda: _state(leader) == _state(replica)
+
+
+def _write_some(c: MemoryClient, start: int, n: int) -> list[pb.Memory]:
+    return [
+        c.create("user:ana/project:x", f"ana noted fact number {i} about the deploy")
+        for i in range(start, start + n)
+    ]
+
+
+def test_a_replica_copies_its_leader_serves_reads_refuses_writes_and_takes_over(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        first = _write_some(lc, 0, 30)  # before the replica exists: it gets a full copy
+        lc.update_namespace_config("user:ana", max_items=1000)
+        lc.upsert_node("user:ana", "ana")
+        lc.upsert_node("user:ana", "deploy")
+        lc.add_edge("user:ana", "ana", "owns", "deploy")
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+            # Changes after the copy: creates, an update, a delete, a tier move, the graph.
+            _write_some(lc, 30, 20)
+            lc.update("user:ana/project:x", first[0].id, content="ana changed her mind about the deploy")
+            lc.delete("user:ana/project:x", first[1].id)
+            lc.update("user:ana/project:x", first[2].id, tier="glacial")
+            lc.transfer("user:ana/project:x", first[3].id, target_namespace="user:ana/project:y", mode="move")
+            lc.upsert_node("user:ana", "berlin")
+            lc.add_edge("user:ana", "ana", "lives_in", "berlin")
+            _eventually(_same(lc, rc))
+            hits = rc.search("user:ana/project:x", "changed her mind", limit=1)
+            assert hits[0].memory.id == first[0].id
+            with pytest.raises(TiermemError) as refused:
+                rc.create("user:ana", "written at the replica")
+            assert (refused.value.code.name, refused.value.reason) == (
+                "FAILED_PRECONDITION",
+                "READ_ONLY_REPLICA",
+            )
+            held = _state(rc)
+        # The leader is lost: the replica is promoted and takes writes, with nothing missing.
+        leader.stop(0)
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            promoted = rc.promote_replica()
+            assert promoted.memory_count == 49
+            assert _state(rc) == held
+            m = rc.create("user:ana/project:x", "written after the promotion")
+            assert rc.get("user:ana/project:x", m.id).content == "written after the promotion"
+            assert m.id not in {k[1] for k in held if isinstance(k, tuple)}
+    replica.stop(0)
+    # Started again as a replica, promoted data refuses: following a leader would replace it.
+    with pytest.raises(Exception, match="promoted from a replica"):
+        server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+
+
+def test_a_restarted_replica_continues_from_its_last_commit(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        _write_some(lc, 0, 10)
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+        replica.stop(0)
+        _write_some(lc, 10, 10)  # while the replica is down
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+        follower = replica.replica_follower
+        assert follower is not None and follower.applied > 0  # (it resumes, not starts over)
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+            assert rc.stats().memory_count == 20
+
+
+def test_synchronous_acknowledgement_waits_for_a_replica(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    leader = server_factory(
+        tmp_path / "leader", replication=True, replica_ack="sync", replica_ack_timeout_seconds=0.5
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{leader.port}")  # (no retry policy: the first answer)
+    with MemoryClient(channel=channel, timeout=10) as lc:
+        with pytest.raises(TiermemError) as unconfirmed:
+            lc.create("user:ana", "no replica yet", request_id="r1")
+        assert (unconfirmed.value.code.name, unconfirmed.value.reason) == (
+            "UNAVAILABLE",
+            "REPLICA_NOT_CONFIRMED",
+        )
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(lambda: rc.stats().memory_count == 1)
+            retried = lc.create("user:ana", "no replica yet", request_id="r1")  # (stored once, now confirmed)
+            for i in range(10):
+                m = lc.create("user:ana", f"confirmed write {i}")
+                assert rc.get("user:ana", m.id).content == f"confirmed write {i}"  # there when answered
+            assert rc.get("user:ana", retried.id).content == "no replica yet"
+            assert rc.stats().memory_count == 11
+
+
+def test_a_server_without_replication_feeds_no_replica(server: RunningServer) -> None:
+    with MemoryClient(f"127.0.0.1:{server.port}") as c:
+        with pytest.raises(grpc.RpcError) as refused:
+            list(c.stub.ReplicateChanges(iter([pb.ReplicateChangesRequest()]), timeout=5))
+        assert from_rpc_error(refused.value).reason == "NOT_REPLICATING"
+        with pytest.raises(TiermemError) as not_replica:
+            c.promote_replica()
+        assert (not_replica.value.code.name, not_replica.value.reason) == (
+            "FAILED_PRECONDITION",
+            "NOT_A_REPLICA",
+        )
