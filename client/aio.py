@@ -648,6 +648,11 @@ class AsyncMemoryClient(AsyncAgentMethods):
         requests = _Requests(chunks, target_namespace)
         return await self._upload(self.stub.ImportMemories, requests, timeout, call_metadata)
 
+    async def promote_replica(
+        self, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+    ) -> pb.PromoteReplicaResponse:
+        return await self._call(self.stub.PromoteReplica, pb.PromoteReplicaRequest(), timeout, call_metadata)
+
     async def set_scope_routing(
         self,
         scope: str,
