@@ -649,9 +649,14 @@ class AsyncMemoryClient(AsyncAgentMethods):
         return await self._upload(self.stub.ImportMemories, requests, timeout, call_metadata)
 
     async def promote_replica(
-        self, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+        self,
+        *,
+        leader_instance_id: str = "",
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.PromoteReplicaResponse:
-        return await self._call(self.stub.PromoteReplica, pb.PromoteReplicaRequest(), timeout, call_metadata)
+        req = pb.PromoteReplicaRequest(leader_instance_id=leader_instance_id)
+        return await self._call(self.stub.PromoteReplica, req, timeout, call_metadata)
 
     async def set_scope_routing(
         self,

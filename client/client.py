@@ -492,11 +492,17 @@ class MemoryClient(AgentMethods):
         return self._call(self.stub.SetScopeRouting, req, timeout, call_metadata)
 
     def promote_replica(
-        self, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+        self,
+        *,
+        leader_instance_id: str = "",
+        timeout: float | None = None,
+        call_metadata: CallMetadata | None = None,
     ) -> pb.PromoteReplicaResponse:
         """Make this server, a replica, stop following its leader and take writes (docs/scaling.md).
-        Admin; FAILED_PRECONDITION (NOT_A_REPLICA) on a server that is not a replica."""
-        return self._call(self.stub.PromoteReplica, pb.PromoteReplicaRequest(), timeout, call_metadata)
+        Admin; FAILED_PRECONDITION: NOT_A_REPLICA on a server that is not a replica,
+        REPLICA_OF_ANOTHER when ``leader_instance_id`` is not the data it copies."""
+        req = pb.PromoteReplicaRequest(leader_instance_id=leader_instance_id)
+        return self._call(self.stub.PromoteReplica, req, timeout, call_metadata)
 
     def get_namespace_config(
         self, namespace: str, *, timeout: float | None = None, call_metadata: CallMetadata | None = None

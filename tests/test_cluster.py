@@ -1,18 +1,21 @@
 """Tenant shards behind a real HAProxy on loopback (``make test-cluster``; docs/scaling.md): three
-``--sharded`` server processes, 50 tenants written through the proxy, one tenant moved to another
-shard while it and another tenant keep writing, one shard killed with SIGKILL and restarted; then
-every acknowledged write is present exactly once, on its tenant's one shard, and no tenant sees
-another's memories.
+``--sharded`` server processes (shard c with a replica on another port, acknowledging writes
+synchronously), 50 tenants written through the proxy, one tenant moved to another shard while it
+and another tenant keep writing, one shard killed with SIGKILL and restarted, then shard c killed
+under writes and its replica promoted; every acknowledged write is present exactly once, on its
+tenant's one shard, and no tenant sees another's memories.
 
 Needs Debian's haproxy (``make proxy-toolchain``); skipped without it unless
 TIERMEM_REQUIRE_HAPROXY=1 (CI), which makes a missing proxy a failure."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +54,7 @@ class Cluster:
     base: Path
     ports: dict[str, int]
     shards: dict[str, ServerProcess] = field(default_factory=dict)
+    replica: ServerProcess | None = None
     proxy_port: int = 0
     map_file: Path = Path()
     admin_socket: Path = Path()
@@ -65,7 +69,16 @@ class Cluster:
     def start_shard(self, name: str) -> None:
         if name in self.shards:
             self.shards[name].close()  # (its process is gone: this closes its pipe)
-        self.shards[name] = spawn_server(self.base / name, "--port", str(self.ports[name]), "--sharded")
+        replicated = ("--replication", "--replica-ack", "sync") if name == "c" else ()
+        self.shards[name] = spawn_server(
+            self.base / name, "--port", str(self.ports[name]), "--sharded", *replicated
+        )
+
+    def start_replica(self) -> None:
+        """Shard c's replica, on a port of its own."""
+        self.replica = spawn_server(
+            self.base / "c-replica", "--sharded", "--replica-of", self.addresses()["c"]
+        )
 
 
 @pytest.fixture
@@ -74,6 +87,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(tmp_path, {name: _free_port() for name in ("a", "b", "c")})
     for name in c.ports:
         c.start_shard(name)
+    c.start_replica()
     c.proxy_port = _free_port()
     c.map_file, c.admin_socket = tmp_path / "routes.map", tmp_path / "admin.sock"
     c.map_file.write_text("")
@@ -91,7 +105,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         proxy.kill()
         proxy.wait()
         log.close()
-        for shard in c.shards.values():
+        for shard in [*c.shards.values(), *([c.replica] if c.replica else [])]:
             shard.close()
 
 
@@ -227,13 +241,36 @@ def test_tenants_on_shards_behind_haproxy(cluster: Cluster) -> None:
         with MemoryClient(cluster.proxy, timeout=5) as manual, pytest.raises(TiermemError) as mismatch:
             manual.search(tenants[3], "fact", call_metadata=[("tiermem-route", tenants[4])])
         assert mismatch.value.reason == "ROUTE_MISMATCH"
-        assert shards.stats()["memory_count"] == ledger.count()
+
+        # -- Shard c lost under writes: its replica (synchronous) is promoted and takes its calls.
+        on_c = [t for t in tenants if shards.locate(t) == ["c"]]
+        assert on_c, "consistent hashing put no tenant on shard c"
+        stop, errors = threading.Event(), []
+        writer = threading.Thread(target=_writer, args=(c, on_c, ledger, stop, errors))
+        writer.start()
+        time.sleep(1.0)
+        cluster.shards["c"].kill9()  # (writes in flight fail: not acknowledged)
+        time.sleep(0.3)
+        stop.set()
+        writer.join()
+        assert cluster.replica is not None
+        promoted = subprocess.run(
+            [sys.executable, "-m", "tiermem", "shard", "promote", "--replica", cluster.replica.target,
+             "--shard", "c", "--haproxy-socket", str(cluster.admin_socket)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert promoted.returncode == 0, promoted.stderr
+        assert json.loads(promoted.stdout)["switched"] is True
+        assert sum(1 for t in on_c for k in ledger.acked[t] if "session:live" in k[0]) > 5
+        _check_exactly_once(c, ledger, tenants)  # (c's tenants now answered by the promoted replica)
+        m = c.create(on_c[0], "written after the takeover")
+        assert c.get(on_c[0], m.id).content == "written after the takeover"
+        for t in tenants[:10]:
+            hits = c.search(t, "fact about", include_ancestors=False, limit=50)
+            assert hits and {h.memory.namespace for h in hits} == {t}
 
 
 def test_the_shard_command_moves_a_tenant_and_lists_every_shard(cluster: Cluster) -> None:
-    import json
-    import sys
-
     tenants = [f"user:cli{i}" for i in range(6)]
     with MemoryClient(cluster.proxy, sharded=True, timeout=20) as c, Shards(cluster.addresses()) as shards:
         for t in tenants:
@@ -284,66 +321,3 @@ def test_the_shard_command_moves_a_tenant_and_lists_every_shard(cluster: Cluster
             "--haproxy-map", str(cluster.map_file),
         )  # fmt: skip
         assert bad.returncode == 1 and "not a top-level scope" in bad.stderr
-
-
-def test_a_replica_takes_over_a_lost_shard(tmp_path: Path) -> None:
-    """Shard a has a replica on its own port with synchronous acknowledgement; a is killed with
-    SIGKILL under writes, the replica promoted and HAProxy pointed at it: every write the proxy
-    acknowledged for a's tenants is there, exactly once, and writing goes on."""
-    import json
-    import sys
-
-    binary = _haproxy_or_skip()
-    ports = {"a": _free_port(), "b": _free_port()}
-    shards = {
-        "a": spawn_server(
-            tmp_path / "a", "--port", str(ports["a"]), "--sharded", "--replication", "--replica-ack", "sync"
-        ),
-        "b": spawn_server(tmp_path / "b", "--port", str(ports["b"]), "--sharded"),
-    }
-    replica = spawn_server(tmp_path / "a2", "--sharded", "--replica-of", f"127.0.0.1:{ports['a']}")
-    addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-    proxy_port, admin = _free_port(), tmp_path / "admin.sock"
-    (tmp_path / "routes.map").write_text("")
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(haproxy.config(addresses, f"127.0.0.1:{proxy_port}", tmp_path / "routes.map", admin))
-    log = (tmp_path / "haproxy.log").open("w")
-    proxy = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 10
-        while not admin.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ledger = Ledger()
-        tenants = [f"user:r{i}" for i in range(20)]
-        with MemoryClient(f"127.0.0.1:{proxy_port}", sharded=True, timeout=20) as c, Shards(addresses) as sh:
-            for t in tenants:
-                content = f"{t} first fact"
-                ledger.add(t, t, c.create(t, content).id, content)
-            on_a = [t for t in tenants if sh.locate(t) == ["a"]]
-            assert on_a, "consistent hashing put no tenant on shard a"
-            stop, errors = threading.Event(), []
-            writer = threading.Thread(target=_writer, args=(c, on_a, ledger, stop, errors))
-            writer.start()
-            time.sleep(1.0)
-            shards["a"].kill9()  # (writes in flight fail: not acknowledged, so not in the ledger)
-            time.sleep(0.3)
-            stop.set()
-            writer.join()
-            promoted = subprocess.run(
-                [sys.executable, "-m", "tiermem", "shard", "promote", "--replica", replica.target,
-                 "--shard", "a", "--haproxy-socket", str(admin)],
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            assert promoted.returncode == 0, promoted.stderr
-            assert json.loads(promoted.stdout)["switched"] is True
-            _check_exactly_once(c, ledger, tenants)  # (through the proxy: a's tenants now at the replica)
-            acked_live = sum(1 for t in on_a for k in ledger.acked[t] if "session:live" in k[0])
-            assert acked_live > 5, "writes were acknowledged before the kill"
-            m = c.create(on_a[0], "written after the takeover")
-            assert c.get(on_a[0], m.id).content == "written after the takeover"
-    finally:
-        proxy.kill()
-        proxy.wait()
-        log.close()
-        for s in [*shards.values(), replica]:
-            s.close()

@@ -105,7 +105,8 @@ def test_methods_of_reads_cardinalities() -> None:
     assert METHODS["CreateMemory"] == "unary_unary"
     assert METHODS["ExportMemories"] == "unary_stream"
     assert METHODS["ImportMemories"] == "stream_unary"
-    assert set(METHODS.values()) == {"unary_unary", "unary_stream", "stream_unary"}
+    assert METHODS["ReplicateChanges"] == "stream_stream"
+    assert set(METHODS.values()) == {"unary_unary", "unary_stream", "stream_unary", "stream_stream"}
 
 
 def test_create_then_get_through_the_forwarder(stubs: tuple[Any, Any]) -> None:

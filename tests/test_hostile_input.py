@@ -234,6 +234,10 @@ def seed_requests() -> dict[str, list[Message]]:
             pb.ImportMemoriesRequest(memory=_memory(id="imp1", create_time=_ts(1_700_000_000))),
         ],
     }
+    # A scope of its own: fencing the namespace the other seeds write would refuse them all.
+    seeds["SetScopeRouting"] = [
+        pb.SetScopeRoutingRequest(scope="fuzz:elsewhere", routing=pb.SCOPE_ROUTING_FENCED, moved_to="shard-b")
+    ]
     # A method added to the proto gets a generic seed until it has one of its own here.
     for name, m in METHODS.items():
         if name not in seeds:

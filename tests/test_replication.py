@@ -85,7 +85,14 @@ def test_a_replica_copies_its_leader_serves_reads_refuses_writes_and_takes_over(
         # The leader is lost: the replica is promoted and takes writes, with nothing missing.
         leader.stop(0)
         with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
-            promoted = rc.promote_replica()
+            with pytest.raises(TiermemError) as wrong:
+                rc.promote_replica(leader_instance_id="not-its-leader")
+            assert (wrong.value.code.name, wrong.value.reason) == (
+                "FAILED_PRECONDITION",
+                "REPLICA_OF_ANOTHER",
+            )
+            promoted = rc.promote_replica(leader_instance_id=leader.engine.instance_id)
+            assert promoted.leader_instance_id == leader.engine.instance_id
             assert promoted.memory_count == 49
             assert _state(rc) == held
             m = rc.create("user:ana/project:x", "written after the promotion")

@@ -169,19 +169,25 @@ class Engine:
             raise FailedPrecondition("this server was promoted: it follows no leader", "NOT_A_REPLICA")
         replication.store_batch(self.state, instance, seq, start, payload)
 
-    def promote(self) -> tuple[int, int]:
+    def promote(self, leader_instance: str = "") -> tuple[str, int, int]:
         """Stop being a replica: take writes and run the lifecycle from now on (kept across a
-        restart). Returns (the leader's last commit stored here, memories held)."""
+        restart). ``leader_instance``, when given, must be the data this replica copies. Returns
+        (that data's id, its last commit stored here, memories held)."""
         st = self.state
         if not st.replica:
             raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
         instance, seq = replication.position(st)
+        if leader_instance and leader_instance != instance:
+            raise FailedPrecondition(
+                f"this replica copies data {instance or '(none yet)'}, not {leader_instance}",
+                "REPLICA_OF_ANOTHER",
+            )
         marker = replication.PROMOTED + instance
         st.writer.submit(lambda txn: st.store.put_replica_position(txn, marker, seq), lambda _: None)
         st.replica = False
         self._background.start_writers()
         with st.store.read() as txn:
-            return seq, st.store.record_count(txn)
+            return instance, seq, st.store.record_count(txn)
 
     def close(self) -> None:
         """Stop background work, drain queued writes, snapshot the indexes, close LMDB. Once: a

@@ -60,14 +60,12 @@ class ReplicaAcks:
 
 def serve_changes(
     engine: Engine,
+    first: pb.ReplicateChangesRequest,
     requests: Iterator[pb.ReplicateChangesRequest],
     wanted: Callable[[], bool],
     acks: ReplicaAcks,
 ) -> Iterator[pb.ReplicateChangesResponse]:
-    """The leader's side of one replica's call."""
-    first = next(requests, None)
-    if first is None:
-        return
+    """The leader's side of one replica's call (``first``: where it is; ``requests``: its acks)."""
     replica = acks.join()
     acks.stored(replica, first.applied_seq if first.instance_id == engine.instance_id else 0)
 

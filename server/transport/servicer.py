@@ -354,14 +354,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def ReplicateChanges(
         self, requests: Iterator[pb.ReplicateChangesRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ReplicateChangesResponse]:
+        first = next(requests, None)  # (read first: an undecodable request is INVALID_ARGUMENT)
+        if first is None:
+            return
         if self.acks is None:
             raise FailedPrecondition(
                 "this server feeds no replicas: start it with replication", "NOT_REPLICATING"
             )
         with self._stream_slot():
-            yield from serve_changes(
-                self._engine, requests, _still_wanted(context) or (lambda: True), self.acks
-            )
+            wanted = _still_wanted(context) or (lambda: True)
+            yield from serve_changes(self._engine, first, requests, wanted, self.acks)
 
     @_rpc
     def PromoteReplica(
@@ -370,10 +372,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         engine = self._engine
         if not engine.is_replica:
             raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
+        expected = request.leader_instance_id
+        if expected and engine.replica_position()[0] != expected:
+            engine.promote(expected)  # (raises REPLICA_OF_ANOTHER; it goes on following)
         if self.replica_follower is not None:
             self.replica_follower.stop()  # (no batch is stored after this)
-        seq, count = engine.promote()
-        return pb.PromoteReplicaResponse(applied_seq=seq, memory_count=count)
+        instance, seq, count = engine.promote(expected)
+        return pb.PromoteReplicaResponse(leader_instance_id=instance, applied_seq=seq, memory_count=count)
 
     @_rpc
     def SetScopeRouting(

@@ -685,16 +685,20 @@ class ReplicateChangesResponse(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., seq: _Optional[int] = ..., full_copy_start: _Optional[bool] = ..., changes: _Optional[bytes] = ...) -> None: ...
 
 class PromoteReplicaRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("leader_instance_id",)
+    LEADER_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    leader_instance_id: str
+    def __init__(self, leader_instance_id: _Optional[str] = ...) -> None: ...
 
 class PromoteReplicaResponse(_message.Message):
-    __slots__ = ("applied_seq", "memory_count")
+    __slots__ = ("leader_instance_id", "applied_seq", "memory_count")
+    LEADER_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
     MEMORY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    leader_instance_id: str
     applied_seq: int
     memory_count: int
-    def __init__(self, applied_seq: _Optional[int] = ..., memory_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, leader_instance_id: _Optional[str] = ..., applied_seq: _Optional[int] = ..., memory_count: _Optional[int] = ...) -> None: ...
 
 class KindCapacity(_message.Message):
     __slots__ = ("kind", "max_items")
