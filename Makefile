@@ -23,7 +23,7 @@ PORT ?= 50051
 DATA_DIR ?= ./data
 SEARCH_PROCESSES ?=
 
-.PHONY: help venv proto check-proto lint-proto proto-baseline go-toolchain go-stubs check-go-stubs proxy-toolchain serve test test-fast test-cluster lint bench bench-venv bench-smoke bench-quality image-check clean
+.PHONY: help venv proto check-proto lint-proto proto-baseline go-toolchain go-stubs check-go-stubs proxy-toolchain serve test test-fast test-cluster lint bench bench-venv bench-smoke bench-quality bench-shards image-check clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -126,6 +126,9 @@ bench-quality: proto ## Retrieval quality on real conversations (QUALITY_DATA=di
 
 bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py runs), without Chroma
 	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke
+
+bench-shards: proto proxy-toolchain ## Searches/s against 1..cores local tenant shards behind HAProxy (bench/shards.py; SHARDS_ARGS="--max-shards 4" ...)
+	$(PY) bench/shards.py --json bench/results/shards.json $(SHARDS_ARGS)
 
 image-check: ## Build the Dockerfile's image without Docker Hub (debootstrap, buildah, podman; as root) and check it serves
 	bash deploy/check-image.sh
