@@ -16,6 +16,7 @@ BENCH_VENV ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
 BENCH_PACKAGES ?= chromadb matplotlib numpy
 BENCH_ARGS ?=
+SHARDS_ARGS ?=  # what `make bench-shards` passes to bench/shards.py
 
 # Server settings for `make serve` (docs/configuration.md).
 HOST ?= 127.0.0.1
