@@ -490,11 +490,13 @@ class ServerConfig:
 
 
 # TIERMEM_* variables that are not server settings: the settings file's path, the admin command's
-# token, the test suite's switch.
+# token, the test suite's switches (which interop tests must run rather than skip).
 NOT_SETTINGS = {
     "TIERMEM_CONFIG",
     "TIERMEM_API_KEY",
     "TIERMEM_REQUIRE_NODE",
+    "TIERMEM_REQUIRE_GO",
+    "TIERMEM_REQUIRE_HAPROXY",
     "TIERMEM_FOLLOWER_CONFIG",  # a search follower's settings and its leader's secret
     "TIERMEM_FOLLOWER_SECRET",
 }
