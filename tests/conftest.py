@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,3 +229,14 @@ def make_record(rid: int, namespace: str = "ns") -> Any:
         tier=3,
         importance=0.5,
     )
+
+
+def haproxy_or_skip(what: str) -> str:
+    """Debian's haproxy binary (``make proxy-toolchain``): ``what`` is skipped without it, unless
+    TIERMEM_REQUIRE_HAPROXY=1 (CI), which makes a missing proxy a failure."""
+    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+    if found is None:
+        if os.environ.get("TIERMEM_REQUIRE_HAPROXY") == "1":
+            pytest.fail(f"TIERMEM_REQUIRE_HAPROXY=1 but haproxy is not installed, which {what} needs")
+        pytest.skip(f"{what} needs haproxy (make proxy-toolchain)")
+    return found

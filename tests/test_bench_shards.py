@@ -8,32 +8,22 @@ TIERMEM_REQUIRE_HAPROXY=1 (CI), which makes a missing proxy a failure."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import haproxy_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _haproxy_or_skip() -> str:
-    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
-    if found is None:
-        if os.environ.get("TIERMEM_REQUIRE_HAPROXY") == "1":
-            pytest.fail("TIERMEM_REQUIRE_HAPROXY=1 but haproxy is not installed (make proxy-toolchain)")
-        pytest.skip("bench/shards.py needs haproxy (make proxy-toolchain)")
-    return found
-
-
 @pytest.mark.timeout(200)
 def test_bench_shards_smoke(tmp_path: Path) -> None:
-    _haproxy_or_skip()
+    haproxy_or_skip("bench/shards.py")
     out = tmp_path / "shards.json"
     proc = subprocess.run(
         [

@@ -11,8 +11,6 @@ TIERMEM_REQUIRE_HAPROXY=1 (CI), which makes a missing proxy a failure."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ServerProcess, spawn_server
+from conftest import ServerProcess, haproxy_or_skip, spawn_server
 
 from tiermem.client import MemoryClient, TiermemError, haproxy
 from tiermem.client.shards import Shards, move_scope
@@ -38,15 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _haproxy_or_skip() -> str:
-    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
-    if found is None:
-        if os.environ.get("TIERMEM_REQUIRE_HAPROXY") == "1":
-            pytest.fail("TIERMEM_REQUIRE_HAPROXY=1 but haproxy is not installed (make proxy-toolchain)")
-        pytest.skip("the cluster test needs haproxy (make proxy-toolchain)")
-    return found
 
 
 @dataclass
@@ -83,7 +72,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    binary = _haproxy_or_skip()
+    binary = haproxy_or_skip("the cluster test")
     c = Cluster(tmp_path, {name: _free_port() for name in ("a", "b", "c")})
     for name in c.ports:
         c.start_shard(name)
