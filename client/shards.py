@@ -117,11 +117,13 @@ def move_scope(
         raise ValueError(f"the target already holds {len(held)} namespaces of {scope!r} ({held[0]})")
     target.set_scope_routing(scope, "serving", call_metadata=route)  # (it may have moved away once)
     fenced_at = None
+    fencing = False
     try:
         step("copy")
         first = list(source.export_memories(scope, include_children=True, call_metadata=route))
         report.copied = _import(target, [c for c in first if c.WhichOneof("chunk") != "scope"], route)
         step("fence")
+        fencing = True  # (from here a failure lifts the fence: the call may have set it and failed after)
         source.set_scope_routing(scope, "fenced", moved_to=moved_to, call_metadata=route)
         fenced_at = time.monotonic()
         step("catch up")
@@ -130,7 +132,7 @@ def move_scope(
         _copy_settings(source, target, final, route)
         report.memories = _verify(source, target, scope, route)
     except BaseException:
-        if fenced_at is not None:
+        if fencing:
             source.set_scope_routing(scope, "serving", call_metadata=route)
         target.delete_namespace(scope, include_children=True, confirm=True, call_metadata=route)
         raise
@@ -138,7 +140,7 @@ def move_scope(
     switch()
     step("retire")
     source.set_scope_routing(scope, "moved", moved_to=moved_to, purge=True, call_metadata=route)
-    report.fenced_seconds = round(time.monotonic() - fenced_at, 3)
+    report.fenced_seconds = round(time.monotonic() - (fenced_at or started), 3)
     step("done")
     return report
 
@@ -164,8 +166,14 @@ def _key(m: pb.Memory) -> tuple[str, str]:
     return m.namespace, m.id
 
 
-def _version(m: pb.Memory) -> tuple[int, int, str]:
-    return m.update_time.seconds, m.update_time.nanos, m.content
+def _version(m: pb.Memory) -> bytes:
+    """What a write can change of a memory (feedback and tier moves included), without its vector
+    (not listed) and what reads change (accesses: searches still run while writes are fenced)."""
+    copy = pb.Memory()
+    copy.CopyFrom(m)
+    for name in ("embedding", "access_count", "last_access_time"):
+        copy.ClearField(name)
+    return copy.SerializeToString(deterministic=True)
 
 
 def _stored(

@@ -159,3 +159,82 @@ def test_a_server_without_replication_feeds_no_replica(server: RunningServer) ->
             "FAILED_PRECONDITION",
             "NOT_A_REPLICA",
         )
+
+
+def test_ids_reused_within_one_batch_and_vector_keys_after_promotion(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A batch that deletes a memory and gives its id to another keeps the id findable; a promoted
+    replica numbers its new vectors after its leader's (a restart then maps each vector to its own
+    memory)."""
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        old = lc.create("user:ana", "ana keeps her bike in the cellar", id="k1")
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+            other = lc.create("user:ana", "ana rides to work every day")
+            lc.transfer("user:ana", other.id, target_id="k1", overwrite=True, mode="move")  # (one commit)
+            lc.delete("user:ana", "k1")
+            lc.create("user:ana", "ana sold the bike in spring", id="k1")
+            _eventually(_same(lc, rc))
+            assert rc.get("user:ana", "k1").content == "ana sold the bike in spring"
+            assert old.id == "k1"
+            rc.promote_replica()
+            fresh = rc.create("user:ana", "ana bought a red scooter")
+    replica.stop(0)
+    leader.stop(0)
+    restarted = server_factory(tmp_path / "replica")
+    with MemoryClient(f"127.0.0.1:{restarted.port}") as c:
+        assert c.search("user:ana", "a red scooter", limit=1)[0].memory.id == fresh.id
+        assert c.search("user:ana", "sold the bike in spring", limit=1)[0].memory.id == "k1"
+        assert c.stats().memory_count == 2
+
+
+def test_a_full_copy_is_split_and_the_log_keeps_what_a_replica_still_needs(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full copy goes in batches of records and of graph items; with the commit log pruned at
+    every commit, the commits a connected replica has yet to receive are kept, so it never starts
+    over."""
+    from tiermem.server.config import Tuning
+    from tiermem.server.core import replication
+
+    monkeypatch.setattr(replication, "BATCH_RECORDS", 4)
+    monkeypatch.setattr(replication, "BATCH_GRAPH", 3)
+    leader = server_factory(
+        tmp_path / "leader", replication=True, tuning=Tuning(commit_log_seconds=0.0, commit_log_prune_every=1)
+    )
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        _write_some(lc, 0, 10)
+        for i in range(10):
+            lc.upsert_node("user:ana", f"node{i}")
+        lc.upsert_node("user:ana", "ana")
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+            for i in range(30):
+                lc.create("user:ana", f"written while the log is pruned {i}")
+                if i % 10 == 0:
+                    lc.upsert_node("user:ana", f"late{i}")
+            _eventually(_same(lc, rc))
+            assert rc.stats().memory_count == 40
+            follower = replica.replica_follower
+            assert follower is not None and follower.full_copies == 1
+
+
+def test_a_replica_without_a_copy_answers_no_reads(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # (a leader that is not there yet)
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{s.getsockname()[1]}"
+    replica = server_factory(tmp_path / "replica", replica_of=nowhere)
+    channel = grpc.insecure_channel(f"127.0.0.1:{replica.port}")
+    with MemoryClient(channel=channel, timeout=0.5) as rc:
+        with pytest.raises(TiermemError) as refused:
+            rc.search("user:ana", "anything")
+        assert (refused.value.code.name, refused.value.reason) == ("UNAVAILABLE", "REPLICA_COPYING")
+        assert rc.stats().memory_count == 0  # (server-wide figures name no namespace)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from tiermem.client import MemoryClient, TiermemError
 from tiermem.server.transport.app import RunningServer
+from tiermem.v1 import memory_pb2 as pb
 
 ANA = [("tiermem-route", "user:ana")]
 BOB = [("tiermem-route", "user:bob")]
@@ -215,3 +217,42 @@ def test_a_sharded_async_client_sends_each_calls_routing_key(
                 await c.import_memories(stream())
 
     asyncio.run(run())
+
+
+def test_a_move_carries_writes_that_change_no_content_and_lifts_a_failed_fence(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Feedback (and tier moves) acknowledged between the copy and the fence reach the target; a
+    fence call that failed after setting the fence is lifted, and the target keeps nothing."""
+    from tiermem.client.shards import move_scope
+
+    source = server_factory(tmp_path / "a")
+    target = server_factory(tmp_path / "b")
+    with MemoryClient(f"127.0.0.1:{source.port}") as a, MemoryClient(f"127.0.0.1:{target.port}") as b:
+        m = a.create("user:ana", "ana deploys on fridays")
+
+        def between(step: str) -> None:
+            if step == "fence":  # (after the copy, before the fence)
+                a.feedback(
+                    "user:ana",
+                    [{"id": m.id, "predicted_relevance": 0.2, "actual_usefulness": 0.9, "success": True}],
+                )
+                a.update("user:ana", m.id, tier="glacial")
+
+        report = move_scope("user:ana", a, b, lambda: None, on_step=between)
+        assert report.memories == 1 and report.caught_up == 1
+        moved = b.get("user:ana", m.id)
+        assert (moved.success_count, moved.tier) == (1, pb.TIER_GLACIAL) and moved.surprise_score > 0
+
+        class FenceFailsAfterSetting(MemoryClient):
+            def set_scope_routing(self, scope: str, routing: int | str, **kw: Any) -> Any:
+                answer = super().set_scope_routing(scope, routing, **kw)
+                if routing == "fenced":
+                    raise TiermemError(grpc.StatusCode.UNAVAILABLE, "the answer was lost", "LOST")
+                return answer
+
+        b.create("user:bob", "bob's memory")
+        with FenceFailsAfterSetting(f"127.0.0.1:{target.port}") as flaky, pytest.raises(TiermemError):
+            move_scope("user:bob", flaky, a, lambda: None)
+        b.create("user:bob", "bob writes again: the fence was lifted")
+        assert list(a.list_memories("user:bob")) == []

@@ -127,6 +127,7 @@ class Engine:
                 "this data directory was promoted from a replica: start it without replica_of",
                 "REPLICA_PROMOTED",
             )
+        st.replica_copying = st.replica and replication.copying(st)
         set_faiss_threads(1)
         for sp in st.space_list:
             for idx in sp.indexes.values():
@@ -145,6 +146,11 @@ class Engine:
     @property
     def is_replica(self) -> bool:
         return self.state.replica
+
+    @property
+    def replica_copying(self) -> bool:
+        """A replica that holds no complete copy of its leader yet: it answers no reads."""
+        return self.state.replica and self.state.replica_copying
 
     @property
     def instance_id(self) -> str:
@@ -199,7 +205,8 @@ class Engine:
         self._background.stop()
         self._batch_pool.shutdown(wait=True)
         try:
-            self.flush_access()
+            if not st.replica:  # (a replica writes only what its leader sends)
+                self.flush_access()
         except Exception as e:  # soft state (a full disk, say): the shutdown goes on
             logger.warning("search accesses not recorded at shutdown: %s", e)
         st.writer.close()

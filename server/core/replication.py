@@ -32,6 +32,7 @@ from tiermem.server.storage.store import Txn
 FORMAT = 1
 PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:<leader instance>"
 BATCH_RECORDS = 512  # memories a batch carries at most (a backlog is split)
+BATCH_GRAPH = 2048  # graph items a batch of a full copy carries at most
 POLL_SECONDS = 0.01  # how often the feed looks for new commits
 
 
@@ -53,17 +54,22 @@ def feed(
                 after == st.store.committed_seq(txn) or st.store.commit_log_entry(txn, after + 1) is not None
             )
         )
-    if not continuable:
-        after = yield from _full_copy(st)
-    while wanted():
-        with st.store.read() as txn:
-            seq = st.store.committed_seq(txn)
-            batches = None if seq == after else _changes_since(st, txn, after, seq)
-        if batches is None:
-            time.sleep(POLL_SECONDS)
-            continue
-        yield from batches
-        after = seq
+    token = object()
+    try:
+        if not continuable:
+            after = yield from _full_copy(st, token)
+        st.feed_floors[token] = after  # (the commit log keeps what this feed has yet to send)
+        while wanted():
+            with st.store.read() as txn:
+                seq = st.store.committed_seq(txn)
+                batches = None if seq == after else _changes_since(st, txn, after, seq)
+            if batches is None:
+                time.sleep(POLL_SECONDS)
+                continue
+            yield from batches
+            after = st.feed_floors[token] = seq
+    finally:
+        st.feed_floors.pop(token, None)
 
 
 def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> list[tuple[int, bool, bytes]]:
@@ -88,10 +94,12 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> list[tupl
     return out
 
 
-def _full_copy(st: EngineState) -> Generator[tuple[int, bool, bytes], None, int]:
-    """A whole copy from one read transaction; returns the commit it holds."""
+def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, bytes], None, int]:
+    """A whole copy from one read transaction; returns the commit it holds. The commit log keeps
+    the commits after it for as long as the copy takes (``token``'s floor)."""
     with st.store.read() as txn:
         seq = st.store.committed_seq(txn)
+        st.feed_floors[token] = seq
         first = _settings(st, txn)
         first["scopes_all"] = True
         yield 0, True, _pack(st, txn, first)
@@ -101,9 +109,10 @@ def _full_copy(st: EngineState) -> Generator[tuple[int, bool, bytes], None, int]
             if len(rids) == BATCH_RECORDS:
                 yield 0, False, _pack(st, txn, _records(st, txn, rids))
                 rids = []
-        last = _records(st, txn, rids)
-        last["graph"] = [["", True, _graph(st, txn, "", True)]]
-        yield seq, False, _pack(st, txn, last)
+        graph = _graph(st, txn, "", True)
+        for i in range(0, len(graph), BATCH_GRAPH):  # (the replica was emptied: items are only put)
+            yield 0, False, _pack(st, txn, {"graph_items": graph[i : i + BATCH_GRAPH]})
+        yield seq, False, _pack(st, txn, _records(st, txn, rids))
     return seq
 
 
@@ -141,12 +150,17 @@ def _pack(st: EngineState, txn: Txn, batch: dict[str, Any]) -> bytes:
     batch["scopes"] = [
         [ns, [s.reflection_importance, s.summary_tokens, s.summary_rid, s.covered_rid]] for ns, s in states
     ]
-    batch["next_rid"] = st.store.counters(txn)[0]
+    batch["next_rid"], batch["next_vk"] = st.store.counters(txn)
     batch["v"] = FORMAT
     return msgpack.packb(batch, use_bin_type=True)
 
 
 # -- the replica's side -------------------------------------------------------------------------
+def copying(st: EngineState) -> bool:
+    """Whether this replica holds no complete copy yet (none started, or one under way)."""
+    return position(st)[1] == 0
+
+
 def position(st: EngineState) -> tuple[str, int]:
     """(the leader data this replica copies, the last of its commits stored here)."""
     with st.store.read() as txn:
@@ -171,16 +185,21 @@ def store_batch(st: EngineState, instance: str, seq: int, start: bool, payload: 
             st.store.delete_graph(txn, ns, children)
             for kind, item_ns, item in items:
                 (st.store.put_node if kind == "node" else st.store.put_edge)(txn, item_ns, item)
+        for kind, item_ns, item in batch.get("graph_items", []):
+            (st.store.put_node if kind == "node" else st.store.put_edge)(txn, item_ns, item)
         for ns, (refl, tokens, summary_rid, covered) in batch.get("scopes", []):
             st.store.put_scope_state(txn, ns, ScopeState(refl, tokens, summary_rid, covered))
         # (written with the commit by EngineState.before_commit: a promoted replica never reuses a rid)
         st.next_rid = max(st.next_rid, int(batch.get("next_rid", 1)))
+        st.next_vk = max(st.next_vk, int(batch.get("next_vk", 1)))
         if seq or start:
             st.store.put_replica_position(txn, instance, seq)
         return touched, settings or start
 
     def publish(result: tuple[list[int], bool]) -> None:
         touched, settings = result
+        if start or seq:
+            st.replica_copying = seq == 0  # (reads are refused from a copy's first batch to its last)
         with st.store.read() as txn:
             if settings:
                 follow.follow_settings(st, txn)
@@ -206,6 +225,11 @@ def _wipe(st: EngineState, txn: Txn) -> list[int]:
 
 def _store_records(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int]:
     touched = []
+    for rid in batch.get("deleted", []):  # (first: a written record may reuse a deleted one's id)
+        old = st.store.get(txn, rid)
+        if old is not None:
+            st.store.delete(txn, old)
+            touched.append(rid)
     for rid, packed, raw, pending in batch.get("records", []):
         rec = Record.unpack(packed)
         old = st.store.get(txn, rid)
@@ -216,11 +240,6 @@ def _store_records(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int
             st.store.put_vector(txn, rid, np.frombuffer(raw, np.float32))
         st.store.mark_pending(txn, rid, bool(pending))
         touched.append(rid)
-    for rid in batch.get("deleted", []):
-        old = st.store.get(txn, rid)
-        if old is not None:
-            st.store.delete(txn, old)
-            touched.append(rid)
     return touched
 
 

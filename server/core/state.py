@@ -107,6 +107,10 @@ class EngineState:
         # A replica of another host's server (replication.py): it stores the leader's batches and
         # runs no lifecycle, summaries or access writes of its own until promoted.
         self.replica = bool(config.replica_of)
+        self.replica_copying = False  # a replica without a complete copy yet (set at load)
+        # Replicas' feeds: the last commit each has sent; the commit log keeps every later one.
+        self.feed_floors: dict[object, int] = {}
+        self.store.retain_from = lambda: min(list(self.feed_floors.values()), default=None)
         self.lifecycle = LifecycleTotals()
         self.pass_lock = threading.Lock()  # one lifecycle pass at a time
         self.last_run = np.full((0, 5), -np.inf)  # last scheduled pass per (namespace id, tier)

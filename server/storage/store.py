@@ -29,7 +29,7 @@ import logging
 import os
 import resource
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,8 @@ class Store:
         self.log_commits = log_commits
         self.commit_log_seconds = commit_log_seconds
         self.prune_every = prune_every
+        # The oldest commit a replica's feed still needs (None: none): the log keeps it whatever its age.
+        self.retain_from: Callable[[], int | None] = lambda: None
         self.grows = 0  # calls that store records, vectors, request ids or graph items (see writer.py)
         # The writer's lock on data.mdb, taken once the file is checked whole. (A follower neither
         # locks nor checks it: its leader did both before it started, and the file changes under it.)
@@ -385,8 +387,11 @@ class Store:
     def _prune_commit_log(self, txn: lmdb.Transaction, before: float, most: int = 4096) -> int:
         """Drop up to ``most`` commit-log entries written before ``before``, oldest first."""
         cur = txn.cursor(db=self.commits)
+        floor = self.retain_from()
         dropped = 0
         while dropped < most and cur.first() and msgpack.unpackb(cur.value())[0] < before:
+            if floor is not None and rid_of(bytes(cur.key())) > floor:
+                break
             cur.delete()
             dropped += 1
         return dropped
@@ -481,7 +486,9 @@ class Store:
         key = rid_key(rec.rid)
         txn.delete(key, db=self.records)
         txn.delete(key, db=self.vectors)
-        txn.delete(id_key(rec.namespace, rec.id), db=self.ids)
+        ikey = id_key(rec.namespace, rec.id)
+        if txn.get(ikey, db=self.ids) == key:  # (not when the id was given to another rid already)
+            txn.delete(ikey, db=self.ids)
         ckey = content_key(rec.namespace, rec.content)
         if txn.get(ckey, db=self.contents) == key:
             txn.delete(ckey, db=self.contents)

@@ -88,6 +88,10 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         engine = servicer.engine
         return engine is not None and engine.is_replica
 
+    def replica_copying() -> bool:
+        engine = servicer.engine
+        return engine is not None and engine.replica_copying
+
     def confirm_write() -> None:
         engine, acks = servicer.engine, servicer.acks
         if engine is not None and acks is not None:
@@ -105,6 +109,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         routing_of=routing_of,
         gate=servicer.gate,
         is_replica=is_replica if config.replica_of else None,
+        replica_copying=replica_copying if config.replica_of else None,
         after_write=confirm_write if config.replica_ack == "sync" else None,
     )
     add_memory_service(servicer, server)

@@ -197,6 +197,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         gate: routing.WriteGate | None = None,
         is_replica: Callable[[], bool] | None = None,
         after_write: Callable[[], None] | None = None,
+        replica_copying: Callable[[], bool] | None = None,
     ) -> None:
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
@@ -204,6 +205,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self.routing_of = routing_of  # a top-level scope's routing state: fenced or moved away
         self.gate = gate  # the write calls in flight per top-level scope
         self.is_replica = is_replica  # a replica refuses writes (its leader takes them)
+        self.replica_copying = replica_copying  # ... and reads until it holds a complete copy
         self.after_write = after_write  # waits for a replica to store a write (synchronous replication)
 
     def intercept_service(
@@ -336,7 +338,16 @@ class _Call:
                 "this server is a replica: writes go to its leader (or promote it first)", "READ_ONLY_REPLICA"
             )
         if self.named is not None:
-            self._check_routing(self.named(request))
+            named = self.named(request)
+            copying = self.owner.replica_copying
+            if named and copying is not None and copying():
+                err = routing.ScopeUnavailable(
+                    "this replica is still copying its leader: retry shortly, or ask the leader",
+                    "REPLICA_COPYING",
+                )
+                err.retry_after = 1.0
+                raise err
+            self._check_routing(named)
         if key is None:
             return
         if self.rule is not None:

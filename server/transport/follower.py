@@ -283,6 +283,7 @@ def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forward
             except DecodeError:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {name}Request")
             try:
+                engine.catch_up()  # (first: a scope fenced or moved since is refused, not read empty)
                 authorize(name, request)  # (the interceptor saw bytes: the key's rights apply here)
             except TiermemError as e:
                 context.abort_with_status(to_status(e))

@@ -36,6 +36,7 @@ def grpc_server(
     gate: WriteGate | None = None,
     is_replica: Callable[[], bool] | None = None,
     after_write: Callable[[], None] | None = None,
+    replica_copying: Callable[[], bool] | None = None,
 ) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
     admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
@@ -57,6 +58,7 @@ def grpc_server(
         gate=gate,
         is_replica=is_replica,
         after_write=after_write,
+        replica_copying=replica_copying,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
     if config.tracing:

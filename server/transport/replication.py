@@ -107,6 +107,7 @@ class ReplicaFollower:
         self._lock = threading.Lock()
         self.connected = threading.Event()
         self.applied = engine.replica_position()[1]
+        self.full_copies = 0  # full copies received (a replica too far behind for the log gets one)
         self._thread = threading.Thread(target=self._run, name="tiermem-replica", daemon=True)
 
     def start(self) -> None:
@@ -166,6 +167,7 @@ class ReplicaFollower:
         try:
             for batch in call:
                 self.connected.set()
+                self.full_copies += batch.full_copy_start
                 self.engine.store_replica_batch(
                     batch.instance_id, batch.seq, batch.full_copy_start, batch.changes
                 )
