@@ -135,7 +135,7 @@ def test_synchronous_acknowledgement_waits_for_a_replica(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
     leader = server_factory(
-        tmp_path / "leader", replication=True, replica_ack="sync", replica_ack_timeout_seconds=0.5
+        tmp_path / "leader", replication=True, replica_ack="sync", replica_ack_timeout_seconds=2.0
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{leader.port}")  # (no retry policy: the first answer)
     with MemoryClient(channel=channel, timeout=10) as lc:
