@@ -234,6 +234,16 @@ def test_tenants_on_shards_behind_haproxy(cluster: Cluster) -> None:
         # -- Shard c lost under writes: its replica (synchronous) is promoted and takes its calls.
         on_c = [t for t in tenants if shards.locate(t) == ["c"]]
         assert on_c, "consistent hashing put no tenant on shard c"
+        # Shard c may have been the one restarted above: its replica reconnects with a backoff (up to
+        # 2 s), and until it does c's synchronous writes wait. One confirmed write says it is back.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                probe = c.create(on_c[0], "confirmed by the replica", request_id="probe")
+                break
+            except TiermemError as e:
+                assert e.reason == "REPLICA_NOT_CONFIRMED" and time.monotonic() < deadline, e
+        ledger.add(on_c[0], on_c[0], probe.id, "confirmed by the replica")
         stop, errors = threading.Event(), []
         writer = threading.Thread(target=_writer, args=(c, on_c, ledger, stop, errors))
         writer.start()
