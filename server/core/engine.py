@@ -122,12 +122,14 @@ class Engine:
             max_workers=config.search_concurrency or usable_cores(), thread_name_prefix="tiermem-batch"
         )
         startup.load(st)
-        if st.replica and replication.position(st)[0].startswith(replication.PROMOTED):
-            raise FailedPrecondition(
-                "this data directory was promoted from a replica: start it without replica_of",
-                "REPLICA_PROMOTED",
-            )
-        st.replica_copying = st.replica and replication.copying(st)
+        if st.replica:
+            leader, applied = replication.position(st)
+            if leader.startswith(replication.PROMOTED):
+                raise FailedPrecondition(
+                    "this data directory was promoted from a replica: start it without replica_of",
+                    "REPLICA_PROMOTED",
+                )
+            st.replica_copying = applied == 0  # (no copy yet, or one under way)
         set_faiss_threads(1)
         for sp in st.space_list:
             for idx in sp.indexes.values():
@@ -175,10 +177,13 @@ class Engine:
             raise FailedPrecondition("this server was promoted: it follows no leader", "NOT_A_REPLICA")
         replication.store_batch(self.state, instance, seq, start, payload)
 
-    def promote(self, leader_instance: str = "") -> tuple[str, int, int]:
+    def promote(
+        self, leader_instance: str = "", stop_following: Callable[[], None] = lambda: None
+    ) -> tuple[str, int, int]:
         """Stop being a replica: take writes and run the lifecycle from now on (kept across a
-        restart). ``leader_instance``, when given, must be the data this replica copies. Returns
-        (that data's id, its last commit stored here, memories held)."""
+        restart). ``leader_instance``, when given, must be the data this replica copies; once it
+        is checked, ``stop_following`` ends the call to the leader (no batch is stored after it).
+        Returns (that data's id, its last commit stored here, memories held)."""
         st = self.state
         if not st.replica:
             raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
@@ -188,6 +193,8 @@ class Engine:
                 f"this replica copies data {instance or '(none yet)'}, not {leader_instance}",
                 "REPLICA_OF_ANOTHER",
             )
+        stop_following()
+        instance, seq = replication.position(st)  # (what the last batch stored)
         marker = replication.PROMOTED + instance
         st.writer.submit(lambda txn: st.store.put_replica_position(txn, marker, seq), lambda _: None)
         st.replica = False

@@ -101,7 +101,7 @@ def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, byt
         seq = st.store.committed_seq(txn)
         st.feed_floors[token] = seq
         first = _settings(st, txn)
-        first["scopes_all"] = True
+        first["scopes"] = _scopes(st.store.scope_states(txn))
         yield 0, True, _pack(st, txn, first)
         rids: list[int] = []
         for rec in st.store.iter_records(txn):
@@ -117,7 +117,8 @@ def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, byt
 
 
 def _records(st: EngineState, txn: Txn, rids: list[int]) -> dict[str, Any]:
-    written, deleted = [], []
+    """The memories of ``rids`` as they are (or deleted), with their namespaces' progress."""
+    written, deleted, names = [], [], set()
     for rid, rec in zip(rids, st.store.get_many(txn, rids), strict=True):
         if rec is None:
             deleted.append(rid)
@@ -125,7 +126,15 @@ def _records(st: EngineState, txn: Txn, rids: list[int]) -> dict[str, Any]:
         vec = st.store.get_vector(txn, rid)
         raw = None if vec is None else np.ascontiguousarray(vec, np.float32).tobytes()
         written.append([rid, rec.pack(), raw, st.store.is_pending(txn, rid)])
-    return {"records": written, "deleted": deleted}
+        names.add(rec.namespace)
+    states = [(ns, st.store.scope_state(txn, ns)) for ns in sorted(names)]
+    return {"records": written, "deleted": deleted, "scopes": _scopes(states)}
+
+
+def _scopes(states: list[tuple[str, ScopeState]]) -> list[list[Any]]:
+    return [
+        [ns, [s.reflection_importance, s.summary_tokens, s.summary_rid, s.covered_rid]] for ns, s in states
+    ]
 
 
 def _settings(st: EngineState, txn: Txn) -> dict[str, Any]:
@@ -142,25 +151,12 @@ def _graph(st: EngineState, txn: Txn, namespace: str, children: bool) -> list[li
 
 
 def _pack(st: EngineState, txn: Txn, batch: dict[str, Any]) -> bytes:
-    names = {Record.unpack(r[1]).namespace for r in batch.get("records", [])}
-    if batch.pop("scopes_all", False):
-        states = st.store.scope_states(txn)
-    else:
-        states = [(ns, st.store.scope_state(txn, ns)) for ns in sorted(names)]
-    batch["scopes"] = [
-        [ns, [s.reflection_importance, s.summary_tokens, s.summary_rid, s.covered_rid]] for ns, s in states
-    ]
     batch["next_rid"], batch["next_vk"] = st.store.counters(txn)
     batch["v"] = FORMAT
     return msgpack.packb(batch, use_bin_type=True)
 
 
 # -- the replica's side -------------------------------------------------------------------------
-def copying(st: EngineState) -> bool:
-    """Whether this replica holds no complete copy yet (none started, or one under way)."""
-    return position(st)[1] == 0
-
-
 def position(st: EngineState) -> tuple[str, int]:
     """(the leader data this replica copies, the last of its commits stored here)."""
     with st.store.read() as txn:

@@ -158,11 +158,7 @@ def authorize(method: str, request: Message) -> None:
     """For a handler that decodes its own request (a follower's searches): InvalidArgument unless
     its routing key matches it, PermissionDenied unless the caller's key may make it."""
     route, sharded, routing_of = _route.get()
-    named = names.NAMES[method](request)
-    if sharded:
-        routing.check_route(route, named)
-    if routing_of is not None:
-        routing.check_fence(method, named, routing_of)
+    routing.check(method, names.NAMES[method](request), route if sharded else routing.ANY, routing_of)
     key = caller()
     if key is not None:
         RULES[method](key, request)
@@ -356,15 +352,13 @@ class _Call:
             _everything(key, ADMIN, self.method)
 
     def _check_routing(self, named: list[str]) -> None:
-        if self.owner.sharded:
-            routing.check_route(self.route, named)
         gate = self.owner.gate
         if gate is not None and self.name in routing.WRITES:
             new = sorted({routing.top_scope(ns) for ns in named if ns} - set(self.writing))
             gate.enter(new)  # (before the fence is looked at: see WriteGate)
             self.writing += new
-        if self.owner.routing_of is not None:
-            routing.check_fence(self.name, named, self.owner.routing_of)
+        route = self.route if self.owner.sharded else routing.ANY
+        routing.check(self.name, named, route, self.owner.routing_of)
 
     def confirm(self, context: grpc.ServicerContext) -> None:
         """After a write answered without error: with synchronous replication, wait for a replica."""

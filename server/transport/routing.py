@@ -95,6 +95,18 @@ class WriteGate:
                 )
 
 
+ANY = "*"  # the route of a server that is not a shard: any request passes
+
+
+def check(method: str, namespaces: list[str], route: str | None, routing_of: RoutingOf | None) -> None:
+    """Both checks of a request: its routing key (``route``; ``ANY``: none wanted) and its
+    scopes' fences."""
+    if route != ANY:
+        check_route(route, namespaces)
+    if routing_of is not None:
+        check_fence(method, namespaces, routing_of)
+
+
 def route_of(metadata: Any) -> str | None:
     """The call's routing key (None: it has none)."""
     for md in metadata or ():

@@ -369,15 +369,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def PromoteReplica(
         self, request: pb.PromoteReplicaRequest, context: grpc.ServicerContext
     ) -> pb.PromoteReplicaResponse:
-        engine = self._engine
-        if not engine.is_replica:
-            raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
-        expected = request.leader_instance_id
-        if expected and engine.replica_position()[0] != expected:
-            engine.promote(expected)  # (raises REPLICA_OF_ANOTHER; it goes on following)
-        if self.replica_follower is not None:
-            self.replica_follower.stop()  # (no batch is stored after this)
-        instance, seq, count = engine.promote(expected)
+        follower = self.replica_follower
+        instance, seq, count = self._engine.promote(
+            request.leader_instance_id, follower.stop if follower is not None else lambda: None
+        )
         return pb.PromoteReplicaResponse(leader_instance_id=instance, applied_seq=seq, memory_count=count)
 
     @_rpc
