@@ -24,7 +24,7 @@ PORT ?= 50051
 DATA_DIR ?= ./data
 SEARCH_PROCESSES ?=
 
-.PHONY: help venv proto check-proto lint-proto proto-baseline go-toolchain go-stubs check-go-stubs proxy-toolchain serve test test-fast test-cluster lint bench bench-venv bench-smoke bench-quality bench-shards image-check clean
+.PHONY: help venv proto check-proto lint-proto proto-baseline go-toolchain go-stubs check-go-stubs proxy-toolchain serve test test-fast test-cluster lint bench bench-venv bench-smoke bench-quality bench-keywords bench-shards image-check clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -124,6 +124,9 @@ QUALITY_DATA ?= ../shared/data/locomo-dev
 
 bench-quality: proto ## Retrieval quality on real conversations (QUALITY_DATA=dir): recall and hit at 5 and 10 against cosine, BM25 and RRF
 	$(PY) bench/quality.py --data $(QUALITY_DATA) --out bench/results
+
+bench-keywords: proto ## The keyword pass alone at 1,000,000 memories against tantivy and bm25s (bench/keywords.py --peers)
+	$(PY) bench/keywords.py --peers --json bench/results/keywords.json
 
 bench-smoke: proto ## A tiny run of the suite (what tests/test_bench_smoke.py runs), without Chroma
 	$(PY) bench/suite.py --n 600 --dim 32 --seconds 0.5 --recall-queries 20 --no-chroma --out bench/results/smoke

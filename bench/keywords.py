@@ -5,12 +5,22 @@ the vector search and the fusion).
 
     python bench/keywords.py                     # 1,000,000 memories, one namespace, 300 questions
     python bench/keywords.py --n 100000 --json bench/results/keywords.json
+    python bench/keywords.py --peers             # also tantivy and bm25s (make bench-keywords)
 
 It posts ``--n`` sentences (``bench.common.sentences``) into one namespace, compacts the index into
 one segment (as after a snapshot restore or a compaction), then asks the suite's questions
 (``bench.common.questions``) for the best 50 (the fused default's keyword depth) with 50 probe rows
 (the vector candidates whose keyword scores the fusion reads), and for every match. It prints the mean
 and percentiles of each, and how many postings the questions' terms hold.
+
+With ``--peers`` the same best 50 come, in the same run, from two well-kept BM25 libraries given the
+same terms (the index's stemmed terms without stop words, repeated as often as they occur): tantivy
+(Rust: compressed postings, block-max WAND for the best k) and bm25s (scores precomputed per posting,
+its Numba backend). Rounds alternate the three, so they share the machine's moods. It prints each one's
+latency (all three given the question's terms: its tokenizing is not timed), its ratio to the
+kernel's and how many of the kernel's best 50 it also ranks there (the
+libraries' idf and length normalization differ a little, and ties are cut differently). The libraries
+are optional (``pip install -e '.[keyword-peers]'``; ``make bench-keywords`` does it).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import questions, sentences
 from tiermem.server.index.keyword_index import KeywordIndex, bm25
 from tiermem.server.model.text import keyword_terms
+
+DEPTH = 50  # the fused default's keyword depth
 
 
 def _timed(index: KeywordIndex, qs: list[str], allowed: np.ndarray, probes: list, depth: int) -> np.ndarray:
@@ -50,6 +63,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--peers", action="store_true", help="also tantivy and bm25s (optional packages)")
     args = ap.parse_args()
     texts = sentences(args.n, 7)
     index = KeywordIndex()
@@ -97,8 +111,108 @@ def main() -> None:
         print(
             f"{name}: mean {row['mean']:.3f} ms, p50 {row['p50']:.3f}, p90 {row['p90']:.3f}, p99 {row['p99']:.3f}"
         )
+    if args.peers:
+        report["peers"] = peers(index, texts, qs, allowed, args.rounds)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+
+
+def _stats(lat: np.ndarray) -> dict[str, float]:
+    return {
+        k: round(float(v), 3)
+        for k, v in (("mean", lat.mean()), ("p50", np.percentile(lat, 50)), ("p99", np.percentile(lat, 99)))
+    }
+
+
+def _tantivy(texts: list[str]) -> Callable[[list[str]], list[int]]:
+    import tantivy  # (optional: keyword-peers)
+
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("t", stored=False, tokenizer_name="whitespace", index_option="freq")
+    schema = builder.build()
+    index = tantivy.Index(schema)  # (in memory)
+    writer = index.writer(heap_size=500_000_000, num_threads=1)
+    for text in texts:
+        words = " ".join(" ".join([t] * n) for t, n in keyword_terms(text).items())
+        writer.add_document(tantivy.Document(t=words))
+    writer.commit()
+    writer.wait_merging_threads()
+    index.reload()
+    searcher = index.searcher()
+    if searcher.num_segments != 1:
+        print(f"tantivy: {searcher.num_segments} segments: its overlap with the kernel is undercounted")
+
+    def search(terms: list[str]) -> list[int]:
+        if not terms:
+            return []
+        should = [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "t", t)) for t in terms]
+        hits = searcher.search(tantivy.Query.boolean_query(should), DEPTH).hits
+        return [addr.doc if addr.segment_ord == 0 else -1 for _, addr in hits]  # (one segment: doc = row)
+
+    return search
+
+
+def _bm25s(texts: list[str]) -> Callable[[list[str]], list[int]]:
+    import bm25s  # (optional: keyword-peers)
+
+    corpus = [[t for t, n in keyword_terms(text).items() for _ in range(n)] for text in texts]
+    retriever = bm25s.BM25(k1=1.2, b=0.75, backend="numba")
+    retriever.index(corpus, show_progress=False)
+    vocab = retriever.vocab_dict
+
+    def search(terms: list[str]) -> list[int]:
+        known = [t for t in terms if t in vocab]
+        if not known:
+            return []
+        docs, _ = retriever.retrieve([known], k=DEPTH, show_progress=False, n_threads=1)
+        return [int(d) for d in docs[0]]
+
+    return search
+
+
+def peers(index: KeywordIndex, texts: list[str], qs: list[str], allowed: np.ndarray, rounds: int) -> dict:
+    """The best 50 from tantivy and bm25s beside the kernel's, rounds alternating."""
+    terms = [list(keyword_terms(q)) for q in qs]
+    engines: dict[str, Callable[[list[str]], list[int]]] = {}
+    for name, make in (("tantivy", _tantivy), ("bm25s", _bm25s)):
+        try:
+            t0 = time.perf_counter()
+            engines[name] = make(texts)
+            print(f"{name}: indexed in {time.perf_counter() - t0:.1f} s")
+        except ImportError:
+            print(f"{name}: not installed (pip install -e '.[keyword-peers]')")
+
+    no_probe = np.empty(0, np.int64)
+
+    def kernel(i: int) -> list[int]:  # (the same terms as the libraries get: no tokenizing timed)
+        return index.bm25([0], terms[i], allowed, 10**12, no_probe, DEPTH)[0].tolist()
+
+    runs: dict[str, Callable[[int], list[int]]] = {"kernel": kernel}
+    for name, engine in engines.items():
+        runs[name] = lambda i, e=engine: e(terms[i])
+    best = {name: [run(i) for i in range(len(qs))] for name, run in runs.items()}  # (and warm-up)
+    lat: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            for i in range(len(qs)):
+                t = time.perf_counter()
+                run(i)
+                lat[name].append(time.perf_counter() - t)
+    out: dict = {}
+    base = np.array(lat["kernel"]) * 1e3
+    for name in runs:
+        row: dict = _stats(np.array(lat[name]) * 1e3)
+        row["mean_vs_kernel"] = round(row["mean"] / float(base.mean()), 2)
+        shared = [
+            len(set(a) & set(b)) / max(1, len(a)) for a, b in zip(best["kernel"], best[name], strict=True)
+        ]
+        row["shares_kernel_best"] = round(float(np.mean(shared)), 3)
+        out[name] = row
+        print(
+            f"best {DEPTH}, {name}: mean {row['mean']:.3f} ms, p50 {row['p50']:.3f}, p99 {row['p99']:.3f}; "
+            f"{row['mean_vs_kernel']:.2f}x the kernel's mean; {row['shares_kernel_best']:.3f} of its best {DEPTH}"
+        )
+    return out
 
 
 if __name__ == "__main__":

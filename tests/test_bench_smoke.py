@@ -142,3 +142,24 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
 def test_bench_suite_startup_only_needs_startup_n() -> None:
     proc = run_bench("suite.py", "--startup-only")
     assert proc.returncode == 2 and "--startup-only needs --startup-n N" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_bench_keywords_smoke_with_its_peers(tmp_path: Path) -> None:
+    """The keyword pass alone, and beside it the same best 50 from tantivy and bm25s (dev
+    dependencies): each answers, and each ranks mostly the rows the kernel ranks best (BM25 variants
+    differ a little in idf and ties)."""
+    out = tmp_path / "keywords.json"
+    proc = run_bench(
+        "keywords.py", "--n", "3000", "--questions", "30", "--rounds", "1", "--peers", "--json", str(out)
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["n"] == 3000 and report["postings_per_question"]["mean"] > 0
+    peers = report["peers"]
+    assert set(peers) == {"kernel", "tantivy", "bm25s"}, proc.stdout
+    assert peers["kernel"]["shares_kernel_best"] == 1.0
+    for name in ("tantivy", "bm25s"):
+        assert peers[name]["mean"] > 0
+        assert peers[name]["shares_kernel_best"] >= 0.5, (name, peers[name])
