@@ -80,13 +80,38 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             f.get(f"big_sim_{c}_p50"),
             1.3,
         )
+    # What bounds them in the same run: a search with text runs a similarity search and a keyword pass.
+    out.append(
+        ratio(
+            "at --startup-n: fastest keyword pass alone, in process (kernel, tantivy, bm25s), p50 / "
+            "(0.3 x similarity c1 p50)",
+            _div(
+                f.get("big_keyword_p50"),
+                None if f.get("big_sim_c1_p50") is None else 0.3 * f["big_sim_c1_p50"],
+            ),
+            "context (above 1: the pass alone exceeds what 1.3x leaves it)",
+            None,
+        )
+    )
     fp99 = f.get("fused_text_c1_p99")
     out.append(ratio("default with text c1 p99 (ms)", fp99, "< 2.5 ms", fp99 is not None and fp99 < 2.5))
+    sp99_ = f.get("sim_c1_p99")
+    out.append(
+        ratio("similarity c1 p99 (ms), the same run", sp99_, "context (at or above 2.5: so is text)", None)
+    )
     ge(
         f"default with text c{hi} / Chroma search c{hi} (ops/s)",
         f.get("fused_text_hi_ops"),
         f.get("chroma_search_hi_ops"),
         2,
+    )
+    out.append(
+        ratio(
+            f"similarity c{hi} / Chroma search c{hi} (ops/s), the same run",
+            _div(f.get("sim_hi_ops"), f.get("chroma_search_hi_ops")),
+            "context (below 2: a search with text is below it too)",
+            None,
+        )
     )
     # Similarity-only search: the like-for-like comparison with Chroma and FAISS.
     ge(f"similarity search c{hi} / empty-RPC c{hi}", f.get("sim_hi_ops"), f.get("empty_hi_ops"), 0.7)

@@ -39,7 +39,8 @@ Phases, in order:
      create limit use the faster), the n/4 more into n on every core; single-query search (one OpenMP
      thread) from 1 and 2 threads.
  11. optional (``--startup-n N``): a separate data dir of N memories built through BatchCreateMemories,
-     then clean and kill -9 start-ups as in 8.
+     then clean and kill -9 start-ups as in 8, similarity and text searches at concurrency 1 and 16, and
+     the keyword pass alone over the same texts, in process, by the kernel, tantivy and bm25s.
  12. plots: suite_size.png and suite_concurrency.png (bench/plot.py, matplotlib from .venv-bench).
 
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
@@ -90,6 +91,7 @@ from common import (
     summarize,
     wait_idle,
 )
+from keywords import keyword_pass
 from load import BATCH_SEARCH, NAMESPACE, K, LoadPool
 from report import TARGET_STARTUP_N, compute_ratios, fmt, markdown
 
@@ -982,6 +984,22 @@ class Suite:
         finally:
             if server.proc is not None:
                 server.stop()
+        self.big_keywords(texts)
+
+    def big_keywords(self, texts: list[str]) -> None:
+        """On the --startup-n texts, the server stopped: the keyword pass alone, in this process, by the
+        server's kernel and by tantivy and bm25s when installed (bench/keywords.py), for the same
+        questions. A search with text runs this pass beside its similarity search, so the fastest of
+        them bounds what the default with text can cost over similarity at this size."""
+        n = len(texts)
+        print(f"[startup-n] the keyword pass alone, in process, over the {n:,} texts ...", flush=True)
+        by_engine = keyword_pass(texts, self.data.query_texts, rounds=2)
+        for name, r in by_engine.items():
+            row = {"ops_per_s": 1e3 / r["mean"], "p50_ms": r["p50"], "p99_ms": r["p99"]}
+            self.add_row(
+                "startup", f"keyword pass alone (in process, best 50), {name}, {n:,} memories", 1, row
+            )
+        self.figures["big_keyword_p50"] = min(r["p50"] for r in by_engine.values())
 
     def big_searches(self, server: Server, n: int) -> None:
         """On the --startup-n data: similarity searches and the default with the query's text, at
