@@ -124,8 +124,12 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "suite.json").read_text())
-    # The searches on the --startup-n data only: similarity and the default with text, c1 and high.
-    assert {r["phase"] for r in results["rows"]} == {"startup"} and len(results["rows"]) == 4
+    # The searches on the --startup-n data only: similarity and the default with text, c1 and high;
+    # then the keyword pass alone over the same texts by the kernel, tantivy and bm25s.
+    assert {r["phase"] for r in results["rows"]} == {"startup"} and len(results["rows"]) == 7
+    passes = [r for r in results["rows"] if r["name"].startswith("keyword pass alone")]
+    assert [r["name"].split("), ")[1].split(",")[0] for r in passes] == ["kernel", "tantivy", "bm25s"]
+    assert all(r["p50_ms"] > 0 for r in passes)
     assert all("1,500 memories" in r["name"] and r["errors"] == 0 for r in results["rows"])
     (st,) = results["startup"]
     assert st["clean_start_s"] > 0 and st["kill9_start_s"] > 0
@@ -135,6 +139,9 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
     by_name = {r["name"]: r for r in results["ratios"]}
     assert by_name["start-up after kill -9 / clean start-up, 1,500 memories"]["meets"] in (True, False)
     assert by_name["at --startup-n: default with text c1 p50 / similarity c1 p50"]["meets"] in (True, False)
+    bound = next(r for n, r in by_name.items() if n.startswith("at --startup-n: fastest keyword pass"))
+    fastest = min(r["p50_ms"] for r in passes)
+    assert bound["value"] == pytest.approx(fastest / (0.3 * results["figures"]["big_sim_c1_p50"]))
     assert all(r["meets"] is None for n, r in by_name.items() if "start-up" not in n and "startup-n" not in n)
     print((tmp_path / "suite.md").read_text())
 
