@@ -20,7 +20,7 @@ its Numba backend). Rounds alternate the three, so they share the machine's mood
 latency (all three given the question's terms: its tokenizing is not timed), its ratio to the
 kernel's and how many of the kernel's best 50 it also ranks there (the
 libraries' idf and length normalization differ a little, and ties are cut differently). The libraries
-are optional (``pip install -e '.[keyword-peers]'``; ``make bench-keywords`` does it).
+are dev dependencies (``make venv`` installs them); without them only the kernel is timed.
 """
 
 from __future__ import annotations
@@ -111,15 +111,7 @@ def main() -> None:
         _timed(index, qs, allowed, probes, depth)  # warm-up (and compilation)
     for depth, name in ((50, "best 50 + 50 probes"), (-1, "every match")):
         lat = np.concatenate([_timed(index, qs, allowed, probes, depth) for _ in range(args.rounds)])
-        row = {
-            k: round(float(v), 3)
-            for k, v in (
-                ("mean", lat.mean()),
-                ("p50", np.percentile(lat, 50)),
-                ("p90", np.percentile(lat, 90)),
-                ("p99", np.percentile(lat, 99)),
-            )
-        }
+        row = _stats(lat, (50, 90, 99))
         report[name] = row
         print(
             f"{name}: mean {row['mean']:.3f} ms, p50 {row['p50']:.3f}, p90 {row['p90']:.3f}, p99 {row['p99']:.3f}"
@@ -130,15 +122,15 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=2))
 
 
-def _stats(lat: np.ndarray) -> dict[str, float]:
-    return {
-        k: round(float(v), 3)
-        for k, v in (("mean", lat.mean()), ("p50", np.percentile(lat, 50)), ("p99", np.percentile(lat, 99)))
-    }
+def _stats(lat: np.ndarray, percentiles: tuple[int, ...] = (50, 99)) -> dict[str, float]:
+    """The mean and percentiles (``p50`` ...) of latencies in ms, rounded to the µs."""
+    out = {"mean": round(float(lat.mean()), 3)}
+    out.update({f"p{q}": round(float(np.percentile(lat, q)), 3) for q in percentiles})
+    return out
 
 
 def _tantivy(texts: list[str]) -> Callable[[list[str]], list[int]]:
-    import tantivy  # (optional: keyword-peers)
+    import tantivy  # (a dev dependency)
 
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("t", stored=False, tokenizer_name="whitespace", index_option="freq")
@@ -166,7 +158,7 @@ def _tantivy(texts: list[str]) -> Callable[[list[str]], list[int]]:
 
 
 def _bm25s(texts: list[str]) -> Callable[[list[str]], list[int]]:
-    import bm25s  # (optional: keyword-peers)
+    import bm25s  # (a dev dependency)
 
     corpus = [[t for t, n in keyword_terms(text).items() for _ in range(n)] for text in texts]
     retriever = bm25s.BM25(k1=1.2, b=0.75, backend="numba")
@@ -193,7 +185,7 @@ def peers(index: KeywordIndex, texts: list[str], qs: list[str], allowed: np.ndar
             engines[name] = make(texts)
             print(f"{name}: indexed in {time.perf_counter() - t0:.1f} s")
         except ImportError:
-            print(f"{name}: not installed (pip install -e '.[keyword-peers]')")
+            print(f"{name}: not installed (a dev dependency: pip install -e '.[dev]')")
 
     no_probe = np.empty(0, np.int64)
 

@@ -78,13 +78,14 @@ from common import (
     wait_serving,
 )
 
+from tiermem.server.config import usable_cores
+
 BATCH = 256
 DIM = 384
 K = 10
 TARGET = 0.7  # searches/s of N shards / (N x one shard), up to the core count
 TIMEOUT = 600.0
 QUERIES = 1024
-ROUTE_HEADER = "tiermem-route"  # (tiermem.client.routing.ROUTE_HEADER)
 SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}  # the lifecycle would move memories meanwhile
 
 
@@ -267,6 +268,7 @@ def _search_worker(proxy: str, work: dict[str, Any], threads: int, go: Any, resu
     CPU seconds it used in the window."""
     import grpc
 
+    from tiermem.client.routing import ROUTE_HEADER, top_scope
     from tiermem.v1 import memory_pb2 as pb
     from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
@@ -280,7 +282,7 @@ def _search_worker(proxy: str, work: dict[str, Any], threads: int, go: Any, resu
                 namespaces=[ns], embedding_model=work["model"], limit=K, read_only=True, query_text=text
             )
             req.query_embedding.extend(q.tolist())
-            calls.append((req, ((ROUTE_HEADER, ns.split("/", 1)[0]),)))
+            calls.append((req, ((ROUTE_HEADER, top_scope(ns)),)))
         for req, md in calls[: 3 * threads]:  # warm-up (each shard's first searches), not counted
             stub.SearchMemories(req, timeout=TIMEOUT, metadata=md)
     except Exception as e:  # reported to the parent, which fails the run
@@ -544,10 +546,6 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {c['shards']:.2f} / {c['proxy']:.2f} / {c['clients']:.2f} / {c['others']:.2f} |"
         )
     return "\n".join(lines)
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def parse_args() -> argparse.Namespace:

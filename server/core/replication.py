@@ -179,10 +179,8 @@ def store_batch(st: EngineState, instance: str, seq: int, start: bool, payload: 
             _store_settings(st, txn, batch)
         for ns, children, items in batch.get("graph", []):
             st.store.delete_graph(txn, ns, children)
-            for kind, item_ns, item in items:
-                (st.store.put_node if kind == "node" else st.store.put_edge)(txn, item_ns, item)
-        for kind, item_ns, item in batch.get("graph_items", []):
-            (st.store.put_node if kind == "node" else st.store.put_edge)(txn, item_ns, item)
+            _put_graph(st, txn, items)
+        _put_graph(st, txn, batch.get("graph_items", []))
         for ns, (refl, tokens, summary_rid, covered) in batch.get("scopes", []):
             st.store.put_scope_state(txn, ns, ScopeState(refl, tokens, summary_rid, covered))
         # (written with the commit by EngineState.before_commit: a promoted replica never reuses a rid)
@@ -202,6 +200,11 @@ def store_batch(st: EngineState, instance: str, seq: int, start: bool, payload: 
             follow.follow_records(st, txn, np.array(sorted(set(touched)), np.int64))
 
     st.writer.submit(prepare, publish)
+
+
+def _put_graph(st: EngineState, txn: Txn, items: list[list[Any]]) -> None:
+    for kind, ns, item in items:
+        (st.store.put_node if kind == "node" else st.store.put_edge)(txn, ns, item)
 
 
 def _wipe(st: EngineState, txn: Txn) -> list[int]:

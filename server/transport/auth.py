@@ -148,10 +148,8 @@ RULES: dict[str, Callable[[ApiKey, Any], None]] = {
     "ExportMemories": _export,
     "SetScopeRouting": _simple(ADMIN, "SetScopeRouting"),
 }
-IMPORT = SERVICE + "ImportMemories"
-_REPLICA_REFUSES = routing.WRITES | {
-    "SetScopeRouting"
-}  # checked chunk by chunk, with the first chunk's target
+IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first chunk's target
+_REPLICA_REFUSES = routing.WRITES | {"SetScopeRouting"}  # what a replica answers READ_ONLY_REPLICA
 
 
 def authorize(method: str, request: Message) -> None:
