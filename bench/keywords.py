@@ -206,8 +206,9 @@ def peers(index: KeywordIndex, texts: list[str], qs: list[str], allowed: np.ndar
     out: dict = {}
     base = np.array(lat["kernel"]) * 1e3
     for name in runs:
-        row: dict = _stats(np.array(lat[name]) * 1e3)
-        row["mean_vs_kernel"] = round(row["mean"] / float(base.mean()), 2)
+        ms = np.array(lat[name]) * 1e3
+        row: dict = _stats(ms)
+        row["mean_vs_kernel"] = round(float(ms.mean() / base.mean()), 2)  # (of the unrounded means)
         shared = [
             len(set(a) & set(b)) / max(1, len(a)) for a, b in zip(best["kernel"], best[name], strict=True)
         ]
