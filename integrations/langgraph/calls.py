@@ -53,6 +53,11 @@ class All:
 Steps = Generator[Call | All, Any, T]
 
 
+def one(call: Call) -> Steps[Any]:
+    """Steps of a single call: its result."""
+    return (yield call)
+
+
 def perform(client: MemoryClient, call: Call) -> Any:
     result = getattr(client, call.method)(*call.args, **call.kwargs)
     return list(result) if call.items else result

@@ -42,7 +42,7 @@ from typing import Any
 
 from tiermem.client import Memory
 
-from .calls import All, Call, Steps
+from .calls import All, Call, Steps, one
 
 GROUP = 64  # namespaces of one search (tiermem's most)
 SEARCHES_PER_CALL = 100  # searches of one BatchSearchMemories (tiermem's most)
@@ -156,7 +156,7 @@ def _search_all(
         )
     per_call = max(1, min(SEARCHES_PER_CALL, RESULTS_PER_CALL // max(map(_limit, groups))))
     calls = [Call.to("search_many", searches[i : i + per_call]) for i in range(0, len(searches), per_call)]
-    answers = yield All([_one(c) for c in calls])
+    answers = yield All([one(c) for c in calls])
     return [[r.memory for r in results] for answer in answers for results in answer]
 
 
@@ -173,9 +173,5 @@ def _read_all(
     ]
     if not reads:
         return []
-    listed = iter((yield All([_one(c) for c in reads])))
+    listed = iter((yield All([one(c) for c in reads])))
     return [[m for _ in g.paths for m in next(listed)] for g in groups]
-
-
-def _one(call: Call) -> Steps[Any]:
-    return (yield call)

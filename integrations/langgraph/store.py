@@ -60,7 +60,7 @@ from tiermem.client import (
 )
 
 from . import calls, filters, keys, values
-from .calls import All, Call, Steps
+from .calls import All, Call, Steps, one
 from .newest import created, newest
 
 DEFAULT_KIND = "langgraph_item"
@@ -345,11 +345,11 @@ class TiermemStore(BaseStore):
         """Move the expiry of those with a TTL to their TTL from now (a read's refresh; best
         effort: a read key may not write)."""
         now = time.time()
-        refreshes = [self._refresh_one(memory, now) for memory in memories]
+        refreshes = [self._refreshone(memory, now) for memory in memories]
         if refreshes:
             yield All(refreshes)
 
-    def _refresh_one(self, memory: Memory, now: float) -> Steps[None]:
+    def _refreshone(self, memory: Memory, now: float) -> Steps[None]:
         """A put that lands between the read and the refresh wins: the refresh is undone to what
         that put's own TTL says."""
         meta = metadata_dict(memory)
@@ -480,7 +480,7 @@ class TiermemStore(BaseStore):
             [{"namespaces": list(g), "query": query, "strategy": "comprehensive", **common} for g in calls]
             for calls in _chunks(groups, SEARCHES_PER_CALL)
         ]
-        answers = yield All([_one(Call.to("search_many", searches)) for searches in batches])
+        answers = yield All([one(Call.to("search_many", searches)) for searches in batches])
         hits = [(r.memory, r.score) for answer in answers for results in answer for r in results]
         hits.sort(key=lambda hit: -hit[1])
         return hits[:limit]
@@ -518,7 +518,3 @@ class TiermemStore(BaseStore):
         if op.max_depth is not None:
             found = list({ns[: op.max_depth] for ns in found})
         return sorted(found)[op.offset : op.offset + op.limit]
-
-
-def _one(call: Call) -> Steps[Any]:
-    return (yield call)
