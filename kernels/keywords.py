@@ -179,8 +179,54 @@ def bm25(
     Key ``wanted[j]`` (sorted, unique) weighs ``weights[j]`` (its term's idf; 0 skips it). A posting
     counts when its row is allowed and its generation is the row's ``row_gen``; ``avgdl`` is
     the mean length of a memory (each posting carries its content's)."""
-    probe = np.empty(0, np.int64) if probe is None else probe
-    _check("probe", probe, np.int64)
+    if probe is not None:
+        _check("probe", probe, np.int64)
+    return accumulate(sources, wanted, weights, row_gen, allowed, avgdl, k1, b).collect(probe, depth)
+
+
+class Sums:
+    """A keyword pass's per-row sums (see ``accumulate``), read out once by ``collect``. The pass and
+    the read-out are apart so a search can learn which rows to probe while the pass runs."""
+
+    def __init__(self, scratch: _Scratch | None, m: int, n: int) -> None:
+        self._scratch, self._m, self._n = scratch, m, n
+
+    def collect(
+        self, probe: np.ndarray | None = None, depth: int = -1
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, scores, the ``probe`` rows' scores) as ``bm25`` returns them; once only."""
+        probe = np.empty(0, np.int64) if probe is None else probe
+        _check("probe", probe, np.int64)
+        scratch, self._scratch = self._scratch, None
+        if scratch is None:
+            if self._n < 0:
+                raise RuntimeError("the sums were collected already")
+            self._n = -1
+            return np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32)
+        out: tuple[np.ndarray, np.ndarray, np.ndarray] = _collect(
+            scratch.acc[: self._n], scratch.touched, self._m, probe, int(depth)
+        )
+        self._n = -1
+        _free.append(scratch)
+        return out
+
+
+def no_sums() -> Sums:
+    """The sums of a pass that matched nothing (a query without terms)."""
+    return Sums(None, 0, 0)
+
+
+def accumulate(
+    sources: Sequence[Postings | Appended],
+    wanted: np.ndarray,
+    weights: np.ndarray,
+    row_gen: np.ndarray,
+    allowed: np.ndarray,
+    avgdl: float,
+    k1: float = 1.2,
+    b: float = 0.75,
+) -> Sums:
+    """The pass of ``bm25`` (same arguments): each valid posting's term added to its row's sum."""
     _check("wanted", wanted, np.int32)
     _check("weights", weights, np.float64, wanted.shape[0])
     _check("row_gen", row_gen, np.int32)
@@ -202,11 +248,7 @@ def bm25(
             m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, s.lens, *args, m)
         else:
             m = _score_appended(s.keys, s.filled, s.rows, s.tfs, s.gens, s.lens, *args, m)
-    out: tuple[np.ndarray, np.ndarray, np.ndarray] = _collect(
-        acc[: allowed.shape[0]], touched, m, probe, int(depth)
-    )
-    _free.append(scratch)
-    return out
+    return Sums(scratch, m, allowed.shape[0])
 
 
 class _Scratch(NamedTuple):

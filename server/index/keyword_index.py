@@ -273,7 +273,14 @@ class KeywordIndex:
         probe: np.ndarray,
         depth: int = -1,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """See ``bm25``: the postings are read in place, as the view stands when the search starts."""
+        """See ``bm25``: ``sums`` collected at once."""
+        return self.sums(namespaces, terms, allowed, max_postings).collect(probe, depth)
+
+    def sums(
+        self, namespaces: list[int], terms: list[str], allowed: np.ndarray, max_postings: int
+    ) -> kernels.Sums:
+        """The keyword pass of ``bm25`` (its sums, to collect): the postings are read in place, as the
+        view stands when the search starts."""
         found = sorted(
             (k, i)
             for i, t in enumerate(terms)
@@ -292,11 +299,10 @@ class KeywordIndex:
         for _ in range(8):
             bumps = self._bumps
             (segments, delta), gen = self._view, self._gen  # (the generations as new as the view, or newer)
-            out = kernels.bm25(
-                (*segments, delta), wanted, by_key, gen, allowed, avgdl, probe=probe, depth=depth
-            )
+            out = kernels.accumulate((*segments, delta), wanted, by_key, gen, allowed, avgdl)
             if self._bumps == bumps:  # no row's generation moved meanwhile: postings and generations agree
                 break
+            out.collect()  # (gives its buffer back)
         return out
 
     # -- snapshots -------------------------------------------------------------------------------
@@ -390,8 +396,14 @@ def bm25(
     with ``depth`` >= 0 the ``depth`` best rows only, best first.
     idf counts the namespaces' memories (a filter narrows what is found, not how a term weighs); a
     term in more than ``max_postings`` of them is skipped."""
-    probe = np.empty(0, np.int64) if probe is None else probe
+    return keyword_sums(index, namespaces, text, allowed, max_postings).collect(probe, depth)
+
+
+def keyword_sums(
+    index: KeywordIndex, namespaces: list[int], text: str, allowed: np.ndarray, max_postings: int
+) -> kernels.Sums:
+    """The pass of ``bm25`` (same arguments), its sums to collect with the probe rows and depth."""
     terms = list(keyword_terms(text))
     if not terms:
-        return np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32)
-    return index.bm25(namespaces, terms, allowed, max_postings, probe, depth)
+        return kernels.no_sums()
+    return index.sums(namespaces, terms, allowed, max_postings)

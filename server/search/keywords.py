@@ -9,7 +9,8 @@ import numpy as np
 
 from tiermem import kernels
 from tiermem.server.index.columns import ColumnsView
-from tiermem.server.index.keyword_index import bm25 as keyword_bm25
+from tiermem.kernels.keywords import Sums, no_sums
+from tiermem.server.index.keyword_index import keyword_sums
 from tiermem.server.search.query import Hybrid
 from tiermem.server.search.ranking import Ranked, Scored, Scorer
 from tiermem.server.search.source import SearchSource
@@ -37,13 +38,20 @@ def bm25(
     """The ``depth`` allowed rows (``count`` of them) of the namespaces best matching ``text`` by BM25,
     best first, and the scores of the ``probe`` rows; terms found in more than max_keyword_postings of
     their memories are skipped (they say almost nothing)."""
+    return keyword_scores(keyword_pass(source, mask, count, namespaces, text), depth, probe)
+
+
+def keyword_pass(source: SearchSource, mask: np.ndarray, count: int, namespaces: list[str], text: str) -> Sums:
+    """The pass of ``bm25`` (same arguments): its per-row sums, read out by ``keyword_scores``."""
     if count == 0:
-        n = 0 if probe is None else probe.shape[0]
-        return KeywordScores(np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(n, np.float32))
+        return no_sums()
     ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
-    rows, scores, probed = keyword_bm25(
-        source.keywords, ids, text, mask, source.config.max_keyword_postings, probe, depth
-    )
+    return keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings)
+
+
+def keyword_scores(sums: Sums, depth: int, probe: np.ndarray | None = None) -> KeywordScores:
+    """The ``depth`` best rows of a keyword pass, best first, and the ``probe`` rows' scores."""
+    rows, scores, probed = sums.collect(probe, depth)
     return KeywordScores(rows, scores, probed)
 
 

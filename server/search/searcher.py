@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -31,7 +33,7 @@ from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
 from tiermem.server.search.candidates import CandidateSearch, ann, similarity_depth
 from tiermem.server.search.fused import Candidates, FusedWeights, rank_fused
-from tiermem.server.search.keywords import bm25, fuse
+from tiermem.server.search.keywords import bm25, fuse, keyword_pass, keyword_scores
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import (
     COMPREHENSIVE,
@@ -71,6 +73,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 KEYWORD_ONLY = (
     "query_text could not be embedded (the server's embedder is unavailable): "
     "results are ranked by keyword match only"
@@ -93,7 +97,10 @@ class Turns:
     the GIL (see ServerConfig.search_concurrency)."""
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self._slots = threading.BoundedSemaphore(size)
+        self._count = threading.Lock()
+        self._held = 0
 
     @contextmanager
     def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
@@ -103,7 +110,51 @@ class Turns:
                 raise DeadlineExceeded(
                     "the caller's deadline passed or it went away while the search waited for its turn"
                 )
-            yield
+            with self._count:
+                self._held += 1
+            try:
+                yield
+            finally:
+                with self._count:
+                    self._held -= 1
+
+    def spare(self) -> bool:
+        """Fewer rankings run than there are turns: a core is free beside them."""
+        return self._held < self.size
+
+
+class Beside:
+    """Runs a ranking's independent step on a helper thread while the ranking goes on, when a core is
+    spare; in line otherwise (with every turn taken the cores are busy: a handoff would only add
+    its own cost)."""
+
+    def __init__(self, turns: Turns) -> None:
+        self._turns = turns
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def start(self, step: Callable[[], T]) -> Callable[[], T]:
+        """Start ``step``; the function returned waits for its result (or raises what it raised)."""
+        if self._turns.size > 1 and self._turns.spare():
+            with self._lock:
+                if self._pool is None and not self._closed:
+                    self._pool = ThreadPoolExecutor(self._turns.size - 1, thread_name_prefix="search-beside")
+                pool = self._pool
+            if pool is not None:
+                try:
+                    return pool.submit(step).result
+                except RuntimeError:  # shut down meanwhile
+                    pass
+        value = step()
+        return lambda: value
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 class Searcher:
@@ -115,6 +166,11 @@ class Searcher:
         self.priors = PriorBounds(source, self._observer)
         # Embedding a query text (maybe a remote call) happens before a search takes its turn.
         self.turns = Turns(source.config.search_concurrency or usable_cores())
+        self._beside = Beside(self.turns)
+
+    def close(self) -> None:
+        """Stop the helper threads (a search after this runs every step in line)."""
+        self._beside.close()
 
     @property
     def observer(self) -> SearchObserver:
@@ -261,14 +317,21 @@ class Searcher:
             everything = Candidates(np.flatnonzero(mask), None)
             no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)
             return rank_fused(everything, None, count, scorer, no_relevance, row_w, a.min_similarity)
+        pending = None
+        if a.hybrid is not None and a.hybrid.keyword_weight > 0:
+            # The keyword pass needs nothing from the vector search until its sums are read out
+            # (the vector's rows are probed then): both run at once when a core is spare.
+            names, text = list(a.scope_w), a.hybrid.text
+            pending = self._beside.start(
+                lambda: keyword_pass(src, keyword_mask, keyword_count, names, text)
+            )
         vector = None
         if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
             vector = self._most_similar(scorer, mask, count, depth)
         keywords = None
-        if a.hybrid is not None and a.hybrid.keyword_weight > 0:
+        if pending is not None:
             probe = np.empty(0, np.int64) if vector is None else vector.rows
-            text = a.hybrid.text
-            keywords = bm25(src, view, keyword_mask, keyword_count, list(a.scope_w), text, depth, probe)
+            keywords = keyword_scores(pending(), depth, probe)
         shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
         weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
         return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
