@@ -1091,7 +1091,7 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
         # A search that built its mask before the clear and ranks after the compaction.
         eng.create([new(i, 0) for i in range(400) if i not in keep], batch=True)
         paused, resume = threading.Event(), threading.Event()
-        orig_mask = eng.state.allowed_rows
+        orig_mask = eng.state.shared_allowed_rows
 
         def mask_then_wait(*a: Any, **kw: Any) -> Any:
             out = orig_mask(*a, **kw)
@@ -1099,7 +1099,7 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
             assert resume.wait(10)
             return out
 
-        monkeypatch.setattr(eng.state, "allowed_rows", mask_then_wait)
+        monkeypatch.setattr(eng.state, "shared_allowed_rows", mask_then_wait)
         # Scored exactly: every row of the (stale) mask has its vector location read.
         monkeypatch.setattr(eng.state, "config", dataclasses.replace(cfg, exact_search_max_rows=1000))
         late: list[Any] = []
@@ -1111,7 +1111,7 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
         assert eng.delete_namespace("gone") == 360 and idx.n == 40
         resume.set()
         t.join(10)
-        monkeypatch.setattr(eng.state, "allowed_rows", orig_mask)
+        monkeypatch.setattr(eng.state, "shared_allowed_rows", orig_mask)
         monkeypatch.setattr(eng.state, "config", cfg)
         assert late == [exact(queries[0])], late  # the cleared rows dropped, not misread
         errors: list[BaseException] = []

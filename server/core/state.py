@@ -103,6 +103,7 @@ class EngineState:
         self.routing: dict[str, tuple[int, str]] = {}
         self.config_version = 0  # moves whenever a namespace's settings change
         self._tables_cache: tuple[tuple[int, int], Tables] | None = None
+        self._masks = masks.MaskCache()
         self.next_rid = self.next_vk = 1
         # A replica of another host's server (replication.py): it stores the leader's batches and
         # runs no lifecycle, summaries or access writes of its own until promoted.
@@ -189,6 +190,12 @@ class EngineState:
     ) -> tuple[np.ndarray, int]:
         """See ``index.masks.allowed_rows``."""
         return masks.allowed_rows(self.columns, view, namespaces, flt, now, space)
+
+    def shared_allowed_rows(
+        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
+    ) -> tuple[np.ndarray, int]:
+        """``allowed_rows`` from a cache of recent masks: the caller must not change the mask."""
+        return self._masks.allowed_rows(self.columns, view, namespaces, flt, now, space)
 
     def check_filter(self, flt: Filter, prefix: str = "filter.") -> Filter:
         return masks.check_filter(flt, self.config.max_content_bytes, prefix)

@@ -141,6 +141,9 @@ class Columns:
         self._change_log = np.zeros(change_log, np.int64)
         self._set_lock = threading.Lock()  # one ``set`` at a time against ``generations``
         self.earliest_expire = np.inf  # no row expires before this (never raised): expiry checks skip
+        # Moves after any change a row mask can see (a refresh, a removal, rows published): a mask
+        # computed between two equal readings of it is still current (see masks.MaskCache).
+        self.epoch = 0
 
     def _make_view(self) -> ColumnsView:
         return ColumnsView(n=self.n, **{k: v[: self.n] for k, v in self._arrays.items()})
@@ -191,6 +194,7 @@ class Columns:
         self.relocate(rows, vpos)
         self._arrays["alive"][rows] = True
         self._view = self._make_view()
+        self.epoch += 1
 
     def is_live(self, view: ColumnsView) -> bool:
         """Whether ``view`` still shares the columns' arrays (growth leaves older views frozen)."""
@@ -275,6 +279,7 @@ class Columns:
         if rec.expire_at is not None and rec.expire_at < self.earliest_expire:
             self.earliest_expire = float(rec.expire_at)
         gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
+        self.epoch += 1
 
     # -- snapshots (writer thread: nothing changes while the state is copied) --------------------
     def state(self) -> dict[str, Any]:
@@ -371,6 +376,7 @@ class Columns:
     def remove(self, rid: int, namespace: str) -> int:
         row = self.rows.pop(rid)
         self._arrays["alive"][row] = False
+        self.epoch += 1
         for k in self._row_meta.pop(row, {}):
             self._drop_meta(k, row)
         for t in self._row_tags.pop(row, ()):

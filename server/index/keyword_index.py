@@ -296,12 +296,12 @@ class KeywordIndex:
         weights[df > max_postings] = 0.0  # a term in that many memories says almost nothing
         by_key = weights[np.array([i for _, i in found], np.int64)]
         avgdl = max(1.0, self.average_length(namespaces))
-        for _ in range(8):
+        for attempt in range(8):
             bumps = self._bumps
             (segments, delta), gen = self._view, self._gen  # (the generations as new as the view, or newer)
             out = kernels.accumulate((*segments, delta), wanted, by_key, gen, allowed, avgdl)
-            if self._bumps == bumps:  # no row's generation moved meanwhile: postings and generations agree
-                break
+            if self._bumps == bumps or attempt == 7:  # no row's generation moved meanwhile: postings
+                break  # and generations agree
             out.collect()  # (gives its buffer back)
         return out
 

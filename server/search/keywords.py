@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermem import kernels
-from tiermem.server.index.columns import ColumnsView
 from tiermem.kernels.keywords import Sums, no_sums
+from tiermem.server.index.columns import ColumnsView
 from tiermem.server.index.keyword_index import keyword_sums
 from tiermem.server.search.query import Hybrid
 from tiermem.server.search.ranking import Ranked, Scored, Scorer
@@ -41,7 +41,9 @@ def bm25(
     return keyword_scores(keyword_pass(source, mask, count, namespaces, text), depth, probe)
 
 
-def keyword_pass(source: SearchSource, mask: np.ndarray, count: int, namespaces: list[str], text: str) -> Sums:
+def keyword_pass(
+    source: SearchSource, mask: np.ndarray, count: int, namespaces: list[str], text: str
+) -> Sums:
     """The pass of ``bm25`` (same arguments): its per-row sums, read out by ``keyword_scores``."""
     if count == 0:
         return no_sums()

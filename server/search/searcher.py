@@ -232,12 +232,16 @@ class Searcher:
         src = self.source
         in_space = sp is not None and a.hybrid is None  # keywords also find vectorless memories
         space = sp.id if in_space and sp else -1
-        mask, count = src.allowed_rows(view, list(a.scope_w), flt, src.clock(), space)
+        names, now = list(a.scope_w), src.clock()
+        mask, count = src.shared_allowed_rows(view, names, flt, now, space)  # (not to be changed)
         if only_tier:
             mask, count = kernels.mask_equal(mask, view.tier, only_tier)
         keyword_mask, keyword_count = mask, count
         if sp is not None and not in_space:  # (a new mask: the keyword one stays as it is)
-            mask, count = kernels.mask_equal(keyword_mask, view.space, sp.id)
+            if only_tier:
+                mask, count = kernels.mask_equal(keyword_mask, view.space, sp.id)
+            else:
+                mask, count = src.shared_allowed_rows(view, names, flt, now, sp.id)
         return mask, keyword_mask, count, keyword_count
 
     def _rank(
@@ -322,9 +326,7 @@ class Searcher:
             # The keyword pass needs nothing from the vector search until its sums are read out
             # (the vector's rows are probed then): both run at once when a core is spare.
             names, text = list(a.scope_w), a.hybrid.text
-            pending = self._beside.start(
-                lambda: keyword_pass(src, keyword_mask, keyword_count, names, text)
-            )
+            pending = self._beside.start(lambda: keyword_pass(src, keyword_mask, keyword_count, names, text))
         vector = None
         if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
             vector = self._most_similar(scorer, mask, count, depth)

@@ -67,6 +67,12 @@ class SearchSource(Protocol):
         alive and unexpired at ``now``: (bool mask over the view's rows, count)."""
         ...
 
+    def shared_allowed_rows(
+        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
+    ) -> tuple[np.ndarray, int]:
+        """``allowed_rows``, maybe shared with other searches: the caller must not change the mask."""
+        ...
+
     def check_filter(self, flt: Filter) -> Filter:
         """``flt`` checked, with its ``where`` compiled."""
         ...

@@ -1,0 +1,180 @@
+"""What searches share to save work: recent row masks (reused while no row changed) and a second
+core for the keyword pass (run beside the vector search when a core is spare). Neither may change an
+answer: real engines over real LMDB files and FAISS indexes."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from tiermem.server.config import ServerConfig
+from tiermem.server.core.engine import Engine
+from tiermem.server.model.records import NewMemory
+from tiermem.server.model.types import Filter
+from tiermem.server.search.query import FUSED, SearchQuery
+from tiermem.server.search.searcher import Beside, Turns
+
+NS = "team:search"
+DIM = 8
+WORDS = ["deploy", "budget", "kubernetes", "holiday", "invoice", "garden", "rocket", "piano"]
+
+
+def _engine(data: Path, clock: FakeClock, **config: object) -> Engine:
+    cfg = ServerConfig(
+        data_dir=data,
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        search_records_access=False,
+        **config,  # type: ignore[arg-type]
+    )
+    return Engine(cfg, clock=clock)
+
+
+def _memory(i: int, rng: np.random.Generator, **kw: object) -> NewMemory:
+    words = " ".join(WORDS[j] for j in rng.choice(len(WORDS), 3, replace=False))
+    vec = rng.normal(size=DIM).astype(np.float32)
+    return NewMemory(
+        namespace=NS,
+        content=f"note {i} about {words}",
+        id=f"m{i}",
+        embedding=vec / np.linalg.norm(vec),
+        embedding_model="m",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _ids(e: Engine, q: SearchQuery) -> list[str]:
+    return [h.record.id for h in e.search(q)]
+
+
+def _query(rng: np.random.Generator, text: str = "", **kw: object) -> SearchQuery:
+    vec = rng.normal(size=DIM).astype(np.float32)
+    return SearchQuery(
+        namespaces=[NS],
+        embedding=vec,
+        embedding_model="m",
+        text=text,
+        limit=100,
+        read_only=True,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _shared_mask_is_current(e: Engine, flt: Filter | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The shared mask, checked against one computed afresh; returns it with a second reading."""
+    flt = flt or Filter()
+    view = e.columns.view()
+    now = e.clock()
+    first, count = e.state.shared_allowed_rows(view, [NS], flt, now)
+    fresh, fresh_count = e.state.allowed_rows(view, [NS], flt, now)
+    assert np.array_equal(first, fresh) and count == fresh_count
+    again, _ = e.state.shared_allowed_rows(e.columns.view(), [NS], flt, now)
+    return first, again
+
+
+def test_searches_share_a_mask_until_a_row_changes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    clock = FakeClock()
+    e = _engine(tmp_path / "data", clock)
+    try:
+        e.create([_memory(i, rng) for i in range(30)], batch=True)
+        first, again = _shared_mask_is_current(e)
+        assert again is first  # nothing changed: the same mask serves both
+        q = _query(rng)
+        assert sorted(_ids(e, q)) == sorted(f"m{i}" for i in range(30))
+
+        e.create([_memory(30, rng)])  # a new row
+        after_create, _ = _shared_mask_is_current(e)
+        assert after_create is not first and after_create.shape[0] == 31
+        assert "m30" in _ids(e, q)
+
+        row = e.columns.rows[e.get(NS, "m5")[0].rid]
+        assert after_create[row]
+        e.delete(NS, "m5")  # a row gone
+        after_delete, _ = _shared_mask_is_current(e)
+        assert not after_delete[row]
+        assert "m5" not in _ids(e, q)
+
+        row7 = e.columns.rows[e.get(NS, "m7")[0].rid]
+        old_tier = int(e.columns.view().tier[row7])
+        new_tier = 4 if old_tier != 4 else 1
+
+        def in_tier(t: int) -> list[str]:
+            return _ids(e, SearchQuery(**{**q.__dict__, "filter": Filter(tiers=[t])}))
+
+        assert "m7" in in_tier(old_tier) and "m7" not in in_tier(new_tier)
+        e.update(NS, "m7", NewMemory(namespace=NS, content="", tier=new_tier), ["tier"])  # moved
+        _shared_mask_is_current(e, Filter(tiers=[new_tier]))
+        assert "m7" not in in_tier(old_tier) and "m7" in in_tier(new_tier)
+    finally:
+        e.close()
+
+
+def test_a_mask_is_not_shared_once_a_memory_can_expire(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    clock = FakeClock()
+    e = _engine(tmp_path / "data", clock)
+    try:
+        e.create([_memory(i, rng) for i in range(10)], batch=True)
+        e.create([_memory(10, rng, expire_at=clock.now + 60)])
+        q = _query(rng)
+        assert "m10" in _ids(e, q)
+        shared, _ = _shared_mask_is_current(e)
+        clock.advance(120)  # nothing written, yet the memory has expired
+        assert "m10" not in _ids(e, q)
+        first, again = _shared_mask_is_current(e)
+        assert again is not first and not np.array_equal(first, shared)
+    finally:
+        e.close()
+
+
+def test_the_keyword_pass_runs_beside_only_when_a_core_is_spare() -> None:
+    def where() -> str:
+        return threading.current_thread().name
+
+    turns = Turns(2)
+    beside = Beside(turns)
+    try:
+        assert beside.start(where)().startswith("search-beside")
+        with turns.take():  # one ranking running: the other core is spare
+            assert beside.start(where)().startswith("search-beside")
+            with turns.take():  # every turn taken: in line, on the caller's thread
+                assert beside.start(where)() == where()
+        with pytest.raises(ZeroDivisionError):  # what the step raised, raised where it is waited for
+            beside.start(lambda: 1 // 0)()
+    finally:
+        beside.close()
+    assert beside.start(where)() == where()  # closed: in line
+    alone = Beside(Turns(1))  # one core: always in line
+    assert alone.start(where)() == where()
+    alone.close()
+
+
+def test_fused_searches_rank_alike_beside_and_in_line(tmp_path: Path) -> None:
+    """The same fused searches with text, the keyword pass on a second core and on the caller's
+    thread: the same hits and scores."""
+    rng = np.random.default_rng(8)
+    clock = FakeClock()
+    data = tmp_path / "data"
+    e = _engine(data, clock)
+    e.create([_memory(i, rng) for i in range(300)], batch=True)
+    e.close()
+    answers = []
+    for concurrency in (2, 1):
+        e = _engine(data, clock, search_concurrency=concurrency)
+        try:
+            qrng = np.random.default_rng(9)
+            got = []
+            for j in range(12):
+                q = _query(qrng, text=" ".join(WORDS[(j + k) % len(WORDS)] for k in range(2)), strategy=FUSED)
+                got.append([(h.record.id, round(h.score, 6)) for h in e.search(q)])
+            answers.append(got)
+            assert (e.searcher._beside._pool is not None) == (concurrency == 2)  # the path taken
+        finally:
+            e.close()
+    assert answers[0] == answers[1]
+    assert all(len(a) > 0 for a in answers[0])
