@@ -15,6 +15,7 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.types import Filter
+from tiermem.server.search import searcher
 from tiermem.server.search.query import FUSED, SearchQuery
 from tiermem.server.search.searcher import Beside, Turns
 
@@ -144,6 +145,7 @@ def test_the_keyword_pass_runs_beside_only_when_a_core_is_spare() -> None:
             assert beside.start(where)().startswith("search-beside")
             with turns.take():  # every turn taken: in line, on the caller's thread
                 assert beside.start(where)() == where()
+        assert beside.start(where, worth_it=False)() == where()  # a short step: in line
         with pytest.raises(ZeroDivisionError):  # what the step raised, raised where it is waited for
             beside.start(lambda: 1 // 0)()
     finally:
@@ -154,9 +156,12 @@ def test_the_keyword_pass_runs_beside_only_when_a_core_is_spare() -> None:
     alone.close()
 
 
-def test_fused_searches_rank_alike_beside_and_in_line(tmp_path: Path) -> None:
+def test_fused_searches_rank_alike_beside_and_in_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same fused searches with text, the keyword pass on a second core and on the caller's
     thread: the same hits and scores."""
+    monkeypatch.setattr(searcher, "BESIDE_MIN_ROWS", 100)  # (a pass over 300 rows is short)
     rng = np.random.default_rng(8)
     clock = FakeClock()
     data = tmp_path / "data"

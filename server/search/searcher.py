@@ -75,6 +75,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Below this many rows to match keywords in, the pass is short, and handing it to another thread
+# cost about what running it beside the vector search saved (docs/perf-log.md).
+BESIDE_MIN_ROWS = 200_000
+
 KEYWORD_ONLY = (
     "query_text could not be embedded (the server's embedder is unavailable): "
     "results are ranked by keyword match only"
@@ -134,9 +138,10 @@ class Beside:
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
-    def start(self, step: Callable[[], T]) -> Callable[[], T]:
-        """Start ``step``; the function returned waits for its result (or raises what it raised)."""
-        if self._turns.size > 1 and self._turns.spare():
+    def start(self, step: Callable[[], T], worth_it: bool = True) -> Callable[[], T]:
+        """Start ``step``; the function returned waits for its result (or raises what it raised).
+        ``worth_it`` False: a short step, run in line (a handoff would cost what it saves)."""
+        if worth_it and self._turns.size > 1 and self._turns.spare():
             with self._lock:
                 if self._pool is None and not self._closed:
                     self._pool = ThreadPoolExecutor(self._turns.size - 1, thread_name_prefix="search-beside")
@@ -326,7 +331,10 @@ class Searcher:
             # The keyword pass needs nothing from the vector search until its sums are read out
             # (the vector's rows are probed then): both run at once when a core is spare.
             names, text = list(a.scope_w), a.hybrid.text
-            pending = self._beside.start(lambda: keyword_pass(src, keyword_mask, keyword_count, names, text))
+            pending = self._beside.start(
+                lambda: keyword_pass(src, keyword_mask, keyword_count, names, text),
+                worth_it=keyword_count >= BESIDE_MIN_ROWS,
+            )
         vector = None
         if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
             vector = self._most_similar(scorer, mask, count, depth)
