@@ -87,15 +87,17 @@ def appended(
 
 @_kernel
 def _add_term(
-    lo, hi, w, rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m
+    lo, hi, w, rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m, current
 ):  # pragma: no cover
     """Adds the BM25 terms (idf ``w``) of the valid postings ``lo:hi`` to ``acc``, a row-indexed
     accumulator zero where untouched (a term's contribution is always > 0); returns how many rows
-    ``touched`` holds. ``allowed`` is no longer than ``row_gen`` or ``acc``."""
+    ``touched`` holds. ``allowed`` is no longer than ``row_gen`` or ``acc``. ``current``: every
+    posting is of its row's current content, so generations are not compared (one random read
+    fewer a posting)."""
     n_rows = allowed.shape[0]
     for i in range(lo, hi):
         r = rows[i]
-        if r < n_rows and allowed[r] and gens[i] == row_gen[r]:
+        if r < n_rows and allowed[r] and (current or gens[i] == row_gen[r]):
             tf = tfs[i]
             norm = k1 * (1.0 - b + b * lens[i] / avgdl)
             if acc[r] == 0.0:
@@ -107,14 +109,29 @@ def _add_term(
 
 @_kernel
 def _score_sorted(
-    keys, starts, rows, tfs, gens, lens, wanted, idf, row_gen, allowed, avgdl, k1, b, acc, touched, m
+    keys, starts, rows, tfs, gens, lens, wanted, idf, row_gen, allowed, avgdl, k1, b, acc, touched, m, current
 ):  # pragma: no cover
     at = np.searchsorted(keys, wanted)
     for j in range(wanted.shape[0]):
         if idf[j] > 0.0 and at[j] < keys.shape[0] and keys[at[j]] == wanted[j]:
             lo, hi = starts[at[j]], starts[at[j] + 1]
             m = _add_term(
-                lo, hi, idf[j], rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m
+                lo,
+                hi,
+                idf[j],
+                rows,
+                tfs,
+                gens,
+                lens,
+                row_gen,
+                allowed,
+                avgdl,
+                k1,
+                b,
+                acc,
+                touched,
+                m,
+                current,
             )
     return m
 
@@ -127,7 +144,22 @@ def _score_appended(
         j = np.searchsorted(wanted, keys[i])
         if j < wanted.shape[0] and wanted[j] == keys[i] and idf[j] > 0.0:
             m = _add_term(
-                i, i + 1, idf[j], rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m
+                i,
+                i + 1,
+                idf[j],
+                rows,
+                tfs,
+                gens,
+                lens,
+                row_gen,
+                allowed,
+                avgdl,
+                k1,
+                b,
+                acc,
+                touched,
+                m,
+                False,
             )
     return m
 
@@ -225,8 +257,11 @@ def accumulate(
     avgdl: float,
     k1: float = 1.2,
     b: float = 0.75,
+    current: Sequence[bool] | None = None,
 ) -> Sums:
-    """The pass of ``bm25`` (same arguments): each valid posting's term added to its row's sum."""
+    """The pass of ``bm25`` (same arguments): each valid posting's term added to its row's sum.
+    ``current[i]`` True: every posting of ``sources[i]`` (sorted ones only) is known to be of its
+    row's current content (the caller vouches for it), so its generations are not compared."""
     _check("wanted", wanted, np.int32)
     _check("weights", weights, np.float64, wanted.shape[0])
     _check("row_gen", row_gen, np.int32)
@@ -239,13 +274,17 @@ def accumulate(
         allowed = allowed[: row_gen.shape[0]]  # rows never posted hold no term
     if not all(isinstance(s, Postings | Appended) for s in sources):
         raise ValueError("sources must be built by postings() or appended()")
+    if current is None:
+        current = (False,) * len(sources)
+    elif len(current) != len(sources):
+        raise ValueError("current must have one flag per source")
     scratch = _take_scratch(allowed.shape[0])  # (dropped if a kernel raises: it may hold partial sums)
     acc, touched = scratch
     m = 0
     args = (wanted, weights, row_gen, allowed, float(avgdl), float(k1), float(b), acc, touched)
-    for s in sources:
+    for s, known in zip(sources, current, strict=True):
         if isinstance(s, Postings):
-            m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, s.lens, *args, m)
+            m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, s.lens, *args, m, bool(known))
         else:
             m = _score_appended(s.keys, s.filled, s.rows, s.tfs, s.gens, s.lens, *args, m)
     return Sums(scratch, m, allowed.shape[0])

@@ -90,6 +90,33 @@ def test_bm25_kernel_matches_the_reference(seed: int) -> None:
     np.testing.assert_array_equal(again[1], got[1])  # the reused accumulator was left all zeros
 
 
+def test_a_pass_read_out_later_matches_the_reference() -> None:
+    """The pass and its read-out apart (a search probes the rows its vector search found meanwhile):
+    the same answer as the reference; the sums read out once; a second pass between them is apart."""
+    rng = np.random.default_rng(11)
+    n, n_keys = 150, 10
+    sources = _random_sources(rng, n, n_keys)
+    wanted = np.arange(n_keys, dtype=np.int32)
+    weights = rng.random(n_keys) + 0.5
+    row_gen = rng.integers(1, 3, size=n + 10).astype(np.int32)
+    allowed = rng.random(n) < 0.8
+    want = reference_bm25(sources, wanted, weights, row_gen, allowed, 20.0)
+    first = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 20.0)
+    other = kw_kernels.accumulate(sources, wanted[:3], weights[:3], row_gen, ~allowed, 20.0)
+    probe = want[0][:5].astype(np.int64)
+    rows, scores, probed = first.collect(probe, depth=-1)
+    order = np.argsort(rows)
+    np.testing.assert_array_equal(rows[order], want[0])
+    np.testing.assert_allclose(scores[order], want[1], rtol=1e-5)
+    np.testing.assert_allclose(probed, want[1][:5], rtol=1e-5)
+    with pytest.raises(RuntimeError, match="collected already"):
+        first.collect()
+    other_rows, _, _ = other.collect()
+    assert not allowed[other_rows].any()  # its own sums, not the first pass's
+    empty = kw_kernels.no_sums().collect(np.array([1, 2], np.int64), depth=5)
+    assert empty[0].shape == (0,) and empty[2].tolist() == [0.0, 0.0]
+
+
 def test_bm25_kernel_edges_and_checks() -> None:
     none_i = np.empty(0, np.int32)
     gen, allowed = np.ones(3, np.int32), np.ones(3, np.bool_)
@@ -414,3 +441,64 @@ def test_a_snapshot_from_before_postings_carried_lengths_restores_the_same_answe
         assert _search(KeywordIndex.restore(old), q, alive) == pytest.approx(
             _search(index, q, alive), rel=1e-6
         )
+
+
+def test_segments_without_stale_postings_skip_the_generation_check() -> None:
+    """A segment built holding only current contents is read without comparing generations until a
+    content is replaced; from then on it is checked again, until a compaction rebuilds it: the
+    answers stay those of a single unsorted buffer, which always compares them."""
+    rng = np.random.default_rng(21)
+    vocab = [f"word{i}" for i in range(12)]
+    segmented, flat = KeywordIndex(delta_size=32), KeywordIndex(delta_size=1 << 16)
+    alive = np.ones(300, np.bool_)
+
+    def answers_agree() -> None:
+        for q in ("word1", "word2 word3", "word4 fresh"):
+            assert _search(segmented, q, alive) == pytest.approx(_search(flat, q, alive), rel=1e-6)
+
+    for row in range(300):
+        text = " ".join(rng.choice(vocab, size=5))
+        for index in (segmented, flat):
+            index.add(row, 0, text)
+    segments, _, stamps = segmented._view
+    assert len(segments) > 1 and all(s == segmented._replaced for s in stamps)  # read unchecked
+    answers_agree()
+    for index in (segmented, flat):
+        index.add(7, 0, "fresh words only")  # row 7's old postings are stale in some segment
+    assert all(s != segmented._replaced for s in segmented._view[2])  # checked again
+    assert 7 not in _search(segmented, " ".join(vocab), alive)  # its old words no longer find it
+    assert set(_search(segmented, "fresh", alive)) == {7}
+    answers_agree()
+    segmented.compact(alive)
+    assert segmented._view[2] == (segmented._replaced,)  # rebuilt without them: unchecked again
+    answers_agree()
+
+
+def test_current_sources_match_the_reference() -> None:
+    rng = np.random.default_rng(5)
+    n, n_keys = 120, 8
+    row_gen = np.ones(n + 10, np.int32)
+    keys = np.arange(n_keys, dtype=np.int32)
+    per_key = rng.integers(5, 30, size=n_keys)
+    starts = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+    total = int(starts[-1])
+    seg = kw_kernels.postings(
+        keys,
+        starts,
+        rng.integers(0, n, size=total).astype(np.int32),
+        rng.integers(1, 4, size=total).astype(np.float32),
+        np.ones(total, np.int32),  # every posting current
+        rng.integers(1, 40, size=total).astype(np.uint16),
+    )
+    wanted, weights = keys, rng.random(n_keys) + 0.2
+    allowed = rng.random(n) < 0.75
+    want = reference_bm25([seg], wanted, weights, row_gen, allowed, 12.0)
+    for current in ((True,), (False,)):
+        rows, scores, _ = kw_kernels.accumulate(
+            [seg], wanted, weights, row_gen, allowed, 12.0, current=current
+        ).collect()
+        order = np.argsort(rows)
+        np.testing.assert_array_equal(rows[order], want[0])
+        np.testing.assert_allclose(scores[order], want[1], rtol=1e-5)
+    with pytest.raises(ValueError, match="one flag per source"):
+        kw_kernels.accumulate([seg], wanted, weights, row_gen, allowed, 12.0, current=(True, False))

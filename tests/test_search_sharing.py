@@ -85,6 +85,11 @@ def test_searches_share_a_mask_until_a_row_changes(tmp_path: Path) -> None:
         e.create([_memory(i, rng) for i in range(30)], batch=True)
         first, again = _shared_mask_is_current(e)
         assert again is first  # nothing changed: the same mask serves both
+        view, now, space = e.columns.view(), e.clock(), e.spaces["m"].id
+        in_space, n_space = e.state.shared_allowed_rows(view, [NS], Filter(), now, space, within=first)
+        want, n_want = e.state.allowed_rows(view, [NS], Filter(), now, space)
+        assert np.array_equal(in_space, want) and n_space == n_want == 30  # narrowed, not a new pass
+        assert e.state.shared_allowed_rows(view, [NS], Filter(), now, space)[0] is in_space
         q = _query(rng)
         assert sorted(_ids(e, q)) == sorted(f"m{i}" for i in range(30))
 

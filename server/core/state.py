@@ -192,10 +192,17 @@ class EngineState:
         return masks.allowed_rows(self.columns, view, namespaces, flt, now, space)
 
     def shared_allowed_rows(
-        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
+        self,
+        view: ColumnsView,
+        namespaces: list[str],
+        flt: Filter,
+        now: float,
+        space: int = -1,
+        within: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
-        """``allowed_rows`` from a cache of recent masks: the caller must not change the mask."""
-        return self._masks.allowed_rows(self.columns, view, namespaces, flt, now, space)
+        """``allowed_rows`` from a cache of recent masks (``index.masks.MaskCache``): the caller must
+        not change the mask."""
+        return self._masks.allowed_rows(self.columns, view, namespaces, flt, now, space, within)
 
     def check_filter(self, flt: Filter, prefix: str = "filter.") -> Filter:
         return masks.check_filter(flt, self.config.max_content_bytes, prefix)

@@ -57,8 +57,15 @@ class KeywordIndex:
         self._fwd_used = 0
         self._row_fwd = np.zeros(1024, np.int64)
         self._row_nkeys = np.zeros(1024, np.int32)
-        # What readers see, swapped as one: the sorted segments and the delta.
-        self._view: tuple[tuple[kernels.Postings, ...], kernels.Appended] = ((), self._new_delta())
+        # What readers see, swapped as one: the sorted segments, the delta, and each segment's stamp:
+        # the count of replaced contents when it was built holding no stale posting (-1: it may hold
+        # some). While that count has not moved, its postings need no generation check.
+        self._view: tuple[tuple[kernels.Postings, ...], kernels.Appended, tuple[int, ...]] = (
+            (),
+            self._new_delta(),
+            (),
+        )
+        self._replaced = 0  # contents replaced so far (a row posted again with other content)
         self._gen = np.zeros(1024, np.int32)  # per row: its content generation (0: never posted)
         self.posted_rows = 0  # contents posted since the last compaction (live or not)
         self._bumps = 0  # row generations changed so far: a reader that saw it move reads again
@@ -75,7 +82,7 @@ class KeywordIndex:
 
     @property
     def postings_count(self) -> int:
-        segments, delta = self._view
+        segments, delta, _ = self._view
         return sum(seg.size for seg in segments) + delta.filled
 
     def _new_delta(self) -> kernels.Appended:
@@ -120,7 +127,9 @@ class KeywordIndex:
         n = len(keys)
         if n > self.delta_size - self._view[1].filled:
             self._flush()
-        segments, d = self._view
+        if gen > 1:  # (after any flush: segments stamped before this hold its old postings)
+            self._replaced += 1
+        segments, d, stamps = self._view
         if n > self.delta_size:  # a long text: its postings make a segment of their own (merged later:
             # a merge now would drop them, as the row's generation is not published yet)
             own = _segment(
@@ -130,7 +139,8 @@ class KeywordIndex:
                 np.full(n, gen, np.int32),
                 np.full(n, _clipped(length), np.uint16),
             )
-            self._view = ((*segments, own), d)
+            self._view = ((*segments, own), d, (*stamps, -1))  # (checked: its row's generation is not
+            # published yet, so its postings do not count until it is)
         else:
             end = d.filled + n
             d.keys[d.filled : end] = keys
@@ -138,7 +148,7 @@ class KeywordIndex:
             d.tfs[d.filled : end] = _tfs(terms)
             d.gens[d.filled : end] = gen
             d.lens[d.filled : end] = _clipped(length)
-            self._view = (segments, d._replace(filled=end))  # slots beyond what was filled: unseen by readers
+            self._view = (segments, d._replace(filled=end), stamps)  # slots beyond what was filled: unseen
         self._gen[row] = gen  # published last: the new postings count from here on
         self._bumps += 1
 
@@ -190,31 +200,24 @@ class KeywordIndex:
 
     def _flush(self) -> None:
         """Turn the delta into a segment; merge segments of similar size."""
-        old, d = self._view
-        segments = list(old)
+        old, d, stamps = self._view
+        segments = list(zip(old, stamps, strict=True))
         if d.filled:
             n = d.filled
-            segments.append(
-                _segment(
-                    d.keys[:n].copy(),
-                    d.rows[:n].copy(),
-                    d.tfs[:n].copy(),
-                    d.gens[:n].copy(),
-                    d.lens[:n].copy(),
-                )
-            )
-        self._view = (self._merged(segments), self._new_delta())
+            rows, gens = d.rows[:n], d.gens[:n]
+            keep = gens == self._gen[rows]  # (every add in the delta is published: replaced content goes)
+            fresh = _segment(d.keys[:n][keep], rows[keep], d.tfs[:n][keep], gens[keep], d.lens[:n][keep])
+            segments.append((fresh, self._replaced))
+        merged = self._merged(segments)
+        self._view = (tuple(seg for seg, _ in merged), self._new_delta(), tuple(st for _, st in merged))
 
-    def _merged(
-        self, segments: list[kernels.Postings] | tuple[kernels.Postings, ...]
-    ) -> tuple[kernels.Postings, ...]:
-        """Segments of similar size merged (the newest into the one before while it is at least a
-        quarter of its size), so a search reads a logarithmic number of them."""
-        segments = list(segments)
-        while len(segments) >= 2 and 4 * segments[-1].size >= segments[-2].size:
+    def _merged(self, segments: list[tuple[kernels.Postings, int]]) -> list[tuple[kernels.Postings, int]]:
+        """Segments (with their stamps) of similar size merged (the newest into the one before while
+        it is at least a quarter of its size), so a search reads a logarithmic number of them."""
+        while len(segments) >= 2 and 4 * segments[-1][0].size >= segments[-2][0].size:
             newer, older = segments.pop(), segments.pop()
-            segments.append(self._merge([older, newer]))
-        return tuple(segments)
+            segments.append((self._merge([older[0], newer[0]]), self._replaced))
+        return segments
 
     def _merge(self, parts: list[kernels.Postings], alive: np.ndarray | None = None) -> kernels.Postings:
         keys = np.concatenate([np.repeat(s.keys, np.diff(s.starts)) for s in parts]).astype(np.int32)
@@ -241,14 +244,14 @@ class KeywordIndex:
         self._ns_rows = np.bincount(self._row_ns[live], minlength=size).astype(np.int64)
         self._flush()
         if self._view[0]:
-            self._view = ((self._merge(list(self._view[0]), alive),), self._view[1])
+            self._view = ((self._merge(list(self._view[0]), alive),), self._view[1], (self._replaced,))
         self._recount(live)
         return before - self.postings_count
 
     def _recount(self, live: np.ndarray) -> None:
         """Each row's keys and the document frequencies again from the postings of the ``live`` rows'
         current contents (after a compaction, which drops the keys of the others; or a restore)."""
-        segments, d = self._view
+        segments, d, _ = self._view
         parts = [(np.repeat(s.keys, np.diff(s.starts)), s.rows, s.gens) for s in segments]
         parts.append((d.keys[: d.filled], d.rows[: d.filled], d.gens[: d.filled]))
         keys, rows, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
@@ -297,9 +300,13 @@ class KeywordIndex:
         by_key = weights[np.array([i for _, i in found], np.int64)]
         avgdl = max(1.0, self.average_length(namespaces))
         for attempt in range(8):
-            bumps = self._bumps
-            (segments, delta), gen = self._view, self._gen  # (the generations as new as the view, or newer)
-            out = kernels.accumulate((*segments, delta), wanted, by_key, gen, allowed, avgdl)
+            bumps, replaced = self._bumps, self._replaced
+            (segments, delta, stamps), gen = (
+                self._view,
+                self._gen,
+            )  # (generations as new as the view, or newer)
+            current = (*(st == replaced for st in stamps), False)
+            out = kernels.accumulate((*segments, delta), wanted, by_key, gen, allowed, avgdl, current=current)
             if self._bumps == bumps or attempt == 7:  # no row's generation moved meanwhile: postings
                 break  # and generations agree
             out.collect()  # (gives its buffer back)
@@ -309,7 +316,7 @@ class KeywordIndex:
     def state(self) -> dict[str, Any]:
         """The postings as they stand (segments and a copy of the delta), with the key names, for the
         columns snapshot. Changes nothing: it runs between two commit groups."""
-        segments, d = self._view
+        segments, d, _ = self._view
         n = d.filled
         delta = (
             d.keys[:n].copy(),
@@ -355,7 +362,17 @@ class KeywordIndex:
         keys, _, rows, tfs, gens, lens = with_lens(state["delta"])
         if keys.shape[0]:
             segments.append(_segment(keys, rows, tfs, gens, lens))
-        index._view = (tuple(seg for seg in segments if seg.size), index._view[1])
+        kept = tuple(seg for seg in segments if seg.size)
+        gen = index._gen
+
+        def stamp(seg: kernels.Postings) -> int:  # (a snapshot may hold stale postings)
+            rows = seg.rows
+            ok = bool((rows < gen.shape[0]).all()) and bool(
+                (seg.gens == gen[np.minimum(rows, gen.shape[0] - 1)]).all()
+            )
+            return 0 if ok else -1
+
+        index._view = (kept, index._view[1], tuple(stamp(seg) for seg in kept))
         size = index._gen.shape[0]
         index._row_fwd, index._row_nkeys = np.zeros(size, np.int64), np.zeros(size, np.int32)
         index._recount((index._gen > 0) & (index._row_ns[:size] >= 0))

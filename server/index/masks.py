@@ -5,6 +5,7 @@ check of a request's filter before it is used. Lock-free readers of a ``ColumnsV
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -72,7 +73,10 @@ class MaskCache:
     def __init__(self, size: int = 16) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._masks: OrderedDict[tuple, tuple[int, ColumnsView, np.ndarray, int]] = OrderedDict()
+        # key -> (the columns, weakly: a replaced one must not be kept alive; epoch; rows; mask; count)
+        self._masks: OrderedDict[tuple, tuple[weakref.ref[Columns], int, int, np.ndarray, int]] = (
+            OrderedDict()
+        )
 
     def allowed_rows(
         self,
@@ -82,12 +86,20 @@ class MaskCache:
         flt: Filter,
         now: float,
         space: int = -1,
+        within: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
-        """``allowed_rows``, shared with earlier callers of the same request while nothing changed."""
-        if not _cacheable(cols, flt, now):
+        """``allowed_rows``, shared with earlier callers of the same request while nothing changed.
+        ``within``: the same request's mask without a space, if the caller has it (a new mask is then
+        that one's rows in ``space``: one pass over two arrays)."""
+
+        def computed() -> tuple[np.ndarray, int]:
+            if within is not None and space >= 0:
+                return kernels.mask_equal(within, view.space, space)
             return allowed_rows(cols, view, namespaces, flt, now, space)
+
+        if not _cacheable(cols, flt, now):
+            return computed()
         key = (
-            id(cols),
             tuple(sorted(set(namespaces))),
             tuple(flt.tiers),
             tuple(flt.kinds),
@@ -95,16 +107,18 @@ class MaskCache:
             flt.created_before,
             space,
         )
-        epoch = cols.epoch
+        epoch = cols.epoch  # (read first: a change made while the mask is computed moves it after)
         with self._lock:
             hit = self._masks.get(key)
-            if hit is not None and hit[0] == epoch and hit[1] is view:
+            # The same epoch: no row changed and none was published since, so the same rows; a view
+            # taken before the last publication has fewer rows and computes its own.
+            if hit is not None and hit[0]() is cols and hit[1] == epoch and hit[2] == view.n:
                 self._masks.move_to_end(key)
-                return hit[2], hit[3]
-        mask, count = allowed_rows(cols, view, namespaces, flt, now, space)
-        if cols.epoch == epoch and cols.view() is view:  # nothing changed while it was computed
+                return hit[3], hit[4]
+        mask, count = computed()
+        if cols.epoch == epoch:  # nothing changed while it was computed
             with self._lock:
-                self._masks[key] = (epoch, view, mask, count)
+                self._masks[key] = (weakref.ref(cols), epoch, view.n, mask, count)
                 self._masks.move_to_end(key)
                 while len(self._masks) > self.size:
                     self._masks.popitem(last=False)

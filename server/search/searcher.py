@@ -246,7 +246,7 @@ class Searcher:
             if only_tier:
                 mask, count = kernels.mask_equal(keyword_mask, view.space, sp.id)
             else:
-                mask, count = src.shared_allowed_rows(view, names, flt, now, sp.id)
+                mask, count = src.shared_allowed_rows(view, names, flt, now, sp.id, within=keyword_mask)
         return mask, keyword_mask, count, keyword_count
 
     def _rank(

@@ -68,9 +68,16 @@ class SearchSource(Protocol):
         ...
 
     def shared_allowed_rows(
-        self, view: ColumnsView, namespaces: list[str], flt: Filter, now: float, space: int = -1
+        self,
+        view: ColumnsView,
+        namespaces: list[str],
+        flt: Filter,
+        now: float,
+        space: int = -1,
+        within: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
-        """``allowed_rows``, maybe shared with other searches: the caller must not change the mask."""
+        """``allowed_rows``, maybe shared with other searches: the caller must not change the mask.
+        ``within``: the same request's mask without a space, to narrow instead of a new pass."""
         ...
 
     def check_filter(self, flt: Filter) -> Filter:
