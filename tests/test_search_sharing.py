@@ -188,3 +188,35 @@ def test_fused_searches_rank_alike_beside_and_in_line(
             e.close()
     assert answers[0] == answers[1]
     assert all(len(a) > 0 for a in answers[0])
+
+
+def test_a_space_mask_narrowed_from_a_mask_a_write_outdated_is_not_shared(tmp_path: Path) -> None:
+    """A text search narrows its keyword mask to the vector space; a write between the two must not
+    leave the narrowed (outdated) mask to later searches."""
+    rng = np.random.default_rng(12)
+    e = _engine(tmp_path / "data", FakeClock())
+    try:
+        e.create([_memory(i, rng, tier=1) for i in range(20)], batch=True)
+        vec = e.get(NS, "m7", include_embedding=True)[1]
+        flt = Filter(tiers=[4])
+        q = SearchQuery(
+            namespaces=[NS], embedding=vec, embedding_model="m", text="zzzz", hybrid=True,
+            limit=10, read_only=True, filter=flt,
+        )  # fmt: skip
+        assert _ids(e, q) == []
+        shared = e.state.shared_allowed_rows
+        moved: list[bool] = []
+
+        def move_between(*a: object, within: np.ndarray | None = None, **kw: object) -> object:
+            if within is not None and not moved:  # after the keyword mask, before the space's
+                moved.append(True)
+                e.update(NS, "m7", NewMemory(namespace=NS, content="", tier=4), ["tier"])
+            return shared(*a, within=within, **kw)  # type: ignore[arg-type]
+
+        e.state.shared_allowed_rows = move_between  # type: ignore[method-assign]
+        e.search(q)
+        e.state.shared_allowed_rows = shared  # type: ignore[method-assign]
+        assert moved
+        assert _ids(e, q) == ["m7"]
+    finally:
+        e.close()

@@ -300,11 +300,12 @@ class KeywordIndex:
         by_key = weights[np.array([i for _, i in found], np.int64)]
         avgdl = max(1.0, self.average_length(namespaces))
         for attempt in range(8):
-            bumps, replaced = self._bumps, self._replaced
-            (segments, delta, stamps), gen = (
-                self._view,
-                self._gen,
-            )  # (generations as new as the view, or newer)
+            bumps = self._bumps
+            segments, delta, stamps = self._view
+            gen = self._gen  # (generations as new as the view, or newer)
+            # Read after the view: a replacement published in it has moved this count already. The
+            # last try, kept even if a generation moved meanwhile, checks every posting.
+            replaced = self._replaced if attempt < 7 else -2
             current = (*(st == replaced for st in stamps), False)
             out = kernels.accumulate((*segments, delta), wanted, by_key, gen, allowed, avgdl, current=current)
             if self._bumps == bumps or attempt == 7:  # no row's generation moved meanwhile: postings
