@@ -116,17 +116,18 @@ class MaskCache:
                 self._masks.move_to_end(key)
                 return hit[3], hit[4]
         mask, count = computed()
-        if within is not None and space >= 0:
-            # Narrowed from the caller's mask: current only if that is this epoch's shared mask.
-            base = self._masks.get((*key[:-1], -1))
-            if base is None or base[3] is not within or base[1] != epoch:
-                return mask, count
-        if cols.epoch == epoch and cols.is_live(view):  # nothing changed while it was computed
-            with self._lock:
-                self._masks[key] = (weakref.ref(cols), epoch, view.n, mask, count)
-                self._masks.move_to_end(key)
-                while len(self._masks) > self.size:
-                    self._masks.popitem(last=False)
+        if cols.epoch != epoch or not cols.is_live(view):  # a change while it was computed
+            return mask, count
+        with self._lock:
+            if within is not None and space >= 0:
+                # Narrowed from the caller's mask: current only if that is this epoch's shared mask.
+                base = self._masks.get((*key[:-1], -1))
+                if base is None or base[3] is not within or base[1] != epoch:
+                    return mask, count
+            self._masks[key] = (weakref.ref(cols), epoch, view.n, mask, count)
+            self._masks.move_to_end(key)
+            while len(self._masks) > self.size:
+                self._masks.popitem(last=False)
         return mask, count
 
 
