@@ -721,6 +721,12 @@ def _warm_keywords(tiny: _Tiny) -> None:
     )
     keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows)
     keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows, depth=1)
+    # The pruned pass, with a term left for the read-out: the second term cannot lift row 1 to the top.
+    two = np.array([0, 1], np.int32)
+    skewed = keywords.postings(
+        two, np.array([0, 1, 2], np.int64), two, np.array([5.0, 1.0], np.float32), i32, u16
+    )
+    keywords.bm25((skewed,), two, np.array([3.0, 0.1]), i32, b, 1.0, probe=tiny.rows, depth=1)
     keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
     keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
 

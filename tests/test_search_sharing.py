@@ -1,23 +1,22 @@
-"""What searches share to save work: recent row masks (reused while no row changed) and a second
-core for the keyword pass (run beside the vector search when a core is spare). Neither may change an
-answer: real engines over real LMDB files and FAISS indexes."""
+"""What searches share or skip to save work: recent row masks (reused while no row changed), and the
+keyword postings that cannot reach a fused search's best matches. Neither may change an answer: real
+engines over real LMDB files and FAISS indexes."""
 
 from __future__ import annotations
 
-import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import FakeClock
 
+from tiermem.kernels import keywords as kw_kernels
 from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.types import Filter
-from tiermem.server.search import searcher
 from tiermem.server.search.query import FUSED, SearchQuery
-from tiermem.server.search.searcher import Beside, Turns
 
 NS = "team:search"
 DIM = 8
@@ -138,56 +137,45 @@ def test_a_mask_is_not_shared_once_a_memory_can_expire(tmp_path: Path) -> None:
         e.close()
 
 
-def test_the_keyword_pass_runs_beside_only_when_a_core_is_spare() -> None:
-    def where() -> str:
-        return threading.current_thread().name
-
-    turns = Turns(2)
-    beside = Beside(turns)
-    try:
-        assert beside.start(where)().startswith("search-beside")
-        with turns.take():  # one ranking running: the other core is spare
-            assert beside.start(where)().startswith("search-beside")
-            with turns.take():  # every turn taken: in line, on the caller's thread
-                assert beside.start(where)() == where()
-        assert beside.start(where, worth_it=False)() == where()  # a short step: in line
-        with pytest.raises(ZeroDivisionError):  # what the step raised, raised where it is waited for
-            beside.start(lambda: 1 // 0)()
-    finally:
-        beside.close()
-    assert beside.start(where)() == where()  # closed: in line
-    alone = Beside(Turns(1))  # one core: always in line
-    assert alone.start(where)() == where()
-    alone.close()
-
-
-def test_fused_searches_rank_alike_beside_and_in_line(
+def test_fused_searches_rank_alike_with_the_pruned_keyword_pass_and_the_full_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same fused searches with text, the keyword pass on a second core and on the caller's
-    thread: the same hits and scores."""
-    monkeypatch.setattr(searcher, "BESIDE_MIN_ROWS", 100)  # (a pass over 300 rows is short)
+    """The keyword pass of a fused search skips the postings that cannot reach its best matches (a
+    rare word's matches outscore anything a common word alone could add): the same hits and scores
+    as the pass that reads every posting."""
     rng = np.random.default_rng(8)
     clock = FakeClock()
-    data = tmp_path / "data"
-    e = _engine(data, clock)
-    e.create([_memory(i, rng) for i in range(300)], batch=True)
-    e.close()
-    answers = []
-    for concurrency in (2, 1):
-        e = _engine(data, clock, search_concurrency=concurrency)
-        try:
+    e = _engine(tmp_path / "data", clock)
+    try:
+        batch = [_memory(i, rng) for i in range(600)]  # (their postings fill sorted segments)
+        for i, m in enumerate(batch):  # a rare word in 120 of them, a common one in most
+            extra = (" zebra" if i % 5 == 0 else "") + (" deploy" if i % 7 else "")
+            batch[i] = replace(m, content=m.content + extra)
+        e.create(batch, batch=True)
+        names = [e.columns.namespaces.get(NS)]
+        allowed = np.ones(len(e.columns), np.bool_)
+        sums = e.state.keywords.sums(names, ["zebra", "deploy"], allowed, 10**6, depth=50)
+        assert sums.pruned  # (the case this test is about)
+        sums.release()
+
+        def answers() -> list[list[tuple[str, float]]]:
             qrng = np.random.default_rng(9)
-            got = []
+            out = []
             for j in range(12):
-                q = _query(qrng, text=" ".join(WORDS[(j + k) % len(WORDS)] for k in range(2)), strategy=FUSED)
-                got.append([(h.record.id, round(h.score, 6)) for h in e.search(q)])
-            answers.append(got)
-            assert (e.searcher._beside._pool is not None) == (concurrency == 2)  # the path taken
-        finally:
-            e.close()
-    assert answers[0] == answers[1]
-    assert all(len(a) > 0 for a in answers[0])
+                text = "zebra deploy " + WORDS[j % len(WORDS)]
+                q = SearchQuery(**{**_query(qrng, text=text, strategy=FUSED).__dict__, "limit": 10})
+                out.append([(h.record.id, h.score) for h in e.search(q)])
+            return out
+
+        pruned = answers()
+        monkeypatch.setattr(kw_kernels, "MAX_PACKED", 0)  # every posting read
+        full = answers()
+        assert [[i for i, _ in a] for a in pruned] == [[i for i, _ in a] for a in full]
+        for a, b in zip(pruned, full, strict=True):  # (keyword sums added in another order)
+            np.testing.assert_allclose([s for _, s in a], [s for _, s in b], rtol=1e-5)
+        assert all(len(a) > 0 for a in pruned)
+    finally:
+        e.close()
 
 
 def test_a_space_mask_narrowed_from_a_mask_a_write_outdated_is_not_shared(tmp_path: Path) -> None:

@@ -277,13 +277,13 @@ class KeywordIndex:
         depth: int = -1,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """See ``bm25``: ``sums`` collected at once."""
-        return self.sums(namespaces, terms, allowed, max_postings).collect(probe, depth)
+        return self.sums(namespaces, terms, allowed, max_postings, depth).collect(probe, depth)
 
     def sums(
-        self, namespaces: list[int], terms: list[str], allowed: np.ndarray, max_postings: int
+        self, namespaces: list[int], terms: list[str], allowed: np.ndarray, max_postings: int, depth: int = -1
     ) -> kernels.Sums:
-        """The keyword pass of ``bm25`` (its sums, to collect): the postings are read in place, as the
-        view stands when the search starts."""
+        """The keyword pass of ``bm25`` (its sums, to collect at most ``depth`` best of, when >= 0): the
+        postings are read in place, as the view stands when the search starts."""
         found = sorted(
             (k, i)
             for i, t in enumerate(terms)
@@ -307,10 +307,12 @@ class KeywordIndex:
             # last try, kept even if a generation moved meanwhile, checks every posting.
             replaced = self._replaced if attempt < 7 else -2
             current = (*(st == replaced for st in stamps), False)
-            out = kernels.accumulate((*segments, delta), wanted, by_key, gen, allowed, avgdl, current=current)
+            out = kernels.accumulate(
+                (*segments, delta), wanted, by_key, gen, allowed, avgdl, current=current, depth=depth
+            )
             if self._bumps == bumps or attempt == 7:  # no row's generation moved meanwhile: postings
                 break  # and generations agree
-            out.collect()  # (gives its buffer back)
+            out.release()  # (gives its buffer back)
         return out
 
     # -- snapshots -------------------------------------------------------------------------------
@@ -329,7 +331,7 @@ class KeywordIndex:
         )
         return {
             "keys": list(self._key_ids),
-            "segments": [tuple(seg) for seg in segments],
+            "segments": [seg.arrays for seg in segments],
             "delta": delta,  # keys per posting, unsorted (starts unused)
             "row_gen": self._gen.copy(),
             "row_hash": self._row_hash.copy(),
@@ -414,14 +416,20 @@ def bm25(
     with ``depth`` >= 0 the ``depth`` best rows only, best first.
     idf counts the namespaces' memories (a filter narrows what is found, not how a term weighs); a
     term in more than ``max_postings`` of them is skipped."""
-    return keyword_sums(index, namespaces, text, allowed, max_postings).collect(probe, depth)
+    return keyword_sums(index, namespaces, text, allowed, max_postings, depth).collect(probe, depth)
 
 
 def keyword_sums(
-    index: KeywordIndex, namespaces: list[int], text: str, allowed: np.ndarray, max_postings: int
+    index: KeywordIndex,
+    namespaces: list[int],
+    text: str,
+    allowed: np.ndarray,
+    max_postings: int,
+    depth: int = -1,
 ) -> kernels.Sums:
-    """The pass of ``bm25`` (same arguments), its sums to collect with the probe rows and depth."""
+    """The pass of ``bm25`` (same arguments), its sums to collect with the probe rows and (at most)
+    ``depth``."""
     terms = list(keyword_terms(text))
     if not terms:
         return kernels.no_sums()
-    return index.sums(namespaces, terms, allowed, max_postings)
+    return index.sums(namespaces, terms, allowed, max_postings, depth)

@@ -38,17 +38,18 @@ def bm25(
     """The ``depth`` allowed rows (``count`` of them) of the namespaces best matching ``text`` by BM25,
     best first, and the scores of the ``probe`` rows; terms found in more than max_keyword_postings of
     their memories are skipped (they say almost nothing)."""
-    return keyword_scores(keyword_pass(source, mask, count, namespaces, text), depth, probe)
+    return keyword_scores(keyword_pass(source, mask, count, namespaces, text, depth), depth, probe)
 
 
 def keyword_pass(
-    source: SearchSource, mask: np.ndarray, count: int, namespaces: list[str], text: str
+    source: SearchSource, mask: np.ndarray, count: int, namespaces: list[str], text: str, depth: int
 ) -> Sums:
-    """The pass of ``bm25`` (same arguments): its per-row sums, read out by ``keyword_scores``."""
+    """The pass of ``bm25`` (same arguments): its per-row sums, read out by ``keyword_scores`` (at
+    most ``depth`` best)."""
     if count == 0:
         return no_sums()
     ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
-    return keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings)
+    return keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings, depth)
 
 
 def keyword_scores(sums: Sums, depth: int, probe: np.ndarray | None = None) -> KeywordScores:

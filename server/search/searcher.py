@@ -16,10 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import TypeVar
 
 import numpy as np
 
@@ -73,12 +71,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-# Below this many rows to match keywords in, the pass is short, and handing it to another thread
-# cost about what running it beside the vector search saved (docs/perf-log.md).
-BESIDE_MIN_ROWS = 200_000
-
 KEYWORD_ONLY = (
     "query_text could not be embedded (the server's embedder is unavailable): "
     "results are ranked by keyword match only"
@@ -101,10 +93,7 @@ class Turns:
     the GIL (see ServerConfig.search_concurrency)."""
 
     def __init__(self, size: int) -> None:
-        self.size = size
         self._slots = threading.BoundedSemaphore(size)
-        self._count = threading.Lock()
-        self._held = 0
 
     @contextmanager
     def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
@@ -114,52 +103,7 @@ class Turns:
                 raise DeadlineExceeded(
                     "the caller's deadline passed or it went away while the search waited for its turn"
                 )
-            with self._count:
-                self._held += 1
-            try:
-                yield
-            finally:
-                with self._count:
-                    self._held -= 1
-
-    def spare(self) -> bool:
-        """Fewer rankings run than there are turns: a core is free beside them."""
-        return self._held < self.size
-
-
-class Beside:
-    """Runs a ranking's independent step on a helper thread while the ranking goes on, when a core is
-    spare; in line otherwise (with every turn taken the cores are busy: a handoff would only add
-    its own cost)."""
-
-    def __init__(self, turns: Turns) -> None:
-        self._turns = turns
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._closed = False
-
-    def start(self, step: Callable[[], T], worth_it: bool = True) -> Callable[[], T]:
-        """Start ``step``; the function returned waits for its result (or raises what it raised).
-        ``worth_it`` False: a short step, run in line (a handoff would cost what it saves)."""
-        if worth_it and self._turns.size > 1 and self._turns.spare():
-            with self._lock:
-                if self._pool is None and not self._closed:
-                    self._pool = ThreadPoolExecutor(self._turns.size - 1, thread_name_prefix="search-beside")
-                pool = self._pool
-            if pool is not None:
-                try:
-                    return pool.submit(step).result
-                except RuntimeError:  # shut down meanwhile
-                    pass
-        value = step()
-        return lambda: value
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            yield
 
 
 class Searcher:
@@ -171,11 +115,6 @@ class Searcher:
         self.priors = PriorBounds(source, self._observer)
         # Embedding a query text (maybe a remote call) happens before a search takes its turn.
         self.turns = Turns(source.config.search_concurrency or usable_cores())
-        self._beside = Beside(self.turns)
-
-    def close(self) -> None:
-        """Stop the helper threads (a search after this runs every step in line)."""
-        self._beside.close()
 
     @property
     def observer(self) -> SearchObserver:
@@ -326,22 +265,17 @@ class Searcher:
             everything = Candidates(np.flatnonzero(mask), None)
             no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)
             return rank_fused(everything, None, count, scorer, no_relevance, row_w, a.min_similarity)
-        pending = None
-        if a.hybrid is not None and a.hybrid.keyword_weight > 0:
-            # The keyword pass needs nothing from the vector search until its sums are read out
-            # (the vector's rows are probed then): both run at once when a core is spare.
-            names, text = list(a.scope_w), a.hybrid.text
-            pending = self._beside.start(
-                lambda: keyword_pass(src, keyword_mask, keyword_count, names, text),
-                worth_it=keyword_count >= BESIDE_MIN_ROWS,
-            )
         vector = None
         if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
             vector = self._most_similar(scorer, mask, count, depth)
         keywords = None
-        if pending is not None:
+        if a.hybrid is not None and a.hybrid.keyword_weight > 0:
+            # The vector's rows are probed for their keyword scores (exact even where the pass
+            # skipped what could not reach the keyword list's best).
             probe = np.empty(0, np.int64) if vector is None else vector.rows
-            keywords = keyword_scores(pending(), depth, probe)
+            names, text = list(a.scope_w), a.hybrid.text
+            sums = keyword_pass(src, keyword_mask, keyword_count, names, text, depth)
+            keywords = keyword_scores(sums, depth, probe)
         shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
         weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
         return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
