@@ -394,6 +394,11 @@ def idf(n_docs: float, df: np.ndarray) -> np.ndarray:
     return np.log1p((np.maximum(n_docs - df, 0.0) + 0.5) / (df + 0.5))
 
 
+def term_idf(n_docs: float, df: float) -> float:
+    """``idf`` of one term (a search has a few: no array needed)."""
+    return math.log1p((max(n_docs - df, 0.0) + 0.5) / (df + 0.5))
+
+
 def bm25(
     sources: Sequence[Postings | Appended],
     wanted: np.ndarray,
@@ -604,18 +609,23 @@ def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
     if len(sources) > MAX_PACKED:
         return None
     segments = [s for s, _ in sources]
-    flags = np.zeros(MAX_PACKED, np.bool_)
-    flags[: len(sources)] = [known for _, known in sources]
+    known = [k for _, k in sources]
     last, packed = _last_packed
-    if len(last) == len(segments) and all(a is b for a, b in zip(last, segments, strict=True)):
-        return None if packed is None else packed._replace(current=flags)
-    packed = None
-    if all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in s):
+    same = len(last) == len(segments) and all(a is b for a, b in zip(last, segments, strict=True))
+    if same and (packed is None or packed.current[: len(known)].tolist() == known):
+        return packed
+    flags = np.zeros(MAX_PACKED, np.bool_)
+    flags[: len(known)] = known
+    if same and packed is not None:  # (only which of them are current changed)
+        packed = packed._replace(current=flags)
+    elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in s):
         pad = (_EMPTY,) * (MAX_PACKED - len(segments))
         keys, starts, rows, tfs, gens, lens, max_tf, min_len = (
             tuple(c) for c in zip(*segments, *pad, strict=True)
         )
         packed = _Packed(keys, starts, rows, tfs, gens, lens, max_tf, min_len, len(segments), flags)
+    else:
+        packed = None
     _last_packed = (segments, packed)
     return packed
 

@@ -154,6 +154,7 @@ def test_idf_stays_positive_when_counts_lag() -> None:
         math.log(1 + 0.5 / 25.5),
     ]
     np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose([kw_kernels.term_idf(10.0, d) for d in (0.0, 3.0, 10.0, 25.0)], want)
     assert (got > 0).all()
 
 

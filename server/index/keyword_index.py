@@ -189,14 +189,19 @@ class KeywordIndex:
 
     def live_rows(self, namespaces: list[int]) -> int:
         """How many memories of the namespaces are posted and not removed."""
-        ids = [i for i in namespaces if 0 <= i < self._ns_rows.shape[0]]
-        return int(self._ns_rows[ids].sum()) if ids else 0
+        return self._totals(namespaces)[0]
 
     def average_length(self, namespaces: list[int]) -> float:
         """The mean length in words of the memories of the namespaces (0.0: none)."""
-        ids = [i for i in namespaces if 0 <= i < self._ns_words.shape[0]]
-        rows = int(self._ns_rows[ids].sum()) if ids else 0
-        return float(self._ns_words[ids].sum()) / rows if rows > 0 else 0.0
+        rows, words = self._totals(namespaces)
+        return words / rows if rows > 0 else 0.0
+
+    def _totals(self, namespaces: list[int]) -> tuple[int, float]:
+        """(memories, their words) of the namespaces, posted and not removed."""
+        ns_rows, ns_words = self._ns_rows, self._ns_words  # (replaced whole when grown: read once)
+        size = min(ns_rows.shape[0], ns_words.shape[0])
+        ids = [i for i in namespaces if 0 <= i < size]
+        return int(sum(ns_rows[i] for i in ids)), float(sum(ns_words[i] for i in ids))
 
     def _flush(self) -> None:
         """Turn the delta into a segment; merge segments of similar size."""
@@ -291,14 +296,15 @@ class KeywordIndex:
             if (k := self._key_ids.get((ns, t))) is not None
         )
         wanted = np.array([k for k, _ in found], np.int32)
-        df = np.zeros(len(terms), np.float64)  # a term's memories in the namespaces
+        df = [0] * len(terms)  # a term's memories in the namespaces
         counts = self._df  # (a key the writer is adding may not have its count yet)
         for k, i in found:
-            df[i] += counts[k] if k < counts.shape[0] else 0
-        weights = kernels.idf(self.live_rows(namespaces), df)
-        weights[df > max_postings] = 0.0  # a term in that many memories says almost nothing
-        by_key = weights[np.array([i for _, i in found], np.int64)]
-        avgdl = max(1.0, self.average_length(namespaces))
+            df[i] += int(counts[k]) if k < counts.shape[0] else 0
+        rows, words = self._totals(namespaces)
+        weights = [0.0 if d > max_postings else kernels.term_idf(rows, d) for d in df]  # (a term in
+        # that many memories says almost nothing)
+        by_key = np.array([weights[i] for _, i in found], np.float64)
+        avgdl = max(1.0, words / rows if rows > 0 else 0.0)
         for attempt in range(8):
             bumps = self._bumps
             segments, delta, stamps = self._view
