@@ -385,6 +385,8 @@ def _sift_down(hs, hi, n, pos):
 def topk(scores, k):
     """Indices of the k highest scores, best first; ties go to the lower index; NaN never wins."""
     n = scores.shape[0]
+    if k <= 0:  # (the heap below reads its top)
+        return np.empty(0, np.int64)
     hs = np.empty(k, np.float64)
     hi = np.empty(k, np.int64)
     size = 0

@@ -16,7 +16,7 @@ caller probes), which costs a check per posting instead of an update. The answer
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -225,7 +225,7 @@ def _kth_lower(acc, touched, m, depth, top, counts, sums):  # pragma: no cover
     for j in range(m):
         v = acc[touched[j]]
         sums[j] = v
-        counts[min(int(v * scale), bins)] += 1
+        counts[int(min(v * scale, bins))] += 1
     seen = 0
     for k in range(bins, -1, -1):
         seen += counts[k]
@@ -246,7 +246,7 @@ def _term_ranges(
     ub = np.zeros(t)
     size = np.zeros(t, np.int64)
     for j in range(t):
-        if weights[j] <= 0.0:
+        if not weights[j] > 0.0:  # (NaN too, as the full pass skips it)
             continue
         for s in range(nseg):
             keys = keys_t[s]
@@ -258,6 +258,14 @@ def _term_ranges(
                 norm = k1 * (1.0 - b + b * min_len_t[s][at] / avgdl)
                 ub[j] = max(ub[j], weights[j] * tf * (k1 + 1.0) / (tf + norm))
     return lo, hi, ub, size
+
+
+@_kernel
+def _discard(acc, touched, m, mark):  # pragma: no cover
+    """Sums given up: the accumulator and the bit set all zeros again."""
+    for j in range(m):
+        acc[touched[j]] = 0.0
+    mark[:] = 0
 
 
 @_kernel
@@ -445,6 +453,8 @@ class Sums:
 
     def __init__(self, scratch: _Scratch | None, m: int, n: int, rest: _Rest | None = None) -> None:
         self._scratch, self._m, self._n, self._rest = scratch, m, n, rest
+        self._still: Callable[[], bool] | None = None
+        self._again: Callable[[], Sums] = no_sums
 
     def collect(
         self, probe: np.ndarray | None = None, depth: int = -1
@@ -489,6 +499,8 @@ class Sums:
         out: tuple[np.ndarray, np.ndarray, np.ndarray] = _collect(acc, scratch.touched, m, probe, int(depth))
         self._n = -1
         _free.append(scratch)
+        if rest is not None and self._still is not None and not self._still():
+            return self._again().collect(probe, depth)
         return out
 
     @property
@@ -499,7 +511,17 @@ class Sums:
 
     def release(self) -> None:
         """Give the sums up unread."""
-        self.collect(None, 0 if self._rest is not None else -1)
+        scratch, self._scratch = self._scratch, None
+        if scratch is None:
+            return
+        self._n = -1
+        _discard(scratch.acc, scratch.touched, self._m, scratch.mark)
+        _free.append(scratch)
+
+    def recheck(self, still: Callable[[], bool], again: Callable[[], Sums]) -> None:
+        """After the read-out of a pruned pass (which reads generations later than the pass), ask
+        ``still``; False: what it read may mix two contents of a row, so read ``again()`` instead."""
+        self._still, self._again = still, again
 
 
 def no_sums() -> Sums:

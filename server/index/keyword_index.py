@@ -305,20 +305,40 @@ class KeywordIndex:
         # that many memories says almost nothing)
         by_key = np.array([weights[i] for _, i in found], np.float64)
         avgdl = max(1.0, words / rows if rows > 0 else 0.0)
-        for attempt in range(8):
+        return self._pass(wanted, by_key, allowed, avgdl, depth)
+
+    def _pass(
+        self,
+        wanted: np.ndarray,
+        weights: np.ndarray,
+        allowed: np.ndarray,
+        avgdl: float,
+        depth: int,
+        tries: int = 8,
+    ) -> kernels.Sums:
+        """The pass over the view as it stands, again while a row's generation moved meanwhile."""
+        for attempt in range(tries):
+            last = attempt == tries - 1
             bumps = self._bumps
             segments, delta, stamps = self._view
             gen = self._gen  # (generations as new as the view, or newer)
             # Read after the view: a replacement published in it has moved this count already. The
             # last try, kept even if a generation moved meanwhile, checks every posting.
-            replaced = self._replaced if attempt < 7 else -2
+            replaced = self._replaced if not last else -2
             current = (*(st == replaced for st in stamps), False)
             out = kernels.accumulate(
-                (*segments, delta), wanted, by_key, gen, allowed, avgdl, current=current, depth=depth
+                (*segments, delta), wanted, weights, gen, allowed, avgdl, current=current, depth=depth
             )
-            if self._bumps == bumps or attempt == 7:  # no row's generation moved meanwhile: postings
-                break  # and generations agree
+            if self._bumps == bumps or last:  # no row's generation moved meanwhile: postings and
+                break  # generations agree
             out.release()  # (gives its buffer back)
+        if out.pruned and not last:
+            # Its read-out reads generations after this check: a row replaced by then could mix
+            # two contents, so the pass runs again (with the tries left).
+            left = tries - 1 - attempt
+            out.recheck(
+                lambda: self._bumps == bumps, lambda: self._pass(wanted, weights, allowed, avgdl, depth, left)
+            )
         return out
 
     # -- snapshots -------------------------------------------------------------------------------
