@@ -624,6 +624,13 @@ class _Packed(NamedTuple):
 _last_packed: tuple[list[Postings], _Packed | None] = ([], None)
 
 
+def forget_packed() -> None:
+    """Drop the sources packed last: an index that replaced them calls this, so they do not stay in
+    memory until the next search."""
+    global _last_packed
+    _last_packed = ([], None)
+
+
 def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
     """The sources packed for ``_pass_sorted``; None when there are too many, or an array a kernel
     would see as another type (not C-contiguous and writable)."""

@@ -696,3 +696,19 @@ def test_pruned_passes_given_up_or_read_leave_the_scratch_clean() -> None:
     got = index.bm25([0, 1], terms, allowed, 10**9, np.empty(0, np.int64), -1)
     np.testing.assert_allclose(got[1][np.argsort(got[0])], want[1][np.argsort(want[0])], rtol=1e-5)
     assert kernels._jit.topk(np.ones(3, np.float32), 0).shape == (0,)
+
+
+def test_segments_merged_away_are_not_kept_alive_by_the_last_search() -> None:
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(3)
+    index, _, terms = _replaced_index(rng, 600)
+    allowed = np.ones(600, np.bool_)
+    index.sums([0, 1], terms, allowed, 10**9, 5).release()  # packs the segments of the moment
+    old = [weakref.ref(seg.rows) for seg in index._view[0]]
+    index.compact(allowed)  # one new segment
+    gc.collect()
+    assert all(r() is None for r in old)
+    got = index.bm25([0, 1], terms, allowed, 10**9, np.empty(0, np.int64), 5)
+    assert got[0].shape == (5,)

@@ -215,6 +215,7 @@ class KeywordIndex:
             segments.append((fresh, self._replaced))
         merged = self._merged(segments)
         self._view = (tuple(seg for seg, _ in merged), self._new_delta(), tuple(st for _, st in merged))
+        kernels.forget_packed()  # (segments merged away are not kept alive for a search)
 
     def _merged(self, segments: list[tuple[kernels.Postings, int]]) -> list[tuple[kernels.Postings, int]]:
         """Segments (with their stamps) of similar size merged (the newest into the one before while
@@ -250,6 +251,7 @@ class KeywordIndex:
         self._flush()
         if self._view[0]:
             self._view = ((self._merge(list(self._view[0]), alive),), self._view[1], (self._replaced,))
+            kernels.forget_packed()
         self._recount(live)
         return before - self.postings_count
 
