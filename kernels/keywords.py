@@ -112,6 +112,12 @@ def appended(
 
 
 @_kernel
+def _term(w, tf, length, avgdl, k1, b):  # pragma: no cover
+    """One posting's BM25 term: idf ``w``, term frequency ``tf``, its content's ``length``."""
+    return w * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * length / avgdl))
+
+
+@_kernel
 def _add_term(
     lo, hi, w, rows, tfs, gens, lens, row_gen, allowed, avgdl, k1, b, acc, touched, m, current
 ):  # pragma: no cover
@@ -124,12 +130,10 @@ def _add_term(
     for i in range(lo, hi):
         r = rows[i]
         if r < n_rows and allowed[r] and (current or gens[i] == row_gen[r]):
-            tf = tfs[i]
-            norm = k1 * (1.0 - b + b * lens[i] / avgdl)
             if acc[r] == 0.0:
                 touched[m] = r
                 m += 1
-            acc[r] += w * tf * (k1 + 1.0) / (tf + norm)
+            acc[r] += _term(w, tfs[i], lens[i], avgdl, k1, b)
     return m
 
 
@@ -254,9 +258,8 @@ def _term_ranges(
             if at < keys.shape[0] and keys[at] == wanted[j] and starts_t[s][at + 1] > starts_t[s][at]:
                 lo[j, s], hi[j, s] = starts_t[s][at], starts_t[s][at + 1]
                 size[j] += hi[j, s] - lo[j, s]
-                tf = max_tf_t[s][at]
-                norm = k1 * (1.0 - b + b * min_len_t[s][at] / avgdl)
-                ub[j] = max(ub[j], weights[j] * tf * (k1 + 1.0) / (tf + norm))
+                # (the term grows with tf and shrinks with length: these two bound it)
+                ub[j] = max(ub[j], _term(weights[j], max_tf_t[s][at], min_len_t[s][at], avgdl, k1, b))
     return lo, hi, ub, size
 
 
@@ -387,12 +390,10 @@ def _rest_pass(
                 r = rows[i]
                 in_reach = r < n_rows and mark[r >> 3] & (1 << (r & 7))
                 if in_reach and allowed[r] and (current[s] or gens[i] == row_gen[r]):
-                    tf = tfs[i]
-                    norm = k1 * (1.0 - b + b * lens[i] / avgdl)
                     if acc[r] == 0.0:
                         touched[m] = r
                         m += 1
-                    acc[r] += w[j] * tf * (k1 + 1.0) / (tf + norm)
+                    acc[r] += _term(w[j], tfs[i], lens[i], avgdl, k1, b)
     mark[: (n_rows >> 3) + 1] = 0
     return m
 

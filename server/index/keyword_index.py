@@ -187,10 +187,6 @@ class KeywordIndex:
             self._df[self._row_keys(row)] -= 1
             self._row_ns[row] = -1
 
-    def live_rows(self, namespaces: list[int]) -> int:
-        """How many memories of the namespaces are posted and not removed."""
-        return self._totals(namespaces)[0]
-
     def average_length(self, namespaces: list[int]) -> float:
         """The mean length in words of the memories of the namespaces (0.0: none)."""
         rows, words = self._totals(namespaces)

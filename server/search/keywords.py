@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermem import kernels
-from tiermem.kernels.keywords import Sums, no_sums
+from tiermem.kernels.keywords import no_sums
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.index.keyword_index import keyword_sums
 from tiermem.server.search.query import Hybrid
@@ -38,22 +38,12 @@ def bm25(
     """The ``depth`` allowed rows (``count`` of them) of the namespaces best matching ``text`` by BM25,
     best first, and the scores of the ``probe`` rows; terms found in more than max_keyword_postings of
     their memories are skipped (they say almost nothing)."""
-    return keyword_scores(keyword_pass(source, mask, count, namespaces, text, depth), depth, probe)
-
-
-def keyword_pass(
-    source: SearchSource, mask: np.ndarray, count: int, namespaces: list[str], text: str, depth: int
-) -> Sums:
-    """The pass of ``bm25`` (same arguments): its per-row sums, read out by ``keyword_scores`` (at
-    most ``depth`` best)."""
     if count == 0:
-        return no_sums()
-    ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
-    return keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings, depth)
-
-
-def keyword_scores(sums: Sums, depth: int, probe: np.ndarray | None = None) -> KeywordScores:
-    """The ``depth`` best rows of a keyword pass, best first, and the ``probe`` rows' scores."""
+        sums = no_sums()
+    else:
+        ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
+        sums = keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings, depth)
+    # (the probe rows are read out with the best: exact even where the pass skipped postings)
     rows, scores, probed = sums.collect(probe, depth)
     return KeywordScores(rows, scores, probed)
 

@@ -31,7 +31,7 @@ from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
 from tiermem.server.search.candidates import CandidateSearch, ann, similarity_depth
 from tiermem.server.search.fused import Candidates, FusedWeights, rank_fused
-from tiermem.server.search.keywords import bm25, fuse, keyword_pass, keyword_scores
+from tiermem.server.search.keywords import bm25, fuse
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import (
     COMPREHENSIVE,
@@ -270,12 +270,9 @@ class Searcher:
             vector = self._most_similar(scorer, mask, count, depth)
         keywords = None
         if a.hybrid is not None and a.hybrid.keyword_weight > 0:
-            # The vector's rows are probed for their keyword scores (exact even where the pass
-            # skipped what could not reach the keyword list's best).
-            probe = np.empty(0, np.int64) if vector is None else vector.rows
+            probe = np.empty(0, np.int64) if vector is None else vector.rows  # (their keyword scores)
             names, text = list(a.scope_w), a.hybrid.text
-            sums = keyword_pass(src, keyword_mask, keyword_count, names, text, depth)
-            keywords = keyword_scores(sums, depth, probe)
+            keywords = bm25(src, view, keyword_mask, keyword_count, names, text, depth, probe)
         shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
         weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
         return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
