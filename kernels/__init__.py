@@ -721,7 +721,7 @@ def _warm_keywords(tiny: _Tiny) -> None:
     )
     keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows)
     keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows, depth=1)
-    # The pruned pass, with a term left for the read-out: the second term cannot lift row 1 to the top.
+    # The pass for the best row, read row by row: the second term alone cannot lift row 1 to the top.
     two = np.array([0, 1], np.int32)
     skewed = keywords.postings(
         two, np.array([0, 1, 2], np.int64), two, np.array([5.0, 1.0], np.float32), i32, u16

@@ -40,6 +40,7 @@ class Postings(NamedTuple):
     lens: np.ndarray  # uint16: the length in words of the content posted (at most 65,535)
     max_tf: np.ndarray  # float32 per key: its highest term frequency (0: no posting)
     min_len: np.ndarray  # uint16 per key: its shortest content (together, a bound on its BM25 term)
+    by_row: bool  # each key's rows strictly ascending (as the index builds them): read row by row
 
     @property
     def size(self) -> int:
@@ -81,20 +82,23 @@ def postings(
         raise ValueError("starts must bound every key's postings")
     if keys.shape[0] > 1 and not (np.diff(keys) > 0).all():
         raise ValueError("keys must be sorted ascending without repeats")
-    max_tf, min_len = _key_bounds(starts, tfs, lens)
-    return Postings(keys, starts, rows, tfs, gens, lens, max_tf, min_len)
+    max_tf, min_len, by_row = _key_bounds(starts, rows, tfs, lens)
+    return Postings(keys, starts, rows, tfs, gens, lens, max_tf, min_len, bool(by_row))
 
 
 @_kernel
-def _key_bounds(starts, tfs, lens):  # pragma: no cover
+def _key_bounds(starts, rows, tfs, lens):  # pragma: no cover
     n = starts.shape[0] - 1
     max_tf = np.zeros(n, np.float32)
     min_len = np.full(n, 65535, np.uint16)
+    by_row = True
     for k in range(n):
         for i in range(starts[k], starts[k + 1]):
             max_tf[k] = max(max_tf[k], tfs[i])
             min_len[k] = min(min_len[k], lens[i])
-    return max_tf, min_len
+            if i > starts[k] and rows[i] <= rows[i - 1]:
+                by_row = False
+    return max_tf, min_len, by_row
 
 
 def appended(
@@ -219,36 +223,15 @@ def _collect(acc, touched, m, probe, depth):  # pragma: no cover
 
 
 @_kernel
-def _kth_lower(acc, touched, m, depth, top, counts, sums):  # pragma: no cover
-    """A lower bound of the ``depth``-th largest sum among the ``m`` touched rows, all of them at most
-    ``top``: the lower edge of the histogram bin where the count from the top reaches ``depth``. The
-    sums are copied to ``sums`` in touched order."""
-    bins = counts.shape[0] - 1
-    counts[:] = 0
-    scale = bins / top
-    for j in range(m):
-        v = acc[touched[j]]
-        sums[j] = v
-        counts[int(min(v * scale, bins))] += 1
-    seen = 0
-    for k in range(bins, -1, -1):
-        seen += counts[k]
-        if seen >= depth:
-            return k / scale * (1.0 - 1e-6)
-    return 0.0
-
-
-@_kernel
 def _term_ranges(
     keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b
 ):  # pragma: no cover
-    """Per wanted key: its postings' range in each sorted source, their count, and the most one of
-    them can add to a row (from the key's highest tf and shortest content in each source)."""
+    """Per wanted key and sorted source: its postings' range there, and the most one of them can add
+    to a row (from the key's highest tf and shortest content in that source)."""
     t = wanted.shape[0]
     lo = np.zeros((t, nseg), np.int64)
     hi = np.zeros((t, nseg), np.int64)
-    ub = np.zeros(t)
-    size = np.zeros(t, np.int64)
+    ub = np.zeros((t, nseg))
     for j in range(t):
         if not weights[j] > 0.0:  # (NaN too, as the full pass skips it)
             continue
@@ -257,30 +240,156 @@ def _term_ranges(
             at = np.searchsorted(keys, wanted[j])
             if at < keys.shape[0] and keys[at] == wanted[j] and starts_t[s][at + 1] > starts_t[s][at]:
                 lo[j, s], hi[j, s] = starts_t[s][at], starts_t[s][at + 1]
-                size[j] += hi[j, s] - lo[j, s]
                 # (the term grows with tf and shrinks with length: these two bound it)
-                ub[j] = max(ub[j], _term(weights[j], max_tf_t[s][at], min_len_t[s][at], avgdl, k1, b))
-    return lo, hi, ub, size
+                ub[j, s] = _term(weights[j], max_tf_t[s][at], min_len_t[s][at], avgdl, k1, b)
+    return lo, hi, ub
 
 
 @_kernel
-def _discard(acc, touched, m, mark):  # pragma: no cover
-    """Sums given up: the accumulator and the bit set all zeros again."""
+def _discard(acc, touched, m):  # pragma: no cover
+    """Sums given up: the accumulator all zeros again."""
     for j in range(m):
         acc[touched[j]] = 0.0
-    mark[:] = 0
 
 
 @_kernel
-def _mark_in_reach(sums, touched, m, cut, mark):  # pragma: no cover
-    for q in range(m):
-        if sums[q] >= cut:
-            r = touched[q]
-            mark[r >> 3] |= np.uint8(1 << (r & 7))
+def _worse(s1, r1, s2, r2):  # pragma: no cover
+    """(score, row) 1 ranks below 2: a lower score, or the same and a higher row."""
+    return s1 < s2 or (s1 == s2 and r1 > r2)
 
 
 @_kernel
-def _pass_sorted(
+def _push(hs, hr, n, s, r):  # pragma: no cover
+    """Offer (score ``s``, row ``r``) to the min-heap of the best ``hs.shape[0]``, ``n`` held; returns n."""
+    if n < hs.shape[0]:
+        i = n
+        n += 1
+        while i > 0:
+            up = (i - 1) >> 1
+            if not _worse(s, r, hs[up], hr[up]):
+                break
+            hs[i], hr[i] = hs[up], hr[up]
+            i = up
+    elif _worse(hs[0], hr[0], s, r):
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and _worse(hs[c + 1], hr[c + 1], hs[c], hr[c]):
+                c += 1
+            if not _worse(hs[c], hr[c], s, r):
+                break
+            hs[i], hr[i] = hs[c], hr[c]
+            i = c
+    else:
+        return n
+    hs[i], hr[i] = s, r
+    return n
+
+
+@_kernel
+def _seek(rows, i, hi, r):  # pragma: no cover
+    """The first position in ``i:hi`` (rows ascending) whose row is >= ``r`` (galloping from ``i``)."""
+    stop = min(i + 16, hi)  # (near rows first, in order: the common case in a dense list)
+    while i < stop and rows[i] < r:
+        i += 1
+    if i >= hi or rows[i] >= r:
+        return i
+    step = 1
+    while i + step < hi and rows[i + step] < r:
+        i += step
+        step <<= 1
+    top = min(i + step, hi)
+    i += 1
+    while i < top:
+        mid = (i + top) >> 1
+        if rows[mid] < r:
+            i = mid + 1
+        else:
+            top = mid
+    return i
+
+
+@_kernel
+def _segment_best(
+    rows, tfs, gens, lens, cur, lo, hi, ub, w, row_gen, allowed, avgdl, k1, b, hs, hr, n
+):  # pragma: no cover
+    """One sorted source's rows offered to the heap of the best (``hs``/``hr``, ``n`` held). Terms in
+    order of their bound ``ub``, highest first: each row of a term's postings
+    that holds no term before it is scored whole, its other terms looked up (galloping, the rows
+    ascend). Before each term, and each lookup, what is left to add is weighed against the heap's
+    lowest: once the terms left together cannot lift a row into the heap, the rest is skipped.
+    Returns (the heap's count, how many rows were scored whole)."""
+    t = lo.shape[0]
+    order = np.argsort(-ub)
+    lo, hi, ub, w = lo[order], hi[order], ub[order], w[order]
+    after = np.zeros(t + 1)  # after[i]: what terms i.. could add together, at most
+    for i in range(t - 1, -1, -1):
+        after[i] = after[i + 1] + ub[i]
+    n_rows = allowed.shape[0]
+    depth = hs.shape[0]
+    at = np.empty(t, np.int64)
+    scored = 0
+    for i in range(t):
+        full = n == depth
+        cut = hs[0] * (1.0 - 1e-6) if full else -1.0  # (float sums against float bounds)
+        if full and after[i] < cut:
+            break
+        at[:] = lo
+        for p in range(lo[i], hi[i]):
+            r = rows[p]
+            if not (r < n_rows and allowed[r]):
+                continue
+            g = 0 if cur else row_gen[r]  # (a random read saved where no posting is stale)
+            if not (cur or gens[p] == g):
+                continue
+            score = _term(w[i], tfs[p], lens[p], avgdl, k1, b)
+            if full and score + after[i + 1] < cut:
+                continue
+            for j in range(t):
+                if j == i:
+                    continue
+                if j > i and full and score + after[j] < cut:
+                    score = -1.0  # (the terms left cannot lift it in)
+                    break
+                q = _seek(rows, at[j], hi[j], r)
+                at[j] = q
+                if q < hi[j] and rows[q] == r and (cur or gens[q] == g):
+                    if j < i:  # (a term before i holds it: it was scored with that one)
+                        score = -1.0
+                        break
+                    score += _term(w[j], tfs[q], lens[q], avgdl, k1, b)
+            if score >= 0.0:
+                scored += 1
+                n = _push(hs, hr, n, score, r)
+                if n == depth:
+                    full = True
+                    cut = hs[0] * (1.0 - 1e-6)
+    return n, scored
+
+
+@_kernel
+def _probe_sorted(
+    rows_t, gens_t, tfs_t, lens_t, nseg, current, lo, hi, w, row_gen, allowed, avgdl, k1, b, probe, probed
+):  # pragma: no cover
+    """Adds each probe row's terms from the sorted sources to ``probed`` (binary search per term)."""
+    n_rows = allowed.shape[0]
+    for q in range(probe.shape[0]):
+        p = probe[q]
+        if not (0 <= p < n_rows and allowed[p]):
+            continue
+        for s in range(nseg):
+            rows, gens = rows_t[s], gens_t[s]
+            for j in range(lo.shape[0]):
+                if hi[j, s] > lo[j, s]:
+                    i = np.searchsorted(rows[lo[j, s] : hi[j, s]], p) + lo[j, s]
+                    if i < hi[j, s] and rows[i] == p and (current[s] or gens[i] == row_gen[p]):
+                        probed[q] += _term(w[j], tfs_t[s][i], lens_t[s][i], avgdl, k1, b)
+
+
+@_kernel
+def _best(
     keys_t,
     starts_t,
     rows_t,
@@ -302,100 +411,75 @@ def _pass_sorted(
     touched,
     m,
     depth,
-    counts,
-    sums,
-    mark,
+    probe,
 ):  # pragma: no cover
-    """The sorted sources' part of a pass, pruned for the ``depth`` best (see the module's doc): returns
-    (touched count, the terms left: their ranges per source and idf). Rows whose sums are too low to
-    reach the best ``depth`` stay out of the bit set ``mark``; the terms left count only for those in."""
-    lo, hi, ub, size = _term_ranges(
-        keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b
-    )
-    order = np.argsort(-ub)  # (keys without postings last)
-    t = order.shape[0]
-    rest = np.zeros(t + 1)  # what the terms from i on could add to a row, at most
-    left = np.zeros(t + 1, np.int64)  # their postings
-    for i in range(t - 1, -1, -1):
-        rest[i] = rest[i + 1] + ub[order[i]]
-        left[i] = left[i + 1] + size[order[i]]
-    split, done = t, 0.0
-    for i in range(t):
-        j = order[i]
-        # Only worth a look when what is left to read outweighs the look (one read per touched row).
-        if depth > 0 and i > 0 and m >= depth and 4 * left[i] > m:
-            theta = _kth_lower(acc, touched, m, depth, done * (1.0 + 1e-6), counts, sums)
-            margin = 1e-4 * (done + rest[i])  # (float32 sums against float64 bounds)
-            if theta - margin > rest[i]:
-                split = i
-                _mark_in_reach(sums, touched, m, theta - rest[i] - margin, mark)
-                break
+    """The ``depth`` best rows (best first; ties: the lower row) and the probe rows' scores: the
+    unsorted sources' sums (``acc``, ``m`` rows ``touched``: whole, as a row's content is posted to
+    one source) are offered first, then each sorted source's rows (``_segment_best``). ``acc`` is
+    left all zeros."""
+    probed = np.zeros(probe.shape[0])
+    for q in range(probe.shape[0]):
+        if 0 <= probe[q] < acc.shape[0]:
+            probed[q] = acc[probe[q]]
+    hs = np.empty(max(depth, 0))
+    hr = np.empty(max(depth, 0), np.int64)
+    n = scored = 0
+    for q in range(m):
+        r = touched[q]
+        if depth > 0:
+            n = _push(hs, hr, n, np.float64(acc[r]), r)
+        acc[r] = 0.0
+    lo, hi, ub = _term_ranges(keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b)
+    if depth > 0:
         for s in range(nseg):
-            if hi[j, s] > lo[j, s]:
-                m = _add_term(
-                    lo[j, s],
-                    hi[j, s],
-                    weights[j],
+            live = hi[:, s] > lo[:, s]
+            if live.any():
+                n, more = _segment_best(
                     rows_t[s],
                     tfs_t[s],
                     gens_t[s],
                     lens_t[s],
+                    current[s],
+                    lo[live, s],
+                    hi[live, s],
+                    ub[live, s],
+                    weights[live],
                     row_gen,
                     allowed,
                     avgdl,
                     k1,
                     b,
-                    acc,
-                    touched,
-                    m,
-                    current[s],
+                    hs,
+                    hr,
+                    n,
                 )
-        done += ub[j]
-    terms = order[split:][size[order[split:]] > 0]
-    return m, lo[terms], hi[terms], weights[terms]
-
-
-@_kernel
-def _rest_pass(
-    rows_t,
-    tfs_t,
-    gens_t,
-    lens_t,
-    nseg,
-    current,
-    lo,
-    hi,
-    w,
-    row_gen,
-    allowed,
-    avgdl,
-    k1,
-    b,
-    acc,
-    touched,
-    m,
-    probe,
-    mark,
-):  # pragma: no cover
-    """The terms a pruned pass left, added to the rows in the bit set ``mark`` (those in reach) and to
-    the ``probe`` rows; ``mark`` is all zeros after. Returns the touched count."""
-    n_rows = allowed.shape[0]
-    for p in probe:
-        if 0 <= p < n_rows:
-            mark[p >> 3] |= np.uint8(1 << (p & 7))
-    for j in range(w.shape[0]):
-        for s in range(nseg):
-            rows, tfs, gens, lens = rows_t[s], tfs_t[s], gens_t[s], lens_t[s]
-            for i in range(lo[j, s], hi[j, s]):
-                r = rows[i]
-                in_reach = r < n_rows and mark[r >> 3] & (1 << (r & 7))
-                if in_reach and allowed[r] and (current[s] or gens[i] == row_gen[r]):
-                    if acc[r] == 0.0:
-                        touched[m] = r
-                        m += 1
-                    acc[r] += _term(w[j], tfs[i], lens[i], avgdl, k1, b)
-    mark[: (n_rows >> 3) + 1] = 0
-    return m
+                scored += more
+    _probe_sorted(
+        rows_t,
+        gens_t,
+        tfs_t,
+        lens_t,
+        nseg,
+        current,
+        lo,
+        hi,
+        weights,
+        row_gen,
+        allowed,
+        avgdl,
+        k1,
+        b,
+        probe,
+        probed,
+    )
+    for i in range(1, n):  # best first (a few dozen: insertion sort)
+        s, r = hs[i], hr[i]
+        j = i - 1
+        while j >= 0 and _worse(hs[j], hr[j], s, r):
+            hs[j + 1], hr[j + 1] = hs[j], hr[j]
+            j -= 1
+        hs[j + 1], hr[j + 1] = s, r
+    return hr[:n].copy(), hs[:n].astype(np.float32), probed.astype(np.float32), scored
 
 
 def idf(n_docs: float, df: np.ndarray) -> np.ndarray:
@@ -432,13 +516,12 @@ def bm25(
     return sums.collect(probe, depth)
 
 
-class _Rest(NamedTuple):
-    """What a pruned pass left to read: its terms' ranges in the sorted sources, their idf, and the
-    cut below which a row cannot reach the best ``depth`` (see ``_pass_sorted``)."""
+class _Deferred(NamedTuple):
+    """What a pass for the best ``depth`` rows reads at its read-out: the sorted sources (row by row,
+    with the probe rows then known) and the search's terms."""
 
     packed: _Packed
-    lo: np.ndarray
-    hi: np.ndarray
+    wanted: np.ndarray
     weights: np.ndarray
     row_gen: np.ndarray
     allowed: np.ndarray
@@ -450,23 +533,25 @@ class _Rest(NamedTuple):
 
 class Sums:
     """A keyword pass's per-row sums (see ``accumulate``), read out once by ``collect``. The pass and
-    the read-out are apart so a search can learn which rows to probe while the pass runs."""
+    the read-out are apart so a search can learn which rows to probe while the pass runs; a pass for
+    the best ``depth`` rows reads its sorted sources at the read-out (``deferred``)."""
 
-    def __init__(self, scratch: _Scratch | None, m: int, n: int, rest: _Rest | None = None) -> None:
-        self._scratch, self._m, self._n, self._rest = scratch, m, n, rest
+    def __init__(self, scratch: _Scratch | None, m: int, n: int, later: _Deferred | None = None) -> None:
+        self._scratch, self._m, self._n, self._later = scratch, m, n, later
         self._still: Callable[[], bool] | None = None
         self._again: Callable[[], Sums] = no_sums
+        self.scored = -1  # after a deferred read-out: the rows it scored whole (a measure of its work)
 
     def collect(
         self, probe: np.ndarray | None = None, depth: int = -1
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, scores, the ``probe`` rows' scores) as ``bm25`` returns them; once only. A pass
-        pruned for its best ``depth`` rows gives at most that many."""
+        """(rows, scores, the ``probe`` rows' scores) as ``bm25`` returns them; once only. A deferred
+        pass for its best ``depth`` rows gives at most that many."""
         probe = np.empty(0, np.int64) if probe is None else probe
         _check("probe", probe, np.int64)
-        rest = self._rest
-        if rest is not None and not 0 <= depth <= rest.depth:
-            raise ValueError(f"the pass kept the best {rest.depth} rows only: depth must be 0 to that")
+        later = self._later
+        if later is not None and not 0 <= depth <= later.depth:
+            raise ValueError(f"the pass kept the best {later.depth} rows only: depth must be 0 to that")
         scratch, self._scratch = self._scratch, None
         if scratch is None:
             if self._n < 0:
@@ -474,41 +559,47 @@ class Sums:
             self._n = -1
             return np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32)
         acc, m = scratch.acc[: self._n], self._m
-        if rest is not None:
-            k = rest.packed
-            m = _rest_pass(
+        out: tuple[np.ndarray, np.ndarray, np.ndarray]
+        if later is not None:
+            k = later.packed
+            *best, self.scored = _best(
+                k.keys,
+                k.starts,
                 k.rows,
                 k.tfs,
                 k.gens,
                 k.lens,
+                k.max_tf,
+                k.min_len,
                 k.used,
                 k.current,
-                rest.lo,
-                rest.hi,
-                rest.weights,
-                rest.row_gen,
-                rest.allowed,
-                rest.avgdl,
-                rest.k1,
-                rest.b,
+                later.wanted,
+                later.weights,
+                later.row_gen,
+                later.allowed,
+                later.avgdl,
+                later.k1,
+                later.b,
                 acc,
                 scratch.touched,
                 m,
+                int(depth),
                 probe,
-                scratch.mark,
             )
-        out: tuple[np.ndarray, np.ndarray, np.ndarray] = _collect(acc, scratch.touched, m, probe, int(depth))
+            out = (best[0], best[1], best[2])
+        else:
+            out = _collect(acc, scratch.touched, m, probe, int(depth))
         self._n = -1
         _free.append(scratch)
-        if rest is not None and self._still is not None and not self._still():
+        if later is not None and self._still is not None and not self._still():
             return self._again().collect(probe, depth)
         return out
 
     @property
-    def pruned(self) -> bool:
-        """The pass skipped postings that could not change its best rows (its depth then bounds the
-        read-out)."""
-        return self._rest is not None
+    def deferred(self) -> bool:
+        """The sorted sources are read at the read-out, for the best ``depth`` rows only (which then
+        bounds the read-out)."""
+        return self._later is not None
 
     def release(self) -> None:
         """Give the sums up unread."""
@@ -516,11 +607,11 @@ class Sums:
         if scratch is None:
             return
         self._n = -1
-        _discard(scratch.acc, scratch.touched, self._m, scratch.mark)
+        _discard(scratch.acc, scratch.touched, self._m)
         _free.append(scratch)
 
     def recheck(self, still: Callable[[], bool], again: Callable[[], Sums]) -> None:
-        """After the read-out of a pruned pass (which reads generations later than the pass), ask
+        """After the read-out of a deferred pass (which reads generations later than the pass), ask
         ``still``; False: what it read may mix two contents of a row, so read ``again()`` instead."""
         self._still, self._again = still, again
 
@@ -568,41 +659,20 @@ def accumulate(
     acc, touched = scratch.acc, scratch.touched
     m = 0
     args = (wanted, weights, row_gen, allowed, float(avgdl), float(k1), float(b), acc, touched)
-    for s in sources:  # the unsorted first: the pruned pass's sums then hold their terms already
+    for s in sources:
         if isinstance(s, Appended):
             m = _score_appended(s.keys, s.filled, s.rows, s.tfs, s.gens, s.lens, *args, m)
     sorted_ = [(s, bool(known)) for s, known in zip(sources, current, strict=True) if isinstance(s, Postings)]
     packed = _pack(sorted_) if depth > 0 else None
-    rest = None
-    if packed is not None:
-        k = packed
-        m, lo, hi, left = _pass_sorted(
-            k.keys,
-            k.starts,
-            k.rows,
-            k.tfs,
-            k.gens,
-            k.lens,
-            k.max_tf,
-            k.min_len,
-            k.used,
-            k.current,
-            *args,
-            m,
-            int(depth),
-            scratch.counts,
-            scratch.sums,
-            scratch.mark,
-        )
-        if left.shape[0]:
-            rest = _Rest(packed, lo, hi, left, row_gen, allowed, float(avgdl), float(k1), float(b), depth)
-    else:
-        for s, known in sorted_:
-            m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, s.lens, *args, m, known)
-    return Sums(scratch, m, allowed.shape[0], rest)
+    if packed is not None:  # (read at the read-out, row by row, for the best ``depth``)
+        later = _Deferred(packed, wanted, weights, row_gen, allowed, float(avgdl), float(k1), float(b), depth)
+        return Sums(scratch, m, allowed.shape[0], later)
+    for s, known in sorted_:
+        m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, s.lens, *args, m, known)
+    return Sums(scratch, m, allowed.shape[0])
 
 
-MAX_PACKED = 10  # sorted sources a pruned pass reads at once (more: the plain pass)
+MAX_PACKED = 10  # sorted sources a deferred pass reads at once (more: the plain pass)
 
 
 class _Packed(NamedTuple):
@@ -633,10 +703,10 @@ def forget_packed() -> None:
 
 
 def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
-    """The sources packed for ``_pass_sorted``; None when there are too many, or an array a kernel
-    would see as another type (not C-contiguous and writable)."""
+    """The sources packed for ``_best``; None when there are too many, one not sorted by row within
+    its keys, or an array a kernel would see as another type (not C-contiguous and writable)."""
     global _last_packed
-    if len(sources) > MAX_PACKED:
+    if len(sources) > MAX_PACKED or not all(s.by_row for s, _ in sources):
         return None
     segments = [s for s, _ in sources]
     known = [k for _, k in sources]
@@ -648,10 +718,10 @@ def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
     flags[: len(known)] = known
     if same and packed is not None:  # (only which of them are current changed)
         packed = packed._replace(current=flags)
-    elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in s):
+    elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in s[:8]):
         pad = (_EMPTY,) * (MAX_PACKED - len(segments))
         keys, starts, rows, tfs, gens, lens, max_tf, min_len = (
-            tuple(c) for c in zip(*segments, *pad, strict=True)
+            tuple(c) for c in zip(*(s[:8] for s in (*segments, *pad)), strict=True)
         )
         packed = _Packed(keys, starts, rows, tfs, gens, lens, max_tf, min_len, len(segments), flags)
     else:
@@ -663,9 +733,6 @@ def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
 class _Scratch(NamedTuple):
     acc: np.ndarray  # float32 per row, all zeros between searches
     touched: np.ndarray  # int64 per row
-    mark: np.ndarray  # a bit per row, all zeros between searches
-    counts: np.ndarray  # int32, a histogram's bins
-    sums: np.ndarray  # float32 per row
 
 
 # Free accumulators, the last used on top: a search takes the one most likely still in the cache,
@@ -677,9 +744,6 @@ def _new_scratch(size: int) -> _Scratch:
     return _Scratch(
         np.zeros(size, np.float32),
         np.empty(size, np.int64),
-        np.zeros((size >> 3) + 1, np.uint8),
-        np.zeros(4097, np.int32),
-        np.empty(size, np.float32),
     )
 
 
@@ -774,4 +838,5 @@ _EMPTY = Postings(
     np.empty(0, np.uint16),
     np.empty(0, np.float32),
     np.empty(0, np.uint16),
+    True,
 )  # (pads a pack)

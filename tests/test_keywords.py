@@ -192,7 +192,8 @@ def test_index_finds_replaces_and_compacts() -> None:
     assert index.compact(alive) >= 2  # paris of the old row 0 and of the dead row 3 at least
     assert index.average_length([0]) == pytest.approx(4.0)  # ... until a compaction
     after = _search(index, "Ana Rome Berlin", alive)
-    assert sorted(after, key=after.__getitem__) == sorted(before, key=before.__getitem__)
+    # the same order (ties by row): only the mean length moved
+    assert sorted(after, key=lambda r: (after[r], r)) == sorted(before, key=lambda r: (before[r], r))
 
 
 def test_snapshot_round_trip_keeps_every_answer_and_allows_appends() -> None:
@@ -409,8 +410,7 @@ def test_warm_up_compiles_every_keyword_kernel() -> None:
         "_score_appended",
         "_collect",
         "_fused",
-        "_pass_sorted",
-        "_rest_pass",
+        "_best",
         "_key_bounds",
     ):
         assert getattr(kw_kernels, name).signatures, name
@@ -515,7 +515,8 @@ def test_current_sources_match_the_reference() -> None:
 def _indexed_sources(rng: np.random.Generator, n_rows: int, n_segments: int = 4) -> list:
     """Sources as the index builds them: a row's content (one generation) posted once, each key at
     most once, in one source (a sorted segment or the delta); some rows posted again later, their
-    older postings stale. Key frequencies skewed, as words are, so pruning has something to skip."""
+    older postings stale; a sorted segment holds one generation of a row (as a flush keeps), each
+    key's rows ascending. Key frequencies skewed, as words are, so pruning has something to skip."""
     n_keys = 12
     popularity = 1.0 / np.arange(1, n_keys + 1)
     gens = np.zeros(n_rows + 10, np.int32)
@@ -530,10 +531,14 @@ def _indexed_sources(rng: np.random.Generator, n_rows: int, n_segments: int = 4)
             batch.extend((int(k), int(row), float(rng.integers(1, 4)), int(gens[row]), length) for k in keys)
     sources = []
     for batch in batches[:-1]:
+        newest: dict[int, int] = {}
+        for _, row, _, g, _ in batch:
+            newest[row] = max(newest.get(row, 0), g)
+        batch = [p for p in batch if p[3] == newest[p[1]]]
         keys, rows, tfs, gs, lens = (
             (np.array(c) for c in zip(*batch, strict=True)) if batch else [np.empty(0)] * 5
         )
-        order = np.argsort(keys, kind="stable")
+        order = np.lexsort((rows, keys))
         keys = keys[order].astype(np.int32)
         uniq, counts = np.unique(keys, return_counts=True)
         sources.append(
@@ -557,10 +562,10 @@ def _indexed_sources(rng: np.random.Generator, n_rows: int, n_segments: int = 4)
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_a_pass_for_the_best_few_skips_postings_and_matches_the_reference(seed: int) -> None:
-    """A pass that only the best ``depth`` rows (and probes) are read from: the same best rows and
-    scores as the full reference, exact probe scores for rows it did not follow to the end; it skips
-    the common terms' postings once their most cannot lift a row into the best."""
+def test_a_pass_for_the_best_few_skips_rows_and_matches_the_reference(seed: int) -> None:
+    """A pass that only the best ``depth`` rows (and probes) are read from, row by row: the same best
+    rows and scores as the full reference, exact probe scores for rows it did not score; it skips
+    the rows of common terms once what they could add cannot lift a row into the best."""
     rng = np.random.default_rng(100 + seed)
     n = 400
     sources, row_gen = _indexed_sources(rng, n)
@@ -569,25 +574,29 @@ def test_a_pass_for_the_best_few_skips_postings_and_matches_the_reference(seed: 
     allowed = rng.random(n) < 0.9
     want_rows, want_scores = reference_bm25(sources, wanted, weights, row_gen, allowed, 14.0)
     by_row = dict(zip(want_rows.tolist(), want_scores.tolist(), strict=True))
-    pruned = 0
+    skipped = 0
     for depth in (1, 5, 20):
         sums = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0, depth=depth)
-        pruned += sums.pruned
+        assert sums.deferred
         probe = rng.integers(0, n + 20, size=30).astype(np.int64)  # most of them not among the best
         rows, scores, probed = sums.collect(probe, depth)
         best = np.sort(want_scores)[::-1][:depth]
         np.testing.assert_allclose(scores, best, rtol=1e-5)  # best first, the same scores
         np.testing.assert_allclose(scores, [by_row[r] for r in rows.tolist()], rtol=1e-5)
         np.testing.assert_allclose(probed, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-5)
+        ties = scores[1:] == scores[:-1]
+        assert (rows[1:][ties] > rows[:-1][ties]).all()  # (ties: the lower row first)
+        assert 0 <= sums.scored <= want_rows.shape[0]
+        skipped += want_rows.shape[0] - sums.scored
         with pytest.raises(RuntimeError, match="collected already"):
             sums.collect(probe, depth)
-    assert pruned >= 1  # (the bound holds whatever the data; here it also pays)
+    assert skipped > 0  # (the bounds hold whatever the data; here they also pay)
     again = kw_kernels.bm25(sources, wanted, weights, row_gen, allowed, 14.0)  # scratch left clean
     np.testing.assert_array_equal(np.sort(again[0]), want_rows)
     np.testing.assert_allclose(again[1][np.argsort(again[0])], want_scores, rtol=1e-5)
 
 
-def test_a_pruned_pass_is_read_out_at_its_depth_or_less_and_can_be_given_up() -> None:
+def test_a_pass_for_the_best_is_read_out_at_its_depth_or_less_and_can_be_given_up() -> None:
     rng = np.random.default_rng(7)
     n = 400
     sources, row_gen = _indexed_sources(rng, n)
@@ -595,7 +604,7 @@ def test_a_pruned_pass_is_read_out_at_its_depth_or_less_and_can_be_given_up() ->
     weights = kw_kernels.idf(n, np.linspace(5, 300, 12))
     allowed = np.ones(n, np.bool_)
     sums = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0, depth=3)
-    assert sums.pruned
+    assert sums.deferred
     with pytest.raises(ValueError, match="best 3 rows only"):
         sums.collect(None, 10)
     with pytest.raises(ValueError, match="best 3 rows only"):
@@ -604,7 +613,7 @@ def test_a_pruned_pass_is_read_out_at_its_depth_or_less_and_can_be_given_up() ->
     assert rows.shape == (2,)
     kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0, depth=3).release()
     full = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0)
-    assert not full.pruned
+    assert not full.deferred
     full.release()
     want = reference_bm25(sources, wanted, weights, row_gen, allowed, 14.0)
     got = kw_kernels.bm25(sources, wanted, weights, row_gen, allowed, 14.0)  # after the give-ups
@@ -621,7 +630,7 @@ def test_more_sorted_sources_than_a_pack_holds_are_read_in_full(monkeypatch: pyt
     want = reference_bm25(sources, wanted, weights, row_gen, allowed, 14.0)
     monkeypatch.setattr(kw_kernels, "MAX_PACKED", 5)
     sums = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0, depth=4)
-    assert not sums.pruned
+    assert not sums.deferred
     _, scores, _ = sums.collect(None, 4)
     np.testing.assert_allclose(scores, np.sort(want[1])[::-1][:4], rtol=1e-5)
 
@@ -658,8 +667,8 @@ def _replaced_index(rng: np.random.Generator, n: int) -> tuple[KeywordIndex, dic
     return index, texts, ["w0x", "w1x", "w5x", "w17x", "w33x", "w39x"]
 
 
-def test_a_content_replaced_before_a_pruned_pass_is_read_out_is_read_whole() -> None:
-    """The read-out of a pruned pass reads generations after the pass: a row replaced in between
+def test_a_content_replaced_before_a_deferred_pass_is_read_out_is_read_whole() -> None:
+    """The read-out of a deferred pass reads generations after the pass: a row replaced in between
     must not come out as a mix of its two contents (the pass runs again)."""
     rng = np.random.default_rng(1)
     index, texts, terms = _replaced_index(rng, 1500)
@@ -668,7 +677,7 @@ def test_a_content_replaced_before_a_pruned_pass_is_read_out_is_read_whole() -> 
     full = index.bm25([0, 1], terms, allowed, 10**9, none, -1)
     top = int(full[0][np.argmax(full[1])])
     sums = index.sums([0, 1], terms, allowed, 10**9, 1)
-    assert sums.pruned
+    assert sums.deferred
     index.add(top, top % 2, texts[top] + " zzz")  # replaced: the same words and one more
     probe = np.array([top], np.int64)
     _, scores, probed = sums.collect(probe, 1)
@@ -679,20 +688,20 @@ def test_a_content_replaced_before_a_pruned_pass_is_read_out_is_read_whole() -> 
     np.testing.assert_allclose(scores, np.sort(after[1])[::-1][:1], rtol=1e-3)
 
 
-def test_pruned_passes_given_up_or_read_leave_the_scratch_clean() -> None:
+def test_deferred_passes_given_up_or_read_leave_the_scratch_clean() -> None:
     rng = np.random.default_rng(2)
     index, _, terms = _replaced_index(rng, 1500)
     allowed = np.ones(1500, np.bool_)
     want = index.bm25([0, 1], terms, allowed, 10**9, np.empty(0, np.int64), -1)
     for depth in (1, 5):
         given_up = index.sums([0, 1], terms, allowed, 10**9, depth)
-        assert given_up.pruned
+        assert given_up.deferred
         given_up.release()
         given_up.release()  # (twice: nothing more)
         read = index.sums([0, 1], terms, allowed, 10**9, depth)
         read.collect(np.array([3, 4], np.int64), 0)  # probes only
     for scratch in kw_kernels._free:
-        assert not scratch.acc.any() and not scratch.mark.any()
+        assert not scratch.acc.any()
     got = index.bm25([0, 1], terms, allowed, 10**9, np.empty(0, np.int64), -1)
     np.testing.assert_allclose(got[1][np.argsort(got[0])], want[1][np.argsort(want[0])], rtol=1e-5)
     assert kernels._jit.topk(np.ones(3, np.float32), 0).shape == (0,)
@@ -712,3 +721,75 @@ def test_segments_merged_away_are_not_kept_alive_by_the_last_search() -> None:
     assert all(r() is None for r in old)
     got = index.bm25([0, 1], terms, allowed, 10**9, np.empty(0, np.int64), 5)
     assert got[0].shape == (5,)
+
+
+def test_galloping_seek_matches_searchsorted() -> None:
+    rng = np.random.default_rng(4)
+    for size in (0, 1, 5, 40, 3000):
+        rows = np.unique(rng.integers(0, 10 * size + 5, size=size)).astype(np.int32)
+        n = rows.shape[0]
+        for _ in range(200):
+            i = int(rng.integers(0, n + 1))
+            hi = int(rng.integers(i, n + 1))
+            r = int(rng.integers(-2, 10 * size + 8))
+            want = i + int(np.searchsorted(rows[i:hi], r))
+            assert kw_kernels._seek(rows, i, hi, r) == want
+
+
+def test_the_heap_keeps_the_best_with_ties_to_the_lower_row() -> None:
+    rng = np.random.default_rng(6)
+    for depth in (1, 3, 17):
+        scores = rng.integers(0, 6, size=80).astype(np.float64)  # many ties
+        rows = rng.permutation(80).astype(np.int64)
+        hs, hr = np.empty(depth), np.empty(depth, np.int64)
+        n = 0
+        for s, r in zip(scores.tolist(), rows.tolist(), strict=True):
+            n = kw_kernels._push(hs, hr, n, s, r)
+        order = np.lexsort((rows, -scores))[:depth]  # NumPy: best score, then lower row
+        got = sorted(zip(hs[:n].tolist(), hr[:n].tolist(), strict=True), key=lambda p: (-p[0], p[1]))
+        assert got == list(zip(scores[order].tolist(), rows[order].tolist(), strict=True))
+
+
+def test_sources_not_in_row_order_are_read_in_full_with_the_same_answer() -> None:
+    rng = np.random.default_rng(13)
+    n = 200
+    sources = _random_sources(rng, n, 12)  # (rows in no order within a key)
+    assert not all(s.by_row for s in sources if isinstance(s, kw_kernels.Postings))
+    wanted = np.arange(12, dtype=np.int32)
+    weights = rng.random(12) + 0.3
+    row_gen = rng.integers(1, 3, size=n + 10).astype(np.int32)
+    allowed = np.ones(n, np.bool_)
+    sums = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 20.0, depth=5)
+    assert not sums.deferred
+    _, scores, _ = sums.collect(None, 5)
+    want = reference_bm25(sources, wanted, weights, row_gen, allowed, 20.0)
+    np.testing.assert_allclose(scores, np.sort(want[1])[::-1][:5], rtol=1e-5)
+
+
+def test_a_snapshot_with_keys_out_of_row_order_is_restored_in_order() -> None:
+    """Snapshots from before segments held each key's rows in order (and a delta holding replaced
+    content) restore as segments a search reads row by row, with the same answers."""
+    rng = np.random.default_rng(14)
+    index, _, terms = _replaced_index(rng, 800)
+    allowed = np.ones(800, np.bool_)
+    none = np.empty(0, np.int64)
+    want = index.bm25([0, 1], terms, allowed, 10**9, none, -1)
+    state = index.state()
+    shuffled = []
+    for keys, starts, rows, tfs, gens, lens in state["segments"]:
+        order = np.concatenate(
+            [
+                lo + rng.permutation(hi - lo)
+                for lo, hi in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
+            ]
+        ).astype(np.int64)
+        shuffled.append((keys, starts, rows[order], tfs[order], gens[order], lens[order]))
+    assert any(not kw_kernels.postings(*seg).by_row for seg in shuffled)
+    restored = KeywordIndex.restore({**state, "segments": shuffled})
+    assert all(seg.by_row for seg in restored._view[0])
+    got = restored.bm25([0, 1], terms, allowed, 10**9, none, -1)
+    np.testing.assert_array_equal(np.sort(got[0]), np.sort(want[0]))
+    np.testing.assert_allclose(got[1][np.argsort(got[0])], want[1][np.argsort(want[0])], rtol=1e-5)
+    best = restored.sums([0, 1], terms, allowed, 10**9, 5)
+    assert best.deferred
+    np.testing.assert_allclose(best.collect(None, 5)[1], np.sort(want[1])[::-1][:5], rtol=1e-5)

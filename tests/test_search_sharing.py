@@ -137,12 +137,12 @@ def test_a_mask_is_not_shared_once_a_memory_can_expire(tmp_path: Path) -> None:
         e.close()
 
 
-def test_fused_searches_rank_alike_with_the_pruned_keyword_pass_and_the_full_one(
+def test_fused_searches_rank_alike_with_the_best_first_keyword_pass_and_the_full_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The keyword pass of a fused search skips the postings that cannot reach its best matches (a
-    rare word's matches outscore anything a common word alone could add): the same hits and scores
-    as the pass that reads every posting."""
+    """The keyword pass of a fused search reads row by row for its best matches only, skipping the rows
+    that cannot reach them (a rare word's matches outscore anything a common word alone could add):
+    the same hits and scores as the pass that reads every posting."""
     rng = np.random.default_rng(8)
     clock = FakeClock()
     e = _engine(tmp_path / "data", clock)
@@ -155,7 +155,7 @@ def test_fused_searches_rank_alike_with_the_pruned_keyword_pass_and_the_full_one
         names = [e.columns.namespaces.get(NS)]
         allowed = np.ones(len(e.columns), np.bool_)
         sums = e.state.keywords.sums(names, ["zebra", "deploy"], allowed, 10**6, depth=50)
-        assert sums.pruned  # (the case this test is about)
+        assert sums.deferred  # (the case this test is about)
         sums.release()
 
         def answers() -> list[list[tuple[str, float]]]:

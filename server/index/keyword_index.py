@@ -26,7 +26,8 @@ from tiermem.server.model.text import keyword_terms, keyword_terms_and_length
 def _segment(
     keys: np.ndarray, rows: np.ndarray, tfs: np.ndarray, gens: np.ndarray, lens: np.ndarray
 ) -> kernels.Postings:
-    order = np.argsort(keys, kind="stable")
+    # By key, then row: searches read a key's rows in order. (Stable: merged parts are sorted runs.)
+    order = np.argsort((keys.astype(np.int64) << 32) | rows.astype(np.int64), kind="stable")
     keys, rows, tfs, gens, lens = keys[order], rows[order], tfs[order], gens[order], lens[order]
     bounds = np.flatnonzero(np.diff(keys)) + 1
     starts = np.concatenate([[0], bounds, [keys.shape[0]]]).astype(np.int64)
@@ -38,6 +39,10 @@ def _segment(
         gens,
         lens,
     )
+
+
+def _resorted(seg: kernels.Postings) -> kernels.Postings:
+    return _segment(np.repeat(seg.keys, np.diff(seg.starts)), seg.rows, seg.tfs, seg.gens, seg.lens)
 
 
 class KeywordIndex:
@@ -330,7 +335,7 @@ class KeywordIndex:
             if self._bumps == bumps or last:  # no row's generation moved meanwhile: postings and
                 break  # generations agree
             out.release()  # (gives its buffer back)
-        if out.pruned and not last:
+        if out.deferred and not last:
             # Its read-out reads generations after this check: a row replaced by then could mix
             # two contents, so the pass runs again (with the tries left).
             left = tries - 1 - attempt
@@ -386,9 +391,12 @@ class KeywordIndex:
             return (*seg, np.minimum(index._row_words[rows], LENGTH_MAX).astype(np.uint16))
 
         segments = [kernels.postings(*with_lens(seg)) for seg in state["segments"]]
+        # (a snapshot from before keys held their rows in order: sorted once here)
+        segments = [seg if seg.by_row else _resorted(seg) for seg in segments]
         keys, _, rows, tfs, gens, lens = with_lens(state["delta"])
-        if keys.shape[0]:
-            segments.append(_segment(keys, rows, tfs, gens, lens))
+        fresh = (rows < index._gen.shape[0]) & (gens == index._gen[np.minimum(rows, index._gen.shape[0] - 1)])
+        if fresh.any():  # (replaced content in the delta goes, as a flush drops it)
+            segments.append(_segment(keys[fresh], rows[fresh], tfs[fresh], gens[fresh], lens[fresh]))
         kept = tuple(seg for seg in segments if seg.size)
         gen = index._gen
 
