@@ -728,6 +728,7 @@ def _warm_keywords(tiny: _Tiny) -> None:
     )
     keywords.bm25((skewed,), two, np.array([3.0, 0.1]), i32, b, 1.0, probe=tiny.rows, depth=1)
     keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
+    keywords.fusion_rows(tiny.rows, tiny.rows[:1])
     keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
 
 

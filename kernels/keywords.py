@@ -828,6 +828,36 @@ def fused_scores(
     return out
 
 
+@_kernel
+def _fusion_rows(v_rows, k_rows):  # pragma: no cover
+    nv, nk = v_rows.shape[0], k_rows.shape[0]
+    new = np.ones(nk, np.bool_)
+    k_rank = np.zeros(nv + nk, np.int64)
+    for i in range(nv):
+        for j in range(nk):
+            if v_rows[i] == k_rows[j]:
+                new[j] = False
+                k_rank[i] = j + 1
+                break
+    m = nv
+    for j in range(nk):
+        if new[j]:
+            k_rank[m] = j + 1
+            m += 1
+    return new, k_rank[:m].copy()
+
+
+def fusion_rows(v_rows: np.ndarray, k_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of a fused search from the rows found by similarity and those found by keywords
+    (each distinct, best first): (which keyword rows are new, the 1-based keyword rank of each row of
+    ``v_rows`` then the new ones, 0 when keywords did not find it). A few dozen each: compared
+    pairwise."""
+    _check("v_rows", v_rows, np.int64)
+    _check("k_rows", k_rows, np.int64)
+    out: tuple[np.ndarray, np.ndarray] = _fusion_rows(v_rows, k_rows)
+    return out
+
+
 _i32, _i64 = np.empty(0, np.int32), np.zeros(1, np.int64)
 _EMPTY = Postings(
     _i32,

@@ -106,3 +106,20 @@ def test_relevance_uses_only_the_signals_the_request_has() -> None:
     # weights: keyword only when its share is everything
     only_kw = FusedWeights(vector=0.0, keyword=1.0)
     assert order([0.9, 0.1], [0.0, 5.0], [0, 0], [0, 0], only_kw)[0] == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fusion_rows_match_numpy(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for nv, nk in ((0, 0), (0, 7), (9, 0), (30, 25), (50, 50)):
+        pool = rng.permutation(120).astype(np.int64)
+        v_rows = pool[:nv]
+        k_rows = rng.permutation(np.concatenate([pool[: nv // 2], pool[100 : 100 + nk - nv // 2]]))[:nk]
+        k_rows = k_rows.astype(np.int64)
+        new, k_rank = kw_kernels.fusion_rows(v_rows, k_rows)
+        np.testing.assert_array_equal(new, ~np.isin(k_rows, v_rows))
+        rows = np.concatenate([v_rows, k_rows[new]])
+        where = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
+        np.testing.assert_array_equal(k_rank, [where.get(int(r), 0) for r in rows])
+    with pytest.raises(ValueError):
+        kw_kernels.fusion_rows(np.zeros(2, np.int32), np.zeros(2, np.int64))

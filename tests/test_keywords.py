@@ -411,6 +411,7 @@ def test_warm_up_compiles_every_keyword_kernel() -> None:
         "_collect",
         "_fused",
         "_best",
+        "_fusion_rows",
         "_key_bounds",
     ):
         assert getattr(kw_kernels, name).signatures, name

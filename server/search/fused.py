@@ -78,11 +78,9 @@ def rank_fused(
     kw = k_rank = None
     if keywords is not None:
         k_rows = keywords.rows[:depth]  # (best first already)
-        seen = set(rows.tolist())
-        new = np.fromiter((r not in seen for r in k_rows.tolist()), np.bool_, k_rows.shape[0])
+        new, k_rank = kw_kernels.fusion_rows(rows, k_rows)
         extra = k_rows[new]
         kw = np.concatenate([keywords.probed, keywords.scores[:depth][new]])
-        rank_of = {r: i + 1 for i, r in enumerate(k_rows.tolist())}
         if extra.shape[0]:
             if rel is not None or scorer.query is not None:
                 rel = np.concatenate(
@@ -90,8 +88,6 @@ def rank_fused(
                 )
             rows = np.concatenate([rows, extra])
     scored = scorer(rows, rel=rel if rel is not None else np.zeros(rows.shape[0], np.float32))
-    if keywords is not None:
-        k_rank = np.fromiter((rank_of.get(r, 0) for r in rows.tolist()), np.int64, rows.shape[0])
     v_rank = None
     if vector is not None:
         v_rank = np.zeros(rows.shape[0], np.int64)
