@@ -6,11 +6,14 @@ posting's BM25 term to a row-indexed accumulator (idf comes with the query, from
 posting counts only when its row is allowed by the request and its generation is the row's current one
 (a row whose content changed keeps stale postings until the next compaction).
 
-A search that wants only the best ``depth`` rows reads fewer postings (the MaxScore idea, term at a
-time): terms are read in order of their highest possible contribution, and once the ``depth``-th best
-sum so far beats what all the terms not yet read could add together, no row they alone hold can reach
-the best ``depth``. Those terms are then added only to the rows still in reach (and to the rows the
-caller probes), which costs a check per posting instead of an update. The answer is the same.
+A search that wants only the best ``depth`` rows (and the scores of rows it probes) reads the sorted
+segments a row at a time instead (the MaxScore idea, document at a time; each key's rows are in
+order). Per segment, terms are taken in order of their highest possible contribution (from the key's
+highest tf and shortest content there); each row holding a term and none taken before it is scored
+whole, its other terms looked up forward in their lists. A row whose bound cannot reach the lowest of
+the best so far is skipped, and once the terms left cannot lift any row in, the segment is done. A
+row's current content is posted to one source, so each row is scored in one place. The answer is
+the same as the full pass's.
 """
 
 from __future__ import annotations
@@ -636,9 +639,10 @@ def accumulate(
     """The pass of ``bm25`` (same arguments): each valid posting's term added to its row's sum.
     ``current[i]`` True: every posting of ``sources[i]`` (sorted ones only) is known to be of its
     row's current content (the caller vouches for it), so its generations are not compared.
-    ``depth`` > 0: only the best ``depth`` rows will be collected (and probes), so the pass may
-    skip what cannot change them; it relies on what the index guarantees: a row holds a key at most
-    once in each generation of its content."""
+    ``depth`` > 0: only the best ``depth`` rows will be collected (and probes), so the sorted sources
+    are read at the read-out, for those only (when there are at most ``MAX_PACKED`` and each holds
+    its keys' rows in order); it relies on what the index guarantees: a row's current content is
+    posted to one source."""
     _check("wanted", wanted, np.int32)
     _check("weights", weights, np.float64, wanted.shape[0])
     _check("row_gen", row_gen, np.int32)
