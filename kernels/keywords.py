@@ -365,7 +365,8 @@ def _segment_best(
                     score += _term(w[j], tfs[q], lens[q], avgdl, k1, b)
             if score >= 0.0:
                 scored += 1
-                n = _push(hs, hr, n, score, r)
+                # (as float32, the precision returned: equal rows tie there, by row)
+                n = _push(hs, hr, n, np.float64(np.float32(score)), r)
                 if n == depth:
                     full = True
                     cut = hs[0] * (1.0 - 1e-6)
@@ -475,14 +476,10 @@ def _best(
         probe,
         probed,
     )
-    for i in range(1, n):  # best first (a few dozen: insertion sort)
-        s, r = hs[i], hr[i]
-        j = i - 1
-        while j >= 0 and _worse(hs[j], hr[j], s, r):
-            hs[j + 1], hr[j + 1] = hs[j], hr[j]
-            j -= 1
-        hs[j + 1], hr[j + 1] = s, r
-    return hr[:n].copy(), hs[:n].astype(np.float32), probed.astype(np.float32), scored
+    by_row = np.argsort(hr[:n])
+    order = by_row[np.argsort(-hs[:n][by_row], kind="mergesort")]  # best first, ties: the lower row
+    hr, hs = hr[:n][order], hs[:n][order]
+    return hr, hs.astype(np.float32), probed.astype(np.float32), scored
 
 
 def idf(n_docs: float, df: np.ndarray) -> np.ndarray:
@@ -509,7 +506,8 @@ def bm25(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """BM25 of every allowed row holding a wanted key, read in place from the postings of ``sources``:
     (rows in the order first met, their scores, the scores of the ``probe`` rows, 0 where they hold no
-    key); with ``depth`` >= 0 only the ``depth`` best rows, best first (ties: the row met first).
+    key); with ``depth`` >= 0 only the ``depth`` best rows, best first (ties: the lower row when the
+    pass is deferred, see ``accumulate``; else the row met first).
     Key ``wanted[j]`` (sorted, unique) weighs ``weights[j]`` (its term's idf; 0 skips it). A posting
     counts when its row is allowed and its generation is the row's ``row_gen``; ``avgdl`` is
     the mean length of a memory (each posting carries its content's)."""
@@ -651,6 +649,8 @@ def accumulate(
         raise ValueError("wanted must be sorted ascending without repeats")
     if not (avgdl > 0 and math.isfinite(avgdl)):
         raise ValueError("avgdl must be a finite number > 0")
+    if not (k1 >= 0 and 0 <= b <= 1):  # (the bounds on a term assume it grows with tf, falls with length)
+        raise ValueError("k1 must be >= 0 and b within [0, 1]")
     if row_gen.shape[0] < allowed.shape[0]:
         allowed = allowed[: row_gen.shape[0]]  # rows never posted hold no term
     if not all(isinstance(s, Postings | Appended) for s in sources):
@@ -837,12 +837,13 @@ def _fusion_rows(v_rows, k_rows):  # pragma: no cover
     nv, nk = v_rows.shape[0], k_rows.shape[0]
     new = np.ones(nk, np.bool_)
     k_rank = np.zeros(nv + nk, np.int64)
+    order = np.argsort(k_rows)
+    ks = k_rows[order]
     for i in range(nv):
-        for j in range(nk):
-            if v_rows[i] == k_rows[j]:
-                new[j] = False
-                k_rank[i] = j + 1
-                break
+        j = np.searchsorted(ks, v_rows[i])
+        if j < nk and ks[j] == v_rows[i]:
+            new[order[j]] = False
+            k_rank[i] = order[j] + 1
     m = nv
     for j in range(nk):
         if new[j]:
@@ -854,8 +855,7 @@ def _fusion_rows(v_rows, k_rows):  # pragma: no cover
 def fusion_rows(v_rows: np.ndarray, k_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The candidates of a fused search from the rows found by similarity and those found by keywords
     (each distinct, best first): (which keyword rows are new, the 1-based keyword rank of each row of
-    ``v_rows`` then the new ones, 0 when keywords did not find it). A few dozen each: compared
-    pairwise."""
+    ``v_rows`` then the new ones, 0 when keywords did not find it)."""
     _check("v_rows", v_rows, np.int64)
     _check("k_rows", k_rows, np.int64)
     out: tuple[np.ndarray, np.ndarray] = _fusion_rows(v_rows, k_rows)

@@ -111,10 +111,11 @@ def test_relevance_uses_only_the_signals_the_request_has() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_fusion_rows_match_numpy(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    for nv, nk in ((0, 0), (0, 7), (9, 0), (30, 25), (50, 50)):
-        pool = rng.permutation(120).astype(np.int64)
+    for nv, nk in ((0, 0), (0, 7), (9, 0), (30, 25), (50, 50), (3000, 2500)):
+        pool = rng.permutation(max(120, 3 * (nv + nk))).astype(np.int64)
         v_rows = pool[:nv]
-        k_rows = rng.permutation(np.concatenate([pool[: nv // 2], pool[100 : 100 + nk - nv // 2]]))[:nk]
+        lo = max(100, nv)  # (rows not in v_rows)
+        k_rows = rng.permutation(np.concatenate([pool[: nv // 2], pool[lo : lo + nk - nv // 2]]))[:nk]
         k_rows = k_rows.astype(np.int64)
         new, k_rank = kw_kernels.fusion_rows(v_rows, k_rows)
         np.testing.assert_array_equal(new, ~np.isin(k_rows, v_rows))

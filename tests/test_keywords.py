@@ -10,7 +10,7 @@ import pytest
 
 from tiermem import kernels
 from tiermem.kernels import keywords as kw_kernels
-from tiermem.server.index.keyword_index import KeywordIndex, bm25
+from tiermem.server.index.keyword_index import KeywordIndex, bm25, keyword_sums
 from tiermem.server.model.text import STOP_WORDS, keyword_terms, words
 
 
@@ -576,8 +576,14 @@ def test_a_pass_for_the_best_few_skips_rows_and_matches_the_reference(seed: int)
     want_rows, want_scores = reference_bm25(sources, wanted, weights, row_gen, allowed, 14.0)
     by_row = dict(zip(want_rows.tolist(), want_scores.tolist(), strict=True))
     skipped = 0
-    for depth in (1, 5, 20):
-        sums = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0, depth=depth)
+    # (a segment holding no stale posting read as the index reads one: without generation checks)
+    current = tuple(
+        isinstance(s, kw_kernels.Postings) and bool((s.gens == row_gen[s.rows]).all()) for s in sources
+    )
+    for depth in (1, 5, 20, 300):
+        sums = kw_kernels.accumulate(
+            sources, wanted, weights, row_gen, allowed, 14.0, current=current, depth=depth
+        )
         assert sums.deferred
         probe = rng.integers(0, n + 20, size=30).astype(np.int64)  # most of them not among the best
         rows, scores, probed = sums.collect(probe, depth)
@@ -794,3 +800,74 @@ def test_a_snapshot_with_keys_out_of_row_order_is_restored_in_order() -> None:
     best = restored.sums([0, 1], terms, allowed, 10**9, 5)
     assert best.deferred
     np.testing.assert_allclose(best.collect(None, 5)[1], np.sort(want[1])[::-1][:5], rtol=1e-5)
+
+
+def test_equal_rows_in_the_delta_and_a_segment_tie_to_the_lower_row() -> None:
+    """A row summed in float32 (the delta) and one summed in float64 (a segment), equal content:
+    equal scores as returned, so the lower row comes first."""
+    k1, b, avgdl, length = 1.2, 0.75, 10.0, 5
+    rng = np.random.default_rng(0)
+    for _ in range(10000):  # an idf whose term float32 rounds down
+        w = float(rng.random() + 0.5)
+        t = w * (k1 + 1.0) / (1.0 + k1 * (1.0 - b + b * length / avgdl))
+        if float(np.float32(t)) < t:
+            break
+    one = np.array([5], np.int32)
+    seg = kw_kernels.postings(one, np.array([0, 1], np.int64), np.array([7], np.int32), np.ones(1, np.float32),
+                              np.ones(1, np.int32), np.array([length], np.uint16))  # fmt: skip
+    delta = kw_kernels.appended(one, np.array([3], np.int32), np.ones(1, np.float32), np.ones(1, np.int32),
+                                np.array([length], np.uint16), 1)  # fmt: skip
+    row_gen, allowed = np.ones(10, np.int32), np.ones(10, np.bool_)
+    for depth in (1, 2):
+        sums = kw_kernels.accumulate([seg, delta], one, np.array([w]), row_gen, allowed, avgdl, depth=depth)
+        assert sums.deferred
+        rows, scores, _ = sums.collect(None, depth)
+        assert rows.tolist() == [3, 7][:depth]
+        assert scores[0] == scores[-1]
+
+
+def test_bm25_parameters_outside_their_range_are_refused() -> None:
+    one = np.array([0], np.int32)
+    seg = kw_kernels.postings(one, np.array([0, 1], np.int64), one, np.ones(1, np.float32), np.ones(1, np.int32),
+                              np.ones(1, np.uint16))  # fmt: skip
+    for k1, b in ((-0.1, 0.75), (1.2, -0.5), (1.2, 1.5), (float("nan"), 0.75)):
+        with pytest.raises(ValueError, match="k1 must be"):
+            kw_kernels.accumulate(
+                [seg], one, np.ones(1), np.ones(2, np.int32), np.ones(2, np.bool_), 1.0, k1, b
+            )
+
+
+def test_a_deferred_read_out_racing_a_replacement_sees_the_row_whole() -> None:
+    """A replacement publishes the row's new postings, then its generation: a search whose pass starts
+    in between and whose read-out lands before the write ends must still see the row (one of its two
+    contents), not lose it. The interleaving is forced by hooks on the index's attributes."""
+    ctx: dict = {}
+    probe = np.array([0], np.int64)
+    allowed = np.ones(1000, np.bool_)
+
+    class Hooked(KeywordIndex):
+        armed = False
+
+        def __setattr__(self, name: str, value: object) -> None:
+            if name == "_bumps" and Hooked.armed and "sums" in ctx:
+                ctx["out"] = ctx.pop("sums").collect(probe, 5)  # the read-out before the write ends
+            object.__setattr__(self, name, value)
+            if name == "_view" and Hooked.armed and "sums" not in ctx and "out" not in ctx:
+                ctx["sums"] = keyword_sums(self, [0], "alpha", allowed, 10**9, 5)  # the pass starts
+
+    index = Hooked(delta_size=64)
+    index.add(0, 0, "alpha alpha alpha beta")
+    for r in range(1, 300):
+        index.add(r, 0, f"word{r % 17} other{r % 5}" + (" alpha" if r % 10 == 0 else ""))
+    r = 300
+    while index._view[1].filled + 5 > index.delta_size:  # (room for row 0's new content: no flush)
+        index.add(r, 0, f"filler{r}")
+        r += 1
+    assert all(int(row) != 0 for row in index._view[1].rows[: index._view[1].filled])  # in a segment
+    Hooked.armed = True
+    index.add(0, 0, "alpha alpha alpha beta gamma")  # replaced: its new postings go to the delta
+    Hooked.armed = False
+    rows, _, probed = ctx["out"]
+    assert 0 in rows.tolist() and probed[0] > 0
+    after = keyword_sums(index, [0], "alpha", allowed, 10**9, 5).collect(probe, 5)
+    assert after[0][0] == 0 and after[2][0] > 0

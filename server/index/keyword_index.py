@@ -73,7 +73,9 @@ class KeywordIndex:
         self._replaced = 0  # contents replaced so far (a row posted again with other content)
         self._gen = np.zeros(1024, np.int32)  # per row: its content generation (0: never posted)
         self.posted_rows = 0  # contents posted since the last compaction (live or not)
-        self._bumps = 0  # row generations changed so far: a reader that saw it move reads again
+        # Moved before and after each content's postings and generation are published (odd while
+        # a write is under way): a reader that saw it odd, or move, reads again.
+        self._bumps = 0
         self._row_hash = np.zeros(1024, np.int64)  # per row: a digest of its posted content
         # Lengths for BM25's average: per row (its namespace, -1 once removed; its words) and summed
         # per namespace id over the rows not removed.
@@ -134,15 +136,24 @@ class KeywordIndex:
             self._flush()
         if gen > 1:  # (after any flush: segments stamped before this hold its old postings)
             self._replaced += 1
+        self._bumps += 1  # (odd: a write under way)
+        try:
+            self._publish(row, keys, _tfs(terms), gen, _clipped(length))
+        finally:
+            self._bumps += 1  # (even again)
+
+    def _publish(self, row: int, keys: list[int], tfs: np.ndarray, gen: int, length: int) -> None:
+        """The postings of a row's new content into the view, then its generation."""
         segments, d, stamps = self._view
+        n = len(keys)
         if n > self.delta_size:  # a long text: its postings make a segment of their own (merged later:
             # a merge now would drop them, as the row's generation is not published yet)
             own = _segment(
                 np.array(keys, np.int32),
                 np.full(n, row, np.int32),
-                _tfs(terms),
+                tfs,
                 np.full(n, gen, np.int32),
-                np.full(n, _clipped(length), np.uint16),
+                np.full(n, length, np.uint16),
             )
             self._view = ((*segments, own), d, (*stamps, -1))  # (checked: its row's generation is not
             # published yet, so its postings do not count until it is)
@@ -150,12 +161,11 @@ class KeywordIndex:
             end = d.filled + n
             d.keys[d.filled : end] = keys
             d.rows[d.filled : end] = row
-            d.tfs[d.filled : end] = _tfs(terms)
+            d.tfs[d.filled : end] = tfs
             d.gens[d.filled : end] = gen
-            d.lens[d.filled : end] = _clipped(length)
+            d.lens[d.filled : end] = length
             self._view = (segments, d._replace(filled=end), stamps)  # slots beyond what was filled: unseen
         self._gen[row] = gen  # published last: the new postings count from here on
-        self._bumps += 1
 
     def _count_keys(self, row: int, keys: list[int]) -> None:
         if len(self._key_ids) > self._df.shape[0]:
@@ -324,23 +334,26 @@ class KeywordIndex:
             last = attempt == tries - 1
             bumps = self._bumps
             segments, delta, stamps = self._view
-            gen = self._gen  # (generations as new as the view, or newer)
+            # (generations as new as the view, or newer; the last try, kept even if one moved
+            # meanwhile, reads a copy: its pass and read-out then see the same ones)
+            gen = self._gen if not last else self._gen.copy()
             # Read after the view: a replacement published in it has moved this count already. The
-            # last try, kept even if a generation moved meanwhile, checks every posting.
+            # last try checks every posting.
             replaced = self._replaced if not last else -2
             current = (*(st == replaced for st in stamps), False)
             out = kernels.accumulate(
                 (*segments, delta), wanted, weights, gen, allowed, avgdl, current=current, depth=depth
             )
-            if self._bumps == bumps or last:  # no row's generation moved meanwhile: postings and
-                break  # generations agree
+            if (self._bumps == bumps and bumps % 2 == 0) or last:  # no write overlapped: postings
+                break  # and generations agree
             out.release()  # (gives its buffer back)
         if out.deferred and not last:
             # Its read-out reads generations after this check: a row replaced by then could mix
             # two contents, so the pass runs again (with the tries left).
             left = tries - 1 - attempt
             out.recheck(
-                lambda: self._bumps == bumps, lambda: self._pass(wanted, weights, allowed, avgdl, depth, left)
+                lambda: self._bumps == bumps and bumps % 2 == 0,
+                lambda: self._pass(wanted, weights, allowed, avgdl, depth, left),
             )
         return out
 
