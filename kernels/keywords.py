@@ -563,7 +563,7 @@ class Sums:
         out: tuple[np.ndarray, np.ndarray, np.ndarray]
         if later is not None:
             k = later.packed
-            *best, self.scored = _best(
+            rows, scores, probed, self.scored = _best(
                 k.keys,
                 k.starts,
                 k.rows,
@@ -587,7 +587,7 @@ class Sums:
                 int(depth),
                 probe,
             )
-            out = (best[0], best[1], best[2])
+            out = (rows, scores, probed)
         else:
             out = _collect(acc, scratch.touched, m, probe, int(depth))
         self._n = -1

@@ -167,6 +167,11 @@ class KeywordIndex:
             self._view = (segments, d._replace(filled=end), stamps)  # slots beyond what was filled: unseen
         self._gen[row] = gen  # published last: the new postings count from here on
 
+    def _current(self, rows: np.ndarray, gens: np.ndarray) -> np.ndarray:
+        """Which postings (their rows and generations) are of their row's current content."""
+        n = self._gen.shape[0]
+        return (rows < n) & (gens == self._gen[np.minimum(rows, n - 1)])
+
     def _count_keys(self, row: int, keys: list[int]) -> None:
         if len(self._key_ids) > self._df.shape[0]:
             self._df = _grown(self._df, 2 * len(self._key_ids))
@@ -221,7 +226,7 @@ class KeywordIndex:
         if d.filled:
             n = d.filled
             rows, gens = d.rows[:n], d.gens[:n]
-            keep = gens == self._gen[rows]  # (every add in the delta is published: replaced content goes)
+            keep = self._current(rows, gens)  # (every add in the delta is published: replaced content goes)
             fresh = _segment(d.keys[:n][keep], rows[keep], d.tfs[:n][keep], gens[keep], d.lens[:n][keep])
             segments.append((fresh, self._replaced))
         merged = self._merged(segments)
@@ -242,7 +247,7 @@ class KeywordIndex:
         gens = np.concatenate([s.gens for s in parts])
         tfs = np.concatenate([s.tfs for s in parts])
         lens = np.concatenate([s.lens for s in parts])
-        keep = gens == self._gen[rows]  # replaced content goes
+        keep = self._current(rows, gens)  # replaced content goes
         if alive is not None:
             keep &= (rows < alive.shape[0]) & alive[np.minimum(rows, alive.shape[0] - 1)]
         return _segment(keys[keep], rows[keep], tfs[keep], gens[keep], lens[keep])
@@ -274,7 +279,7 @@ class KeywordIndex:
         parts.append((d.keys[: d.filled], d.rows[: d.filled], d.gens[: d.filled]))
         keys, rows, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
         n = live.shape[0]
-        current = (rows < n) & (gens == self._gen[np.minimum(rows, n - 1)]) & live[np.minimum(rows, n - 1)]
+        current = self._current(rows, gens) & live[np.minimum(rows, n - 1)]
         keys, rows = keys[current], rows[current]
         order = np.argsort(rows, kind="stable")
         self._fwd = np.ascontiguousarray(keys[order], np.int32)
@@ -344,18 +349,22 @@ class KeywordIndex:
             out = kernels.accumulate(
                 (*segments, delta), wanted, weights, gen, allowed, avgdl, current=current, depth=depth
             )
-            if (self._bumps == bumps and bumps % 2 == 0) or last:  # no write overlapped: postings
-                break  # and generations agree
+            if self._unmoved(bumps) or last:  # no write overlapped: postings and generations agree
+                break
             out.release()  # (gives its buffer back)
         if out.deferred and not last:
             # Its read-out reads generations after this check: a row replaced by then could mix
             # two contents, so the pass runs again (with the tries left).
             left = tries - 1 - attempt
             out.recheck(
-                lambda: self._bumps == bumps and bumps % 2 == 0,
+                lambda: self._unmoved(bumps),
                 lambda: self._pass(wanted, weights, allowed, avgdl, depth, left),
             )
         return out
+
+    def _unmoved(self, bumps: int) -> bool:
+        """No write was under way when the counter read ``bumps``, nor has one been since."""
+        return self._bumps == bumps and bumps % 2 == 0
 
     # -- snapshots -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -407,20 +416,13 @@ class KeywordIndex:
         # (a snapshot from before keys held their rows in order: sorted once here)
         segments = [seg if seg.by_row else _resorted(seg) for seg in segments]
         keys, _, rows, tfs, gens, lens = with_lens(state["delta"])
-        fresh = (rows < index._gen.shape[0]) & (gens == index._gen[np.minimum(rows, index._gen.shape[0] - 1)])
+        fresh = index._current(rows, gens)
         if fresh.any():  # (replaced content in the delta goes, as a flush drops it)
             segments.append(_segment(keys[fresh], rows[fresh], tfs[fresh], gens[fresh], lens[fresh]))
         kept = tuple(seg for seg in segments if seg.size)
-        gen = index._gen
-
-        def stamp(seg: kernels.Postings) -> int:  # (a snapshot may hold stale postings)
-            rows = seg.rows
-            ok = bool((rows < gen.shape[0]).all()) and bool(
-                (seg.gens == gen[np.minimum(rows, gen.shape[0] - 1)]).all()
-            )
-            return 0 if ok else -1
-
-        index._view = (kept, index._view[1], tuple(stamp(seg) for seg in kept))
+        # (a snapshot may hold stale postings: such a segment's generations are checked)
+        stamps = tuple(0 if index._current(seg.rows, seg.gens).all() else -1 for seg in kept)
+        index._view = (kept, index._view[1], stamps)
         size = index._gen.shape[0]
         index._row_fwd, index._row_nkeys = np.zeros(size, np.int64), np.zeros(size, np.int32)
         index._recount((index._gen > 0) & (index._row_ns[:size] >= 0))
