@@ -73,6 +73,16 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     for key, label in (("fused_text", "default with text"), ("hybrid", "comprehensive + hybrid")):
         le(f"{label} c1 p50 / similarity c1 p50", f.get(f"{key}_c1_p50"), f.get("sim_c1_p50"), 1.3)
         le(f"{label} c{hi} p50 / similarity c{hi} p50", f.get(f"{key}_hi_p50"), f.get("sim_hi_p50"), 1.3)
+    # Hybrid on the comprehensive ranking runs that ranking 5x as deep, then the keyword pass.
+    for c, label in (("c1", "c1"), ("hi", f"c{hi}")):
+        out.append(
+            ratio(
+                f"comprehensive, vector only {label} p50 / similarity {label} p50, the same run",
+                _div(f.get(f"comprehensive_{c}_p50"), f.get(f"sim_{c}_p50")),
+                "context (above 1.3: so is comprehensive + hybrid)",
+                None,
+            )
+        )
     for c, label in (("c1", "c1"), ("hi", f"c{hi}")):
         le(
             f"at --startup-n: default with text {label} p50 / similarity {label} p50",

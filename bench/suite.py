@@ -106,6 +106,7 @@ DAY = 86400.0
 TIMEOUT = 600.0
 EXTRA_NAMESPACE = "bench-extra"  # the in-flight ingest's memories (after every search phase)
 SIMILARITY = 4  # tiermem.v1.SearchStrategy SEARCH_STRATEGY_SIMILARITY: relevance alone
+COMPREHENSIVE = 1  # SEARCH_STRATEGY_COMPREHENSIVE: the raw weighted sum
 
 
 @dataclass
@@ -505,7 +506,11 @@ class Suite:
         texts = self.data.query_texts
         for key, name, extra in (
             ("fused_text", f"SearchMemories k={K} default, vector + text", {}),
-            ("hybrid", f"SearchMemories k={K} comprehensive + hybrid", {"hybrid": True, "strategy": 1}),
+            (
+                "hybrid",
+                f"SearchMemories k={K} comprehensive + hybrid",
+                {"hybrid": True, "strategy": COMPREHENSIVE},
+            ),
         ):
             r1 = self.search("search", name, 1, texts=texts, **extra)
             rhi = self.search("search", name, self.hi, texts=texts, **extra)
@@ -516,6 +521,11 @@ class Suite:
                 f"{key}_hi_ops": rhi["ops_per_s"],
             }
         self.figures["sim_hi_p50"] = shi["p50_ms"]
+        # The comprehensive ranking alone (vector, no text): what hybrid on it costs at least.
+        name = f"SearchMemories k={K} comprehensive, vector only"
+        c1 = self.search("search", name, 1, strategy=COMPREHENSIVE)
+        chi = self.search("search", name, self.hi, strategy=COMPREHENSIVE)
+        self.figures |= {"comprehensive_c1_p50": c1["p50_ms"], "comprehensive_hi_p50": chi["p50_ms"]}
 
     def filtered_search(self) -> None:
         for sel in SELECTIVITIES:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermem import kernels
+from tiermem.kernels import keywords as kw_kernels
 from tiermem.kernels.keywords import no_sums
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.index.keyword_index import keyword_sums
@@ -56,19 +57,15 @@ def fuse(keywords: KeywordScores, hybrid: Hybrid, scored: Scored, depth: int, sc
     v_order = kernels.topk(scored.score, depth)
     v_rows = scored.rows[v_order]
     k_rows, k_scores = keywords.rows[:depth], keywords.scores[:depth]  # (best first already)
-    extra = scorer(np.setdiff1d(k_rows, v_rows), True)
+    new, k_rank = kw_kernels.fusion_rows(v_rows, k_rows)
+    extra = scorer(k_rows[new], True)  # (keeps every row, in order)
     all_rows = np.concatenate([v_rows, extra.rows])
-    pos = {int(r): i for i, r in enumerate(all_rows.tolist())}
     n = all_rows.shape[0]
     v_rank = np.zeros(n, np.int64)
     v_rank[: v_rows.shape[0]] = np.arange(1, v_rows.shape[0] + 1)
-    k_rank = np.zeros(n, np.int64)
+    found = k_rank > 0
     kw_of = np.zeros(n, np.float32)
-    ranked_keywords = zip(k_rows.tolist(), k_scores.tolist(), strict=True)
-    for r, (row, s) in enumerate(ranked_keywords, start=1):
-        i = pos.get(row)
-        if i is not None:
-            k_rank[i], kw_of[i] = r, s
+    kw_of[found] = k_scores[k_rank[found] - 1]
     fused = np.zeros(n, np.float32)
     fused[v_rank > 0] += w_vec / (k + v_rank[v_rank > 0])
     fused[k_rank > 0] += w_kw / (k + k_rank[k_rank > 0])
