@@ -316,7 +316,7 @@ def _seek(rows, i, hi, r):  # pragma: no cover
 
 @_kernel
 def _segment_best(
-    rows, tfs, gens, lens, cur, lo, hi, ub, w, row_gen, allowed, avgdl, k1, b, hs, hr, n
+    rows, tfs, gens, lens, cur, lo, hi, ub, w, row_gen, bits, n_rows, avgdl, k1, b, hs, hr, n
 ):  # pragma: no cover
     """One sorted source's rows offered to the heap of the best (``hs``/``hr``, ``n`` held). Terms in
     order of their bound ``ub``, highest first: each row of a term's postings
@@ -330,7 +330,6 @@ def _segment_best(
     after = np.zeros(t + 1)  # after[i]: what terms i.. could add together, at most
     for i in range(t - 1, -1, -1):
         after[i] = after[i + 1] + ub[i]
-    n_rows = allowed.shape[0]
     depth = hs.shape[0]
     at = np.empty(t, np.int64)
     scored = 0
@@ -342,7 +341,7 @@ def _segment_best(
         at[:] = lo
         for p in range(lo[i], hi[i]):
             r = rows[p]
-            if not (r < n_rows and allowed[r]):
+            if not (r < n_rows and (bits[r >> 3] >> (r & 7)) & 1):  # (allowed: 8x less to cache)
                 continue
             g = 0 if cur else row_gen[r]  # (a random read saved where no posting is stale)
             if not (cur or gens[p] == g):
@@ -408,6 +407,7 @@ def _best(
     weights,
     row_gen,
     allowed,
+    bits,
     avgdl,
     k1,
     b,
@@ -419,8 +419,8 @@ def _best(
 ):  # pragma: no cover
     """The ``depth`` best rows (best first; ties: the lower row) and the probe rows' scores: the
     unsorted sources' sums (``acc``, ``m`` rows ``touched``: whole, as a row's content is posted to
-    one source) are offered first, then each sorted source's rows (``_segment_best``). ``acc`` is
-    left all zeros."""
+    one source) are offered first, then each sorted source's rows (``_segment_best``, which reads
+    ``allowed`` as ``bits``, packed little-endian). ``acc`` is left all zeros."""
     probed = np.zeros(probe.shape[0])
     for q in range(probe.shape[0]):
         if 0 <= probe[q] < acc.shape[0]:
@@ -449,7 +449,8 @@ def _best(
                     ub[live, s],
                     weights[live],
                     row_gen,
-                    allowed,
+                    bits,
+                    allowed.shape[0],
                     avgdl,
                     k1,
                     b,
@@ -526,6 +527,7 @@ class _Deferred(NamedTuple):
     weights: np.ndarray
     row_gen: np.ndarray
     allowed: np.ndarray
+    bits: np.ndarray  # ``allowed`` packed (little-endian bits)
     avgdl: float
     k1: float
     b: float
@@ -578,6 +580,7 @@ class Sums:
                 later.weights,
                 later.row_gen,
                 later.allowed,
+                later.bits,
                 later.avgdl,
                 later.k1,
                 later.b,
@@ -633,6 +636,7 @@ def accumulate(
     b: float = 0.75,
     current: Sequence[bool] | None = None,
     depth: int = -1,
+    allowed_bits: np.ndarray | None = None,
 ) -> Sums:
     """The pass of ``bm25`` (same arguments): each valid posting's term added to its row's sum.
     ``current[i]`` True: every posting of ``sources[i]`` (sorted ones only) is known to be of its
@@ -640,7 +644,8 @@ def accumulate(
     ``depth`` > 0: only the best ``depth`` rows will be collected (and probes), so the sorted sources
     are read at the read-out, for those only (when there are at most ``MAX_PACKED`` and each holds
     its keys' rows in order); it relies on what the index guarantees: a row's current content is
-    posted to one source."""
+    posted to one source. That read-out takes ``allowed`` as bits: ``allowed_bits``, when the caller
+    keeps them with a mask it shares (``np.packbits(allowed, bitorder="little")``), else packed here."""
     _check("wanted", wanted, np.int32)
     _check("weights", weights, np.float64, wanted.shape[0])
     _check("row_gen", row_gen, np.int32)
@@ -651,6 +656,10 @@ def accumulate(
         raise ValueError("avgdl must be a finite number > 0")
     if not (k1 >= 0 and 0 <= b <= 1):  # (the bounds on a term assume it grows with tf, falls with length)
         raise ValueError("k1 must be >= 0 and b within [0, 1]")
+    if allowed_bits is not None:
+        _check("allowed_bits", allowed_bits, np.uint8)
+        if allowed_bits.shape[0] != (allowed.shape[0] + 7) // 8:
+            raise ValueError("allowed_bits must hold allowed packed, 8 rows a byte")
     if row_gen.shape[0] < allowed.shape[0]:
         allowed = allowed[: row_gen.shape[0]]  # rows never posted hold no term
     if not all(isinstance(s, Postings | Appended) for s in sources):
@@ -669,7 +678,10 @@ def accumulate(
     sorted_ = [(s, bool(known)) for s, known in zip(sources, current, strict=True) if isinstance(s, Postings)]
     packed = _pack(sorted_) if depth > 0 else None
     if packed is not None:  # (read at the read-out, row by row, for the best ``depth``)
-        later = _Deferred(packed, wanted, weights, row_gen, allowed, float(avgdl), float(k1), float(b), depth)
+        bits = np.packbits(allowed, bitorder="little") if allowed_bits is None else allowed_bits
+        later = _Deferred(
+            packed, wanted, weights, row_gen, allowed, bits, float(avgdl), float(k1), float(b), depth
+        )
         return Sums(scratch, m, allowed.shape[0], later)
     for s, known in sorted_:
         m = _score_sorted(s.keys, s.starts, s.rows, s.tfs, s.gens, s.lens, *args, m, known)

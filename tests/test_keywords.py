@@ -603,6 +603,44 @@ def test_a_pass_for_the_best_few_skips_rows_and_matches_the_reference(seed: int)
     np.testing.assert_allclose(again[1][np.argsort(again[0])], want_scores, rtol=1e-5)
 
 
+def test_a_pass_for_the_best_reads_the_allowed_rows_as_the_bits_it_is_given() -> None:
+    """The read-out reads ``allowed`` packed 8 rows a byte: the caller's bits when given (a mask it
+    shares keeps them), else packed by the pass; both give the reference's answer."""
+    rng = np.random.default_rng(7)
+    n = 403  # (not a whole number of bytes)
+    sources, row_gen = _indexed_sources(rng, n)
+    wanted = np.arange(12, dtype=np.int32)
+    weights = kw_kernels.idf(n, np.linspace(5, 300, 12))
+    allowed = rng.random(n) < 0.7
+    _, want_scores = reference_bm25(sources, wanted, weights, row_gen, allowed, 14.0)
+    best = np.sort(want_scores)[::-1][:20]
+    allowed_set = set(np.flatnonzero(allowed).tolist())
+    for bits in (None, np.packbits(allowed, bitorder="little")):
+        sums = kw_kernels.accumulate(
+            sources, wanted, weights, row_gen, allowed, 14.0, depth=20, allowed_bits=bits
+        )
+        rows, scores, _ = sums.collect(None, 20)
+        np.testing.assert_allclose(scores, best, rtol=1e-5)
+        assert set(rows.tolist()) <= allowed_set
+    # The bits given are what the read-out reads: none set, no row of a sorted source is found.
+    unsorted = [s for s in sources if not isinstance(s, kw_kernels.Postings)]
+    none_bits = np.zeros((n + 7) // 8, np.uint8)
+    sums = kw_kernels.accumulate(
+        sources, wanted, weights, row_gen, allowed, 14.0, depth=20, allowed_bits=none_bits
+    )
+    rows, _, _ = sums.collect(None, 20)
+    from_unsorted = reference_bm25(unsorted, wanted, weights, row_gen, allowed, 14.0)[0]
+    assert set(rows.tolist()) <= set(from_unsorted.tolist())
+    for bad, match in (
+        (np.zeros((n + 7) // 8 - 1, np.uint8), "8 rows a byte"),
+        (np.zeros((n + 7) // 8, np.int8), "allowed_bits"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            kw_kernels.accumulate(
+                sources, wanted, weights, row_gen, allowed, 14.0, depth=20, allowed_bits=bad
+            )
+
+
 def test_a_pass_for_the_best_is_read_out_at_its_depth_or_less_and_can_be_given_up() -> None:
     rng = np.random.default_rng(7)
     n = 400

@@ -4,6 +4,8 @@ engines over real LMDB files and FAISS indexes."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -115,6 +117,33 @@ def test_searches_share_a_mask_until_a_row_changes(tmp_path: Path) -> None:
         e.update(NS, "m7", NewMemory(namespace=NS, content="", tier=new_tier), ["tier"])  # moved
         _shared_mask_is_current(e, Filter(tiers=[new_tier]))
         assert "m7" not in in_tier(old_tier) and "m7" in in_tier(new_tier)
+    finally:
+        e.close()
+
+
+def test_a_shared_mask_is_packed_to_bits_once_and_only_while_it_is_shared(tmp_path: Path) -> None:
+    """The keyword pass reads a shared mask as bits: packed once per mask, None for a mask that is not
+    shared, and not kept once the cache has let the mask go."""
+    rng = np.random.default_rng(5)
+    e = _engine(tmp_path / "data", FakeClock())
+    try:
+        e.create([_memory(i, rng) for i in range(30)], batch=True)
+        mask, _ = _shared_mask_is_current(e)
+        bits = e.state.shared_mask_bits(mask)
+        assert bits is not None and np.array_equal(bits, np.packbits(mask, bitorder="little"))
+        assert e.state.shared_mask_bits(mask) is bits  # (packed once)
+        fresh, _ = e.state.allowed_rows(e.columns.view(), [NS], Filter(), e.clock())
+        assert e.state.shared_mask_bits(fresh) is None  # not shared: the pass packs its own
+        row = e.columns.rows[e.get(NS, "m5")[0].rid]
+        e.delete(NS, "m5")
+        after, _ = _shared_mask_is_current(e)
+        after_bits = e.state.shared_mask_bits(after)
+        assert after_bits is not None and not (after_bits[row >> 3] >> (row & 7)) & 1
+        assert "m5" not in _ids(e, _query(rng, "note about deploy budget kubernetes"))
+        gone = weakref.ref(mask)
+        del mask, bits
+        gc.collect()
+        assert gone() is None  # the replaced mask is not kept alive by its bits
     finally:
         e.close()
 

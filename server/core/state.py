@@ -204,6 +204,9 @@ class EngineState:
         not change the mask."""
         return self._masks.allowed_rows(self.columns, view, namespaces, flt, now, space, within)
 
+    def shared_mask_bits(self, mask: np.ndarray) -> np.ndarray | None:
+        return self._masks.bits(mask)
+
     def check_filter(self, flt: Filter, prefix: str = "filter.") -> Filter:
         return masks.check_filter(flt, self.config.max_content_bytes, prefix)
 

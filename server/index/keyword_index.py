@@ -303,7 +303,13 @@ class KeywordIndex:
         return self.sums(namespaces, terms, allowed, max_postings, depth).collect(probe, depth)
 
     def sums(
-        self, namespaces: list[int], terms: list[str], allowed: np.ndarray, max_postings: int, depth: int = -1
+        self,
+        namespaces: list[int],
+        terms: list[str],
+        allowed: np.ndarray,
+        max_postings: int,
+        depth: int = -1,
+        allowed_bits: np.ndarray | None = None,
     ) -> kernels.Sums:
         """The keyword pass of ``bm25`` (its sums, to collect at most ``depth`` best of, when >= 0): the
         postings are read in place, as the view stands when the search starts."""
@@ -323,7 +329,7 @@ class KeywordIndex:
         # that many memories says almost nothing)
         by_key = np.array([weights[i] for _, i in found], np.float64)
         avgdl = max(1.0, words / rows if rows > 0 else 0.0)
-        return self._pass(wanted, by_key, allowed, avgdl, depth)
+        return self._pass(wanted, by_key, allowed, avgdl, depth, allowed_bits)
 
     def _pass(
         self,
@@ -332,6 +338,7 @@ class KeywordIndex:
         allowed: np.ndarray,
         avgdl: float,
         depth: int,
+        bits: np.ndarray | None = None,
         tries: int = 8,
     ) -> kernels.Sums:
         """The pass over the view as it stands, again while a row's generation moved meanwhile."""
@@ -347,7 +354,15 @@ class KeywordIndex:
             replaced = self._replaced if not last else -2
             current = (*(st == replaced for st in stamps), False)
             out = kernels.accumulate(
-                (*segments, delta), wanted, weights, gen, allowed, avgdl, current=current, depth=depth
+                (*segments, delta),
+                wanted,
+                weights,
+                gen,
+                allowed,
+                avgdl,
+                current=current,
+                depth=depth,
+                allowed_bits=bits,
             )
             if self._unmoved(bumps) or last:  # no write overlapped: postings and generations agree
                 break
@@ -358,7 +373,7 @@ class KeywordIndex:
             left = tries - 1 - attempt
             out.recheck(
                 lambda: self._unmoved(bumps),
-                lambda: self._pass(wanted, weights, allowed, avgdl, depth, left),
+                lambda: self._pass(wanted, weights, allowed, avgdl, depth, bits, left),
             )
         return out
 
@@ -473,10 +488,11 @@ def keyword_sums(
     allowed: np.ndarray,
     max_postings: int,
     depth: int = -1,
+    allowed_bits: np.ndarray | None = None,
 ) -> kernels.Sums:
     """The pass of ``bm25`` (same arguments), its sums to collect with the probe rows and (at most)
-    ``depth``."""
+    ``depth``; ``allowed_bits``: ``allowed`` packed, if the caller keeps them (see ``accumulate``)."""
     terms = list(keyword_terms(text))
     if not terms:
         return kernels.no_sums()
-    return index.sums(namespaces, terms, allowed, max_postings, depth)
+    return index.sums(namespaces, terms, allowed, max_postings, depth, allowed_bits)

@@ -77,6 +77,7 @@ class MaskCache:
         self._masks: OrderedDict[tuple, tuple[weakref.ref[Columns], int, int, np.ndarray, int]] = (
             OrderedDict()
         )
+        self._bits: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(mask) -> (mask, its bits)
 
     def allowed_rows(
         self,
@@ -128,7 +129,28 @@ class MaskCache:
             self._masks.move_to_end(key)
             while len(self._masks) > self.size:
                 self._masks.popitem(last=False)
+            if self._bits:
+                live = {id(entry[3]) for entry in self._masks.values()}
+                self._bits = {k: v for k, v in self._bits.items() if k in live}
         return mask, count
+
+    def bits(self, mask: np.ndarray) -> np.ndarray | None:
+        """A mask this cache holds, packed 8 rows a byte (little-endian bits), computed once; None for
+        any other array. The keyword pass reads them: a row's bit stays in cache where its bool
+        would not, beside a search's other work."""
+        with self._lock:
+            held = self._bits.get(id(mask))
+            if held is not None and held[0] is mask:
+                return held[1]
+            if not any(entry[3] is mask for entry in self._masks.values()):
+                return None
+        packed = np.packbits(mask, bitorder="little")
+        with self._lock:
+            live = {id(entry[3]) for entry in self._masks.values()}
+            self._bits = {k: v for k, v in self._bits.items() if k in live}  # (masks dropped: bits go)
+            if id(mask) in live:
+                self._bits[id(mask)] = (mask, packed)
+        return packed
 
 
 def _cacheable(cols: Columns, flt: Filter, now: float) -> bool:

@@ -43,7 +43,8 @@ def bm25(
         sums = no_sums()
     else:
         ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
-        sums = keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings, depth)
+        bits = source.shared_mask_bits(mask)
+        sums = keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings, depth, bits)
     # (the probe rows are read out with the best: exact even where the pass skipped postings)
     rows, scores, probed = sums.collect(probe, depth)
     return KeywordScores(rows, scores, probed)

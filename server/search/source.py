@@ -80,6 +80,11 @@ class SearchSource(Protocol):
         ``within``: the same request's mask without a space, to narrow instead of a new pass."""
         ...
 
+    def shared_mask_bits(self, mask: np.ndarray) -> np.ndarray | None:
+        """A mask ``shared_allowed_rows`` gave out, packed 8 rows a byte (computed once); None for
+        any other."""
+        ...
+
     def check_filter(self, flt: Filter) -> Filter:
         """``flt`` checked, with its ``where`` compiled."""
         ...
