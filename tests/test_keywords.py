@@ -622,6 +622,16 @@ def test_a_pass_for_the_best_reads_the_allowed_rows_as_the_bits_it_is_given() ->
         rows, scores, _ = sums.collect(None, 20)
         np.testing.assert_allclose(scores, best, rtol=1e-5)
         assert set(rows.tolist()) <= allowed_set
+    # A mask shorter than the rows posted: rows past it are not allowed, their bits never read.
+    short = allowed[: n - 11]
+    _, short_scores = reference_bm25(sources, wanted, weights, row_gen, short, 14.0)
+    for bits in (None, np.packbits(short, bitorder="little")):
+        sums = kw_kernels.accumulate(
+            sources, wanted, weights, row_gen, short, 14.0, depth=20, allowed_bits=bits
+        )
+        rows, scores, _ = sums.collect(None, 20)
+        np.testing.assert_allclose(scores, np.sort(short_scores)[::-1][:20], rtol=1e-5)
+        assert rows.max() < n - 11
     # The bits given are what the read-out reads: none set, no row of a sorted source is found.
     unsorted = [s for s in sources if not isinstance(s, kw_kernels.Postings)]
     none_bits = np.zeros((n + 7) // 8, np.uint8)

@@ -140,6 +140,7 @@ def test_a_shared_mask_is_packed_to_bits_once_and_only_while_it_is_shared(tmp_pa
         after_bits = e.state.shared_mask_bits(after)
         assert after_bits is not None and not (after_bits[row >> 3] >> (row & 7)) & 1
         assert "m5" not in _ids(e, _query(rng, "note about deploy budget kubernetes"))
+        assert e.state.shared_mask_bits(mask) is None  # replaced: no longer shared
         gone = weakref.ref(mask)
         del mask, bits
         gc.collect()
