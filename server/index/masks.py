@@ -73,11 +73,11 @@ class MaskCache:
     def __init__(self, size: int = 16) -> None:
         self.size = size
         self._lock = threading.Lock()
-        # key -> (the columns, weakly: a replaced one must not be kept alive; epoch; rows; mask; count)
-        self._masks: OrderedDict[tuple, tuple[weakref.ref[Columns], int, int, np.ndarray, int]] = (
-            OrderedDict()
-        )
-        self._bits: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(mask) -> (mask, its bits)
+        # key -> (the columns, weakly: a replaced one must not be kept alive; epoch; rows; mask; count;
+        # the mask's bits once packed): a mask's bits go with it
+        self._masks: OrderedDict[
+            tuple, tuple[weakref.ref[Columns], int, int, np.ndarray, int, np.ndarray | None]
+        ] = OrderedDict()
 
     def allowed_rows(
         self,
@@ -125,13 +125,10 @@ class MaskCache:
                 base = self._masks.get((*key[:-1], -1))
                 if base is None or base[3] is not within or base[1] != epoch:
                     return mask, count
-            self._masks[key] = (weakref.ref(cols), epoch, view.n, mask, count)
+            self._masks[key] = (weakref.ref(cols), epoch, view.n, mask, count, None)
             self._masks.move_to_end(key)
             while len(self._masks) > self.size:
                 self._masks.popitem(last=False)
-            if self._bits:
-                live = {id(entry[3]) for entry in self._masks.values()}
-                self._bits = {k: v for k, v in self._bits.items() if k in live}
         return mask, count
 
     def bits(self, mask: np.ndarray) -> np.ndarray | None:
@@ -139,17 +136,16 @@ class MaskCache:
         any other array. The keyword pass reads them: a row's bit stays in cache where its bool
         would not, beside a search's other work."""
         with self._lock:
-            held = self._bits.get(id(mask))
-            if held is not None and held[0] is mask:
-                return held[1]
-            if not any(entry[3] is mask for entry in self._masks.values()):
+            key = next((k for k, entry in self._masks.items() if entry[3] is mask), None)
+            if key is None:
                 return None
-        packed = np.packbits(mask, bitorder="little")
-        with self._lock:
-            live = {id(entry[3]) for entry in self._masks.values()}
-            self._bits = {k: v for k, v in self._bits.items() if k in live}  # (masks dropped: bits go)
-            if id(mask) in live:
-                self._bits[id(mask)] = (mask, packed)
+            packed = self._masks[key][5]
+        if packed is None:
+            packed = np.packbits(mask, bitorder="little")
+            with self._lock:
+                entry = self._masks.get(key)
+                if entry is not None and entry[3] is mask:  # (still held: keep them with it)
+                    self._masks[key] = (*entry[:5], packed)
         return packed
 
 

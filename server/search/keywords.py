@@ -69,7 +69,7 @@ def fuse(keywords: KeywordScores, hybrid: Hybrid, scored: Scored, depth: int, sc
     kw_of[found] = k_scores[k_rank[found] - 1]
     fused = np.zeros(n, np.float32)
     fused[v_rank > 0] += w_vec / (k + v_rank[v_rank > 0])
-    fused[k_rank > 0] += w_kw / (k + k_rank[k_rank > 0])
+    fused[found] += w_kw / (k + k_rank[found])
     fused[fused <= 0] = np.nan  # in neither weighted list: not a result
     cat = np.concatenate
     both = Scored(
