@@ -180,6 +180,12 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             f.get("chroma_search_hi_ops"),
             10,
         )
+        ge(
+            f"{fol} processes: default with text c{hi} / Chroma c{hi} (ops/s)",
+            f.get("fol_text_hi_ops"),
+            f.get("chroma_search_hi_ops"),
+            2,
+        )
         le(
             f"{fol} processes: search c1 p50 / empty-RPC c1 p50",
             f.get("fol_search_c1_p50"),
@@ -189,6 +195,7 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         for label, key in (
             (f"search c{hi}", "search_hi_ops"),
             (f"similarity search c{hi}", "sim_hi_ops"),
+            (f"default with text c{hi}", "text_hi_ops"),
             (f"empty RPC c{hi}", "empty_hi_ops"),
             ("search c1", "search_c1_p50"),
         ):

@@ -539,7 +539,8 @@ class Suite:
         speed drifts): the server is restarted each round; load processes open
         ``--connections`` connections each, spread evenly over the server's processes (see
         ``load._balanced_channels``). Per round: the empty RPC, default-score searches at
-        concurrency 1 and high, similarity searches at high. Then the server is restarted as it was."""
+        concurrency 1 and high, similarity searches and searches with their text at high. Then the
+        server is restarted as it was."""
         n = self.args.search_processes
         if n <= 1:
             return
@@ -583,6 +584,12 @@ class Suite:
             rm = self.search(
                 "followers", name + f"SearchMemories k={K} similarity strategy", self.hi, strategy=SIMILARITY
             )
+            rt = self.search(
+                "followers",
+                name + f"SearchMemories k={K} default, vector + text",
+                self.hi,
+                texts=self.data.query_texts,
+            )
             got[procs].append(
                 {
                     "empty_hi_ops": rh["ops_per_s"],
@@ -590,6 +597,7 @@ class Suite:
                     "search_c1_p99": r1["p99_ms"],
                     "search_hi_ops": rs["ops_per_s"],
                     "sim_hi_ops": rm["ops_per_s"],
+                    "text_hi_ops": rt["ops_per_s"],
                 }
             )
             self.pool.close()
