@@ -70,7 +70,11 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(ratio("search c1 p99 (ms)", p99, "< 2 ms", p99 is not None and p99 < 2))
     # Searches that carry their text: the default (similarity and keywords, fused) and hybrid (reciprocal
     # rank fusion), each against the similarity search of the same vectors.
-    for key, label in (("fused_text", "default with text"), ("hybrid", "comprehensive + hybrid")):
+    for key, label in (
+        ("fused_text", "default with text"),
+        ("sim_hybrid", "similarity + hybrid"),
+        ("hybrid", "comprehensive + hybrid"),
+    ):
         le(f"{label} c1 p50 / similarity c1 p50", f.get(f"{key}_c1_p50"), f.get("sim_c1_p50"), 1.3)
         le(f"{label} c{hi} p50 / similarity c{hi} p50", f.get(f"{key}_hi_p50"), f.get("sim_hi_p50"), 1.3)
     # Hybrid on the comprehensive ranking runs that ranking 5x as deep, then the keyword pass.

@@ -501,11 +501,16 @@ class Suite:
 
     def keyword_searches(self, s1: dict[str, Any], shi: dict[str, Any]) -> None:
         """The searches that carry their text too: the default (similarity and the text's keywords,
-        fused) and hybrid (reciprocal rank fusion with the comprehensive ranking), against the
-        similarity searches just measured (s1, shi)."""
+        fused) and hybrid (reciprocal rank fusion with the similarity and the comprehensive
+        rankings), against the similarity searches just measured (s1, shi)."""
         texts = self.data.query_texts
         for key, name, extra in (
             ("fused_text", f"SearchMemories k={K} default, vector + text", {}),
+            (
+                "sim_hybrid",
+                f"SearchMemories k={K} similarity + hybrid",
+                {"hybrid": True, "strategy": SIMILARITY},
+            ),
             (
                 "hybrid",
                 f"SearchMemories k={K} comprehensive + hybrid",
