@@ -774,6 +774,29 @@ def _take_scratch(n: int) -> _Scratch:
 
 
 @_kernel
+def _by_row(keys, rows, starts):  # pragma: no cover
+    out = np.empty(keys.shape[0], np.int32)
+    at = starts.copy()
+    for i in range(keys.shape[0]):
+        r = rows[i]
+        out[at[r]] = keys[i]
+        at[r] += 1
+    return out
+
+
+def keys_by_row(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``keys`` grouped by row, rows ascending and each row's keys in the order given; how many
+    keys each row 0..max holds): ``keys[np.argsort(rows, kind="stable")]`` by counting, in one pass
+    instead of a sort (a restore at 1,000,000 memories groups 12,000,000 postings)."""
+    _check("keys", keys, np.int32)
+    _check("rows", rows, np.int32, keys.shape[0])
+    if rows.shape[0] and rows.min() < 0:
+        raise ValueError("rows must be >= 0")
+    counts = np.bincount(rows)
+    return _by_row(keys, rows, np.cumsum(counts) - counts), counts
+
+
+@_kernel
 def _minmax(x):  # pragma: no cover
     lo, hi = np.inf, -np.inf
     for v in x:

@@ -216,6 +216,49 @@ def test_snapshot_round_trip_keeps_every_answer_and_allows_appends() -> None:
     assert _search(restored, "word1", more_alive) == pytest.approx(_search(index, "word1", more_alive))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_keys_grouped_by_row_match_a_stable_sort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 17, 5_000):
+        rows = rng.integers(0, max(1, n // 3), size=n).astype(np.int32)
+        keys = rng.integers(0, 1_000, size=n).astype(np.int32)
+        grouped, counts = kw_kernels.keys_by_row(keys, rows)
+        assert grouped.dtype == np.int32
+        np.testing.assert_array_equal(grouped, keys[np.argsort(rows, kind="stable")])
+        np.testing.assert_array_equal(counts, np.bincount(rows))
+    with pytest.raises(ValueError, match="rows"):
+        kw_kernels.keys_by_row(np.zeros(2, np.int32), np.array([0, -1], np.int32))
+    with pytest.raises(ValueError, match="rows"):
+        kw_kernels.keys_by_row(np.zeros(2, np.int32), np.zeros(2, np.int64))
+
+
+def test_a_restored_index_forgets_replaced_and_removed_rows_as_the_original() -> None:
+    # A restore rebuilds each row's keys and the document counts; replacing or removing a row after
+    # it must take the same keys out of the counts as the index that wrote the snapshot.
+    rng = np.random.default_rng(11)
+    vocab = [f"word{i}" for i in range(40)]
+    index = KeywordIndex(delta_size=64)
+    for row in range(400):
+        index.add(row, row % 2, " ".join(rng.choice(vocab, size=6)))
+    for row in range(0, 400, 7):
+        index.add(row, row % 2, " ".join(rng.choice(vocab, size=5)))  # replaced before the snapshot
+    restored = KeywordIndex.restore(index.state())
+    for ix in (index, restored):
+        for row in range(3, 400, 11):
+            ix.remove(row)
+        for row in range(5, 400, 13):
+            ix.add(row, row % 2, "word1 word2 novel")
+    alive = np.ones(400, np.bool_)
+    alive[3:400:11] = False
+    for q in ["word1", "word2 word3", "novel", "word7 word9 word11"]:
+        for ns in ([0], [1], [0, 1]):
+            got = restored.bm25(ns, q.split(), alive, 10**9, np.empty(0, np.int64))
+            want = index.bm25(ns, q.split(), alive, 10**9, np.empty(0, np.int64))
+            np.testing.assert_array_equal(np.sort(got[0]), np.sort(want[0]))
+            order_got, order_want = np.argsort(got[0]), np.argsort(want[0])
+            np.testing.assert_allclose(got[1][order_got], want[1][order_want], rtol=1e-6)
+
+
 def test_index_scores_are_textbook_bm25_over_the_namespaces() -> None:
     """Through the index: idf over the searched namespaces' memories, length normalized by their mean
     length, as a plain BM25 over the stemmed terms computes it; a filter narrows what is found, not

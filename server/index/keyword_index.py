@@ -281,10 +281,12 @@ class KeywordIndex:
         n = live.shape[0]
         current = self._current(rows, gens) & live[np.minimum(rows, n - 1)]
         keys, rows = keys[current], rows[current]
-        order = np.argsort(rows, kind="stable")
-        self._fwd = np.ascontiguousarray(keys[order], np.int32)
+        self._fwd, counts = kernels.keys_by_row(
+            np.ascontiguousarray(keys, np.int32), np.ascontiguousarray(rows, np.int32)
+        )
         self._fwd_used = int(self._fwd.shape[0])
-        counts = np.bincount(rows, minlength=self._row_nkeys.shape[0])[: self._row_nkeys.shape[0]]
+        counts = np.pad(counts, (0, max(0, self._row_nkeys.shape[0] - counts.shape[0])))
+        counts = counts[: self._row_nkeys.shape[0]]
         self._row_nkeys = counts.astype(np.int32)
         self._row_fwd = (np.cumsum(counts) - counts).astype(np.int64)
         self._df = np.bincount(keys, minlength=max(1024, len(self._key_ids))).astype(np.int64)
