@@ -730,6 +730,7 @@ def _warm_keywords(tiny: _Tiny) -> None:
     keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
     keywords.fusion_rows(tiny.rows, tiny.rows[:1])
     keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
+    keywords.keys_by_row(i32, i32)  # (a compaction's; a restore runs before this)
 
 
 def _warm_scoring(tiny: _Tiny) -> None:

@@ -774,9 +774,9 @@ def _take_scratch(n: int) -> _Scratch:
 
 
 @_kernel
-def _by_row(keys, rows, starts):  # pragma: no cover
+def _by_row(keys, rows, at):  # pragma: no cover
+    """``at[r]``: where row r's keys start; moved past them (the caller's array is consumed)."""
     out = np.empty(keys.shape[0], np.int32)
-    at = starts.copy()
     for i in range(keys.shape[0]):
         r = rows[i]
         out[at[r]] = keys[i]

@@ -248,8 +248,12 @@ def test_a_restored_index_forgets_replaced_and_removed_rows_as_the_original() ->
             ix.remove(row)
         for row in range(5, 400, 13):
             ix.add(row, row % 2, "word1 word2 novel")
-    alive = np.ones(400, np.bool_)
+        for row in range(400, 1_100, 50):  # rows the snapshot never held, beyond its last
+            ix.add(row, row % 2, "word2 novel later")
+        ix.remove(1_050)
+    alive = np.ones(1_100, np.bool_)
     alive[3:400:11] = False
+    alive[1_050] = False
     for q in ["word1", "word2 word3", "novel", "word7 word9 word11"]:
         for ns in ([0], [1], [0, 1]):
             got = restored.bm25(ns, q.split(), alive, 10**9, np.empty(0, np.int64))
@@ -456,6 +460,7 @@ def test_warm_up_compiles_every_keyword_kernel() -> None:
         "_best",
         "_fusion_rows",
         "_key_bounds",
+        "_by_row",
     ):
         assert getattr(kw_kernels, name).signatures, name
 
