@@ -89,6 +89,7 @@ def client(port: int) -> Any:
 
 def _worker_main(port: int, tasks: Any, results: Any) -> None:
     col = client(port).get_collection(COLLECTION)
+    results.put({"ready": os.getpid()})  # (the pool waits for this before its first load)
     while True:
         task = tasks.get()
         if task is None:
@@ -140,6 +141,11 @@ class LoadPool:
         ]
         for p in self.procs:
             p.start()
+        # As bench/load.py's pool: a worker still importing when a load's window opens would miss it.
+        for _ in self.procs:
+            ready = self.results.get(timeout=300)
+            if "ready" not in ready:
+                raise RuntimeError(f"a load worker failed before it was ready: {ready}")
 
     def run(self, procs: int, threads: int, seconds: float, queries: np.ndarray, k: int) -> dict[str, Any]:
         start_at = time.time() + 1.0 + 0.02 * threads  # covers message transfer and warm-up

@@ -51,6 +51,7 @@ def _worker_main(target: str, tasks: Any, results: Any, connections: int = 1, pr
     stubs = [pb_grpc.MemoryServiceStub(c) for c in channels]
     healths = [health_pb2_grpc.HealthStub(c) for c in channels]
     pid = os.getpid()
+    results.put({"ready": pid})  # (the pool waits for this before its first load)
     while True:
         task = tasks.get()
         if task is None:
@@ -200,6 +201,17 @@ class LoadPool:
         ]
         for p in self.procs:
             p.start()
+        # A load's window is set when it is sent: a worker still importing or connecting then (a
+        # spawned process on a busy machine takes seconds) would miss it and count nothing.
+        for _ in self.procs:
+            try:
+                ready = self.results.get(timeout=120)
+            except queue.Empty:
+                self.close()
+                raise RuntimeError("load workers not connected to the server after 120 s") from None
+            if "ready" not in ready:
+                self.close()
+                raise RuntimeError(f"a load worker failed before it was ready: {ready}")
 
     def run(self, op: str, procs: int, threads: int, seconds: float, tag: str, **data: Any) -> dict[str, Any]:
         if procs > len(self.procs):
