@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import Progress, free_port, machine, package_version, recall_against_exact, summarize
+from common import (
+    Progress,
+    free_port,
+    machine,
+    package_version,
+    recall_against_exact,
+    summarize,
+    wait_ready,
+)
 
 COLLECTION = "bench"
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
@@ -141,11 +149,7 @@ class LoadPool:
         ]
         for p in self.procs:
             p.start()
-        # As bench/load.py's pool: a worker still importing when a load's window opens would miss it.
-        for _ in self.procs:
-            ready = self.results.get(timeout=300)
-            if "ready" not in ready:
-                raise RuntimeError(f"a load worker failed before it was ready: {ready}")
+        wait_ready(self.results, len(self.procs), timeout=300)
 
     def run(self, procs: int, threads: int, seconds: float, queries: np.ndarray, k: int) -> dict[str, Any]:
         start_at = time.time() + 1.0 + 0.02 * threads  # covers message transfer and warm-up

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import queue
 import re
 import signal
 import socket
@@ -116,6 +117,19 @@ class Progress:
 
 
 # -- server processes --------------------------------------------------------------------------------
+
+
+def wait_ready(results: Any, workers: int, timeout: float) -> None:
+    """Wait until each of ``workers`` spawned load workers has put ``{"ready": pid}`` on ``results``.
+    A load's window is set when it is sent: a worker still importing or connecting then (seconds
+    on a busy machine) would miss it and count nothing."""
+    for _ in range(workers):
+        try:
+            msg = results.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"load workers not ready after {timeout:.0f} s") from None
+        if "ready" not in msg:
+            raise RuntimeError(f"a load worker failed before it was ready: {msg}")
 
 
 def free_port() -> int:

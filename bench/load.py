@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import numpy as np
+from common import wait_ready
 
 MODEL = "bench-384"
 NAMESPACE = "bench"
@@ -201,17 +202,11 @@ class LoadPool:
         ]
         for p in self.procs:
             p.start()
-        # A load's window is set when it is sent: a worker still importing or connecting then (a
-        # spawned process on a busy machine takes seconds) would miss it and count nothing.
-        for _ in self.procs:
-            try:
-                ready = self.results.get(timeout=120)
-            except queue.Empty:
-                self.close()
-                raise RuntimeError("load workers not connected to the server after 120 s") from None
-            if "ready" not in ready:
-                self.close()
-                raise RuntimeError(f"a load worker failed before it was ready: {ready}")
+        try:
+            wait_ready(self.results, len(self.procs), timeout=120)
+        except RuntimeError:
+            self.close()
+            raise
 
     def run(self, op: str, procs: int, threads: int, seconds: float, tag: str, **data: Any) -> dict[str, Any]:
         if procs > len(self.procs):

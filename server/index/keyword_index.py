@@ -281,12 +281,12 @@ class KeywordIndex:
         n = live.shape[0]
         current = self._current(rows, gens) & live[np.minimum(rows, n - 1)]
         keys, rows = keys[current], rows[current]
+        size = self._row_nkeys.shape[0]
         self._fwd, counts = kernels.keys_by_row(
-            np.ascontiguousarray(keys, np.int32), np.ascontiguousarray(rows, np.int32)
+            np.ascontiguousarray(keys, np.int32), np.ascontiguousarray(rows, np.int32), size
         )
         self._fwd_used = int(self._fwd.shape[0])
-        counts = np.pad(counts, (0, max(0, self._row_nkeys.shape[0] - counts.shape[0])))
-        counts = counts[: self._row_nkeys.shape[0]]
+        counts = counts[:size]
         self._row_nkeys = counts.astype(np.int32)
         self._row_fwd = (np.cumsum(counts) - counts).astype(np.int64)
         self._df = np.bincount(keys, minlength=max(1024, len(self._key_ids))).astype(np.int64)
