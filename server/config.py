@@ -286,7 +286,8 @@ class ServerConfig:
     tier_importance_threshold: tuple[float, ...] = DEFAULT_IMPORTANCE_THRESHOLD  # decayed below: demote
     tier_cadence_seconds: tuple[float, ...] = DEFAULT_CADENCE_SECONDS  # background visits per tier
     retention: str = (
-        "importance_weighted"  # eviction order: importance_weighted, recency, fifo, lru, importance
+        "importance_weighted"  # eviction order: importance_weighted, ten_point_weighted, recency, fifo, lru,
+        # importance
     )
     delete_from_glacial: bool = False  # capacity eviction may delete from GLACIAL
     promote_access_count: int = 5  # accesses since entering the tier that promote
@@ -454,7 +455,10 @@ class ServerConfig:
         if path:
             values.update(_read_file(Path(path), names, defaults))
         known = {f"TIERMEM_{n.upper()}" for n in names} | NOT_SETTINGS
-        known.add(str(values.get("embedder_api_key_env", defaults.embedder_api_key_env)))
+        # The key's variable: the default's, and the one the settings name (an override, else the
+        # environment, else the file), wherever a TIERMEM_ name for it was chosen.
+        key_env = overrides.get("embedder_api_key_env") or env.get("TIERMEM_EMBEDDER_API_KEY_ENV")
+        known |= {defaults.embedder_api_key_env, str(key_env or values.get("embedder_api_key_env", ""))}
         unknown = sorted(k for k in env if k.startswith("TIERMEM_") and k not in known)
         if unknown:
             close = difflib.get_close_matches(unknown[0], sorted(known), n=1)

@@ -61,6 +61,33 @@ def test_the_embedders_key_variable_and_the_admin_token_are_not_settings() -> No
     ServerConfig.from_env(env={"MY_KEY": "k", "TIERMEM_EMBEDDER_API_KEY_ENV": "MY_KEY"})
 
 
+def test_a_tiermem_named_key_variable_is_let_through_wherever_it_is_chosen(tmp_path: Path) -> None:
+    # The variable the settings name holds the key; it is not a setting, however it was chosen.
+    env = {"TIERMEM_OPENAI_KEY": "k", "TIERMEM_EMBEDDER_API_KEY_ENV": "TIERMEM_OPENAI_KEY"}
+    assert ServerConfig.from_env(env=env).embedder_api_key_env == "TIERMEM_OPENAI_KEY"
+    f = tmp_path / "tiermem.toml"
+    f.write_text('embedder_api_key_env = "TIERMEM_OPENAI_KEY"\n')
+    assert ServerConfig.from_env(env={"TIERMEM_OPENAI_KEY": "k"}, config_file=f).embedder_api_key_env == (
+        "TIERMEM_OPENAI_KEY"
+    )
+    by_override = ServerConfig.from_env(
+        env={"TIERMEM_OPENAI_KEY": "k"}, embedder_api_key_env="TIERMEM_OPENAI_KEY"
+    )
+    assert by_override.embedder_api_key_env == "TIERMEM_OPENAI_KEY"
+    # Only the one the settings name (and the default's): another is still refused ...
+    with pytest.raises(ValueError, match="unknown setting TIERMEM_OTHER_KEY"):
+        ServerConfig.from_env(env={**env, "TIERMEM_OTHER_KEY": "k", "TIERMEM_EMBEDDER_API_KEY": "k"})
+    # ... and the environment's choice wins over the file's, as for every setting.
+    chosen = ServerConfig.from_env(
+        env={"TIERMEM_ENV_KEY": "k", "TIERMEM_EMBEDDER_API_KEY_ENV": "TIERMEM_ENV_KEY"}, config_file=f
+    )
+    assert chosen.embedder_api_key_env == "TIERMEM_ENV_KEY"
+    with pytest.raises(ValueError, match="unknown setting TIERMEM_OPENAI_KEY"):
+        ServerConfig.from_env(
+            env={"TIERMEM_OPENAI_KEY": "k", "TIERMEM_EMBEDDER_API_KEY_ENV": "TIERMEM_ENV_KEY"}, config_file=f
+        )
+
+
 def _server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tiermem.server", "--port", "0", "--data-dir", str(tmp_path / "data"), *args],

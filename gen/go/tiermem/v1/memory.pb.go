@@ -1831,7 +1831,7 @@ type MemoryFilter struct {
 	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
 	// created_before keeps memories created before this time.
 	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
-	// where is an expression in tiermem's JSON filter language (README "Filters"), e.g.
+	// where is an expression in tiermem's JSON filter language (docs/search.md "Filters"), e.g.
 	// {"$and": [{"importance": {"$gte": 0.7}}, {"$or": [{"tags": {"$all": ["deploy", "ci"]}},
 	// {"metadata.build": {"$gt": 1400}}]}]}. Fields: kind, source, topic, tier, tags, importance,
 	// surprise_score, access_count, success_count, create_time, update_time, last_access_time,
@@ -2109,7 +2109,8 @@ type SearchMemoriesRequest struct {
 	MinSimilarity *float32 `protobuf:"fixed32,7,opt,name=min_similarity,json=minSimilarity,proto3,oneof" json:"min_similarity,omitempty"`
 	// alpha weighs relevance (cosine similarity); default 0.5 (FUSED: 1, on normalized relevance), at least 0.
 	Alpha *float32 `protobuf:"fixed32,8,opt,name=alpha,proto3,oneof" json:"alpha,omitempty"`
-	// beta weighs recency exp(-(as_of - last_access_time) / recency_tau_seconds); default 0.3 (FUSED: 0.1).
+	// beta weighs recency exp(-(as_of - t) / recency_tau_seconds), t the create_time by default (see
+	// RecencyBasis); default 0.3 (FUSED: 0.1).
 	Beta *float32 `protobuf:"fixed32,9,opt,name=beta,proto3,oneof" json:"beta,omitempty"`
 	// gamma weighs importance decayed by the tier's half-life; default 0.2 (FUSED: 0.1).
 	Gamma *float32 `protobuf:"fixed32,10,opt,name=gamma,proto3,oneof" json:"gamma,omitempty"`
@@ -2602,7 +2603,8 @@ type SearchResult struct {
 	Score float32 `protobuf:"fixed32,2,opt,name=score,proto3" json:"score,omitempty"`
 	// relevance is the cosine similarity to the query.
 	Relevance float32 `protobuf:"fixed32,3,opt,name=relevance,proto3" json:"relevance,omitempty"`
-	// recency is exp(-(as_of - last_access_time) / recency_tau_seconds), in [0, 1].
+	// recency is exp(-(as_of - t) / recency_tau_seconds), in [0, 1]; t is the create_time, or the
+	// last_access_time where the recency basis (the namespace's policy, else the server's) says so.
 	Recency float32 `protobuf:"fixed32,4,opt,name=recency,proto3" json:"recency,omitempty"`
 	// importance is the importance decayed by the tier's half-life, never below the floor.
 	Importance float32 `protobuf:"fixed32,5,opt,name=importance,proto3" json:"importance,omitempty"`
