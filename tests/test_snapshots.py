@@ -9,6 +9,8 @@ snapshot on disk: the state kill -9 leaves, as far as snapshots go (tests/test_c
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.core import upkeep
 from tiermem.server.core.engine import Engine
 from tiermem.server.core.state import EngineState
+from tiermem.server.index import snapshot_files
+from tiermem.server.model.manifests import file_digest, sealed, unseal
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.types import Filter
 from tiermem.server.search.searcher import SearchQuery
@@ -188,6 +192,89 @@ def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Path) -> None:
     e = _engine(data, clock)
     assert len(e.columns) == 50
     e.close()
+
+
+def _blake2b_of_parts(raw: bytes) -> str:
+    """An index file's checksum as versions before XXH3 wrote it: BLAKE2b (128 bits) of each 16 MiB
+    part, then of their digests."""
+    part = 16 << 20
+    digests = [
+        hashlib.blake2b(raw[i : i + part], digest_size=16).digest() for i in range(0, max(1, len(raw)), part)
+    ]
+    return hashlib.blake2b(b"".join(digests), digest_size=16).hexdigest()
+
+
+def _as_written_before_xxh3(index_dir: Path) -> list[Path]:
+    """Rewrite the snapshot manifests as versions before XXH3 wrote them: no hash named, BLAKE2b
+    digests (the columns' under the key "blake2b"). Returns the index manifests."""
+    m = index_dir / "columns.json"
+    fields = unseal(m.read_text(), snapshots.VERSION)
+    assert (fields.pop("hash"), len(fields.pop("checksum"))) == ("xxh3_128", 32)
+    raw = (index_dir / f"columns.{fields['token']}.bin").read_bytes()
+    m.write_text(sealed({**fields, "blake2b": hashlib.blake2b(raw, digest_size=16).hexdigest()}))
+    index_manifests = sorted(index_dir.glob("*-t[0-9].json"))
+    for m in index_manifests:
+        fields = unseal(m.read_text(), snapshot_files.VERSION)
+        assert fields.pop("hash") == "xxh3_128"
+        for key, suffix in (("index", "faiss"), ("vks", "vks.npy")):
+            raw = m.with_name(f"{m.stem}.{fields['token']}.{suffix}").read_bytes()
+            fields[key] = [len(raw), _blake2b_of_parts(raw)]
+        m.write_text(sealed(fields))
+    return index_manifests
+
+
+def test_snapshots_checksummed_before_xxh3_are_still_used_and_still_checked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data, index_dir = tmp_path / "data", tmp_path / "data" / "indexes"
+    clock = FakeClock()
+    rng = np.random.default_rng(8)
+    e = _engine(data, clock)
+    e.create([_mem(rng, i, "a") for i in range(60)], batch=True)
+    deadline = time.monotonic() + 30  # every vector in HNSW, so the index snapshot holds them
+    while any(ix.pending for sp in e.spaces.values() for ix in sp.indexes.values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    instance = e.store.instance
+    e.close()
+    index_manifests = _as_written_before_xxh3(index_dir)
+    assert index_manifests
+    for m in index_manifests:  # read and checked by BLAKE2b, as that version wrote it
+        read = snapshot_files.read_snapshot(m.with_suffix(""), MODEL, DIM, instance)
+        assert read is not None and read[0].ntotal == unseal(m.read_text(), snapshot_files.VERSION)["n"] > 0
+    assert snapshots.load_columns(index_dir, instance) is not None
+
+    caplog.set_level(logging.INFO)
+    # Used, not rebuilt: no warning, the columns from the snapshot (and its manifests kept as they
+    # are: no snapshot at this close).
+    e = _engine(data, clock, snapshot_on_shutdown=False)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
+    assert any("from a snapshot and 0 changed records" in r.getMessage() for r in caplog.records)
+    assert len(e.columns) == 60
+    e.close()
+
+    # Still checked: a flipped byte in a file, or a hash this version does not know, is damage.
+    m = index_manifests[0]
+    faiss_file = m.with_name(f"{m.stem}.{unseal(m.read_text(), snapshot_files.VERSION)['token']}.faiss")
+    raw = bytearray(faiss_file.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    faiss_file.write_bytes(bytes(raw))
+    caplog.clear()
+    assert snapshot_files.read_snapshot(m.with_suffix(""), MODEL, DIM, instance) is None
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+    columns = index_dir / "columns.json"
+    fields = unseal(columns.read_text(), snapshots.VERSION)
+    columns.write_text(sealed({**fields, "hash": "md5", "checksum": fields["blake2b"]}))
+    caplog.clear()
+    assert snapshots.load_columns(index_dir, instance) is None
+    assert any("unknown file checksum 'md5'" in r.getMessage() for r in caplog.records)
+
+
+def test_the_file_hashes_by_name() -> None:
+    assert file_digest("xxh3_128").digest() != file_digest("blake2b").digest()
+    assert len(file_digest("xxh3_128").hexdigest()) == len(file_digest("blake2b").hexdigest()) == 32
+    with pytest.raises(ValueError, match="unknown file checksum 'sha1'"):
+        file_digest("sha1")
 
 
 def test_periodic_snapshot_runs_while_serving(tmp_path: Path) -> None:

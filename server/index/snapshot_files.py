@@ -6,8 +6,8 @@ pointing at the previous, complete files. ``instance`` is the LMDB environment's
 never applied to another database (e.g. a restored LMDB backup). Which entries a snapshot holds, and
 the locking while FAISS writes it, are ``VectorIndex.save``'s business.
 
-Damage is detected before FAISS reads a byte: the manifest carries the size and BLAKE2b digest of
-both files and a checksum of its own fields (the same scheme as the columns snapshot,
+Damage is detected before FAISS reads a byte: the manifest carries the size and checksum of both
+files (XXH3; BLAKE2b in snapshots of earlier versions) and a checksum of its own fields (the same scheme as the columns snapshot,
 storage/snapshots.py); a mismatch discards the snapshot with a warning, and start-up rebuilds the
 index from the vectors in LMDB. FAISS parses what it is given without checking it: a damaged
 neighbour list would send searches astray (or out of bounds) and a damaged length could ask for
@@ -29,7 +29,8 @@ import faiss
 import numpy as np
 
 from tiermem.server.config import usable_cores
-from tiermem.server.model.manifests import digest, sealed, unseal
+from tiermem.server.model import manifests
+from tiermem.server.model.manifests import OLD_FILE_HASH, file_digest, sealed, unseal
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,14 @@ _PART = 16 << 20  # bytes per checksummed part of a file
 class HashingWriter:
     """A writable file that checksums what goes through it (FAISS's writer callback, np.save):
     the digest of the digests of its ``_PART``-byte parts, so reading it back can check the parts
-    on every core at once (``file_checksum``)."""
+    on every core at once (``file_checksum``), by ``hash_name`` (default ``manifests.FILE_HASH``)."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, hash_name: str | None = None) -> None:
         self.f = f
+        self.hash = hash_name or manifests.FILE_HASH
         self.size = 0
         self._parts: list[bytes] = []
-        self._part = digest()
+        self._part = file_digest(self.hash)
         self._filled = 0
 
     def write(self, data: Any) -> int:
@@ -60,26 +62,27 @@ class HashingWriter:
             view = view[take:]
             if self._filled == _PART:
                 self._parts.append(self._part.digest())
-                self._part, self._filled = digest(), 0
+                self._part, self._filled = file_digest(self.hash), 0
         self.size += n
         return n
 
     def checksum(self) -> tuple[int, str]:
         """(size, digest) of what was written."""
         last = [self._part.digest()] if self._filled or not self._parts else []
-        return self.size, _combined(self._parts + last)
+        return self.size, _combined(self._parts + last, self.hash)
 
 
-def _combined(parts: list[bytes]) -> str:
-    check = digest()
+def _combined(parts: list[bytes], hash_name: str) -> str:
+    check = file_digest(hash_name)
     for part in parts:
         check.update(part)
     return str(check.hexdigest())
 
 
-def file_checksum(path: Path) -> tuple[int, str]:
-    """(size, digest) of a file as ``HashingWriter`` computes it, its parts read and hashed on
-    every core (pread and hashlib let go of the GIL): a large index costs little more than reading."""
+def file_checksum(path: Path, hash_name: str) -> tuple[int, str]:
+    """(size, digest) of a file as ``HashingWriter`` computes it by ``hash_name``, its parts read and
+    hashed on every core (pread and the hashes let go of the GIL): a large index costs little more
+    than reading."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -89,28 +92,28 @@ def file_checksum(path: Path) -> tuple[int, str]:
             data = os.pread(fd, want, i * _PART)
             if len(data) != want:
                 raise ValueError(f"{path.name}: short read")
-            check = digest()
+            check = file_digest(hash_name)
             check.update(data)
             return bytes(check.digest())
 
         count = max(1, -(-size // _PART))
         if count == 1:
-            return size, _combined([part(0)])
+            return size, _combined([part(0)], hash_name)
         with ThreadPoolExecutor(min(count, usable_cores()), thread_name_prefix="tiermem-check") as pool:
-            return size, _combined(list(pool.map(part, range(count))))
+            return size, _combined(list(pool.map(part, range(count))), hash_name)
     finally:
         os.close(fd)
 
 
-def bytes_checksum(data: bytes) -> tuple[int, str]:
-    """(size, digest) of ``data`` as ``HashingWriter`` computes it."""
+def bytes_checksum(data: bytes, hash_name: str) -> tuple[int, str]:
+    """(size, digest) of ``data`` as ``HashingWriter`` computes it by ``hash_name``."""
     view = memoryview(data)
     parts = []
     for start in range(0, max(1, view.nbytes), _PART):
-        check = digest()
+        check = file_digest(hash_name)
         check.update(view[start : start + _PART])
         parts.append(bytes(check.digest()))
-    return view.nbytes, _combined(parts)
+    return view.nbytes, _combined(parts, hash_name)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class Manifest:
     token: str
     instance: str
     index_checksum: tuple[int, str]  # (size, digest) of the FAISS file as written
+    checksum_hash: str  # the hash of the digests (``HashingWriter.hash``)
 
 
 def commit_snapshot(base: Path, files: SnapshotFiles, vks: np.ndarray, manifest: Manifest) -> None:
@@ -153,7 +157,7 @@ def commit_snapshot(base: Path, files: SnapshotFiles, vks: np.ndarray, manifest:
     try:
         _fsync(files.index)
         with open(files.vks, "wb") as f:
-            out = HashingWriter(f)
+            out = HashingWriter(f, manifest.checksum_hash)
             np.save(out, vks)
             f.flush()
             os.fsync(f.fileno())
@@ -166,6 +170,7 @@ def commit_snapshot(base: Path, files: SnapshotFiles, vks: np.ndarray, manifest:
             "version": VERSION,
             "index": list(manifest.index_checksum),
             "vks": list(out.checksum()),
+            "hash": manifest.checksum_hash,
         }
         tmp_manifest.write_text(sealed(fields))
         _fsync(tmp_manifest)
@@ -208,10 +213,11 @@ def read_snapshot(base: Path, model: str, dim: int, instance: str) -> tuple[Any,
             token = manifest["token"]
             files = _files(base, token)
             raw_vks = files.vks.read_bytes()
-            if list(bytes_checksum(raw_vks)) != manifest["vks"]:
+            hash_name = str(manifest.get("hash", OLD_FILE_HASH))
+            if list(bytes_checksum(raw_vks, hash_name)) != manifest["vks"]:
                 raise ValueError(f"{files.vks.name}: checksum mismatch")
             # Checked whole before FAISS parses it (files are never rewritten: a new token each save)
-            if list(file_checksum(files.index)) != manifest["index"]:
+            if list(file_checksum(files.index, hash_name)) != manifest["index"]:
                 raise ValueError(f"{files.index.name}: checksum mismatch")
             index: Any = faiss.read_index(str(files.index))
             vks = np.load(io.BytesIO(raw_vks), allow_pickle=False)

@@ -515,7 +515,8 @@ class VectorIndex:
             with self._state:
                 self._saving -= 1
                 self._state.notify_all()
-        commit_snapshot(base, files, vks, Manifest(model, self.dim, n, files.token, instance, out.checksum()))
+        manifest = Manifest(model, self.dim, n, files.token, instance, out.checksum(), out.hash)
+        commit_snapshot(base, files, vks, manifest)
 
     @classmethod
     def load(

@@ -8,8 +8,8 @@ records the ``changes`` log lists after that commit (storage.py), so a snapshot 
 the engine then decodes every record, as it always can (LMDB holds the truth; snapshots only save
 time).
 
-Damage is detected, never trusted: the manifest carries the BLAKE2b digest of the data file and one
-of its own fields, both checked before anything in them is used; a mismatch discards the snapshot
+Damage is detected, never trusted: the manifest carries the checksum of the data file (XXH3;
+BLAKE2b in snapshots of earlier versions) and one of its own fields, both checked before anything in them is used; a mismatch discards the snapshot
 with a warning. The format cannot run code when read (unlike a pickle): the data file is
 
     MAGIC, u64 header length, header (msgpack), the arrays' bytes one after another
@@ -33,7 +33,8 @@ from typing import Any, BinaryIO
 import msgpack
 import numpy as np
 
-from tiermem.server.model.manifests import digest, sealed, unseal
+from tiermem.server.model import manifests
+from tiermem.server.model.manifests import OLD_FILE_HASH, file_digest, sealed, unseal
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class _Hashing:
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
-        self.hash = digest()
+        self.hash_name = manifests.FILE_HASH
+        self.hash = file_digest(self.hash_name)
         self.size = 0
 
     def write(self, data: Any) -> int:
@@ -105,7 +107,8 @@ def save_columns(directory: Path, state: dict[str, Any], seq: int, instance: str
             "instance": instance,
             "token": token,
             "size": out.size,
-            "blake2b": out.hash.hexdigest(),
+            "hash": out.hash_name,
+            "checksum": out.hash.hexdigest(),
         }
         with open(tmp, "w") as m:
             m.write(sealed(manifest))
@@ -151,8 +154,11 @@ def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] |
                 f = open(directory / f"columns.{manifest['token']}.bin", "rb")  # noqa: SIM115
             except FileNotFoundError:  # replaced meanwhile (a follower loading): the new manifest
                 continue
+            # (a manifest of an earlier version names no hash: BLAKE2b, under its own key)
+            hash_name = str(manifest.get("hash", OLD_FILE_HASH))
+            expected = str(manifest["checksum" if "hash" in manifest else OLD_FILE_HASH])
             with f:
-                state = _read(f, int(manifest["size"]), str(manifest["blake2b"]))
+                state = _read(f, int(manifest["size"]), expected, hash_name)
             break
         else:
             return None
@@ -168,10 +174,10 @@ def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] |
         return None
 
 
-def _read(f: io.BufferedReader, size: int, expected: str) -> Any:
-    """The state in a data file of ``size`` bytes whose checksum is ``expected``. Every byte is
-    checked before the state is returned (on a thread of its own while the tree is decoded: hashlib
-    lets go of the GIL); a size or shape the file cannot hold is refused before anything that large
+def _read(f: io.BufferedReader, size: int, expected: str, hash_name: str) -> Any:
+    """The state in a data file of ``size`` bytes whose checksum by ``hash_name`` is ``expected``.
+    Every byte is checked before the state is returned (on a thread of its own while the tree is
+    decoded: the hashes let go of the GIL); a size or shape the file cannot hold is refused before anything that large
     is allocated."""
     if os.fstat(f.fileno()).st_size != size:
         raise ValueError(f"file is {os.fstat(f.fileno()).st_size} bytes, its manifest says {size}")
@@ -203,7 +209,7 @@ def _read(f: io.BufferedReader, size: int, expected: str) -> Any:
             raise ValueError("file ends early")
         arrays.append(a)
 
-    check = digest()
+    check = file_digest(hash_name)
 
     def hash_all() -> None:
         check.update(head)
