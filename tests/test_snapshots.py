@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -253,21 +254,33 @@ def test_snapshots_checksummed_before_xxh3_are_still_used_and_still_checked(
     assert len(e.columns) == 60
     e.close()
 
-    # Still checked: a flipped byte in a file, or a hash this version does not know, is damage.
-    m = index_manifests[0]
-    faiss_file = m.with_name(f"{m.stem}.{unseal(m.read_text(), snapshot_files.VERSION)['token']}.faiss")
-    raw = bytearray(faiss_file.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    faiss_file.write_bytes(bytes(raw))
-    caplog.clear()
-    assert snapshot_files.read_snapshot(m.with_suffix(""), MODEL, DIM, instance) is None
-    assert any("damaged" in r.getMessage() for r in caplog.records)
+    # Still checked, by BLAKE2b: a flipped byte in any of the files is a checksum mismatch (in the
+    # stored vectors of the .faiss file, which FAISS itself would read as they are).
+    for pattern, from_end in (("*.faiss", 1000), ("*.vks.npy", 100), ("columns.*.bin", 100)):
+        copy = tmp_path / f"damaged-{pattern[2:6]}"
+        shutil.copytree(index_dir, copy)
+        [target] = list(copy.glob(pattern))
+        raw = bytearray(target.read_bytes())
+        raw[len(raw) - from_end] ^= 0xFF
+        target.write_bytes(bytes(raw))
+        caplog.clear()
+        if pattern.startswith("columns"):
+            assert snapshots.load_columns(copy, instance) is None
+        else:
+            assert snapshots.load_columns(copy, instance) is not None  # (only the damaged one refused)
+            assert snapshot_files.read_snapshot(copy / index_manifests[0].stem, MODEL, DIM, instance) is None
+        assert any("checksum mismatch" in r.getMessage() for r in caplog.records), caplog.records
+    # A hash this version does not know, or one named without its checksum: damage too.
     columns = index_dir / "columns.json"
     fields = unseal(columns.read_text(), snapshots.VERSION)
-    columns.write_text(sealed({**fields, "hash": "md5", "checksum": fields["blake2b"]}))
-    caplog.clear()
-    assert snapshots.load_columns(index_dir, instance) is None
-    assert any("unknown file checksum 'md5'" in r.getMessage() for r in caplog.records)
+    for changed, message in (
+        ({"hash": "md5", "checksum": fields["blake2b"]}, "unknown file checksum 'md5'"),
+        ({"hash": "xxh3_128"}, "'checksum'"),
+    ):
+        columns.write_text(sealed({**fields, **changed}))
+        caplog.clear()
+        assert snapshots.load_columns(index_dir, instance) is None
+        assert any("damaged" in r.getMessage() and message in r.getMessage() for r in caplog.records)
 
 
 def test_the_file_hashes_by_name() -> None:

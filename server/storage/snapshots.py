@@ -150,13 +150,14 @@ def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] |
                 return None
             if manifest.get("instance") != instance:
                 return None
+            # (a manifest of an earlier version names no hash: BLAKE2b, under its own key)
+            hash_name = str(manifest.get("hash", OLD_FILE_HASH))
+            expected = str(manifest["checksum" if "hash" in manifest else OLD_FILE_HASH])
+            file_digest(hash_name)  # (a hash this version does not know: refused before any read)
             try:
                 f = open(directory / f"columns.{manifest['token']}.bin", "rb")  # noqa: SIM115
             except FileNotFoundError:  # replaced meanwhile (a follower loading): the new manifest
                 continue
-            # (a manifest of an earlier version names no hash: BLAKE2b, under its own key)
-            hash_name = str(manifest.get("hash", OLD_FILE_HASH))
-            expected = str(manifest["checksum" if "hash" in manifest else OLD_FILE_HASH])
             with f:
                 state = _read(f, int(manifest["size"]), expected, hash_name)
             break
