@@ -285,10 +285,8 @@ class ServerConfig:
     tier_max_items: tuple[float, ...] = DEFAULT_MAX_ITEMS  # capacity per namespace and tier
     tier_importance_threshold: tuple[float, ...] = DEFAULT_IMPORTANCE_THRESHOLD  # decayed below: demote
     tier_cadence_seconds: tuple[float, ...] = DEFAULT_CADENCE_SECONDS  # background visits per tier
-    retention: str = (
-        "importance_weighted"  # eviction order: importance_weighted, ten_point_weighted, recency, fifo, lru,
-        # importance
-    )
+    # eviction order: importance_weighted, ten_point_weighted, recency, fifo, lru, importance
+    retention: str = "importance_weighted"
     delete_from_glacial: bool = False  # capacity eviction may delete from GLACIAL
     promote_access_count: int = 5  # accesses since entering the tier that promote
     promote_surprise: float = 0.5  # surprise (after feedback in the tier) that promotes

@@ -7,8 +7,8 @@ never applied to another database (e.g. a restored LMDB backup). Which entries a
 the locking while FAISS writes it, are ``VectorIndex.save``'s business.
 
 Damage is detected before FAISS reads a byte: the manifest carries the size and checksum of both
-files (XXH3; BLAKE2b in snapshots of earlier versions) and a checksum of its own fields (the same scheme as the columns snapshot,
-storage/snapshots.py); a mismatch discards the snapshot with a warning, and start-up rebuilds the
+files (XXH3; BLAKE2b in snapshots of earlier versions) and a checksum of its own fields (the same
+scheme as the columns snapshot, storage/snapshots.py); a mismatch discards the snapshot with a warning, and start-up rebuilds the
 index from the vectors in LMDB. FAISS parses what it is given without checking it: a damaged
 neighbour list would send searches astray (or out of bounds) and a damaged length could ask for
 any amount of memory. The ``.npy`` file is read without pickle (``np.load``'s default).
@@ -29,8 +29,7 @@ import faiss
 import numpy as np
 
 from tiermem.server.config import usable_cores
-from tiermem.server.model import manifests
-from tiermem.server.model.manifests import OLD_FILE_HASH, file_digest, sealed, unseal
+from tiermem.server.model.manifests import FILE_HASH, file_digest, file_hash_of, sealed, unseal
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +40,14 @@ _PART = 16 << 20  # bytes per checksummed part of a file
 class HashingWriter:
     """A writable file that checksums what goes through it (FAISS's writer callback, np.save):
     the digest of the digests of its ``_PART``-byte parts, so reading it back can check the parts
-    on every core at once (``file_checksum``), by ``hash_name`` (default ``manifests.FILE_HASH``)."""
+    on every core at once (``file_checksum``), by the hash ``hash_name``."""
 
-    def __init__(self, f: BinaryIO, hash_name: str | None = None) -> None:
+    def __init__(self, f: BinaryIO, hash_name: str = FILE_HASH) -> None:
         self.f = f
-        self.hash = hash_name or manifests.FILE_HASH
+        self.hash_name = hash_name
         self.size = 0
         self._parts: list[bytes] = []
-        self._part = file_digest(self.hash)
+        self._part = file_digest(hash_name)
         self._filled = 0
 
     def write(self, data: Any) -> int:
@@ -62,14 +61,14 @@ class HashingWriter:
             view = view[take:]
             if self._filled == _PART:
                 self._parts.append(self._part.digest())
-                self._part, self._filled = file_digest(self.hash), 0
+                self._part, self._filled = file_digest(self.hash_name), 0
         self.size += n
         return n
 
     def checksum(self) -> tuple[int, str]:
         """(size, digest) of what was written."""
         last = [self._part.digest()] if self._filled or not self._parts else []
-        return self.size, _combined(self._parts + last, self.hash)
+        return self.size, _combined(self._parts + last, self.hash_name)
 
 
 def _combined(parts: list[bytes], hash_name: str) -> str:
@@ -146,7 +145,7 @@ class Manifest:
     token: str
     instance: str
     index_checksum: tuple[int, str]  # (size, digest) of the FAISS file as written
-    checksum_hash: str  # the hash of the digests (``HashingWriter.hash``)
+    checksum_hash: str  # the hash of the digests (``HashingWriter.hash_name``)
 
 
 def commit_snapshot(base: Path, files: SnapshotFiles, vks: np.ndarray, manifest: Manifest) -> None:
@@ -213,7 +212,7 @@ def read_snapshot(base: Path, model: str, dim: int, instance: str) -> tuple[Any,
             token = manifest["token"]
             files = _files(base, token)
             raw_vks = files.vks.read_bytes()
-            hash_name = str(manifest.get("hash", OLD_FILE_HASH))
+            hash_name = file_hash_of(manifest)
             if list(bytes_checksum(raw_vks, hash_name)) != manifest["vks"]:
                 raise ValueError(f"{files.vks.name}: checksum mismatch")
             # Checked whole before FAISS parses it (files are never rewritten: a new token each save)

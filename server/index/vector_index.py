@@ -515,7 +515,7 @@ class VectorIndex:
             with self._state:
                 self._saving -= 1
                 self._state.notify_all()
-        manifest = Manifest(model, self.dim, n, files.token, instance, out.checksum(), out.hash)
+        manifest = Manifest(model, self.dim, n, files.token, instance, out.checksum(), out.hash_name)
         commit_snapshot(base, files, vks, manifest)
 
     @classmethod

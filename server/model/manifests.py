@@ -37,6 +37,15 @@ def file_digest(name: str) -> Any:
     return make()
 
 
+def file_hash_of(manifest: dict[str, Any]) -> str:
+    """The hash a manifest's data-file checksums are by (``OLD_FILE_HASH`` when it names none, as
+    earlier versions wrote them); ValueError for one this version does not know."""
+    name = str(manifest.get("hash", OLD_FILE_HASH))
+    if name not in _FILE_HASHES:
+        raise ValueError(f"unknown file checksum {name!r}")
+    return name
+
+
 def _check_of(fields: dict[str, Any]) -> str:
     check = digest()
     check.update(json.dumps(fields, sort_keys=True).encode())

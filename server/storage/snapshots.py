@@ -9,8 +9,8 @@ the engine then decodes every record, as it always can (LMDB holds the truth; sn
 time).
 
 Damage is detected, never trusted: the manifest carries the checksum of the data file (XXH3;
-BLAKE2b in snapshots of earlier versions) and one of its own fields, both checked before anything in them is used; a mismatch discards the snapshot
-with a warning. The format cannot run code when read (unlike a pickle): the data file is
+BLAKE2b in snapshots of earlier versions) and one of its own fields, both checked before anything
+in them is used; a mismatch discards the snapshot with a warning. The format cannot run code when read (unlike a pickle): the data file is
 
     MAGIC, u64 header length, header (msgpack), the arrays' bytes one after another
 
@@ -33,8 +33,7 @@ from typing import Any, BinaryIO
 import msgpack
 import numpy as np
 
-from tiermem.server.model import manifests
-from tiermem.server.model.manifests import OLD_FILE_HASH, file_digest, sealed, unseal
+from tiermem.server.model.manifests import FILE_HASH, OLD_FILE_HASH, file_digest, file_hash_of, sealed, unseal
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +51,8 @@ class _Hashing:
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
-        self.hash_name = manifests.FILE_HASH
-        self.hash = file_digest(self.hash_name)
+        self.hash_name = FILE_HASH
+        self.hash = file_digest(FILE_HASH)
         self.size = 0
 
     def write(self, data: Any) -> int:
@@ -150,10 +149,9 @@ def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] |
                 return None
             if manifest.get("instance") != instance:
                 return None
-            # (a manifest of an earlier version names no hash: BLAKE2b, under its own key)
-            hash_name = str(manifest.get("hash", OLD_FILE_HASH))
+            # (read before the file is opened; an earlier version's checksum is under "blake2b")
+            hash_name = file_hash_of(manifest)
             expected = str(manifest["checksum" if "hash" in manifest else OLD_FILE_HASH])
-            file_digest(hash_name)  # (a hash this version does not know: refused before any read)
             try:
                 f = open(directory / f"columns.{manifest['token']}.bin", "rb")  # noqa: SIM115
             except FileNotFoundError:  # replaced meanwhile (a follower loading): the new manifest
@@ -178,8 +176,8 @@ def load_columns(directory: Path, instance: str) -> tuple[dict[str, Any], int] |
 def _read(f: io.BufferedReader, size: int, expected: str, hash_name: str) -> Any:
     """The state in a data file of ``size`` bytes whose checksum by ``hash_name`` is ``expected``.
     Every byte is checked before the state is returned (on a thread of its own while the tree is
-    decoded: the hashes let go of the GIL); a size or shape the file cannot hold is refused before anything that large
-    is allocated."""
+    decoded: the hashes let go of the GIL); a size or shape the file cannot hold is refused before
+    anything that large is allocated."""
     if os.fstat(f.fileno()).st_size != size:
         raise ValueError(f"file is {os.fstat(f.fileno()).st_size} bytes, its manifest says {size}")
 
