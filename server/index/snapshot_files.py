@@ -9,9 +9,10 @@ the locking while FAISS writes it, are ``VectorIndex.save``'s business.
 Damage is detected before FAISS reads a byte: the manifest carries the size and checksum of both
 files (XXH3; BLAKE2b in snapshots of earlier versions) and a checksum of its own fields (the same
 scheme as the columns snapshot, storage/snapshots.py); a mismatch discards the snapshot with a
-warning, and start-up rebuilds the index from the vectors in LMDB. FAISS parses what it is given without checking it: a damaged
-neighbour list would send searches astray (or out of bounds) and a damaged length could ask for
-any amount of memory. The ``.npy`` file is read without pickle (``np.load``'s default).
+warning, and start-up rebuilds the index from the vectors in LMDB. FAISS parses what it is given
+without checking it: a damaged neighbour list would send searches astray (or out of bounds) and a
+damaged length could ask for any amount of memory. The ``.npy`` file is read without pickle
+(``np.load``'s default).
 """
 
 from __future__ import annotations

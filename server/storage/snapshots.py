@@ -8,9 +8,10 @@ records the ``changes`` log lists after that commit (storage.py), so a snapshot 
 the engine then decodes every record, as it always can (LMDB holds the truth; snapshots only save
 time).
 
-Damage is detected, never trusted: the manifest carries the checksum of the data file (XXH3;
-BLAKE2b in snapshots of earlier versions) and one of its own fields, both checked before anything
-in them is used; a mismatch discards the snapshot with a warning. The format cannot run code when read (unlike a pickle): the data file is
+Damage is detected, never trusted: the manifest carries the checksum of the data file (XXH3; BLAKE2b
+in snapshots of earlier versions) and one of its own fields, both checked before anything in them is
+used; a mismatch discards the snapshot with a warning. The format cannot run code when read (unlike
+a pickle): the data file is
 
     MAGIC, u64 header length, header (msgpack), the arrays' bytes one after another
 
