@@ -721,6 +721,9 @@ def _warm_keywords(tiny: _Tiny) -> None:
     )
     keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows)
     keywords.bm25(sources, key, np.ones(1), i32, b, 1.0, probe=tiny.rows, depth=1)
+    # The best read before the probes are known (a search's vector search beside its keyword pass).
+    for depth in (-1, 1):
+        keywords.accumulate(sources, key, np.ones(1), i32, b, 1.0, depth=depth).best(depth)[2](tiny.rows)
     # The pass for the best row, read row by row: the second term alone cannot lift row 1 to the top.
     two = np.array([0, 1], np.int32)
     skewed = keywords.postings(

@@ -202,10 +202,10 @@ def _score_appended(
 
 
 @_kernel
-def _collect(acc, touched, m, probe, depth):  # pragma: no cover
-    """(rows, scores, the probe rows' scores) out of the accumulator, which is left all zeros again:
-    every touched row in the order first met (depth < 0), or the ``depth`` best, best first (ties: the
-    row met first)."""
+def _collect(acc, touched, m, probe, depth, keep):  # pragma: no cover
+    """(rows, scores, the probe rows' scores) out of the accumulator, which is left all zeros again
+    (unless ``keep``: rows are probed later): every touched row in the order first met (depth < 0), or
+    the ``depth`` best, best first (ties: the row met first)."""
     probed = np.zeros(probe.shape[0], np.float32)
     for j in range(probe.shape[0]):
         if 0 <= probe[j] < acc.shape[0]:
@@ -214,7 +214,8 @@ def _collect(acc, touched, m, probe, depth):  # pragma: no cover
     for j in range(m):  # one pass over the touched rows: read, and zero for the next search
         r = touched[j]
         scores[j] = acc[r]
-        acc[r] = 0.0
+        if not keep:
+            acc[r] = 0.0
     if depth < 0:
         out_rows = touched[:m].copy()
         out_scores = scores
@@ -416,11 +417,13 @@ def _best(
     m,
     depth,
     probe,
+    keep,
 ):  # pragma: no cover
     """The ``depth`` best rows (best first; ties: the lower row) and the probe rows' scores: the
     unsorted sources' sums (``acc``, ``m`` rows ``touched``: whole, as a row's content is posted to
     one source) are offered first, then each sorted source's rows (``_segment_best``, which reads
-    ``allowed`` as ``bits``, packed little-endian). ``acc`` is left all zeros."""
+    ``allowed`` as ``bits``, packed little-endian). ``acc`` is left all zeros (unless ``keep``:
+    rows are probed later, by ``_probe_later``)."""
     probed = np.zeros(probe.shape[0])
     for q in range(probe.shape[0]):
         if 0 <= probe[q] < acc.shape[0]:
@@ -432,7 +435,8 @@ def _best(
         r = touched[q]
         if depth > 0:
             n = _push(hs, hr, n, np.float64(acc[r]), r)
-        acc[r] = 0.0
+        if not keep:
+            acc[r] = 0.0
     lo, hi, ub = _term_ranges(keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b)
     if depth > 0:
         for s in range(nseg):
@@ -481,6 +485,46 @@ def _best(
     order = by_row[np.argsort(-hs[:n][by_row], kind="mergesort")]  # best first, ties: the lower row
     hr, hs = hr[:n][order], hs[:n][order]
     return hr, hs.astype(np.float32), probed.astype(np.float32), scored
+
+
+@_kernel
+def _probe_later(
+    keys_t,
+    starts_t,
+    rows_t,
+    tfs_t,
+    gens_t,
+    lens_t,
+    max_tf_t,
+    min_len_t,
+    nseg,
+    current,
+    wanted,
+    weights,
+    row_gen,
+    allowed,
+    avgdl,
+    k1,
+    b,
+    acc,
+    touched,
+    m,
+    probe,
+):  # pragma: no cover
+    """The probe rows' scores after a read-out that kept ``acc`` (``_best`` with ``keep``), which is
+    then left all zeros."""
+    probed = np.zeros(probe.shape[0])
+    for q in range(probe.shape[0]):
+        if 0 <= probe[q] < acc.shape[0]:
+            probed[q] = acc[probe[q]]
+    for q in range(m):
+        acc[touched[q]] = 0.0
+    lo, hi, _ = _term_ranges(keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b)
+    _probe_sorted(
+        rows_t, gens_t, tfs_t, lens_t, nseg, current, lo, hi, weights, row_gen, allowed, avgdl, k1, b,
+        probe, probed,
+    )  # fmt: skip
+    return probed.astype(np.float32)
 
 
 def idf(n_docs: float, df: np.ndarray) -> np.ndarray:
@@ -543,6 +587,8 @@ class Sums:
         self._scratch, self._m, self._n, self._later = scratch, m, n, later
         self._still: Callable[[], bool] | None = None
         self._again: Callable[[], Sums] = no_sums
+        self._kept: _Scratch | None = None  # the scratch ``best`` keeps for its probes
+        self._size = n  # the accumulator's rows (``_n`` is -1 once read)
         self.scored = -1  # after a deferred read-out: the rows it scored whole (a measure of its work)
 
     def collect(
@@ -552,6 +598,52 @@ class Sums:
         pass for its best ``depth`` rows gives at most that many."""
         probe = np.empty(0, np.int64) if probe is None else probe
         _check("probe", probe, np.int64)
+        rows, scores, probed, again = self._read(probe, depth, False)
+        if again is not None:
+            return again.collect(probe, depth)
+        assert probed is not None
+        return rows, scores, probed
+
+    def best(self, depth: int = -1) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+        """(rows, scores) as ``collect`` gives them, and a function that gives the scores of rows to
+        probe afterwards (once; it frees the sums): for a caller that learns them while this runs."""
+        rows, scores, _, again = self._read(np.empty(0, np.int64), depth, True)
+        if again is not None:
+            return again.best(depth)
+        kept: list[_Scratch | None] = [self._kept]  # (emptied by the probes' read)
+        self._kept = None
+
+        def probed(probe: np.ndarray) -> np.ndarray:
+            _check("probe", probe, np.int64)
+            if not kept:
+                raise RuntimeError("the probes were read already")
+            scratch = kept.pop()
+            if scratch is None:  # (a pass that matched nothing)
+                return np.zeros(probe.shape[0], np.float32)
+            later, acc = self._later, scratch.acc[: self._size]
+            try:
+                if later is None:
+                    out = np.zeros(probe.shape[0], np.float32)
+                    ok = (probe >= 0) & (probe < acc.shape[0])
+                    out[ok] = acc[probe[ok]]
+                    _discard(acc, scratch.touched, self._m)
+                    return out
+                k = later.packed
+                return _probe_later(
+                    k.keys, k.starts, k.rows, k.tfs, k.gens, k.lens, k.max_tf, k.min_len, k.used, k.current,
+                    later.wanted, later.weights, later.row_gen, later.allowed, later.avgdl, later.k1, later.b,
+                    acc, scratch.touched, self._m, probe,
+                )  # fmt: skip
+            finally:
+                _free.append(scratch)
+
+        return rows, scores, probed
+
+    def _read(
+        self, probe: np.ndarray, depth: int, keep: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, Sums | None]:
+        """The read-out: (rows, scores, probed, None), or the sums to read instead (a row moved while
+        a deferred read-out ran). With ``keep`` the accumulator is kept for ``best``'s probes."""
         later = self._later
         if later is not None and not 0 <= depth <= later.depth:
             raise ValueError(f"the pass kept the best {later.depth} rows only: depth must be 0 to that")
@@ -560,9 +652,8 @@ class Sums:
             if self._n < 0:
                 raise RuntimeError("the sums were collected already")
             self._n = -1
-            return np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32)
+            return np.empty(0, np.int64), np.empty(0, np.float32), np.zeros(probe.shape[0], np.float32), None
         acc, m = scratch.acc[: self._n], self._m
-        out: tuple[np.ndarray, np.ndarray, np.ndarray]
         if later is not None:
             k = later.packed
             rows, scores, probed, self.scored = _best(
@@ -589,15 +680,21 @@ class Sums:
                 m,
                 int(depth),
                 probe,
+                keep,
             )
-            out = (rows, scores, probed)
         else:
-            out = _collect(acc, scratch.touched, m, probe, int(depth))
-        self._n = -1
-        _free.append(scratch)
+            rows, scores, probed = _collect(acc, scratch.touched, m, probe, int(depth), keep)
+        self._size, self._n = self._n, -1
         if later is not None and self._still is not None and not self._still():
-            return self._again().collect(probe, depth)
-        return out
+            if keep:
+                _discard(acc, scratch.touched, m)
+            _free.append(scratch)
+            return rows, scores, None, self._again()
+        if keep:
+            self._kept = scratch
+        else:
+            _free.append(scratch)
+        return rows, scores, probed, None
 
     @property
     def deferred(self) -> bool:

@@ -100,6 +100,8 @@ class Tuning:
     bounds_stale_share: float = 0.01  # ... or this share of all rows
     bounds_sorted_min: int = 65536  # sorted bounds keep at least this many rows ...
     bounds_sorted_share: float = 0.125  # ... or this share of all rows, best first
+    beside_min_rows: int = 200_000  # a search over this many rows or more runs its keyword pass
+    # beside its HNSW search when a core is spare (0: never)
 
     # core/: writes, followers, compaction, deduplication
     follow_interval_seconds: float = 0.05  # a follower looks for new commits this often when idle
@@ -326,6 +328,7 @@ class ServerConfig:
         # Search bounds assume decayed importance never exceeds the base importance.
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
         need(self.tuning.eviction_summary_tokens > 0, "tuning.eviction_summary_tokens", "must be > 0")
+        need(self.tuning.beside_min_rows >= 0, "tuning.beside_min_rows", "must be >= 0")
         need(
             self.importance_decay in IMPORTANCE_DECAYS,
             "importance_decay",

@@ -461,6 +461,8 @@ def test_warm_up_compiles_every_keyword_kernel() -> None:
         "_fusion_rows",
         "_key_bounds",
         "_by_row",
+        "_probe_later",
+        "_discard",
     ):
         assert getattr(kw_kernels, name).signatures, name
 
@@ -651,6 +653,41 @@ def test_a_pass_for_the_best_few_skips_rows_and_matches_the_reference(seed: int)
     np.testing.assert_allclose(again[1][np.argsort(again[0])], want_scores, rtol=1e-5)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_best_read_before_the_probes_answer_as_one_read_out(seed: int) -> None:
+    """``Sums.best`` and then its probes (a search learns which rows to probe while the best are read):
+    the same rows, scores and probe scores as ``collect`` of the same pass, deferred or not; the
+    probes are read once, and the scratch is left clean."""
+    rng = np.random.default_rng(200 + seed)
+    n = 400
+    sources, row_gen = _indexed_sources(rng, n)
+    wanted = np.arange(12, dtype=np.int32)
+    weights = kw_kernels.idf(n, np.linspace(5, 300, 12))
+    allowed = rng.random(n) < 0.9
+    want_rows, want_scores = reference_bm25(sources, wanted, weights, row_gen, allowed, 14.0)
+    by_row = dict(zip(want_rows.tolist(), want_scores.tolist(), strict=True))
+    for depth in (-1, 1, 5, 20, 300):
+        probe = rng.integers(0, n + 20, size=30).astype(np.int64)  # most of them not among the best
+        one = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0, depth=depth)
+        two = kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 14.0, depth=depth)
+        assert two.deferred == (depth > 0)
+        want = one.collect(probe, depth)
+        rows, scores, probes = two.best(depth)
+        np.testing.assert_array_equal(rows, want[0])
+        np.testing.assert_array_equal(scores, want[1])
+        got = probes(probe)
+        np.testing.assert_array_equal(got, want[2])
+        np.testing.assert_allclose(got, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-5)
+        with pytest.raises(RuntimeError, match="read already"):
+            probes(probe)
+        with pytest.raises(RuntimeError, match="collected already"):
+            two.best(depth)
+    for scratch in kw_kernels._free:
+        assert not scratch.acc.any()
+    nothing = kw_kernels.no_sums().best(3)
+    assert nothing[0].shape == (0,) and nothing[2](np.array([1, 2], np.int64)).tolist() == [0.0, 0.0]
+
+
 def test_a_pass_for_the_best_reads_the_allowed_rows_as_the_bits_it_is_given() -> None:
     """The read-out reads ``allowed`` packed 8 rows a byte: the caller's bits when given (a mask it
     shares keeps them), else packed by the pass; both give the reference's answer."""
@@ -789,6 +826,27 @@ def test_a_content_replaced_before_a_deferred_pass_is_read_out_is_read_whole() -
     # a mix of the two contents is far off)
     np.testing.assert_allclose(probed, after[2], rtol=1e-3)
     np.testing.assert_allclose(scores, np.sort(after[1])[::-1][:1], rtol=1e-3)
+
+
+def test_a_content_replaced_before_the_best_are_read_is_read_whole_and_probed() -> None:
+    """As above, with the best read before the probes: the pass runs again, and the probes read its
+    sums."""
+    rng = np.random.default_rng(1)
+    index, texts, terms = _replaced_index(rng, 1500)
+    allowed = rng.random(1500) < 0.9
+    full = index.bm25([0, 1], terms, allowed, 10**9, np.empty(0, np.int64), -1)
+    top = int(full[0][np.argmax(full[1])])
+    sums = index.sums([0, 1], terms, allowed, 10**9, 1)
+    assert sums.deferred
+    index.add(top, top % 2, texts[top] + " zzz")  # replaced: the same words and one more
+    _, scores, probes = sums.best(1)
+    probe = np.array([top], np.int64)
+    probed = probes(probe)
+    after = index.bm25([0, 1], terms, allowed, 10**9, probe, -1)
+    np.testing.assert_allclose(probed, after[2], rtol=1e-3)
+    np.testing.assert_allclose(scores, np.sort(after[1])[::-1][:1], rtol=1e-3)
+    for scratch in kw_kernels._free:
+        assert not scratch.acc.any()
 
 
 def test_deferred_passes_given_up_or_read_leave_the_scratch_clean() -> None:

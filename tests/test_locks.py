@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from tiermem.server.model.locks import RWLock
 
@@ -88,6 +89,18 @@ def test_readers_share_and_a_writer_excludes() -> None:
     assert order == ["write done", "read"]
 
 
+def _waiting_writer(lock: RWLock, writer: Callable[[], None]) -> threading.Thread:
+    """``writer`` started on a thread (a daemon: a deadlock fails the test) and waiting for the lock
+    the caller holds for reading."""
+    w = threading.Thread(target=writer, daemon=True)
+    w.start()
+    deadline = time.monotonic() + 5
+    while lock._waiting_writers == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert lock._waiting_writers == 1  # the writer now waits for the caller's read
+    return w
+
+
 def test_a_reader_reads_again_while_a_writer_waits() -> None:
     """A search holds an index for reading across several lookups, each of which takes the read
     lock again: with a writer waiting in between, a non-reentrant phase-fair lock would deadlock
@@ -101,12 +114,7 @@ def test_a_reader_reads_again_while_a_writer_waits() -> None:
 
     def search() -> None:
         with lock.read():
-            w = threading.Thread(target=writer, daemon=True)
-            w.start()
-            deadline = time.monotonic() + 5
-            while lock._waiting_writers == 0 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            assert lock._waiting_writers == 1  # the writer now waits for this reader
+            w = _waiting_writer(lock, writer)
             with lock.read(), lock.read():
                 order.append("nested read")
         w.join(5)
@@ -173,3 +181,39 @@ def test_an_error_inside_a_nested_read_leaves_the_lock_usable() -> None:
     assert lock._held.depth == 0
     with lock.read():  # and this thread reads afresh (depth back to 0)
         assert lock._readers == 1
+
+
+def test_a_helper_reads_under_a_lent_hold_while_a_writer_waits() -> None:
+    """A search's helper thread searches an index the search holds for reading, and the search waits
+    for it: under ``lent`` the helper's reads are taken at once even with a writer waiting (queueing
+    behind the writer would deadlock), while a plain read in another thread still queues."""
+    lock = RWLock()
+    order: list[str] = []
+
+    def writer() -> None:
+        with lock.write():
+            order.append("write")
+
+    def helper() -> None:
+        with lock.lent(), lock.read():
+            order.append("lent read")
+
+    def plain() -> None:
+        with lock.read():
+            order.append("plain read")
+
+    with lock.read():
+        w = _waiting_writer(lock, writer)
+        h = threading.Thread(target=helper, daemon=True)  # daemon: a deadlock fails the test
+        h.start()
+        h.join(5)
+        assert not h.is_alive(), "the helper's read waited behind the writer: deadlock"
+        p = threading.Thread(target=plain, daemon=True)
+        p.start()
+        p.join(0.1)
+        assert p.is_alive()  # a read not lent still waits behind the writer
+    w.join(5)
+    p.join(5)
+    assert order == ["lent read", "write", "plain read"]
+    with lock.write():  # the lent read left no reader behind
+        order.append("write again")

@@ -1,6 +1,7 @@
-"""What searches share or skip to save work: recent row masks (reused while no row changed), and the
-keyword postings that cannot reach a fused search's best matches. Neither may change an answer: real
-engines over real LMDB files and FAISS indexes."""
+"""What searches share, skip or overlap to save time: recent row masks (reused while no row changed),
+the keyword postings that cannot reach a fused search's best matches, and a large fused search's
+vector search run on a spare core beside its keyword pass. None may change an answer: real engines
+over real LMDB files and FAISS indexes."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import pytest
 from conftest import FakeClock
 
 from tiermem.kernels import keywords as kw_kernels
-from tiermem.server.config import ServerConfig
+from tiermem.server.config import ServerConfig, Tuning
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.types import Filter
 from tiermem.server.search.query import FUSED, SearchQuery
+from tiermem.server.search.searcher import Turns
 
 NS = "team:search"
 DIM = 8
@@ -237,4 +239,107 @@ def test_a_space_mask_narrowed_from_a_mask_a_write_outdated_is_not_shared(tmp_pa
         assert moved
         assert _ids(e, q) == ["m7"]
     finally:
+        e.close()
+
+
+def test_a_helper_thread_takes_a_spare_turn_only() -> None:
+    """A ranking's helper runs only while fewer rankings and helpers run than there are turns (each
+    wants a core)."""
+    turns = Turns(2)
+    with turns.take():
+        with turns.spare() as first:
+            assert first
+            with turns.spare() as second:
+                assert not second  # (a ranking and its helper: both turns busy)
+        with turns.spare(wanted=False) as unwanted:
+            assert not unwanted
+        with turns.take(), turns.spare() as third:
+            assert not third  # two rankings
+        with turns.spare() as again:
+            assert again  # given back
+    one = Turns(1)
+    with one.take(), one.spare() as none:
+        assert not none  # (one core: no helper)
+
+
+def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pass(tmp_path: Path) -> None:
+    """A fused search over many rows runs its vector search on a helper thread while its keyword pass
+    reads its best here (``Tuning.beside_min_rows``, when a core is spare): the same hits and scores
+    as one after the other. The helper reads the indexes under the search's hold, so searches go on
+    while the indexer takes their write lock again and again."""
+    import threading
+
+    rng = np.random.default_rng(21)
+    data = tmp_path / "data"
+    batch = [_memory(i, rng) for i in range(800)]
+    for i, m in enumerate(batch):  # a rare word in some, a common one in most
+        extra = (" zebra" if i % 9 == 0 else "") + (" deploy" if i % 4 else "")
+        batch[i] = replace(m, content=m.content + extra)
+
+    def answers(e: Engine) -> list[list[tuple[str, float, int, int]]]:
+        qrng = np.random.default_rng(22)
+        out = []
+        for j in range(16):
+            text = "zebra deploy " + WORDS[j % len(WORDS)]
+            q = SearchQuery(**{**_query(qrng, text=text, strategy=FUSED).__dict__, "limit": 10})
+            out.append([(h.record.id, h.score, h.vector_rank, h.keyword_rank) for h in e.search(q)])
+        return out
+
+    def helpers() -> int:
+        return sum(t.name.startswith("tiermem-beside") for t in threading.enumerate())
+
+    small = {"exact_search_max_rows": 64, "search_concurrency": 2}  # (HNSW at this size)
+    e = _engine(data, FakeClock(), **small)
+    try:
+        e.create(batch, batch=True)
+    finally:
+        e.close()  # (both below start from its snapshots: the same postings, the same graph)
+    e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=1), **small)
+    try:
+        assert helpers() == 0
+        beside = answers(e)
+        assert helpers() == 1  # (the searches did run beside)
+    finally:
+        e.close()
+    assert helpers() == 0  # stopped with the engine
+    e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=0), **small)
+    try:
+        in_line = answers(e)
+        assert helpers() == 0
+    finally:
+        e.close()
+    assert [[h[0] for h in a] for a in beside] == [[h[0] for h in a] for a in in_line]
+    assert [[h[2:] for h in a] for a in beside] == [[h[2:] for h in a] for a in in_line]
+    for a, b in zip(beside, in_line, strict=True):
+        np.testing.assert_allclose([h[1] for h in a], [h[1] for h in b], rtol=1e-6)
+    assert all(len(a) == 10 for a in beside)
+
+    e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=1), **small)
+    stop = threading.Event()
+    done: list[int] = []
+
+    def write() -> None:  # new memories: the indexer takes the write lock for each chunk of adds
+        i = 10_000
+        while not stop.is_set():
+            e.create([_memory(i + j, rng) for j in range(8)], batch=True)
+            i += 8
+
+    def search() -> None:
+        qrng = np.random.default_rng(23)
+        for j in range(60):
+            e.search(_query(qrng, text="zebra deploy", strategy=FUSED))
+            done.append(j)
+
+    try:
+        w = threading.Thread(target=write, daemon=True)
+        w.start()
+        s = threading.Thread(target=search, daemon=True)  # daemon: a deadlock fails the test
+        s.start()
+        s.join(120)
+        stop.set()
+        w.join(30)
+        assert not s.is_alive(), f"searches stopped after {len(done)} of 60 beside the writes: deadlock"
+        assert len(done) == 60
+    finally:
+        stop.set()
         e.close()

@@ -211,6 +211,7 @@ class Engine:
         st = self.state
         self._background.stop()
         self._batch_pool.shutdown(wait=True)
+        self.searcher.close()
         try:
             if not st.replica:  # (a replica writes only what its leader sends)
                 self.flush_access()

@@ -327,6 +327,10 @@ class VectorIndex:
         self._searched()
         return self._lock.read()
 
+    def lent(self) -> AbstractContextManager[None]:
+        """``reading`` on a helper thread, under a hold the caller's thread has (``RWLock.lent``)."""
+        return self._lock.lent()
+
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray, ef_search: int, allowed_count: int = -1
     ) -> tuple[np.ndarray, np.ndarray, float]:

@@ -60,6 +60,18 @@ class RWLock:
                 self._cond.notify_all()
 
     @contextmanager
+    def lent(self) -> Iterator[None]:
+        """Read on this thread under another thread's read hold, which must outlast it (a helper
+        doing part of a search's work while the search waits for it): taken at once, as a nested
+        read, even while a writer waits; waiting there would deadlock."""
+        held = self._held
+        held.depth = getattr(held, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            held.depth -= 1
+
+    @contextmanager
     def write(self) -> Iterator[None]:
         with self._cond:
             self._waiting_writers += 1

@@ -9,7 +9,7 @@ import numpy as np
 
 from tiermem import kernels
 from tiermem.kernels import keywords as kw_kernels
-from tiermem.kernels.keywords import no_sums
+from tiermem.kernels.keywords import Sums, no_sums
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.index.keyword_index import keyword_sums
 from tiermem.server.search.query import Hybrid
@@ -26,6 +26,23 @@ class KeywordScores:
     probed: np.ndarray  # the scores of the rows the caller asked about (0: no term)
 
 
+def keyword_pass(
+    source: SearchSource,
+    mask: np.ndarray,
+    count: int,
+    namespaces: list[str],
+    text: str,
+    depth: int,
+) -> Sums:
+    """The keyword pass of ``bm25``, its sums to read out (``Sums.collect``, or ``Sums.best`` when the
+    rows to probe come later)."""
+    if count == 0:
+        return no_sums()
+    ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
+    bits = source.shared_mask_bits(mask)
+    return keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings, depth, bits)
+
+
 def bm25(
     source: SearchSource,
     view: ColumnsView,
@@ -39,12 +56,7 @@ def bm25(
     """The ``depth`` allowed rows (``count`` of them) of the namespaces best matching ``text`` by BM25,
     best first, and the scores of the ``probe`` rows; terms found in more than max_keyword_postings of
     their memories are skipped (they say almost nothing)."""
-    if count == 0:
-        sums = no_sums()
-    else:
-        ids = [i for i in (source.columns.namespaces.get(ns) for ns in namespaces) if i >= 0]
-        bits = source.shared_mask_bits(mask)
-        sums = keyword_sums(source.keywords, ids, text, mask, source.config.max_keyword_postings, depth, bits)
+    sums = keyword_pass(source, mask, count, namespaces, text, depth)
     # (the probe rows are read out with the best: exact even where the pass skipped postings)
     rows, scores, probed = sums.collect(probe, depth)
     return KeywordScores(rows, scores, probed)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
@@ -31,7 +32,7 @@ from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
 from tiermem.server.search.candidates import CandidateSearch, ann, similarity_depth
 from tiermem.server.search.fused import Candidates, FusedWeights, rank_fused
-from tiermem.server.search.keywords import bm25, fuse
+from tiermem.server.search.keywords import KeywordScores, bm25, fuse, keyword_pass
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import (
     COMPREHENSIVE,
@@ -93,7 +94,24 @@ class Turns:
     the GIL (see ServerConfig.search_concurrency)."""
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self._slots = threading.BoundedSemaphore(size)
+        self._busy = 0  # rankings and their helpers running
+        self._count = threading.Lock()
+
+    @contextmanager
+    def spare(self, wanted: bool = True) -> Iterator[bool]:
+        """A core for a ranking's helper thread, when ``wanted`` and one is spare (fewer rankings and
+        helpers run than there are turns): yields whether it got one, held until the block ends."""
+        with self._count:
+            got = wanted and self._busy < self.size
+            self._busy += got
+        try:
+            yield got
+        finally:
+            if got:
+                with self._count:
+                    self._busy -= 1
 
     @contextmanager
     def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
@@ -103,7 +121,13 @@ class Turns:
                 raise DeadlineExceeded(
                     "the caller's deadline passed or it went away while the search waited for its turn"
                 )
-            yield
+            with self._count:
+                self._busy += 1
+            try:
+                yield
+            finally:
+                with self._count:
+                    self._busy -= 1
 
 
 class Searcher:
@@ -115,6 +139,8 @@ class Searcher:
         self.priors = PriorBounds(source, self._observer)
         # Embedding a query text (maybe a remote call) happens before a search takes its turn.
         self.turns = Turns(source.config.search_concurrency or usable_cores())
+        self._beside: ThreadPoolExecutor | None = None  # runs a vector search beside a keyword pass
+        self._beside_lock = threading.Lock()
 
     @property
     def observer(self) -> SearchObserver:
@@ -265,17 +291,73 @@ class Searcher:
             everything = Candidates(np.flatnonzero(mask), None)
             no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)
             return rank_fused(everything, None, count, scorer, no_relevance, row_w, a.min_similarity)
-        vector = None
-        if query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0):
-            vector = self._most_similar(scorer, mask, count, depth)
-        keywords = None
-        if a.hybrid is not None and a.hybrid.keyword_weight > 0:
-            probe = np.empty(0, np.int64) if vector is None else vector.rows  # (their keyword scores)
-            names, text = list(a.scope_w), a.hybrid.text
-            keywords = bm25(src, view, keyword_mask, keyword_count, names, text, depth, probe)
+        by_vector = query is not None and sp is not None and (a.hybrid is None or a.hybrid.vector_weight > 0)
+        by_keywords = a.hybrid is not None and a.hybrid.keyword_weight > 0
+        vector: Candidates | None
+        keywords: KeywordScores | None
+        with self.turns.spare(by_vector and by_keywords and self._beside_helps(count)) as beside:
+            if beside:
+                vector, keywords = self._both(scorer, a, (mask, count, keyword_mask, keyword_count), depth)
+            else:
+                vector = self._most_similar(scorer, mask, count, depth) if by_vector else None
+                keywords = None
+                if by_keywords:
+                    assert a.hybrid is not None
+                    probe = np.empty(0, np.int64) if vector is None else vector.rows  # (their keyword scores)
+                    names, text = list(a.scope_w), a.hybrid.text
+                    keywords = bm25(src, view, keyword_mask, keyword_count, names, text, depth, probe)
         shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
         weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
         return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
+
+    def _beside_helps(self, count: int) -> bool:
+        """Whether a fused search over ``count`` rows gains by its vector search and keyword pass
+        running at once, on two cores: both long (below, the handoff costs what the overlap saves)."""
+        min_rows = self.source.config.tuning.beside_min_rows
+        return 0 < min_rows <= count and count > self.source.config.exact_search_max_rows
+
+    def _both(
+        self,
+        scorer: Scorer,
+        a: RankingParams,
+        allowed: tuple[np.ndarray, int, np.ndarray, int],
+        depth: int,
+    ) -> tuple[Candidates, KeywordScores]:
+        """``_most_similar`` on a helper thread and the keyword pass's best on this one, at once (both
+        release the GIL for most of their time); the vector rows' keyword scores are probed after."""
+        assert a.hybrid is not None
+        mask, count, keyword_mask, keyword_count = allowed
+        sums = keyword_pass(self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth)
+        assert scorer.space is not None
+        indexes = list(scorer.space.indexes.values())
+
+        def most_similar() -> Candidates:
+            with ExitStack() as lent:
+                for index in indexes:  # (this search's thread holds them for reading until it has these)
+                    lent.enter_context(index.lent())
+                return self._most_similar(scorer, mask, count, depth)
+
+        pending = self._helper().submit(most_similar)
+        try:
+            rows, scores, probe = sums.best(depth)
+        finally:
+            vector = pending.result()
+        return vector, KeywordScores(rows, scores, probe(vector.rows))
+
+    def _helper(self) -> ThreadPoolExecutor:
+        with self._beside_lock:
+            if self._beside is None:
+                # (a helper needs a spare turn: fewer than the turns run at once)
+                workers = max(1, self.turns.size - 1)
+                self._beside = ThreadPoolExecutor(workers, thread_name_prefix="tiermem-beside")
+            return self._beside
+
+    def close(self) -> None:
+        """Stop the helper thread, if one was started."""
+        with self._beside_lock:
+            helper, self._beside = self._beside, None
+        if helper is not None:
+            helper.shutdown(wait=True)
 
     def _most_similar(self, scorer: Scorer, mask: np.ndarray, count: int, depth: int) -> Candidates:
         """The ``depth`` allowed rows most similar to the query, best first, with their similarities."""
