@@ -606,7 +606,8 @@ class Sums:
 
     def best(self, depth: int = -1) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]:
         """(rows, scores) as ``collect`` gives them, and a function that gives the scores of rows to
-        probe afterwards (once; it frees the sums): for a caller that learns them while this runs."""
+        probe afterwards (once; it frees the sums): for a caller that learns them while this runs. A
+        deferred pass whose rows moved before the probes were read is read again for them."""
         rows, scores, _, again = self._read(np.empty(0, np.int64), depth, True)
         if again is not None:
             return again.best(depth)
@@ -629,13 +630,17 @@ class Sums:
                     _discard(acc, scratch.touched, self._m)
                     return out
                 k = later.packed
-                return _probe_later(
+                out = _probe_later(
                     k.keys, k.starts, k.rows, k.tfs, k.gens, k.lens, k.max_tf, k.min_len, k.used, k.current,
                     later.wanted, later.weights, later.row_gen, later.allowed, later.avgdl, later.k1, later.b,
                     acc, scratch.touched, self._m, probe,
                 )  # fmt: skip
             finally:
                 _free.append(scratch)
+            if self._still is not None and not self._still():
+                # (read after the best: a row replaced since could hold neither content's postings)
+                return self._again().collect(probe, depth)[2]
+            return out
 
         return rows, scores, probed
 

@@ -849,6 +849,27 @@ def test_a_content_replaced_before_the_best_are_read_is_read_whole_and_probed() 
         assert not scratch.acc.any()
 
 
+def test_a_content_replaced_between_the_best_and_the_probes_is_probed_whole() -> None:
+    """The probes are read after the best (once the vector search beside has its rows): a row replaced
+    in between is probed as the index stands then, not as neither of its contents."""
+    rng = np.random.default_rng(1)
+    index, texts, terms = _replaced_index(rng, 1500)
+    allowed = np.ones(1500, np.bool_)
+    row = int(next(r for r in range(1500) if r not in index._view[1].rows[: index._view[1].filled]))
+    probe = np.array([row], np.int64)
+    before = index.bm25([0, 1], terms, allowed, 10**9, probe, 1)
+    assert before[2][0] > 0  # (a row in a sorted segment, holding the terms)
+    sums = index.sums([0, 1], terms, allowed, 10**9, 1)
+    assert sums.deferred
+    _, _, probes = sums.best(1)
+    index.add(row, row % 2, texts[row] + " zzz")  # replaced: the same words and one more
+    probed = probes(probe)
+    after = index.bm25([0, 1], terms, allowed, 10**9, probe, 1)
+    np.testing.assert_allclose(probed, after[2], rtol=1e-3)
+    for scratch in kw_kernels._free:
+        assert not scratch.acc.any()
+
+
 def test_deferred_passes_given_up_or_read_leave_the_scratch_clean() -> None:
     rng = np.random.default_rng(2)
     index, _, terms = _replaced_index(rng, 1500)

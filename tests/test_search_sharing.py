@@ -6,7 +6,9 @@ over real LMDB files and FAISS indexes."""
 from __future__ import annotations
 
 import gc
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -342,4 +344,128 @@ def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pas
         assert len(done) == 60
     finally:
         stop.set()
+        e.close()
+
+
+def _beside_engine(data: Path, rng: np.random.Generator) -> Engine:
+    small = {"exact_search_max_rows": 64, "search_concurrency": 2}  # (HNSW at this size)
+    e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=1), **small)
+    e.create([_memory(i, rng) for i in range(300)], batch=True)
+    return e
+
+
+def _settled(e: Engine) -> None:
+    """No turn, helper, index read or dirty keyword scratch left behind by the searches before."""
+    assert e.searcher.turns._busy == 0
+    assert all(ix._lock._readers == 0 for sp in e.spaces.values() for ix in sp.indexes.values())
+    assert not any(scratch.acc.any() for scratch in kw_kernels._free)
+
+
+def test_a_search_beside_that_fails_on_either_thread_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vector search failing on the helper, or the keyword read-out here: the search fails with
+    that error, the helper is waited for, turns, index holds and keyword scratch are given back, and
+    the next search answers as before."""
+    rng = np.random.default_rng(5)
+    e = _beside_engine(tmp_path / "data", rng)
+    try:
+        q = _query(rng, text="deploy budget", strategy=FUSED)
+        want = [(h.record.id, h.score) for h in e.search(q)]
+        assert len(want) > 0
+
+        def vector_fails(*a: object) -> None:
+            raise RuntimeError("the helper's vector search failed")
+
+        def keywords_fail(*a: object) -> None:
+            raise ValueError("the keyword read-out failed")
+
+        for target, name, fault, error in (
+            (e.searcher, "_most_similar", vector_fails, RuntimeError),
+            (kw_kernels.Sums, "best", keywords_fail, ValueError),
+        ):
+            real_similar = e.searcher._most_similar
+            finished: list[str] = []
+
+            def slow_similar(
+                *a: object, real: Callable[..., object] = real_similar, done: list[str] = finished
+            ) -> object:  # (still searching when the read-out fails)
+                time.sleep(0.2)
+                out = real(*a)
+                done.append("vector search")
+                return out
+
+            with monkeypatch.context() as m:
+                m.setattr(e.searcher, "_most_similar", slow_similar)
+                m.setattr(target, name, fault)
+                with pytest.raises(error):
+                    e.search(q)
+            assert finished == ([] if error is RuntimeError else ["vector search"])  # (waited for)
+            _settled(e)
+            assert [(h.record.id, h.score) for h in e.search(q)] == want
+    finally:
+        e.close()
+
+
+def test_searches_after_the_helpers_stopped_run_in_line(tmp_path: Path) -> None:
+    """A search that comes after the searcher's helpers stopped (an engine closing while calls are
+    still in flight) runs its two steps in line: the same answer, no helper started again."""
+    import threading
+
+    rng = np.random.default_rng(6)
+    e = _beside_engine(tmp_path / "data", rng)
+    try:
+        q = _query(rng, text="deploy budget", strategy=FUSED)
+        want = [(h.record.id, h.score) for h in e.search(q)]
+        e.searcher.close()
+        assert [(h.record.id, h.score) for h in e.search(q)] == want
+        assert not any(t.name.startswith("tiermem-beside") for t in threading.enumerate())
+        _settled(e)
+    finally:
+        e.close()
+
+
+def test_the_helper_reads_only_the_indexes_its_search_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index created for a new tier after the search took its holds (the writer adding to it) is
+    not lent to the helper: its search there waits for the writer, as the search's own would."""
+    import threading
+
+    from tiermem.server.search import searcher as searcher_module
+
+    rng = np.random.default_rng(5)
+    e = _beside_engine(tmp_path / "data", rng)
+    release = threading.Event()
+    seen: list[bool] = []
+    try:
+        sp = e.spaces["m"]
+        real_pass = searcher_module.keyword_pass
+
+        def pass_after_a_new_index(*a: object, **kw: object) -> object:
+            index = e.state.index(sp, 1)  # (the first memory of a new tier gets its index)
+            held = threading.Event()
+
+            def writer() -> None:
+                with index._lock.write():
+                    held.set()
+                    release.wait(0.3)
+
+            threading.Thread(target=writer, daemon=True).start()
+            held.wait(5)
+            real_search = index.search
+
+            def search(*args: object, **kwargs: object) -> object:
+                out = real_search(*args, **kwargs)  # type: ignore[arg-type]
+                seen.append(index._lock._writer)  # (still writing when the search read it?)
+                return out
+
+            index.search = search  # type: ignore[method-assign]
+            return real_pass(*a, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(searcher_module, "keyword_pass", pass_after_a_new_index)
+        e.search(_query(rng, text="deploy budget", strategy=FUSED))
+        assert seen == [False]  # it waited for the writer
+    finally:
+        release.set()
         e.close()

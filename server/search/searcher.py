@@ -27,6 +27,7 @@ from tiermem.server.config import TIERS, usable_cores
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.index.spaces import Space
+from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
@@ -139,7 +140,10 @@ class Searcher:
         self.priors = PriorBounds(source, self._observer)
         # Embedding a query text (maybe a remote call) happens before a search takes its turn.
         self.turns = Turns(source.config.search_concurrency or usable_cores())
-        self._beside: ThreadPoolExecutor | None = None  # runs a vector search beside a keyword pass
+        # Vector searches beside keyword passes (a helper needs a spare turn: fewer than the turns)
+        self._beside: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            max(1, self.turns.size - 1), thread_name_prefix="tiermem-beside"
+        )
         self._beside_lock = threading.Lock()
 
     @property
@@ -238,15 +242,15 @@ class Searcher:
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
             # drain a search waits for one chunk of the indexer's adds, not once per lookup.
-            for index in list(sp.indexes.values()) if sp is not None else []:
+            holding = list(sp.indexes.values()) if sp is not None else []
+            for index in holding:
                 held.enter_context(index.reading())
             if a.strategy == FUSED:
+                allowed = (mask, count, keyword_mask, keyword_count)
                 return collect_hits(
                     src,
                     view,
-                    self._fused(
-                        view, a, (mask, count, keyword_mask, keyword_count), query, sp, tables, row_w
-                    ),
+                    self._fused(view, a, allowed, query, sp, tables, row_w, holding),
                     a,
                     flt,
                     only_tier,
@@ -278,10 +282,11 @@ class Searcher:
         sp: Space | None,
         tables: PolicyTables,
         row_w: np.ndarray | None,
+        holding: list[VectorIndex],
     ) -> Ranked:
         """The fused ranking (fused.py): the most similar rows (exact, or HNSW at a similarity search's
         depth: deeper did not change what ranks first) and the best keyword matches, each signal
-        normalized over them."""
+        normalized over them. ``holding``: the space's indexes this search holds for reading."""
         src = self.source
         mask, count, keyword_mask, keyword_count = allowed
         depth = max(5 * a.limit, 50)
@@ -295,17 +300,20 @@ class Searcher:
         by_keywords = a.hybrid is not None and a.hybrid.keyword_weight > 0
         vector: Candidates | None
         keywords: KeywordScores | None
+        both = None
         with self.turns.spare(by_vector and by_keywords and self._beside_helps(count)) as beside:
             if beside:
-                vector, keywords = self._both(scorer, a, (mask, count, keyword_mask, keyword_count), depth)
-            else:
-                vector = self._most_similar(scorer, mask, count, depth) if by_vector else None
-                keywords = None
-                if by_keywords:
-                    assert a.hybrid is not None
-                    probe = np.empty(0, np.int64) if vector is None else vector.rows  # (their keyword scores)
-                    names, text = list(a.scope_w), a.hybrid.text
-                    keywords = bm25(src, view, keyword_mask, keyword_count, names, text, depth, probe)
+                both = self._both(scorer, a, allowed, depth, holding)
+        if both is not None:
+            vector, keywords = both
+        else:
+            vector = self._most_similar(scorer, mask, count, depth) if by_vector else None
+            keywords = None
+            if by_keywords:
+                assert a.hybrid is not None
+                probe = np.empty(0, np.int64) if vector is None else vector.rows  # (their keyword scores)
+                names, text = list(a.scope_w), a.hybrid.text
+                keywords = bm25(src, view, keyword_mask, keyword_count, names, text, depth, probe)
         shares = (1.0, 0.0) if a.hybrid is None else (a.hybrid.vector_weight, a.hybrid.keyword_weight)
         weights = FusedWeights(a.alpha, a.beta, a.gamma, *shares)
         return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
@@ -322,38 +330,34 @@ class Searcher:
         a: RankingParams,
         allowed: tuple[np.ndarray, int, np.ndarray, int],
         depth: int,
-    ) -> tuple[Candidates, KeywordScores]:
+        holding: list[VectorIndex],
+    ) -> tuple[Candidates, KeywordScores] | None:
         """``_most_similar`` on a helper thread and the keyword pass's best on this one, at once (both
-        release the GIL for most of their time); the vector rows' keyword scores are probed after."""
+        release the GIL for most of their time); the vector rows' keyword scores are probed after.
+        None when no helper can be had (the searcher closed): the caller runs them in line."""
         assert a.hybrid is not None
         mask, count, keyword_mask, keyword_count = allowed
-        sums = keyword_pass(self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth)
-        assert scorer.space is not None
-        indexes = list(scorer.space.indexes.values())
 
         def most_similar() -> Candidates:
             with ExitStack() as lent:
-                for index in indexes:  # (this search's thread holds them for reading until it has these)
+                for index in holding:  # (this search's thread holds them for reading until it has these)
                     lent.enter_context(index.lent())
                 return self._most_similar(scorer, mask, count, depth)
 
-        pending = self._helper().submit(most_similar)
+        sums = keyword_pass(self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth)
+        with self._beside_lock:
+            if self._beside is None:
+                sums.release()
+                return None
+            pending = self._beside.submit(most_similar)
         try:
             rows, scores, probe = sums.best(depth)
         finally:
-            vector = pending.result()
+            vector = pending.result()  # (the helper is done before this search lets the indexes go)
         return vector, KeywordScores(rows, scores, probe(vector.rows))
 
-    def _helper(self) -> ThreadPoolExecutor:
-        with self._beside_lock:
-            if self._beside is None:
-                # (a helper needs a spare turn: fewer than the turns run at once)
-                workers = max(1, self.turns.size - 1)
-                self._beside = ThreadPoolExecutor(workers, thread_name_prefix="tiermem-beside")
-            return self._beside
-
     def close(self) -> None:
-        """Stop the helper thread, if one was started."""
+        """Stop the helper threads; later searches run in line."""
         with self._beside_lock:
             helper, self._beside = self._beside, None
         if helper is not None:
