@@ -623,12 +623,8 @@ class Sums:
                 return np.zeros(probe.shape[0], np.float32)
             later, acc = self._later, scratch.acc[: self._size]
             try:
-                if later is None:
-                    out = np.zeros(probe.shape[0], np.float32)
-                    ok = (probe >= 0) & (probe < acc.shape[0])
-                    out[ok] = acc[probe[ok]]
-                    _discard(acc, scratch.touched, self._m)
-                    return out
+                if later is None:  # (the plain pass: every sum is in the accumulator, read and zeroed)
+                    return _collect(acc, scratch.touched, self._m, probe, 0, False)[2]
                 k = later.packed
                 out = _probe_later(
                     k.keys, k.starts, k.rows, k.tfs, k.gens, k.lens, k.max_tf, k.min_len, k.used, k.current,
