@@ -20,8 +20,12 @@ Phases, in order:
      collection size), after the indexer has caught up (that wait counts as ingest time).
   3. server RSS after the ingest (once the server is idle), per memory, against vector + HNSW links;
      the peak RSS (VmHWM) so far beside it.
-  4. search k=10 (read_only, default combined strategy) at concurrency 1, 2, 4, 8, 16; BatchSearchMemories
-     of 16 queries per call at concurrency 1.
+  4. search k=10 (read_only, default combined strategy) at concurrency 1, 2, 4, 8, 16; then, at
+     concurrency 1 and 16, the searches the issue compares with each other (similarity alone, the
+     default with the query's text, similarity + hybrid, comprehensive + hybrid, comprehensive alone)
+     in alternating rounds (--rounds of --seconds / 2 each: the machine's speed drifts over a run, and
+     a ratio of two loads measured minutes apart would carry the drift); BatchSearchMemories of 16
+     queries per call at concurrency 1.
   5. filtered search k=10 with ``where`` keeping 10% and 1% of the memories, concurrency 1 and 16.
   6. recall: sequential searches with as_of fixed, SIMILARITY strategy (recall@10 vs brute force over the
      allowed rows) and default strategy (top-10 overlap vs an exact combined scoring), unfiltered, 10%, 1%.
@@ -39,8 +43,9 @@ Phases, in order:
      create limit use the faster), the n/4 more into n on every core; single-query search (one OpenMP
      thread) from 1 and 2 threads.
  11. optional (``--startup-n N``): a separate data dir of N memories built through BatchCreateMemories,
-     then clean and kill -9 start-ups as in 8, similarity and text searches at concurrency 1 and 16, and
-     the keyword pass alone over the same texts, in process, by the kernel, tantivy and bm25s.
+     then clean and kill -9 start-ups as in 8, similarity and text searches at concurrency 1 and 16 (in
+     alternating rounds, as in 4), and the keyword pass alone over the same texts, in process, by the
+     kernel, tantivy and bm25s.
  12. plots: suite_size.png and suite_concurrency.png (bench/plot.py, matplotlib from .venv-bench).
 
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
@@ -291,6 +296,12 @@ class Suite:
     def load(
         self, phase: str, name: str, op: str, conc: int, seconds: float | None = None, **data: Any
     ) -> dict[str, Any]:
+        return self._row(phase, name, op, conc, [self._measure(phase, name, op, conc, seconds, **data)])
+
+    def _measure(
+        self, phase: str, name: str, op: str, conc: int, seconds: float | None = None, **data: Any
+    ) -> dict[str, Any]:
+        """One timed load: its latencies by kind, errors and seconds (``LoadPool.run``)."""
         assert self.pool is not None
         seconds = seconds or self.args.seconds
         procs, threads = self.shape(conc)
@@ -302,21 +313,49 @@ class Suite:
             f"[{phase}] {name} at concurrency {conc} ({procs}x{threads}) for {seconds} s{idle} ...",
             flush=True,
         )
-        out = self.pool.run(
+        return self.pool.run(
             op, procs, threads, seconds, tag=f"{phase}{name}{conc}", model=self.data.model, **data
         )
+
+    def _row(self, phase: str, name: str, op: str, conc: int, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The row of one or more timed loads of the same kind, taken together."""
         per_op = BATCH_SEARCH if op == "batch_search" else 1
-        lat = out["latencies"]
-        all_lat = np.concatenate(list(lat.values())) if lat else np.empty(0)
-        r = summarize(all_lat, out["seconds"], per_op) | {"errors": out["errors"]}
+        lat: dict[str, list[np.ndarray]] = {}
+        for out in outs:
+            for kind, xs in out["latencies"].items():
+                lat.setdefault(kind, []).append(xs)
+        by_kind = {k: np.concatenate(v) for k, v in lat.items()}
+        all_lat = np.concatenate(list(by_kind.values())) if by_kind else np.empty(0)
+        seconds = sum(out["seconds"] for out in outs)
+        r = summarize(all_lat, seconds, per_op) | {"errors": sum(out["errors"] for out in outs)}
+        if len(outs) > 1:
+            r["rounds"] = len(outs)
         if op == "mix":
-            r["by_kind"] = {k: summarize(v, out["seconds"]) for k, v in lat.items()}
+            r["by_kind"] = {k: summarize(v, seconds) for k, v in by_kind.items()}
         return self.add_row(phase, name, conc, r, "queries/s" if per_op > 1 else "ops/s")
 
     def search(
         self, phase: str, name: str, conc: int, seconds: float | None = None, **data: Any
     ) -> dict[str, Any]:
         return self.load(phase, name, "search", conc, seconds, queries=self.data.queries, **data)
+
+    def compare(
+        self, phase: str, conc: int, searches: list[tuple[str, dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Search loads to compare with each other (``searches``: name, request fields), measured in
+        alternating rounds (A, B, .., A, B, ..): ``--rounds`` of ``--seconds`` / 2 each. The
+        machine's speed drifts over a run; loads measured one after the other, minutes apart, would
+        carry that drift into their ratios. A row per search, its rounds taken together."""
+        rounds = self.args.rounds
+        seconds = self.args.seconds if rounds == 1 else self.args.seconds / 2
+        outs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in searches}
+        for rnd in range(rounds):
+            for name, data in searches:
+                label = name if rounds == 1 else f"{name} (round {rnd + 1} of {rounds})"
+                outs[name].append(
+                    self._measure(phase, label, "search", conc, seconds, queries=self.data.queries, **data)
+                )
+        return [self._row(phase, name, "search", conc, outs[name]) for name, _ in searches]
 
     # -- phases ----------------------------------------------------------------------------------------
 
@@ -465,17 +504,7 @@ class Suite:
         by_conc = {}
         for conc in sorted({*SWEEP, self.hi}):
             by_conc[conc] = self.search("search", name, conc)
-        # The same searches ranked by similarity alone (strategy SIMILARITY): the like-for-like
-        # comparison with a plain vector search (Chroma, FAISS).
-        sim_name = f"SearchMemories k={K} similarity strategy"
-        s1 = self.search("search", sim_name, 1, strategy=SIMILARITY)
-        shi = self.search("search", sim_name, self.hi, strategy=SIMILARITY)
-        self.figures |= {
-            "sim_c1_p50": s1["p50_ms"],
-            "sim_c1_p99": s1["p99_ms"],
-            "sim_hi_ops": shi["ops_per_s"],
-        }
-        self.keyword_searches(s1, shi)
+        self.compared_searches()
         self.load(
             "search", f"BatchSearchMemories x{BATCH_SEARCH}", "batch_search", 1, queries=self.data.queries
         )
@@ -499,38 +528,30 @@ class Suite:
             }
         )
 
-    def keyword_searches(self, s1: dict[str, Any], shi: dict[str, Any]) -> None:
-        """The searches that carry their text too: the default (similarity and the text's keywords,
-        fused) and hybrid (reciprocal rank fusion with the similarity and the comprehensive
-        rankings), against the similarity searches just measured (s1, shi)."""
+    def compared_searches(self) -> None:
+        """Searches ranked by similarity alone (strategy SIMILARITY: the like-for-like comparison
+        with a plain vector search, Chroma and FAISS) and those the issue compares with them: the
+        default with the query's text (similarity and the text's keywords, fused), hybrid (reciprocal
+        rank fusion with the similarity and the comprehensive rankings) and the comprehensive
+        ranking alone (what hybrid on it costs at least), in alternating rounds (``compare``)."""
         texts = self.data.query_texts
-        for key, name, extra in (
-            ("fused_text", f"SearchMemories k={K} default, vector + text", {}),
-            (
-                "sim_hybrid",
-                f"SearchMemories k={K} similarity + hybrid",
-                {"hybrid": True, "strategy": SIMILARITY},
-            ),
-            (
-                "hybrid",
-                f"SearchMemories k={K} comprehensive + hybrid",
-                {"hybrid": True, "strategy": COMPREHENSIVE},
-            ),
-        ):
-            r1 = self.search("search", name, 1, texts=texts, **extra)
-            rhi = self.search("search", name, self.hi, texts=texts, **extra)
-            self.figures |= {
-                f"{key}_c1_p50": r1["p50_ms"],
-                f"{key}_c1_p99": r1["p99_ms"],
-                f"{key}_hi_p50": rhi["p50_ms"],
-                f"{key}_hi_ops": rhi["ops_per_s"],
-            }
-        self.figures["sim_hi_p50"] = shi["p50_ms"]
-        # The comprehensive ranking alone (vector, no text): what hybrid on it costs at least.
-        name = f"SearchMemories k={K} comprehensive, vector only"
-        c1 = self.search("search", name, 1, strategy=COMPREHENSIVE)
-        chi = self.search("search", name, self.hi, strategy=COMPREHENSIVE)
-        self.figures |= {"comprehensive_c1_p50": c1["p50_ms"], "comprehensive_hi_p50": chi["p50_ms"]}
+        searches = (
+            ("sim", "similarity strategy", {"strategy": SIMILARITY}),
+            ("fused_text", "default, vector + text", {"texts": texts}),
+            ("sim_hybrid", "similarity + hybrid", {"texts": texts, "hybrid": True, "strategy": SIMILARITY}),
+            ("hybrid", "comprehensive + hybrid", {"texts": texts, "hybrid": True, "strategy": COMPREHENSIVE}),
+            ("comprehensive", "comprehensive, vector only", {"strategy": COMPREHENSIVE}),
+        )
+        for conc, at in ((1, "c1"), (self.hi, "hi")):
+            rows = self.compare(
+                "search", conc, [(f"SearchMemories k={K} {name}", extra) for _, name, extra in searches]
+            )
+            for (key, _, _), r in zip(searches, rows, strict=True):
+                self.figures |= {
+                    f"{key}_{at}_p50": r["p50_ms"],
+                    f"{key}_{at}_p99": r["p99_ms"],
+                    f"{key}_{at}_ops": r["ops_per_s"],
+                }
 
     def filtered_search(self) -> None:
         for sel in SELECTIVITIES:
@@ -1037,14 +1058,18 @@ class Suite:
         saved = self.pool, self.server
         self.pool, self.server = pool, server
         try:
-            for key, name, extra in (
+            searches = (
                 ("big_sim", "similarity strategy", {"strategy": SIMILARITY}),
                 ("big_fused_text", "default, vector + text", {"texts": self.data.query_texts}),
-            ):
-                label = f"SearchMemories k={K} {name}, {n:,} memories"
-                r1 = self.search("startup", label, 1, **extra)
-                rhi = self.search("startup", label, self.hi, **extra)
-                self.figures |= {f"{key}_c1_p50": r1["p50_ms"], f"{key}_hi_p50": rhi["p50_ms"]}
+            )
+            for conc, at in ((1, "c1"), (self.hi, "hi")):
+                rows = self.compare(
+                    "startup",
+                    conc,
+                    [(f"SearchMemories k={K} {name}, {n:,} memories", extra) for _, name, extra in searches],
+                )
+                for (key, _, _), r in zip(searches, rows, strict=True):
+                    self.figures[f"{key}_{at}_p50"] = r["p50_ms"]
         finally:
             self.pool, self.server = saved
             pool.close()
@@ -1158,6 +1183,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=384, help="384 (default), 768 or 1536")
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each timed load")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="alternating rounds of the searches compared with each other, --seconds / 2 each (1: one "
+        "load of --seconds each, one after the other)",
+    )
+    p.add_argument(
         "--size-seconds", type=float, default=0.0, help="load duration at size checkpoints (seconds/2)"
     )
     p.add_argument(
@@ -1203,6 +1235,8 @@ def parse_args() -> argparse.Namespace:
         p.error("--concurrency must be a multiple of --procs")
     if args.n < 100:
         p.error("--n must be at least 100 (buckets 0..99)")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.startup_only and args.startup_n <= 0:
         p.error("--startup-only needs --startup-n N")
     args.size_seconds = args.size_seconds or args.seconds / 2

@@ -42,7 +42,7 @@ def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_bench_suite_smoke(tmp_path: Path) -> None:
     proc = run_bench(
         "suite.py",
-        *("--n", "600", "--dim", "32", "--seconds", "0.5", "--recall-queries", "20"),
+        *("--n", "600", "--dim", "32", "--seconds", "0.5", "--recall-queries", "20", "--rounds", "2"),
         *("--no-chroma", "--out", str(tmp_path)),
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -60,6 +60,16 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     assert results["size_curve"][-1]["memories"] == 600 and len(results["size_curve"]) >= 2
     similarity = {r["concurrency"] for r in rows if "similarity strategy" in r["name"]}
     assert similarity == {1, 16}
+    # The searches compared with each other: measured in alternating rounds, a row each (the rounds
+    # taken together), at concurrency 1 and 16.
+    compared = [r for r in rows if r.get("rounds")]
+    kinds = ("similarity strategy", "default, vector + text", "similarity + hybrid", "comprehensive + hybrid")
+    assert sorted(r["name"].split("k=10 ")[1] for r in compared if r["concurrency"] == 1) == sorted(
+        (*kinds, "comprehensive, vector only")
+    )
+    assert len(compared) == 10 and all(r["rounds"] == 2 and "round" not in r["name"] for r in compared)
+    for key in ("sim", "fused_text", "sim_hybrid", "hybrid", "comprehensive"):
+        assert results["figures"][f"{key}_c1_p50"] > 0 and results["figures"][f"{key}_hi_ops"] > 0
     assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
@@ -119,7 +129,7 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
     timed start-ups after a clean stop and after kill -9), no other phase; the rest's ratios are n/a."""
     proc = run_bench(
         "suite.py",
-        *("--startup-only", "--startup-n", "1500", "--n", "200", "--dim", "32"),
+        *("--startup-only", "--startup-n", "1500", "--n", "200", "--dim", "32", "--seconds", "1"),
         *("--no-chroma", "--no-plots", "--out", str(tmp_path)),
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -127,6 +137,8 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
     # The searches on the --startup-n data only: similarity and the default with text, c1 and high;
     # then the keyword pass alone over the same texts by the kernel, tantivy and bm25s.
     assert {r["phase"] for r in results["rows"]} == {"startup"} and len(results["rows"]) == 7
+    searches = [r for r in results["rows"] if r["name"].startswith("SearchMemories")]
+    assert len(searches) == 4 and all(r["rounds"] == 4 for r in searches)  # (alternating, the default 4)
     passes = [r for r in results["rows"] if r["name"].startswith("keyword pass alone")]
     assert [r["name"].split("), ")[1].split(",")[0] for r in passes] == ["kernel", "tantivy", "bm25s"]
     assert all(r["p50_ms"] > 0 for r in passes)
