@@ -352,9 +352,15 @@ class Suite:
         for rnd in range(rounds):
             for name, data in searches:
                 label = name if rounds == 1 else f"{name} (round {rnd + 1} of {rounds})"
-                outs[name].append(
-                    self._measure(phase, label, "search", conc, seconds, queries=self.data.queries, **data)
-                )
+                out = self._measure(phase, label, "search", conc, seconds, queries=self.data.queries, **data)
+                outs[name].append(out)
+                if rounds > 1:  # (each round's own figures: how far the machine drifted between them)
+                    lat = np.concatenate(list(out["latencies"].values()) or [np.empty(0)])
+                    r = summarize(lat, out["seconds"])
+                    print(
+                        f"    round {rnd + 1}: {r['ops_per_s']:,.0f} ops/s  p50 {fmt(r['p50_ms'])} ms",
+                        flush=True,
+                    )
         return [self._row(phase, name, "search", conc, outs[name]) for name, _ in searches]
 
     # -- phases ----------------------------------------------------------------------------------------
