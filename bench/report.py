@@ -337,7 +337,9 @@ def markdown(res: dict[str, Any]) -> str:
         f"queries near cluster centres (not from the data); importance uniform [0,1], create_time uniform "
         f"over the 30 days before the load, metadata bucket = i % 100 (filters `bucket < 10` / `< 1` keep "
         f"10% / 1%)",
-        f"- parameters: {p['seconds']} s per timed load ({p['size_seconds']} s at size checkpoints), "
+        f"- parameters: {p['seconds']} s per timed load ({p['size_seconds']} s at size checkpoints; "
+        f"the searches compared with each other: {p.get('rounds', 1)} alternating rounds of "
+        f"{p['seconds'] / 2 if p.get('rounds', 1) > 1 else p['seconds']} s each), "
         f"batch={p['batch']}, k={p['k']}; HNSW M=32 efConstruction=128 efSearch=64 inner product "
         f"(server defaults; Chroma and FAISS configured the same); fsync on; lifecycle off "
         f"(TIERMEM_MAINTENANCE_INTERVAL_SECONDS=0); {p['recall_queries']} sequential queries per recall row",

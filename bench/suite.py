@@ -23,8 +23,9 @@ Phases, in order:
   4. search k=10 (read_only, default combined strategy) at concurrency 1, 2, 4, 8, 16; then, at
      concurrency 1 and 16, the searches the issue compares with each other (similarity alone, the
      default with the query's text, similarity + hybrid, comprehensive + hybrid, comprehensive alone)
-     in alternating rounds (--rounds of --seconds / 2 each: the machine's speed drifts over a run, and
-     a ratio of two loads measured minutes apart would carry the drift); BatchSearchMemories of 16
+     in alternating rounds (--rounds of --seconds / 2 each, each round starting one search later: the
+     machine's speed drifts over a run, and a ratio of two loads measured minutes apart would carry the
+     drift); BatchSearchMemories of 16
      queries per call at concurrency 1.
   5. filtered search k=10 with ``where`` keeping 10% and 1% of the memories, concurrency 1 and 16.
   6. recall: sequential searches with as_of fixed, SIMILARITY strategy (recall@10 vs brute force over the
@@ -49,6 +50,7 @@ Phases, in order:
  12. plots: suite_size.png and suite_concurrency.png (bench/plot.py, matplotlib from .venv-bench).
 
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
+                                                            # (compared searches: 4 rounds of 2.5 s)
     python bench/suite.py --n 20000 --seconds 3 --no-chroma --out bench/results
     python bench/suite.py --startup-n 1000000               # adds the 1M start-up (many minutes)
     python bench/suite.py --startup-only --startup-n 1000000 --no-chroma   # that phase alone
@@ -342,15 +344,19 @@ class Suite:
     def compare(
         self, phase: str, conc: int, searches: list[tuple[str, dict[str, Any]]]
     ) -> list[dict[str, Any]]:
-        """Search loads to compare with each other (``searches``: name, request fields), measured in
-        alternating rounds (A, B, .., A, B, ..): ``--rounds`` of ``--seconds`` / 2 each. The
-        machine's speed drifts over a run; loads measured one after the other, minutes apart, would
-        carry that drift into their ratios. A row per search, its rounds taken together."""
+        """Search loads to compare with each other (``searches``: name, request fields, the names
+        distinct), measured in alternating rounds: ``--rounds`` of ``--seconds`` / 2 each, every
+        search once a round, each round starting one search later (A, B, C; B, C, A; ..) so none
+        always follows the same one. The machine's speed drifts over a run; loads measured one after
+        the other, minutes apart, would carry that drift into their ratios. A row per search, its
+        rounds taken together."""
         rounds = self.args.rounds
         seconds = self.args.seconds if rounds == 1 else self.args.seconds / 2
         outs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in searches}
+        assert len(outs) == len(searches), "compared searches need distinct names"
         for rnd in range(rounds):
-            for name, data in searches:
+            first = rnd % len(searches)
+            for name, data in searches[first:] + searches[:first]:
                 label = name if rounds == 1 else f"{name} (round {rnd + 1} of {rounds})"
                 out = self._measure(phase, label, "search", conc, seconds, queries=self.data.queries, **data)
                 outs[name].append(out)

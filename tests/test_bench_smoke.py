@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,8 +69,19 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
         (*kinds, "comprehensive, vector only")
     )
     assert len(compared) == 10 and all(r["rounds"] == 2 and "round" not in r["name"] for r in compared)
+    for r in compared:  # (the two rounds of 0.25 s pooled)
+        assert r["ops"] / r["ops_per_s"] == pytest.approx(0.5), r
+    # Alternating: every search once a round, the second round starting one search later.
+    started = re.findall(
+        r"\[search\] SearchMemories k=10 (.+?) \(round (\d) of 2\) at concurrency 1 ", proc.stdout
+    )
+    assert [int(rnd) for _, rnd in started] == [1] * 5 + [2] * 5
+    first, second = [name for name, _ in started[:5]], [name for name, _ in started[5:]]
+    assert sorted(first) == sorted((*kinds, "comprehensive, vector only")) and second == first[1:] + first[:1]
+    assert proc.stdout.count("    round ") == 20  # (each round's figures printed)
     for key in ("sim", "fused_text", "sim_hybrid", "hybrid", "comprehensive"):
-        assert results["figures"][f"{key}_c1_p50"] > 0 and results["figures"][f"{key}_hi_ops"] > 0
+        for at in ("c1", "hi"):
+            assert all(results["figures"][f"{key}_{at}_{m}"] > 0 for m in ("p50", "p99", "ops")), (key, at)
     assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
@@ -139,6 +151,9 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
     assert {r["phase"] for r in results["rows"]} == {"startup"} and len(results["rows"]) == 7
     searches = [r for r in results["rows"] if r["name"].startswith("SearchMemories")]
     assert len(searches) == 4 and all(r["rounds"] == 4 for r in searches)  # (alternating, the default 4)
+    assert all(r["ops"] / r["ops_per_s"] == pytest.approx(2.0) for r in searches)  # (4 rounds of 0.5 s)
+    for key in ("big_sim", "big_fused_text"):
+        assert results["figures"][f"{key}_c1_p50"] > 0 and results["figures"][f"{key}_hi_p50"] > 0
     passes = [r for r in results["rows"] if r["name"].startswith("keyword pass alone")]
     assert [r["name"].split("), ")[1].split(",")[0] for r in passes] == ["kernel", "tantivy", "bm25s"]
     assert all(r["p50_ms"] > 0 for r in passes)
