@@ -339,7 +339,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"10% / 1%)",
         f"- parameters: {p['seconds']} s per timed load ({p['size_seconds']} s at size checkpoints; "
         f"the searches compared with each other: {p.get('rounds', 1)} alternating rounds of "
-        f"{p['seconds'] / 2 if p.get('rounds', 1) > 1 else p['seconds']} s each), "
+        f"{p.get('round_seconds', p['seconds'])} s each), "
         f"batch={p['batch']}, k={p['k']}; HNSW M=32 efConstruction=128 efSearch=64 inner product "
         f"(server defaults; Chroma and FAISS configured the same); fsync on; lifecycle off "
         f"(TIERMEM_MAINTENANCE_INTERVAL_SECONDS=0); {p['recall_queries']} sequential queries per recall row",

@@ -25,8 +25,7 @@ Phases, in order:
      default with the query's text, similarity + hybrid, comprehensive + hybrid, comprehensive alone)
      in alternating rounds (--rounds of --seconds / 2 each, each round starting one search later: the
      machine's speed drifts over a run, and a ratio of two loads measured minutes apart would carry the
-     drift); BatchSearchMemories of 16
-     queries per call at concurrency 1.
+     drift); BatchSearchMemories of 16 queries per call at concurrency 1.
   5. filtered search k=10 with ``where`` keeping 10% and 1% of the memories, concurrency 1 and 16.
   6. recall: sequential searches with as_of fixed, SIMILARITY strategy (recall@10 vs brute force over the
      allowed rows) and default strategy (top-10 overlap vs an exact combined scoring), unfiltered, 10%, 1%.
@@ -321,6 +320,12 @@ class Suite:
 
     def _row(self, phase: str, name: str, op: str, conc: int, outs: list[dict[str, Any]]) -> dict[str, Any]:
         """The row of one or more timed loads of the same kind, taken together."""
+        unit = "queries/s" if op == "batch_search" else "ops/s"
+        return self.add_row(phase, name, conc, self._summary(op, outs), unit)
+
+    @staticmethod
+    def _summary(op: str, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        """``summarize`` of one or more timed loads of the same kind, taken together."""
         per_op = BATCH_SEARCH if op == "batch_search" else 1
         lat: dict[str, list[np.ndarray]] = {}
         for out in outs:
@@ -334,7 +339,7 @@ class Suite:
             r["rounds"] = len(outs)
         if op == "mix":
             r["by_kind"] = {k: summarize(v, seconds) for k, v in by_kind.items()}
-        return self.add_row(phase, name, conc, r, "queries/s" if per_op > 1 else "ops/s")
+        return r
 
     def search(
         self, phase: str, name: str, conc: int, seconds: float | None = None, **data: Any
@@ -342,32 +347,39 @@ class Suite:
         return self.load(phase, name, "search", conc, seconds, queries=self.data.queries, **data)
 
     def compare(
-        self, phase: str, conc: int, searches: list[tuple[str, dict[str, Any]]]
-    ) -> list[dict[str, Any]]:
-        """Search loads to compare with each other (``searches``: name, request fields, the names
-        distinct), measured in alternating rounds: ``--rounds`` of ``--seconds`` / 2 each, every
-        search once a round, each round starting one search later (A, B, C; B, C, A; ..) so none
-        always follows the same one. The machine's speed drifts over a run; loads measured one after
-        the other, minutes apart, would carry that drift into their ratios. A row per search, its
-        rounds taken together."""
-        rounds = self.args.rounds
-        seconds = self.args.seconds if rounds == 1 else self.args.seconds / 2
-        outs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in searches}
-        assert len(outs) == len(searches), "compared searches need distinct names"
-        for rnd in range(rounds):
-            first = rnd % len(searches)
-            for name, data in searches[first:] + searches[:first]:
-                label = name if rounds == 1 else f"{name} (round {rnd + 1} of {rounds})"
-                out = self._measure(phase, label, "search", conc, seconds, queries=self.data.queries, **data)
-                outs[name].append(out)
-                if rounds > 1:  # (each round's own figures: how far the machine drifted between them)
-                    lat = np.concatenate(list(out["latencies"].values()) or [np.empty(0)])
-                    r = summarize(lat, out["seconds"])
-                    print(
-                        f"    round {rnd + 1}: {r['ops_per_s']:,.0f} ops/s  p50 {fmt(r['p50_ms'])} ms",
-                        flush=True,
+        self, phase: str, searches: list[tuple[str, str, dict[str, Any]]], figures: tuple[str, ...]
+    ) -> None:
+        """Search loads to compare with each other (``searches``: figure key, row name, request
+        fields; names distinct), at concurrency 1 and high, each measured in alternating rounds:
+        ``--rounds`` of ``round_seconds`` each, every search once a round, each round starting one
+        search later (A, B, C; B, C, A; ..) so none always follows the same one. The machine's speed
+        drifts over a run; loads measured one after the other, minutes apart, would carry that drift
+        into their ratios. A row per search and concurrency, its rounds taken together; its
+        ``figures`` (of p50, p99, ops) as ``<key>_c1_<figure>`` and ``<key>_hi_<figure>``."""
+        rounds, seconds = self.args.rounds, self.args.round_seconds
+        assert len({name for _, name, _ in searches}) == len(searches), (
+            "compared searches need distinct names"
+        )
+        fields = {"p50": "p50_ms", "p99": "p99_ms", "ops": "ops_per_s"}
+        for conc, at in ((1, "c1"), (self.hi, "hi")):
+            outs: dict[str, list[dict[str, Any]]] = {name: [] for _, name, _ in searches}
+            for rnd in range(rounds):
+                first = rnd % len(searches)
+                for _, name, data in searches[first:] + searches[:first]:
+                    label = name if rounds == 1 else f"{name} (round {rnd + 1} of {rounds})"
+                    out = self._measure(
+                        phase, label, "search", conc, seconds, queries=self.data.queries, **data
                     )
-        return [self._row(phase, name, "search", conc, outs[name]) for name, _ in searches]
+                    outs[name].append(out)
+                    if rounds > 1:  # (each round's own figures: how far the machine drifted between them)
+                        r = self._summary("search", [out])
+                        print(
+                            f"    round {rnd + 1}: {r['ops_per_s']:,.0f} ops/s  p50 {fmt(r['p50_ms'])} ms",
+                            flush=True,
+                        )
+            for key, name, _ in searches:
+                row = self._row(phase, name, "search", conc, outs[name])
+                self.figures |= {f"{key}_{at}_{f}": row[fields[f]] for f in figures}
 
     # -- phases ----------------------------------------------------------------------------------------
 
@@ -547,23 +559,15 @@ class Suite:
         rank fusion with the similarity and the comprehensive rankings) and the comprehensive
         ranking alone (what hybrid on it costs at least), in alternating rounds (``compare``)."""
         texts = self.data.query_texts
-        searches = (
+        searches = [
             ("sim", "similarity strategy", {"strategy": SIMILARITY}),
             ("fused_text", "default, vector + text", {"texts": texts}),
             ("sim_hybrid", "similarity + hybrid", {"texts": texts, "hybrid": True, "strategy": SIMILARITY}),
             ("hybrid", "comprehensive + hybrid", {"texts": texts, "hybrid": True, "strategy": COMPREHENSIVE}),
             ("comprehensive", "comprehensive, vector only", {"strategy": COMPREHENSIVE}),
-        )
-        for conc, at in ((1, "c1"), (self.hi, "hi")):
-            rows = self.compare(
-                "search", conc, [(f"SearchMemories k={K} {name}", extra) for _, name, extra in searches]
-            )
-            for (key, _, _), r in zip(searches, rows, strict=True):
-                self.figures |= {
-                    f"{key}_{at}_p50": r["p50_ms"],
-                    f"{key}_{at}_p99": r["p99_ms"],
-                    f"{key}_{at}_ops": r["ops_per_s"],
-                }
+        ]
+        named = [(key, f"SearchMemories k={K} {name}", extra) for key, name, extra in searches]
+        self.compare("search", named, ("p50", "p99", "ops"))
 
     def filtered_search(self) -> None:
         for sel in SELECTIVITIES:
@@ -1070,18 +1074,14 @@ class Suite:
         saved = self.pool, self.server
         self.pool, self.server = pool, server
         try:
-            searches = (
+            searches = [
                 ("big_sim", "similarity strategy", {"strategy": SIMILARITY}),
                 ("big_fused_text", "default, vector + text", {"texts": self.data.query_texts}),
-            )
-            for conc, at in ((1, "c1"), (self.hi, "hi")):
-                rows = self.compare(
-                    "startup",
-                    conc,
-                    [(f"SearchMemories k={K} {name}, {n:,} memories", extra) for _, name, extra in searches],
-                )
-                for (key, _, _), r in zip(searches, rows, strict=True):
-                    self.figures[f"{key}_{at}_p50"] = r["p50_ms"]
+            ]
+            named = [
+                (key, f"SearchMemories k={K} {name}, {n:,} memories", extra) for key, name, extra in searches
+            ]
+            self.compare("startup", named, ("p50",))
         finally:
             self.pool, self.server = saved
             pool.close()
@@ -1252,6 +1252,7 @@ def parse_args() -> argparse.Namespace:
     if args.startup_only and args.startup_n <= 0:
         p.error("--startup-only needs --startup-n N")
     args.size_seconds = args.size_seconds or args.seconds / 2
+    args.round_seconds = args.seconds if args.rounds == 1 else args.seconds / 2  # (a compared search's round)
     args.size_points = [float(x) for x in args.size_points.split(",") if x.strip()]
     return args
 
