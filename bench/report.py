@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 TARGET_STARTUP_N = 1_000_000  # the issue's start-up target is stated for 1,000,000 memories
@@ -44,6 +45,14 @@ def _div(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def _per_round(a: list[float] | None, b: list[float] | None) -> list[float]:
+    """The ratios a / b of each round's figures (none when either is missing or a round lacks one)."""
+    if not a or not b or len(a) != len(b):
+        return []
+    ratios = [_div(x, y) for x, y in zip(a, b, strict=True)]
+    return [] if any(r is None for r in ratios) else [r for r in ratios if r is not None]
+
+
 def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Every ratio the issue asks for, from the figures in ``res`` (missing figures give value None)."""
     hi = res["params"]["concurrency"]
@@ -77,6 +86,19 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     ):
         le(f"{label} c1 p50 / similarity c1 p50", f.get(f"{key}_c1_p50"), f.get("sim_c1_p50"), 1.3)
         le(f"{label} c{hi} p50 / similarity c{hi} p50", f.get(f"{key}_hi_p50"), f.get("sim_hi_p50"), 1.3)
+    for c, at in (("c1", "c1"), (f"c{hi}", "hi")):  # (how far such a ratio moves within the run)
+        per_round = _per_round(f.get(f"fused_text_{at}_p50_rounds"), f.get(f"sim_{at}_p50_rounds"))
+        if per_round:
+            out.append(
+                ratio(
+                    f"default with text {c} p50 / similarity {c} p50, round by round: "
+                    + ", ".join(f"{r:.2f}" for r in per_round)
+                    + " (the median)",
+                    statistics.median(per_round),
+                    "context (the rounds' scatter)",
+                    None,
+                )
+            )
     # Hybrid on the comprehensive ranking runs that ranking 5x as deep, then the keyword pass.
     for c, label in (("c1", "c1"), ("hi", f"c{hi}")):
         out.append(

@@ -355,7 +355,9 @@ class Suite:
         search later (A, B, C; B, C, A; ..) so none always follows the same one. The machine's speed
         drifts over a run; loads measured one after the other, minutes apart, would carry that drift
         into their ratios. A row per search and concurrency, its rounds taken together; its
-        ``figures`` (of p50, p99, ops) as ``<key>_c1_<figure>`` and ``<key>_hi_<figure>``."""
+        ``figures`` (of p50, p99, ops) as ``<key>_c1_<figure>`` and ``<key>_hi_<figure>``, and with
+        several rounds each round's p50 as ``<key>_<c1|hi>_p50_rounds`` (how far a ratio moves
+        between rounds of one run)."""
         rounds, seconds = self.args.rounds, self.args.round_seconds
         assert len({name for _, name, _ in searches}) == len(searches), (
             "compared searches need distinct names"
@@ -380,6 +382,10 @@ class Suite:
             for key, name, _ in searches:
                 row = self._row(phase, name, "search", conc, outs[name])
                 self.figures |= {f"{key}_{at}_{f}": row[fields[f]] for f in figures}
+                if rounds > 1:
+                    self.figures[f"{key}_{at}_p50_rounds"] = [
+                        self._summary("search", [out])["p50_ms"] for out in outs[name]
+                    ]
 
     # -- phases ----------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -79,9 +80,20 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     first, second = [name for name, _ in started[:5]], [name for name, _ in started[5:]]
     assert sorted(first) == sorted((*kinds, "comprehensive, vector only")) and second == first[1:] + first[:1]
     assert proc.stdout.count("    round ") == 20  # (each round's figures printed)
+    figures = results["figures"]
     for key in ("sim", "fused_text", "sim_hybrid", "hybrid", "comprehensive"):
         for at in ("c1", "hi"):
-            assert all(results["figures"][f"{key}_{at}_{m}"] > 0 for m in ("p50", "p99", "ops")), (key, at)
+            assert all(figures[f"{key}_{at}_{m}"] > 0 for m in ("p50", "p99", "ops")), (key, at)
+            each = figures[f"{key}_{at}_p50_rounds"]  # (each round's own p50)
+            pooled = figures[f"{key}_{at}_p50"]  # (the median of both rounds together: between theirs)
+            assert len(each) == 2 and min(each) - 1e-9 <= pooled <= max(each) + 1e-9, (key, at, each)
+    scatter = [r for r in results["ratios"] if "round by round" in r["name"]]
+    assert [r["name"].split(" p50")[0] for r in scatter] == ["default with text c1", "default with text c16"]
+    for r, at in zip(scatter, ("c1", "hi"), strict=True):
+        text, similarity = figures[f"fused_text_{at}_p50_rounds"], figures[f"sim_{at}_p50_rounds"]
+        each = [a / b for a, b in zip(text, similarity, strict=True)]
+        assert r["value"] == pytest.approx(statistics.median(each)) and r["meets"] is None
+        assert r["name"].endswith(", ".join(f"{x:.2f}" for x in each) + " (the median)")
     assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
