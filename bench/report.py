@@ -49,8 +49,13 @@ def _per_round(a: list[float] | None, b: list[float] | None) -> list[float]:
     """The ratios a / b of each round's figures (none when either is missing or a round lacks one)."""
     if not a or not b or len(a) != len(b):
         return []
-    ratios = [_div(x, y) for x, y in zip(a, b, strict=True)]
-    return [] if any(r is None for r in ratios) else [r for r in ratios if r is not None]
+    out = []
+    for x, y in zip(a, b, strict=True):
+        r = _div(x, y)
+        if r is None:
+            return []
+        out.append(r)
+    return out
 
 
 def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:

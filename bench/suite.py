@@ -365,6 +365,7 @@ class Suite:
         fields = {"p50": "p50_ms", "p99": "p99_ms", "ops": "ops_per_s"}
         for conc, at in ((1, "c1"), (self.hi, "hi")):
             outs: dict[str, list[dict[str, Any]]] = {name: [] for _, name, _ in searches}
+            p50s: dict[str, list[float]] = {name: [] for _, name, _ in searches}  # (each round's own)
             for rnd in range(rounds):
                 first = rnd % len(searches)
                 for _, name, data in searches[first:] + searches[:first]:
@@ -375,6 +376,7 @@ class Suite:
                     outs[name].append(out)
                     if rounds > 1:  # (each round's own figures: how far the machine drifted between them)
                         r = self._summary("search", [out])
+                        p50s[name].append(r["p50_ms"])
                         print(
                             f"    round {rnd + 1}: {r['ops_per_s']:,.0f} ops/s  p50 {fmt(r['p50_ms'])} ms",
                             flush=True,
@@ -383,9 +385,7 @@ class Suite:
                 row = self._row(phase, name, "search", conc, outs[name])
                 self.figures |= {f"{key}_{at}_{f}": row[fields[f]] for f in figures}
                 if rounds > 1:
-                    self.figures[f"{key}_{at}_p50_rounds"] = [
-                        self._summary("search", [out])["p50_ms"] for out in outs[name]
-                    ]
+                    self.figures[f"{key}_{at}_p50_rounds"] = p50s[name]
 
     # -- phases ----------------------------------------------------------------------------------------
 
