@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _jit
-from ._checks import _check
+from ._checks import _check, _floor_table, _table, score_columns
 
 __all__ = [
     "DEFAULT_SURPRISE_ALPHA",
@@ -54,37 +54,6 @@ def _half_lives(half_life_hours: np.ndarray | list[float]) -> np.ndarray:
     if np.any(np.isnan(hl)):
         raise ValueError("half_life_hours must not be NaN")
     return hl
-
-
-def _table(name: str, table: np.ndarray | list[Any], dtype: type, width: int | None = 5) -> np.ndarray:
-    """A per-namespace lookup table: (namespaces, width) or, with width None, (namespaces,)."""
-    t: np.ndarray = np.ascontiguousarray(table, dtype=dtype)
-    if width is None:
-        if t.ndim != 1 or t.shape[0] == 0:
-            raise ValueError(f"{name} must be a non-empty 1-D table indexed by namespace id")
-    elif t.ndim != 2 or t.shape[1] != width or t.shape[0] == 0:
-        raise ValueError(f"{name} must have shape (namespaces, {width})")
-    if t.dtype.kind == "f" and np.any(np.isnan(t)):
-        raise ValueError(f"{name} must not hold NaN")
-    return t
-
-
-def _half_life_table(half_life_hours: np.ndarray | list[Any]) -> np.ndarray:
-    """One row of 5 (every namespace) or a (namespaces, 5) table, as float64."""
-    hl = np.asarray(half_life_hours, dtype=np.float64)
-    return _table("half_life_hours", hl.reshape(1, -1) if hl.ndim == 1 else hl, np.float64)
-
-
-def _floor_table(floor: float | np.ndarray, rows: int) -> np.ndarray:
-    """The decay floor per namespace, float64 (rows,): one value for all, or a table of that length."""
-    if np.ndim(floor) == 0:
-        if not 0.0 <= float(floor) <= 1.0:  # (NaN fails too)
-            raise ValueError("floor must be in [0, 1]")
-        return np.full(rows, float(floor), np.float64)
-    t = _table("floor", floor, np.float64, None)  # type: ignore[arg-type]
-    if t.shape[0] != rows:
-        raise ValueError("floor must have one entry per row of the half-life table")
-    return t
 
 
 def _check_tiers(tier: np.ndarray) -> None:
@@ -164,20 +133,9 @@ def score_rows(
     """
     m = _check("rows", rows, np.int64).shape[0]
     _check("relevance", relevance, np.float32, m)
-    n = _check("importance", importance, np.float32).shape[0]
-    _check("created_at", created_at, np.float64, n)
-    _check("last_access", last_access, np.float64, n)
-    _check("tier", tier, np.int8, n)
-    if not tau_seconds > 0:
-        raise ValueError("tau_seconds must be > 0")
-    hl = _half_life_table(half_life_hours)
-    if hl.shape[0] > 1:
-        if ns is None:
-            raise ValueError("ns is required with a per-namespace half_life_hours table")
-        _check("ns", ns, np.int32, n)
-    else:
-        ns = np.zeros(1, np.int32)
-    fl = _floor_table(floor, hl.shape[0])
+    hl, fl, ns = score_columns(
+        importance, created_at, last_access, tier, tau_seconds, half_life_hours, floor, ns
+    )
     score = np.empty(m, np.float32)
     rec = np.empty(m, np.float32)
     imp = np.empty(m, np.float32)
@@ -710,7 +668,7 @@ class _Tiny:
 
 def _warm_keywords(tiny: _Tiny) -> None:
     """Keyword search: BM25 over sorted and appended postings, with probes; the fused score."""
-    from tiermem.kernels import keywords
+    from tiermem.kernels import fusion, keywords
 
     i32, f32, b = tiny.i32, tiny.f32, tiny.b
     key = np.array([0], np.int32)
@@ -730,9 +688,22 @@ def _warm_keywords(tiny: _Tiny) -> None:
         two, np.array([0, 1, 2], np.int64), two, np.array([5.0, 1.0], np.float32), i32, u16
     )
     keywords.bm25((skewed,), two, np.array([3.0, 0.1]), i32, b, 1.0, probe=tiny.rows, depth=1)
-    keywords.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
-    keywords.fusion_rows(tiny.rows, tiny.rows[:1])
-    keywords.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
+    fusion.fused_scores(f32, f32, f32, f32, 0.5, 0.5, 1.0, 0.1, 0.1)
+    fusion.fusion_rows(tiny.rows, tiny.rows[:1])
+    fusion.fused_scores(None, None, f32, f32, 0.0, 0.0, 1.0, 0.1, 0.1)
+    columns = {"importance": f32, "created_at": tiny.f64, "last_access": tiny.f64, "tier": tiny.t8}
+    for ns_table in (np.ones(5), np.ones((2, 5))):  # (one table for all, one per namespace)
+        fusion.fused_rank(
+            tiny.rows, f32, tiny.rows[:1], f32[:1], f32[:1], f32, use_sim=True, use_kw=True,
+            now=1.0, tau_seconds=60.0, half_life_hours=ns_table, floor=0.1, w_sim=0.5, w_kw=0.5,
+            alpha=1.0, beta=0.1, gamma=0.1, ns=tiny.i32, **columns,
+        )  # fmt: skip
+        for row_w in (None, f32):
+            fusion.rrf_rank(
+                (tiny.rows, f32, f32, f32, f32), tiny.rows[:1], f32[:1], f32[:1], rrf_k=60, w_vec=1.0,
+                w_kw=1.0, row_w=row_w, min_similarity=None, now=1.0, tau_seconds=60.0,
+                half_life_hours=ns_table, floor=0.1, alpha=1.0, beta=0.1, gamma=0.1, ns=tiny.i32, **columns,
+            )  # fmt: skip
     keywords.keys_by_row(i32, i32)  # (a compaction's; a restore runs before this)
 
 

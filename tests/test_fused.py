@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tiermem.kernels import keywords as kw_kernels
+from tiermem.kernels import fusion
 from tiermem.server.search.fused import FusedWeights, fused_scores
 
 
@@ -53,9 +53,9 @@ def test_fused_kernel_matches_the_reference(seed: int) -> None:
 def test_fused_kernel_checks_its_inputs() -> None:
     x = np.zeros(3, np.float32)
     with pytest.raises(ValueError, match="one entry per candidate"):
-        kw_kernels.fused_scores(np.zeros(2, np.float32), x, x, x, 0.5, 0.5, 1, 0.1, 0.1)
+        fusion.fused_scores(np.zeros(2, np.float32), x, x, x, 0.5, 0.5, 1, 0.1, 0.1)
     with pytest.raises(ValueError, match="rec"):
-        kw_kernels.fused_scores(x, x, x.astype(np.float64), x, 0.5, 0.5, 1, 0.1, 0.1)
+        fusion.fused_scores(x, x, x.astype(np.float64), x, 0.5, 0.5, 1, 0.1, 0.1)
 
 
 W = FusedWeights()
@@ -117,10 +117,162 @@ def test_fusion_rows_match_numpy(seed: int) -> None:
         lo = max(100, nv)  # (rows not in v_rows)
         k_rows = rng.permutation(np.concatenate([pool[: nv // 2], pool[lo : lo + nk - nv // 2]]))[:nk]
         k_rows = k_rows.astype(np.int64)
-        new, k_rank = kw_kernels.fusion_rows(v_rows, k_rows)
+        new, k_rank = fusion.fusion_rows(v_rows, k_rows)
         np.testing.assert_array_equal(new, ~np.isin(k_rows, v_rows))
         rows = np.concatenate([v_rows, k_rows[new]])
         where = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
         np.testing.assert_array_equal(k_rank, [where.get(int(r), 0) for r in rows])
     with pytest.raises(ValueError):
-        kw_kernels.fusion_rows(np.zeros(2, np.int32), np.zeros(2, np.int64))
+        fusion.fusion_rows(np.zeros(2, np.int32), np.zeros(2, np.int64))
+
+
+def reference_rec_imp(rows, cols, now, tau, hl, floor):
+    """Recency and decayed importance of ``rows`` in plain NumPy (float64, rounded to float32)."""
+    age = np.maximum(now - cols["created_at"][rows], 0.0) / 3600.0
+    half = hl[cols["ns"][rows], cols["tier"][rows]]
+    decays = (half > 0) & np.isfinite(half)
+    imp = cols["importance"][rows].astype(np.float64)
+    with np.errstate(all="ignore"):
+        decayed = np.where(decays, imp * 0.5 ** (age / np.where(decays, half, 1.0)), imp)
+    decayed = np.where(decays, np.maximum(decayed, floor[cols["ns"][rows]] * imp), imp)
+    rec = np.exp(-np.maximum(now - cols["last_access"][rows], 0.0) / tau)
+    return rec.astype(np.float32), decayed.astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fused_rank_matches_numpy(seed: int) -> None:
+    """The search path's one call: the candidates joined, scored and fused as the plain NumPy
+    reference does it step by step."""
+    rng = np.random.default_rng(seed)
+    n, now, tau = 300, 1.0e9, 3600.0
+    cols = {
+        "importance": rng.random(n).astype(np.float32),
+        "created_at": now - rng.random(n) * 1e6,
+        "last_access": now - rng.random(n) * 1e5 + 50.0,  # (some in the future: recency 1)
+        "tier": rng.integers(0, 5, n).astype(np.int8),
+        "ns": rng.integers(0, 3, n).astype(np.int32),
+    }
+    hl = rng.random((3, 5)) * 500.0
+    hl[0, 4], hl[1, 0] = np.inf, 0.0  # no decay
+    floor = np.array([0.0, 0.2, 0.5])
+    for nv, nk in ((0, 0), (0, 7), (9, 0), (30, 25), (50, 50)):
+        pool = rng.permutation(n).astype(np.int64)
+        v_rows = pool[:nv]
+        k_rows = rng.permutation(np.concatenate([pool[: nv // 3], pool[nv : nv + nk - nv // 3]]))[:nk]
+        v_sims, k_sims, k_scores, probed = (rng.random(m).astype(np.float32) for m in (nv, nk, nk, nv))
+        probed[: nv // 4] = 0.0  # similarity rows without a keyword
+        for use_sim, use_kw in ((True, True), (True, False), (False, True)):
+            w = FusedWeights(1.0, 0.1, 0.2, 0.6, 0.4)
+            got = fusion.fused_rank(
+                v_rows, v_sims, k_rows, k_sims, k_scores, probed, use_sim=use_sim, use_kw=use_kw,
+                now=now, tau_seconds=tau, half_life_hours=hl, floor=floor, w_sim=w.vector, w_kw=w.keyword,
+                alpha=w.alpha, beta=w.beta, gamma=w.gamma, **cols,
+            )  # fmt: skip
+            new = ~np.isin(k_rows, v_rows)
+            rows = np.concatenate([v_rows, k_rows[new]])
+            rel = np.concatenate([v_sims, k_sims[new]])
+            kw = np.concatenate([probed, k_scores[new]])
+            at = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
+            rec, imp = reference_rec_imp(rows, cols, now, tau, hl, floor)
+            score, _ = reference_fused(rel if use_sim else None, kw if use_kw else None, rec, imp, w)
+            np.testing.assert_array_equal(got.rows, rows)
+            np.testing.assert_array_equal(got.rel, rel)
+            np.testing.assert_array_equal(got.keyword_score, kw)
+            np.testing.assert_array_equal(got.vector_rank, [i + 1 if i < nv else 0 for i in range(len(rows))])
+            np.testing.assert_array_equal(got.keyword_rank, [at.get(int(r), 0) for r in rows])
+            np.testing.assert_allclose(got.rec, rec, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got.imp, imp, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got.score, score, atol=1e-5)
+
+
+def test_fused_rank_checks_its_inputs() -> None:
+    f32, rows = np.zeros(2, np.float32), np.array([0, 1], np.int64)
+    cols = {
+        "importance": f32,
+        "created_at": np.zeros(2),
+        "last_access": np.zeros(2),
+        "tier": np.zeros(2, np.int8),
+        "now": 1.0,
+        "tau_seconds": 60.0,
+        "half_life_hours": np.ones(5),
+        "floor": 0.0,
+    }
+    weights = {"w_sim": 0.5, "w_kw": 0.5, "alpha": 1.0, "beta": 0.1, "gamma": 0.1}
+    with pytest.raises(ValueError, match="probed"):
+        fusion.fused_rank(rows, f32, rows, f32, f32, f32[:1], use_sim=True, use_kw=True, **cols, **weights)
+    with pytest.raises(ValueError, match="k_rows"):
+        fusion.fused_rank(
+            rows, f32, rows.astype(np.int32), f32, f32, f32, use_sim=True, use_kw=True, **cols, **weights
+        )
+    with pytest.raises(ValueError, match="rows out of range"):
+        fusion.fused_rank(rows + 5, f32, rows, f32, f32, f32, use_sim=True, use_kw=True, **cols, **weights)
+    bad_tau = cols | {"tau_seconds": 0.0}
+    with pytest.raises(ValueError, match="tau_seconds"):
+        fusion.fused_rank(rows, f32, rows, f32, f32, f32, use_sim=True, use_kw=True, **bad_tau, **weights)
+
+
+def test_warm_up_compiles_the_fusion_kernels() -> None:
+    """A server compiles its kernels before it reports SERVING: the fusion ones too."""
+    from tiermem import kernels
+
+    kernels.warm_up()
+    for name in ("_fused", "_fusion_rows", "_fused_rank", "_rrf_rank"):
+        assert getattr(fusion, name).signatures, name
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rrf_rank_matches_numpy(seed: int) -> None:
+    """Reciprocal rank fusion in one call: the keyword rows the vector list lacks scored (row weight,
+    similarity floor) and every candidate fused, as plain NumPy does it step by step."""
+    rng = np.random.default_rng(100 + seed)
+    n, now, tau, k = 300, 1.0e9, 3600.0, 60
+    cols = {
+        "importance": rng.random(n).astype(np.float32),
+        "created_at": now - rng.random(n) * 1e6,
+        "last_access": now - rng.random(n) * 1e5,
+        "tier": rng.integers(0, 5, n).astype(np.int8),
+        "ns": np.zeros(n, np.int32),
+    }
+    hl, floor = rng.random((1, 5)) * 500.0, np.array([0.1])
+    alpha, beta, gamma = 0.5, 0.3, 0.2
+    for nv, nk in ((0, 0), (0, 7), (9, 0), (30, 25), (50, 50)):
+        pool = rng.permutation(n).astype(np.int64)
+        v_rows = pool[:nv]
+        k_rows = rng.permutation(np.concatenate([pool[: nv // 3], pool[nv : nv + nk - nv // 3]]))[:nk]
+        vector = (v_rows, *(rng.random(nv).astype(np.float32) for _ in range(4)))
+        k_sims, k_scores = rng.random(nk).astype(np.float32), rng.random(nk).astype(np.float32) * 9
+        for row_w, min_sim in ((None, None), (rng.random(n).astype(np.float32) + 0.5, 0.4)):
+            got = fusion.rrf_rank(
+                vector, k_rows, k_sims, k_scores, rrf_k=k, w_vec=0.7, w_kw=1.3, row_w=row_w,
+                min_similarity=min_sim, now=now, tau_seconds=tau, half_life_hours=hl, floor=floor,
+                alpha=alpha, beta=beta, gamma=gamma, **cols,
+            )  # fmt: skip
+            new = ~np.isin(k_rows, v_rows)
+            extra = k_rows[new]
+            rec, imp = reference_rec_imp(extra, cols, now, tau, hl, floor)
+            rel = k_sims[new]
+            score = (alpha * rel.astype(np.float64) + beta * rec.astype(np.float64) + gamma * imp).astype(
+                np.float32
+            )
+            if row_w is not None:
+                score = score * row_w[extra]
+            if min_sim is not None:
+                score[rel < min_sim] = np.nan
+            rows = np.concatenate([v_rows, extra])
+            at = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
+            k_rank = np.array([at.get(int(r), 0) for r in rows], np.int64)
+            v_rank = np.array([i + 1 if i < nv else 0 for i in range(len(rows))], np.int64)
+            fused = np.zeros(len(rows), np.float32)
+            fused[v_rank > 0] += 0.7 / (k + v_rank[v_rank > 0])
+            fused[k_rank > 0] += 1.3 / (k + k_rank[k_rank > 0])
+            fused[fused <= 0] = np.nan
+            np.testing.assert_array_equal(got.rows, rows)
+            np.testing.assert_array_equal(got.rel, np.concatenate([vector[1], rel]))
+            np.testing.assert_array_equal(got.vector_rank, v_rank)
+            np.testing.assert_array_equal(got.keyword_rank, k_rank)
+            np.testing.assert_array_equal(got.fused, fused)
+            kw = np.array([k_scores[i - 1] if i else 0.0 for i in k_rank], np.float32)
+            np.testing.assert_array_equal(got.keyword_score, kw)
+            np.testing.assert_allclose(got.score, np.concatenate([vector[2], score]), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got.rec, np.concatenate([vector[3], rec]), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got.imp, np.concatenate([vector[4], imp]), rtol=1e-5, atol=1e-6)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermem import kernels
-from tiermem.kernels import keywords as kw_kernels
+from tiermem.kernels import fusion
 from tiermem.server.search.keywords import KeywordScores
 from tiermem.server.search.ranking import Ranked, Scored, Scorer
 
@@ -41,7 +41,7 @@ def fused_scores(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(score, relevance) of each candidate; ``similarity`` / ``keyword`` None when the request has no
     vector / no text (a candidate a signal did not find has its minimum: 0 keyword score)."""
-    return kw_kernels.fused_scores(
+    return fusion.fused_scores(
         similarity, keyword, recency, importance, w.vector, w.keyword, w.alpha, w.beta, w.gamma
     )
 
@@ -72,30 +72,35 @@ def rank_fused(
     """The fused ranking of the candidates: ``vector``, the rows found by similarity (best first; the
     keyword scores probed for them), and the ``depth`` best keyword matches, those the vector list
     lacks with their similarity looked up (0 when they have no vector in the query's space). Every
-    candidate is scored once, by ``scorer``, for its recency and importance."""
-    rows = np.empty(0, np.int64) if vector is None else vector.rows
-    rel = None if vector is None else vector.sims
-    kw = k_rank = None
-    if keywords is not None:
-        k_rows = keywords.rows[:depth]  # (best first already)
-        new, k_rank = kw_kernels.fusion_rows(rows, k_rows)
-        extra = k_rows[new]
-        kw = np.concatenate([keywords.probed, keywords.scores[:depth][new]])
-        if extra.shape[0]:
-            if rel is not None or scorer.query is not None:
-                rel = np.concatenate(
-                    [np.zeros(0, np.float32) if rel is None else rel, scorer.relevance(extra)]
-                )
-            rows = np.concatenate([rows, extra])
-    scored = scorer(rows, rel=rel if rel is not None else np.zeros(rows.shape[0], np.float32))
-    v_rank = None
-    if vector is not None:
-        v_rank = np.zeros(rows.shape[0], np.int64)
-        v_rank[: vector.rows.shape[0]] = np.arange(1, vector.rows.shape[0] + 1)
-    has_vector = vector is not None and vector.sims is not None
-    base, _ = fused_scores(scored.rel if has_vector else None, kw, scored.rec, scored.imp, weights)
-    score = base if row_w is None else base * row_w[rows]
+    candidate is scored once, for its recency and importance, in one kernel call (``fused_rank``)."""
+    v_rows = _NO_ROWS if vector is None else vector.rows
+    use_sim = vector is not None and vector.sims is not None
+    v_sims = vector.sims if vector is not None and vector.sims is not None else _zeros(v_rows.shape[0])
+    if keywords is None:
+        k_rows, k_sims, k_scores, probed = _NO_ROWS, _zeros(0), _zeros(0), _zeros(v_rows.shape[0])
+    else:
+        k_rows, k_scores, probed = keywords.rows[:depth], keywords.scores[:depth], keywords.probed
+        k_sims = scorer.relevance(k_rows)  # (those of rows the vector list holds go unread)
+    w = weights
+    f = fusion.fused_rank(
+        v_rows, v_sims, k_rows, k_sims, k_scores, probed, use_sim=use_sim, use_kw=keywords is not None,
+        w_sim=w.vector, w_kw=w.keyword, alpha=w.alpha, beta=w.beta, gamma=w.gamma, **scorer.columns,
+    )  # fmt: skip
+    score = f.score if row_w is None else f.score * row_w[f.rows]
     if min_similarity is not None:
-        score = np.where(scored.rel < min_similarity, np.float32(np.nan), score)
-    ranked = Scored(rows, scored.rel, base, scored.rec, scored.imp)  # base: the fused score before weights
-    return Ranked(ranked, score, vector_rank=v_rank, keyword_rank=k_rank, keyword_score=kw)
+        score = np.where(f.rel < min_similarity, np.float32(np.nan), score)
+    ranked = Scored(f.rows, f.rel, f.score, f.rec, f.imp)  # (the fused score before weights)
+    return Ranked(
+        ranked,
+        score,
+        vector_rank=None if vector is None else f.vector_rank,
+        keyword_rank=None if keywords is None else f.keyword_rank,
+        keyword_score=None if keywords is None else f.keyword_score,
+    )
+
+
+_NO_ROWS = np.empty(0, np.int64)
+
+
+def _zeros(n: int) -> np.ndarray:
+    return np.zeros(n, np.float32)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermem import kernels
-from tiermem.kernels import keywords as kw_kernels
+from tiermem.kernels import fusion
 from tiermem.kernels.keywords import Sums, no_sums
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.index.keyword_index import keyword_sums
@@ -65,30 +65,24 @@ def bm25(
 def fuse(keywords: KeywordScores, hybrid: Hybrid, scored: Scored, depth: int, scorer: Scorer) -> Ranked:
     """Reciprocal rank fusion of the vector (combined score) list and the keyword (BM25) list,
     each cut at ``depth``: fused = w_v / (k + rank_v) + w_k / (k + rank_k). Keyword rows not in
-    the vector list are scored by ``scorer`` (relevance 0 when they have no vector yet)."""
-    k, w_vec, w_kw = hybrid.rrf_k, hybrid.vector_weight, hybrid.keyword_weight
+    the vector list are scored by ``scorer``'s ranking (relevance 0 when they have no vector yet),
+    in one kernel call (``rrf_rank``) with the fusion."""
     v_order = kernels.topk(scored.score, depth)
-    v_rows = scored.rows[v_order]
-    k_rows, k_scores = keywords.rows[:depth], keywords.scores[:depth]  # (best first already)
-    new, k_rank = kw_kernels.fusion_rows(v_rows, k_rows)
-    extra = scorer(k_rows[new], True)  # (keeps every row, in order)
-    all_rows = np.concatenate([v_rows, extra.rows])
-    n = all_rows.shape[0]
-    v_rank = np.zeros(n, np.int64)
-    v_rank[: v_rows.shape[0]] = np.arange(1, v_rows.shape[0] + 1)
-    found = k_rank > 0
-    kw_of = np.zeros(n, np.float32)
-    kw_of[found] = k_scores[k_rank[found] - 1]
-    fused = np.zeros(n, np.float32)
-    fused[v_rank > 0] += w_vec / (k + v_rank[v_rank > 0])
-    fused[found] += w_kw / (k + k_rank[found])
-    fused[fused <= 0] = np.nan  # in neither weighted list: not a result
-    cat = np.concatenate
-    both = Scored(
-        all_rows,
-        cat([scored.rel[v_order], extra.rel]),
-        cat([scored.score[v_order], extra.score]),
-        cat([scored.rec[v_order], extra.rec]),
-        cat([scored.imp[v_order], extra.imp]),
+    vector = (
+        scored.rows[v_order],
+        scored.rel[v_order],
+        scored.score[v_order],
+        scored.rec[v_order],
+        scored.imp[v_order],
     )
-    return Ranked(both, fused, vector_rank=v_rank, keyword_rank=k_rank, keyword_score=kw_of)
+    k_rows, k_scores = keywords.rows[:depth], keywords.scores[:depth]  # (best first already)
+    a = scorer.params
+    f = fusion.rrf_rank(
+        vector, k_rows, scorer.relevance(k_rows), k_scores, rrf_k=hybrid.rrf_k, w_vec=hybrid.vector_weight,
+        w_kw=hybrid.keyword_weight, row_w=scorer.row_w, min_similarity=a.min_similarity, alpha=a.alpha,
+        beta=a.beta, gamma=a.gamma, **scorer.columns,
+    )  # fmt: skip
+    both = Scored(f.rows, f.rel, f.score, f.rec, f.imp)
+    return Ranked(
+        both, f.fused, vector_rank=f.vector_rank, keyword_rank=f.keyword_rank, keyword_score=f.keyword_score
+    )

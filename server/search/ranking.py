@@ -139,6 +139,12 @@ class Scorer:
             "floor": tables.floor,
         }
 
+    @property
+    def columns(self) -> dict[str, Any]:
+        """The columns, tables and time this ranking scores rows with (``kernels.score_rows``'s
+        keyword arguments but the weights)."""
+        return self._score_args
+
     def similarities(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``similarities`` of ``rows`` with this ranking's query, in its space."""
         assert self.space is not None and self.query is not None
