@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tiermem import kernels
 from tiermem.kernels import fusion
 from tiermem.server.search.fused import FusedWeights, fused_scores
 
@@ -126,6 +127,10 @@ def test_fusion_rows_match_numpy(seed: int) -> None:
         fusion.fusion_rows(np.zeros(2, np.int32), np.zeros(2, np.int64))
 
 
+def weights_of(w: FusedWeights) -> tuple[float, float, float, float, float]:
+    return w.vector, w.keyword, w.alpha, w.beta, w.gamma
+
+
 def reference_rec_imp(rows, cols, now, tau, hl, floor):
     """Recency and decayed importance of ``rows`` in plain NumPy (float64, rounded to float32)."""
     age = np.maximum(now - cols["created_at"][rows], 0.0) / 3600.0
@@ -183,6 +188,17 @@ def test_fused_rank_matches_numpy(seed: int) -> None:
             np.testing.assert_allclose(got.rec, rec, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(got.imp, imp, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(got.score, score, atol=1e-5)
+            # bit for bit what the separate calls gave before (the same answers, ties included)
+            _, s_rec, s_imp = kernels.score_rows(
+                rows, rel, alpha=1.0, beta=0.0, gamma=0.0, now=now, tau_seconds=tau,
+                half_life_hours=hl, floor=floor, **cols,
+            )  # fmt: skip
+            s_score, _ = fusion.fused_scores(
+                rel if use_sim else None, kw if use_kw else None, s_rec, s_imp, *weights_of(w)
+            )
+            np.testing.assert_array_equal(got.rec, s_rec)
+            np.testing.assert_array_equal(got.imp, s_imp)
+            np.testing.assert_array_equal(got.score, s_score)
 
 
 def test_fused_rank_checks_its_inputs() -> None:
@@ -231,9 +247,10 @@ def test_rrf_rank_matches_numpy(seed: int) -> None:
         "created_at": now - rng.random(n) * 1e6,
         "last_access": now - rng.random(n) * 1e5,
         "tier": rng.integers(0, 5, n).astype(np.int8),
-        "ns": np.zeros(n, np.int32),
+        "ns": rng.integers(0, 3, n).astype(np.int32) if seed % 2 else np.zeros(n, np.int32),
     }
-    hl, floor = rng.random((1, 5)) * 500.0, np.array([0.1])
+    tables = 3 if seed % 2 else 1  # (one half-life table per namespace, or one for all)
+    hl, floor = rng.random((tables, 5)) * 500.0, np.linspace(0.0, 0.4, tables)
     alpha, beta, gamma = 0.5, 0.3, 0.2
     for nv, nk in ((0, 0), (0, 7), (9, 0), (30, 25), (50, 50)):
         pool = rng.permutation(n).astype(np.int64)
@@ -274,5 +291,48 @@ def test_rrf_rank_matches_numpy(seed: int) -> None:
             kw = np.array([k_scores[i - 1] if i else 0.0 for i in k_rank], np.float32)
             np.testing.assert_array_equal(got.keyword_score, kw)
             np.testing.assert_allclose(got.score, np.concatenate([vector[2], score]), rtol=1e-5, atol=1e-6)
+            exact, _, _ = kernels.score_rows(
+                extra, rel, alpha=alpha, beta=beta, gamma=gamma, now=now, tau_seconds=tau,
+                half_life_hours=hl, floor=floor, **cols,
+            )  # fmt: skip
+            if row_w is not None:
+                exact = exact * row_w[extra]
+            if min_sim is not None:
+                exact[rel < min_sim] = np.nan
+            np.testing.assert_array_equal(got.score[nv:], exact)  # (bit for bit what it was)
             np.testing.assert_allclose(got.rec, np.concatenate([vector[3], rec]), rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(got.imp, np.concatenate([vector[4], imp]), rtol=1e-5, atol=1e-6)
+
+
+def test_rrf_rank_without_a_list_weight_and_its_checks() -> None:
+    """A list weighted 0 makes no candidate of it a result alone; bad inputs are refused by name."""
+    f32 = np.array([0.5, 0.25], np.float32)
+    cols = {
+        "importance": f32,
+        "created_at": np.zeros(2),
+        "last_access": np.zeros(2),
+        "tier": np.zeros(2, np.int8),
+        "now": 1.0,
+        "tau_seconds": 60.0,
+        "half_life_hours": np.ones(5),
+        "floor": 0.0,
+        "alpha": 1.0,
+        "beta": 0.0,
+        "gamma": 0.0,
+    }
+    vector = (np.array([0], np.int64), f32[:1], f32[:1], f32[:1], f32[:1])
+    k_rows = np.array([1], np.int64)
+    rank = {"rrf_k": 60, "row_w": None, "min_similarity": None}
+    got = fusion.rrf_rank(vector, k_rows, f32[:1], f32[:1], w_vec=1.0, w_kw=0.0, **rank, **cols)
+    assert got.rows.tolist() == [0, 1] and got.fused[0] > 0 and np.isnan(got.fused[1])
+    got = fusion.rrf_rank(vector, k_rows, f32[:1], f32[:1], w_vec=0.0, w_kw=1.0, **rank, **cols)
+    assert np.isnan(got.fused[0]) and got.fused[1] > 0
+    with pytest.raises(ValueError, match="row_w"):
+        fusion.rrf_rank(
+            vector, k_rows, f32[:1], f32[:1], w_vec=1.0, w_kw=1.0, **(rank | {"row_w": f32[:1]}), **cols
+        )
+    with pytest.raises(ValueError, match="k_scores"):
+        fusion.rrf_rank(vector, k_rows, f32[:1], f32, w_vec=1.0, w_kw=1.0, **rank, **cols)
+    with pytest.raises(ValueError, match="vector score"):
+        bad = (vector[0], f32[:1], f32[:1].astype(np.float64), f32[:1], f32[:1])
+        fusion.rrf_rank(bad, k_rows, f32[:1], f32[:1], w_vec=1.0, w_kw=1.0, **rank, **cols)
