@@ -146,17 +146,9 @@ def _fused_rank(
 ):  # pragma: no cover
     new, k_rank = _fusion_rows(v_rows, k_rows)
     nv, m = v_rows.shape[0], k_rank.shape[0]
-    rows = np.empty(m, np.int64)
-    rel = np.empty(m, np.float32)
-    kw = np.empty(m, np.float32)
-    rows[:nv] = v_rows
-    rel[:nv] = v_sims
-    kw[:nv] = probed
-    p = nv
-    for j in range(k_rows.shape[0]):
-        if new[j]:
-            rows[p], rel[p], kw[p] = k_rows[j], k_sims[j], k_scores[j]
-            p += 1
+    rows = np.concatenate((v_rows, k_rows[new]))
+    rel = np.concatenate((v_sims, k_sims[new]))
+    kw = np.concatenate((probed, k_scores[new]))
     combined = np.empty(m, np.float32)  # (score_rows writes one; the fused score replaces it)
     rec = np.empty(m, np.float32)
     imp = np.empty(m, np.float32)
@@ -268,25 +260,16 @@ def _rrf_rank(
 ):  # pragma: no cover
     new, k_rank = _fusion_rows(v_rows, k_rows)
     nv, m = v_rows.shape[0], k_rank.shape[0]
-    extra = np.empty(m - nv, np.int64)
-    extra_rel = np.empty(m - nv, np.float32)
-    p = 0
-    for j in range(k_rows.shape[0]):
-        if new[j]:
-            extra[p], extra_rel[p] = k_rows[j], k_sims[j]
-            p += 1
-    e_score = np.empty(m - nv, np.float32)
-    e_rec = np.empty(m - nv, np.float32)
-    e_imp = np.empty(m - nv, np.float32)
+    rows = np.concatenate((v_rows, k_rows[new]))
+    rel = np.concatenate((v_rel, k_sims[new]))
+    score = np.concatenate((v_score, np.empty(m - nv, np.float32)))
+    rec = np.concatenate((v_rec, np.empty(m - nv, np.float32)))
+    imp = np.concatenate((v_imp, np.empty(m - nv, np.float32)))
+    # (the keyword rows the vector list lacks, scored in place)
     _score_rows(
-        extra, extra_rel, importance, created_at, last_access, tier, ns, now, tau_seconds, half_life_hours,
-        floor, alpha, beta, gamma, e_score, e_rec, e_imp,
+        rows[nv:], rel[nv:], importance, created_at, last_access, tier, ns, now, tau_seconds, half_life_hours,
+        floor, alpha, beta, gamma, score[nv:], rec[nv:], imp[nv:],
     )  # fmt: skip
-    rows = np.concatenate((v_rows, extra))
-    rel = np.concatenate((v_rel, extra_rel))
-    score = np.concatenate((v_score, e_score))
-    rec = np.concatenate((v_rec, e_rec))
-    imp = np.concatenate((v_imp, e_imp))
     v_rank = np.zeros(m, np.int64)
     kw = np.zeros(m, np.float32)
     fused = np.zeros(m, np.float32)

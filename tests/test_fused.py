@@ -7,7 +7,16 @@ import pytest
 
 from tiermem import kernels
 from tiermem.kernels import fusion
-from tiermem.server.search.fused import FusedWeights, fused_scores
+from tiermem.server.search.fused import FusedWeights
+
+
+def fused_scores(sim, kw, rec, imp, w: FusedWeights) -> tuple[np.ndarray, np.ndarray]:
+    """The fusion kernel with the default ranking's weights."""
+    return fusion.fused_scores(sim, kw, rec, imp, *weights_of(w))
+
+
+def weights_of(w: FusedWeights) -> tuple[float, float, float, float, float]:
+    return w.vector, w.keyword, w.alpha, w.beta, w.gamma
 
 
 def normalized(values: np.ndarray) -> np.ndarray:
@@ -127,8 +136,30 @@ def test_fusion_rows_match_numpy(seed: int) -> None:
         fusion.fusion_rows(np.zeros(2, np.int32), np.zeros(2, np.int64))
 
 
-def weights_of(w: FusedWeights) -> tuple[float, float, float, float, float]:
-    return w.vector, w.keyword, w.alpha, w.beta, w.gamma
+def random_columns(rng, n: int, now: float, ahead: float, namespaces: int) -> dict[str, np.ndarray]:
+    """Scoring columns of ``n`` rows; ``ahead`` seconds of last access may lie in the future (recency
+    1); one namespace means every row in namespace 0."""
+    return {
+        "importance": rng.random(n).astype(np.float32),
+        "created_at": now - rng.random(n) * 1e6,
+        "last_access": now - rng.random(n) * 1e5 + ahead,
+        "tier": rng.integers(0, 5, n).astype(np.int8),
+        "ns": rng.integers(0, namespaces, n).astype(np.int32) if namespaces > 1 else np.zeros(n, np.int32),
+    }
+
+
+def two_rows(f32: np.ndarray) -> dict[str, object]:
+    """The columns, time and tables of two rows, for the input checks."""
+    return {
+        "importance": f32,
+        "created_at": np.zeros(2),
+        "last_access": np.zeros(2),
+        "tier": np.zeros(2, np.int8),
+        "now": 1.0,
+        "tau_seconds": 60.0,
+        "half_life_hours": np.ones(5),
+        "floor": 0.0,
+    }
 
 
 def reference_rec_imp(rows, cols, now, tau, hl, floor):
@@ -150,13 +181,7 @@ def test_fused_rank_matches_numpy(seed: int) -> None:
     reference does it step by step."""
     rng = np.random.default_rng(seed)
     n, now, tau = 300, 1.0e9, 3600.0
-    cols = {
-        "importance": rng.random(n).astype(np.float32),
-        "created_at": now - rng.random(n) * 1e6,
-        "last_access": now - rng.random(n) * 1e5 + 50.0,  # (some in the future: recency 1)
-        "tier": rng.integers(0, 5, n).astype(np.int8),
-        "ns": rng.integers(0, 3, n).astype(np.int32),
-    }
+    cols = random_columns(rng, n, now, ahead=50.0, namespaces=3)
     hl = rng.random((3, 5)) * 500.0
     hl[0, 4], hl[1, 0] = np.inf, 0.0  # no decay
     floor = np.array([0.0, 0.2, 0.5])
@@ -203,16 +228,7 @@ def test_fused_rank_matches_numpy(seed: int) -> None:
 
 def test_fused_rank_checks_its_inputs() -> None:
     f32, rows = np.zeros(2, np.float32), np.array([0, 1], np.int64)
-    cols = {
-        "importance": f32,
-        "created_at": np.zeros(2),
-        "last_access": np.zeros(2),
-        "tier": np.zeros(2, np.int8),
-        "now": 1.0,
-        "tau_seconds": 60.0,
-        "half_life_hours": np.ones(5),
-        "floor": 0.0,
-    }
+    cols = two_rows(f32)
     weights = {"w_sim": 0.5, "w_kw": 0.5, "alpha": 1.0, "beta": 0.1, "gamma": 0.1}
     with pytest.raises(ValueError, match="probed"):
         fusion.fused_rank(rows, f32, rows, f32, f32, f32[:1], use_sim=True, use_kw=True, **cols, **weights)
@@ -242,14 +258,8 @@ def test_rrf_rank_matches_numpy(seed: int) -> None:
     similarity floor) and every candidate fused, as plain NumPy does it step by step."""
     rng = np.random.default_rng(100 + seed)
     n, now, tau, k = 300, 1.0e9, 3600.0, 60
-    cols = {
-        "importance": rng.random(n).astype(np.float32),
-        "created_at": now - rng.random(n) * 1e6,
-        "last_access": now - rng.random(n) * 1e5,
-        "tier": rng.integers(0, 5, n).astype(np.int8),
-        "ns": rng.integers(0, 3, n).astype(np.int32) if seed % 2 else np.zeros(n, np.int32),
-    }
     tables = 3 if seed % 2 else 1  # (one half-life table per namespace, or one for all)
+    cols = random_columns(rng, n, now, ahead=0.0, namespaces=tables)
     hl, floor = rng.random((tables, 5)) * 500.0, np.linspace(0.0, 0.4, tables)
     alpha, beta, gamma = 0.5, 0.3, 0.2
     for nv, nk in ((0, 0), (0, 7), (9, 0), (30, 25), (50, 50)):
@@ -307,19 +317,7 @@ def test_rrf_rank_matches_numpy(seed: int) -> None:
 def test_rrf_rank_without_a_list_weight_and_its_checks() -> None:
     """A list weighted 0 makes no candidate of it a result alone; bad inputs are refused by name."""
     f32 = np.array([0.5, 0.25], np.float32)
-    cols = {
-        "importance": f32,
-        "created_at": np.zeros(2),
-        "last_access": np.zeros(2),
-        "tier": np.zeros(2, np.int8),
-        "now": 1.0,
-        "tau_seconds": 60.0,
-        "half_life_hours": np.ones(5),
-        "floor": 0.0,
-        "alpha": 1.0,
-        "beta": 0.0,
-        "gamma": 0.0,
-    }
+    cols = two_rows(f32) | {"alpha": 1.0, "beta": 0.0, "gamma": 0.0}
     vector = (np.array([0], np.int64), f32[:1], f32[:1], f32[:1], f32[:1])
     k_rows = np.array([1], np.int64)
     rank = {"rrf_k": 60, "row_w": None, "min_similarity": None}

@@ -32,20 +32,6 @@ class FusedWeights:
     keyword: float = 0.5  # the keyword score's share, when the request has text
 
 
-def fused_scores(
-    similarity: np.ndarray | None,
-    keyword: np.ndarray | None,
-    recency: np.ndarray,
-    importance: np.ndarray,
-    w: FusedWeights,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(score, relevance) of each candidate; ``similarity`` / ``keyword`` None when the request has no
-    vector / no text (a candidate a signal did not find has its minimum: 0 keyword score)."""
-    return fusion.fused_scores(
-        similarity, keyword, recency, importance, w.vector, w.keyword, w.alpha, w.beta, w.gamma
-    )
-
-
 @dataclass
 class Candidates:
     """Rows found by similarity, with it (None: not asked, as when no vector ranks)."""
