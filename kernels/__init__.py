@@ -168,10 +168,9 @@ def dot_rows(xb: np.ndarray, ids: np.ndarray, query: np.ndarray) -> np.ndarray:
         raise ValueError("xb must be a contiguous 2-D float32 array")
     m = _check("ids", ids, np.int64).shape[0]
     _check("query", query, np.float32, xb.shape[1])
-    if m and (int(ids.min()) < 0 or int(ids.max()) >= xb.shape[0]):
-        raise ValueError("ids out of range")
     out = np.empty(m, np.float32)
-    _jit.dot_rows(xb, ids, query, out)
+    if not _jit.dot_rows(xb, ids, query, out):
+        raise ValueError("ids out of range")
     return out
 
 

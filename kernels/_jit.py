@@ -326,13 +326,18 @@ _PREFETCH_AHEAD = 2  # rows fetched ahead of the one being multiplied
 
 @njit(nogil=True, cache=True, fastmath=True)
 def dot_rows(xb, ids, query, out):
-    """out[i] = <xb[ids[i]], query>. fastmath lets LLVM vectorize the reduction: stored vectors and
-    queries are validated finite, so its no-NaN/Inf assumption holds.
+    """out[i] = <xb[ids[i]], query>; returns False, having read nothing, when an id is outside xb.
+    fastmath lets LLVM vectorize the reduction: stored vectors and queries are validated finite, so
+    its no-NaN/Inf assumption holds.
 
     The rows are scattered over storage far larger than the caches, so each one is a cache miss;
     the rows a few places ahead are prefetched while one is multiplied (see docs/perf-log.md)."""
     d = query.shape[0]
     m = ids.shape[0]
+    n = xb.shape[0]
+    for i in range(m):  # (Numba checks no bounds: an id out of range is refused before any read)
+        if not 0 <= ids[i] < n:
+            return False
     for i in range(min(_PREFETCH_AHEAD, m)):
         _prefetch_row(xb, ids[i])
     for i in range(m):
@@ -343,6 +348,7 @@ def dot_rows(xb, ids, query, out):
         for j in range(d):
             acc += row[j] * query[j]
         out[i] = acc
+    return True
 
 
 @_kernel

@@ -26,7 +26,6 @@ import numpy as np
 from numba import njit
 
 from ._checks import _check
-from ._jit import topk as _topk
 
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
@@ -205,7 +204,7 @@ def _score_appended(
 def _collect(acc, touched, m, probe, depth, keep):  # pragma: no cover
     """(rows, scores, the probe rows' scores) out of the accumulator, which is left all zeros again
     (unless ``keep``: rows are probed later): every touched row in the order first met (depth < 0), or
-    the ``depth`` best, best first (ties: the row met first)."""
+    the ``depth`` best, best first (ties: the lower row, as ``_best`` breaks them)."""
     probed = np.zeros(probe.shape[0], np.float32)
     for j in range(probe.shape[0]):
         if 0 <= probe[j] < acc.shape[0]:
@@ -220,9 +219,16 @@ def _collect(acc, touched, m, probe, depth, keep):  # pragma: no cover
         out_rows = touched[:m].copy()
         out_scores = scores
     else:
-        order = _topk(scores, depth)
-        out_rows = touched[order]
-        out_scores = scores[order]
+        hs = np.empty(max(depth, 0))
+        hr = np.empty(max(depth, 0), np.int64)
+        n = 0
+        if depth > 0:
+            for j in range(m):
+                n = _push(hs, hr, n, np.float64(scores[j]), touched[j])
+        by_row = np.argsort(hr[:n])
+        order = by_row[np.argsort(-hs[:n][by_row], kind="mergesort")]
+        out_rows = hr[:n][order]
+        out_scores = hs[:n][order].astype(np.float32)
     return out_rows, out_scores, probed
 
 

@@ -460,9 +460,12 @@ class VectorIndex:
         """Similarities with ``query`` (or copies of the vectors, query None) of the given entries,
         read from HNSW storage or the pending buffer, under the read lock."""
         with self._lock.read():
+            top = int(internal_ids.max()) if internal_ids.shape[0] else -1
+            if query is not None and top < self.indexed:  # (the read lock keeps ``indexed`` fixed)
+                return kernels.dot_rows(self._stored(self.indexed), internal_ids, query)  # all in HNSW
             lo, n, _, pvecs, _, _ = self._pending_view()
             xb = self._stored(lo)
-            if internal_ids.shape[0] and int(internal_ids.max()) >= n:
+            if top >= n:
                 raise ValueError("internal id out of range")
             in_hnsw = internal_ids < lo
             if query is None:

@@ -64,6 +64,16 @@ def similarities(
     ``kept`` selects the rows still in the space (a row may leave it while a search runs);
     the similarities are those of ``rows[kept]``, in order."""
     loc = view.vpos[rows]
+    if loc.shape[0]:
+        # The common case in few steps: every row in the space and in one tier.
+        first = int(loc[0]) >> TIER_SHIFT  # (its space and tier; negative: no vector)
+        if (
+            first >= 0
+            and first >> (SPACE_SHIFT - TIER_SHIFT) == sp.id
+            and ((loc >> TIER_SHIFT) == first).all()
+        ):
+            sims = sp.indexes[first & 0xF].similarities(loc & INTERNAL_MASK, query)
+            return np.ones(loc.shape[0], np.bool_), sims
     kept = in_space(loc, sp.id)
     if not kept.all():
         loc = loc[kept]
@@ -153,10 +163,13 @@ class Scorer:
     def relevance(self, rows: np.ndarray) -> np.ndarray:
         """Similarity of each of ``rows`` with the query; 0 for a row without a vector in its space
         (a keyword hit not embedded yet), or when the ranking has no query vector."""
+        if self.query is None or self.space is None:
+            return np.zeros(rows.shape[0], np.float32)
+        kept, sims = self.similarities(rows)
+        if sims.shape[0] == rows.shape[0]:  # (every row kept)
+            return sims
         out = np.zeros(rows.shape[0], np.float32)
-        if self.query is not None and self.space is not None:
-            kept, sims = self.similarities(rows)
-            out[kept] = sims
+        out[kept] = sims
         return out
 
     def __call__(

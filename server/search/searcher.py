@@ -257,7 +257,7 @@ class Searcher:
                     include_embedding,
                 )
             scorer = Scorer(view, sp, query, a, row_w, tables, src.columns.namespaces)
-            fused_limit = max(5 * a.limit, 50) if a.hybrid else a.limit
+            fused_limit = similarity_depth(a.limit) if a.hybrid else a.limit  # (each list fused this deep)
             if query is None or sp is None or count <= src.config.exact_search_max_rows:
                 scored = scorer(np.flatnonzero(mask))
             else:
@@ -289,7 +289,7 @@ class Searcher:
         normalized over them. ``holding``: the space's indexes this search holds for reading."""
         src = self.source
         mask, count, keyword_mask, keyword_count = allowed
-        depth = max(5 * a.limit, 50)
+        depth = similarity_depth(a.limit)  # (each list as deep as a similarity search's HNSW one)
         by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, min_similarity=None)
         scorer = Scorer(view, sp, query, by_similarity, None, tables, src.columns.namespaces)
         if a.hybrid is None and query is None:  # no signal of relevance asked: every allowed row ranks

@@ -2314,7 +2314,7 @@ func (x *SearchMemoriesRequest) GetHybrid() *HybridOptions {
 
 // HybridOptions fuse the vector ranking with keyword matches of query_text by reciprocal rank
 // fusion: score = vector_weight / (rrf_k + vector rank) + keyword_weight / (rrf_k + keyword rank),
-// over the top max(5 * limit, 50) of each list. For exact terms and acronyms embeddings miss.
+// over the top max(2 * limit, 32) of each list. For exact terms and acronyms embeddings miss.
 // Under SEARCH_STRATEGY_FUSED keywords are always matched when query_text is given, and the two
 // weights are the shares of similarity and keyword score in relevance (rrf_k is not used).
 type HybridOptions struct {
