@@ -206,3 +206,34 @@ def test_the_default_without_relevance_orders_by_recency_and_importance(
     assert len(by_importance) == len(FILLER) + 2
     assert by_importance[0].memory.content == "a decision that matters"
     assert by_importance[-1].memory.content == "a minor detail"
+
+
+@pytest.mark.parametrize("strategy", [None, "similarity"])
+def test_each_candidate_list_is_as_deep_as_a_similarity_search(
+    server_factory: Callable[..., RunningServer], strategy: str | None
+) -> None:
+    """The fused default and hybrid on a weighted strategy take max(2 * limit, 32) rows of each list:
+    a memory 40th by similarity is in the vector list at limit 20 (40 deep), not at limit 10 (32 deep),
+    where only its keywords find it."""
+    clock = FakeClock()
+    c = _client(server_factory(clock=clock))
+    dim, angles = 8, np.linspace(0.0, 1.2, 60)  # memory i is the (i + 1)th most similar to e0
+    specs = []
+    for i, theta in enumerate(angles):
+        v = np.zeros(dim)
+        v[0], v[1] = np.cos(theta), np.sin(theta)
+        text = f"Note {i} about the harbour." + (" The zeppelin landed." if i == 39 else "")
+        specs.append({"namespace": NS, "content": text, "embedding": v.tolist(), "embedding_model": "t",
+                      "importance": 0.5, "create_time": clock.now - DAY})  # fmt: skip
+    c.create_batch(specs)
+    query = np.eye(dim)[0].tolist()
+
+    def ranks(limit: int) -> tuple[int, int]:
+        hits = c.search(NS, query, embedding_model="t", keywords="zeppelin", limit=limit, explain=True,
+                        read_only=True, hybrid=strategy is not None, strategy=strategy)  # fmt: skip
+        found = {h.memory.content: h.explanation for h in hits}
+        x = found["Note 39 about the harbour. The zeppelin landed."]
+        return x.vector_rank, x.keyword_rank
+
+    assert ranks(10) == (0, 1)  # (keywords alone found it)
+    assert ranks(20) == (40, 1)

@@ -1131,7 +1131,7 @@ def test_dot_rows_matches_numpy(n: int, d: int, m: int) -> None:
     want = (xb[ids].astype(np.float64) @ q.astype(np.float64)).astype(np.float32)
     np.testing.assert_allclose(K.dot_rows(xb, ids, q), want, rtol=1e-5, atol=1e-5)
     out = np.empty(m, np.float32)
-    _jit.dot_rows.py_func(xb, ids, q, out)
+    assert _jit.dot_rows.py_func(xb, ids, q, out)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
@@ -1139,8 +1139,13 @@ def test_dot_rows_reads_a_view_without_copying_and_checks_inputs() -> None:
     big = np.arange(12, dtype=np.float32).reshape(4, 3)
     q = np.array([1.0, 0.0, -1.0], np.float32)
     np.testing.assert_array_equal(K.dot_rows(big, np.array([3, 0], np.int64), q), [-2.0, -2.0])
-    with pytest.raises(ValueError, match="ids out of range"):
-        K.dot_rows(big, np.array([4], np.int64), q)
+    for bad in ([4], [0, 4], [-1], [2, -5]):  # (the kernel refuses them before reading a row)
+        with pytest.raises(ValueError, match="ids out of range"):
+            K.dot_rows(big, np.array(bad, np.int64), q)
+        out = np.full(len(bad), 7.0, np.float32)
+        assert not _jit.dot_rows(big, np.array(bad, np.int64), q, out)
+        assert not _jit.dot_rows.py_func(big, np.array(bad, np.int64), q, out)
+        np.testing.assert_array_equal(out, 7.0)  # (nothing written)
     with pytest.raises(ValueError, match="query"):
         K.dot_rows(big, np.array([0], np.int64), np.ones(2, np.float32))
     with pytest.raises(ValueError, match="xb"):

@@ -39,7 +39,7 @@ from tiermem.server.core.engine import Engine
 from tiermem.server.index.columns import Columns
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.records import NewMemory, Record
-from tiermem.server.model.types import FeedbackItem, Filter
+from tiermem.server.model.types import INTERNAL_MASK, SPACE_SHIFT, TIER_SHIFT, FeedbackItem, Filter
 from tiermem.server.search.candidates import ann
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import COMPREHENSIVE, WEIGHTED, RankingParams, SearchHit, SearchQuery
@@ -917,6 +917,42 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
         got, rel2, _ = ann(twice, q, mask, 16, ef_search, view, -1)
         assert row in got.tolist() and len(set(got.tolist())) == got.shape[0]
         assert rel2 is None
+    finally:
+        eng.close()
+
+
+def test_similarities_in_one_tier_across_tiers_and_outside_the_space(tmp_path: Path) -> None:
+    """``similarities`` of rows all in one tier of the space (its short path) are those of the same
+    rows looked up among rows of other tiers, bit for bit, and each row's stored vector times the
+    query; a row outside the space (another model's) is not kept."""
+    eng = Engine(make_config(tmp_path / "sims"))
+    try:
+        rng = np.random.default_rng(11)
+        vecs = _unit(rng.standard_normal((30, DIM)))
+        memories = [
+            NewMemory(namespace="acme", content=f"m {i}", embedding=v, embedding_model=MODEL, tier=1 + i % 2)
+            for i, v in enumerate(vecs)
+        ]
+        other = _unit(rng.standard_normal((1, DIM)))[0]
+        memories.append(NewMemory(namespace="acme", content="x", embedding=other, embedding_model="other-32"))
+        eng.create(memories, batch=True)
+        sp, view = eng.spaces[MODEL], eng.columns.view()
+        loc = view.vpos[: len(memories)]
+        tiers = (loc >> TIER_SHIFT) & 0xF
+        in_space = (loc >= 0) & ((loc >> SPACE_SHIFT) == sp.id)
+        assert in_space.sum() == 30 and set(tiers[in_space].tolist()) == {1, 2}
+        rows = np.arange(len(memories), dtype=np.int64)
+        q = _unit(rng.standard_normal((1, DIM)))[0]
+        kept, sims = similarities(view, sp, rows, q)
+        np.testing.assert_array_equal(kept, in_space)
+        stored = np.stack([sp.indexes[int(t)].vectors(np.array([int(x) & INTERNAL_MASK])) [0]
+                           for t, x in zip(tiers[in_space], loc[in_space], strict=True)])  # fmt: skip
+        np.testing.assert_allclose(sims, stored.astype(np.float64) @ q, rtol=1e-5, atol=1e-6)
+        for t in (1, 2):  # one tier's rows alone, and among the others
+            one = rows[in_space & (tiers == t)]
+            alone_kept, alone = similarities(view, sp, one, q)
+            assert alone_kept.all() and alone.dtype == np.float32
+            np.testing.assert_array_equal(alone, sims[np.isin(rows[in_space], one)])
     finally:
         eng.close()
 
