@@ -773,6 +773,28 @@ def test_more_sorted_sources_than_a_pack_holds_are_read_in_full(monkeypatch: pyt
     np.testing.assert_allclose(scores, np.sort(want[1])[::-1][:4], rtol=1e-5)
 
 
+def test_both_read_outs_keep_the_lower_rows_where_memories_tie_at_the_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plain pass (every posting read) and the row-by-row read-out keep the same rows when more
+    memories tie than the depth holds: the lower rows, whichever term's postings met them first."""
+    n = 100
+    rows = np.concatenate([np.arange(50, 100), np.arange(0, 50)]).astype(np.int32)  # key 0: 50-99
+    seg = kw_kernels.postings(np.array([0, 1], np.int32), np.array([0, 50, 100], np.int64), rows,
+                              np.ones(n, np.float32), np.zeros(n, np.int32), np.full(n, 4, np.uint16))  # fmt: skip
+    wanted, weights = np.array([0, 1], np.int32), np.full(2, 1.5)
+    row_gen, allowed = np.zeros(n, np.int32), np.ones(n, np.bool_)
+    for depth in (1, 10, 50, 60):
+        best = kw_kernels.bm25([seg], wanted, weights, row_gen, allowed, 4.0, depth=depth)
+        with monkeypatch.context() as m:
+            m.setattr(kw_kernels, "MAX_PACKED", 0)  # (every posting read, the rows met 50-99 first)
+            sums = kw_kernels.accumulate([seg], wanted, weights, row_gen, allowed, 4.0, depth=depth)
+            assert not sums.deferred
+            plain = sums.collect(None, depth)
+        assert best[0].tolist() == plain[0].tolist() == list(range(depth))
+        np.testing.assert_array_equal(best[1], plain[1])
+
+
 def test_key_bounds_match_numpy() -> None:
     rng = np.random.default_rng(3)
     counts = np.array([3, 0, 1, 5, 0], np.int64)  # keys without postings included
