@@ -9,16 +9,16 @@ the vector search and the fusion).
 
 It posts ``--n`` sentences (``bench.common.sentences``) into one namespace, compacts the index into
 one segment (as after a snapshot restore or a compaction), then asks the suite's questions
-(``bench.common.questions``) for the best 50 (the fused default's keyword depth) with 50 probe rows
+(``bench.common.questions``) for the best 32 (the fused default's keyword depth at limit 10) with 32 probe rows
 (the vector candidates whose keyword scores the fusion reads), and for every match. It prints the mean
 and percentiles of each, and how many postings the questions' terms hold.
 
-With ``--peers`` the same best 50 come, in the same run, from two well-kept BM25 libraries given the
+With ``--peers`` the same best 32 come, in the same run, from two well-kept BM25 libraries given the
 same terms (the index's stemmed terms without stop words, repeated as often as they occur): tantivy
 (Rust: compressed postings, block-max WAND for the best k) and bm25s (scores precomputed per posting,
 its Numba backend). Rounds alternate the three, so they share the machine's moods. It prints each one's
 latency (all three given the question's terms: its tokenizing is not timed), its ratio to the
-kernel's and how many of the kernel's best 50 it also ranks there (the
+kernel's and how many of the kernel's best 32 it also ranks there (the
 libraries' idf and length normalization differ a little, and ties are cut differently). The libraries
 are dev dependencies (``make venv`` installs them); without them only the kernel is timed.
 """
@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import questions, sentences
 from tiermem.server.index.keyword_index import KeywordIndex, bm25
 from tiermem.server.model.text import keyword_terms
+from tiermem.server.search.candidates import similarity_depth
 
-DEPTH = 50  # the fused default's keyword depth
+DEPTH = similarity_depth(10)  # the fused default's keyword depth at limit 10 (32)
 
 
 def _timed(index: KeywordIndex, qs: list[str], allowed: np.ndarray, probes: list, depth: int) -> np.ndarray:
@@ -71,7 +72,7 @@ def build_index(texts: list[str]) -> tuple[KeywordIndex, float, float]:
 
 
 def keyword_pass(texts: list[str], qs: list[str], rounds: int) -> dict:
-    """The best 50 of each question by this kernel, tantivy and bm25s (those installed) over ``texts``:
+    """The best DEPTH of each question by this kernel, tantivy and bm25s (those installed) over ``texts``:
     what ``peers`` reports (bench/suite.py's start-up phase asks this of its own data)."""
     index, _, _ = build_index(texts)
     return peers(index, texts, qs, np.ones(len(texts), np.bool_), rounds)
@@ -89,7 +90,7 @@ def main() -> None:
     index, posted, compacted = build_index(texts)
     qs = questions(args.questions, 11)
     rng = np.random.default_rng(1)
-    probes = [rng.integers(0, args.n, 50).astype(np.int64) for _ in qs]
+    probes = [rng.integers(0, args.n, DEPTH).astype(np.int64) for _ in qs]
     allowed = np.ones(args.n, np.bool_)
     per_q = np.array([_postings(index, q) for q in qs])
     report: dict = {
@@ -107,9 +108,9 @@ def main() -> None:
     print(
         f"postings of a question's terms: mean {per_q.mean():,.0f}, p50 {np.median(per_q):,.0f}, max {per_q.max():,}"
     )
-    for depth in (50, -1):
+    for depth in (DEPTH, -1):
         _timed(index, qs, allowed, probes, depth)  # warm-up (and compilation)
-    for depth, name in ((50, "best 50 + 50 probes"), (-1, "every match")):
+    for depth, name in ((DEPTH, f"best {DEPTH} + {DEPTH} probes"), (-1, "every match")):
         lat = np.concatenate([_timed(index, qs, allowed, probes, depth) for _ in range(args.rounds)])
         row = _stats(lat, (50, 90, 99))
         report[name] = row
@@ -176,7 +177,7 @@ def _bm25s(texts: list[str]) -> Callable[[list[str]], list[int]]:
 
 
 def peers(index: KeywordIndex, texts: list[str], qs: list[str], allowed: np.ndarray, rounds: int) -> dict:
-    """The best 50 from tantivy and bm25s beside the kernel's, rounds alternating."""
+    """The best DEPTH from tantivy and bm25s beside the kernel's, rounds alternating."""
     terms = [list(keyword_terms(q)) for q in qs]
     engines: dict[str, Callable[[list[str]], list[int]]] = {}
     for name, make in (("tantivy", _tantivy), ("bm25s", _bm25s)):

@@ -193,7 +193,7 @@ def test_bench_suite_startup_only_needs_startup_n() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_bench_keywords_smoke_with_its_peers(tmp_path: Path) -> None:
-    """The keyword pass alone, and beside it the same best 50 from tantivy and bm25s (dev
+    """The keyword pass alone, and beside it the same best 32 from tantivy and bm25s (dev
     dependencies): each answers, and each ranks mostly the rows the kernel ranks best (BM25 variants
     differ a little in idf and ties)."""
     out = tmp_path / "keywords.json"
