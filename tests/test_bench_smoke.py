@@ -209,3 +209,27 @@ def test_bench_keywords_smoke_with_its_peers(tmp_path: Path) -> None:
     for name in ("tantivy", "bm25s"):
         assert peers[name]["mean"] > 0
         assert peers[name]["shares_kernel_best"] >= 0.5, (name, peers[name])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1000)
+def test_bench_versus_smoke(tmp_path: Path) -> None:
+    """Two builds side by side (HEAD in a temporary worktree, and this tree): both servers store the
+    memories, every load runs on each, and the figures of both come back per round."""
+    out = tmp_path / "versus.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "versus.py"), "--base", "HEAD", "--n", "1500", "--kinds",
+         "sim,text", "--conc", "1", "--rounds", "2", "--seconds", "0.5", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["base"] == "HEAD" and report["n"] == 1500
+    for build in ("base", "new"):
+        for kind in ("sim", "text"):
+            loads = report["loads"][f"{build} {kind} c1"]
+            assert len(loads) == 2 and all(r["ops_per_s"] > 0 and r["p50_ms"] > 0 for r in loads)
+    assert len(report["ratios"]["new/base text c1 p50"]) == 2
+    assert len(report["ratios"]["new text/sim c1 p50"]) == 2
+    worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True)
+    assert "tiermem-versus-" not in worktrees.stdout  # (its checkout removed)
