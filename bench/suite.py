@@ -176,6 +176,23 @@ def memory_pb(
     return m
 
 
+def batch_request(pb: Any, d: Data, start: int, stop: int) -> Any:
+    """A BatchCreateMemoriesRequest of the memories ``start:stop`` of ``d``, with their texts."""
+    memories = [
+        memory_pb(
+            pb,
+            d.model,
+            i,
+            d.vectors[i],
+            float(d.importance[i]),
+            float(d.created[i]),
+            d.texts[i % len(d.texts)],
+        )
+        for i in range(start, stop)
+    ]
+    return pb.BatchCreateMemoriesRequest(memories=memories)
+
+
 class Server:
     """A tiermem server process on a data dir; start() and stop() are timed."""
 
@@ -459,23 +476,9 @@ class Suite:
         """BatchCreateMemories requests for the first ``count`` memories of the data, built before a
         timed load starts (as FAISS gets its vectors ready-made): built between calls, the server
         would index the previous batch during the client's work."""
-        pb, d = self.pb, self.data
         reqs = []
         for start in range(0, count, BATCH):
-            req = pb.BatchCreateMemoriesRequest(
-                memories=[
-                    memory_pb(
-                        pb,
-                        d.model,
-                        i,
-                        d.vectors[i],
-                        float(d.importance[i]),
-                        float(d.created[i]),
-                        d.texts[i % len(d.texts)],
-                    )
-                    for i in range(start, min(count, start + BATCH))
-                ]
-            )
+            req = batch_request(self.pb, self.data, start, min(count, start + BATCH))
             for m in req.memories:
                 m.namespace = namespace
             reqs.append(req)

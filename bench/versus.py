@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import cpu_seconds, free_port, stop_server, wait_idle, wait_serving
 from load import LoadPool
-from suite import BATCH, make_data, memory_pb
+from suite import BATCH, batch_request, make_data
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}  # (the lifecycle would move memories mid-load)
@@ -92,12 +91,7 @@ def ingest(target: str, data: Any) -> None:
     with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
         stub = pb_grpc.MemoryServiceStub(ch)
         for s in range(0, n, BATCH):
-            memories = [
-                memory_pb(pb, data.model, i, data.vectors[i], float(data.importance[i]), float(data.created[i]),
-                          data.texts[i % len(data.texts)])
-                for i in range(s, min(n, s + BATCH))
-            ]  # fmt: skip
-            stub.BatchCreateMemories(pb.BatchCreateMemoriesRequest(memories=memories), timeout=600)
+            stub.BatchCreateMemories(batch_request(pb, data, s, min(n, s + BATCH)), timeout=600)
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -228,11 +222,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="tiermem-versus-") as tmp:
-        try:
-            report = run(args, Path(tmp))
-        finally:
-            shutil.rmtree(Path(tmp) / "base", ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="tiermem-versus-") as tmp:  # (run removes its worktree)
+        report = run(args, Path(tmp))
     print(f"done in {time.time() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

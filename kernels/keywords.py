@@ -225,10 +225,8 @@ def _collect(acc, touched, m, probe, depth, keep):  # pragma: no cover
         if depth > 0:
             for j in range(m):
                 n = _push(hs, hr, n, np.float64(scores[j]), touched[j])
-        by_row = np.argsort(hr[:n])
-        order = by_row[np.argsort(-hs[:n][by_row], kind="mergesort")]
-        out_rows = hr[:n][order]
-        out_scores = hs[:n][order].astype(np.float32)
+        out_rows, best = _best_first(hs, hr, n)
+        out_scores = best.astype(np.float32)
     return out_rows, out_scores, probed
 
 
@@ -266,6 +264,14 @@ def _discard(acc, touched, m):  # pragma: no cover
 def _worse(s1, r1, s2, r2):  # pragma: no cover
     """(score, row) 1 ranks below 2: a lower score, or the same and a higher row."""
     return s1 < s2 or (s1 == s2 and r1 > r2)
+
+
+@_kernel
+def _best_first(hs, hr, n):  # pragma: no cover
+    """The ``n`` rows and scores a heap of ``_push`` holds, best first (ties: the lower row)."""
+    by_row = np.argsort(hr[:n])
+    order = by_row[np.argsort(-hs[:n][by_row], kind="mergesort")]
+    return hr[:n][order], hs[:n][order]
 
 
 @_kernel
@@ -487,9 +493,7 @@ def _best(
         probe,
         probed,
     )
-    by_row = np.argsort(hr[:n])
-    order = by_row[np.argsort(-hs[:n][by_row], kind="mergesort")]  # best first, ties: the lower row
-    hr, hs = hr[:n][order], hs[:n][order]
+    hr, hs = _best_first(hs, hr, n)
     return hr, hs.astype(np.float32), probed.astype(np.float32), scored
 
 

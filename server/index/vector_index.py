@@ -461,8 +461,9 @@ class VectorIndex:
         read from HNSW storage or the pending buffer, under the read lock."""
         with self._lock.read():
             top = int(internal_ids.max()) if internal_ids.shape[0] else -1
-            if query is not None and top < self.indexed:  # (the read lock keeps ``indexed`` fixed)
-                return kernels.dot_rows(self._stored(self.indexed), internal_ids, query)  # all in HNSW
+            lo = self.indexed  # (the read lock keeps it fixed)
+            if query is not None and top < lo:  # every entry in HNSW
+                return kernels.dot_rows(self._stored(lo), internal_ids, query)
             lo, n, _, pvecs, _, _ = self._pending_view()
             xb = self._stored(lo)
             if top >= n:
