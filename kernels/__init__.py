@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from . import _jit
-from ._checks import _check, _floor_table, _table, score_columns
+from ._checks import ScoreTables, _check, _floor_table, _table, score_columns, score_tables
 
 __all__ = [
     "DEFAULT_SURPRISE_ALPHA",
+    "ScoreTables",
     "allowed_entries",
     "combined_scores",
     "decay_importance",
@@ -31,6 +32,7 @@ __all__ = [
     "retention_scores",
     "row_weights",
     "score_rows",
+    "score_tables",
     "select_evictions",
     "selection_bitmap",
     "split_top",
@@ -117,8 +119,8 @@ def score_rows(
     tier: np.ndarray,
     now: float,
     tau_seconds: float,
-    half_life_hours: np.ndarray | list[Any],
-    floor: float | np.ndarray,
+    half_life_hours: np.ndarray | list[Any] | ScoreTables,
+    floor: float | np.ndarray | None,
     alpha: float,
     beta: float,
     gamma: float,
@@ -129,7 +131,9 @@ def score_rows(
     ``relevance[i]`` is the similarity of row ``rows[i]``; importance is decayed as in
     ``decay_importance``, by ``half_life_hours``: 5 values by tier for every row, or a
     (namespaces, 5) table read at the row's ``ns`` (int32 namespace id column); ``floor`` is one
-    value or a (namespaces,) table read the same way. This is the fused form the search path uses.
+    value or a (namespaces,) table read the same way. Both may come checked once as ``ScoreTables``
+    (``score_tables``), passed as ``half_life_hours`` with ``floor`` None. This is the fused form the
+    search path uses.
     """
     m = _check("rows", rows, np.int64).shape[0]
     _check("relevance", relevance, np.float32, m)

@@ -3,7 +3,7 @@ bounds or types at run time)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,30 +53,58 @@ def _floor_table(floor: float | np.ndarray, rows: int) -> np.ndarray:
     return t
 
 
+class ScoreTables(NamedTuple):
+    """A half-life table and its floor table as the kernels read them, checked once when built
+    (``score_tables``): a caller that scores rows with the same policy at every search passes these
+    instead of checking its tables again each time."""
+
+    half_life: np.ndarray  # float64, (namespaces, 5), or (1, 5) for every namespace
+    floor: np.ndarray  # float64, one per row of half_life
+
+
+def score_tables(half_life_hours: np.ndarray | list[Any], floor: float | np.ndarray) -> ScoreTables:
+    """``half_life_hours`` and ``floor`` (as the scoring kernels take them) checked, as ScoreTables. The
+    caller must not change the arrays afterwards."""
+    hl = _half_life_table(half_life_hours)
+    return ScoreTables(hl, _floor_table(floor, hl.shape[0]))
+
+
 def score_columns(
     importance: np.ndarray,
     created_at: np.ndarray,
     last_access: np.ndarray,
     tier: np.ndarray,
     tau_seconds: float,
-    half_life_hours: np.ndarray | list[Any],
-    floor: float | np.ndarray,
+    half_life_hours: np.ndarray | list[Any] | ScoreTables,
+    floor: float | np.ndarray | None,
     ns: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The columns and tables a row's recency and decayed importance are read from, checked:
     returns (half-life table, floor table, namespace column; a one-entry placeholder when the
-    half-life table has one row for every namespace)."""
+    half-life table has one row for every namespace). ``half_life_hours`` may be ScoreTables (then
+    ``floor`` is None: the tables hold it)."""
     n = _check("importance", importance, np.float32).shape[0]
     _check("created_at", created_at, np.float64, n)
     _check("last_access", last_access, np.float64, n)
     _check("tier", tier, np.int8, n)
     if not tau_seconds > 0:
         raise ValueError("tau_seconds must be > 0")
-    hl = _half_life_table(half_life_hours)
+    if isinstance(half_life_hours, ScoreTables):
+        if floor is not None:
+            raise ValueError("floor must be None with ScoreTables (they hold the floor table)")
+        hl, fl = half_life_hours  # (checked when built)
+    else:
+        if floor is None:
+            raise ValueError("floor is required with a half_life_hours table")
+        hl = _half_life_table(half_life_hours)
+        fl = _floor_table(floor, hl.shape[0])
     if hl.shape[0] > 1:
         if ns is None:
             raise ValueError("ns is required with a per-namespace half_life_hours table")
         _check("ns", ns, np.int32, n)
     else:
-        ns = np.zeros(1, np.int32)
-    return hl, _floor_table(floor, hl.shape[0]), ns
+        ns = _ONE_NAMESPACE
+    return hl, fl, ns
+
+
+_ONE_NAMESPACE = np.zeros(1, np.int32)  # (the kernels read ns only with a per-namespace table)

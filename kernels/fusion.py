@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ._checks import _check, score_columns
+from ._checks import ScoreTables, _check, score_columns
 from ._jit import score_rows as _score_rows
 
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
@@ -198,8 +198,8 @@ def fused_rank(
     tier: np.ndarray,
     now: float,
     tau_seconds: float,
-    half_life_hours: np.ndarray | list[float],
-    floor: float | np.ndarray,
+    half_life_hours: np.ndarray | list[float] | ScoreTables,
+    floor: float | np.ndarray | None,
     w_sim: float,
     w_kw: float,
     alpha: float,
@@ -322,8 +322,8 @@ def rrf_rank(
     tier: np.ndarray,
     now: float,
     tau_seconds: float,
-    half_life_hours: np.ndarray | list[float],
-    floor: float | np.ndarray,
+    half_life_hours: np.ndarray | list[float] | ScoreTables,
+    floor: float | np.ndarray | None,
     alpha: float,
     beta: float,
     gamma: float,

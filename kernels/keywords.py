@@ -18,6 +18,7 @@ the same as the full pass's.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -758,7 +759,7 @@ def accumulate(
     _check("weights", weights, np.float64, wanted.shape[0])
     _check("row_gen", row_gen, np.int32)
     _check("allowed", allowed, np.bool_)
-    if wanted.shape[0] > 1 and not (wanted[1:] > wanted[:-1]).all():
+    if wanted.shape[0] > 1 and not _ascending(wanted):
         raise ValueError("wanted must be sorted ascending without repeats")
     if not (avgdl > 0 and math.isfinite(avgdl)):
         raise ValueError("avgdl must be a finite number > 0")
@@ -770,20 +771,13 @@ def accumulate(
             raise ValueError("allowed_bits must hold allowed packed, 8 rows a byte")
     if row_gen.shape[0] < allowed.shape[0]:
         allowed = allowed[: row_gen.shape[0]]  # rows never posted hold no term
-    if not all(isinstance(s, Postings | Appended) for s in sources):
-        raise ValueError("sources must be built by postings() or appended()")
-    if current is None:
-        current = (False,) * len(sources)
-    elif len(current) != len(sources):
-        raise ValueError("current must have one flag per source")
+    sorted_, unsorted = _split(sources, current)
     scratch = _take_scratch(allowed.shape[0])  # (dropped if a kernel raises: it may hold partial sums)
     acc, touched = scratch.acc, scratch.touched
     m = 0
     args = (wanted, weights, row_gen, allowed, float(avgdl), float(k1), float(b), acc, touched)
-    for s in sources:
-        if isinstance(s, Appended):
-            m = _score_appended(s.keys, s.filled, s.rows, s.tfs, s.gens, s.lens, *args, m)
-    sorted_ = [(s, bool(known)) for s, known in zip(sources, current, strict=True) if isinstance(s, Postings)]
+    for a in unsorted:
+        m = _score_appended(a.keys, a.filled, a.rows, a.tfs, a.gens, a.lens, *args, m)
     packed = _pack(sorted_) if depth > 0 else None
     if packed is not None:  # (read at the read-out, row by row, for the best ``depth``)
         bits = np.packbits(allowed, bitorder="little") if allowed_bits is None else allowed_bits
@@ -797,6 +791,32 @@ def accumulate(
 
 
 MAX_PACKED = 10  # sorted sources a deferred pass reads at once (more: the plain pass)
+
+
+def _ascending(a: np.ndarray) -> bool:
+    """Strictly ascending (a query's few keys: a Python loop beats NumPy's set-up)."""
+    return all(x < y for x, y in itertools.pairwise(a.tolist()))
+
+
+def _split(
+    sources: Sequence[Postings | Appended], current: Sequence[bool] | None
+) -> tuple[list[tuple[Postings, bool]], list[Appended]]:
+    """``accumulate``'s sources checked: (the sorted ones with their ``current`` flag, the unsorted
+    ones holding postings)."""
+    if current is None:
+        current = (False,) * len(sources)
+    elif len(current) != len(sources):
+        raise ValueError("current must have one flag per source")
+    sorted_: list[tuple[Postings, bool]] = []
+    unsorted: list[Appended] = []
+    for s, known in zip(sources, current, strict=True):
+        if isinstance(s, Postings):
+            sorted_.append((s, bool(known)))
+        elif not isinstance(s, Appended):
+            raise ValueError("sources must be built by postings() or appended()")
+        elif s.filled:  # (an empty one adds nothing)
+            unsorted.append(s)
+    return sorted_, unsorted
 
 
 class _Packed(NamedTuple):

@@ -1383,6 +1383,74 @@ def test_score_rows_per_namespace_table_as_list():
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("floor", ["one", "per-namespace"])
+def test_score_tables_checked_once_score_as_the_tables_they_hold(floor):
+    """ScoreTables (checked once by score_tables) give what the raw tables give, in score_rows and in
+    both fusion kernels."""
+    from tiermem.kernels import fusion
+
+    rng = rng_for("score-tables", floor)
+    cols, ns, table, rows, rel = make_score_inputs(60, 40, rng, 3)
+    floors = SCORE["floor"] if floor == "one" else np.array([0.0, 0.2, 0.9])
+    params = {**SCORE, "floor": floors}
+    checked = K.score_tables(table, floors)
+    raw = K.score_rows(rows, rel, **cols, now=NOW, half_life_hours=table, ns=ns, **params)
+    got = K.score_rows(
+        rows, rel, **cols, now=NOW, half_life_hours=checked, ns=ns, **{**params, "floor": None}
+    )
+    for a, b in zip(raw, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    v_rows, k_rows = np.unique(rows)[:10], np.unique(rows)[5:20]
+    v_sims = rng.random(v_rows.shape[0]).astype(np.float32)
+    k_sims, k_scores = (rng.random(k_rows.shape[0]).astype(np.float32) for _ in range(2))
+    probed = rng.random(v_rows.shape[0]).astype(np.float32)
+    fused = {
+        "use_sim": True,
+        "use_kw": True,
+        "w_sim": 0.5,
+        "w_kw": 0.5,
+        "alpha": 1.0,
+        "beta": 0.1,
+        "gamma": 0.1,
+    }
+    common = {**cols, "now": NOW, "tau_seconds": SCORE["tau_seconds"], "ns": ns, **fused}
+    a = fusion.fused_rank(v_rows, v_sims, k_rows, k_sims, k_scores, probed, **common,
+                          half_life_hours=table, floor=floors)  # fmt: skip
+    b = fusion.fused_rank(v_rows, v_sims, k_rows, k_sims, k_scores, probed, **common,
+                          half_life_hours=checked, floor=None)  # fmt: skip
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    vector = (v_rows, v_sims, v_sims, probed, probed)
+    rrf = {"rrf_k": 60.0, "w_vec": 1.0, "w_kw": 1.0, "row_w": None, "min_similarity": None, "alpha": 0.5,
+           "beta": 0.3, "gamma": 0.2, **cols, "now": NOW, "tau_seconds": SCORE["tau_seconds"], "ns": ns}  # fmt: skip
+    a2 = fusion.rrf_rank(vector, k_rows, k_sims, k_scores, **rrf, half_life_hours=table, floor=floors)
+    b2 = fusion.rrf_rank(vector, k_rows, k_sims, k_scores, **rrf, half_life_hours=checked, floor=None)
+    for x, y in zip(a2, b2, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_score_tables_refuse_what_the_raw_tables_refuse():
+    table = np.full((2, 5), 24.0)
+    with pytest.raises(ValueError, match="half_life_hours must not hold NaN"):
+        K.score_tables(np.full((2, 5), np.nan), 0.1)
+    with pytest.raises(ValueError, match="floor must be in"):
+        K.score_tables(table, 1.5)
+    with pytest.raises(ValueError, match="one entry per row"):
+        K.score_tables(table, np.array([0.1, 0.2, 0.3]))
+    cols = {
+        "importance": np.ones(2, np.float32),
+        "created_at": np.full(2, NOW),
+        "last_access": np.full(2, NOW),
+        "tier": np.array([1, 2], np.int8),
+    }
+    rows, rel = np.arange(2, dtype=np.int64), np.zeros(2, np.float32)
+    args = {**cols, "now": NOW, "tau_seconds": 60.0, "alpha": 1.0, "beta": 0.0, "gamma": 0.0}
+    with pytest.raises(ValueError, match="floor must be None with ScoreTables"):
+        K.score_rows(rows, rel, **args, half_life_hours=K.score_tables(table[:1], 0.1), floor=0.1)
+    with pytest.raises(ValueError, match="floor is required"):
+        K.score_rows(rows, rel, **args, half_life_hours=table[:1], floor=None)
+
+
 def run_score_rows_py(rows, rel, cols, ns, table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     m = len(rows)
     score, rec, imp = (np.full(m, np.nan, np.float32) for _ in range(3))

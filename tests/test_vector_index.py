@@ -933,3 +933,32 @@ def test_a_snapshot_whose_last_bytes_cannot_be_written_fails_and_keeps_the_previ
     lines = out.stdout.split("\n")
     assert lines[0].startswith("failed"), out.stdout
     assert lines[1] == "loaded 200", out.stdout
+
+
+def test_lookups_read_the_storage_as_it_stands_after_moves_and_a_compaction(tuning: Tuning) -> None:
+    """The view of HNSW storage a lookup reads is kept between lookups, and taken again once an add
+    has moved the storage (it grows by reallocating) or a compaction has replaced the index."""
+    rng = np.random.default_rng(17)
+    vecs = unit(rng, 3000)
+    q = unit(rng, 1)[0]
+    idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)  # (no indexer: adds go into HNSW)
+    idx.add(vecs[:40], np.arange(40), np.arange(40))
+    np.testing.assert_allclose(idx.similarities(np.arange(40), q), vecs[:40] @ q, rtol=1e-5, atol=1e-6)
+    with idx.reading():
+        assert idx._stored(idx.indexed) is idx._stored(idx.indexed)  # (kept while nothing moved)
+    for lo in range(40, 3000, 740):  # the storage outgrows its buffer several times
+        idx.add(vecs[lo : lo + 740], np.arange(lo, min(lo + 740, 3000)), np.arange(lo, min(lo + 740, 3000)))
+        n = idx.indexed
+        ids = rng.permutation(n)[:200]
+        np.testing.assert_allclose(idx.similarities(ids, q), vecs[ids] @ q, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(idx.vectors(ids), vecs[ids])
+    assert idx.indexed == 3000
+    idx.kill(np.arange(0, 3000, 2))
+    moved: dict[int, int] = {}
+    idx.compact(lambda rows, ids: moved.update(zip(rows.tolist(), ids.tolist(), strict=True)))
+    idx.flush()  # (the compacted entries wait as a backlog: into HNSW now)
+    assert idx.indexed == 1500
+    rows = np.arange(1, 3000, 2)
+    new_ids = np.array([moved[r] for r in rows.tolist()])
+    np.testing.assert_allclose(idx.similarities(new_ids, q), vecs[rows] @ q, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(idx.vectors(new_ids), vecs[rows])

@@ -16,6 +16,7 @@ Decay (half-life and floor, or none), the heuristic rating, the caps, the named 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -187,6 +188,12 @@ class Tables:
     evict_share: np.ndarray  # (n,) float64: the share a namespace or kind cap evicts when passed
     recency_basis: np.ndarray  # (n,) int8: searches' recency from creation (1) or last access (2)
     kind_caps: dict[int, dict[str, int]] = field(default_factory=dict)  # namespace id: {kind: cap}
+
+    @cached_property
+    def score(self) -> kernels.ScoreTables:
+        """half_life and floor checked for the scoring kernels, once (the tables are not changed after
+        ``build``): a search passes these rather than having them checked again."""
+        return kernels.score_tables(self.half_life, self.floor)
 
     @classmethod
     def build(cls, n: int, base: Policy, overrides: dict[int, Policy]) -> Tables:

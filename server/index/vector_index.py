@@ -133,6 +133,8 @@ class VectorIndex:
         hnsw: Any = index
         self._storage: Any = faiss.downcast_index(hnsw.storage)  # its flat storage (~5 us a downcast)
         self._params: dict[int, Any] = {}  # unfiltered search parameters by efSearch (read-only to FAISS)
+        # (storage, entries, a view of them): every lookup would otherwise cross into FAISS for it
+        self._xb: tuple[Any, int, np.ndarray] | None = None
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     @property
@@ -253,6 +255,7 @@ class VectorIndex:
                         # them as moved (never add them twice: ids would drift), and keep this
                         # index out of snapshots, so a restart adds them again from LMDB.
                         with self._state:
+                            self._xb = None  # (the storage may have moved)
                             added = int(self.index.ntotal) - lo
                             if not ok and added > 0:
                                 self.damaged = True
@@ -452,9 +455,16 @@ class VectorIndex:
 
     def _stored(self, lo: int) -> np.ndarray:
         """The first ``lo`` vectors of HNSW storage as a (lo, dim) view (call under the read lock)."""
+        storage, cached = self._storage, self._xb
+        if cached is not None and cached[0] is storage and cached[1] == lo:
+            return cached[2]
         if lo:
-            return faiss.rev_swig_ptr(self._storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
-        return np.empty((0, self.dim), np.float32)  # nothing in HNSW yet (storage may have no buffer)
+            xb = faiss.rev_swig_ptr(storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
+        else:
+            xb = np.empty((0, self.dim), np.float32)  # nothing in HNSW yet (storage may have no buffer)
+        if lo == self.indexed:  # (the read lock keeps it: an add clears the view first)
+            self._xb = (storage, lo, xb)
+        return xb
 
     def _gather(self, internal_ids: np.ndarray, query: np.ndarray | None) -> np.ndarray:
         """Similarities with ``query`` (or copies of the vectors, query None) of the given entries,
@@ -579,7 +589,7 @@ class VectorIndex:
             bits[: packed.shape[0]] = packed
             with self._lock.write():
                 with self._state:
-                    self.index, self._storage, self._params = fresh, storage, {}
+                    self.index, self._storage, self._params, self._xb = fresh, storage, {}, None
                     self.slots, self.vks, self.live_bits = slots, new_vks, bits
                     self._pbuf, self._pbase = vectors, 0
                     self.n, self.indexed, self.dead = count, 0, 0

@@ -144,9 +144,9 @@ class Scorer:
             "tier": view.tier,
             "now": a.now,
             "tau_seconds": a.tau,
-            "half_life_hours": tables.half_life,
+            "half_life_hours": tables.score,  # (checked once, with the floor)
             "ns": view.ns,
-            "floor": tables.floor,
+            "floor": None,
         }
 
     @property

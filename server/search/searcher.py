@@ -290,8 +290,8 @@ class Searcher:
         src = self.source
         mask, count, keyword_mask, keyword_count = allowed
         depth = similarity_depth(a.limit)  # (each list as deep as a similarity search's HNSW one)
-        by_similarity = replace(a, alpha=1.0, beta=0.0, gamma=0.0, min_similarity=None)
-        scorer = Scorer(view, sp, query, by_similarity, None, tables, src.columns.namespaces)
+        # (asked for similarities and the scoring columns only: its weights go unused)
+        scorer = Scorer(view, sp, query, a, None, tables, src.columns.namespaces)
         if a.hybrid is None and query is None:  # no signal of relevance asked: every allowed row ranks
             everything = Candidates(np.flatnonzero(mask), None)
             no_relevance = FusedWeights(a.alpha, a.beta, a.gamma, 0.0, 0.0)
@@ -301,9 +301,10 @@ class Searcher:
         vector: Candidates | None
         keywords: KeywordScores | None
         both = None
-        with self.turns.spare(by_vector and by_keywords and self._beside_helps(count)) as beside:
-            if beside:
-                both = self._both(scorer, a, allowed, depth, holding)
+        if by_vector and by_keywords and self._beside_helps(count):
+            with self.turns.spare() as beside:
+                if beside:
+                    both = self._both(scorer, a, allowed, depth, holding)
         if both is not None:
             vector, keywords = both
         else:

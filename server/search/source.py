@@ -8,6 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
+from tiermem.kernels import ScoreTables
 from tiermem.server.config import ServerConfig
 from tiermem.server.embedding.providers import Embedder
 from tiermem.server.index.columns import Columns, ColumnsView
@@ -22,13 +23,10 @@ class PolicyTables(Protocol):
     """Per-namespace lifecycle tables, indexed by namespace id (then tier)."""
 
     @property
-    def half_life(self) -> np.ndarray: ...  # importance half-life in hours, (namespaces, 5)
-
-    @property
-    def floor(self) -> np.ndarray: ...  # decayed importance never below floor * importance, (namespaces,)
-
-    @property
     def recency_basis(self) -> np.ndarray: ...  # recency from creation (1) or last access (2), (namespaces,)
+
+    @property
+    def score(self) -> ScoreTables: ...  # importance half-lives (namespaces, 5) and floors, checked
 
 
 class SearchSource(Protocol):
