@@ -100,6 +100,12 @@ def similarity_depth(limit: int) -> int:
     return max(2 * limit, 32)
 
 
+def by_similarity(a: RankingParams, row_w: np.ndarray | None) -> bool:
+    """Whether ``a`` ranks by similarity alone (no recency, importance or row weights): then a
+    candidate search is one HNSW search ``similarity_depth(a.limit)`` deep, every row it finds scored."""
+    return a.beta == 0 and a.gamma == 0 and a.alpha > 0 and row_w is None
+
+
 class CandidateSearch:
     """One ranking's candidate search (see the module docstring). ``scorer`` scores rows exactly
     (its view, space and query are the search's); ``a.limit`` is the top to make exact."""
@@ -126,16 +132,14 @@ class CandidateSearch:
     def run(self, mask: np.ndarray, count: int) -> Scored:
         """Score every row of ``mask`` (``count`` rows, all in the space) that could enter the top."""
         a = self.params
-        by_similarity = a.beta == 0 and a.gamma == 0 and a.alpha > 0 and self.scorer.row_w is None
+        similar = by_similarity(a, self.scorer.row_w)
         # When priors count, a deeper A lowers sim_K, so the cheap ceiling below settles more
         # rankings at once and B is smaller; the deeper HNSW search costs more (Tuning.prior_k).
-        self.k = (
-            similarity_depth(a.limit) if by_similarity else min(max(8 * a.limit, self.tuning.prior_k), 2048)
-        )
+        self.k = similarity_depth(a.limit) if similar else min(max(8 * a.limit, self.tuning.prior_k), 2048)
         a_rows, a_sims, sim_bound = self._ann(mask, count)
         first = self.scorer(a_rows, rel=a_sims)
         self.parts = [first]
-        if sim_bound == -np.inf or by_similarity:
+        if sim_bound == -np.inf or similar:
             return first  # nothing outside A can beat A's scores
         self.best = first.score[kernels.topk(first.score, a.limit)]
         todo = mask.copy()

@@ -31,7 +31,7 @@ from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
-from tiermem.server.search.candidates import CandidateSearch, ann, similarity_depth
+from tiermem.server.search.candidates import CandidateSearch, ann, by_similarity, similarity_depth
 from tiermem.server.search.fused import Candidates, FusedWeights, rank_fused
 from tiermem.server.search.keywords import KeywordScores, bm25, fuse, keyword_pass
 from tiermem.server.search.observer import SearchObserver
@@ -262,7 +262,9 @@ class Searcher:
                 scored = scorer(np.flatnonzero(mask))
             else:
                 self._observer.candidate_search()
-                ranking = a if fused_limit == a.limit else replace(a, limit=fused_limit)
+                # (by similarity alone, the search for a.limit finds the fused list's rows already)
+                deeper = fused_limit != a.limit and not by_similarity(a, row_w)
+                ranking = replace(a, limit=fused_limit) if deeper else a
                 scored = CandidateSearch(src, self.priors, self._observer, scorer, ranking).run(mask, count)
             if a.hybrid is not None:
                 keywords = bm25(
