@@ -92,7 +92,9 @@ def score_columns(
     if isinstance(half_life_hours, ScoreTables):
         if floor is not None:
             raise ValueError("floor must be None with ScoreTables (they hold the floor table)")
-        hl, fl = half_life_hours  # (checked when built)
+        hl, fl = half_life_hours  # (their values checked when built; their shapes, which bound reads, here)
+        if not _shaped(hl, (hl.shape[0], 5)) or hl.shape[0] == 0 or not _shaped(fl, (hl.shape[0],)):
+            raise ValueError("ScoreTables must come from score_tables()")
     else:
         if floor is None:
             raise ValueError("floor is required with a half_life_hours table")
@@ -105,6 +107,10 @@ def score_columns(
     else:
         ns = _ONE_NAMESPACE
     return hl, fl, ns
+
+
+def _shaped(a: np.ndarray, shape: tuple[int, ...]) -> bool:
+    return isinstance(a, np.ndarray) and a.dtype == np.float64 and a.shape == shape and a.flags.c_contiguous
 
 
 _ONE_NAMESPACE = np.zeros(1, np.int32)  # (the kernels read ns only with a per-namespace table)

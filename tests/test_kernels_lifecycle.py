@@ -1449,6 +1449,18 @@ def test_score_tables_refuse_what_the_raw_tables_refuse():
         K.score_rows(rows, rel, **args, half_life_hours=K.score_tables(table[:1], 0.1), floor=0.1)
     with pytest.raises(ValueError, match="floor is required"):
         K.score_rows(rows, rel, **args, half_life_hours=table[:1], floor=None)
+    # Built by hand with a floor table shorter than the half-life table: the kernel would read past it.
+    short = K.ScoreTables(np.full((3, 5), 24.0), np.full(2, 0.1))
+    with pytest.raises(ValueError, match="must come from score_tables"):
+        K.score_rows(rows, rel, **args, ns=np.array([0, 2], np.int32), half_life_hours=short, floor=None)
+    with pytest.raises(ValueError, match="must come from score_tables"):
+        K.score_rows(
+            rows,
+            rel,
+            **args,
+            half_life_hours=K.ScoreTables(np.full((1, 4), 24.0), np.full(1, 0.1)),
+            floor=None,
+        )
 
 
 def run_score_rows_py(rows, rel, cols, ns, table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
