@@ -138,11 +138,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _server_cmd(data_dir: Path, port: int) -> list[str]:
+def server_args(data_dir: Path, port: int) -> list[str]:
+    """The arguments a benchmark's server runs with (after its command)."""
     return [
-        sys.executable,
-        "-m",
-        "tiermem.server",
         "--port",
         str(port),
         "--data-dir",
@@ -150,6 +148,10 @@ def _server_cmd(data_dir: Path, port: int) -> list[str]:
         "--log-level",
         "INFO",  # start-up says what it loaded, re-added and compacted (the server logs no requests)
     ]
+
+
+def _server_cmd(data_dir: Path, port: int) -> list[str]:
+    return [sys.executable, "-m", "tiermem.server", *server_args(data_dir, port)]
 
 
 def start_server(data_dir: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cpu_seconds, free_port, stop_server, wait_idle, wait_serving
+from common import cpu_seconds, free_port, server_args, stop_server, wait_idle, wait_serving
 from load import LoadPool
 from suite import BATCH, batch_request, make_data
 
@@ -72,10 +72,12 @@ def searches(kind: str, pb: Any, texts: list[str]) -> dict[str, Any]:
 
 def start(cmd: list[str], data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    args = ["--port", str(port), "--data-dir", str(data), "--log-level", "INFO"]
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            cmd + args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}
+            cmd + server_args(data, port),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **SERVER_ENV},
         )
     return proc, f"127.0.0.1:{port}"
 

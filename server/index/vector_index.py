@@ -133,8 +133,9 @@ class VectorIndex:
         hnsw: Any = index
         self._storage: Any = faiss.downcast_index(hnsw.storage)  # its flat storage (~5 us a downcast)
         self._params: dict[int, Any] = {}  # unfiltered search parameters by efSearch (read-only to FAISS)
-        # (storage, entries, a view of them): every lookup would otherwise cross into FAISS for it
-        self._xb: tuple[Any, int, np.ndarray] | None = None
+        # The indexed vectors' view of HNSW storage (cleared under the write lock whenever an add or
+        # a compaction may move the storage): every lookup would otherwise cross into FAISS for it.
+        self._xb: np.ndarray | None = None
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     @property
@@ -455,15 +456,15 @@ class VectorIndex:
 
     def _stored(self, lo: int) -> np.ndarray:
         """The first ``lo`` vectors of HNSW storage as a (lo, dim) view (call under the read lock)."""
-        storage, cached = self._storage, self._xb
-        if cached is not None and cached[0] is storage and cached[1] == lo:
-            return cached[2]
+        xb = self._xb
+        if xb is not None and xb.shape[0] == lo:
+            return xb
         if lo:
-            xb = faiss.rev_swig_ptr(storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
+            xb = faiss.rev_swig_ptr(self._storage.get_xb(), lo * self.dim).reshape(lo, self.dim)
         else:
             xb = np.empty((0, self.dim), np.float32)  # nothing in HNSW yet (storage may have no buffer)
-        if lo == self.indexed:  # (the read lock keeps it: an add clears the view first)
-            self._xb = (storage, lo, xb)
+        if lo == self.indexed:  # (kept while the read lock holds the index still)
+            self._xb = xb
         return xb
 
     def _gather(self, internal_ids: np.ndarray, query: np.ndarray | None) -> np.ndarray:
