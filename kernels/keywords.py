@@ -121,7 +121,21 @@ def appended(
 @_kernel
 def _term(w, tf, length, avgdl, k1, b):  # pragma: no cover
     """One posting's BM25 term: idf ``w``, term frequency ``tf``, its content's ``length``."""
-    return w * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * length / avgdl))
+    return _normed_term(w, tf, _length_norm(length, avgdl, k1, b), k1)
+
+
+@_kernel
+def _length_norm(length, avgdl, k1, b):  # pragma: no cover
+    """The part of a term's BM25 denominator that its content's ``length`` sets (all of a row's
+    terms share it)."""
+    return k1 * (1.0 - b + b * length / avgdl)
+
+
+@_kernel
+def _normed_term(w, tf, norm, k1):  # pragma: no cover
+    """``_term`` with the length part ``norm`` computed (``_length_norm``): the same float."""
+    tf = np.float64(tf)
+    return w * tf * (k1 + 1.0) / (tf + norm)
 
 
 @_kernel
@@ -347,12 +361,14 @@ def _segment_best(
     depth = hs.shape[0]
     at = np.empty(t, np.int64)
     scored = 0
+    k0, kb = k1 * (1.0 - b), k1 * b / avgdl  # (the skip test's length part, without a division)
     for i in range(t):
         full = n == depth
         cut = hs[0] * (1.0 - 1e-6) if full else -1.0  # (float sums against float bounds)
         if full and after[i] < cut:
             break
         at[:] = lo
+        wk = w[i] * (k1 + 1.0)
         for p in range(lo[i], hi[i]):
             r = rows[p]
             if not (r < n_rows and (bits[r >> 3] >> (r & 7)) & 1):  # (allowed: 8x less to cache)
@@ -360,9 +376,13 @@ def _segment_best(
             g = 0 if cur else row_gen[r]  # (a random read saved where no posting is stale)
             if not (cur or gens[p] == g):
                 continue
-            score = _term(w[i], tfs[p], lens[p], avgdl, k1, b)
-            if full and score + after[i + 1] < cut:
+            tf = np.float64(tfs[p])
+            # Skipped when its term and what the later terms could add stay under the cut, tested
+            # without dividing: rounding moves it by far less than the cut's slack.
+            if full and wk * tf < (cut - after[i + 1]) * (tf + k0 + kb * np.float64(lens[p])):
                 continue
+            norm = _length_norm(lens[p], avgdl, k1, b)  # (the row's other postings here share it)
+            score = _normed_term(w[i], tf, norm, k1)
             for j in range(t):
                 if j == i:
                     continue
@@ -375,7 +395,7 @@ def _segment_best(
                     if j < i:  # (a term before i holds it: it was scored with that one)
                         score = -1.0
                         break
-                    score += _term(w[j], tfs[q], lens[q], avgdl, k1, b)
+                    score += _normed_term(w[j], tfs[q], norm, k1)
             if score >= 0.0:
                 scored += 1
                 # (as float32, the precision returned: equal rows tie there, by row)

@@ -686,6 +686,72 @@ def test_the_best_read_before_the_probes_answer_as_one_read_out(seed: int) -> No
     assert nothing[0].shape == (0,) and nothing[2](np.array([1, 2], np.int64)).tolist() == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_pass_for_the_best_skips_no_row_that_belongs_among_them(seed: int) -> None:
+    """Few terms (a rare, a middling and a common one), contents of very different lengths and
+    term frequencies, many rows near the cut: the read-out's skip tests (what a row's term and the
+    terms after it could add, weighed against the cut) drop no row the reference ranks among the
+    best, at every depth, and the read-out still skips most rows."""
+    rng = np.random.default_rng(300 + seed)
+    n = 3000
+    per_key = [(0, 0.02), (1, 0.15), (2, 0.5)]  # (key, share of the rows holding it)
+    postings = [
+        (k, r, float(rng.choice([1, 1, 1, 2, 3])))
+        for k, share in per_key
+        for r in np.flatnonzero(rng.random(n) < share).tolist()
+    ]
+    lengths = rng.integers(1, 400, size=n).astype(np.uint16)  # short and long contents
+    keys = np.array([p[0] for p in postings], np.int32)
+    rows = np.array([p[1] for p in postings], np.int32)
+    tfs = np.array([p[2] for p in postings], np.float32)
+    uniq, counts = np.unique(keys, return_counts=True)
+    seg = kw_kernels.postings(uniq, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), rows, tfs,
+                              np.ones(rows.shape[0], np.int32), lengths[rows])  # fmt: skip
+    row_gen = np.ones(n, np.int32)
+    wanted = np.arange(3, dtype=np.int32)
+    weights = kw_kernels.idf(n, counts.astype(np.float64))
+    allowed = rng.random(n) < 0.95
+    avgdl = float(lengths.mean())
+    want_rows, want_scores = reference_bm25([seg], wanted, weights, row_gen, allowed, avgdl)
+    order = np.lexsort((want_rows, -want_scores.astype(np.float64)))
+    for depth in (1, 3, 10, 32, 100):
+        for current in ((True,), (False,)):
+            sums = kw_kernels.accumulate(
+                [seg], wanted, weights, row_gen, allowed, avgdl, current=current, depth=depth
+            )
+            got_rows, got_scores, _ = sums.collect(None, depth)
+            np.testing.assert_allclose(got_scores, want_scores[order][:depth], rtol=1e-6)
+            exact = want_scores[order][:depth]
+            clear = exact > exact[-1] * (1 + 1e-5)  # (rows clear of the cut: the same ones exactly)
+            assert set(got_rows[clear].tolist()) == set(want_rows[order][:depth][clear].tolist())
+            assert sums.scored < want_rows.shape[0] / 4
+
+
+def test_a_pass_for_the_best_keeps_rows_just_above_the_cut_where_bounds_are_tight() -> None:
+    """Every content the same length and the common term once in each, so what a term could add
+    is what it adds: rows met later that beat the lowest of the best by a hair are kept, and only
+    those (the skip test errs by rounding, far below the cut's slack)."""
+    rng = np.random.default_rng(11)
+    n = 600
+    rare_tfs = (1.0 + 0.05 * rng.random(n)).astype(np.float32)  # close scores in random row order
+    rows = np.tile(np.arange(n, dtype=np.int32), 2)
+    tfs = np.concatenate([rare_tfs, np.ones(n, np.float32)])
+    seg = kw_kernels.postings(np.array([0, 1], np.int32), np.array([0, n, 2 * n], np.int64), rows, tfs,
+                              np.ones(2 * n, np.int32), np.full(2 * n, 12, np.uint16))  # fmt: skip
+    row_gen, allowed = np.ones(n, np.int32), np.ones(n, np.bool_)
+    wanted, weights = np.array([0, 1], np.int32), np.array([3.0, 0.5])
+    want_rows, want_scores = reference_bm25([seg], wanted, weights, row_gen, allowed, 12.0)
+    order = np.lexsort((want_rows, -want_scores.astype(np.float64)))
+    for depth in (1, 10, 50):
+        sums = kw_kernels.accumulate(
+            [seg], wanted, weights, row_gen, allowed, 12.0, current=(True,), depth=depth
+        )
+        got_rows, got_scores, _ = sums.collect(None, depth)
+        assert got_rows.tolist() == want_rows[order][:depth].tolist()
+        np.testing.assert_allclose(got_scores, want_scores[order][:depth], rtol=1e-6)
+        assert sums.scored < n  # (rows under the cut were skipped without their lookups)
+
+
 def test_a_pass_for_the_best_reads_the_allowed_rows_as_the_bits_it_is_given() -> None:
     """The read-out reads ``allowed`` packed 8 rows a byte: the caller's bits when given (a mask it
     shares keeps them), else packed by the pass; both give the reference's answer."""
