@@ -410,19 +410,34 @@ def _segment_best(
 def _probe_sorted(
     rows_t, gens_t, tfs_t, lens_t, nseg, current, lo, hi, w, row_gen, allowed, avgdl, k1, b, probe, probed
 ):  # pragma: no cover
-    """Adds each probe row's terms from the sorted sources to ``probed`` (binary search per term)."""
+    """Adds each probe row's terms from the sorted sources to ``probed`` (binary search per term,
+    where the row lies within the span of the term's rows there: a source of recent contents spans
+    few rows)."""
     n_rows = allowed.shape[0]
     for q in range(probe.shape[0]):
         p = probe[q]
         if not (0 <= p < n_rows and allowed[p]):
             continue
         for s in range(nseg):
-            rows, gens = rows_t[s], gens_t[s]
+            rows = rows_t[s]
             for j in range(lo.shape[0]):
-                if hi[j, s] > lo[j, s]:
-                    i = np.searchsorted(rows[lo[j, s] : hi[j, s]], p) + lo[j, s]
-                    if i < hi[j, s] and rows[i] == p and (current[s] or gens[i] == row_gen[p]):
+                a, z = lo[j, s], hi[j, s]
+                if z > a and rows[a] <= p <= rows[z - 1]:
+                    i = _lower_bound(rows, a, z, p)
+                    if rows[i] == p and (current[s] or gens_t[s][i] == row_gen[p]):
                         probed[q] += _term(w[j], tfs_t[s][i], lens_t[s][i], avgdl, k1, b)
+
+
+@_kernel
+def _lower_bound(rows, lo, hi, r):  # pragma: no cover
+    """The first position in ``lo:hi`` (rows ascending) whose row is >= ``r``."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if rows[mid] < r:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @_kernel

@@ -66,7 +66,8 @@ def rank_fused(
         k_rows, k_sims, k_scores, probed = _NO_ROWS, _zeros(0), _zeros(0), _zeros(v_rows.shape[0])
     else:
         k_rows, k_scores, probed = keywords.rows[:depth], keywords.scores[:depth], keywords.probed
-        k_sims = scorer.relevance(k_rows)  # (those of rows the vector list holds go unread)
+        # (those of rows the vector list holds go unread)
+        k_sims = scorer.relevance(k_rows) if keywords.sims is None else keywords.sims[:depth]
     w = weights
     f = fusion.fused_rank(
         v_rows, v_sims, k_rows, k_sims, k_scores, probed, use_sim=use_sim, use_kw=keywords is not None,

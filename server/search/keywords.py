@@ -24,6 +24,7 @@ class KeywordScores:
     rows: np.ndarray
     scores: np.ndarray
     probed: np.ndarray  # the scores of the rows the caller asked about (0: no term)
+    sims: np.ndarray | None = None  # the rows' similarities with the query, when looked up already
 
 
 def keyword_pass(

@@ -355,9 +355,10 @@ class Searcher:
             pending = self._beside.submit(most_similar)
         try:
             rows, scores, probe = sums.best(depth)
+            sims = scorer.relevance(rows)  # (while the vector search may still run)
         finally:
             vector = pending.result()  # (the helper is done before this search lets the indexes go)
-        return vector, KeywordScores(rows, scores, probe(vector.rows))
+        return vector, KeywordScores(rows, scores, probe(vector.rows), sims)
 
     def close(self) -> None:
         """Stop the helper threads; later searches run in line."""
