@@ -451,17 +451,15 @@ def test_the_helper_reads_only_the_indexes_its_search_holds(
     not lent to the helper: its search there waits for the writer, as the search's own would."""
     import threading
 
-    from tiermem.server.search import searcher as searcher_module
-
     rng = np.random.default_rng(5)
     e = _beside_engine(tmp_path / "data", rng)
     release = threading.Event()
     seen: list[bool] = []
     try:
         sp = e.spaces["m"]
-        real_pass = searcher_module.keyword_pass
+        real_helps = e.searcher._beside_helps
 
-        def pass_after_a_new_index(*a: object, **kw: object) -> object:
+        def helps_after_a_new_index(*a: object, **kw: object) -> object:  # (before the helper starts)
             index = e.state.index(sp, 1)  # (the first memory of a new tier gets its index)
             held = threading.Event()
 
@@ -480,9 +478,9 @@ def test_the_helper_reads_only_the_indexes_its_search_holds(
                 return out
 
             index.search = search  # type: ignore[method-assign]
-            return real_pass(*a, **kw)  # type: ignore[arg-type]
+            return real_helps(*a, **kw)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(searcher_module, "keyword_pass", pass_after_a_new_index)
+        monkeypatch.setattr(e.searcher, "_beside_helps", helps_after_a_new_index)
         e.search(_query(rng, text="deploy budget", strategy=FUSED))
         assert seen == [False]  # it waited for the writer
     finally:

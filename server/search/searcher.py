@@ -347,13 +347,14 @@ class Searcher:
                     lent.enter_context(index.lent())
                 return self._most_similar(scorer, mask, count, depth)
 
-        sums = keyword_pass(self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth)
         with self._beside_lock:
             if self._beside is None:
-                sums.release()
                 return None
-            pending = self._beside.submit(most_similar)
+            pending = self._beside.submit(most_similar)  # (first: the keyword pass's set-up overlaps it)
         try:
+            sums = keyword_pass(
+                self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth
+            )
             rows, scores, probe = sums.best(depth)
             sims = scorer.relevance(rows)  # (while the vector search may still run)
         finally:
