@@ -788,7 +788,7 @@ def accumulate(
     ``depth`` > 0: only the best ``depth`` rows will be collected (and probes), so the sorted sources
     are read at the read-out, for those only (when there are at most ``MAX_PACKED`` and each holds
     its keys' rows in order); it relies on what the index guarantees: a row's current content is
-    posted to one source. That read-out takes ``allowed`` as bits: ``allowed_bits``, when the caller
+    posted to one source, every posting of it with the content's one length. That read-out takes ``allowed`` as bits: ``allowed_bits``, when the caller
     keeps them with a mask it shares (``np.packbits(allowed, bitorder="little")``), else packed here."""
     _check("wanted", wanted, np.int32)
     _check("weights", weights, np.float64, wanted.shape[0])

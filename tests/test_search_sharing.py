@@ -454,7 +454,7 @@ def test_the_helper_reads_only_the_indexes_its_search_holds(
     rng = np.random.default_rng(5)
     e = _beside_engine(tmp_path / "data", rng)
     release = threading.Event()
-    seen: list[bool] = []
+    seen: list[tuple[str, bool]] = []
     try:
         sp = e.spaces["m"]
         real_helps = e.searcher._beside_helps
@@ -474,7 +474,8 @@ def test_the_helper_reads_only_the_indexes_its_search_holds(
 
             def search(*args: object, **kwargs: object) -> object:
                 out = real_search(*args, **kwargs)  # type: ignore[arg-type]
-                seen.append(index._lock._writer)  # (still writing when the search read it?)
+                # (which thread searched it, and was the writer still at it then?)
+                seen.append((threading.current_thread().name, index._lock._writer))
                 return out
 
             index.search = search  # type: ignore[method-assign]
@@ -482,7 +483,9 @@ def test_the_helper_reads_only_the_indexes_its_search_holds(
 
         monkeypatch.setattr(e.searcher, "_beside_helps", helps_after_a_new_index)
         e.search(_query(rng, text="deploy budget", strategy=FUSED))
-        assert seen == [False]  # it waited for the writer
+        assert len(seen) == 1
+        assert seen[0][0].startswith("tiermem-beside")  # (searched by the helper)
+        assert seen[0][1] is False  # it waited for the writer
     finally:
         release.set()
         e.close()
