@@ -11,7 +11,7 @@ import pytest
 from tiermem import kernels
 from tiermem.kernels import keywords as kw_kernels
 from tiermem.server.index.keyword_index import KeywordIndex, bm25, keyword_sums
-from tiermem.server.model.text import STOP_WORDS, keyword_terms, words
+from tiermem.server.model.text import STOP_WORDS, keyword_terms, keyword_terms_and_length, words
 
 
 def reference_bm25(sources, wanted, weights, row_gen, allowed, avgdl, k1=1.2, b=0.75):
@@ -214,6 +214,45 @@ def test_snapshot_round_trip_keeps_every_answer_and_allows_appends() -> None:
     assert 300 in _search(restored, "extra", more_alive)
     assert _search(restored, "word2", more_alive) == pytest.approx(_search(index, "word2", more_alive))
     assert _search(restored, "word1", more_alive) == pytest.approx(_search(index, "word1", more_alive))
+
+
+def test_every_posting_of_a_content_carries_its_one_length_in_every_source() -> None:
+    """What the row-by-row read-out relies on (it scores a row's other terms with the length of the
+    posting that met it): in every source the index builds (the delta, flushed and merged segments,
+    a long text's own segment, a compaction, a restore), a row's postings of one content carry one
+    length, its own."""
+    rng = np.random.default_rng(9)
+    vocab = [f"word{i}" for i in range(40)]
+    index = KeywordIndex(delta_size=64)  # (small: many flushes and merges)
+    lengths: dict[int, int] = {}
+
+    def post(row: int, n: int) -> None:
+        text = " ".join(rng.choice(vocab, size=n))
+        index.add(row, 0, text)
+        lengths[row] = keyword_terms_and_length(text)[1]
+
+    for row in range(300):
+        post(row, int(rng.integers(1, 30)))
+    for row in rng.choice(300, size=60, replace=False).tolist():  # contents replaced
+        post(int(row), int(rng.integers(1, 30)))
+    post(300, 200)  # longer than the delta: a segment of its own
+
+    def check(ix: KeywordIndex) -> None:
+        segments, delta, _ = ix._view
+        n = delta.filled
+        sources = [(s.rows, s.gens, s.lens) for s in segments]
+        sources.append((delta.rows[:n], delta.gens[:n], delta.lens[:n]))
+        for rows, gens, lens in sources:
+            current = gens == ix._gen[rows]
+            for r in np.unique(rows[current]).tolist():
+                assert set(lens[current & (rows == r)].tolist()) == {min(lengths[r], 65_535)}, r
+
+    check(index)
+    alive = np.ones(301, np.bool_)
+    alive[rng.choice(300, size=30, replace=False)] = False
+    index.compact(alive)
+    check(index)
+    check(KeywordIndex.restore(index.state()))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
