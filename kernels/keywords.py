@@ -331,15 +331,19 @@ def _seek(rows, i, hi, r):  # pragma: no cover
     while i + step < hi and rows[i + step] < r:
         i += step
         step <<= 1
-    top = min(i + step, hi)
-    i += 1
-    while i < top:
-        mid = (i + top) >> 1
+    return _lower_bound(rows, i + 1, min(i + step, hi), r)
+
+
+@_kernel
+def _lower_bound(rows, lo, hi, r):  # pragma: no cover
+    """The first position in ``lo:hi`` (rows ascending) whose row is >= ``r``."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
         if rows[mid] < r:
-            i = mid + 1
+            lo = mid + 1
         else:
-            top = mid
-    return i
+            hi = mid
+    return lo
 
 
 @_kernel
@@ -426,18 +430,6 @@ def _probe_sorted(
                     i = _lower_bound(rows, a, z, p)
                     if rows[i] == p and (current[s] or gens_t[s][i] == row_gen[p]):
                         probed[q] += _term(w[j], tfs_t[s][i], lens_t[s][i], avgdl, k1, b)
-
-
-@_kernel
-def _lower_bound(rows, lo, hi, r):  # pragma: no cover
-    """The first position in ``lo:hi`` (rows ascending) whose row is >= ``r``."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if rows[mid] < r:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 @_kernel
@@ -788,8 +780,9 @@ def accumulate(
     ``depth`` > 0: only the best ``depth`` rows will be collected (and probes), so the sorted sources
     are read at the read-out, for those only (when there are at most ``MAX_PACKED`` and each holds
     its keys' rows in order); it relies on what the index guarantees: a row's current content is
-    posted to one source, every posting of it with the content's one length. That read-out takes ``allowed`` as bits: ``allowed_bits``, when the caller
-    keeps them with a mask it shares (``np.packbits(allowed, bitorder="little")``), else packed here."""
+    posted to one source, every posting of it with the content's one length. That read-out takes
+    ``allowed`` as bits: ``allowed_bits``, when the caller keeps them with a mask it shares
+    (``np.packbits(allowed, bitorder="little")``), else packed here."""
     _check("wanted", wanted, np.int32)
     _check("weights", weights, np.float64, wanted.shape[0])
     _check("row_gen", row_gen, np.int32)
