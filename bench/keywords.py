@@ -93,11 +93,16 @@ def main() -> None:
     probes = [rng.integers(0, args.n, DEPTH).astype(np.int64) for _ in qs]
     allowed = np.ones(args.n, np.bool_)
     per_q = np.array([_postings(index, q) for q in qs])
+    segments = index._view[0]
+    postings_mb = sum(a.nbytes for seg in segments for a in seg.arrays) / 1e6
+    bitmaps_mb = sum(seg.bitmaps.words.nbytes + seg.bitmaps.ranks.nbytes for seg in segments) / 1e6
     report: dict = {
         "n": args.n,
         "questions": len(qs),
         "post_us_per_memory": round(posted / args.n * 1e6, 1),
         "compact_s": round(compacted, 2),
+        "postings_mb": round(postings_mb, 1),
+        "bitmaps_mb": round(bitmaps_mb, 1),  # the common keys' row bitmaps (derived, not saved)
         "postings_per_question": {
             "mean": int(per_q.mean()),
             "p50": int(np.median(per_q)),
@@ -105,6 +110,7 @@ def main() -> None:
         },
     }
     print(f"{args.n:,} memories posted in {posted:.1f} s, compacted in {compacted:.2f} s")
+    print(f"postings {postings_mb:.1f} MB, the common keys' row bitmaps {bitmaps_mb:.1f} MB")
     print(
         f"postings of a question's terms: mean {per_q.mean():,.0f}, p50 {np.median(per_q):,.0f}, max {per_q.max():,}"
     )

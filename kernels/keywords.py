@@ -27,6 +27,7 @@ import numpy as np
 from numba import njit
 
 from ._checks import _check
+from ._rowsets import RowBitmaps, find_row, no_bitmaps, row_bitmaps
 
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
@@ -44,6 +45,7 @@ class Postings(NamedTuple):
     max_tf: np.ndarray  # float32 per key: its highest term frequency (0: no posting)
     min_len: np.ndarray  # uint16 per key: its shortest content (together, a bound on its BM25 term)
     by_row: bool  # each key's rows strictly ascending (as the index builds them): read row by row
+    bitmaps: RowBitmaps  # the common keys' rows as bits (by_row only): a row's posting found at once
 
     @property
     def size(self) -> int:
@@ -86,7 +88,8 @@ def postings(
     if keys.shape[0] > 1 and not (np.diff(keys) > 0).all():
         raise ValueError("keys must be sorted ascending without repeats")
     max_tf, min_len, by_row = _key_bounds(starts, rows, tfs, lens)
-    return Postings(keys, starts, rows, tfs, gens, lens, max_tf, min_len, bool(by_row))
+    bitmaps = row_bitmaps(starts, rows) if by_row else no_bitmaps(keys.shape[0])
+    return Postings(keys, starts, rows, tfs, gens, lens, max_tf, min_len, bool(by_row), bitmaps)
 
 
 @_kernel
@@ -247,14 +250,16 @@ def _collect(acc, touched, m, probe, depth, keep):  # pragma: no cover
 
 @_kernel
 def _term_ranges(
-    keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b
+    keys_t, starts_t, max_tf_t, min_len_t, maps_t, nseg, wanted, weights, avgdl, k1, b
 ):  # pragma: no cover
-    """Per wanted key and sorted source: its postings' range there, and the most one of them can add
-    to a row (from the key's highest tf and shortest content in that source)."""
+    """Per wanted key and sorted source: its postings' range there, the most one of them can add
+    to a row (from the key's highest tf and shortest content in that source) and its bitmap there
+    (-1: none)."""
     t = wanted.shape[0]
     lo = np.zeros((t, nseg), np.int64)
     hi = np.zeros((t, nseg), np.int64)
     ub = np.zeros((t, nseg))
+    maps = np.full((t, nseg), -1, np.int64)
     for j in range(t):
         if not weights[j] > 0.0:  # (NaN too, as the full pass skips it)
             continue
@@ -265,7 +270,8 @@ def _term_ranges(
                 lo[j, s], hi[j, s] = starts_t[s][at], starts_t[s][at + 1]
                 # (the term grows with tf and shrinks with length: these two bound it)
                 ub[j, s] = _term(weights[j], max_tf_t[s][at], min_len_t[s][at], avgdl, k1, b)
-    return lo, hi, ub
+                maps[j, s] = maps_t[s][at]
+    return lo, hi, ub, maps
 
 
 @_kernel
@@ -348,17 +354,39 @@ def _lower_bound(rows, lo, hi, r):  # pragma: no cover
 
 @_kernel
 def _segment_best(
-    rows, tfs, gens, lens, cur, lo, hi, ub, w, row_gen, bits, n_rows, avgdl, k1, b, hs, hr, n
+    rows,
+    tfs,
+    gens,
+    lens,
+    cur,
+    lo,
+    hi,
+    ub,
+    w,
+    maps,
+    words,
+    ranks,
+    first,
+    row_gen,
+    bits,
+    n_rows,
+    avgdl,
+    k1,
+    b,
+    hs,
+    hr,
+    n,
 ):  # pragma: no cover
     """One sorted source's rows offered to the heap of the best (``hs``/``hr``, ``n`` held). Terms in
     order of their bound ``ub``, highest first: each row of a term's postings
-    that holds no term before it is scored whole, its other terms looked up (galloping, the rows
-    ascend). Before each term, and each lookup, what is left to add is weighed against the heap's
+    that holds no term before it is scored whole, its other terms looked up (in the key's bitmap
+    ``maps[j]`` of ``words``/``ranks`` when it has one, else galloping, the rows ascend). Before
+    each term, and each lookup, what is left to add is weighed against the heap's
     lowest: once the terms left together cannot lift a row into the heap, the rest is skipped.
-    Returns (the heap's count, how many rows were scored whole)."""
+    Returns (the heap's count, how many rows were scored whole)."""  # fmt: skip
     t = lo.shape[0]
     order = np.argsort(-ub)
-    lo, hi, ub, w = lo[order], hi[order], ub[order], w[order]
+    lo, hi, ub, w, maps = lo[order], hi[order], ub[order], w[order], maps[order]
     after = np.zeros(t + 1)  # after[i]: what terms i.. could add together, at most
     for i in range(t - 1, -1, -1):
         after[i] = after[i + 1] + ub[i]
@@ -375,11 +403,11 @@ def _segment_best(
         wk = w[i] * (k1 + 1.0)
         for p in range(lo[i], hi[i]):
             r = rows[p]
-            if not (r < n_rows and (bits[r >> 3] >> (r & 7)) & 1):  # (allowed: 8x less to cache)
+            # Allowed (as bits: 8x less to cache) and of the row's current content (no random read
+            # where no posting is stale).
+            if not (r < n_rows and (bits[r >> 3] >> (r & 7)) & 1 and (cur or gens[p] == row_gen[r])):
                 continue
-            g = 0 if cur else row_gen[r]  # (a random read saved where no posting is stale)
-            if not (cur or gens[p] == g):
-                continue
+            g = 0 if cur else row_gen[r]
             tf = np.float64(tfs[p])
             # Skipped when its term and what the later terms could add stay under the cut, tested
             # without dividing: rounding moves it by far less than the cut's slack.
@@ -393,9 +421,15 @@ def _segment_best(
                 if j > i and full and score + after[j] < cut:
                     score = -1.0  # (the terms left cannot lift it in)
                     break
-                q = _seek(rows, at[j], hi[j], r)
-                at[j] = q
-                if q < hi[j] and rows[q] == r and (cur or gens[q] == g):
+                d = maps[j]  # (the key's bitmap: a common word's posting found at once)
+                if d >= 0:
+                    q = find_row(words, ranks, d, first, r)
+                    q = lo[j] + q if q >= 0 else -1
+                else:  # (galloping: each term's look-ups come in row order)
+                    q = _seek(rows, at[j], hi[j], r)
+                    at[j] = q
+                    q = q if q < hi[j] and rows[q] == r else -1
+                if q >= 0 and (cur or gens[q] == g):
                     if j < i:  # (a term before i holds it: it was scored with that one)
                         score = -1.0
                         break
@@ -412,11 +446,30 @@ def _segment_best(
 
 @_kernel
 def _probe_sorted(
-    rows_t, gens_t, tfs_t, lens_t, nseg, current, lo, hi, w, row_gen, allowed, avgdl, k1, b, probe, probed
+    rows_t,
+    gens_t,
+    tfs_t,
+    lens_t,
+    maps,
+    words_t,
+    ranks_t,
+    firsts,
+    nseg,
+    current,
+    lo,
+    hi,
+    w,
+    row_gen,
+    allowed,
+    avgdl,
+    k1,
+    b,
+    probe,
+    probed,
 ):  # pragma: no cover
-    """Adds each probe row's terms from the sorted sources to ``probed`` (binary search per term,
-    where the row lies within the span of the term's rows there: a source of recent contents spans
-    few rows)."""
+    """Adds each probe row's terms from the sorted sources to ``probed`` (by the key's bitmap there,
+    ``maps[j, s]``, else a binary search where the row lies within the span of the term's rows there:
+    a source of recent contents spans few rows)."""  # fmt: skip
     n_rows = allowed.shape[0]
     for q in range(probe.shape[0]):
         p = probe[q]
@@ -426,10 +479,18 @@ def _probe_sorted(
             rows = rows_t[s]
             for j in range(lo.shape[0]):
                 a, z = lo[j, s], hi[j, s]
-                if z > a and rows[a] <= p <= rows[z - 1]:
+                if z <= a:
+                    continue
+                if maps[j, s] >= 0:
+                    i = find_row(words_t[s], ranks_t[s], maps[j, s], firsts[s], p)
+                    i = a + i if i >= 0 else -1
+                elif rows[a] <= p <= rows[z - 1]:
                     i = _lower_bound(rows, a, z, p)
-                    if rows[i] == p and (current[s] or gens_t[s][i] == row_gen[p]):
-                        probed[q] += _term(w[j], tfs_t[s][i], lens_t[s][i], avgdl, k1, b)
+                    i = i if rows[i] == p else -1
+                else:
+                    continue
+                if i >= 0 and (current[s] or gens_t[s][i] == row_gen[p]):
+                    probed[q] += _term(w[j], tfs_t[s][i], lens_t[s][i], avgdl, k1, b)
 
 
 @_kernel
@@ -442,6 +503,10 @@ def _best(
     lens_t,
     max_tf_t,
     min_len_t,
+    maps_t,
+    words_t,
+    ranks_t,
+    firsts,
     nseg,
     current,
     wanted,
@@ -463,7 +528,7 @@ def _best(
     unsorted sources' sums (``acc``, ``m`` rows ``touched``: whole, as a row's content is posted to
     one source) are offered first, then each sorted source's rows (``_segment_best``, which reads
     ``allowed`` as ``bits``, packed little-endian). ``acc`` is left all zeros (unless ``keep``:
-    rows are probed later, by ``_probe_later``)."""
+    rows are probed later, by ``_probe_later``)."""  # fmt: skip
     probed = np.zeros(probe.shape[0])
     for q in range(probe.shape[0]):
         if 0 <= probe[q] < acc.shape[0]:
@@ -477,50 +542,23 @@ def _best(
             n = _push(hs, hr, n, np.float64(acc[r]), r)
         if not keep:
             acc[r] = 0.0
-    lo, hi, ub = _term_ranges(keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b)
+    lo, hi, ub, maps = _term_ranges(
+        keys_t, starts_t, max_tf_t, min_len_t, maps_t, nseg, wanted, weights, avgdl, k1, b
+    )
     if depth > 0:
         for s in range(nseg):
             live = hi[:, s] > lo[:, s]
             if live.any():
                 n, more = _segment_best(
-                    rows_t[s],
-                    tfs_t[s],
-                    gens_t[s],
-                    lens_t[s],
-                    current[s],
-                    lo[live, s],
-                    hi[live, s],
-                    ub[live, s],
-                    weights[live],
-                    row_gen,
-                    bits,
-                    allowed.shape[0],
-                    avgdl,
-                    k1,
-                    b,
-                    hs,
-                    hr,
-                    n,
-                )
+                    rows_t[s], tfs_t[s], gens_t[s], lens_t[s], current[s], lo[live, s], hi[live, s],
+                    ub[live, s], weights[live], maps[live, s], words_t[s], ranks_t[s], firsts[s], row_gen,
+                    bits, allowed.shape[0], avgdl, k1, b, hs, hr, n,
+                )  # fmt: skip
                 scored += more
     _probe_sorted(
-        rows_t,
-        gens_t,
-        tfs_t,
-        lens_t,
-        nseg,
-        current,
-        lo,
-        hi,
-        weights,
-        row_gen,
-        allowed,
-        avgdl,
-        k1,
-        b,
-        probe,
-        probed,
-    )
+        rows_t, gens_t, tfs_t, lens_t, maps, words_t, ranks_t, firsts, nseg, current, lo, hi, weights, row_gen,
+        allowed, avgdl, k1, b, probe, probed,
+    )  # fmt: skip
     hr, hs = _best_first(hs, hr, n)
     return hr, hs.astype(np.float32), probed.astype(np.float32), scored
 
@@ -535,6 +573,10 @@ def _probe_later(
     lens_t,
     max_tf_t,
     min_len_t,
+    maps_t,
+    words_t,
+    ranks_t,
+    firsts,
     nseg,
     current,
     wanted,
@@ -550,17 +592,19 @@ def _probe_later(
     probe,
 ):  # pragma: no cover
     """The probe rows' scores after a read-out that kept ``acc`` (``_best`` with ``keep``), which is
-    then left all zeros."""
+    then left all zeros."""  # fmt: skip
     probed = np.zeros(probe.shape[0])
     for q in range(probe.shape[0]):
         if 0 <= probe[q] < acc.shape[0]:
             probed[q] = acc[probe[q]]
     for q in range(m):
         acc[touched[q]] = 0.0
-    lo, hi, _ = _term_ranges(keys_t, starts_t, max_tf_t, min_len_t, nseg, wanted, weights, avgdl, k1, b)
+    lo, hi, _, maps = _term_ranges(
+        keys_t, starts_t, max_tf_t, min_len_t, maps_t, nseg, wanted, weights, avgdl, k1, b
+    )
     _probe_sorted(
-        rows_t, gens_t, tfs_t, lens_t, nseg, current, lo, hi, weights, row_gen, allowed, avgdl, k1, b,
-        probe, probed,
+        rows_t, gens_t, tfs_t, lens_t, maps, words_t, ranks_t, firsts, nseg, current, lo, hi, weights, row_gen,
+        allowed, avgdl, k1, b, probe, probed,
     )  # fmt: skip
     return probed.astype(np.float32)
 
@@ -665,8 +709,7 @@ class Sums:
                     return _collect(acc, scratch.touched, self._m, probe, 0, False)[2]
                 k = later.packed
                 out = _probe_later(
-                    k.keys, k.starts, k.rows, k.tfs, k.gens, k.lens, k.max_tf, k.min_len, k.used, k.current,
-                    later.wanted, later.weights, later.row_gen, later.allowed, later.avgdl, later.k1, later.b,
+                    *k, later.wanted, later.weights, later.row_gen, later.allowed, later.avgdl, later.k1, later.b,
                     acc, scratch.touched, self._m, probe,
                 )  # fmt: skip
             finally:
@@ -696,16 +739,7 @@ class Sums:
         if later is not None:
             k = later.packed
             rows, scores, probed, self.scored = _best(
-                k.keys,
-                k.starts,
-                k.rows,
-                k.tfs,
-                k.gens,
-                k.lens,
-                k.max_tf,
-                k.min_len,
-                k.used,
-                k.current,
+                *k,
                 later.wanted,
                 later.weights,
                 later.row_gen,
@@ -849,7 +883,7 @@ def _split(
 
 class _Packed(NamedTuple):
     """Sorted sources as tuples of ``MAX_PACKED`` arrays each (padded with an empty source), so one
-    kernel call reads them all; the first ``used`` are real."""
+    kernel call reads them all; the first ``used`` are real. In the order ``_best`` takes them."""
 
     keys: tuple[np.ndarray, ...]
     starts: tuple[np.ndarray, ...]
@@ -859,6 +893,10 @@ class _Packed(NamedTuple):
     lens: tuple[np.ndarray, ...]
     max_tf: tuple[np.ndarray, ...]
     min_len: tuple[np.ndarray, ...]
+    maps: tuple[np.ndarray, ...]  # per key, its bitmap (RowBitmaps.key_map)
+    words: tuple[np.ndarray, ...]
+    ranks: tuple[np.ndarray, ...]
+    firsts: np.ndarray  # int64 per source: its bitmaps' first word
     used: int
     current: np.ndarray  # bool per source
 
@@ -891,11 +929,28 @@ def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
     if same and packed is not None:  # (only which of them are current changed)
         packed = packed._replace(current=flags)
     elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in s[:8]):
-        pad = (_EMPTY,) * (MAX_PACKED - len(segments))
+        padded = (*segments, *(_EMPTY,) * (MAX_PACKED - len(segments)))
         keys, starts, rows, tfs, gens, lens, max_tf, min_len = (
-            tuple(c) for c in zip(*(s[:8] for s in (*segments, *pad)), strict=True)
+            tuple(c) for c in zip(*(s[:8] for s in padded), strict=True)
         )
-        packed = _Packed(keys, starts, rows, tfs, gens, lens, max_tf, min_len, len(segments), flags)
+        maps, words, ranks = (tuple(c) for c in zip(*(s.bitmaps[:3] for s in padded), strict=True))
+        firsts = np.array([s.bitmaps.first for s in padded], np.int64)
+        packed = _Packed(
+            keys,
+            starts,
+            rows,
+            tfs,
+            gens,
+            lens,
+            max_tf,
+            min_len,
+            maps,
+            words,
+            ranks,
+            firsts,
+            len(segments),
+            flags,
+        )
     else:
         packed = None
     _last_packed = (segments, packed)
@@ -963,4 +1018,5 @@ _EMPTY = Postings(
     np.empty(0, np.float32),
     np.empty(0, np.uint16),
     True,
+    no_bitmaps(0),
 )  # (pads a pack)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tiermem import kernels
+from tiermem.kernels import _rowsets
 from tiermem.kernels import keywords as kw_kernels
 from tiermem.server.index.keyword_index import KeywordIndex, bm25, keyword_sums
 from tiermem.server.model.text import STOP_WORDS, keyword_terms, keyword_terms_and_length, words
@@ -502,6 +503,7 @@ def test_warm_up_compiles_every_keyword_kernel() -> None:
         "_discard",
     ):
         assert getattr(kw_kernels, name).signatures, name
+    assert _rowsets._build.signatures and _rowsets.find_row.signatures  # (the common keys' bitmaps)
 
 
 def test_bm25_kernel_returns_the_best_first_when_asked() -> None:

@@ -1,0 +1,142 @@
+"""Row bitmaps of a segment's common keys (``kernels._rowsets``) against NumPy references, and the
+read-out for the best rows giving the same answer with them as without."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tiermem.kernels import _rowsets
+from tiermem.kernels import keywords as kw_kernels
+
+
+def _segment(rng: np.random.Generator, lo_row: int, span: int, shares: list[float]) -> kw_kernels.Postings:
+    """Key k holds each row of ``lo_row : lo_row + span`` with probability ``shares[k]`` (rows
+    ascending within a key, each row's postings with its content's one length, as the index builds
+    them)."""
+    keys, rows = [], []
+    for k, share in enumerate(shares):
+        held = lo_row + np.flatnonzero(rng.random(span) < share)
+        keys.append(np.full(held.shape[0], k, np.int32))
+        rows.append(held.astype(np.int32))
+    keys_a, rows_a = np.concatenate(keys), np.concatenate(rows)
+    uniq, counts = np.unique(keys_a, return_counts=True)
+    n = rows_a.shape[0]
+    return kw_kernels.postings(
+        uniq.astype(np.int32),
+        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        rows_a,
+        rng.integers(1, 4, size=n).astype(np.float32),
+        np.ones(n, np.int32),
+        rng.integers(1, 40, size=lo_row + span).astype(np.uint16)[rows_a],
+    )
+
+
+def _reference(seg: kw_kernels.Postings) -> tuple[list[int], int, int]:
+    """(keys that get a bitmap, the span's first word, its words) from the rule in plain NumPy."""
+    first = int(seg.rows.min()) // 64
+    n_words = int(seg.rows.max()) // 64 - first + 1
+    counts = np.diff(seg.starts)
+    return [k for k in range(counts.shape[0]) if counts[k] * _rowsets.SHARE >= n_words * 64], first, n_words
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bitmaps_hold_the_common_keys_rows_and_counts_as_numpy_does(seed: int) -> None:
+    """The keys held by at least one row in SHARE of the span get a bitmap, in key order; its bits
+    are the rows the key holds (np.packbits), its counts the key's postings before each word, and a
+    row's posting is found where np.searchsorted finds it, absent rows (inside the span and on
+    either side of it) not at all."""
+    rng = np.random.default_rng(seed)
+    lo_row = int(rng.integers(0, 5000))
+    shares = [0.6, 0.001, 0.05, 1 / _rowsets.SHARE, 0.3, 0.004]
+    seg = _segment(rng, lo_row, int(rng.integers(500, 4000)), shares)
+    bm = seg.bitmaps
+    dense, first, n_words = _reference(seg)
+    assert bm.first == first and bm.words.shape == bm.ranks.shape == (len(dense), n_words)
+    assert np.flatnonzero(bm.key_map >= 0).tolist() == dense
+    assert bm.key_map[dense].tolist() == list(range(len(dense)))
+    assert 0 < len(dense) < seg.keys.shape[0]  # (both kinds present: the test means something)
+    for k in dense:
+        d = int(bm.key_map[k])
+        mine = seg.rows[seg.starts[k] : seg.starts[k + 1]]
+        member = np.zeros(n_words * 64, np.bool_)
+        member[mine - first * 64] = True
+        want_words = np.packbits(member, bitorder="little").view("<u8")
+        np.testing.assert_array_equal(bm.words[d], want_words)
+        per_word = member.reshape(n_words, 64).sum(axis=1)
+        np.testing.assert_array_equal(bm.ranks[d], np.concatenate([[0], np.cumsum(per_word)[:-1]]))
+        for r in rng.integers(first * 64 - 200, (first + n_words) * 64 + 200, size=300).tolist():
+            at = int(np.searchsorted(mine, r))
+            want = at if at < mine.shape[0] and mine[at] == r else -1
+            assert _rowsets.find_row(bm.words, bm.ranks, d, bm.first, r) == want
+        for r in mine[rng.integers(0, mine.shape[0], size=50)].tolist():
+            assert mine[_rowsets.find_row(bm.words, bm.ranks, d, bm.first, r)] == r
+
+
+def test_popcount_counts_the_set_bits_compiled_and_in_python() -> None:
+    rng = np.random.default_rng(9)
+    values = np.concatenate(
+        [
+            np.array([0, 1, 2**63, 2**64 - 1], np.uint64),
+            rng.integers(0, 2**63, size=200, dtype=np.uint64) * 2 + 1,
+        ]
+    )
+    want = np.bitwise_count(values)
+    # (compiled inside find_row: a word whose every bit below the row's is set counts them)
+    words = values.reshape(1, -1) | np.uint64(1 << 63)
+    ranks = np.zeros_like(words, np.uint32)
+    for i in range(values.shape[0]):
+        assert _rowsets.popcount(int(values[i])) == want[i]
+        below = np.bitwise_count(values[i] & np.uint64((1 << 63) - 1))
+        assert _rowsets.find_row(words, ranks, 0, 0, i * 64 + 63) == below
+
+
+def test_segments_out_of_row_order_or_empty_have_no_bitmaps() -> None:
+    keys = np.array([0], np.int32)
+    rows = np.array([5, 3, 9], np.int32)
+    ones = np.ones(3, np.float32), np.ones(3, np.int32), np.ones(3, np.uint16)
+    seg = kw_kernels.postings(keys, np.array([0, 3], np.int64), rows, *ones)
+    assert not seg.by_row and seg.bitmaps.key_map.tolist() == [-1] and seg.bitmaps.words.shape[0] == 0
+    empty = kw_kernels.postings(
+        keys[:0], np.zeros(1, np.int64), rows[:0], ones[0][:0], ones[1][:0], ones[2][:0]
+    )
+    assert empty.bitmaps.key_map.shape == (0,) and empty.bitmaps.words.shape[0] == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_best_and_their_probes_are_the_same_with_bitmaps_as_without(seed: int) -> None:
+    """Segments over different spans of rows (so their bitmaps start at different words), common
+    and rare keys, some rows not allowed: the read-out for the best rows and the probes give the
+    same rows and scores bit for bit whether the common keys' postings are found by their bitmaps
+    or by searching their rows, and the full pass's scores."""
+    rng = np.random.default_rng(40 + seed)
+    n = 9000
+    shares = [0.5, 0.2, 0.05, 0.01, 0.003]
+    segs = [
+        _segment(rng, 0, 6000, shares),
+        _segment(rng, 6000, 2000, shares),
+        _segment(rng, 8500, 400, shares),
+    ]
+    assert all((s.bitmaps.key_map >= 0).any() and (s.bitmaps.key_map < 0).any() for s in segs)
+    bare = [s._replace(bitmaps=_rowsets.no_bitmaps(s.keys.shape[0])) for s in segs]
+    row_gen = np.ones(n, np.int32)
+    allowed = rng.random(n) < 0.9
+    wanted = np.arange(len(shares), dtype=np.int32)
+    weights = kw_kernels.idf(n, np.array([s * n for s in shares]))
+    full_rows, full_scores, _ = kw_kernels.bm25(segs, wanted, weights, row_gen, allowed, 20.0)
+    by_row = dict(zip(full_rows.tolist(), full_scores.tolist(), strict=True))
+    for depth in (1, 10, 32, 200):
+        probe = rng.integers(0, n + 5, size=40).astype(np.int64)
+        got = [
+            kw_kernels.accumulate(sources, wanted, weights, row_gen, allowed, 20.0, depth=depth).collect(
+                probe, depth
+            )
+            for sources in (segs, bare)
+        ]
+        for a, b in zip(got[0], got[1], strict=True):
+            np.testing.assert_array_equal(a, b)
+        rows, scores, probed = got[0]
+        np.testing.assert_allclose(scores, np.sort(full_scores)[::-1][:depth], rtol=1e-6)
+        np.testing.assert_allclose(scores, [by_row[r] for r in rows.tolist()], rtol=1e-6)
+        np.testing.assert_allclose(probed, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-6)
+        assert scores.shape[0] == depth
