@@ -8,12 +8,15 @@ each round), so both see the same moods of the machine.
 
     python bench/versus.py --base HEAD~3                     # 100,000 memories, c1 and c16
     python bench/versus.py --base main --n 20000 --kinds sim,text --json out.json
+    python bench/versus.py --base main --data DIR --kinds sim,text   # copies of a data directory
 
 Memories: the suite's data (``suite.make_data``: clustered vectors, real-looking sentences), stored
 through each server (``BatchCreateMemories``, so each build writes its own format), then searched
-with the suite's questions as their text. Kinds: ``sim`` (similarity), ``text`` (the default with
-the query's text), ``hybrid`` (similarity + hybrid), ``vector`` (the default, a vector alone),
-``comprehensive``. Printed per kind and concurrency: each build's p50, p99 and searches a second
+with the suite's questions as their text. With ``--data`` each build serves a copy of that data
+directory instead (the suite's 1,000,000 memories, say, which take many minutes to store; the
+questions are still those of ``make_data(--n)``, as the suite's start-up phase asks them). Kinds:
+``sim`` (similarity), ``text`` (the default with the query's text), ``hybrid`` (similarity +
+hybrid), ``vector`` (the default, a vector alone), ``comprehensive``. Printed per kind and concurrency: each build's p50, p99 and searches a second
 (medians of the rounds), new/base per round, and each build's kind against similarity per round.
 """
 
@@ -112,10 +115,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         pools: dict[str, LoadPool] = {}
         try:
             for name, cmd in cmds.items():
+                if args.data is not None:  # (a copy each: a server writes its data directory)
+                    subprocess.run(["cp", "-a", str(args.data), str(work / f"data-{name}")], check=True)
                 servers[name] = start(cmd, work / f"data-{name}", work / f"{name}.log")
                 wait_serving(servers[name][1], 1800, servers[name][0])
-                print(f"[{name}] serving; storing {args.n:,} memories ...", flush=True)
-                ingest(servers[name][1], data)
+                if args.data is None:
+                    print(f"[{name}] serving; storing {args.n:,} memories ...", flush=True)
+                    ingest(servers[name][1], data)
             for name, (proc, target) in servers.items():
                 wait_idle(proc.pid, limit=1800)  # (its indexing done)
                 pools[name] = LoadPool(target, 2)
@@ -222,6 +228,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="per load")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument(
+        "--data", type=Path, help="serve copies of this data directory instead of storing --n memories"
+    )
     args = ap.parse_args()
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tiermem-versus-") as tmp:  # (run removes its worktree)
