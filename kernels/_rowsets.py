@@ -6,7 +6,10 @@ row's posting is then found with a bit test and a popcount instead of a search t
 A key gets a bitmap when it holds at least one row in ``SHARE`` of the segment's span: the bitmap and
 its counts take 12 bytes a word, at most 9 bytes a posting of such a key (its rows, term frequencies,
 generations and lengths take 14), and far less for the most common keys. Built once with the segment
-(immutable, like it), never saved: a restore builds them again."""
+(immutable, like it), never saved: a restore builds them again.
+
+The read-out's kernels in ``keywords.py`` compile ``find_row`` into themselves, and Numba's on-disk
+cache keys them on that file alone: after editing this one, clear the cache (or touch that file)."""
 
 from __future__ import annotations
 
