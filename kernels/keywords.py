@@ -928,7 +928,7 @@ def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
     flags[: len(known)] = known
     if same and packed is not None:  # (only which of them are current changed)
         packed = packed._replace(current=flags)
-    elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in s[:8]):
+    elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in (*s[:8], *s.bitmaps[:3])):
         padded = (*segments, *(_EMPTY,) * (MAX_PACKED - len(segments)))
         keys, starts, rows, tfs, gens, lens, max_tf, min_len = (
             tuple(c) for c in zip(*(s[:8] for s in padded), strict=True)

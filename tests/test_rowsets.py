@@ -73,6 +73,22 @@ def test_bitmaps_hold_the_common_keys_rows_and_counts_as_numpy_does(seed: int) -
             assert mine[_rowsets.find_row(bm.words, bm.ranks, d, bm.first, r)] == r
 
 
+def test_a_key_at_exactly_the_share_gets_a_bitmap_and_one_posting_fewer_does_not() -> None:
+    """Rows 64-255 span 3 words (192 rows): 4 postings are one in 48 of them, 3 are not."""
+    n_words = 3
+    at_share = -(-n_words * 64 // _rowsets.SHARE)  # (the fewest postings that reach the share)
+    rows = np.concatenate([np.arange(64, 64 + at_share), np.arange(100, 100 + at_share - 1), [64, 255]])
+    counts = np.array([at_share, at_share - 1, 2])
+    keys = np.repeat(np.arange(3, dtype=np.int32), counts)
+    n = rows.shape[0]
+    seg = kw_kernels.postings(
+        np.arange(3, dtype=np.int32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        rows.astype(np.int32), np.ones(n, np.float32), np.ones(n, np.int32), np.ones(n, np.uint16),
+    )  # fmt: skip
+    assert keys.shape[0] == n and seg.bitmaps.first == 1 and seg.bitmaps.words.shape[1] == n_words
+    assert seg.bitmaps.key_map.tolist() == [0, -1, -1]
+
+
 def test_popcount_counts_the_set_bits_compiled_and_in_python() -> None:
     rng = np.random.default_rng(9)
     values = np.concatenate(
@@ -108,7 +124,8 @@ def test_the_best_and_their_probes_are_the_same_with_bitmaps_as_without(seed: in
     """Segments over different spans of rows (so their bitmaps start at different words), common
     and rare keys, some rows not allowed: the read-out for the best rows and the probes give the
     same rows and scores bit for bit whether the common keys' postings are found by their bitmaps
-    or by searching their rows, and the full pass's scores."""
+    or by searching their rows, and the full pass's scores; postings of a row's older content
+    (every posting of a fifth of the rows, and a fifth of the postings) count in neither."""
     rng = np.random.default_rng(40 + seed)
     n = 9000
     shares = [0.5, 0.2, 0.05, 0.01, 0.003]
@@ -120,10 +137,14 @@ def test_the_best_and_their_probes_are_the_same_with_bitmaps_as_without(seed: in
     assert all((s.bitmaps.key_map >= 0).any() and (s.bitmaps.key_map < 0).any() for s in segs)
     bare = [s._replace(bitmaps=_rowsets.no_bitmaps(s.keys.shape[0])) for s in segs]
     row_gen = np.ones(n, np.int32)
+    row_gen[rng.random(n) < 0.2] = 2  # (their postings here are stale: a newer content holds no term)
+    for seg in segs:  # (and some single postings of an older content, beside the current one's)
+        seg.gens[rng.random(seg.size) < 0.2] = 0
     allowed = rng.random(n) < 0.9
     wanted = np.arange(len(shares), dtype=np.int32)
     weights = kw_kernels.idf(n, np.array([s * n for s in shares]))
     full_rows, full_scores, _ = kw_kernels.bm25(segs, wanted, weights, row_gen, allowed, 20.0)
+    assert not set(full_rows.tolist()) & set(np.flatnonzero(row_gen == 2).tolist())
     by_row = dict(zip(full_rows.tolist(), full_scores.tolist(), strict=True))
     for depth in (1, 10, 32, 200):
         probe = rng.integers(0, n + 5, size=40).astype(np.int64)
