@@ -378,12 +378,12 @@ def _segment_best(
     n,
 ):  # pragma: no cover
     """One sorted source's rows offered to the heap of the best (``hs``/``hr``, ``n`` held). Terms in
-    order of their bound ``ub``, highest first: each row of a term's postings
-    that holds no term before it is scored whole, its other terms looked up (in the key's bitmap
-    ``maps[j]`` of ``words``/``ranks`` when it has one, else galloping, the rows ascend). Before
-    each term, and each lookup, what is left to add is weighed against the heap's
-    lowest: once the terms left together cannot lift a row into the heap, the rest is skipped.
-    Returns (the heap's count, how many rows were scored whole)."""  # fmt: skip
+    order of their bound ``ub``, highest first: each row of a term's postings that holds no term
+    before it is scored whole, its other terms looked up (in the key's bitmap ``maps[j]`` of
+    ``words``/``ranks`` when it has one, else galloping: the rows ascend). Before each term, and each
+    look-up, what is left to add is weighed against the heap's lowest: once the terms left together
+    cannot lift a row into the heap, the rest is skipped. Returns (the heap's count, how many rows
+    were scored whole)."""
     t = lo.shape[0]
     order = np.argsort(-ub)
     lo, hi, ub, w, maps = lo[order], hi[order], ub[order], w[order], maps[order]
@@ -469,7 +469,7 @@ def _probe_sorted(
 ):  # pragma: no cover
     """Adds each probe row's terms from the sorted sources to ``probed`` (by the key's bitmap there,
     ``maps[j, s]``, else a binary search where the row lies within the span of the term's rows there:
-    a source of recent contents spans few rows)."""  # fmt: skip
+    a source of recent contents spans few rows)."""
     n_rows = allowed.shape[0]
     for q in range(probe.shape[0]):
         p = probe[q]
@@ -528,7 +528,7 @@ def _best(
     unsorted sources' sums (``acc``, ``m`` rows ``touched``: whole, as a row's content is posted to
     one source) are offered first, then each sorted source's rows (``_segment_best``, which reads
     ``allowed`` as ``bits``, packed little-endian). ``acc`` is left all zeros (unless ``keep``:
-    rows are probed later, by ``_probe_later``)."""  # fmt: skip
+    rows are probed later, by ``_probe_later``)."""
     probed = np.zeros(probe.shape[0])
     for q in range(probe.shape[0]):
         if 0 <= probe[q] < acc.shape[0]:
@@ -592,7 +592,7 @@ def _probe_later(
     probe,
 ):  # pragma: no cover
     """The probe rows' scores after a read-out that kept ``acc`` (``_best`` with ``keep``), which is
-    then left all zeros."""  # fmt: skip
+    then left all zeros."""
     probed = np.zeros(probe.shape[0])
     for q in range(probe.shape[0]):
         if 0 <= probe[q] < acc.shape[0]:
