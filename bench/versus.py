@@ -16,8 +16,9 @@ with the suite's questions as their text. With ``--data`` each build serves a co
 directory instead (the suite's 1,000,000 memories, say, which take many minutes to store; the
 questions are still those of ``make_data(--n)``, as the suite's start-up phase asks them). Kinds:
 ``sim`` (similarity), ``text`` (the default with the query's text), ``hybrid`` (similarity +
-hybrid), ``vector`` (the default, a vector alone), ``comprehensive``. Printed per kind and concurrency: each build's p50, p99 and searches a second
-(medians of the rounds), new/base per round, and each build's kind against similarity per round.
+hybrid), ``vector`` (the default, a vector alone), ``comprehensive``. Printed per kind and
+concurrency: each build's p50, p99 and searches a second (medians of the rounds), new/base per
+round, and each build's kind against similarity per round.
 """
 
 from __future__ import annotations

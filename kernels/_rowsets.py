@@ -59,8 +59,6 @@ def _popcount_jit(x):
 def _build(starts, rows, share):  # pragma: no cover
     n_keys = starts.shape[0] - 1
     key_map = np.full(n_keys, -1, np.int32)
-    if rows.shape[0] == 0:
-        return key_map, np.zeros((0, 0), np.uint64), np.zeros((0, 0), np.uint32), 0
     first, last = rows.min() >> 6, rows.max() >> 6
     n_words = last - first + 1
     n = 0
@@ -87,6 +85,8 @@ def _build(starts, rows, share):  # pragma: no cover
 def row_bitmaps(starts: np.ndarray, rows: np.ndarray) -> RowBitmaps:
     """The bitmaps of a segment whose keys' rows (``starts`` bound each key's) ascend strictly; the
     caller (``postings``) has checked the arrays."""
+    if rows.shape[0] == 0:
+        return no_bitmaps(starts.shape[0] - 1)
     key_map, words, ranks, first = _build(starts, rows, SHARE)
     return RowBitmaps(key_map, words, ranks, int(first))
 
