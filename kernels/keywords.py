@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from ._checks import _check
-from ._rowsets import RowBitmaps, find_row, no_bitmaps, row_bitmaps
+from ._rowsets import RowBitmaps, find_row, no_bitmaps, row_bitmaps, tf_is_one
 
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
 
@@ -88,7 +88,7 @@ def postings(
     if keys.shape[0] > 1 and not (np.diff(keys) > 0).all():
         raise ValueError("keys must be sorted ascending without repeats")
     max_tf, min_len, by_row = _key_bounds(starts, rows, tfs, lens)
-    bitmaps = row_bitmaps(starts, rows) if by_row else no_bitmaps(keys.shape[0])
+    bitmaps = row_bitmaps(starts, rows, tfs) if by_row else no_bitmaps(keys.shape[0])
     return Postings(keys, starts, rows, tfs, gens, lens, max_tf, min_len, bool(by_row), bitmaps)
 
 
@@ -366,6 +366,7 @@ def _segment_best(
     maps,
     words,
     ranks,
+    tf_bits,
     first,
     row_gen,
     bits,
@@ -380,7 +381,7 @@ def _segment_best(
     """One sorted source's rows offered to the heap of the best (``hs``/``hr``, ``n`` held). Terms in
     order of their bound ``ub``, highest first: each row of a term's postings that holds no term
     before it is scored whole, its other terms looked up (in the key's bitmap ``maps[j]`` of
-    ``words``/``ranks`` when it has one, else galloping: the rows ascend). Before each term, and each
+    ``words``/``ranks``/``tf_bits`` when it has one, else galloping: the rows ascend). Before each term, and each
     look-up, what is left to add is weighed against the heap's lowest: once the terms left together
     cannot lift a row into the heap, the rest is skipped. Returns (the heap's count, how many rows
     were scored whole)."""
@@ -422,8 +423,10 @@ def _segment_best(
                     score = -1.0  # (the terms left cannot lift it in)
                     break
                 d = maps[j]  # (the key's bitmap: a common word's posting found at once)
+                one = False  # (its tf is 1, known from the bitmap's tf bits)
                 if d >= 0:
                     q = find_row(words, ranks, d, first, r)
+                    one = q >= 0 and tf_is_one(tf_bits, d, first, r)
                     q = lo[j] + q if q >= 0 else -1
                 else:  # (galloping: each term's look-ups come in row order)
                     q = _seek(rows, at[j], hi[j], r)
@@ -433,7 +436,8 @@ def _segment_best(
                     if j < i:  # (a term before i holds it: it was scored with that one)
                         score = -1.0
                         break
-                    score += _normed_term(w[j], tfs[q], norm, k1)
+                    # (most tfs are 1: no read then, which would wait on the popcount)
+                    score += _normed_term(w[j], np.float32(1.0) if one else tfs[q], norm, k1)
             if score >= 0.0:
                 scored += 1
                 # (as float32, the precision returned: equal rows tie there, by row)
@@ -506,6 +510,7 @@ def _best(
     maps_t,
     words_t,
     ranks_t,
+    tf_bits_t,
     firsts,
     nseg,
     current,
@@ -551,8 +556,8 @@ def _best(
             if live.any():
                 n, more = _segment_best(
                     rows_t[s], tfs_t[s], gens_t[s], lens_t[s], current[s], lo[live, s], hi[live, s],
-                    ub[live, s], weights[live], maps[live, s], words_t[s], ranks_t[s], firsts[s], row_gen,
-                    bits, allowed.shape[0], avgdl, k1, b, hs, hr, n,
+                    ub[live, s], weights[live], maps[live, s], words_t[s], ranks_t[s], tf_bits_t[s], firsts[s],
+                    row_gen, bits, allowed.shape[0], avgdl, k1, b, hs, hr, n,
                 )  # fmt: skip
                 scored += more
     _probe_sorted(
@@ -576,6 +581,7 @@ def _probe_later(
     maps_t,
     words_t,
     ranks_t,
+    tf_bits_t,
     firsts,
     nseg,
     current,
@@ -896,6 +902,7 @@ class _Packed(NamedTuple):
     maps: tuple[np.ndarray, ...]  # per key, its bitmap (RowBitmaps.key_map)
     words: tuple[np.ndarray, ...]
     ranks: tuple[np.ndarray, ...]
+    tf_bits: tuple[np.ndarray, ...]
     firsts: np.ndarray  # int64 per source: its bitmaps' first word
     used: int
     current: np.ndarray  # bool per source
@@ -928,12 +935,12 @@ def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
     flags[: len(known)] = known
     if same and packed is not None:  # (only which of them are current changed)
         packed = packed._replace(current=flags)
-    elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in (*s[:8], *s.bitmaps[:3])):
+    elif all(a.flags.c_contiguous and a.flags.writeable for s in segments for a in (*s[:8], *s.bitmaps[:4])):
         padded = (*segments, *(_EMPTY,) * (MAX_PACKED - len(segments)))
         keys, starts, rows, tfs, gens, lens, max_tf, min_len = (
             tuple(c) for c in zip(*(s[:8] for s in padded), strict=True)
         )
-        maps, words, ranks = (tuple(c) for c in zip(*(s.bitmaps[:3] for s in padded), strict=True))
+        maps, words, ranks, tf_bits = (tuple(c) for c in zip(*(s.bitmaps[:4] for s in padded), strict=True))
         firsts = np.array([s.bitmaps.first for s in padded], np.int64)
         packed = _Packed(
             keys,
@@ -947,6 +954,7 @@ def _pack(sources: list[tuple[Postings, bool]]) -> _Packed | None:
             maps,
             words,
             ranks,
+            tf_bits,
             firsts,
             len(segments),
             flags,

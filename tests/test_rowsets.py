@@ -52,7 +52,7 @@ def test_bitmaps_hold_the_common_keys_rows_and_counts_as_numpy_does(seed: int) -
     seg = _segment(rng, lo_row, int(rng.integers(500, 4000)), shares)
     bm = seg.bitmaps
     dense, first, n_words = _reference(seg)
-    assert bm.first == first and bm.words.shape == bm.ranks.shape == (len(dense), n_words)
+    assert bm.first == first and bm.words.shape == bm.ranks.shape == bm.tf_bits.shape == (len(dense), n_words)
     assert np.flatnonzero(bm.key_map >= 0).tolist() == dense
     assert bm.key_map[dense].tolist() == list(range(len(dense)))
     assert 0 < len(dense) < seg.keys.shape[0]  # (both kinds present: the test means something)
@@ -65,6 +65,14 @@ def test_bitmaps_hold_the_common_keys_rows_and_counts_as_numpy_does(seed: int) -
         np.testing.assert_array_equal(bm.words[d], want_words)
         per_word = member.reshape(n_words, 64).sum(axis=1)
         np.testing.assert_array_equal(bm.ranks[d], np.concatenate([[0], np.cumsum(per_word)[:-1]]))
+        tfs = seg.tfs[seg.starts[k] : seg.starts[k + 1]]
+        above = np.zeros(n_words * 64, np.bool_)
+        above[mine[tfs != 1.0] - first * 64] = True
+        np.testing.assert_array_equal(bm.tf_bits[d], np.packbits(above, bitorder="little").view("<u8"))
+        assert 0 < (tfs == 1.0).sum() < tfs.shape[0]  # (both kinds of posting: the bits mean something)
+        for r in mine.tolist():
+            one = _rowsets.tf_is_one(bm.tf_bits, d, bm.first, r)
+            assert one == (tfs[_rowsets.find_row(bm.words, bm.ranks, d, bm.first, r)] == 1.0)
         for r in rng.integers(first * 64 - 200, (first + n_words) * 64 + 200, size=300).tolist():
             at = int(np.searchsorted(mine, r))
             want = at if at < mine.shape[0] and mine[at] == r else -1
@@ -74,10 +82,12 @@ def test_bitmaps_hold_the_common_keys_rows_and_counts_as_numpy_does(seed: int) -
 
 
 def test_a_key_at_exactly_the_share_gets_a_bitmap_and_one_posting_fewer_does_not() -> None:
-    """Rows 64-255 span 3 words (192 rows): 4 postings are one in 48 of them, 3 are not."""
-    n_words = 3
-    at_share = -(-n_words * 64 // _rowsets.SHARE)  # (the fewest postings that reach the share)
-    rows = np.concatenate([np.arange(64, 64 + at_share), np.arange(100, 100 + at_share - 1), [64, 255]])
+    """Rows 64-575 span 8 words (512 rows): the fewest postings that are one in SHARE of them get a
+    bitmap, one fewer do not (nor the two that set the span)."""
+    n_words = 8
+    at_share = -(-n_words * 64 // _rowsets.SHARE)
+    assert at_share > 3
+    rows = np.concatenate([np.arange(64, 64 + at_share), np.arange(100, 100 + at_share - 1), [64, 575]])
     counts = np.array([at_share, at_share - 1, 2])
     n = rows.shape[0]
     seg = kw_kernels.postings(
