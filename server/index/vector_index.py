@@ -43,6 +43,7 @@ import numpy as np
 
 from tiermem import kernels
 from tiermem.server.config import Tuning
+from tiermem.server.index import hugepages
 from tiermem.server.index.indexer import Indexer
 from tiermem.server.index.snapshot_files import (
     HashingWriter,
@@ -136,6 +137,7 @@ class VectorIndex:
         # The indexed vectors' view of HNSW storage (cleared under the write lock whenever an add or
         # a compaction may move the storage): every lookup would otherwise cross into FAISS for it.
         self._xb: np.ndarray | None = None
+        self._huge: dict[str, tuple[int, int]] = {}  # per FAISS array: (address, bytes) when advised
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     @property
@@ -229,49 +231,75 @@ class VectorIndex:
         so this waits for it to finish, or returns at once with ``yield_to_save`` (the indexer
         then serves other indexes)."""
         with self._flush_lock:
-            moved = 0
-            while True:
-                with self._state:
-                    lo, n = self.indexed, self.n
-                    size = min(n - lo, chunk or self.add_chunk)
-                    if limit:
-                        size = min(size, limit - moved)
-                    if size > 0 and self._saving and yield_to_save:
-                        return moved
-                    while size > 0 and self._saving:
-                        self._state.wait()
-                    if size <= 0:
-                        self._shrink()
-                        return moved
-                    batch = self._pbuf[lo - self._pbase : lo + size - self._pbase]
-                with self._lock.write():
-                    t0 = time.perf_counter()
-                    ok = False
-                    try:
-                        self.index.add(batch)
-                        ok = True
-                    finally:
-                        # FAISS appends the vectors to its storage before it links them: after a
-                        # failure (out of memory) some may be in, and their ids are taken. Count
-                        # them as moved (never add them twice: ids would drift), and keep this
-                        # index out of snapshots, so a restart adds them again from LMDB.
-                        with self._state:
-                            self._xb = None  # (the storage may have moved)
-                            added = int(self.index.ntotal) - lo
-                            if not ok and added > 0:
-                                self.damaged = True
-                            self.indexed = lo + added
-                            # Deferred entries are the oldest pending ones: they move first.
-                            self._backlog = max(0, self._backlog - added)
-                            self._state.notify_all()
-                    self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
-                moved += size
+            moved = self._move(chunk, limit, yield_to_save)
+            if moved:
+                self._advise_huge_pages()  # (an add may have moved the arrays, or grown them)
+            return moved
+
+    def _move(self, chunk: int, limit: int, yield_to_save: bool) -> int:
+        """``flush``'s moves, under its lock."""
+        moved = 0
+        while True:
+            with self._state:
+                lo, n = self.indexed, self.n
+                size = min(n - lo, chunk or self.add_chunk)
+                if limit:
+                    size = min(size, limit - moved)
+                if size > 0 and self._saving and yield_to_save:
+                    return moved
+                while size > 0 and self._saving:
+                    self._state.wait()
+                if size <= 0:
+                    self._shrink()
+                    return moved
+                batch = self._pbuf[lo - self._pbase : lo + size - self._pbase]
+            with self._lock.write():
+                t0 = time.perf_counter()
+                ok = False
+                try:
+                    self.index.add(batch)
+                    ok = True
+                finally:
+                    # FAISS appends the vectors to its storage before it links them: after a
+                    # failure (out of memory) some may be in, and their ids are taken. Count
+                    # them as moved (never add them twice: ids would drift), and keep this
+                    # index out of snapshots, so a restart adds them again from LMDB.
+                    with self._state:
+                        self._xb = None  # (the storage may have moved)
+                        added = int(self.index.ntotal) - lo
+                        if not ok and added > 0:
+                            self.damaged = True
+                        self.indexed = lo + added
+                        # Deferred entries are the oldest pending ones: they move first.
+                        self._backlog = max(0, self._backlog - added)
+                        self._state.notify_all()
+                self.max_pause_seconds = max(self.max_pause_seconds, time.perf_counter() - t0)
+            moved += size
 
     def _shrink(self) -> None:
         """Under ``_state`` with nothing pending: let go of a large buffer (a start-up or a burst
         sized it; an index written to rarely would keep it for good)."""
         if self.n == self.indexed and self._pbuf.shape[0] > 1024:
             self._new_buffer(0)
+
+    def _advise_huge_pages(self) -> None:
+        """Huge pages under HNSW's vectors and links (``hugepages``): advised again when an add
+        moved an array or grew it past what was advised (under the flush lock, or before serving)."""
+        n = int(self.index.ntotal)
+        if n == 0:
+            return
+        links = self.index.hnsw.neighbors
+        for name, ptr, nbytes in (
+            ("vectors", self._storage.get_xb(), n * self.dim * 4),
+            ("links", links.data(), int(links.size()) * 4),  # (int32 ids)
+        ):
+            address = int(faiss.rev_swig_ptr(ptr, 1).ctypes.data)
+            was, size = self._huge.get(name, (0, 0))
+            since = size if was == address else 0
+            if since and nbytes <= since + since // 8:  # (advised again once grown by an eighth)
+                continue
+            if hugepages.advise(address, nbytes, since):
+                self._huge[name] = (address, nbytes)
 
     def kill(self, internal_ids: np.ndarray | list[int]) -> None:
         ids = np.asarray(internal_ids, dtype=np.int64)
@@ -556,6 +584,7 @@ class VectorIndex:
         hnsw.hnsw.efConstruction = ef_construction
         idx = cls(dim, index=index, tuning=tuning)
         idx.vks[: index.ntotal] = vks
+        idx._advise_huge_pages()
         return idx, vks
 
     def compact(self, relocate: Callable[[np.ndarray, np.ndarray], None]) -> int:
