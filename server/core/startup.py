@@ -287,6 +287,7 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
         return st.new_index(sp), internal
     internal[hit] = order[pos[hit]]
     snap.revive(internal[hit], live.rows[hit])
+    snap.advise_huge_pages()  # (kept: its arrays were read in 4 KB pages)
     return snap, internal
 
 

@@ -7,7 +7,8 @@ asks for them (``transparent_hugepage`` set to ``madvise``, a common default) or
 mapping that holds one (``MADV_HUGEPAGE``: pages faulted in later come huge, the kernel's background
 scan folds the others in slowly) and then, on a background thread, its pages already present folded
 into huge ones at once (``MADV_COLLAPSE``, Linux 6.1 and later). Advice only: where the kernel
-cannot or will not take it, nothing changes but speed.
+cannot or will not take it, nothing changes but speed. Nothing is asked where the machine's setting
+is ``never`` (the collapse would not heed it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +28,12 @@ MIN_BYTES = 16 << 20  # smaller arrays: the TLB reaches over much of them in 4 K
 HUGE = 1 << 21
 _MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
 
+_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
 _lock = threading.Lock()
 _libc: ctypes.CDLL | None = None
 _collapses: queue.SimpleQueue[tuple[int, int]] | None = None
+_off = False  # the machine says never, or the collapsing thread could not start
 
 
 def advise(address: int, nbytes: int, since: int = 0) -> bool:
@@ -47,28 +53,37 @@ def advise(address: int, nbytes: int, since: int = 0) -> bool:
 
 
 def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's madvise, with the collapsing thread started (None off Linux)."""
-    global _libc, _collapses
+    """libc's madvise, with the collapsing thread started (None off Linux, or where the machine's
+    setting is ``never``)."""
+    global _libc, _collapses, _off
     if not sys.platform.startswith("linux"):
         return None
     with _lock:
-        if _libc is None:
+        if _libc is None and not _off:
             try:
+                _off = "[never]" in _SETTING.read_text()
                 libc = ctypes.CDLL(None, use_errno=True)
                 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
                 libc.madvise.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                return None
-            _libc, _collapses = libc, queue.SimpleQueue()
-            threading.Thread(target=_collapse_forever, name="tiermem-hugepages", daemon=True).start()
+                if not _off:
+                    _collapses = queue.SimpleQueue()
+                    threading.Thread(target=_collapse_forever, name="tiermem-hugepages", daemon=True).start()
+                    _libc = libc
+            except (OSError, AttributeError, RuntimeError) as e:  # (no such file, no libc, no thread)
+                logger.info("huge pages not asked for: %s", e)
+                _off = True
+        if _libc is None:
+            return None
     madvise: Callable[[int, int, int], int] = _libc.madvise
     return madvise
 
 
 def _collapse_forever() -> None:
     """Collapse advised ranges as they come (a gigabyte takes about a second: no caller waits). A
-    range freed meanwhile only makes the call fail."""
-    assert _libc is not None and _collapses is not None
+    range freed meanwhile makes the call fail, or collapses whatever was mapped there since: advice
+    either way, nothing read or written."""
+    while _libc is None or _collapses is None:  # (set just after this thread starts)
+        time.sleep(0.01)
     while True:
         lo, hi = _collapses.get()
         if _libc.madvise(lo, hi - lo, _MADV_COLLAPSE) != 0:

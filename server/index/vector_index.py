@@ -233,7 +233,7 @@ class VectorIndex:
         with self._flush_lock:
             moved = self._move(chunk, limit, yield_to_save)
             if moved:
-                self._advise_huge_pages()  # (an add may have moved the arrays, or grown them)
+                self.advise_huge_pages()  # (an add may have moved the arrays, or grown them)
             return moved
 
     def _move(self, chunk: int, limit: int, yield_to_save: bool) -> int:
@@ -282,9 +282,16 @@ class VectorIndex:
         if self.n == self.indexed and self._pbuf.shape[0] > 1024:
             self._new_buffer(0)
 
-    def _advise_huge_pages(self) -> None:
+    def advise_huge_pages(self) -> None:
         """Huge pages under HNSW's vectors and links (``hugepages``): advised again when an add
-        moved an array or grew it past what was advised (under the flush lock, or before serving)."""
+        moved an array or grew it past what was advised (under the flush lock, or before serving).
+        Advice: a failure is logged, never raised."""
+        try:
+            self._advise_huge_pages()
+        except (OSError, RuntimeError, ValueError) as e:
+            logger.warning("huge pages not advised: %s", e)
+
+    def _advise_huge_pages(self) -> None:
         n = int(self.index.ntotal)
         if n == 0:
             return
@@ -293,6 +300,8 @@ class VectorIndex:
             ("vectors", self._storage.get_xb(), n * self.dim * 4),
             ("links", links.data(), int(links.size()) * 4),  # (int32 ids)
         ):
+            if nbytes < hugepages.MIN_BYTES:
+                continue
             address = int(faiss.rev_swig_ptr(ptr, 1).ctypes.data)
             was, size = self._huge.get(name, (0, 0))
             since = size if was == address else 0
@@ -584,7 +593,6 @@ class VectorIndex:
         hnsw.hnsw.efConstruction = ef_construction
         idx = cls(dim, index=index, tuning=tuning)
         idx.vks[: index.ntotal] = vks
-        idx._advise_huge_pages()
         return idx, vks
 
     def compact(self, relocate: Callable[[np.ndarray, np.ndarray], None]) -> int:
@@ -620,6 +628,7 @@ class VectorIndex:
             with self._lock.write():
                 with self._state:
                     self.index, self._storage, self._params, self._xb = fresh, storage, {}, None
+                    self._huge = {}
                     self.slots, self.vks, self.live_bits = slots, new_vks, bits
                     self._pbuf, self._pbase = vectors, 0
                     self.n, self.indexed, self.dead = count, 0, 0
