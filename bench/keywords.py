@@ -95,8 +95,8 @@ def main() -> None:
     per_q = np.array([_postings(index, q) for q in qs])
     segments = index._view[0]
     postings_mb = sum(a.nbytes for seg in segments for a in seg.arrays) / 1e6
-    # (the bitmaps' bits, counts and tf bits)
-    bitmaps_mb = sum(a.nbytes for seg in segments for a in seg.bitmaps[1:4]) / 1e6
+    bitmaps = [seg.bitmaps for seg in segments]
+    bitmaps_mb = sum(b.words.nbytes + b.ranks.nbytes + b.tf_bits.nbytes for b in bitmaps) / 1e6
     report: dict = {
         "n": args.n,
         "questions": len(qs),

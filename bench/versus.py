@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         try:
             for name, cmd in cmds.items():
                 if args.data is not None:  # (a copy each: a server writes its data directory)
-                    subprocess.run(["cp", "-a", str(args.data), str(work / f"data-{name}")], check=True)
+                    shutil.copytree(args.data, work / f"data-{name}", symlinks=True)
                 servers[name] = start(cmd, work / f"data-{name}", work / f"{name}.log")
                 wait_serving(servers[name][1], 1800, servers[name][0])
                 if args.data is None:

@@ -381,10 +381,10 @@ def _segment_best(
     """One sorted source's rows offered to the heap of the best (``hs``/``hr``, ``n`` held). Terms in
     order of their bound ``ub``, highest first: each row of a term's postings that holds no term
     before it is scored whole, its other terms looked up (in the key's bitmap ``maps[j]`` of
-    ``words``/``ranks``/``tf_bits`` when it has one, else galloping: the rows ascend). Before each term, and each
-    look-up, what is left to add is weighed against the heap's lowest: once the terms left together
-    cannot lift a row into the heap, the rest is skipped. Returns (the heap's count, how many rows
-    were scored whole)."""
+    ``words``/``ranks``/``tf_bits`` when it has one, else galloping: the rows ascend). Before each
+    term, and each look-up, what is left to add is weighed against the heap's lowest: once the terms
+    left together cannot lift a row into the heap, the rest is skipped. Returns (the heap's count,
+    how many rows were scored whole)."""
     t = lo.shape[0]
     order = np.argsort(-ub)
     lo, hi, ub, w, maps = lo[order], hi[order], ub[order], w[order], maps[order]

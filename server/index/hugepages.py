@@ -18,7 +18,6 @@ import logging
 import queue
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,9 +65,14 @@ def _madvise() -> Callable[[int, int, int], int] | None:
                 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
                 libc.madvise.restype = ctypes.c_int
                 if not _off:
-                    _collapses = queue.SimpleQueue()
-                    threading.Thread(target=_collapse_forever, name="tiermem-hugepages", daemon=True).start()
-                    _libc = libc
+                    collapses: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+                    threading.Thread(
+                        target=_collapse_forever,
+                        args=(libc, collapses),
+                        name="tiermem-hugepages",
+                        daemon=True,
+                    ).start()
+                    _libc, _collapses = libc, collapses
             except (OSError, AttributeError, RuntimeError) as e:  # (no such file, no libc, no thread)
                 logger.info("huge pages not asked for: %s", e)
                 _off = True
@@ -78,15 +82,13 @@ def _madvise() -> Callable[[int, int, int], int] | None:
     return madvise
 
 
-def _collapse_forever() -> None:
+def _collapse_forever(libc: ctypes.CDLL, collapses: queue.SimpleQueue[tuple[int, int]]) -> None:
     """Collapse advised ranges as they come (a gigabyte takes about a second: no caller waits). A
     range freed meanwhile makes the call fail, or collapses whatever was mapped there since: advice
     either way, nothing read or written."""
-    while _libc is None or _collapses is None:  # (set just after this thread starts)
-        time.sleep(0.01)
     while True:
-        lo, hi = _collapses.get()
-        if _libc.madvise(lo, hi - lo, _MADV_COLLAPSE) != 0:
+        lo, hi = collapses.get()
+        if libc.madvise(lo, hi - lo, _MADV_COLLAPSE) != 0:
             logger.debug(
                 "huge pages: collapse of %d MB refused (errno %d)", (hi - lo) >> 20, ctypes.get_errno()
             )
