@@ -14,6 +14,11 @@ whole, its other terms looked up forward in their lists. A row whose bound canno
 the best so far is skipped, and once the terms left cannot lift any row in, the segment is done. A
 row's current content is posted to one source, so each row is scored in one place. The answer is
 the same as the full pass's.
+
+Where every term of a segment has a row bitmap (``_rowsets``) and none of its postings is stale, a
+term is read a 64-row word at a time instead: its rows as bits (allowed, held by no earlier term),
+those holding every later term scored first, then, with the cut they set, the rest narrowed in
+whole-array passes to the rows whose terms, as their bits say, could still reach it.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ import numpy as np
 from numba import njit
 
 from ._checks import _check
-from ._rowsets import RowBitmaps, find_row, no_bitmaps, row_bitmaps, tf_is_one
+from ._rowsets import RowBitmaps, find_row, no_bitmaps, popcount, row_bitmaps, tf_is_one
 
 _kernel = njit(nogil=True, cache=True, error_model="numpy")
+_inlined = njit(nogil=True, cache=True, error_model="numpy", inline="always")  # (called once a word)
 
 
 class Postings(NamedTuple):
@@ -253,12 +259,13 @@ def _term_ranges(
     keys_t, starts_t, max_tf_t, min_len_t, maps_t, nseg, wanted, weights, avgdl, k1, b
 ):  # pragma: no cover
     """Per wanted key and sorted source: its postings' range there, the most one of them can add
-    to a row (from the key's highest tf and shortest content in that source) and its bitmap there
-    (-1: none)."""
+    to a row (from the key's highest tf and shortest content in that source), the most one with a
+    tf of 1 can add, and its bitmap there (-1: none)."""
     t = wanted.shape[0]
     lo = np.zeros((t, nseg), np.int64)
     hi = np.zeros((t, nseg), np.int64)
     ub = np.zeros((t, nseg))
+    ub1 = np.zeros((t, nseg))
     maps = np.full((t, nseg), -1, np.int64)
     for j in range(t):
         if not weights[j] > 0.0:  # (NaN too, as the full pass skips it)
@@ -270,8 +277,9 @@ def _term_ranges(
                 lo[j, s], hi[j, s] = starts_t[s][at], starts_t[s][at + 1]
                 # (the term grows with tf and shrinks with length: these two bound it)
                 ub[j, s] = _term(weights[j], max_tf_t[s][at], min_len_t[s][at], avgdl, k1, b)
+                ub1[j, s] = _term(weights[j], 1.0, min_len_t[s][at], avgdl, k1, b)
                 maps[j, s] = maps_t[s][at]
-    return lo, hi, ub, maps
+    return lo, hi, ub, ub1, maps
 
 
 @_kernel
@@ -362,6 +370,7 @@ def _segment_best(
     lo,
     hi,
     ub,
+    ub1,
     w,
     maps,
     words,
@@ -370,6 +379,7 @@ def _segment_best(
     first,
     row_gen,
     bits,
+    bits64,
     n_rows,
     avgdl,
     k1,
@@ -380,71 +390,271 @@ def _segment_best(
 ):  # pragma: no cover
     """One sorted source's rows offered to the heap of the best (``hs``/``hr``, ``n`` held). Terms in
     order of their bound ``ub``, highest first: each row of a term's postings that holds no term
-    before it is scored whole, its other terms looked up (in the key's bitmap ``maps[j]`` of
-    ``words``/``ranks``/``tf_bits`` when it has one, else galloping: the rows ascend). Before each
-    term, and each look-up, what is left to add is weighed against the heap's lowest: once the terms
-    left together cannot lift a row into the heap, the rest is skipped. Returns (the heap's count,
-    how many rows were scored whole)."""
+    before it is scored whole (``_walk_postings``; ``_walk_words`` where every term has a bitmap
+    and no posting is stale). Before each term what is left to add is weighed against the heap's
+    lowest: once the terms left together cannot lift a row into the heap, the rest is skipped.
+    ``ub1``: the terms' bounds with a tf of 1. Returns (the heap's count, how many rows were scored
+    whole)."""
     t = lo.shape[0]
     order = np.argsort(-ub)
-    lo, hi, ub, w, maps = lo[order], hi[order], ub[order], w[order], maps[order]
+    lo, hi, ub, ub1, w, maps = lo[order], hi[order], ub[order], ub1[order], w[order], maps[order]
     after = np.zeros(t + 1)  # after[i]: what terms i.. could add together, at most
     for i in range(t - 1, -1, -1):
         after[i] = after[i + 1] + ub[i]
     depth = hs.shape[0]
-    at = np.empty(t, np.int64)
     scored = 0
-    k0, kb = k1 * (1.0 - b), k1 * b / avgdl  # (the skip test's length part, without a division)
+    by_words = cur and t > 0 and (maps >= 0).all()
     for i in range(t):
-        full = n == depth
-        cut = hs[0] * (1.0 - 1e-6) if full else -1.0  # (float sums against float bounds)
-        if full and after[i] < cut:
+        if n == depth and after[i] < hs[0] * (1.0 - 1e-6):  # (float sums against float bounds)
             break
-        at[:] = lo
-        wk = w[i] * (k1 + 1.0)
-        for p in range(lo[i], hi[i]):
-            r = rows[p]
-            # Allowed (as bits: 8x less to cache) and of the row's current content (no random read
-            # where no posting is stale).
-            if not (r < n_rows and (bits[r >> 3] >> (r & 7)) & 1 and (cur or gens[p] == row_gen[r])):
+        if by_words:
+            n, more = _walk_words(
+                i, lo, ub, ub1, after, w, maps, words, ranks, tf_bits, first, tfs, lens, bits, bits64, avgdl, k1, b,
+                hs, hr, n,
+            )  # fmt: skip
+        else:
+            n, more = _walk_postings(
+                i, rows, tfs, gens, lens, cur, lo, hi, after, w, maps, words, ranks, tf_bits, first, row_gen, bits,
+                n_rows, avgdl, k1, b, hs, hr, n,
+            )  # fmt: skip
+        scored += more
+    return n, scored
+
+
+@_kernel
+def _walk_postings(
+    i, rows, tfs, gens, lens, cur, lo, hi, after, w, maps, words, ranks, tf_bits, first, row_gen, bits, n_rows,
+    avgdl, k1, b, hs, hr, n,
+):  # pragma: no cover  # fmt: skip
+    """Term ``i``'s rows offered to the heap a posting at a time: each allowed one of the row's
+    current content that holds no earlier term is scored whole, its other terms looked up (in the
+    key's bitmap ``maps[j]`` of ``words``/``ranks``/``tf_bits`` when it has one, else galloping: the
+    rows ascend). Before each row, and each look-up, what it could still gain is weighed against
+    the heap's lowest. Returns (the heap's count, rows scored)."""
+    t, depth = lo.shape[0], hs.shape[0]
+    full = n == depth
+    cut = hs[0] * (1.0 - 1e-6) if full else -1.0  # (float sums against float bounds)
+    at = lo.copy()
+    scored = 0
+    wk, k0, kb = w[i] * (k1 + 1.0), k1 * (1.0 - b), k1 * b / avgdl  # (the skip test, without a division)
+    for p in range(lo[i], hi[i]):
+        r = rows[p]
+        # Allowed (as bits: 8x less to cache) and of the row's current content (no random read
+        # where no posting is stale).
+        if not (r < n_rows and (bits[r >> 3] >> (r & 7)) & 1 and (cur or gens[p] == row_gen[r])):
+            continue
+        g = 0 if cur else row_gen[r]
+        tf = np.float64(tfs[p])
+        # Skipped when its term and what the later terms could add stay under the cut, tested
+        # without dividing: rounding moves it by far less than the cut's slack.
+        if full and wk * tf < (cut - after[i + 1]) * (tf + k0 + kb * np.float64(lens[p])):
+            continue
+        norm = _length_norm(lens[p], avgdl, k1, b)  # (the row's other postings here share it)
+        score = _normed_term(w[i], tf, norm, k1)
+        for j in range(t):
+            if j == i:
                 continue
-            g = 0 if cur else row_gen[r]
-            tf = np.float64(tfs[p])
-            # Skipped when its term and what the later terms could add stay under the cut, tested
-            # without dividing: rounding moves it by far less than the cut's slack.
-            if full and wk * tf < (cut - after[i + 1]) * (tf + k0 + kb * np.float64(lens[p])):
-                continue
-            norm = _length_norm(lens[p], avgdl, k1, b)  # (the row's other postings here share it)
-            score = _normed_term(w[i], tf, norm, k1)
-            for j in range(t):
-                if j == i:
-                    continue
-                if j > i and full and score + after[j] < cut:
-                    score = -1.0  # (the terms left cannot lift it in)
+            if j > i and full and score + after[j] < cut:
+                score = -1.0  # (the terms left cannot lift it in)
+                break
+            d = maps[j]  # (the key's bitmap: a common word's posting found at once)
+            one = False  # (its tf is 1, known from the bitmap's tf bits)
+            if d >= 0:
+                q = find_row(words, ranks, d, first, r)
+                one = q >= 0 and tf_is_one(tf_bits, d, first, r)
+                q = lo[j] + q if q >= 0 else -1
+            else:  # (galloping: each term's look-ups come in row order)
+                q = _seek(rows, at[j], hi[j], r)
+                at[j] = q
+                q = q if q < hi[j] and rows[q] == r else -1
+            if q >= 0 and (cur or gens[q] == g):
+                if j < i:  # (a term before i holds it: it was scored with that one)
+                    score = -1.0
                     break
-                d = maps[j]  # (the key's bitmap: a common word's posting found at once)
-                one = False  # (its tf is 1, known from the bitmap's tf bits)
-                if d >= 0:
-                    q = find_row(words, ranks, d, first, r)
-                    one = q >= 0 and tf_is_one(tf_bits, d, first, r)
-                    q = lo[j] + q if q >= 0 else -1
-                else:  # (galloping: each term's look-ups come in row order)
-                    q = _seek(rows, at[j], hi[j], r)
-                    at[j] = q
-                    q = q if q < hi[j] and rows[q] == r else -1
-                if q >= 0 and (cur or gens[q] == g):
-                    if j < i:  # (a term before i holds it: it was scored with that one)
-                        score = -1.0
-                        break
-                    # (most tfs are 1: no read then, which would wait on the popcount)
-                    score += _normed_term(w[j], np.float32(1.0) if one else tfs[q], norm, k1)
-            if score >= 0.0:
-                scored += 1
-                # (as float32, the precision returned: equal rows tie there, by row)
-                n = _push(hs, hr, n, np.float64(np.float32(score)), r)
-                if n == depth:
-                    full = True
-                    cut = hs[0] * (1.0 - 1e-6)
+                # (most tfs are 1: no read then, which would wait on the popcount)
+                score += _normed_term(w[j], np.float32(1.0) if one else tfs[q], norm, k1)
+        if score >= 0.0:
+            scored += 1
+            # (as float32, the precision returned: equal rows tie there, by row)
+            n = _push(hs, hr, n, np.float64(np.float32(score)), r)
+            if n == depth:
+                full = True
+                cut = hs[0] * (1.0 - 1e-6)
+    return n, scored
+
+
+@_inlined
+def _allowed_word(bits, g):  # pragma: no cover
+    """Rows ``64 g`` to ``64 g + 63`` of the packed (little-endian) allowed bits as one word."""
+    at, x = g << 3, np.uint64(0)
+    for k in range(min(8, bits.shape[0] - at)):
+        x |= np.uint64(bits[at + k]) << np.uint64(8 * k)
+    return x
+
+
+@_kernel
+def _walk_words(
+    i,
+    lo,
+    ub,
+    ub1,
+    after,
+    w,
+    maps,
+    words,
+    ranks,
+    tf_bits,
+    first,
+    tfs,
+    lens,
+    bits,
+    bits64,
+    avgdl,
+    k1,
+    b,
+    hs,
+    hr,
+    n,
+):  # pragma: no cover
+    """Term ``i``'s rows in a source whose every term has a bitmap and whose postings are all
+    current, offered to the heap as ``_walk_postings`` offers them, a 64-row word at a time. Their
+    words are computed over the span in whole-array passes (``_term_words``). The rows holding every
+    later term are visited first: their sums lift the heap's cut. Then, with the cut known, the
+    rest are narrowed in whole-array passes too (``_narrow``) and visited. Returns (the heap's
+    count, rows scored)."""
+    rows = _term_words(i, maps, words, first, bits, bits64)
+    t, nw = lo.shape[0], words.shape[1]
+    scored = 0
+    if t - i > 1:  # the rows holding every later term
+        every = rows.copy()
+        for j in range(i + 1, t):
+            _and(every, words[maps[j]])
+        _and_not(rows, every)
+        n, scored = _offer_words(
+            every, np.full(nw, ~np.uint64(0)), i, lo, after, w, maps, words, ranks, tf_bits, first, tfs, lens,
+            avgdl, k1, b, hs, hr, n,
+        )  # fmt: skip
+    later = np.zeros(nw, np.uint64)
+    for j in range(i + 1, t):
+        _or(later, words[maps[j]])
+    if n == hs.shape[0]:
+        _narrow(rows, later, i, ub, ub1, after, maps, words, tf_bits, hs[0] * (1.0 - 1e-6))
+    n, more = _offer_words(
+        rows, later, i, lo, after, w, maps, words, ranks, tf_bits, first, tfs, lens, avgdl, k1, b, hs, hr, n
+    )
+    return n, scored + more
+
+
+@_kernel
+def _term_words(i, maps, words, first, bits, bits64):  # pragma: no cover
+    """Term ``i``'s bitmap over its source's span, allowed (``bits``, ``bits64`` its whole words) and
+    without the rows of the terms before it (they were scored with those)."""
+    d, nw = maps[i], words.shape[1]
+    rows = np.empty(nw, np.uint64)
+    within = min(nw, max(0, bits64.shape[0] - first))  # (words of bits64; the rest byte by byte)
+    for y in range(within):
+        rows[y] = words[d, y] & bits64[first + y]
+    for y in range(within, nw):
+        rows[y] = words[d, y] & _allowed_word(bits, first + y)
+    for j in range(i):
+        _and_not(rows, words[maps[j]])
+    return rows
+
+
+@_kernel
+def _narrow(rows, later, i, ub, ub1, after, maps, words, tf_bits, cut):  # pragma: no cover
+    """Term ``i``'s ``rows`` (``later``: the later terms' bits OR-ed) left where a row could reach
+    ``cut``: holding each later term without which none could, and, unless the term alone could,
+    some later term (or, when only a tf of 1 could not, a tf other than 1)."""
+    for j in range(i + 1, ub.shape[0]):
+        if ub[i] + after[i + 1] - ub[j] < cut:
+            _and(rows, words[maps[j]])
+    if ub[i] < cut:
+        _and(rows, later)
+    elif ub1[i] < cut:
+        tf_many = tf_bits[maps[i]]
+        for y in range(rows.shape[0]):
+            rows[y] &= later[y] | tf_many[y]
+
+
+@_inlined
+def _and(a, b):  # pragma: no cover
+    for y in range(a.shape[0]):
+        a[y] &= b[y]
+
+
+@_inlined
+def _and_not(a, b):  # pragma: no cover
+    for y in range(a.shape[0]):
+        a[y] &= ~b[y]
+
+
+@_inlined
+def _or(a, b):  # pragma: no cover
+    for y in range(a.shape[0]):
+        a[y] |= b[y]
+
+
+@_kernel
+def _offer_words(
+    rows, later, i, lo, after, w, maps, words, ranks, tf_bits, first, tfs, lens, avgdl, k1, b, hs, hr, n
+):  # pragma: no cover
+    """``_offer_word`` for each word of ``rows`` with a bit set. Returns (the heap's count, rows
+    scored)."""
+    scored = 0
+    for y in range(rows.shape[0]):
+        if rows[y] != 0:
+            n, more = _offer_word(
+                rows[y], later[y], y, i, lo, after, w, maps, words, ranks, tf_bits, first, tfs, lens, avgdl, k1,
+                b, hs, hr, n,
+            )  # fmt: skip
+            scored += more
+    return n, scored
+
+
+@_inlined
+def _offer_word(
+    a, later, x, i, lo, after, w, maps, words, ranks, tf_bits, first, tfs, lens, avgdl, k1, b, hs, hr, n
+):  # pragma: no cover
+    """The rows of ``a`` (bits of word ``x`` of term ``i``'s bitmap; ``later``: the later terms'
+    bits there) scored and offered to the heap, as ``_segment_best`` scores a row. Returns (the
+    heap's count, rows scored)."""
+    t, depth, d, one = lo.shape[0], hs.shape[0], maps[i], np.uint64(1)
+    full = n == depth
+    cut = hs[0] * (1.0 - 1e-6) if full else -1.0
+    wk, k0, kb = w[i] * (k1 + 1.0), k1 * (1.0 - b), k1 * b / avgdl
+    held, base = words[d, x], lo[i] + np.int64(ranks[d, x])
+    scored = 0
+    while a:
+        low = a & (~a + one)
+        a ^= low
+        below = low - one
+        p = base + np.int64(popcount(held & below))
+        alone = (later & low) == 0
+        tf = np.float64(tfs[p])
+        rest = 0.0 if alone else after[i + 1]
+        if full and wk * tf < (cut - rest) * (tf + k0 + kb * np.float64(lens[p])):
+            continue
+        norm = _length_norm(lens[p], avgdl, k1, b)
+        score = _normed_term(w[i], tf, norm, k1)
+        if not alone:
+            for j in range(i + 1, t):
+                if full and score + after[j] < cut:
+                    score = -1.0
+                    break
+                dj = maps[j]
+                other = words[dj, x]
+                if other & low:
+                    q = lo[j] + np.int64(ranks[dj, x]) + np.int64(popcount(other & below))
+                    tf_one = (tf_bits[dj, x] & low) == 0
+                    score += _normed_term(w[j], np.float32(1.0) if tf_one else tfs[q], norm, k1)
+        if score >= 0.0:
+            scored += 1
+            r = ((np.int64(x) + first) << 6) + np.int64(popcount(below))
+            n = _push(hs, hr, n, np.float64(np.float32(score)), r)
+            if n == depth:
+                full = True
+                cut = hs[0] * (1.0 - 1e-6)
     return n, scored
 
 
@@ -547,7 +757,8 @@ def _best(
             n = _push(hs, hr, n, np.float64(acc[r]), r)
         if not keep:
             acc[r] = 0.0
-    lo, hi, ub, maps = _term_ranges(
+    bits64 = bits[: bits.shape[0] - bits.shape[0] % 8].view(np.uint64)  # (whole words of allowed rows)
+    lo, hi, ub, ub1, maps = _term_ranges(
         keys_t, starts_t, max_tf_t, min_len_t, maps_t, nseg, wanted, weights, avgdl, k1, b
     )
     if depth > 0:
@@ -556,8 +767,8 @@ def _best(
             if live.any():
                 n, more = _segment_best(
                     rows_t[s], tfs_t[s], gens_t[s], lens_t[s], current[s], lo[live, s], hi[live, s],
-                    ub[live, s], weights[live], maps[live, s], words_t[s], ranks_t[s], tf_bits_t[s], firsts[s],
-                    row_gen, bits, allowed.shape[0], avgdl, k1, b, hs, hr, n,
+                    ub[live, s], ub1[live, s], weights[live], maps[live, s], words_t[s], ranks_t[s],
+                    tf_bits_t[s], firsts[s], row_gen, bits, bits64, allowed.shape[0], avgdl, k1, b, hs, hr, n,
                 )  # fmt: skip
                 scored += more
     _probe_sorted(
@@ -605,7 +816,7 @@ def _probe_later(
             probed[q] = acc[probe[q]]
     for q in range(m):
         acc[touched[q]] = 0.0
-    lo, hi, _, maps = _term_ranges(
+    lo, hi, _, _, maps = _term_ranges(
         keys_t, starts_t, max_tf_t, min_len_t, maps_t, nseg, wanted, weights, avgdl, k1, b
     )
     _probe_sorted(

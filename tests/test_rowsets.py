@@ -173,3 +173,93 @@ def test_the_best_and_their_probes_are_the_same_with_bitmaps_as_without(seed: in
         np.testing.assert_allclose(scores, [by_row[r] for r in rows.tolist()], rtol=1e-6)
         np.testing.assert_allclose(probed, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-6)
         assert scores.shape[0] == depth
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sources_whose_every_term_has_a_bitmap_are_read_by_words_with_the_same_answer(seed: int) -> None:
+    """Every term common in every segment and every posting current, so the read-out walks each
+    term a 64-row word at a time (``_walk_words``): terms held by the same rows (as a name's two
+    words), rows holding one term only, tfs of 1 to 3, a span ending mid-byte and rows past the
+    allowed ones. The best rows, scores and probes are those found without bitmaps bit for bit and
+    the reference's; over all of them, fewer rows are scored whole than without them."""
+    rng = np.random.default_rng(70 + seed)
+    n = 9003  # (allowed bits end mid-byte and mid-word)
+    lengths = rng.integers(1, 60, size=n + 40).astype(np.uint16)
+
+    def segment(lo_row: int, span: int) -> kw_kernels.Postings:
+        held = [rng.random(span) < share for share in (0.03, 0.2, 0.06, 0.4)]
+        held.insert(1, held[0].copy())  # (key 1 always beside key 0)
+        held[3] |= held[0] & (rng.random(span) < 0.5)  # (key 3 often beside key 0)
+        rows = [lo_row + np.flatnonzero(h).astype(np.int32) for h in held]
+        counts = [r.shape[0] for r in rows]
+        all_rows = np.concatenate(rows)
+        tfs = rng.choice(np.array([1, 1, 1, 2, 3], np.float32), size=all_rows.shape[0])
+        return kw_kernels.postings(
+            np.arange(len(held), dtype=np.int32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            all_rows, tfs, np.ones(all_rows.shape[0], np.int32), lengths[all_rows],
+        )  # fmt: skip
+
+    segs = [segment(0, 6100), segment(6100, 2000), segment(8100, n + 40 - 8100)]
+    assert all((s.bitmaps.key_map >= 0).all() for s in segs)
+    bare = [s._replace(bitmaps=_rowsets.no_bitmaps(s.keys.shape[0])) for s in segs]
+    row_gen = np.ones(n + 40, np.int32)
+    allowed = rng.random(n) < 0.9
+    wanted = np.arange(5, dtype=np.int32)
+    scored = np.zeros(2, np.int64)  # (by words, without bitmaps)
+    for weights in (kw_kernels.idf(n, np.array([270.0, 270, 1800, 540, 3600])), rng.random(5) + 0.1):
+        avgdl = float(lengths.mean())
+        want_rows, want_scores = kw_kernels.bm25(segs, wanted, weights, row_gen, allowed, avgdl)[:2]
+        by_row = dict(zip(want_rows.tolist(), want_scores.tolist(), strict=True))
+        for depth in (1, 10, 32, 200):
+            probe = rng.integers(0, n + 45, size=40).astype(np.int64)
+            sums = [
+                kw_kernels.accumulate(
+                    sources, wanted, weights, row_gen, allowed, avgdl, current=(True,) * 3, depth=depth
+                )
+                for sources in (segs, bare)
+            ]
+            got = [s.collect(probe, depth) for s in sums]
+            for a, b in zip(got[0], got[1], strict=True):
+                np.testing.assert_array_equal(a, b)
+            rows, scores, probed = got[0]
+            np.testing.assert_allclose(scores, np.sort(want_scores)[::-1][:depth], rtol=1e-6)
+            np.testing.assert_allclose(scores, [by_row[r] for r in rows.tolist()], rtol=1e-6)
+            np.testing.assert_allclose(probed, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-6)
+            scored += np.array([s.scored for s in sums])
+    assert scored[0] < scored[1]
+
+
+def test_rows_holding_the_walked_term_alone_are_kept_where_they_belong() -> None:
+    """A weighty term in 5% of the rows, most with a tf of 1, beside a nearly weightless one in
+    half of them: the best are the weighty term's shortest rows, held alone or not. Read by words,
+    the rows holding it alone with a tf of 1 are left out only where that bound is under the cut,
+    so the answer is the reference's, the same as without bitmaps."""
+    rng = np.random.default_rng(12)
+    n = 6000
+    held = [np.flatnonzero(rng.random(n) < share).astype(np.int32) for share in (0.05, 0.5)]
+    tfs = [np.ones(held[0].shape[0], np.float32), np.ones(held[1].shape[0], np.float32)]
+    tfs[0][::25] = 2.0  # (a few other tfs: the term's bound is above its bound with a tf of 1)
+    lengths = rng.integers(1, 300, size=n).astype(np.uint16)
+    rows = np.concatenate(held)
+    seg = kw_kernels.postings(
+        np.array([0, 1], np.int32), np.array([0, held[0].shape[0], rows.shape[0]], np.int64), rows,
+        np.concatenate(tfs), np.ones(rows.shape[0], np.int32), lengths[rows],
+    )  # fmt: skip
+    bare = seg._replace(bitmaps=_rowsets.no_bitmaps(2))
+    row_gen, allowed = np.ones(n, np.int32), np.ones(n, np.bool_)
+    wanted, weights = np.array([0, 1], np.int32), np.array([3.0, 0.01])
+    want_rows, want_scores = kw_kernels.bm25([seg], wanted, weights, row_gen, allowed, 150.0)[:2]
+    order = np.lexsort((want_rows, -want_scores.astype(np.float64)))
+    for depth in (10, 32, 100):
+        best = want_rows[order][:depth]
+        alone_tf1 = [r for r in best.tolist() if r not in set(held[1].tolist())]
+        assert alone_tf1  # (the case: some of the best hold the weighty term alone)
+        got = [
+            kw_kernels.accumulate(
+                [s], wanted, weights, row_gen, allowed, 150.0, current=(True,), depth=depth
+            ).collect(None, depth)
+            for s in (seg, bare)
+        ]
+        for a, b in zip(got[0], got[1], strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert got[0][0].tolist() == best.tolist()
