@@ -475,12 +475,17 @@ def _walk_postings(
                 score += _normed_term(w[j], np.float32(1.0) if one else tfs[q], norm, k1)
         if score >= 0.0:
             scored += 1
-            # (as float32, the precision returned: equal rows tie there, by row)
-            n = _push(hs, hr, n, np.float64(np.float32(score)), r)
-            if n == depth:
-                full = True
-                cut = hs[0] * (1.0 - 1e-6)
+            n, full, cut = _offered(hs, hr, n, score, r)
     return n, scored
+
+
+@_inlined
+def _offered(hs, hr, n, score, r):  # pragma: no cover
+    """Row ``r``'s ``score`` offered to the heap (as float32, the precision returned: equal rows tie
+    there, by row). Returns (the heap's count, whether it is full, its cut: -1 until it is)."""
+    n = _push(hs, hr, n, np.float64(np.float32(score)), r)
+    full = n == hs.shape[0]
+    return n, full, hs[0] * (1.0 - 1e-6) if full else -1.0
 
 
 @_inlined
@@ -650,11 +655,9 @@ def _offer_word(
                     score += _normed_term(w[j], np.float32(1.0) if tf_one else tfs[q], norm, k1)
         if score >= 0.0:
             scored += 1
-            r = ((np.int64(x) + first) << 6) + np.int64(popcount(below))
-            n = _push(hs, hr, n, np.float64(np.float32(score)), r)
-            if n == depth:
-                full = True
-                cut = hs[0] * (1.0 - 1e-6)
+            n, full, cut = _offered(
+                hs, hr, n, score, ((np.int64(x) + first) << 6) + np.int64(popcount(below))
+            )
     return n, scored
 
 

@@ -131,6 +131,17 @@ def test_segments_out_of_row_order_or_empty_have_no_bitmaps() -> None:
     assert empty.bitmaps.key_map.shape == (0,) and empty.bitmaps.words.shape[0] == 0
 
 
+def _assert_same_and_exact(got: list, by_row: dict[int, float], probe: np.ndarray, depth: int) -> None:
+    """Two read-outs' (rows, scores, probes) the same bit for bit, and the first the reference's
+    (``by_row``: every row's full score): its best ``depth`` scores and the probes' scores."""
+    for a, b in zip(got[0], got[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    rows, scores, probed = got[0]
+    np.testing.assert_allclose(scores, sorted(by_row.values(), reverse=True)[:depth], rtol=1e-6)
+    np.testing.assert_allclose(scores, [by_row[r] for r in rows.tolist()], rtol=1e-6)
+    np.testing.assert_allclose(probed, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-6)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_best_and_their_probes_are_the_same_with_bitmaps_as_without(seed: int) -> None:
     """Segments over different spans of rows (so their bitmaps start at different words), common
@@ -166,13 +177,8 @@ def test_the_best_and_their_probes_are_the_same_with_bitmaps_as_without(seed: in
             )
             for sources in (segs, bare)
         ]
-        for a, b in zip(got[0], got[1], strict=True):
-            np.testing.assert_array_equal(a, b)
-        rows, scores, probed = got[0]
-        np.testing.assert_allclose(scores, np.sort(full_scores)[::-1][:depth], rtol=1e-6)
-        np.testing.assert_allclose(scores, [by_row[r] for r in rows.tolist()], rtol=1e-6)
-        np.testing.assert_allclose(probed, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-6)
-        assert scores.shape[0] == depth
+        _assert_same_and_exact(got, by_row, probe, depth)
+        assert got[0][1].shape[0] == depth
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -218,13 +224,7 @@ def test_sources_whose_every_term_has_a_bitmap_are_read_by_words_with_the_same_a
                 )
                 for sources in (segs, bare)
             ]
-            got = [s.collect(probe, depth) for s in sums]
-            for a, b in zip(got[0], got[1], strict=True):
-                np.testing.assert_array_equal(a, b)
-            rows, scores, probed = got[0]
-            np.testing.assert_allclose(scores, np.sort(want_scores)[::-1][:depth], rtol=1e-6)
-            np.testing.assert_allclose(scores, [by_row[r] for r in rows.tolist()], rtol=1e-6)
-            np.testing.assert_allclose(probed, [by_row.get(r, 0.0) for r in probe.tolist()], rtol=1e-6)
+            _assert_same_and_exact([s.collect(probe, depth) for s in sums], by_row, probe, depth)
             scored += np.array([s.scored for s in sums])
     assert scored[0] < scored[1]
 
