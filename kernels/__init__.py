@@ -24,6 +24,7 @@ __all__ = [
     "combined_scores",
     "decay_importance",
     "dot_rows",
+    "dot_rows_split",
     "filter_mask",
     "ordered_bounds",
     "plan_moves",
@@ -176,6 +177,29 @@ def dot_rows(xb: np.ndarray, ids: np.ndarray, query: np.ndarray) -> np.ndarray:
     if not _jit.dot_rows(xb, ids, query, out):
         raise ValueError("ids out of range")
     return out
+
+
+def dot_rows_split(
+    xbs: tuple[np.ndarray, ...], codes: np.ndarray, shift: int, tag: int, query: np.ndarray
+) -> np.ndarray | None:
+    """``dot_rows`` over several matrices in one call: for each code ``c``, the inner product with
+    ``query`` of row ``c & (2**shift - 1)`` of matrix ``xbs[(c >> shift) & 15]``, bit for bit what
+    ``dot_rows`` gives for that row. None when a code names a matrix or row outside ``xbs``, or its
+    bits above the matrix number are not ``tag``."""
+    if not 0 < len(xbs) <= 16 or not 0 < shift < 60:
+        raise ValueError("xbs must hold 1 to 16 matrices and shift lie in 1..59")
+    d = _check("query", query, np.float32).shape[0]
+    for xb in xbs:
+        if (
+            not isinstance(xb, np.ndarray)
+            or xb.dtype != np.float32
+            or xb.shape[1:] != (d,)
+            or not xb.flags.c_contiguous
+        ):
+            raise ValueError("each of xbs must be a contiguous (n, query's dimension) float32 array")
+    _check("codes", codes, np.int64)
+    out = np.empty(codes.shape[0], np.float32)
+    return out if _jit.dot_rows_split(tuple(xbs), codes, shift, int(tag), query, out) else None
 
 
 def prior_bounds(
@@ -743,6 +767,7 @@ def _warm_search(tiny: _Tiny) -> None:
     """Vector lookups, prior bounds (weighted and not), ordered bounds, selections, splits."""
     f32, i64, b, rows = tiny.f32, tiny.i64, tiny.b, tiny.rows
     dot_rows(np.ones((2, 2), np.float32), rows, f32)
+    dot_rows_split((np.ones((2, 2), np.float32),) * 5, rows, 1, 0, f32)  # (a matrix per tier)
     for row_w in (f32, None):  # weighted and unweighted specializations
         prior_bounds(
             b,

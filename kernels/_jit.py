@@ -343,11 +343,40 @@ def dot_rows(xb, ids, query, out):
     for i in range(m):
         if i + _PREFETCH_AHEAD < m:
             _prefetch_row(xb, ids[i + _PREFETCH_AHEAD])
-        row = xb[ids[i]]
-        acc = np.float32(0.0)
-        for j in range(d):
-            acc += row[j] * query[j]
-        out[i] = acc
+        out[i] = _dot(xb[ids[i]], query, d)
+    return True
+
+
+@njit(nogil=True, fastmath=True, inline="always")
+def _dot(row, query, d):
+    """<row, query> over d entries: one loop shared by the kernels below, so a vector's similarity
+    is the same to the last bit whichever of them reads it."""
+    acc = np.float32(0.0)
+    for j in range(d):
+        acc += row[j] * query[j]
+    return acc
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def dot_rows_split(xbs, codes, shift, tag, query, out):
+    """out[i] = <xbs[p][k], query> where p = (codes[i] >> shift) & 15 and k = codes[i]'s bits below
+    ``shift``: ``dot_rows`` over several matrices (a tuple of them) in one call. Returns False, having
+    read nothing, when a code names a matrix or row outside ``xbs`` or its bits above p differ
+    from ``tag``."""
+    d = query.shape[0]
+    m = codes.shape[0]
+    low = (np.int64(1) << shift) - 1
+    for i in range(m):
+        p = (codes[i] >> shift) & 15
+        if codes[i] >> (shift + 4) != tag or p >= len(xbs) or not 0 <= codes[i] & low < xbs[p].shape[0]:
+            return False
+    for i in range(min(_PREFETCH_AHEAD, m)):
+        _prefetch_row(xbs[(codes[i] >> shift) & 15], codes[i] & low)
+    for i in range(m):
+        if i + _PREFETCH_AHEAD < m:
+            ahead = codes[i + _PREFETCH_AHEAD]
+            _prefetch_row(xbs[(ahead >> shift) & 15], ahead & low)
+        out[i] = _dot(xbs[(codes[i] >> shift) & 15][codes[i] & low], query, d)
     return True
 
 

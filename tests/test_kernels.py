@@ -1152,3 +1152,60 @@ def test_dot_rows_reads_a_view_without_copying_and_checks_inputs() -> None:
         K.dot_rows(big.astype(np.float64), np.array([0], np.int64), q)
     with pytest.raises(ValueError, match="xb"):
         K.dot_rows(big[:, :2], np.array([0], np.int64), q[:2])
+
+
+def _split_codes(rng: np.random.Generator, sizes: list[int], m: int, shift: int, tag: int) -> np.ndarray:
+    """m codes naming a random row of a random non-empty matrix, tagged."""
+    parts = rng.choice([p for p, n in enumerate(sizes) if n], m)
+    rows = np.array([rng.integers(0, sizes[p]) for p in parts], np.int64)
+    return (np.int64(tag) << (shift + 4)) | (parts.astype(np.int64) << shift) | rows
+
+
+@pytest.mark.parametrize("d,m", [(3, 0), (16, 1), (384, 37)])
+def test_dot_rows_split_matches_numpy_and_dot_rows_bit_for_bit(d: int, m: int) -> None:
+    """Each code's row of its matrix times the query: NumPy's product to rounding, ``dot_rows``'s for
+    the same rows to the last bit (a row's similarity must not depend on which kernel read it), and
+    the plain-Python kernel agrees."""
+    rng = np.random.default_rng(d + m)
+    sizes = [0, 40, 7, 0, 25]
+    xbs = tuple(rng.normal(size=(n, d)).astype(np.float32) for n in sizes)
+    q = rng.normal(size=d).astype(np.float32)
+    shift, tag = 48, 3
+    codes = _split_codes(rng, sizes, m, shift, tag)
+    got = K.dot_rows_split(xbs, codes, shift, tag, q)
+    assert got is not None and got.dtype == np.float32 and got.shape == (m,)
+    parts, rows = (codes >> shift) & 15, codes & ((1 << shift) - 1)
+    want = np.array([xbs[p][r].astype(np.float64) @ q for p, r in zip(parts, rows, strict=True)])
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+    for p in set(parts.tolist()):
+        sel = parts == p
+        np.testing.assert_array_equal(
+            got[sel].view(np.int32), K.dot_rows(xbs[p], rows[sel], q).view(np.int32)
+        )
+    out = np.empty(m, np.float32)
+    assert _jit.dot_rows_split.py_func(xbs, codes, shift, tag, q, out)
+    np.testing.assert_allclose(out, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_dot_rows_split_refuses_codes_outside_its_matrices_and_checks_inputs() -> None:
+    """A code naming a missing matrix, a row past its matrix's end, or another tag gives None, with
+    nothing read; malformed matrices and queries raise."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.ones((1, 3), np.float32)
+    q = np.array([1.0, 0.0, -1.0], np.float32)
+    shift, tag = 8, 2
+    code = lambda p, r, t=tag: (t << (shift + 4)) | (p << shift) | r  # noqa: E731
+    got = K.dot_rows_split((a, b), np.array([code(0, 1), code(1, 0)], np.int64), shift, tag, q)
+    np.testing.assert_array_equal(got, [-2.0, 0.0])
+    for bad in ([code(2, 0)], [code(0, 2)], [code(1, 1)], [code(0, 0, tag + 1)], [code(0, 0), -1]):
+        codes = np.array(bad, np.int64)
+        assert K.dot_rows_split((a, b), codes, shift, tag, q) is None
+        out = np.full(len(bad), 7.0, np.float32)
+        assert not _jit.dot_rows_split.py_func((a, b), codes, shift, tag, q, out)
+        np.testing.assert_array_equal(out, 7.0)
+    one = np.array([code(0, 0)], np.int64)
+    with pytest.raises(ValueError, match="query"):
+        K.dot_rows_split((a, b), one, shift, tag, q.astype(np.float64))
+    for xbs in ((a, b[:, :2]), (a, b.astype(np.float64)), (np.ones((2, 6), np.float32)[:, ::2],), ()):
+        with pytest.raises(ValueError, match="xbs"):
+            K.dot_rows_split(xbs, one, shift, tag, q)

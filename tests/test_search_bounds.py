@@ -25,6 +25,7 @@ import json
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from tiermem.server.index.columns import Columns
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.types import INTERNAL_MASK, SPACE_SHIFT, TIER_SHIFT, FeedbackItem, Filter
+from tiermem.server.search import ranking
 from tiermem.server.search.candidates import ann
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import COMPREHENSIVE, WEIGHTED, RankingParams, SearchHit, SearchQuery
@@ -953,6 +955,55 @@ def test_similarities_in_one_tier_across_tiers_and_outside_the_space(tmp_path: P
             alone_kept, alone = similarities(view, sp, one, q)
             assert alone_kept.all() and alone.dtype == np.float32
             np.testing.assert_array_equal(alone, sims[np.isin(rows[in_space], one)])
+    finally:
+        eng.close()
+
+
+def test_similarities_across_tiers_in_one_call_while_a_search_holds_the_indexes(tmp_path: Path) -> None:
+    """Where the caller holds every index of the space (as a search does) and every row is in HNSW,
+    rows of several tiers are read in one kernel call, with the same similarities to the last bit as
+    the per-tier lookups without the hold; a row still pending, or outside the space, sends it back to
+    the per-tier lookups, with the same answer."""
+    lingering = Tuning(indexer_min_batch=10**6, indexer_linger_seconds=3600.0)  # (pending stays pending)
+    eng = Engine(make_config(tmp_path / "held", lingering))
+    try:
+        rng = np.random.default_rng(12)
+        vecs = _unit(rng.standard_normal((40, DIM)))
+        memories = [
+            NewMemory(namespace="acme", content=f"m {i}", embedding=v, embedding_model=MODEL, tier=1 + i % 3)
+            for i, v in enumerate(vecs)
+        ]
+        memories.append(
+            NewMemory(namespace="acme", content="x", embedding=vecs[0][:32], embedding_model="other-32")
+        )
+        eng.create(memories, batch=True)
+        sp = eng.spaces[MODEL]
+        for index in sp.indexes.values():
+            index.flush()
+        assert all(index.pending == 0 for index in sp.indexes.values())
+        late = eng.create(
+            [NewMemory(namespace="acme", content="late", embedding=vecs[1], embedding_model=MODEL, tier=2)]
+        )
+        assert sp.indexes[2].pending == 1  # (not flushed: read from the pending buffer)
+        view = eng.columns.view()
+        q = _unit(rng.standard_normal((1, DIM)))[0]
+        indexed = np.arange(40, dtype=np.int64)
+        everything = np.arange(len(memories) + len(late), dtype=np.int64)
+        unheld = {
+            name: similarities(view, sp, rows, q) for name, rows in (("in", indexed), ("all", everything))
+        }
+        with ExitStack() as held:
+            for index in sp.indexes.values():
+                held.enter_context(index.reading())
+            assert ranking._across_tiers(sp, view.vpos[indexed], q) is not None  # (the one-call path)
+            # (a pending row and another space's: the per-tier lookups)
+            assert ranking._across_tiers(sp, view.vpos[everything], q) is None
+            for name, rows in (("in", indexed), ("all", everything)):
+                kept, sims = similarities(view, sp, rows, q)
+                np.testing.assert_array_equal(kept, unheld[name][0])
+                np.testing.assert_array_equal(sims.view(np.int32), unheld[name][1].view(np.int32))
+        assert unheld["all"][0].tolist() == [True] * 40 + [False, True]
+        np.testing.assert_allclose(unheld["in"][1], vecs @ q, rtol=1e-5, atol=1e-6)
     finally:
         eng.close()
 

@@ -538,6 +538,15 @@ class VectorIndex:
         self._searched()
         return self._gather(internal_ids, query)
 
+    def held_storage(self) -> np.ndarray | None:
+        """The vectors in HNSW as an (indexed, dim) view without a copy, for a caller that holds
+        ``reading()`` on this thread, until that hold ends (None without the hold). Marks the index
+        searched, as ``similarities`` does."""
+        if not self._lock.held_here():
+            return None
+        self._searched()
+        return self._stored(self.indexed)
+
     def vectors(self, internal_ids: np.ndarray) -> np.ndarray:
         """Stored vectors of the given entries (a copy)."""
         if internal_ids.shape[0] == 0:

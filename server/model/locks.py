@@ -33,6 +33,10 @@ class RWLock:
         searches take several of these per call)."""
         return self._reading
 
+    def held_here(self) -> bool:
+        """Whether this thread holds the lock for reading."""
+        return getattr(self._held, "depth", 0) > 0
+
     def _acquire_read(self) -> None:
         held = self._held
         depth = getattr(held, "depth", 0)

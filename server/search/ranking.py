@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tiermem import kernels
-from tiermem.server.config import RECENCY_BASES
+from tiermem.server.config import RECENCY_BASES, TIERS
 from tiermem.server.index.columns import ColumnsView, Interner
 from tiermem.server.index.spaces import Space
 from tiermem.server.model.records import Record
@@ -65,7 +65,7 @@ def similarities(
     the similarities are those of ``rows[kept]``, in order."""
     loc = view.vpos[rows]
     if loc.shape[0]:
-        # The common case in few steps: every row in the space and in one tier.
+        # The common cases in few steps: every row in the space, in one tier or in HNSW.
         first = int(loc[0]) >> TIER_SHIFT  # (its space and tier; negative: no vector)
         if (
             first >= 0
@@ -74,6 +74,9 @@ def similarities(
         ):
             sims = sp.indexes[first & 0xF].similarities(loc & INTERNAL_MASK, query)
             return np.ones(loc.shape[0], np.bool_), sims
+        across = _across_tiers(sp, loc, query)
+        if across is not None:
+            return np.ones(loc.shape[0], np.bool_), across
     kept = in_space(loc, sp.id)
     if not kept.all():
         loc = loc[kept]
@@ -85,6 +88,18 @@ def similarities(
         sel = tiers == t
         sims[sel] = sp.indexes[t].similarities(loc[sel] & INTERNAL_MASK, query)
     return kept, sims
+
+
+def _across_tiers(sp: Space, loc: np.ndarray, query: np.ndarray) -> np.ndarray | None:
+    """The similarities of rows of several tiers in one kernel call, where this thread holds every
+    index of the space (as a search does) and each row is in the space and in HNSW; else None."""
+    xbs = [np.empty((0, sp.dim), np.float32)] * (max(TIERS) + 1)
+    for t, index in sp.indexes.items():
+        xb = index.held_storage()
+        if xb is None:
+            return None
+        xbs[t] = xb
+    return kernels.dot_rows_split(tuple(xbs), loc, TIER_SHIFT, sp.id, query)
 
 
 def recency_times(view: ColumnsView, basis: np.ndarray, ns_ids: list[int] | None = None) -> np.ndarray:
