@@ -923,6 +923,14 @@ def test_ann_similarities_are_the_lookups_and_a_row_twice_is_looked_up(tmp_path:
         eng.close()
 
 
+def _in_tiers(vecs: np.ndarray, tiers: int) -> list[NewMemory]:
+    """A memory of each vector in namespace acme, in tiers 1..``tiers`` by turns."""
+    return [
+        NewMemory(namespace="acme", content=f"m {i}", embedding=v, embedding_model=MODEL, tier=1 + i % tiers)
+        for i, v in enumerate(vecs)
+    ]
+
+
 def test_similarities_in_one_tier_across_tiers_and_outside_the_space(tmp_path: Path) -> None:
     """``similarities`` of rows all in one tier of the space (its short path) are those of the same
     rows looked up among rows of other tiers, bit for bit, and each row's stored vector times the
@@ -931,10 +939,7 @@ def test_similarities_in_one_tier_across_tiers_and_outside_the_space(tmp_path: P
     try:
         rng = np.random.default_rng(11)
         vecs = _unit(rng.standard_normal((30, DIM)))
-        memories = [
-            NewMemory(namespace="acme", content=f"m {i}", embedding=v, embedding_model=MODEL, tier=1 + i % 2)
-            for i, v in enumerate(vecs)
-        ]
+        memories = _in_tiers(vecs, 2)
         other = _unit(rng.standard_normal((1, DIM)))[0]
         memories.append(NewMemory(namespace="acme", content="x", embedding=other, embedding_model="other-32"))
         eng.create(memories, batch=True)
@@ -969,10 +974,7 @@ def test_similarities_across_tiers_in_one_call_while_a_search_holds_the_indexes(
     try:
         rng = np.random.default_rng(12)
         vecs = _unit(rng.standard_normal((40, DIM)))
-        memories = [
-            NewMemory(namespace="acme", content=f"m {i}", embedding=v, embedding_model=MODEL, tier=1 + i % 3)
-            for i, v in enumerate(vecs)
-        ]
+        memories = _in_tiers(vecs, 3)
         memories.append(
             NewMemory(namespace="acme", content="x", embedding=vecs[0][:32], embedding_model="other-32")
         )
