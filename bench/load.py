@@ -4,7 +4,8 @@ A load of P processes x T threads always runs in P distinct processes (spawned o
 loads). Every timed load runs between a start and an end time shared by the workers; an op counts when it
 starts inside that window. Ops: ``health`` (grpc.health.v1 Check, the empty-RPC ceiling), ``search``
 (SearchMemories k, read_only, optionally with a ``where`` filter), ``batch_search`` (BatchSearchMemories),
-``create`` (CreateMemory with an explicit embedding) and ``mix`` (search or create at random).
+``create`` (CreateMemory with an explicit embedding), ``mix`` (search or create at random) and ``cpu`` (no
+RPC: a fixed CPU task of about ``cpu_ms``, how far the machine alone stretches a task's tail).
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def _run_task(
         for i in range(0, len(search_reqs) - BATCH_SEARCH + 1, BATCH_SEARCH)
     ]
     write_vecs = [w.tolist() for w in writes] if writes is not None else []
+    cpu_units = _cpu_units(task["cpu_ms"]) if op == "cpu" else 0
     health_req = health_pb2.HealthCheckRequest(service=HEALTH_SERVICE)
 
     def call(kind: str, tid: int, i: int) -> None:
@@ -143,6 +145,8 @@ def _run_task(
                 embedding_model=model,
             )
             stub.CreateMemory(pb.CreateMemoryRequest(memory=m), timeout=timeout)
+        elif kind == "cpu":
+            _cpu_task(cpu_units)
         else:
             raise ValueError(kind)
 
@@ -183,6 +187,32 @@ def _run_task(
         for kind, xs in d.items():
             merged[kind] = np.concatenate([merged.get(kind, np.empty(0)), np.array(xs)])
     return {"latencies": merged, "errors": sum(errors)}
+
+
+# A fixed CPU task: products of a 256 x 384 float32 matrix (384 KiB, cache-resident) with one of
+# its rows, in a Python loop, like a search's mix of small NumPy calls and Python; no I/O, no RPC.
+_CPU_MATRIX = np.random.default_rng(0).standard_normal((256, 384)).astype(np.float32)
+
+
+def _cpu_task(units: int) -> float:
+    s = 0.0
+    for u in range(units):
+        s += float((_CPU_MATRIX @ _CPU_MATRIX[u & 255]).max())
+    return s
+
+
+def _cpu_units(ms: float) -> int:
+    """How many units make the fixed task last about ``ms`` here: estimated from short runs, then
+    rescaled by the median of runs of the estimate (the cost of a unit drifts with the run's length)."""
+    units = 32
+    for runs in (20, 7):
+        took = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            _cpu_task(units)
+            took.append(time.perf_counter() - t0)
+        units = max(1, round(units * ms / 1e3 / float(np.median(took))))
+    return units
 
 
 class LoadPool:

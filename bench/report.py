@@ -140,6 +140,23 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(
         ratio("similarity c1 p99 (ms), the same run", sp99_, "context (at or above 2.5: so is text)", None)
     )
+    tail = _div(f.get("cpu_c1_p99"), f.get("cpu_c1_p50"))
+    out.append(
+        ratio(
+            "fixed CPU task as long as text's c1 p50, alone, no RPC: p99 / p50",
+            tail,
+            "context (how far the machine alone stretches a task's tail)",
+            None,
+        )
+    )
+    out.append(
+        ratio(
+            "p50 under which that tail keeps p99 below 2.5 ms (2.5 / the ratio above), ms",
+            _div(2.5, tail),
+            "context (a text or similarity c1 p50 above it: the p99 target is out of reach on this machine)",
+            None,
+        )
+    )
     ge(
         f"default with text c{hi} / Chroma search c{hi} (ops/s)",
         f.get("fused_text_hi_ops"),

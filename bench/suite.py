@@ -25,7 +25,9 @@ Phases, in order:
      default with the query's text, similarity + hybrid, comprehensive + hybrid, comprehensive alone)
      in alternating rounds (--rounds of --seconds / 2 each, each round starting one search later: the
      machine's speed drifts over a run, and a ratio of two loads measured minutes apart would carry the
-     drift); BatchSearchMemories of 16 queries per call at concurrency 1.
+     drift); a fixed CPU task as long as the text search's p50 at concurrency 1, alone in a load worker
+     (no RPC): the machine's own tail (p99 / p50); BatchSearchMemories of 16 queries per call at
+     concurrency 1.
   5. filtered search k=10 with ``where`` keeping 10% and 1% of the memories, concurrency 1 and 16.
   6. recall: sequential searches with as_of fixed, SIMILARITY strategy (recall@10 vs brute force over the
      allowed rows) and default strategy (top-10 overlap vs an exact combined scoring), unfiltered, 10%, 1%.
@@ -404,6 +406,16 @@ class Suite:
                 if rounds > 1:
                     self.figures[f"{key}_{at}_p50_rounds"] = p50s[name]
 
+    def machine_tail(self) -> None:
+        """A fixed CPU task as long as the text search's p50 at concurrency 1, in one load worker
+        alone (no RPC, the server idle): its p99 / p50 is how far this machine stretches the tail of
+        a task of that length by itself, so a search's p99 at concurrency 1 can be read against it."""
+        ms = self.figures.get("fused_text_c1_p50")
+        if not ms:
+            return
+        row = self.load("machine", f"fixed CPU task of {ms:.2f} ms, no RPC", "cpu", 1, cpu_ms=ms)
+        self.figures |= {"cpu_c1_p50": row["p50_ms"], "cpu_c1_p99": row["p99_ms"]}
+
     # -- phases ----------------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -538,6 +550,7 @@ class Suite:
         for conc in sorted({*SWEEP, self.hi}):
             by_conc[conc] = self.search("search", name, conc)
         self.compared_searches()
+        self.machine_tail()
         self.load(
             "search", f"BatchSearchMemories x{BATCH_SEARCH}", "batch_search", 1, queries=self.data.queries
         )

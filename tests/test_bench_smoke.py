@@ -19,6 +19,7 @@ PHASES = {
     "empty_rpc",
     "ingest",
     "search",
+    "machine",
     "search_vs_size",
     "filtered_search",
     "followers",
@@ -94,6 +95,16 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
         each = [a / b for a, b in zip(text, similarity, strict=True)]
         assert r["value"] == pytest.approx(statistics.median(each)) and r["meets"] is None
         assert r["name"].endswith(", ".join(f"{x:.2f}" for x in each) + " (the median)")
+    # The machine's own tail: a fixed CPU task calibrated to the text search's p50 at concurrency 1.
+    (task,) = [r for r in rows if r["phase"] == "machine"]
+    assert task["concurrency"] == 1 and task["name"].startswith("fixed CPU task of ")
+    target = figures["fused_text_c1_p50"]
+    assert 0.25 * target < figures["cpu_c1_p50"] < 4 * target, (figures["cpu_c1_p50"], target)
+    tail, needed = (r for r in results["ratios"] if "fixed CPU task" in r["name"] or "that tail" in r["name"])
+    assert (
+        tail["value"] == pytest.approx(figures["cpu_c1_p99"] / figures["cpu_c1_p50"]) and tail["value"] >= 1
+    )
+    assert needed["value"] == pytest.approx(2.5 / tail["value"]) and needed["meets"] is None
     assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
