@@ -173,7 +173,8 @@ class ServerConfig:
     search_concurrency: int = 0
     # Processes serving calls on the port: 1 is this one alone. N > 1 starts N - 1 search followers
     # (docs/followers.md) that serve searches from their own copy of the indexes and forward every
-    # other call to this process, which alone writes.
+    # other call to this process, which alone writes. 0: one per core of the CPU affinity (resolved
+    # here, so every reader sees the count).
     search_processes: int = 1
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_seconds: float = 5.0
@@ -311,6 +312,9 @@ class ServerConfig:
             if not ok:
                 raise ValueError(f"setting {name}={getattr(self, name)!r}: {rule}")
 
+        if self.search_processes == 0:
+            object.__setattr__(self, "search_processes", usable_cores())  # (frozen: set once, here)
+
         need(self.replica_ack in ("async", "sync"), "replica_ack", "must be async or sync")
         need(self.replica_ack == "async" or self.replication, "replica_ack", "sync needs replication")
         need(self.replica_ack_timeout_seconds > 0, "replica_ack_timeout_seconds", "must be > 0")
@@ -360,13 +364,13 @@ class ServerConfig:
             "key_burst",
             "embedder_concurrency",
             "embedder_breaker_failures",
-            "search_processes",
             "max_group_ops",
             "hnsw_ef_construction",
             "hnsw_ef_search",
         ):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.hnsw_m >= 2, "hnsw_m", "must be >= 2")
+        need(self.search_processes >= 1, "search_processes", "must be >= 0 (0: one per core)")
         levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
         need(self.log_level.upper() in levels, "log_level", f"must be one of {', '.join(levels)}")
         need(self.log_format in ("text", "json"), "log_format", "must be text or json")

@@ -22,7 +22,7 @@ from conftest import ServerProcess, make_record
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
-from tiermem.server.config import ServerConfig
+from tiermem.server.config import ServerConfig, usable_cores
 from tiermem.server.storage.store import Store
 from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.v1 import memory_pb2 as pb
@@ -195,6 +195,20 @@ def test_stopping_the_leader_stops_its_followers(server_factory: Callable[..., R
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_zero_search_processes_means_one_per_core(server_factory: Callable[..., RunningServer]) -> None:
+    cores = usable_cores()
+    srv = server_factory(search_processes=0)
+    assert srv.engine.config.search_processes == cores  # (resolved once: every reader sees the count)
+    if cores == 1:
+        assert srv.followers is None
+        return
+    assert srv.followers is not None and len(srv.followers.pids()) == cores - 1
+    with MemoryClient(f"127.0.0.1:{srv.port}", connections=16) as c:
+        c.wait_ready()
+        pids = {_search_pid(c) for _ in range(48)}
+    assert len(pids) >= 2 and pids <= {os.getpid(), *srv.followers.pids()}
 
 
 def test_followers_exit_when_the_leader_is_killed(

@@ -693,6 +693,7 @@ def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
         ({"TIERMEM_RECENCY_TAU_SECONDS": "0"}, "recency_tau_seconds"),
         ({"TIERMEM_SNAPSHOT_INTERVAL_SECONDS": "-1"}, "snapshot_interval_seconds"),
         ({"TIERMEM_MALLOC_MMAP_THRESHOLD": "-1"}, "malloc_mmap_threshold"),
+        ({"TIERMEM_SEARCH_PROCESSES": "-1"}, "search_processes"),
     ],
 )
 def test_invalid_settings_are_refused_with_their_name(
