@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,9 +11,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 def set_timestamp(ts: Timestamp, seconds: float) -> None:
     """Set ``ts`` to epoch ``seconds`` (fractions kept to the nanosecond)."""
-    whole = int(seconds // 1)
+    # (every search hit sets four of these: floor and one comparison cost a third less than
+    # int(seconds // 1) and min())
+    if not math.isfinite(seconds):
+        raise ValueError(f"a timestamp must be a finite number of seconds, not {seconds!r}")
+    whole = math.floor(seconds)
+    nanos = round((seconds - whole) * 1e9)
     ts.seconds = whole
-    ts.nanos = min(round((seconds - whole) * 1e9), 999_999_999)
+    ts.nanos = nanos if nanos < 1_000_000_000 else 999_999_999
 
 
 def timestamp_seconds(ts: Timestamp) -> float:
