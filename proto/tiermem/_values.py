@@ -11,8 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 def set_timestamp(ts: Timestamp, seconds: float) -> None:
     """Set ``ts`` to epoch ``seconds`` (fractions kept to the nanosecond)."""
-    # (every search hit sets four of these: floor and one comparison cost a third less than
-    # int(seconds // 1) and min())
+    # (on every search hit's path four times: math.floor and a comparison, not int(x // 1) and min())
     if not math.isfinite(seconds):
         raise ValueError(f"a timestamp must be a finite number of seconds, not {seconds!r}")
     whole = math.floor(seconds)
