@@ -22,7 +22,7 @@ from conftest import ServerProcess, make_record
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
-from tiermem.server.config import ServerConfig, usable_cores
+from tiermem.server.config import ServerConfig, Tuning, usable_cores
 from tiermem.server.storage.store import Store
 from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.v1 import memory_pb2 as pb
@@ -446,3 +446,83 @@ def test_wait_ready_with_several_connections_fails_when_nothing_listens() -> Non
         port = s.getsockname()[1]
     with MemoryClient(f"127.0.0.1:{port}", connections=3) as c, pytest.raises(UnavailableError):
         c.wait_ready(timeout=0.5)
+
+
+def _create(c: MemoryClient, vecs: np.ndarray, ids: range) -> None:
+    for start in range(ids.start, ids.stop, 500):
+        c.create_batch(
+            {
+                "namespace": "m",
+                "content": f"memory {i}",
+                "id": f"m{i}",
+                "embedding": vecs[i].tolist(),
+                "embedding_model": "t",
+            }
+            for i in range(start, min(start + 500, ids.stop))
+        )
+
+
+def _mapped_snapshots(pid: int) -> set[str]:
+    """The index snapshot files process ``pid`` maps."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split()[-1] for line in maps if line.endswith(".faiss")}
+
+
+def test_a_follower_maps_its_leaders_snapshot_and_ranks_alike(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A follower started on a data directory with index snapshots maps their HNSW from the files
+    (shared, not copied) and keeps what comes later in an index of its own: after adds, deletes,
+    re-embeddings and tier moves, both processes answer alike."""
+    data = tmp_path / "data"
+    rng = np.random.default_rng(12)
+    vecs = rng.standard_normal((3000, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    first = server_factory(data_dir=data)
+    with MemoryClient(f"127.0.0.1:{first.port}", timeout=30) as c:
+        _create(c, vecs, range(2500))
+    first.stop(5)  # (a clean stop writes the snapshots)
+    snapshots = {str(p) for p in data.rglob("*.faiss")}
+    assert snapshots
+    # Graph searches however small the parts (not exact scans): the mapped graph is walked.
+    srv = server_factory(data_dir=data, search_processes=2, tuning=Tuning(exact_entries=0, exact_per_k=0))
+    assert srv.followers is not None
+    (fpid,) = srv.followers.pids()
+    assert _mapped_snapshots(fpid) == snapshots
+    assert not _mapped_snapshots(os.getpid()) & snapshots  # the leader reads its copy, to add to it
+    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
+    _create(lead, vecs, range(2500, 3000))
+    for i in range(0, 3000, 7):
+        lead.delete("m", f"m{i}")
+    new = rng.standard_normal((20, DIM)).astype(np.float32)
+    new /= np.linalg.norm(new, axis=1, keepdims=True)
+    reembedded = [i for i in range(1, 800, 20) if i % 7][:20]
+    for j, i in enumerate(reembedded):
+        follow.update("m", f"m{i}", embedding=new[j].tolist(), embedding_model="t")
+    for i in (i for i in range(2, 400, 9) if i % 7):
+        lead.update("m", f"m{i}", tier="glacial")
+    for i in (3, 2600):  # one of the snapshot's, one added since
+        for c in (lead, follow):
+            got = c.search(
+                "m", vecs[i].tolist(), embedding_model="t", limit=1, read_only=True, strategy="similarity"
+            )
+            assert _ids(got) == [f"m{i}"]
+    for c in (lead, follow):
+        assert _ids(c.search("m", new[3].tolist(), embedding_model="t", limit=1, read_only=True)) == [
+            f"m{reembedded[3]}"
+        ]
+        assert "m7" not in _ids(
+            c.search("m", vecs[7].tolist(), embedding_model="t", limit=20, read_only=True)
+        )
+    as_of = time.time()
+    for q in rng.standard_normal((20, DIM)).astype(np.float32):
+        got = [
+            [
+                (r.memory.id, r.memory.tier, round(r.score, 5))
+                for r in c.search("m", q.tolist(), embedding_model="t", as_of=as_of, read_only=True)
+            ]
+            for c in (lead, follow)
+        ]
+        assert got[0] == got[1] and len(got[0]) == 10
+    lead.channel.close()
+    follow.channel.close()

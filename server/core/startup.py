@@ -22,7 +22,8 @@ from tiermem.server.core import upkeep
 from tiermem.server.core.state import EngineState
 from tiermem.server.index.columns import Columns
 from tiermem.server.index.keyword_index import KeywordIndex
-from tiermem.server.index.spaces import Space
+from tiermem.server.index.layered import LayeredIndex
+from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.threads import set_faiss_threads
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.errors import StorageError
@@ -262,9 +263,11 @@ def _load_index(st: EngineState, txn: Txn, sp: Space, tier: int, live: _Rows, pe
     return later
 
 
-def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[VectorIndex, np.ndarray]:
+def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[Index, np.ndarray]:
     """The index snapshot of a space's tier with the live rows revived in it, or a new index when
-    there is none or too much of it is dead; and each row's internal id in it (-1: not in it)."""
+    there is none or too much of it is dead; and each row's internal id in it (-1: not in it).
+    A follower maps the snapshot's HNSW from its file (shared with the other followers) under an
+    index of its own for what it adds (``LayeredIndex``)."""
     internal = np.full(live.rows.shape[0], -1, np.int64)
     loaded = VectorIndex.load(
         st.snapshot_base(sp, tier),
@@ -273,6 +276,7 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
         st.config.hnsw_ef_construction,
         st.store.instance,
         tuning=st.config.tuning,
+        mapped=st.following,
     )
     if loaded is None or not loaded[0].n:
         return st.new_index(sp), internal
@@ -287,6 +291,8 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
         return st.new_index(sp), internal
     internal[hit] = order[pos[hit]]
     snap.revive(internal[hit], live.rows[hit])
+    if snap.mapped:
+        return LayeredIndex(snap, st.new_index(sp)), internal
     snap.advise_huge_pages()  # (kept: its arrays were read in 4 KB pages)
     return snap, internal
 

@@ -29,7 +29,7 @@ from tiermem.server.index import masks
 from tiermem.server.index.columns import Columns, ColumnsView
 from tiermem.server.index.indexer import Indexer
 from tiermem.server.index.keyword_index import KeywordIndex
-from tiermem.server.index.spaces import Space
+from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import FollowerReport
@@ -146,7 +146,7 @@ class EngineState:
             self.spaces[model] = sp
         return sp
 
-    def index(self, sp: Space, tier: int) -> VectorIndex:
+    def index(self, sp: Space, tier: int) -> Index:
         """The index of a space's tier, created (and handed to the indexer) on first use."""
         idx = sp.indexes.get(tier)
         if idx is None:
@@ -160,7 +160,7 @@ class EngineState:
             sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction, tuning=self.config.tuning
         )
 
-    def all_indexes(self) -> list[VectorIndex]:
+    def all_indexes(self) -> list[Index]:
         return [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
 
     def snapshot_base(self, sp: Space, tier: int) -> Path:

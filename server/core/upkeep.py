@@ -14,7 +14,7 @@ import numpy as np
 
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
-from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.index.spaces import Index
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.records import Record
@@ -89,7 +89,7 @@ def refresh_rows(st: EngineState, recs: list[Record]) -> None:
             st.columns.set(row, rec, int(view.space[row]), int(view.vpos[row]))
 
 
-def entry(st: EngineState, loc: int) -> tuple[VectorIndex, np.ndarray] | None:
+def entry(st: EngineState, loc: int) -> tuple[Index, np.ndarray] | None:
     """The index and internal id of a ``vpos`` location (None: no entry)."""
     if loc < 0:
         return None

@@ -191,11 +191,14 @@ def discard(files: SnapshotFiles) -> None:
     files.vks.unlink(missing_ok=True)
 
 
-def read_snapshot(base: Path, model: str, dim: int, instance: str) -> tuple[Any, np.ndarray] | None:
+def read_snapshot(
+    base: Path, model: str, dim: int, instance: str, mapped: bool = False
+) -> tuple[Any, np.ndarray] | None:
     """(FAISS index, vks by internal id) of the snapshot of ``base``, or None when there is none
     for this model, dimension and database, or it is damaged (then with a warning). A snapshot
     replaced while it is read (a search follower loading while its leader writes the next one) is
-    read again from the new manifest."""
+    read again from the new manifest. ``mapped``: the index's arrays are mapped from the file, not
+    read (the file is never rewritten, so it stays what the checksum saw)."""
     manifest_path = base.with_name(f"{base.name}.json")
     token = None
     for _ in range(3):
@@ -219,7 +222,7 @@ def read_snapshot(base: Path, model: str, dim: int, instance: str) -> tuple[Any,
             # Checked whole before FAISS parses it (files are never rewritten: a new token each save)
             if list(file_checksum(files.index, hash_name)) != manifest["index"]:
                 raise ValueError(f"{files.index.name}: checksum mismatch")
-            index: Any = faiss.read_index(str(files.index))
+            index: Any = faiss.read_index(str(files.index), faiss.IO_FLAG_MMAP_IFC if mapped else 0)
             vks = np.load(io.BytesIO(raw_vks), allow_pickle=False)
             if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
                 raise ValueError("entries do not match the manifest")

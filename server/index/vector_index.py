@@ -58,7 +58,7 @@ from tiermem.server.model.locks import RWLock
 logger = logging.getLogger(__name__)
 
 
-def _top_k(sims: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+def top_k(sims: np.ndarray, k: int) -> tuple[np.ndarray, float]:
     """Positions of the ``k`` highest ``sims``, best first (ties in position order), and the
     highest similarity left out (-inf: none). A partition first: no full sort of a long array."""
     if sims.shape[0] <= k:
@@ -138,6 +138,7 @@ class VectorIndex:
         # a compaction may move the storage): every lookup would otherwise cross into FAISS for it.
         self._xb: np.ndarray | None = None
         self._huge: dict[str, tuple[int, int]] = {}  # per FAISS array: (address, bytes) when advised
+        self.mapped = False  # HNSW mapped read-only from a snapshot's file (layered.py): no adds
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     @property
@@ -167,6 +168,8 @@ class VectorIndex:
         backlog that later writes do not wait for. ``max_pending``: wait beyond this many pending
         instead of the index's ``max_pending`` (a search follower, whose searches wait for its adds).
         """
+        if self.mapped:  # (FAISS would abort the process)
+            raise RuntimeError("an index mapped from a snapshot's file takes no adds")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         count = vectors.shape[0]
         with self._state:
@@ -293,7 +296,7 @@ class VectorIndex:
 
     def _advise_huge_pages(self) -> None:
         n = int(self.index.ntotal)
-        if n == 0:
+        if n == 0 or self.mapped:  # (a mapping's pages are the file's, in the page cache)
             return
         links = self.index.hnsw.neighbors
         for name, ptr, nbytes in (
@@ -426,7 +429,7 @@ class VectorIndex:
         rows = np.concatenate([h_rows, p_rows])
         sims = np.concatenate([h_sims, p_sims.astype(np.float32, copy=False)])
         # (a start-up backlog can leave many pending: no full sort)
-        top, cut = _top_k(sims, k)
+        top, cut = top_k(sims, k)
         # Entries left out: those HNSW did not return (at most ``bound``) and those cut here.
         if not math.isnan(bound):
             bound = max(bound, cut)
@@ -480,7 +483,7 @@ class VectorIndex:
         if ids.shape[0] == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32), -np.inf
         sims = kernels.dot_rows(self._stored(lo), ids, query)
-        top, bound = _top_k(sims, k)
+        top, bound = top_k(sims, k)
         return rows[top], sims[top], bound
 
     def allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
@@ -592,15 +595,18 @@ class VectorIndex:
         ef_construction: int,
         instance: str,
         tuning: Tuning | None = None,
+        mapped: bool = False,
     ) -> tuple[VectorIndex, np.ndarray] | None:
-        """Read a snapshot; returns (index with every entry dead, vks by internal id) or None."""
-        read = read_snapshot(base, model, dim, instance)
+        """Read a snapshot; returns (index with every entry dead, vks by internal id) or None.
+        ``mapped``: HNSW's vectors and links stay in the file, mapped read-only (no adds)."""
+        read = read_snapshot(base, model, dim, instance, mapped)
         if read is None:
             return None
         index, vks = read
         hnsw: Any = faiss.downcast_index(index)
         hnsw.hnsw.efConstruction = ef_construction
         idx = cls(dim, index=index, tuning=tuning)
+        idx.mapped = mapped
         idx.vks[: index.ntotal] = vks
         return idx, vks
 
@@ -637,7 +643,7 @@ class VectorIndex:
             with self._lock.write():
                 with self._state:
                     self.index, self._storage, self._params, self._xb = fresh, storage, {}, None
-                    self._huge = {}
+                    self._huge, self.mapped = {}, False
                     self.slots, self.vks, self.live_bits = slots, new_vks, bits
                     self._pbuf, self._pbase = vectors, 0
                     self.n, self.indexed, self.dead = count, 0, 0

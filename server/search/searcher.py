@@ -26,8 +26,7 @@ from tiermem import kernels
 from tiermem.server.config import TIERS, usable_cores
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
-from tiermem.server.index.spaces import Space
-from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.index.spaces import Index, Space
 from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
@@ -284,7 +283,7 @@ class Searcher:
         sp: Space | None,
         tables: PolicyTables,
         row_w: np.ndarray | None,
-        holding: list[VectorIndex],
+        holding: list[Index],
     ) -> Ranked:
         """The fused ranking (fused.py): the most similar rows (exact, or HNSW at a similarity search's
         depth: deeper did not change what ranks first) and the best keyword matches, each signal
@@ -333,7 +332,7 @@ class Searcher:
         a: RankingParams,
         allowed: tuple[np.ndarray, int, np.ndarray, int],
         depth: int,
-        holding: list[VectorIndex],
+        holding: list[Index],
     ) -> tuple[Candidates, KeywordScores] | None:
         """``_most_similar`` on a helper thread and the keyword pass's best on this one, at once (both
         release the GIL for most of their time); the vector rows' keyword scores are probed after.
