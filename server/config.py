@@ -106,6 +106,9 @@ class Tuning:
     # core/: writes, followers, compaction, deduplication
     follow_interval_seconds: float = 0.05  # a follower looks for new commits this often when idle
     follower_max_pending: int = 8 * 4096  # a follower's adds wait for its indexer beyond this many
+    # A follower whose own HNSW entries in an index (those after the snapshot it maps) pass this
+    # maps its leader's newer snapshot of that index instead (core/remap.py).
+    follower_remap_entries: int = 8192
     compact_min_entries: int = 4096  # an index at least this large ...
     compact_dead_share: float = 0.75  # ... with at least this share dead ...
     compact_max_live: int = 4096  # ... and at most this many live entries is compacted

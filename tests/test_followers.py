@@ -526,3 +526,74 @@ def test_a_follower_maps_its_leaders_snapshot_and_ranks_alike(
         assert got[0] == got[1] and len(got[0]) == 10
     lead.channel.close()
     follow.channel.close()
+
+
+def _wait_mapped(pid: int, want: set[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _mapped_snapshots(pid) != want:
+        assert time.monotonic() < deadline, (_mapped_snapshots(pid), want)
+        time.sleep(0.1)
+
+
+def test_a_follower_moves_onto_its_leaders_newer_snapshots(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A follower that started with no snapshot (a fresh data directory) builds its own index from
+    the commits; once its own entries pass ``follower_remap_entries`` and the leader writes a
+    snapshot, it maps that one and keeps only what came after it, and again at the next snapshot.
+    Both processes answer alike throughout."""
+    data = tmp_path / "data"
+    rng = np.random.default_rng(13)
+    vecs = rng.standard_normal((3000, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    srv = server_factory(
+        data_dir=data,
+        search_processes=2,
+        snapshot_interval_seconds=0,
+        tuning=Tuning(exact_entries=0, exact_per_k=0, follower_remap_entries=200),
+    )
+    assert srv.followers is not None
+    (fpid,) = srv.followers.pids()
+    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
+
+    def alike(ids: list[int], gone: list[int]) -> None:
+        as_of = time.time()
+        for i in ids:
+            for c in (lead, follow):
+                got = c.search(
+                    "m", vecs[i].tolist(), embedding_model="t", limit=1, read_only=True, strategy="similarity"
+                )
+                assert _ids(got) == [f"m{i}"], (c is follow, i)
+        for i in gone:
+            assert f"m{i}" not in _ids(
+                follow.search("m", vecs[i].tolist(), embedding_model="t", read_only=True)
+            )
+        for q in rng.standard_normal((10, DIM)).astype(np.float32):
+            got = [
+                [
+                    (r.memory.id, round(r.score, 5))
+                    for r in c.search("m", q.tolist(), embedding_model="t", as_of=as_of, read_only=True)
+                ]
+                for c in (lead, follow)
+            ]
+            assert got[0] == got[1] and len(got[0]) == 10
+
+    _create(lead, vecs, range(1000))
+    alike([5, 999], [])
+    assert _mapped_snapshots(fpid) == set()
+    srv.engine.snapshot()
+    first = {str(p) for p in data.rglob("*.faiss")}
+    assert len(first) == 1
+    _create(follow, vecs, range(1000, 2000))  # after the snapshot: the follower's own again
+    for i in range(0, 2000, 11):
+        lead.delete("m", f"m{i}")
+    _wait_mapped(fpid, first)
+    alike([5, 999, 1002, 1999], [0, 11, 1012])
+    srv.engine.snapshot()
+    second = {str(p) for p in data.rglob("*.faiss")}
+    assert second.isdisjoint(first)
+    _create(lead, vecs, range(2000, 3000))
+    _wait_mapped(fpid, second)  # (the first one's mapping gone with the index that held it)
+    alike([5, 1002, 2001, 2999], [0, 1012, 1991])
+    lead.channel.close()
+    follow.channel.close()

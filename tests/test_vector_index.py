@@ -276,6 +276,39 @@ def test_stop_indexes_everything_pending(tuning: Tuning) -> None:
     assert (idx.indexed, idx.pending) == (3005, 0)
 
 
+def test_a_forgotten_index_gets_no_more_turns(tuning: Tuning) -> None:
+    """A replaced index (a follower moved onto a newer snapshot) is left pending: forgotten before
+    its turn, or during a move (that move finishes, no next one)."""
+    rng = np.random.default_rng(16)
+    vecs = unit(rng, 2000)
+    ix = Indexer(tuning=tuning)
+    idxs = [VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning) for _ in range(3)]
+    for idx in idxs:
+        idx.add(vecs, np.arange(2000), np.arange(2000), defer=True)  # (pending, no turn asked)
+        ix.notify(idx)
+    ix.forget(idxs[0])
+    moving = threading.Event()
+    real_flush = idxs[1].flush
+
+    def flush(chunk: int = 0, limit: int = 0, yield_to_save: bool = False) -> int:
+        if not moving.is_set():
+            moving.set()
+            ix.forget(idxs[1])  # while its first move is in progress
+        return real_flush(chunk, limit, yield_to_save)
+
+    idxs[1].flush = flush  # type: ignore[method-assign]
+    ix.start()
+    try:
+        wait_indexed(idxs[2])
+        time.sleep(0.3)
+    finally:
+        ix.stop(drain=False)
+    assert moving.is_set()
+    assert idxs[0].pending == 2000  # never moved
+    assert 0 < idxs[1].pending < 2000  # one move, then no more
+    assert idxs[2].pending == 0
+
+
 def test_without_an_indexer_adds_go_straight_into_hnsw(tuning: Tuning) -> None:
     rng = np.random.default_rng(7)
     vecs = unit(rng, 50)

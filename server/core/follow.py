@@ -15,6 +15,7 @@ import numpy as np
 
 from tiermem.server.core import upkeep
 from tiermem.server.core.lifecycle import compact_indexes
+from tiermem.server.core.remap import remap_indexes
 from tiermem.server.core.state import EngineState
 from tiermem.server.model.errors import FollowerBehind
 from tiermem.server.model.records import Record
@@ -98,6 +99,7 @@ def follow_loop(st: EngineState) -> None:
             if time.monotonic() - compacted >= COMPACT_EVERY_SECONDS:
                 compacted = time.monotonic()
                 compact_indexes(st)
+                remap_indexes(st)
         except Exception as e:  # searches now fail (UNAVAILABLE) until the follower reloads
             logger.exception("following the leader's commits failed")
             st.follow_error = st.follow_error or e

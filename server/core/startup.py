@@ -23,6 +23,7 @@ from tiermem.server.core.state import EngineState
 from tiermem.server.index.columns import Columns
 from tiermem.server.index.keyword_index import KeywordIndex
 from tiermem.server.index.layered import LayeredIndex
+from tiermem.server.index.snapshot_files import entries_by_vk
 from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.threads import set_faiss_threads
 from tiermem.server.index.vector_index import VectorIndex
@@ -282,14 +283,13 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
         return st.new_index(sp), internal
     snap, snap_vks = loaded
     # Map each record's current vk to its entry in the snapshot; unmatched entries stay dead.
-    order = np.argsort(snap_vks)
-    pos = np.minimum(np.searchsorted(snap_vks, live.vks, sorter=order), snap.n - 1)
-    hit = snap_vks[order[pos]] == live.vks
+    found = entries_by_vk(snap_vks, live.vks)
+    hit = found >= 0
     dead_after = snap.n - int(hit.sum())
     if dead_after / snap.n > 0.25:  # compaction: too many tombstones, rebuild from LMDB
         logger.info("rebuilding index %s/%d: %d of %d entries dead", sp.model, tier, dead_after, snap.n)
         return st.new_index(sp), internal
-    internal[hit] = order[pos[hit]]
+    internal[hit] = found[hit]
     snap.revive(internal[hit], live.rows[hit])
     if snap.mapped:
         return LayeredIndex(snap, st.new_index(sp)), internal

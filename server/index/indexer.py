@@ -62,6 +62,8 @@ class Indexer:
         self.last_search = -math.inf  # time.monotonic() when a search last read any index served here
         self._cond = threading.Condition()
         self._work: dict[int, BufferedIndex] = {}  # indexes with pending entries, in turn order
+        self._moving = 0  # id() of the index whose move is in progress (0: none)
+        self._forgotten = False  # ... and it was forgotten meanwhile: no next turn
         self._stop = False
         self._drain = True
         self.running = False
@@ -81,6 +83,14 @@ class Indexer:
         with self._cond:
             self._work[id(idx)] = idx
             self._cond.notify()
+
+    def forget(self, idx: BufferedIndex) -> None:
+        """Give ``idx`` no more turns (it was replaced; its pending entries would be indexed for
+        nothing); a move out of it in progress finishes."""
+        with self._cond:
+            self._work.pop(id(idx), None)
+            if self._moving == id(idx):
+                self._forgotten = True
 
     def stop(self, drain: bool = True) -> None:
         """Stop, after indexing everything pending (``drain``) or after the chunk in progress."""
@@ -111,6 +121,7 @@ class Indexer:
             if not self._work or (self._stop and not self._drain):
                 return None
             key, idx = next(iter(self._work.items()))
+            self._moving, self._forgotten = key, False
             deadline = time.monotonic() + self.linger_seconds
             while not self._stop and idx.pending < self.min_batch:
                 left = deadline - time.monotonic()
@@ -143,7 +154,8 @@ class Indexer:
             pause = self._move(idx)
             with self._cond:
                 self._work.pop(key, None)
-                if idx.pending:
+                forgotten, self._moving = self._forgotten, 0
+                if idx.pending and not forgotten:
                     self._work[key] = idx  # back of the line: indexes take turns
                     if pause and not self._stop:
                         self._cond.wait(pause)

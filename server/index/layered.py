@@ -123,6 +123,12 @@ class LayeredIndex:
             gone += self.tail.compact(lambda rows, ids: relocate(rows, ids + self.offset))
         return gone
 
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold both parts alone (no search reads either): for a caller replacing this index."""
+        with self.base.exclusive(), self.tail.exclusive():  # (the order searches take them in)
+            yield
+
     # -- reads -------------------------------------------------------------------------------------
     @contextmanager
     def reading(self) -> Iterator[None]:

@@ -193,8 +193,8 @@ def discard(files: SnapshotFiles) -> None:
 
 def read_snapshot(
     base: Path, model: str, dim: int, instance: str, mapped: bool = False
-) -> tuple[Any, np.ndarray] | None:
-    """(FAISS index, vks by internal id) of the snapshot of ``base``, or None when there is none
+) -> tuple[Any, np.ndarray, str] | None:
+    """(FAISS index, vks by internal id, token) of the snapshot of ``base``, or None when there is none
     for this model, dimension and database, or it is damaged (then with a warning). A snapshot
     replaced while it is read (a search follower loading while its leader writes the next one) is
     read again from the new manifest. ``mapped``: the index's arrays are mapped from the file, not
@@ -226,7 +226,7 @@ def read_snapshot(
             vks = np.load(io.BytesIO(raw_vks), allow_pickle=False)
             if index.ntotal != manifest["n"] or vks.shape != (index.ntotal,) or index.d != dim:
                 raise ValueError("entries do not match the manifest")
-            return index, vks
+            return index, vks, token
         except FileNotFoundError:
             if token is None:
                 return None  # no snapshot
@@ -242,6 +242,23 @@ def read_snapshot(
             logger.warning("ignoring damaged index snapshot %s (rebuilt from LMDB): %s", base.name, e)
             return None
     return None
+
+
+def snapshot_token(base: Path) -> str | None:
+    """The token of the current snapshot of ``base`` (None: none, or an unreadable manifest)."""
+    return _manifest_token(base.with_name(f"{base.name}.json"))
+
+
+def entries_by_vk(snap_vks: np.ndarray, vks: np.ndarray) -> np.ndarray:
+    """Each of ``vks``'s entry in a snapshot whose entries carry ``snap_vks`` (-1: not in it)."""
+    internal = np.full(vks.shape[0], -1, np.int64)
+    if snap_vks.shape[0] == 0:
+        return internal
+    order = np.argsort(snap_vks)
+    pos = np.minimum(np.searchsorted(snap_vks, vks, sorter=order), snap_vks.shape[0] - 1)
+    hit = snap_vks[order[pos]] == vks
+    internal[hit] = order[pos[hit]]
+    return internal
 
 
 def _fsync(path: Path) -> None:

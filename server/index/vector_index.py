@@ -139,6 +139,7 @@ class VectorIndex:
         self._xb: np.ndarray | None = None
         self._huge: dict[str, tuple[int, int]] = {}  # per FAISS array: (address, bytes) when advised
         self.mapped = False  # HNSW mapped read-only from a snapshot's file (layered.py): no adds
+        self.token: str | None = None  # the snapshot this index was loaded from, if any
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     @property
@@ -602,13 +603,17 @@ class VectorIndex:
         read = read_snapshot(base, model, dim, instance, mapped)
         if read is None:
             return None
-        index, vks = read
+        index, vks, token = read
         hnsw: Any = faiss.downcast_index(index)
         hnsw.hnsw.efConstruction = ef_construction
         idx = cls(dim, index=index, tuning=tuning)
-        idx.mapped = mapped
+        idx.mapped, idx.token = mapped, token
         idx.vks[: index.ntotal] = vks
         return idx, vks
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """Hold the index alone (no search reads it meanwhile): for a caller replacing it."""
+        return self._lock.write()
 
     def compact(self, relocate: Callable[[np.ndarray, np.ndarray], None]) -> int:
         """Drop the dead entries (writer thread: nothing else adds or kills meanwhile). The live
