@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -580,6 +581,22 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
 
     _create(lead, vecs, range(1000))
     alike([5, 999], [])
+    # Searches through the follower all along, switches included: each finds m5, none fails.
+    stop, answers, failures = threading.Event(), [], []
+
+    def searching() -> None:
+        q = vecs[5].tolist()
+        while not stop.is_set():
+            try:
+                got = follow.search(
+                    "m", q, embedding_model="t", limit=1, read_only=True, strategy="similarity"
+                )
+                answers.append(_ids(got))
+            except Exception as e:  # (any failure fails the test below)
+                failures.append(e)
+
+    searcher = threading.Thread(target=searching)
+    searcher.start()
     assert _mapped_snapshots(fpid) == set()
     srv.engine.snapshot()
     first = {str(p) for p in data.rglob("*.faiss")}
@@ -595,5 +612,8 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
     _create(lead, vecs, range(2000, 3000))
     _wait_mapped(fpid, second)  # (the first one's mapping gone with the index that held it)
     alike([5, 1002, 2001, 2999], [0, 1012, 1991])
+    stop.set()
+    searcher.join(30)
+    assert not failures and len(answers) > 50 and all(a == ["m5"] for a in answers)
     lead.channel.close()
     follow.channel.close()

@@ -5,6 +5,8 @@ Answers are checked against exact cosine over the live, allowed entries, compute
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +78,10 @@ def test_the_base_is_mapped_from_its_file_and_takes_no_adds(tmp_path: Path) -> N
     assert snap.counts() == (500, 0, 500)
     rows, sims, _ = snap.search(vecs[42], 1, np.ones(500, np.bool_), 64)
     assert rows.tolist() == [42] and sims[0] == pytest.approx(1.0, abs=1e-5)
-    with pytest.raises(ValueError, match="empty tail"):
-        LayeredIndex(snap, plain[0])  # (a tail with entries of its own)
+    pending = VectorIndex(DIM, tuning=TUNING)
+    pending.add(vecs[:3], np.arange(3), np.arange(3), defer=True)
+    with pytest.raises(ValueError, match="takes no adds"):
+        LayeredIndex(pending, VectorIndex(DIM, tuning=TUNING))
 
 
 def exact(vecs: np.ndarray, live: np.ndarray, q: np.ndarray, k: int) -> tuple[list[int], np.ndarray]:
@@ -165,3 +169,38 @@ def test_compaction_drops_dead_entries_of_both_parts(world: tuple[LayeredIndex, 
     # Adds still go to the tail, past the base's ids.
     new = idx.add(unit(rng, 1), np.array([BASE + TAIL]), np.array([10**6]))
     assert new.tolist() == [BASE + 200]  # (the tail's own numbering: its 200 live entries, then this)
+
+
+def test_rebase_waits_for_holds_then_swaps_both_parts(
+    tmp_path: Path, world: tuple[LayeredIndex, np.ndarray]
+) -> None:
+    """A newer snapshot (every entry) goes under the same object: a search holding the index
+    finishes on the old parts first; afterwards the new parts answer, at the rows' new ids."""
+    idx, vecs = world
+    total = BASE + TAIL
+    (tmp_path / "newer").mkdir()
+    newer = mapped(snapshot(tmp_path / "newer", vecs), total)
+    alive = np.ones(total, np.bool_)
+    held, events = threading.Event(), []
+
+    def search_while_held() -> None:
+        with idx.reading():
+            held.set()
+            time.sleep(0.3)
+            rows, _, _ = idx.search(vecs[BASE + 7], 1, alive, 256, total)
+            events.append(("searched", rows.tolist()))
+
+    t = threading.Thread(target=search_while_held)
+    t.start()
+    held.wait(5)
+    old = idx.rebase(newer, VectorIndex(DIM, tuning=TUNING), lambda: events.append(("relocated", [])))
+    t.join(5)
+    assert events == [("searched", [BASE + 7]), ("relocated", [])]
+    assert [part.n for part in old] == [BASE, TAIL]
+    assert idx.offset == total and idx.counts() == (total, 0, total) and idx.own_entries() == 0
+    ids = np.array([3, BASE + 7, total - 1], np.int64)  # (all in the new base: its ids are the rows)
+    np.testing.assert_allclose(idx.similarities(ids, vecs[9]), vecs[ids] @ vecs[9], atol=1e-6)
+    rows, _, _ = idx.search(vecs[BASE + 7], 1, alive, 256, total)
+    assert rows.tolist() == [BASE + 7]
+    assert idx.add(vecs[:1], np.array([total]), np.array([10**6])).tolist() == [total]
+    assert idx.own_entries() == 1

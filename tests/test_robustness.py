@@ -1167,6 +1167,71 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
         eng.close()
 
 
+def test_a_search_whose_view_the_columns_outgrew_reads_compacted_locations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search builds its masks from a view; then the columns grow (new arrays: the view is left
+    behind) and a compaction relocates the index's rows in the new arrays only. The search, which
+    holds the index only after that, must read the new locations: it answers the exact top k."""
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.search.searcher import SIMILARITY, SearchQuery
+    from tiermem.server.transport import convert
+    from tiermem.v1 import memory_pb2 as pb
+
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data",
+        maintenance_interval_seconds=0,
+        snapshot_interval_seconds=0,
+        exact_search_max_rows=1000,  # scored exactly: every allowed row's vector location is read
+        tuning=Tuning(exact_entries=0, exact_per_k=0, compact_min_entries=64),
+    )
+    rng = np.random.default_rng(22)
+    vecs = _unit(rng, 4400, 16)
+    keep = list(range(0, 400, 10))
+
+    def new(i: int, ns: str, tier: int) -> Any:
+        m = pb.Memory(namespace=ns, id=f"m{i}", content=f"memory {i}", embedding=vecs[i].tolist(), tier=tier)
+        m.embedding_model = "m16"
+        return convert.new_memory_from_pb(m, "memory.")
+
+    q = _unit(rng, 1, 16)[0]
+    eng = Engine(cfg)
+    try:
+        eng.create([new(i, "keep" if i in keep else "gone", 3) for i in range(400)], batch=True)
+        idx = eng.spaces["m16"].indexes[3]
+        paused, resume = threading.Event(), threading.Event()
+        orig_mask = eng.state.shared_allowed_rows
+
+        def mask_then_wait(*a: Any, **kw: Any) -> Any:
+            out = orig_mask(*a, **kw)
+            paused.set()
+            assert resume.wait(10)
+            return out
+
+        monkeypatch.setattr(eng.state, "shared_allowed_rows", mask_then_wait)
+        late: list[Any] = []
+        query = SearchQuery(
+            ["keep"], embedding=q, embedding_model="m16", limit=5, strategy=SIMILARITY, read_only=True
+        )
+        t = threading.Thread(
+            target=lambda: late.append(_call(lambda: [h.record.id for h in eng.search(query)]))
+        )
+        t.start()
+        assert paused.wait(10)
+        view = eng.state.columns.view()
+        for start in range(400, 4400, 1000):  # another tier's index: the columns grow
+            eng.create([new(i, "more", 4) for i in range(start, start + 1000)], batch=True)
+        assert not eng.state.columns.is_live(view)
+        assert eng.delete_namespace("gone") == 360 and idx.n == 40  # compacted: rows relocated
+        resume.set()
+        t.join(10)
+        sims = vecs[keep] @ q
+        assert late == [[f"m{keep[j]}" for j in np.argsort(-sims, kind="stable")[:5]]], late
+    finally:
+        eng.close()
+
+
 def _call(fn: Callable[[], Any]) -> Any:
     """fn's result, or the exception it raised."""
     try:

@@ -268,7 +268,9 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
     """The index snapshot of a space's tier with the live rows revived in it, or a new index when
     there is none or too much of it is dead; and each row's internal id in it (-1: not in it).
     A follower maps the snapshot's HNSW from its file (shared with the other followers) under an
-    index of its own for what it adds (``LayeredIndex``)."""
+    index of its own for what it adds (``LayeredIndex``); it keeps a snapshot as dead as the
+    leader lets its own indexes get before compacting them, since it would rebuild a private
+    copy instead."""
     internal = np.full(live.rows.shape[0], -1, np.int64)
     loaded = VectorIndex.load(
         st.snapshot_base(sp, tier),
@@ -280,15 +282,19 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
         mapped=st.following,
     )
     if loaded is None or not loaded[0].n:
-        return st.new_index(sp), internal
+        return st.empty_index(sp), internal
     snap, snap_vks = loaded
     # Map each record's current vk to its entry in the snapshot; unmatched entries stay dead.
     found = entries_by_vk(snap_vks, live.vks)
     hit = found >= 0
     dead_after = snap.n - int(hit.sum())
-    if dead_after / snap.n > 0.25:  # compaction: too many tombstones, rebuild from LMDB
+    most = st.config.tuning.compact_dead_share if snap.mapped else 0.25
+    if dead_after / snap.n > most:  # compaction: too many tombstones, rebuild from LMDB
         logger.info("rebuilding index %s/%d: %d of %d entries dead", sp.model, tier, dead_after, snap.n)
-        return st.new_index(sp), internal
+        idx = st.empty_index(sp)
+        if isinstance(idx, LayeredIndex):
+            idx.seen = snap.token  # (not to be considered again)
+        return idx, internal
     internal[hit] = found[hit]
     snap.revive(internal[hit], live.rows[hit])
     if snap.mapped:

@@ -29,6 +29,7 @@ from tiermem.server.index import masks
 from tiermem.server.index.columns import Columns, ColumnsView
 from tiermem.server.index.indexer import Indexer
 from tiermem.server.index.keyword_index import KeywordIndex
+from tiermem.server.index.layered import LayeredIndex
 from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.records import Record
@@ -150,7 +151,7 @@ class EngineState:
         """The index of a space's tier, created (and handed to the indexer) on first use."""
         idx = sp.indexes.get(tier)
         if idx is None:
-            idx = self.new_index(sp)
+            idx = self.empty_index(sp)
             self.indexer.attach(idx)
             sp.indexes[tier] = idx
         return idx
@@ -159,6 +160,12 @@ class EngineState:
         return VectorIndex(
             sp.dim, self.config.hnsw_m, self.config.hnsw_ef_construction, tuning=self.config.tuning
         )
+
+    def empty_index(self, sp: Space) -> Index:
+        """A new index for one of a space's tiers. A follower's is layered over an empty base, so
+        that a snapshot of the leader's can be mapped under it later (core/remap.py)."""
+        idx = self.new_index(sp)
+        return LayeredIndex(VectorIndex(sp.dim, tuning=self.config.tuning), idx) if self.following else idx
 
     def all_indexes(self) -> list[Index]:
         return [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]

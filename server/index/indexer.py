@@ -151,7 +151,9 @@ class Indexer:
             if turn is None:
                 return
             key, idx = turn
-            pause = self._move(idx)
+            with self._cond:
+                skip = self._forgotten  # (while it lingered for a fuller batch)
+            pause = 0.0 if skip else self._move(idx)
             with self._cond:
                 self._work.pop(key, None)
                 forgotten, self._moving = self._forgotten, 0

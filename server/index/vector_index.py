@@ -611,10 +611,6 @@ class VectorIndex:
         idx.vks[: index.ntotal] = vks
         return idx, vks
 
-    def exclusive(self) -> AbstractContextManager[None]:
-        """Hold the index alone (no search reads it meanwhile): for a caller replacing it."""
-        return self._lock.write()
-
     def compact(self, relocate: Callable[[np.ndarray, np.ndarray], None]) -> int:
         """Drop the dead entries (writer thread: nothing else adds or kills meanwhile). The live
         ones become entries 0..L-1 of an empty HNSW index, pending (searched exactly; the indexer

@@ -244,6 +244,15 @@ class Searcher:
             holding = list(sp.indexes.values()) if sp is not None else []
             for index in holding:
                 held.enter_context(index.reading())
+            if not src.columns.is_live(view):
+                # The columns grew since the view: rows an index relocated meanwhile (compaction,
+                # a follower's newer snapshot) have their new locations only in the new arrays.
+                # Under the holds no index relocates rows, so a view taken now stays right.
+                view = src.columns.view()
+                mask, keyword_mask, count, keyword_count = self._allowed(view, a, flt, sp, only_tier)
+                if count == 0 and not (by_keywords and keyword_count > 0):
+                    return []
+                row_w = row_weights(view, a, src.columns.namespaces)
             if a.strategy == FUSED:
                 allowed = (mask, count, keyword_mask, keyword_count)
                 return collect_hits(
