@@ -1091,16 +1091,7 @@ def test_a_mostly_dead_index_is_compacted_and_searches_stay_exact(
 
         # A search that built its mask before the clear and ranks after the compaction.
         eng.create([new(i, 0) for i in range(400) if i not in keep], batch=True)
-        paused, resume = threading.Event(), threading.Event()
-        orig_mask = eng.state.shared_allowed_rows
-
-        def mask_then_wait(*a: Any, **kw: Any) -> Any:
-            out = orig_mask(*a, **kw)
-            paused.set()
-            assert resume.wait(10)
-            return out
-
-        monkeypatch.setattr(eng.state, "shared_allowed_rows", mask_then_wait)
+        paused, resume, orig_mask = _pause_after_masks(eng, monkeypatch)
         # Scored exactly: every row of the (stale) mask has its vector location read.
         monkeypatch.setattr(eng.state, "config", dataclasses.replace(cfg, exact_search_max_rows=1000))
         late: list[Any] = []
@@ -1200,16 +1191,7 @@ def test_a_search_whose_view_the_columns_outgrew_reads_compacted_locations(
     try:
         eng.create([new(i, "keep" if i in keep else "gone", 3) for i in range(400)], batch=True)
         idx = eng.spaces["m16"].indexes[3]
-        paused, resume = threading.Event(), threading.Event()
-        orig_mask = eng.state.shared_allowed_rows
-
-        def mask_then_wait(*a: Any, **kw: Any) -> Any:
-            out = orig_mask(*a, **kw)
-            paused.set()
-            assert resume.wait(10)
-            return out
-
-        monkeypatch.setattr(eng.state, "shared_allowed_rows", mask_then_wait)
+        paused, resume, _ = _pause_after_masks(eng, monkeypatch)
         late: list[Any] = []
         query = SearchQuery(
             ["keep"], embedding=q, embedding_model="m16", limit=5, strategy=SIMILARITY, read_only=True
@@ -1230,6 +1212,24 @@ def test_a_search_whose_view_the_columns_outgrew_reads_compacted_locations(
         assert late == [[f"m{keep[j]}" for j in np.argsort(-sims, kind="stable")[:5]]], late
     finally:
         eng.close()
+
+
+def _pause_after_masks(
+    eng: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event, Any]:
+    """Make the next search pause once it has built its masks (``paused`` set) until ``resume``
+    is set. Returns both events and the original mask function (to put back)."""
+    paused, resume = threading.Event(), threading.Event()
+    orig_mask = eng.state.shared_allowed_rows
+
+    def mask_then_wait(*a: Any, **kw: Any) -> Any:
+        out = orig_mask(*a, **kw)
+        paused.set()
+        assert resume.wait(10)
+        return out
+
+    monkeypatch.setattr(eng.state, "shared_allowed_rows", mask_then_wait)
+    return paused, resume, orig_mask
 
 
 def _call(fn: Callable[[], Any]) -> Any:

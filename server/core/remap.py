@@ -55,15 +55,7 @@ def remap_indexes(st: EngineState) -> int:
 
 
 def _remap(st: EngineState, sp: Space, tier: int, idx: LayeredIndex) -> int:
-    loaded = VectorIndex.load(
-        st.snapshot_base(sp, tier),
-        sp.model,
-        sp.dim,
-        st.config.hnsw_ef_construction,
-        st.store.instance,
-        tuning=st.config.tuning,
-        mapped=True,
-    )
+    loaded = st.load_snapshot(sp, tier, mapped=True)
     if loaded is None or not loaded[0].n:
         return 0
     idx.seen = loaded[0].token

@@ -26,7 +26,6 @@ from tiermem.server.index.layered import LayeredIndex
 from tiermem.server.index.snapshot_files import entries_by_vk
 from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.threads import set_faiss_threads
-from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.errors import StorageError
 from tiermem.server.model.records import Record
 from tiermem.server.model.types import location
@@ -272,15 +271,7 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
     leader lets its own indexes get before compacting them, since it would rebuild a private
     copy instead."""
     internal = np.full(live.rows.shape[0], -1, np.int64)
-    loaded = VectorIndex.load(
-        st.snapshot_base(sp, tier),
-        sp.model,
-        sp.dim,
-        st.config.hnsw_ef_construction,
-        st.store.instance,
-        tuning=st.config.tuning,
-        mapped=st.following,
-    )
+    loaded = st.load_snapshot(sp, tier, mapped=st.following)
     if loaded is None or not loaded[0].n:
         return st.empty_index(sp), internal
     snap, snap_vks = loaded

@@ -167,6 +167,18 @@ class EngineState:
         idx = self.new_index(sp)
         return LayeredIndex(VectorIndex(sp.dim, tuning=self.config.tuning), idx) if self.following else idx
 
+    def load_snapshot(self, sp: Space, tier: int, mapped: bool) -> tuple[VectorIndex, np.ndarray] | None:
+        """The index snapshot of a space's tier (``VectorIndex.load``), or None."""
+        return VectorIndex.load(
+            self.snapshot_base(sp, tier),
+            sp.model,
+            sp.dim,
+            self.config.hnsw_ef_construction,
+            self.store.instance,
+            tuning=self.config.tuning,
+            mapped=mapped,
+        )
+
     def all_indexes(self) -> list[Index]:
         return [idx for sp in list(self.spaces.values()) for idx in list(sp.indexes.values())]
 
