@@ -261,7 +261,7 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             ratio(
                 f"{fol} processes: anonymous RSS of all (total / n) / (vector + links)",
                 fa,
-                "< 2 (each process holds its own copy)",
+                "< 2 (followers map the index snapshots; columns and later entries are their own)",
                 fa is not None and fa < 2,
             )
         )
