@@ -175,8 +175,8 @@ class ServerConfig:
     # turn: more than the cores only contend for them and for the GIL (docs/perf-log.md).
     search_concurrency: int = 0
     # Processes serving calls on the port: 1 is this one alone. N > 1 starts N - 1 search followers
-    # (docs/followers.md) that serve searches from their own columns and the mapped index snapshots, and forward every
-    # other call to this process, which alone writes. 0: one per core of the CPU affinity (resolved
+    # (docs/followers.md) that serve searches from their own columns and the mapped index
+    # snapshots, and forward every other call to this process, which alone writes. 0: one per core of the CPU affinity (resolved
     # here, so every reader sees the count).
     search_processes: int = 1
     max_message_bytes: int = 64 * 1024 * 1024

@@ -270,14 +270,14 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
     index of its own for what it adds (``LayeredIndex``); it keeps a snapshot as dead as the
     leader lets its own indexes get before compacting them, since it would rebuild a private
     copy instead."""
-    internal = np.full(live.rows.shape[0], -1, np.int64)
+    none = np.full(live.rows.shape[0], -1, np.int64)  # (no row in it)
     loaded = st.load_snapshot(sp, tier, mapped=st.following)
     if loaded is None or not loaded[0].n:
-        return st.empty_index(sp), internal
+        return st.empty_index(sp), none
     snap, snap_vks = loaded
     # Map each record's current vk to its entry in the snapshot; unmatched entries stay dead.
-    found = entries_by_vk(snap_vks, live.vks)
-    hit = found >= 0
+    internal = entries_by_vk(snap_vks, live.vks)
+    hit = internal >= 0
     dead_after = snap.n - int(hit.sum())
     most = st.config.tuning.compact_dead_share if snap.mapped else 0.25
     if dead_after / snap.n > most:  # compaction: too many tombstones, rebuild from LMDB
@@ -285,8 +285,7 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
         idx = st.empty_index(sp)
         if isinstance(idx, LayeredIndex):
             idx.seen = snap.token  # (not to be considered again)
-        return idx, internal
-    internal[hit] = found[hit]
+        return idx, none
     snap.revive(internal[hit], live.rows[hit])
     if snap.mapped:
         return LayeredIndex(snap, st.new_index(sp)), internal

@@ -217,6 +217,17 @@ class Searcher:
                 mask, count = src.shared_allowed_rows(view, names, flt, now, sp.id, within=keyword_mask)
         return mask, keyword_mask, count, keyword_count
 
+    def _viewed(
+        self, a: RankingParams, flt: Filter, sp: Space | None, only_tier: int, by_keywords: bool
+    ) -> tuple[ColumnsView, tuple[np.ndarray, np.ndarray, int, int], np.ndarray | None] | None:
+        """A view of the columns, ``_allowed``'s masks over it and the rows' weights; None when no
+        row is allowed (nor, when keywords alone may find rows, any keyword row)."""
+        view = self.source.columns.view()
+        allowed = self._allowed(view, a, flt, sp, only_tier)
+        if allowed[2] == 0 and not (by_keywords and allowed[3] > 0):
+            return None
+        return view, allowed, row_weights(view, a, self.source.columns.namespaces)
+
     def _rank(
         self,
         a: RankingParams,
@@ -232,27 +243,24 @@ class Searcher:
         by_keywords = a.strategy == FUSED and a.hybrid is not None and a.hybrid.keyword_weight > 0
         if query is not None and sp is None and not by_keywords:
             return []
-        view = src.columns.view()
-        mask, keyword_mask, count, keyword_count = self._allowed(view, a, flt, sp, only_tier)
-        if count == 0 and not (by_keywords and keyword_count > 0):
+        viewed = self._viewed(a, flt, sp, only_tier, by_keywords)
+        if viewed is None:
             return []
         tables = src.policy_tables()
-        row_w = row_weights(view, a, src.columns.namespaces)
         with ExitStack() as held:
             # The space's indexes are held for reading through the ranking: during a backlog
             # drain a search waits for one chunk of the indexer's adds, not once per lookup.
             holding = list(sp.indexes.values()) if sp is not None else []
             for index in holding:
                 held.enter_context(index.reading())
-            if not src.columns.is_live(view):
+            if not src.columns.is_live(viewed[0]):
                 # The columns grew since the view: rows an index relocated meanwhile (compaction,
                 # a follower's newer snapshot) have their new locations only in the new arrays.
                 # Under the holds no index relocates rows, so a view taken now stays right.
-                view = src.columns.view()
-                mask, keyword_mask, count, keyword_count = self._allowed(view, a, flt, sp, only_tier)
-                if count == 0 and not (by_keywords and keyword_count > 0):
+                viewed = self._viewed(a, flt, sp, only_tier, by_keywords)
+                if viewed is None:
                     return []
-                row_w = row_weights(view, a, src.columns.namespaces)
+            view, (mask, keyword_mask, count, keyword_count), row_w = viewed
             if a.strategy == FUSED:
                 allowed = (mask, count, keyword_mask, keyword_count)
                 return collect_hits(
