@@ -617,3 +617,55 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
     assert not failures and len(answers) > 50 and all(a == ["m5"] for a in answers)
     lead.channel.close()
     follow.channel.close()
+
+
+def _wait_mapping_current(pid: int, data: Path, timeout: float = 30.0) -> set[str]:
+    """Wait until process ``pid`` maps exactly the index snapshots in ``data`` (some); returns them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = {str(p) for p in data.rglob("*.faiss")}
+        if current and _mapped_snapshots(pid) == current:
+            return current
+        assert time.monotonic() < deadline, (_mapped_snapshots(pid), current)
+        time.sleep(0.1)
+
+
+def test_a_leader_with_followers_snapshots_growing_indexes_for_them(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """With no periodic snapshot due (no columns snapshot is written), the leader still snapshots
+    an index that gained ``follower_snapshot_entries`` since its last one, and its follower maps
+    each in turn instead of keeping every later entry in an index of its own."""
+    data = tmp_path / "data"
+    rng = np.random.default_rng(14)
+    vecs = rng.standard_normal((2000, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    srv = server_factory(
+        data_dir=data,
+        search_processes=2,
+        snapshot_interval_seconds=3600,
+        snapshot_min_changes=10**9,
+        tuning=Tuning(
+            exact_entries=0, exact_per_k=0, follower_snapshot_entries=300, follower_remap_entries=100
+        ),
+    )
+    assert srv.followers is not None
+    (fpid,) = srv.followers.pids()
+    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
+    _create(lead, vecs, range(1000))
+    first = _wait_mapping_current(fpid, data)
+    _create(lead, vecs, range(1000, 2000))
+    deadline = time.monotonic() + 30
+    while (second := _wait_mapping_current(fpid, data)) == first:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert not list(data.rglob("columns.json"))  # indexes alone, not the periodic snapshots
+    for i in (3, 999, 1500, 1999):
+        for c in (lead, follow):
+            got = c.search(
+                "m", vecs[i].tolist(), embedding_model="t", limit=1, read_only=True, strategy="similarity"
+            )
+            assert _ids(got) == [f"m{i}"], (c is follow, i)
+    assert second
+    lead.channel.close()
+    follow.channel.close()

@@ -246,13 +246,16 @@ def test_snapshot_leaves_pending_entries_out(indexer: Indexer, tmp_path: Path, t
     rng = np.random.default_rng(5)
     vecs = unit(rng, 400)
     idx = build(indexer, vecs[:300], vecs[300:], tuning)
+    assert idx.saved == 0
     try:
         idx.save(tmp_path / "snap", "m", "inst")
     finally:
         idx._flush_lock.release()
+    assert idx.saved == 300  # (what the leader's snapshots for followers count from)
     loaded = VectorIndex.load(tmp_path / "snap", "m", DIM, 200, "inst", tuning=tuning)
     assert loaded is not None
     snap, vks = loaded
+    assert snap.saved == 300
     assert snap.exact_entries == tuning.exact_entries  # a loaded index takes the thresholds given
     assert snap.n == snap.indexed == 300 and snap.live_count() == 0  # every entry dead until revived
     np.testing.assert_array_equal(vks, np.arange(300) + 1000)

@@ -19,6 +19,7 @@ from typing import Any
 from tiermem.server.core import access, lifecycle, summarizer, upkeep
 from tiermem.server.core.follow import follow_loop
 from tiermem.server.core.state import EngineState
+from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.storage import snapshots
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class Snapshots:
         self.lock = threading.Lock()
         self.changes_at_last = st.store.changed_count
         self.time_of_last = time.monotonic()
+        self._index_quiet_until = 0.0  # (take_indexes)
 
     def take(self, running: bool = True) -> bool:
         """Write the columns and index snapshots; then drop the change-log entries the columns
@@ -114,19 +116,47 @@ class Snapshots:
             "keywords": st.keywords.state(),
         }
 
+    def take_indexes(self) -> int:
+        """With search followers: snapshot each index that gained ``follower_snapshot_entries``
+        in HNSW since its last snapshot, alone (followers map it and keep fewer entries of their
+        own; a start-up takes any index snapshot with any columns one). After writing, wait four
+        times as long as that took before the next: at most a fifth of the time goes to them.
+        Returns how many were written."""
+        st, least = self.st, self.st.config.tuning.follower_snapshot_entries
+        written = 0
+        with self.lock:
+            for sp in list(st.spaces.values()):
+                for tier, idx in list(sp.indexes.items()):
+                    if time.monotonic() < self._index_quiet_until:
+                        return written
+                    if not isinstance(idx, VectorIndex) or idx.damaged or idx.indexed - idx.saved < least:
+                        continue
+                    t0 = time.monotonic()
+                    written += self._skipped_unless(
+                        partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance),
+                        f"index snapshot {sp.model}/{tier}",
+                    )
+                    self._index_quiet_until = time.monotonic() + 4 * (time.monotonic() - t0)
+        return written
+
     def loop(self) -> None:
         """Periodic snapshots bound what a start-up after kill -9 must redo: records changed since
-        the last one are decoded again, vectors added since are indexed again."""
+        the last one are decoded again, vectors added since are indexed again. With search
+        followers, indexes are also snapshotted alone as they grow (``take_indexes``)."""
         st, cfg = self.st, self.st.config
-        while not st.stop.wait(min(10.0, cfg.snapshot_interval_seconds)):
+        followed = cfg.search_processes > 1
+        tick = min(2.0 if followed else 10.0, cfg.snapshot_interval_seconds)
+        while not st.stop.wait(tick):
             changed = st.store.changed_count - self.changes_at_last
             due = max(cfg.snapshot_min_changes, int(0.1 * len(st.columns)))
             old = time.monotonic() - self.time_of_last >= cfg.snapshot_interval_seconds
-            if changed >= due or (changed and old):
-                try:
+            try:
+                if changed >= due or (changed and old):
                     self.take()
-                except Exception:
-                    logger.exception("periodic snapshot failed")
+                elif followed:
+                    self.take_indexes()
+            except Exception:
+                logger.exception("periodic snapshot failed")
 
 
 def flush_loop(st: EngineState) -> None:

@@ -24,6 +24,7 @@ from tiermem.server.storage.store import Txn
 logger = logging.getLogger(__name__)
 
 COMPACT_EVERY_SECONDS = 5.0  # the leader's passes kill entries here too
+REMAP_EVERY_SECONDS = 1.0  # a look at each index's snapshot manifest: the leader's newer snapshots
 
 
 def catch_up(st: EngineState) -> int:
@@ -92,13 +93,15 @@ def follow_records(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
 
 def follow_loop(st: EngineState) -> None:
     """The follow thread: catch up every ``follow_interval_seconds`` when no search does."""
-    compacted = time.monotonic()
+    compacted = remapped = time.monotonic()
     while not st.stop.wait(st.config.tuning.follow_interval_seconds):
         try:
             catch_up(st)
             if time.monotonic() - compacted >= COMPACT_EVERY_SECONDS:
                 compacted = time.monotonic()
                 compact_indexes(st)
+            if time.monotonic() - remapped >= REMAP_EVERY_SECONDS:
+                remapped = time.monotonic()
                 remap_indexes(st)
         except Exception as e:  # searches now fail (UNAVAILABLE) until the follower reloads
             logger.exception("following the leader's commits failed")

@@ -140,6 +140,7 @@ class VectorIndex:
         self._huge: dict[str, tuple[int, int]] = {}  # per FAISS array: (address, bytes) when advised
         self.mapped = False  # HNSW mapped read-only from a snapshot's file (layered.py): no adds
         self.token: str | None = None  # the snapshot this index was loaded from, if any
+        self.saved = 0  # entries in HNSW at the last snapshot written or loaded (compaction: 0)
 
     # -- writes (writer thread only; flush from the indexer) ------------------------------------
     @property
@@ -586,6 +587,7 @@ class VectorIndex:
                 self._state.notify_all()
         manifest = Manifest(model, self.dim, n, files.token, instance, out.checksum(), out.hash_name)
         commit_snapshot(base, files, vks, manifest)
+        self.saved = n
 
     @classmethod
     def load(
@@ -607,7 +609,7 @@ class VectorIndex:
         hnsw: Any = faiss.downcast_index(index)
         hnsw.hnsw.efConstruction = ef_construction
         idx = cls(dim, index=index, tuning=tuning)
-        idx.mapped, idx.token = mapped, token
+        idx.mapped, idx.token, idx.saved = mapped, token, index.ntotal
         idx.vks[: index.ntotal] = vks
         return idx, vks
 
@@ -644,7 +646,7 @@ class VectorIndex:
             with self._lock.write():
                 with self._state:
                     self.index, self._storage, self._params, self._xb = fresh, storage, {}, None
-                    self._huge, self.mapped = {}, False
+                    self._huge, self.mapped, self.saved = {}, False, 0
                     self.slots, self.vks, self.live_bits = slots, new_vks, bits
                     self._pbuf, self._pbase = vectors, 0
                     self.n, self.indexed, self.dead = count, 0, 0
