@@ -100,6 +100,9 @@ class Tuning:
     bounds_stale_share: float = 0.01  # ... or this share of all rows
     bounds_sorted_min: int = 65536  # sorted bounds keep at least this many rows ...
     bounds_sorted_share: float = 0.125  # ... or this share of all rows, best first
+    # A ranking searches each tier's HNSW of at least this many entries beside the largest one, on
+    # a helper thread, when a core is spare (0: never; search/candidates.py)
+    tiers_beside_min_entries: int = 4096
     beside_min_rows: int = 200_000  # a search over this many rows or more runs its keyword pass
     # beside its HNSW search when a core is spare (0: never)
 

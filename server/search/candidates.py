@@ -13,17 +13,32 @@ importance is not lost because the ANN stage missed it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from tiermem import kernels
 from tiermem.server.config import Tuning
 from tiermem.server.index.columns import ColumnsView
-from tiermem.server.index.spaces import Space
+from tiermem.server.index.spaces import Index, Space
 from tiermem.server.search.bounds import PriorBounds
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import RankingParams
 from tiermem.server.search.ranking import Scored, Scorer, concat_scored, in_space
 from tiermem.server.search.source import SearchSource
+
+
+@dataclass(frozen=True)
+class Beside:
+    """Helper threads for a search's HNSW searches of several tiers (``ann``): ``submit(job)``
+    runs ``job`` on one when a core is spare and returns its Future, else None (run it in line);
+    only indexes of ``min_entries`` or more are worth the handoff (``Tuning.tiers_beside_min_entries``)."""
+
+    submit: Callable[[Callable[[], Any]], Future[Any] | None]
+    min_entries: int
 
 
 def ann(
@@ -34,6 +49,7 @@ def ann(
     ef_search: int,
     view: ColumnsView | None = None,
     count: int = -1,
+    beside: Beside | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, float]:
     """The HNSW top-``k`` by similarity among the allowed rows of each index of the space:
     (rows, their similarities, sim_bound). No allowed row outside ``rows`` is more similar than
@@ -43,20 +59,25 @@ def ann(
     has in this space are left out when similarities are returned.
 
     With ``view`` and ``count`` (the allowed rows, all in this space), per-index allowed counts
-    let an index that holds exactly the allowed rows search without a per-request selector."""
-    indexes = list(sp.indexes.items())
+    let an index that holds exactly the allowed rows search without a per-request selector.
+
+    The caller's thread holds every index of the space for reading. With ``beside``, of the
+    indexes with ``beside.min_entries`` or more, all but the largest are searched on a helper
+    thread (FAISS releases the GIL) while this thread searches the largest, when a core is spare."""
+    items = list(sp.indexes.items())
+    indexes = [index for _, index in items]
     counts = [-1] * len(indexes)
     if view is not None and count >= 0:
         if len(indexes) == 1:
             counts = [count]
         else:
             per_tier = kernels.tier_counts(mask, view.tier).tolist()
-            counts = [per_tier[t] for t, _ in indexes]
+            counts = [per_tier[t] for t, _ in items]
+    answers = _searched(indexes, counts, beside, lambda i, n: i.search(query, k, mask, ef_search, n))
     found: list[np.ndarray] = []
     sims: list[np.ndarray] = []  # of every index's rows, unless one answered with rows only
     sim_bound = -np.inf
-    for (_, index), n_allowed in zip(indexes, counts, strict=True):
-        got, got_sims, bound = index.search(query, k, mask, ef_search, n_allowed)
+    for index, (got, got_sims, bound) in zip(indexes, answers, strict=True):
         if bound != bound:  # NaN: filtered HNSW came back short (selective filter)
             found.append(index.allowed_rows(mask))  # score this index's allowed rows exactly
             continue
@@ -66,6 +87,46 @@ def ann(
     if not found:
         return np.empty(0, np.int64), np.empty(0, np.float32), sim_bound
     return (*_distinct(found, sims, sp, view), sim_bound)
+
+
+def _searched(
+    indexes: list[Index],
+    counts: list[int],
+    beside: Beside | None,
+    search: Callable[[Index, int], tuple[np.ndarray, np.ndarray, float]],
+) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """``search(index, allowed count)`` of each index, in order: the large ones after the largest
+    on a helper thread when ``beside`` has one (see ``ann``)."""
+    helped: list[int] = []
+    pending = None
+    least = beside.min_entries if beside is not None else 0
+    large = [i for i, ix in enumerate(indexes) if ix.n >= least] if least > 0 else []
+    if beside is not None and len(large) > 1:
+        helped = sorted(large, key=lambda i: indexes[i].n)[:-1]
+
+        def job() -> list[tuple[np.ndarray, np.ndarray, float]]:
+            out = []
+            for i in helped:
+                with indexes[i].lent():  # (under the caller's hold, which outlasts the job)
+                    out.append(search(indexes[i], counts[i]))
+            return out
+
+        pending = beside.submit(job)
+        if pending is None:
+            helped = []
+    answers: list[Any] = [None] * len(indexes)
+    try:
+        for i, index in enumerate(indexes):
+            if i not in helped:
+                answers[i] = search(index, counts[i])
+    except BaseException:
+        if pending is not None:
+            wait([pending])  # (the holds it borrows end with the caller's)
+        raise
+    if pending is not None:
+        for i, answer in zip(helped, pending.result(), strict=True):
+            answers[i] = answer
+    return answers
 
 
 def _distinct(
@@ -117,6 +178,7 @@ class CandidateSearch:
         observer: SearchObserver,
         scorer: Scorer,
         a: RankingParams,
+        beside: Beside | None = None,
     ) -> None:
         assert scorer.space is not None and scorer.query is not None
         self.source, self.priors, self.observer = source, priors, observer
@@ -128,6 +190,7 @@ class CandidateSearch:
         self.parts: list[Scored] = []
         self.best = np.empty(0, np.float32)  # the running top scores, best first
         self.k = 0  # the depth of each HNSW search
+        self.beside = beside  # (see ann)
 
     def run(self, mask: np.ndarray, count: int) -> Scored:
         """Score every row of ``mask`` (``count`` rows, all in the space) that could enter the top."""
@@ -161,7 +224,7 @@ class CandidateSearch:
     def _ann(self, mask: np.ndarray, count: int = -1) -> tuple[np.ndarray, np.ndarray | None, float]:
         self.observer.hnsw_search()
         ef_search = self.source.config.hnsw_ef_search
-        return ann(self.space, self.query, mask, self.k, ef_search, self.view, count)
+        return ann(self.space, self.query, mask, self.k, ef_search, self.view, count, self.beside)
 
     def _weight_range(self) -> tuple[float, float]:
         """The extreme row weights: a row's score is at most w * x, which is largest at the highest

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from tiermem.server.index.spaces import Index, Space
 from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
-from tiermem.server.search.candidates import CandidateSearch, ann, by_similarity, similarity_depth
+from tiermem.server.search.candidates import Beside, CandidateSearch, ann, by_similarity, similarity_depth
 from tiermem.server.search.fused import Candidates, FusedWeights, rank_fused
 from tiermem.server.search.keywords import KeywordScores, bm25, fuse, keyword_pass
 from tiermem.server.search.observer import SearchObserver
@@ -71,6 +72,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KEYWORD_ONLY = (
     "query_text could not be embedded (the server's embedder is unavailable): "
@@ -103,15 +105,23 @@ class Turns:
     def spare(self, wanted: bool = True) -> Iterator[bool]:
         """A core for a ranking's helper thread, when ``wanted`` and one is spare (fewer rankings and
         helpers run than there are turns): yields whether it got one, held until the block ends."""
-        with self._count:
-            got = wanted and self._busy < self.size
-            self._busy += got
+        got = wanted and self.claim()
         try:
             yield got
         finally:
             if got:
-                with self._count:
-                    self._busy -= 1
+                self.release()
+
+    def claim(self) -> bool:
+        """Take a spare core if there is one (``spare`` without the block); ``release`` gives it back."""
+        with self._count:
+            got = self._busy < self.size
+            self._busy += got
+        return got
+
+    def release(self) -> None:
+        with self._count:
+            self._busy -= 1
 
     @contextmanager
     def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
@@ -144,6 +154,8 @@ class Searcher:
             max(1, self.turns.size - 1), thread_name_prefix="tiermem-beside"
         )
         self._beside_lock = threading.Lock()
+        # Several tiers' HNSW searches of one ranking at once, on a spare core (candidates.ann)
+        self._tiers_beside = Beside(self._lend, source.config.tuning.tiers_beside_min_entries)
 
     @property
     def observer(self) -> SearchObserver:
@@ -281,7 +293,10 @@ class Searcher:
                 # (by similarity alone, the search for a.limit finds the fused list's rows already)
                 deeper = fused_limit != a.limit and not by_similarity(a, row_w)
                 ranking = replace(a, limit=fused_limit) if deeper else a
-                scored = CandidateSearch(src, self.priors, self._observer, scorer, ranking).run(mask, count)
+                search = CandidateSearch(
+                    src, self.priors, self._observer, scorer, ranking, self._tiers_beside
+                )
+                scored = search.run(mask, count)
             if a.hybrid is not None:
                 keywords = bm25(
                     src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, fused_limit
@@ -377,6 +392,21 @@ class Searcher:
             vector = pending.result()  # (the helper is done before this search lets the indexes go)
         return vector, KeywordScores(rows, scores, probe(vector.rows), sims)
 
+    def _lend(self, job: Callable[[], T]) -> Future[T] | None:
+        """``job`` on a helper thread holding a spare core until it ends (``Beside.submit``);
+        None when no core is spare or the searcher closed: the caller runs it in line."""
+        with self._beside_lock:
+            if self._beside is None or not self.turns.claim():
+                return None
+
+            def spared() -> T:
+                try:
+                    return job()
+                finally:
+                    self.turns.release()
+
+            return self._beside.submit(spared)
+
     def close(self) -> None:
         """Stop the helper threads; later searches run in line."""
         with self._beside_lock:
@@ -394,7 +424,9 @@ class Searcher:
             self._observer.hnsw_search()
             assert scorer.space is not None and scorer.query is not None
             k, ef = similarity_depth(scorer.params.limit), src.config.hnsw_ef_search
-            rows, sims, _ = ann(scorer.space, scorer.query, mask, k, ef, scorer.view, count)
+            rows, sims, _ = ann(
+                scorer.space, scorer.query, mask, k, ef, scorer.view, count, self._tiers_beside
+            )
             if sims is not None:
                 return Candidates(rows, sims).best(depth)
         kept, sims = scorer.similarities(rows)  # (rows that left the space: dropped)
