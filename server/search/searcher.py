@@ -405,7 +405,11 @@ class Searcher:
                 finally:
                     self.turns.release()
 
-            return self._beside.submit(spared)
+            try:
+                return self._beside.submit(spared)
+            except BaseException:  # (no thread could be started: the core is not taken)
+                self.turns.release()
+                raise
 
     def close(self) -> None:
         """Stop the helper threads; later searches run in line."""
