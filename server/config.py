@@ -110,8 +110,9 @@ class Tuning:
     follow_interval_seconds: float = 0.05  # a follower looks for new commits this often when idle
     follower_max_pending: int = 8 * 4096  # a follower's adds wait for its indexer beyond this many
     # With search followers, the leader writes an index's snapshot alone once this many entries
-    # entered its HNSW since the last one (at most a fifth of the time spent writing them), so
-    # that followers map it instead of searching a growing index of their own (core/background.py).
+    # (or a 64th of the index, whichever is more) entered its HNSW since the last one (at most a
+    # fifth of the time spent writing them), so that followers map it instead of searching a
+    # growing index of their own (0: never; core/background.py).
     follower_snapshot_entries: int = 2048
     # A follower whose own HNSW entries in an index (those after the snapshot it maps) pass this
     # maps its leader's newer snapshot of that index instead (core/remap.py).

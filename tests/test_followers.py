@@ -669,3 +669,42 @@ def test_a_leader_with_followers_snapshots_growing_indexes_for_them(
     assert second
     lead.channel.close()
     follow.channel.close()
+
+
+def test_index_snapshots_for_followers_take_the_index_furthest_behind_first(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Of the indexes due, the one with the most new entries since its last snapshot is written
+    first; none while the quiet time after a write lasts, none once nothing is due."""
+    data = tmp_path / "data"
+    rng = np.random.default_rng(15)
+    vecs = rng.standard_normal((420, DIM)).astype(np.float32)
+    srv = server_factory(data_dir=data, tuning=Tuning(follower_snapshot_entries=50))
+    with MemoryClient(f"127.0.0.1:{srv.port}", timeout=30) as c:
+        for tier, ids in (("glacial", range(120)), ("slow", range(120, 420))):
+            c.create_batch(
+                {
+                    "namespace": "m",
+                    "content": f"memory {i}",
+                    "embedding": vecs[i].tolist(),
+                    "embedding_model": "t",
+                    "tier": tier,
+                }
+                for i in ids
+            )
+    deadline = time.monotonic() + 30
+    while any(i.pending for i in srv.engine.spaces["t"].indexes.values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    snaps = srv.engine._snapshots
+
+    def written() -> set[str]:
+        return {p.name.split("-t")[1][0] for p in data.rglob("*.faiss")}
+
+    assert snaps.take_indexes() and written() == {"3"}  # slow: 300 new entries, glacial 120
+    snaps._index_quiet_until = time.monotonic() + 60
+    assert not snaps.take_indexes() and written() == {"3"}
+    snaps._index_quiet_until = 0.0
+    assert snaps.take_indexes() and written() == {"3", "4"}
+    snaps._index_quiet_until = 0.0
+    assert not snaps.take_indexes()  # (nothing new since)

@@ -145,3 +145,56 @@ def test_a_failing_search_waits_for_its_helper() -> None:
         finally:
             for hold in holds:
                 hold.__exit__(None, None, None)
+
+
+def test_only_indexes_the_caller_holds_are_lent() -> None:
+    """An index the caller does not hold (one created since it took its holds) is searched on the
+    caller's thread, under a hold of its own: a helper could not borrow one."""
+    rng = np.random.default_rng(23)
+    indexes = []
+    for n in (80, 60, 40):
+        idx = VectorIndex(DIM, 16, 64)
+        idx.add(_unit(rng, n), np.arange(n), np.arange(1, n + 1))
+        indexes.append(idx)
+    where: dict[int, str] = {}
+    query, allowed = _unit(rng, 1)[0], np.ones(80, np.bool_)
+
+    def search(index: VectorIndex, count: int) -> tuple[np.ndarray, np.ndarray, float]:
+        where[indexes.index(index)] = threading.current_thread().name
+        return index.search(query, 5, allowed, 32, count)
+
+    here = threading.current_thread().name
+    with ThreadPoolExecutor(1, thread_name_prefix="helper") as pool:
+        beside = Beside(pool.submit, 1)
+        with indexes[0].reading(), indexes[1].reading():  # not indexes[2]
+            answers = _searched(indexes, [-1, -1, -1], beside, search)  # type: ignore[arg-type]
+            assert where == {0: here, 1: where[1], 2: here} and where[1].startswith("helper")
+            where.clear()
+            _searched(indexes, [-1, 0, -1], beside, search)  # type: ignore[arg-type]
+            assert where == {0: here, 1: here, 2: here}  # (no allowed row there: not worth a helper)
+    for idx, (rows, _, _) in zip(indexes, answers, strict=True):
+        assert rows.shape[0] == 5 and (rows < idx.n).all()
+
+
+def test_a_job_cancelled_before_it_began_never_runs() -> None:
+    from tiermem.server.search.searcher import _Lent
+
+    ran, released = [], []
+    lent = _Lent(lambda: ran.append(1), lambda: released.append(1))
+    lent.cancel()
+    assert lent.run() is None and ran == [] and released == [1]  # the core given back once
+    began, finish = threading.Event(), threading.Event()
+
+    def job() -> int:
+        began.set()
+        assert finish.wait(10)
+        return 7
+
+    lent2 = _Lent(job, lambda: released.append(2))
+    worker = threading.Thread(target=lent2.run)
+    worker.start()
+    assert began.wait(10)
+    threading.Timer(0.2, finish.set).start()
+    lent2.cancel()  # (it began: cancel waits for it, and the job gives the core back itself)
+    assert finish.is_set() and released == [1, 2]
+    worker.join(10)

@@ -263,6 +263,32 @@ def test_snapshot_leaves_pending_entries_out(indexer: Indexer, tmp_path: Path, t
     np.testing.assert_array_equal(snap.vectors(np.arange(300)), vecs[:300])
 
 
+def test_a_compaction_during_a_snapshot_starts_the_count_of_new_entries_again(
+    tmp_path: Path, tuning: Tuning, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``saved`` (what the leader's snapshots for followers count from) belongs to the HNSW that
+    was written: a compaction between the write and its commit leaves it at the new index's 0."""
+    from tiermem.server.index import vector_index
+
+    rng = np.random.default_rng(9)
+    idx = VectorIndex(DIM, m=16, ef_construction=64, tuning=tuning)
+    idx.add(unit(rng, 300), np.arange(300), np.arange(300) + 1)
+    idx.kill(np.arange(250))
+    real = vector_index.commit_snapshot
+
+    def commit_after_a_compaction(*args: Any) -> None:
+        assert idx.compact(lambda rows, ids: None) == 250
+        real(*args)
+
+    monkeypatch.setattr(vector_index, "commit_snapshot", commit_after_a_compaction)
+    idx.save(tmp_path / "s", "m", "i")
+    assert idx.n == 50 and idx.saved == 0
+    monkeypatch.setattr(vector_index, "commit_snapshot", real)
+    idx.flush()
+    idx.save(tmp_path / "s", "m", "i")
+    assert idx.saved == idx.indexed == 50
+
+
 def test_stop_indexes_everything_pending(tuning: Tuning) -> None:
     rng = np.random.default_rng(6)
     vecs = unit(rng, 3000)

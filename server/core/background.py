@@ -116,27 +116,33 @@ class Snapshots:
             "keywords": st.keywords.state(),
         }
 
-    def take_indexes(self) -> int:
-        """With search followers: snapshot each index that gained ``follower_snapshot_entries``
-        in HNSW since its last snapshot, alone (followers map it and keep fewer entries of their
-        own; a start-up takes any index snapshot with any columns one). After writing, wait four
-        times as long as that took before the next: at most a fifth of the time goes to them.
-        Returns how many were written."""
+    def take_indexes(self) -> bool:
+        """With search followers: snapshot alone the index furthest behind of those that gained
+        ``follower_snapshot_entries`` (or a 64th of their entries, whichever is more: each write
+        rewrites the whole index) in HNSW since their last snapshot. Followers map it and keep
+        fewer entries of their own; a start-up takes any index snapshot with any columns one.
+        After writing, wait four times as long as that took: at most a fifth of the time goes to
+        them. Returns whether one was written (0 entries: never)."""
         st, least = self.st, self.st.config.tuning.follower_snapshot_entries
-        written = 0
+        if least <= 0 or time.monotonic() < self._index_quiet_until:
+            return False
+        behind = [
+            (idx.indexed - idx.saved, sp, tier, idx)
+            for sp in list(st.spaces.values())
+            for tier, idx in list(sp.indexes.items())
+            if isinstance(idx, VectorIndex) and not idx.damaged
+        ]
+        due = [b for b in behind if b[0] >= max(least, b[3].indexed // 64)]
+        if not due:
+            return False
+        _, sp, tier, idx = max(due, key=lambda b: b[0])
         with self.lock:
-            for sp in list(st.spaces.values()):
-                for tier, idx in list(sp.indexes.items()):
-                    if time.monotonic() < self._index_quiet_until:
-                        return written
-                    if not isinstance(idx, VectorIndex) or idx.damaged or idx.indexed - idx.saved < least:
-                        continue
-                    t0 = time.monotonic()
-                    written += self._skipped_unless(
-                        partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance),
-                        f"index snapshot {sp.model}/{tier}",
-                    )
-                    self._index_quiet_until = time.monotonic() + 4 * (time.monotonic() - t0)
+            t0 = time.monotonic()
+            written = self._skipped_unless(
+                partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance),
+                f"index snapshot {sp.model}/{tier}",
+            )
+            self._index_quiet_until = time.monotonic() + 4 * (time.monotonic() - t0)
         return written
 
     def loop(self) -> None:

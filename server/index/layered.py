@@ -168,6 +168,9 @@ class LayeredIndex:
         with self._swap.read(), self.base.reading(), self.tail.reading():
             yield
 
+    def held_here(self) -> bool:
+        return self._swap.held_here()
+
     @contextmanager
     def lent(self) -> Iterator[None]:
         with self._swap.lent(), self.base.lent(), self.tail.lent():

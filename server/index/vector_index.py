@@ -543,6 +543,10 @@ class VectorIndex:
         self._searched()
         return self._gather(internal_ids, query)
 
+    def held_here(self) -> bool:
+        """Whether this thread holds ``reading()`` (what ``lent`` may lend to a helper)."""
+        return self._lock.held_here()
+
     def held_storage(self) -> np.ndarray | None:
         """The vectors in HNSW as an (indexed, dim) view without a copy, for a caller that holds
         ``reading()`` on this thread, until that hold ends (None without the hold). Marks the index
@@ -575,7 +579,7 @@ class VectorIndex:
             # flush at close, which would leave a short file); it checksums what it writes.
             with self._lock.read(), open(files.index, "wb") as f:
                 out = HashingWriter(f)
-                n = self.indexed
+                n, written = self.indexed, self.index
                 faiss.write_index(self.index, faiss.PyCallbackIOWriter(out.write))  # type: ignore[attr-defined]
                 vks = self.vks[:n].copy()
         except BaseException:
@@ -587,7 +591,9 @@ class VectorIndex:
                 self._state.notify_all()
         manifest = Manifest(model, self.dim, n, files.token, instance, out.checksum(), out.hash_name)
         commit_snapshot(base, files, vks, manifest)
-        self.saved = n
+        with self._state:  # (a compaction meanwhile started the count again: it stays at 0)
+            if self.index is written:
+                self.saved = n
 
     @classmethod
     def load(

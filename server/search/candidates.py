@@ -100,7 +100,13 @@ def _searched(
     helped: list[int] = []
     pending = None
     least = beside.min_entries if beside is not None else 0
-    large = [i for i, ix in enumerate(indexes) if ix.n >= least] if least > 0 else []
+    # Only what this thread holds can be lent (an index created since the caller took its holds
+    # is searched here, under a hold of its own); an index with no allowed row costs no helper.
+    large = (
+        [i for i, ix in enumerate(indexes) if ix.n >= least and counts[i] != 0 and ix.held_here()]
+        if least > 0
+        else []
+    )
     if beside is not None and len(large) > 1:
         helped = sorted(large, key=lambda i: indexes[i].n)[:-1]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -138,6 +138,39 @@ class Turns:
             finally:
                 with self._count:
                     self._busy -= 1
+
+
+class _Lent(Generic[T]):
+    """A job handed to a helper thread with a spare core, which it gives back when done. The pool
+    queues a job before it starts a thread for it: if that start fails, ``cancel`` makes sure the
+    job never runs later (the holds it would borrow end with its caller)."""
+
+    def __init__(self, job: Callable[[], T], release: Callable[[], None]) -> None:
+        self._job, self._release = job, release
+        self._lock = threading.Lock()
+        self._state = "queued"  # -> "running" or "cancelled"
+        self._done = threading.Event()
+
+    def run(self) -> T | None:
+        with self._lock:
+            if self._state == "cancelled":
+                return None
+            self._state = "running"
+        try:
+            return self._job()
+        finally:
+            self._release()
+            self._done.set()
+
+    def cancel(self) -> None:
+        """Give the core back if no thread began the job; else wait until it ends."""
+        with self._lock:
+            began = self._state == "running"
+            self._state = "cancelled" if not began else self._state
+        if began:
+            self._done.wait()
+        else:
+            self._release()
 
 
 class Searcher:
@@ -335,9 +368,7 @@ class Searcher:
         keywords: KeywordScores | None
         both = None
         if by_vector and by_keywords and self._beside_helps(count):
-            with self.turns.spare() as beside:
-                if beside:
-                    both = self._both(scorer, a, allowed, depth, holding)
+            both = self._both(scorer, a, allowed, depth, holding)
         if both is not None:
             vector, keywords = both
         else:
@@ -368,7 +399,8 @@ class Searcher:
     ) -> tuple[Candidates, KeywordScores] | None:
         """``_most_similar`` on a helper thread and the keyword pass's best on this one, at once (both
         release the GIL for most of their time); the vector rows' keyword scores are probed after.
-        None when no helper can be had (the searcher closed): the caller runs them in line."""
+        None when no helper can be had (no core spare, or the searcher closed): the caller runs
+        them in line."""
         assert a.hybrid is not None
         mask, count, keyword_mask, keyword_count = allowed
 
@@ -378,10 +410,9 @@ class Searcher:
                     lent.enter_context(index.lent())
                 return self._most_similar(scorer, mask, count, depth)
 
-        with self._beside_lock:
-            if self._beside is None:
-                return None
-            pending = self._beside.submit(most_similar)  # (first: the keyword pass's set-up overlaps it)
+        pending = self._lend(most_similar)  # (first: the keyword pass's set-up overlaps it)
+        if pending is None:
+            return None
         try:
             sums = keyword_pass(
                 self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth
@@ -390,26 +421,21 @@ class Searcher:
             sims = scorer.relevance(rows)  # (while the vector search may still run)
         finally:
             vector = pending.result()  # (the helper is done before this search lets the indexes go)
+        assert vector is not None  # (only a cancelled job answers None, and its Future is nobody's)
         return vector, KeywordScores(rows, scores, probe(vector.rows), sims)
 
-    def _lend(self, job: Callable[[], T]) -> Future[T] | None:
+    def _lend(self, job: Callable[[], T]) -> Future[T | None] | None:
         """``job`` on a helper thread holding a spare core until it ends (``Beside.submit``);
         None when no core is spare or the searcher closed: the caller runs it in line."""
         with self._beside_lock:
             if self._beside is None or not self.turns.claim():
                 return None
-
-            def spared() -> T:
-                try:
-                    return job()
-                finally:
-                    self.turns.release()
-
+            lent = _Lent(job, self.turns.release)
             try:
-                return self._beside.submit(spared)
-            except BaseException:  # (no thread could be started: the core is not taken)
-                self.turns.release()
-                raise
+                return self._beside.submit(lent.run)
+            except RuntimeError:  # no thread could be started (it may be queued: see _Lent)
+                lent.cancel()
+                return None
 
     def close(self) -> None:
         """Stop the helper threads; later searches run in line."""
