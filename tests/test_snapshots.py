@@ -28,7 +28,7 @@ from tiermem.server.index import snapshot_files
 from tiermem.server.model.manifests import file_digest, sealed, unseal
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.types import Filter
-from tiermem.server.search.searcher import SearchQuery
+from tiermem.server.search.searcher import SIMILARITY, SearchQuery
 from tiermem.server.storage import snapshots
 
 MODEL = "snap"
@@ -380,6 +380,45 @@ def test_a_snapshot_newer_than_lmdb_is_ignored(tmp_path: Path) -> None:
     rids = list(e.columns.rows)
     assert len(rids) == len(set(rids)) == 7
     e.close()
+
+
+def test_vector_keys_lmdb_hands_out_again_never_revive_a_snapshots_lost_vectors(tmp_path: Path) -> None:
+    """LMDB rolled back (an older copy; or sync off and a power loss) under an index snapshot that
+    holds the lost memories' entries: the new memories get the same vector keys again. Each must
+    keep its own vector, at this start-up and at every later one (the lost entries' keys do not
+    travel into later snapshots)."""
+    import shutil
+
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(10)
+    e = _engine(data, clock)
+    e.create([_mem(rng, i, "a") for i in range(20)], batch=True)
+    e.close()
+    shutil.copytree(data / "lmdb", tmp_path / "lmdb-copy")
+    e = _engine(data, clock)
+    lost = [_mem(rng, i, "a") for i in range(20, 24)]
+    e.create(lost, batch=True)
+    e.close()  # an index snapshot of 24 entries
+    shutil.rmtree(data / "lmdb")
+    shutil.copytree(tmp_path / "lmdb-copy", data / "lmdb")
+    for start in range(2):
+        e = _engine(data, clock)
+        if start == 0:
+            new = [_mem(rng, i, "a") for i in range(30, 34)]
+            e.create(new, batch=True)  # (the vector keys the lost ones had)
+        for m in new:
+            q = SearchQuery(
+                namespaces=["a"], embedding=m.embedding, embedding_model=MODEL, limit=1, strategy=SIMILARITY
+            )
+            hit = e.search(q)[0]
+            assert hit.record.id == m.id and hit.relevance > 0.999, (start, m.id)
+        for m in lost:
+            q = SearchQuery(
+                namespaces=["a"], embedding=m.embedding, embedding_model=MODEL, limit=1, strategy=SIMILARITY
+            )
+            assert e.search(q)[0].relevance < 0.999, (start, m.id)  # (gone with LMDB's rollback)
+        e.close()
 
 
 def test_get_many_reads_what_get_reads(tmp_path: Path) -> None:

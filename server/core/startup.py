@@ -26,6 +26,7 @@ from tiermem.server.index.layered import LayeredIndex
 from tiermem.server.index.snapshot_files import entries_by_vk
 from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.threads import set_faiss_threads
+from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.model.errors import StorageError
 from tiermem.server.model.records import Record
 from tiermem.server.model.types import location
@@ -275,6 +276,8 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
     if loaded is None or not loaded[0].n:
         return st.empty_index(sp), none
     snap, snap_vks = loaded
+    if not st.following:  # (a follower's snapshot may be newer than its read of LMDB: catch-up adds those)
+        snap_vks = _forget_lost_keys(st, sp, tier, snap, snap_vks)
     # Map each record's current vk to its entry in the snapshot; unmatched entries stay dead.
     internal = entries_by_vk(snap_vks, live.vks)
     hit = internal >= 0
@@ -291,6 +294,23 @@ def _from_snapshot(st: EngineState, sp: Space, tier: int, live: _Rows) -> tuple[
         return LayeredIndex(snap, st.new_index(sp)), internal
     snap.advise_huge_pages()  # (kept: its arrays were read in 4 KB pages)
     return snap, internal
+
+
+def _forget_lost_keys(
+    st: EngineState, sp: Space, tier: int, snap: VectorIndex, snap_vks: np.ndarray
+) -> np.ndarray:
+    """``snap_vks`` without the vector keys LMDB never handed out as far as it knows: it rolled
+    back under the snapshot (an older copy; sync off and a power loss), and new memories get
+    those keys again. Cleared in the index too, so no later snapshot of it carries them."""
+    stale = snap_vks >= st.next_vk
+    if not stale.any():
+        return snap_vks
+    logger.warning(
+        "index %s/%d: %d snapshot entries of commits LMDB no longer has", sp.model, tier, int(stale.sum())
+    )
+    snap_vks = np.where(stale, -1, snap_vks)
+    snap.vks[: snap_vks.shape[0]] = snap_vks
+    return snap_vks
 
 
 def _stored_vectors(st: EngineState, txn: Txn, sp: Space, rids: np.ndarray) -> np.ndarray:
