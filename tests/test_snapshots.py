@@ -355,23 +355,31 @@ def test_spaces_first_used_in_another_order_than_their_names(tmp_path: Path) -> 
     e.close()
 
 
-def test_a_snapshot_newer_than_lmdb_is_ignored(tmp_path: Path) -> None:
-    """LMDB restored from an older copy (same instance id) next to a newer snapshot: the snapshot
-    would hold memories LMDB no longer has, so start-up decodes every record instead."""
-    import shutil
-
+def _lmdb_rolled_back(tmp_path: Path, clock: FakeClock, kept: list[NewMemory], lost: list[NewMemory]) -> Path:
+    """A data directory whose snapshots (written at close) hold ``kept`` and ``lost`` while its
+    LMDB, an older copy, holds ``kept`` alone; returns the directory."""
     data = tmp_path / "data"
-    clock = FakeClock()
-    rng = np.random.default_rng(9)
     e = _engine(data, clock)
-    e.create([_mem(rng, i, "a") for i in range(5)], batch=True)
+    e.create(kept, batch=True)
     e.close()
     shutil.copytree(data / "lmdb", tmp_path / "lmdb-copy")
     e = _engine(data, clock)
-    e.create([_mem(rng, i, "a") for i in range(5, 10)], batch=True)
-    e.close()  # snapshot of 10 memories
+    e.create(lost, batch=True)
+    e.close()
     shutil.rmtree(data / "lmdb")
     shutil.copytree(tmp_path / "lmdb-copy", data / "lmdb")
+    return data
+
+
+def test_a_snapshot_newer_than_lmdb_is_ignored(tmp_path: Path) -> None:
+    """LMDB restored from an older copy (same instance id) next to a newer snapshot: the snapshot
+    would hold memories LMDB no longer has, so start-up decodes every record instead."""
+    clock = FakeClock()
+    rng = np.random.default_rng(9)
+    kept = [_mem(rng, i, "a") for i in range(5)]
+    data = _lmdb_rolled_back(
+        tmp_path, clock, kept, [_mem(rng, i, "a") for i in range(5, 10)]
+    )  # snapshot of 10
     e = _engine(data, clock)
     assert len(e.columns) == 5
     assert e.columns.ns_counts == {"a": 5}
@@ -387,21 +395,11 @@ def test_vector_keys_lmdb_hands_out_again_never_revive_a_snapshots_lost_vectors(
     holds the lost memories' entries: the new memories get the same vector keys again. Each must
     keep its own vector, at this start-up and at every later one (the lost entries' keys do not
     travel into later snapshots)."""
-    import shutil
-
-    data = tmp_path / "data"
     clock = FakeClock()
     rng = np.random.default_rng(10)
-    e = _engine(data, clock)
-    e.create([_mem(rng, i, "a") for i in range(20)], batch=True)
-    e.close()
-    shutil.copytree(data / "lmdb", tmp_path / "lmdb-copy")
-    e = _engine(data, clock)
+    kept = [_mem(rng, i, "a") for i in range(20)]
     lost = [_mem(rng, i, "a") for i in range(20, 24)]
-    e.create(lost, batch=True)
-    e.close()  # an index snapshot of 24 entries
-    shutil.rmtree(data / "lmdb")
-    shutil.copytree(tmp_path / "lmdb-copy", data / "lmdb")
+    data = _lmdb_rolled_back(tmp_path, clock, kept, lost)  # an index snapshot of 24 entries
     for start in range(2):
         e = _engine(data, clock)
         if start == 0:

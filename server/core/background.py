@@ -19,6 +19,7 @@ from typing import Any
 from tiermem.server.core import access, lifecycle, summarizer, upkeep
 from tiermem.server.core.follow import follow_loop
 from tiermem.server.core.state import EngineState
+from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.vector_index import VectorIndex
 from tiermem.server.storage import snapshots
 
@@ -72,10 +73,7 @@ class Snapshots:
             written = columns_ok
             for sp in list(st.spaces.values()):
                 for tier, idx in list(sp.indexes.items()):
-                    written &= self._skipped_unless(
-                        partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance),
-                        f"index snapshot {sp.model}/{tier}",
-                    )
+                    written &= self._save_index(sp, tier, idx)
             if columns_ok:
                 self._skipped_unless(partial(self._forget_changes, seq, running), "dropping the change log")
             # (also after a failure: a full disk is not retried before the next interval)
@@ -92,6 +90,11 @@ class Snapshots:
         else:
             with st.store.write() as txn:
                 st.store.forget_changes(txn, seq)
+
+    def _save_index(self, sp: Space, tier: int, idx: Index) -> bool:
+        st = self.st
+        save = partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance)
+        return self._skipped_unless(save, f"index snapshot {sp.model}/{tier}")
 
     @staticmethod
     def _skipped_unless(write: Callable[[], object], what: str) -> bool:
@@ -138,10 +141,7 @@ class Snapshots:
         _, sp, tier, idx = max(due, key=lambda b: b[0])
         with self.lock:
             t0 = time.monotonic()
-            written = self._skipped_unless(
-                partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance),
-                f"index snapshot {sp.model}/{tier}",
-            )
+            written = self._save_index(sp, tier, idx)
             self._index_quiet_until = time.monotonic() + 4 * (time.monotonic() - t0)
         return written
 

@@ -551,7 +551,7 @@ class VectorIndex:
         """The vectors in HNSW as an (indexed, dim) view without a copy, for a caller that holds
         ``reading()`` on this thread, until that hold ends (None without the hold). Marks the index
         searched, as ``similarities`` does."""
-        if not self._lock.held_here():
+        if not self.held_here():
             return None
         self._searched()
         return self._stored(self.indexed)

@@ -99,27 +99,24 @@ def _searched(
     on a helper thread when ``beside`` has one (see ``ann``)."""
     helped: list[int] = []
     pending = None
-    least = beside.min_entries if beside is not None else 0
     # Only what this thread holds can be lent (an index created since the caller took its holds
     # is searched here, under a hold of its own); an index with no allowed row costs no helper.
-    large = (
-        [i for i, ix in enumerate(indexes) if ix.n >= least and counts[i] != 0 and ix.held_here()]
-        if least > 0
-        else []
-    )
-    if beside is not None and len(large) > 1:
-        helped = sorted(large, key=lambda i: indexes[i].n)[:-1]
+    if beside is not None and beside.min_entries > 0:
+        least = beside.min_entries
+        large = [i for i, ix in enumerate(indexes) if ix.n >= least and counts[i] != 0 and ix.held_here()]
+        helped = sorted(large, key=lambda i: indexes[i].n)[:-1]  # (all but the largest)
+        if helped:
 
-        def job() -> list[tuple[np.ndarray, np.ndarray, float]]:
-            out = []
-            for i in helped:
-                with indexes[i].lent():  # (under the caller's hold, which outlasts the job)
-                    out.append(search(indexes[i], counts[i]))
-            return out
+            def job() -> list[tuple[np.ndarray, np.ndarray, float]]:
+                out = []
+                for i in helped:
+                    with indexes[i].lent():  # (under the caller's hold, which outlasts the job)
+                        out.append(search(indexes[i], counts[i]))
+                return out
 
-        pending = beside.submit(job)
-        if pending is None:
-            helped = []
+            pending = beside.submit(job)
+            if pending is None:
+                helped = []
     answers: list[Any] = [None] * len(indexes)
     try:
         for i, index in enumerate(indexes):
