@@ -114,6 +114,9 @@ class Tuning:
     # fifth of the time spent writing them), so that followers map it instead of searching a
     # growing index of their own (0: never; core/background.py).
     follower_snapshot_entries: int = 2048
+    # ... and after writing one waits until its bytes / this rate passed (or four times as long as
+    # the write took, if more): a disk of a large index is not kept busy rewriting it (0: no cap).
+    follower_snapshot_bytes_per_second: int = 32 << 20
     # A follower whose own HNSW entries in an index (those after the snapshot it maps) pass this
     # maps its leader's newer snapshot of that index instead (core/remap.py).
     follower_remap_entries: int = 1024
@@ -321,7 +324,10 @@ class ServerConfig:
 
         def need(ok: bool, name: str, rule: str) -> None:
             if not ok:
-                raise ValueError(f"setting {name}={getattr(self, name)!r}: {rule}")
+                value: Any = self
+                for part in name.split("."):  # ("tuning.x": a field of the tuning)
+                    value = getattr(value, part)
+                raise ValueError(f"setting {name}={value!r}: {rule}")
 
         if self.search_processes == 0:
             object.__setattr__(self, "search_processes", usable_cores())  # (frozen: set once, here)
@@ -344,6 +350,11 @@ class ServerConfig:
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
         need(self.tuning.eviction_summary_tokens > 0, "tuning.eviction_summary_tokens", "must be > 0")
         need(self.tuning.beside_min_rows >= 0, "tuning.beside_min_rows", "must be >= 0")
+        need(
+            self.tuning.follower_snapshot_bytes_per_second >= 0,
+            "tuning.follower_snapshot_bytes_per_second",
+            "must be >= 0",
+        )
         need(
             self.importance_decay in IMPORTANCE_DECAYS,
             "importance_decay",

@@ -231,6 +231,23 @@ def make_record(rid: int, namespace: str = "ns") -> Any:
     )
 
 
+def create_memories(client: MemoryClient, vecs: Any, ids: range, tier: str = "") -> None:
+    """Memories ``m<i>`` ("memory <i>", vector ``vecs[i]`` of model "t", namespace "m", in ``tier``
+    if named) for each i of ``ids``, 500 a BatchCreateMemories call."""
+    for start in range(ids.start, ids.stop, 500):
+        client.create_batch(
+            {
+                "namespace": "m",
+                "content": f"memory {i}",
+                "id": f"m{i}",
+                "embedding": vecs[i].tolist(),
+                "embedding_model": "t",
+            }
+            | ({"tier": tier} if tier else {})
+            for i in range(start, min(start + 500, ids.stop))
+        )
+
+
 def haproxy_or_skip(what: str) -> str:
     """Debian's haproxy binary (``make proxy-toolchain``): ``what`` is skipped without it, unless
     TIERMEM_REQUIRE_HAPROXY=1 (CI), which makes a missing proxy a failure."""

@@ -19,11 +19,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import ServerProcess, make_record
+from conftest import ServerProcess, create_memories, make_record
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
 from tiermem.server.config import ServerConfig, Tuning, usable_cores
+from tiermem.server.core.background import Snapshots
 from tiermem.server.storage.store import Store
 from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.v1 import memory_pb2 as pb
@@ -449,18 +450,29 @@ def test_wait_ready_with_several_connections_fails_when_nothing_listens() -> Non
         c.wait_ready(timeout=0.5)
 
 
-def _create(c: MemoryClient, vecs: np.ndarray, ids: range) -> None:
-    for start in range(ids.start, ids.stop, 500):
-        c.create_batch(
-            {
-                "namespace": "m",
-                "content": f"memory {i}",
-                "id": f"m{i}",
-                "embedding": vecs[i].tolist(),
-                "embedding_model": "t",
-            }
-            for i in range(start, min(start + 500, ids.stop))
-        )
+def _leader_and_follower(
+    server_factory: Callable[..., RunningServer],
+    data: Path,
+    rng: np.random.Generator,
+    n: int,
+    snapshot_interval_seconds: float,
+    snapshot_min_changes: int = 20_000,
+    **tuning: int,
+) -> tuple[RunningServer, np.ndarray, int, MemoryClient, MemoryClient]:
+    """A leader with one follower on ``data`` (every index searched as a graph, ``tuning`` beside),
+    ``n`` unit vectors to store, the follower's pid and a client on each process."""
+    vecs = rng.standard_normal((n, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    srv = server_factory(
+        data_dir=data,
+        search_processes=2,
+        snapshot_interval_seconds=snapshot_interval_seconds,
+        snapshot_min_changes=snapshot_min_changes,
+        tuning=Tuning(exact_entries=0, exact_per_k=0, **tuning),
+    )
+    assert srv.followers is not None
+    (fpid,) = srv.followers.pids()
+    return srv, vecs, fpid, _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
 
 
 def _mapped_snapshots(pid: int) -> set[str]:
@@ -481,7 +493,7 @@ def test_a_follower_maps_its_leaders_snapshot_and_ranks_alike(
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     first = server_factory(data_dir=data)
     with MemoryClient(f"127.0.0.1:{first.port}", timeout=30) as c:
-        _create(c, vecs, range(2500))
+        create_memories(c, vecs, range(2500))
     first.stop(5)  # (a clean stop writes the snapshots)
     snapshots = {str(p) for p in data.rglob("*.faiss")}
     assert snapshots
@@ -492,7 +504,7 @@ def test_a_follower_maps_its_leaders_snapshot_and_ranks_alike(
     assert _mapped_snapshots(fpid) == snapshots
     assert not _mapped_snapshots(os.getpid()) & snapshots  # the leader reads its copy, to add to it
     lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
-    _create(lead, vecs, range(2500, 3000))
+    create_memories(lead, vecs, range(2500, 3000))
     for i in range(0, 3000, 7):
         lead.delete("m", f"m{i}")
     new = rng.standard_normal((20, DIM)).astype(np.float32)
@@ -545,17 +557,9 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
     Both processes answer alike throughout."""
     data = tmp_path / "data"
     rng = np.random.default_rng(13)
-    vecs = rng.standard_normal((3000, DIM)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    srv = server_factory(
-        data_dir=data,
-        search_processes=2,
-        snapshot_interval_seconds=0,
-        tuning=Tuning(exact_entries=0, exact_per_k=0, follower_remap_entries=200),
+    srv, vecs, fpid, lead, follow = _leader_and_follower(
+        server_factory, data, rng, 3000, snapshot_interval_seconds=0, follower_remap_entries=200
     )
-    assert srv.followers is not None
-    (fpid,) = srv.followers.pids()
-    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
 
     def alike(ids: list[int], gone: list[int]) -> None:
         as_of = time.time()
@@ -579,7 +583,7 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
             ]
             assert got[0] == got[1] and len(got[0]) == 10
 
-    _create(lead, vecs, range(1000))
+    create_memories(lead, vecs, range(1000))
     alike([5, 999], [])
     # Searches through the follower all along, switches included: each finds m5, none fails.
     stop, answers, failures = threading.Event(), [], []
@@ -601,7 +605,7 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
     srv.engine.snapshot()
     first = {str(p) for p in data.rglob("*.faiss")}
     assert len(first) == 1
-    _create(follow, vecs, range(1000, 2000))  # after the snapshot: the follower's own again
+    create_memories(follow, vecs, range(1000, 2000))  # after the snapshot: the follower's own again
     for i in range(0, 2000, 11):
         lead.delete("m", f"m{i}")
     _wait_mapped(fpid, first)
@@ -609,7 +613,7 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
     srv.engine.snapshot()
     second = {str(p) for p in data.rglob("*.faiss")}
     assert second.isdisjoint(first)
-    _create(lead, vecs, range(2000, 3000))
+    create_memories(lead, vecs, range(2000, 3000))
     _wait_mapped(fpid, second)  # (the first one's mapping gone with the index that held it)
     alike([5, 1002, 2001, 2999], [0, 1012, 1991])
     stop.set()
@@ -637,24 +641,19 @@ def test_a_leader_with_followers_snapshots_growing_indexes_for_them(
     an index that gained ``follower_snapshot_entries`` since its last one, and its follower maps
     each in turn instead of keeping every later entry in an index of its own."""
     data = tmp_path / "data"
-    rng = np.random.default_rng(14)
-    vecs = rng.standard_normal((2000, DIM)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    srv = server_factory(
-        data_dir=data,
-        search_processes=2,
+    _, vecs, fpid, lead, follow = _leader_and_follower(
+        server_factory,
+        data,
+        np.random.default_rng(14),
+        2000,
         snapshot_interval_seconds=3600,
         snapshot_min_changes=10**9,
-        tuning=Tuning(
-            exact_entries=0, exact_per_k=0, follower_snapshot_entries=300, follower_remap_entries=100
-        ),
+        follower_snapshot_entries=300,
+        follower_remap_entries=100,
     )
-    assert srv.followers is not None
-    (fpid,) = srv.followers.pids()
-    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
-    _create(lead, vecs, range(1000))
+    create_memories(lead, vecs, range(1000))
     first = _wait_mapping_current(fpid, data)
-    _create(lead, vecs, range(1000, 2000))
+    create_memories(lead, vecs, range(1000, 2000))
     deadline = time.monotonic() + 30
     while (second := _wait_mapping_current(fpid, data)) == first:
         assert time.monotonic() < deadline
@@ -671,32 +670,30 @@ def test_a_leader_with_followers_snapshots_growing_indexes_for_them(
     follow.channel.close()
 
 
+def _two_tiers_indexed(
+    server_factory: Callable[..., RunningServer], data: Path, tuning: Tuning
+) -> tuple[RunningServer, Snapshots]:
+    """A server (no followers: its index snapshots for them are taken by hand) with 120 memories
+    in the glacial tier and 300 in the slow one, all in HNSW, none snapshotted yet."""
+    vecs = np.random.default_rng(15).standard_normal((420, DIM)).astype(np.float32)
+    srv = server_factory(data_dir=data, tuning=tuning)
+    with MemoryClient(f"127.0.0.1:{srv.port}", timeout=30) as c:
+        for tier, ids in (("glacial", range(120)), ("slow", range(120, 420))):
+            create_memories(c, vecs, ids, tier)
+    deadline = time.monotonic() + 30
+    while any(i.pending for i in srv.engine.spaces["t"].indexes.values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return srv, srv.engine._snapshots
+
+
 def test_index_snapshots_for_followers_take_the_index_furthest_behind_first(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
     """Of the indexes due, the one with the most new entries since its last snapshot is written
     first; none while the quiet time after a write lasts, none once nothing is due."""
     data = tmp_path / "data"
-    rng = np.random.default_rng(15)
-    vecs = rng.standard_normal((420, DIM)).astype(np.float32)
-    srv = server_factory(data_dir=data, tuning=Tuning(follower_snapshot_entries=50))
-    with MemoryClient(f"127.0.0.1:{srv.port}", timeout=30) as c:
-        for tier, ids in (("glacial", range(120)), ("slow", range(120, 420))):
-            c.create_batch(
-                {
-                    "namespace": "m",
-                    "content": f"memory {i}",
-                    "embedding": vecs[i].tolist(),
-                    "embedding_model": "t",
-                    "tier": tier,
-                }
-                for i in ids
-            )
-    deadline = time.monotonic() + 30
-    while any(i.pending for i in srv.engine.spaces["t"].indexes.values()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    snaps = srv.engine._snapshots
+    _, snaps = _two_tiers_indexed(server_factory, data, Tuning(follower_snapshot_entries=50))
 
     def written() -> set[str]:
         return {p.name.split("-t")[1][0] for p in data.rglob("*.faiss")}
@@ -708,3 +705,26 @@ def test_index_snapshots_for_followers_take_the_index_furthest_behind_first(
     assert snaps.take_indexes() and written() == {"3", "4"}
     snaps._index_quiet_until = 0.0
     assert not snaps.take_indexes()  # (nothing new since)
+
+
+@pytest.mark.parametrize("rate", [20_000, 0])
+def test_index_snapshots_for_followers_wait_for_their_bytes_at_the_capped_rate(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, rate: int
+) -> None:
+    """After an index snapshot for followers the next waits until its file's bytes at
+    ``follower_snapshot_bytes_per_second`` would have been written; uncapped (0), four times as
+    long as the write took."""
+    data = tmp_path / "data"
+    tuning = Tuning(follower_snapshot_entries=50, follower_snapshot_bytes_per_second=rate)
+    _, snaps = _two_tiers_indexed(server_factory, data, tuning)
+    before = time.monotonic()
+    assert snaps.take_indexes()
+    took = time.monotonic() - before
+    [written] = data.rglob("*.faiss")
+    quiet = snaps._index_quiet_until - before
+    if rate:
+        assert quiet >= written.stat().st_size / rate > 5 * took  # (the cap, not the write's time)
+    else:
+        assert quiet <= 5 * took
+    assert not snaps.take_indexes()  # (the glacial tier is due too: it waits)
+    assert len(list(data.rglob("*.faiss"))) == 1

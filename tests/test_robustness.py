@@ -713,6 +713,14 @@ def test_invalid_settings_are_refused_with_their_name(
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize(
+    "field", ["eviction_summary_tokens", "beside_min_rows", "follower_snapshot_bytes_per_second"]
+)
+def test_invalid_tunings_are_refused_with_their_name(field: str) -> None:
+    with pytest.raises(ValueError, match=f"setting tuning.{field}="):
+        ServerConfig(tuning=Tuning(**{field: -1}))
+
+
 @pytest.mark.parametrize("turns", [1, 2])
 def test_searches_take_turns_search_concurrency_at_a_time(tmp_path: Path, turns: int) -> None:
     """More searches ranking at once than there are cores only contend for them (and the GIL):

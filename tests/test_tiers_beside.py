@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import create_memories
 
 from tiermem.client import MemoryClient
 from tiermem.server.config import Tuning
@@ -77,17 +78,7 @@ def test_tiers_searched_beside_each_other_answer_as_in_line(
     )
     with MemoryClient(f"127.0.0.1:{first.port}", timeout=30) as c:
         for tier, lo in (("slow", 0), ("glacial", PER_TIER)):
-            c.create_batch(
-                {
-                    "namespace": "m",
-                    "content": f"memory {i}",
-                    "id": f"m{i}",
-                    "embedding": vecs[i].tolist(),
-                    "embedding_model": "t",
-                    "tier": tier,
-                }
-                for i in range(lo, lo + PER_TIER)
-            )
+            create_memories(c, vecs, range(lo, lo + PER_TIER), tier)
     _wait_indexed(first)
     assert len(first.engine.spaces["t"].indexes) == 2
     before = _helpers()

@@ -248,10 +248,12 @@ def test_snapshot_leaves_pending_entries_out(indexer: Indexer, tmp_path: Path, t
     idx = build(indexer, vecs[:300], vecs[300:], tuning)
     assert idx.saved == 0
     try:
-        idx.save(tmp_path / "snap", "m", "inst")
+        size = idx.save(tmp_path / "snap", "m", "inst")
     finally:
         idx._flush_lock.release()
     assert idx.saved == 300  # (what the leader's snapshots for followers count from)
+    [written] = tmp_path.glob("snap*.faiss")
+    assert size == written.stat().st_size > 300 * DIM * 4  # (the bytes it wrote, for their cap)
     loaded = VectorIndex.load(tmp_path / "snap", "m", DIM, 200, "inst", tuning=tuning)
     assert loaded is not None
     snap, vks = loaded

@@ -73,7 +73,7 @@ class Snapshots:
             written = columns_ok
             for sp in list(st.spaces.values()):
                 for tier, idx in list(sp.indexes.items()):
-                    written &= self._save_index(sp, tier, idx)
+                    written &= self._save_index(sp, tier, idx) is not None
             if columns_ok:
                 self._skipped_unless(partial(self._forget_changes, seq, running), "dropping the change log")
             # (also after a failure: a full disk is not retried before the next interval)
@@ -91,10 +91,14 @@ class Snapshots:
             with st.store.write() as txn:
                 st.store.forget_changes(txn, seq)
 
-    def _save_index(self, sp: Space, tier: int, idx: Index) -> bool:
-        st = self.st
-        save = partial(idx.save, st.snapshot_base(sp, tier), sp.model, st.store.instance)
-        return self._skipped_unless(save, f"index snapshot {sp.model}/{tier}")
+    def _save_index(self, sp: Space, tier: int, idx: Index) -> int | None:
+        """The index's snapshot: the bytes of its file, None when it could not be written."""
+        st, size = self.st, [0]
+
+        def save() -> None:
+            size[0] = idx.save(st.snapshot_base(sp, tier), sp.model, st.store.instance)
+
+        return size[0] if self._skipped_unless(save, f"index snapshot {sp.model}/{tier}") else None
 
     @staticmethod
     def _skipped_unless(write: Callable[[], object], what: str) -> bool:
@@ -124,8 +128,9 @@ class Snapshots:
         ``follower_snapshot_entries`` (or a 64th of their entries, whichever is more: each write
         rewrites the whole index) in HNSW since their last snapshot. Followers map it and keep
         fewer entries of their own; a start-up takes any index snapshot with any columns one.
-        After writing, wait four times as long as that took: at most a fifth of the time goes to
-        them. Returns whether one was written (0 entries: never)."""
+        After writing, wait four times as long as that took (at most a fifth of the time goes to
+        them), and at least until the bytes written at ``follower_snapshot_bytes_per_second``
+        would be. Returns whether one was written (0 entries: never)."""
         st, least = self.st, self.st.config.tuning.follower_snapshot_entries
         if least <= 0 or time.monotonic() < self._index_quiet_until:
             return False
@@ -139,11 +144,13 @@ class Snapshots:
         if not due:
             return False
         _, sp, tier, idx = max(due, key=lambda b: b[0])
+        rate = st.config.tuning.follower_snapshot_bytes_per_second
         with self.lock:
             t0 = time.monotonic()
-            written = self._save_index(sp, tier, idx)
-            self._index_quiet_until = time.monotonic() + 4 * (time.monotonic() - t0)
-        return written
+            size = self._save_index(sp, tier, idx)
+            took = time.monotonic() - t0
+            self._index_quiet_until = t0 + took + max(4 * took, (size or 0) / rate if rate else 0.0)
+        return size is not None
 
     def loop(self) -> None:
         """Periodic snapshots bound what a start-up after kill -9 must redo: records changed since

@@ -159,7 +159,7 @@ class LayeredIndex:
                 gone += tail.compact(lambda rows, ids: relocate(rows, ids + offset))
             return gone
 
-    def save(self, base: Path, model: str, instance: str) -> None:
+    def save(self, base: Path, model: str, instance: str) -> int:
         raise RuntimeError("a follower's index is never snapshotted: its leader writes the snapshots")
 
     # -- reads -------------------------------------------------------------------------------------

@@ -563,11 +563,12 @@ class VectorIndex:
         return self._gather(internal_ids, None)
 
     # -- snapshots (their files: snapshot_files.py) ----------------------------------------------
-    def save(self, base: Path, model: str, instance: str) -> None:
-        """Snapshot the entries in HNSW (pending ones are left out: start-up adds them from LMDB)."""
+    def save(self, base: Path, model: str, instance: str) -> int:
+        """Snapshot the entries in HNSW (pending ones are left out: start-up adds them from LMDB);
+        returns the bytes of the index file written (0: none)."""
         if self.damaged:  # the previous snapshot stays; start-up adds what it lacks from LMDB
             logger.error("index %s not snapshotted: a failed add may have left entries unlinked", base.name)
-            return
+            return 0
         files = new_snapshot_files(base)
         with self._state:
             self._saving += 1
@@ -594,6 +595,7 @@ class VectorIndex:
         with self._state:  # (a compaction meanwhile started the count again: it stays at 0)
             if self.index is written:
                 self.saved = n
+        return out.size
 
     @classmethod
     def load(
