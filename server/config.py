@@ -114,8 +114,8 @@ class Tuning:
     # fifth of the time spent writing them), so that followers map it instead of searching a
     # growing index of their own (0: never; core/background.py).
     follower_snapshot_entries: int = 2048
-    # ... and after writing one waits until its bytes / this rate passed (or four times as long as
-    # the write took, if more): a disk of a large index is not kept busy rewriting it (0: no cap).
+    # ... and after writing one waits as long as its bytes take at this rate (or four times as long
+    # as the write took, if more), so rewriting a large index does not keep the disk busy (0: no cap).
     follower_snapshot_bytes_per_second: int = 32 << 20
     # A follower whose own HNSW entries in an index (those after the snapshot it maps) pass this
     # maps its leader's newer snapshot of that index instead (core/remap.py).

@@ -129,8 +129,8 @@ class Snapshots:
         rewrites the whole index) in HNSW since their last snapshot. Followers map it and keep
         fewer entries of their own; a start-up takes any index snapshot with any columns one.
         After writing, wait four times as long as that took (at most a fifth of the time goes to
-        them), and at least until the bytes written at ``follower_snapshot_bytes_per_second``
-        would be. Returns whether one was written (0 entries: never)."""
+        them), and at least as long as its bytes take at ``follower_snapshot_bytes_per_second``.
+        Returns whether one was written (0 entries: never)."""
         st, least = self.st, self.st.config.tuning.follower_snapshot_entries
         if least <= 0 or time.monotonic() < self._index_quiet_until:
             return False
