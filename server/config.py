@@ -348,13 +348,7 @@ class ServerConfig:
             )
         # Search bounds assume decayed importance never exceeds the base importance.
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
-        need(self.tuning.eviction_summary_tokens > 0, "tuning.eviction_summary_tokens", "must be > 0")
-        need(self.tuning.beside_min_rows >= 0, "tuning.beside_min_rows", "must be >= 0")
-        need(
-            self.tuning.follower_snapshot_bytes_per_second >= 0,
-            "tuning.follower_snapshot_bytes_per_second",
-            "must be >= 0",
-        )
+        self._check_tuning(need)
         need(
             self.importance_decay in IMPORTANCE_DECAYS,
             "importance_decay",
@@ -430,6 +424,13 @@ class ServerConfig:
         values["data_dir"] = Path(values.get("data_dir", defaults.data_dir))
         values["tuning"] = Tuning(**values.get("tuning", {}))
         return replace(defaults, **values)
+
+    def _check_tuning(self, need: Callable[[bool, str, str], None]) -> None:
+        # (every threshold is a count, a share or a time: none has a meaning below 0)
+        for f in fields(Tuning):
+            value = getattr(self.tuning, f.name)
+            need(math.isfinite(value) and value >= 0, f"tuning.{f.name}", "must be a finite number >= 0")
+        need(self.tuning.eviction_summary_tokens > 0, "tuning.eviction_summary_tokens", "must be > 0")
 
     def _check_security(self, need: Callable[[bool, str, str], None]) -> None:
         need(

@@ -714,11 +714,19 @@ def test_invalid_settings_are_refused_with_their_name(
 
 
 @pytest.mark.parametrize(
-    "field", ["eviction_summary_tokens", "beside_min_rows", "follower_snapshot_bytes_per_second"]
+    ("field", "value"),
+    [
+        ("eviction_summary_tokens", 0),
+        ("beside_min_rows", -1),
+        ("follower_snapshot_bytes_per_second", -1),
+        ("compact_dead_share", float("nan")),
+        ("indexer_linger_seconds", float("inf")),
+    ],
 )
-def test_invalid_tunings_are_refused_with_their_name(field: str) -> None:
+def test_invalid_tunings_are_refused_with_their_name(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"setting tuning.{field}="):
-        ServerConfig(tuning=Tuning(**{field: -1}))
+        ServerConfig(tuning=Tuning(**{field: value}))
+    ServerConfig(tuning=Tuning())  # (the defaults pass)
 
 
 @pytest.mark.parametrize("turns", [1, 2])
