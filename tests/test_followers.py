@@ -455,20 +455,19 @@ def _leader_and_follower(
     data: Path,
     rng: np.random.Generator,
     n: int,
-    snapshot_interval_seconds: float,
-    snapshot_min_changes: int = 20_000,
-    **tuning: int,
+    tuning: dict[str, int],
+    **settings: float,
 ) -> tuple[RunningServer, np.ndarray, int, MemoryClient, MemoryClient]:
-    """A leader with one follower on ``data`` (every index searched as a graph, ``tuning`` beside),
-    ``n`` unit vectors to store, the follower's pid and a client on each process."""
+    """A leader with one follower on ``data`` with ``settings`` (every index searched as a graph,
+    ``tuning`` beside), ``n`` unit vectors to store, the follower's pid and a client on each
+    process."""
     vecs = rng.standard_normal((n, DIM)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     srv = server_factory(
         data_dir=data,
         search_processes=2,
-        snapshot_interval_seconds=snapshot_interval_seconds,
-        snapshot_min_changes=snapshot_min_changes,
         tuning=Tuning(exact_entries=0, exact_per_k=0, **tuning),
+        **settings,
     )
     assert srv.followers is not None
     (fpid,) = srv.followers.pids()
@@ -558,7 +557,7 @@ def test_a_follower_moves_onto_its_leaders_newer_snapshots(
     data = tmp_path / "data"
     rng = np.random.default_rng(13)
     srv, vecs, fpid, lead, follow = _leader_and_follower(
-        server_factory, data, rng, 3000, snapshot_interval_seconds=0, follower_remap_entries=200
+        server_factory, data, rng, 3000, {"follower_remap_entries": 200}, snapshot_interval_seconds=0
     )
 
     def alike(ids: list[int], gone: list[int]) -> None:
@@ -646,10 +645,9 @@ def test_a_leader_with_followers_snapshots_growing_indexes_for_them(
         data,
         np.random.default_rng(14),
         2000,
+        {"follower_snapshot_entries": 300, "follower_remap_entries": 100},
         snapshot_interval_seconds=3600,
         snapshot_min_changes=10**9,
-        follower_snapshot_entries=300,
-        follower_remap_entries=100,
     )
     create_memories(lead, vecs, range(1000))
     first = _wait_mapping_current(fpid, data)
