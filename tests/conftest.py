@@ -248,6 +248,14 @@ def create_memories(client: MemoryClient, vecs: Any, ids: range, tier: str = "")
         )
 
 
+def wait_indexed(srv: RunningServer, model: str = "t", timeout: float = 30.0) -> None:
+    """Until every vector of embedding space ``model`` in ``srv`` is in its HNSW."""
+    deadline = time.monotonic() + timeout
+    while any(i.pending for i in srv.engine.spaces[model].indexes.values()):
+        assert time.monotonic() < deadline, "vectors still pending"
+        time.sleep(0.01)
+
+
 def haproxy_or_skip(what: str) -> str:
     """Debian's haproxy binary (``make proxy-toolchain``): ``what`` is skipped without it, unless
     TIERMEM_REQUIRE_HAPROXY=1 (CI), which makes a missing proxy a failure."""

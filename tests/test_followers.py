@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import ServerProcess, create_memories, make_record
+from conftest import ServerProcess, create_memories, make_record, wait_indexed
 
 from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
@@ -678,10 +678,7 @@ def _two_tiers_indexed(
     with MemoryClient(f"127.0.0.1:{srv.port}", timeout=30) as c:
         for tier, ids in (("glacial", range(120)), ("slow", range(120, 420))):
             create_memories(c, vecs, ids, tier)
-    deadline = time.monotonic() + 30
-    while any(i.pending for i in srv.engine.spaces["t"].indexes.values()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_indexed(srv)
     return srv, srv.engine._snapshots
 
 

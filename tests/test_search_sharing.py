@@ -268,18 +268,20 @@ def test_a_helper_thread_takes_a_spare_turn_only() -> None:
     wants a core)."""
     turns = Turns(2)
     with turns.take():
-        with turns.spare() as first:
-            assert first
-            with turns.spare() as second:
-                assert not second  # (a ranking and its helper: both turns busy)
-        with turns.spare(wanted=False) as unwanted:
-            assert not unwanted
-        with turns.take(), turns.spare() as third:
+        first = turns.claim()
+        assert first
+        second = turns.claim()
+        assert not second  # (a ranking and its helper: both turns busy)
+        turns.release()
+        with turns.take():
+            third = turns.claim()
             assert not third  # two rankings
-        with turns.spare() as again:
-            assert again  # given back
+        again = turns.claim()
+        assert again  # given back
+        turns.release()
     one = Turns(1)
-    with one.take(), one.spare() as none:
+    with one.take():
+        none = one.claim()
         assert not none  # (one core: no helper)
 
 

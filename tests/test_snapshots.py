@@ -28,7 +28,7 @@ from tiermem.server.index import snapshot_files
 from tiermem.server.model.manifests import file_digest, sealed, unseal
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.types import Filter
-from tiermem.server.search.searcher import SIMILARITY, SearchQuery
+from tiermem.server.search.searcher import SIMILARITY, SearchHit, SearchQuery
 from tiermem.server.storage import snapshots
 
 MODEL = "snap"
@@ -406,17 +406,19 @@ def test_vector_keys_lmdb_hands_out_again_never_revive_a_snapshots_lost_vectors(
             new = [_mem(rng, i, "a") for i in range(30, 34)]
             e.create(new, batch=True)  # (the vector keys the lost ones had)
         for m in new:
-            q = SearchQuery(
-                namespaces=["a"], embedding=m.embedding, embedding_model=MODEL, limit=1, strategy=SIMILARITY
-            )
-            hit = e.search(q)[0]
+            hit = _nearest(e, m)
             assert hit.record.id == m.id and hit.relevance > 0.999, (start, m.id)
         for m in lost:
-            q = SearchQuery(
-                namespaces=["a"], embedding=m.embedding, embedding_model=MODEL, limit=1, strategy=SIMILARITY
-            )
-            assert e.search(q)[0].relevance < 0.999, (start, m.id)  # (gone with LMDB's rollback)
+            assert _nearest(e, m).relevance < 0.999, (start, m.id)  # (gone with LMDB's rollback)
         e.close()
+
+
+def _nearest(e: Engine, m: NewMemory) -> SearchHit:
+    """The memory of namespace "a" most similar to ``m``'s vector."""
+    q = SearchQuery(
+        namespaces=["a"], embedding=m.embedding, embedding_model=MODEL, limit=1, strategy=SIMILARITY
+    )
+    return e.search(q)[0]
 
 
 def test_get_many_reads_what_get_reads(tmp_path: Path) -> None:

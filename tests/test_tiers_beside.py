@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import create_memories
+from conftest import create_memories, wait_indexed
 
 from tiermem.client import MemoryClient
 from tiermem.server.config import Tuning
@@ -32,13 +32,6 @@ def _unit(rng: np.random.Generator, n: int) -> np.ndarray:
 def _helpers() -> set[threading.Thread]:
     """The search helper threads alive in this process (other tests' servers may leave some)."""
     return {t for t in threading.enumerate() if t.name.startswith("tiermem-beside")}
-
-
-def _wait_indexed(srv: RunningServer) -> None:
-    deadline = time.monotonic() + 30
-    while any(i.pending for i in srv.engine.spaces["t"].indexes.values()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
 
 
 def _answers(port: int, queries: np.ndarray, as_of: float) -> list[list[tuple[str, float]]]:
@@ -79,7 +72,7 @@ def test_tiers_searched_beside_each_other_answer_as_in_line(
     with MemoryClient(f"127.0.0.1:{first.port}", timeout=30) as c:
         for tier, lo in (("slow", 0), ("glacial", PER_TIER)):
             create_memories(c, vecs, range(lo, lo + PER_TIER), tier)
-    _wait_indexed(first)
+    wait_indexed(first)
     assert len(first.engine.spaces["t"].indexes) == 2
     before = _helpers()
     as_of = time.time()  # (recency as of one time in both servers)
@@ -99,7 +92,7 @@ def test_tiers_searched_beside_each_other_answer_as_in_line(
         exact_search_max_rows=0,
         tuning=Tuning(**graph, tiers_beside_min_entries=0),
     )
-    _wait_indexed(second)
+    wait_indexed(second)
     assert _answers(second.port, queries, as_of) == beside
     assert _helpers() <= before  # one after the other, on the search's thread
 

@@ -101,19 +101,9 @@ class Turns:
         self._busy = 0  # rankings and their helpers running
         self._count = threading.Lock()
 
-    @contextmanager
-    def spare(self, wanted: bool = True) -> Iterator[bool]:
-        """A core for a ranking's helper thread, when ``wanted`` and one is spare (fewer rankings and
-        helpers run than there are turns): yields whether it got one, held until the block ends."""
-        got = wanted and self.claim()
-        try:
-            yield got
-        finally:
-            if got:
-                self.release()
-
     def claim(self) -> bool:
-        """Take a spare core if there is one (``spare`` without the block); ``release`` gives it back."""
+        """Take a core for a ranking's helper thread if one is spare (fewer rankings and helpers
+        run than there are turns); ``release`` gives it back."""
         with self._count:
             got = self._busy < self.size
             self._busy += got
