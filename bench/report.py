@@ -20,6 +20,7 @@ PHASE_ORDER = {
             "mix",
             "consolidation",
             "chroma",
+            "alone",
             "faiss",
         )
     )
@@ -154,6 +155,26 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             "p50 under which that tail keeps p99 below 2.5 ms (2.5 / the ratio above), ms",
             _div(2.5, tail),
             "context (a text or similarity c1 p50 above it: the p99 target is out of reach on this machine)",
+            None,
+        )
+    )
+    # The ranking alone, in process, on the same memories (the engine-alone phase): its own tail and
+    # how many searches one process ranks with no RPC at all (the GIL runs one Python ranking at a time).
+    ap99 = f.get("alone_text_c1_p99")
+    out.append(
+        ratio(
+            "engine alone, in process, no RPC: default with text from 1 thread, p99 (ms)",
+            ap99,
+            "context (at or above 2.5: the ranking alone misses the p99 target, whatever the RPC costs)",
+            None,
+        )
+    )
+    out.append(
+        ratio(
+            f"engine alone, in process, no RPC: default with text from {hi} threads / Chroma search "
+            f"c{hi} (ops/s)",
+            _div(f.get("alone_text_hi_ops"), f.get("chroma_search_hi_ops")),
+            "context (below 2: one process misses 2x Chroma with no RPC at all; followers add processes)",
             None,
         )
     )

@@ -40,15 +40,19 @@ Phases, in order:
      does the same on a separate data dir built with N memories.
   9. Chroma as a peer (bench/chroma_peer.py in .venv-bench, tiermem stopped): same vectors, HNSW
      parameters, batches and concurrency; ingest, search c1/c16, recall@10.
- 10. in-process FAISS ceilings (IndexHNSWFlat M=32 efConstruction=128 efSearch=64 inner product): add
+ 10. the engine alone (bench/alone.py): ``Engine.search`` in the suite's process, on a copy of the
+     data directory taken at a clean stop before the writes of 7 (the memories the searches above
+     ran on), the server gone: similarity and the default with its text, from 1 thread and
+     from --concurrency threads, in alternating rounds. What the ranking takes with no RPC.
+ 11. in-process FAISS ceilings (IndexHNSWFlat M=32 efConstruction=128 efSearch=64 inner product): add
      in batches of 256 on one OpenMP thread and on every core (the ingest targets and the composed
      create limit use the faster), the n/4 more into n on every core; single-query search (one OpenMP
      thread) from 1 and 2 threads.
- 11. optional (``--startup-n N``): a separate data dir of N memories built through BatchCreateMemories,
+ 12. optional (``--startup-n N``): a separate data dir of N memories built through BatchCreateMemories,
      then clean and kill -9 start-ups as in 8, similarity and text searches at concurrency 1 and 16 (in
      alternating rounds, as in 4), and the keyword pass alone over the same texts, in process, by the
      kernel, tantivy and bm25s.
- 12. plots: suite_size.png and suite_concurrency.png (bench/plot.py, matplotlib from .venv-bench).
+ 13. plots: suite_size.png and suite_concurrency.png (bench/plot.py, matplotlib from .venv-bench).
 
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
                                                             # (compared searches: 4 rounds of 2.5 s)
@@ -67,6 +71,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from alone import engine_alone
 from common import (
     SLOW,
     Progress,
@@ -108,6 +114,7 @@ ROOT = BENCH.parent
 BATCH = 256
 HNSW_M, HNSW_EFC, HNSW_EFS = 32, 128, 64  # ServerConfig defaults
 SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
+ALONE_FIELDS = ("ops", "ops_per_s", "p50_ms", "p95_ms", "p99_ms")  # (a row of the engine alone)
 SWEEP = (1, 2, 4, 8, 16)
 SELECTIVITIES = (10, 1)  # percent of the memories a filtered search may return
 DAY = 86400.0
@@ -415,6 +422,34 @@ class Suite:
             return
         row = self.load("machine", f"fixed CPU task of {ms:.2f} ms, no RPC", "cpu", 1, cpu_ms=ms)
         self.figures |= {"cpu_c1_p50": row["p50_ms"], "cpu_c1_p99": row["p99_ms"]}
+
+    def keep_data(self) -> None:
+        """Stop the server cleanly, copy its data directory for ``alone`` (the memories the searches
+        above ran on, no server holding them), and start it again."""
+        assert self.pool is not None
+        self.pool.close()
+        self.server.stop()
+        print("[alone] copying the data directory for the engine alone ...", flush=True)
+        shutil.copytree(self.server.data_dir, self.tmp / "alone-data")
+        self.server.start()
+        self.pool = LoadPool(self.server.target, self.args.procs)
+
+    def alone(self) -> None:
+        """``Engine.search`` in this process (``bench/alone.py``) on the copy ``keep_data`` took,
+        the server gone: the same similarity and text searches from 1 thread and from --concurrency
+        threads, in alternating rounds; what the ranking takes with no RPC around it."""
+        copy = self.tmp / "alone-data"
+        if not copy.exists():
+            return
+        d, seconds = self.data, self.args.round_seconds
+        res = engine_alone(copy, d.queries, d.query_texts, d.model, seconds, self.args.rounds, self.hi)
+        names = {"sim": "similarity strategy", "text": "default, vector + text"}
+        for key, r in res.items():
+            name = f"Engine.search k={K} {names[key.split('_')[0]]}, in process, no RPC"
+            self.add_row("alone", name, r["threads"], {k: r[k] for k in ALONE_FIELDS})
+            self.figures |= {f"alone_{key}_{f}": r[f"{f}_ms"] for f in ("p50", "p99")}
+            self.figures |= {f"alone_{key}_ops": r["ops_per_s"], f"alone_{key}_p50_rounds": r["p50_rounds"]}
+        shutil.rmtree(copy, ignore_errors=True)
 
     # -- phases ----------------------------------------------------------------------------------------
 
@@ -1290,6 +1325,7 @@ def run_phases(suite: Suite) -> None:
         suite.filtered_search()
         suite.recall()
         suite.followers()
+        suite.keep_data()
         suite.writes()
         suite.ingest_in_flight()
         suite.restarts_and_consolidation()
@@ -1299,6 +1335,7 @@ def run_phases(suite: Suite) -> None:
         if suite.server.proc is not None:
             suite.server.stop()
     suite.chroma()
+    suite.alone()
     suite.faiss()
     suite.startup_big()
 

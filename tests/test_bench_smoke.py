@@ -25,6 +25,7 @@ PHASES = {
     "followers",
     "mix",
     "consolidation",
+    "alone",
     "faiss",
 }
 
@@ -105,6 +106,21 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
         tail["value"] == pytest.approx(figures["cpu_c1_p99"] / figures["cpu_c1_p50"]) and tail["value"] >= 1
     )
     assert needed["value"] == pytest.approx(2.5 / tail["value"]) and needed["meets"] is None
+    # The engine alone, in process, on a copy of the memories searched above: both kinds from 1
+    # thread and from 16, and its context rows read from those figures.
+    alone = {(r["name"], r["concurrency"]) for r in rows if r["phase"] == "alone"}
+    assert alone == {
+        (f"Engine.search k=10 {kind}, in process, no RPC", c)
+        for kind in ("similarity strategy", "default, vector + text")
+        for c in (1, 16)
+    }
+    for kind in ("sim", "text"):
+        for at in ("c1", "hi"):
+            assert all(figures[f"alone_{kind}_{at}_{m}"] > 0 for m in ("p50", "p99", "ops")), (kind, at)
+            assert len(figures[f"alone_{kind}_{at}_p50_rounds"]) == 2
+    alone_p99, alone_chroma = (r for r in results["ratios"] if r["name"].startswith("engine alone"))
+    assert alone_p99["value"] == pytest.approx(figures["alone_text_c1_p99"]) and alone_p99["meets"] is None
+    assert alone_chroma["value"] is None  # (no Chroma in this run)
     assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
