@@ -11,7 +11,8 @@ after its server is gone; from the command line, on any data directory of the su
     python bench/alone.py --data DIR [--n 100000] [--seconds 4] [--rounds 2] [--threads 16]
 
 Kinds alternate round by round (similarity, text; text, similarity; ...), as the suite's compared
-searches do. Figures only; nothing is asserted.
+searches do. From many threads read the rate: its tail is the order in which threads that search
+without a pause take turns, not a client's wait. Figures only; nothing is asserted.
 """
 
 from __future__ import annotations
