@@ -18,7 +18,6 @@ without a pause take turns, not a client's wait. Figures only; nothing is assert
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 import time
 from pathlib import Path
@@ -83,11 +82,12 @@ def engine_alone(
 ) -> dict[str, dict[str, Any]]:
     """``{"<kind>_c1" | "<kind>_hi": summary}`` of each kind from 1 thread and from ``threads``,
     their rounds taken together (``seconds`` a round), with each round's p50 (``p50_rounds``)."""
-    os.environ.setdefault("TIERMEM_MAINTENANCE_INTERVAL_SECONDS", "0")  # (as the suite's server)
     from tiermem.server.config import ServerConfig
     from tiermem.server.core.engine import Engine
 
-    engine = Engine(ServerConfig.from_env(data_dir=data_dir, snapshot_interval_seconds=0))
+    # The lifecycle off, as for the suite's server; no snapshots: nothing is written meanwhile.
+    env = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
+    engine = Engine(ServerConfig.from_env(env=env, data_dir=data_dir, snapshot_interval_seconds=0))
     try:
         qs = {kind: _queries(kind, queries, texts, model) for kind in KINDS}
         for kind in KINDS:  # (warm: the first searches compile and fault pages in)
