@@ -33,14 +33,17 @@ KINDS = ("sim", "text")
 def _queries(kind: str, queries: np.ndarray, texts: list[str], model: str) -> list[Any]:
     from tiermem.server.search.query import SIMILARITY, SearchQuery
 
-    out = []
-    for i, q in enumerate(queries):
-        common = {"namespaces": [NAMESPACE], "embedding": q, "embedding_model": model, "limit": K}
-        if kind == "sim":
-            out.append(SearchQuery(**common, read_only=True, strategy=SIMILARITY))
-        else:
-            out.append(SearchQuery(**common, read_only=True, text=texts[i % len(texts)]))
-    return out
+    return [
+        SearchQuery(
+            namespaces=[NAMESPACE],
+            embedding=q,
+            embedding_model=model,
+            limit=K,
+            read_only=True,
+            **({"strategy": SIMILARITY} if kind == "sim" else {"text": texts[i % len(texts)]}),
+        )
+        for i, q in enumerate(queries)
+    ]
 
 
 def _load(engine: Any, qs: list[Any], threads: int, seconds: float) -> np.ndarray:
@@ -108,7 +111,6 @@ def engine_alone(
             for kind, lats in got.items():
                 out[f"{kind}_{at}"] = summarize(np.concatenate(lats), seconds * len(lats)) | {
                     "threads": conc,
-                    "rounds": len(lats),
                     "p50_rounds": [float(np.percentile(x, 50)) * 1e3 for x in lats],
                 }
         return out
