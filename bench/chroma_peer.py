@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from common import (
     Progress,
+    cpu_seconds,
     free_port,
     machine,
     package_version,
@@ -262,11 +263,15 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         pool = LoadPool(port, args.procs)
         hi_threads = args.concurrency // args.procs
         for conc, procs, threads in ((1, 1, 1), (args.concurrency, args.procs, hi_threads)):
+            cpu0 = cpu_seconds(proc.pid)  # ('chroma run' serves from one process, on several threads)
             r = pool.run(procs, threads, args.seconds, queries, args.k)
+            cpu = cpu_seconds(proc.pid) - cpu0  # (warm-up and lead time included, as in the suite)
+            r |= {"server_cores": cpu / args.seconds, "server_cpu_ms_per_op": 1e3 * cpu / max(1, r["ops"])}
             out[f"search_c{conc}"] = r | {"concurrency": conc, "procs": procs, "threads": threads}
             print(
                 f"  chroma search k={args.k} c{conc} ({procs}x{threads}): {r['ops_per_s']:,.0f} q/s "
-                f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms errors {r['errors']}",
+                f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms errors {r['errors']}; "
+                f"server {r['server_cores']:.2f} cores",
                 flush=True,
             )
         out["recall"] = recall(col, vectors, queries[: args.recall_queries], args.k)

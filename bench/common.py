@@ -7,6 +7,7 @@ it from the benchmark's own environment (.venv-bench), where tiermem is not inst
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import queue
@@ -236,6 +237,15 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds the processes ``pids`` have used (a process gone meanwhile counts nothing)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
 
 
 def wait_idle(pid: int, window: float = 0.5, busy: float = 0.1, limit: float = 60.0) -> float:

@@ -184,6 +184,28 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         f.get("chroma_search_hi_ops"),
         2,
     )
+    # What each server spent on those rates: Chroma's server ranks on several threads, one tiermem
+    # process on about one core's worth of Python (its GIL); followers are how it uses more.
+    text_cores, chroma_cores = f.get("fused_text_hi_cores"), f.get("chroma_search_hi_cores")
+    out.append(
+        ratio(
+            f"server CPU cores at c{hi}: default with text, one process / Chroma's",
+            _div(text_cores, chroma_cores),
+            "context (below 1: one process used fewer cores than Chroma for its rate)",
+            None,
+        )
+    )
+    out.append(
+        ratio(
+            f"searches a server CPU second at c{hi}: default with text, one process / Chroma's",
+            _div(
+                _div(f.get("fused_text_hi_ops"), text_cores),
+                _div(f.get("chroma_search_hi_ops"), chroma_cores),
+            ),
+            "context (the rate ratio above, per core the servers used)",
+            None,
+        )
+    )
     out.append(
         ratio(
             f"similarity c{hi} / Chroma search c{hi} (ops/s), the same run",
@@ -254,6 +276,14 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             f.get("fol_text_hi_ops"),
             f.get("chroma_search_hi_ops"),
             2,
+        )
+        out.append(
+            ratio(
+                f"{fol} processes: server CPU cores at c{hi} with text / Chroma's",
+                _div(f.get("fol_text_hi_cores"), chroma_cores),
+                "context (the cores behind the rate above)",
+                None,
+            )
         )
         le(
             f"{fol} processes: search c1 p50 / empty-RPC c1 p50",
@@ -415,13 +445,14 @@ def markdown(res: dict[str, Any]) -> str:
         "- note: the client processes share this machine's cores with the server (and with each other), "
         "so the figures are a floor for remote clients. Chroma and FAISS run while tiermem is stopped.",
         "",
-        "| phase | measurement | concurrency | ops/s | p50 ms | p95 ms | p99 ms | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| phase | measurement | concurrency | ops/s | p50 ms | p95 ms | p99 ms | errors | server cores |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(res["rows"], key=lambda r: PHASE_ORDER.get(r["phase"], len(PHASE_ORDER))):
         lines.append(
             f"| {r['phase']} | {r['name']} | {r['concurrency']} | {fmt(r['ops_per_s'], 0)} {r['unit']} | "
-            f"{fmt(r.get('p50_ms'))} | {fmt(r.get('p95_ms'))} | {fmt(r.get('p99_ms'))} | {r.get('errors', 0)} |"
+            f"{fmt(r.get('p50_ms'))} | {fmt(r.get('p95_ms'))} | {fmt(r.get('p99_ms'))} | {r.get('errors', 0)} | "
+            f"{fmt(r.get('server_cores'))} |"
         )
     if res.get("recall"):
         lines += [

@@ -91,6 +91,7 @@ from common import (
     Progress,
     clustered_chunks,
     clustered_vectors,
+    cpu_of,
     evaluate,
     exact_prior,
     machine,
@@ -302,7 +303,8 @@ class Suite:
         self.rows.append(row)
         print(
             f"  {name} c{conc}: {r['ops_per_s']:,.0f} {unit}  p50 {fmt(r.get('p50_ms'))} ms  "
-            f"p95 {fmt(r.get('p95_ms'))} ms  p99 {fmt(r.get('p99_ms'))} ms  errors {r.get('errors', 0)}",
+            f"p95 {fmt(r.get('p95_ms'))} ms  p99 {fmt(r.get('p99_ms'))} ms  errors {r.get('errors', 0)}"
+            + (f"  server {r['server_cores']:.2f} cores" if "server_cores" in r else ""),
             flush=True,
         )
         return row
@@ -340,9 +342,14 @@ class Suite:
             f"[{phase}] {name} at concurrency {conc} ({procs}x{threads}) for {seconds} s{idle} ...",
             flush=True,
         )
-        return self.pool.run(
+        pids = self.server.pids()
+        cpu0 = cpu_of(pids)
+        out = self.pool.run(
             op, procs, threads, seconds, tag=f"{phase}{name}{conc}", model=self.data.model, **data
         )
+        # (its warm-up and lead time included: a few percent over the window at most)
+        out["server_cpu_s"] = cpu_of(pids) - cpu0
+        return out
 
     def _row(self, phase: str, name: str, op: str, conc: int, outs: list[dict[str, Any]]) -> dict[str, Any]:
         """The row of one or more timed loads of the same kind, taken together."""
@@ -361,6 +368,10 @@ class Suite:
         all_lat = np.concatenate(list(by_kind.values())) if by_kind else np.empty(0)
         seconds = sum(out["seconds"] for out in outs)
         r = summarize(all_lat, seconds, per_op) | {"errors": sum(out["errors"] for out in outs)}
+        cpu = [out["server_cpu_s"] for out in outs if "server_cpu_s" in out]
+        if len(cpu) == len(outs) and seconds > 0:  # the server's cores over the load, and CPU a call
+            r["server_cores"] = sum(cpu) / seconds
+            r["server_cpu_ms_per_op"] = 1e3 * sum(cpu) / max(1, all_lat.size * per_op)
         if len(outs) > 1:
             r["rounds"] = len(outs)
         if op == "mix":
@@ -410,6 +421,8 @@ class Suite:
             for key, name, _ in searches:
                 row = self._row(phase, name, "search", conc, outs[name])
                 self.figures |= {f"{key}_{at}_{f}": row[fields[f]] for f in figures}
+                if at == "hi":  # (how many cores the server used for that rate)
+                    self.figures[f"{key}_hi_cores"] = row["server_cores"]
                 if rounds > 1:
                     self.figures[f"{key}_{at}_p50_rounds"] = p50s[name]
 
@@ -699,6 +712,7 @@ class Suite:
                     "search_hi_ops": rs["ops_per_s"],
                     "sim_hi_ops": rm["ops_per_s"],
                     "text_hi_ops": rt["ops_per_s"],
+                    "text_hi_cores": rt["server_cores"],
                 }
             )
             self.pool.close()
@@ -991,6 +1005,7 @@ class Suite:
         self.figures |= {
             "chroma_ingest_ops": ing["ops_per_s"],
             "chroma_search_hi_ops": c[c["concurrency_key"]]["ops_per_s"],
+            "chroma_search_hi_cores": c[c["concurrency_key"]]["server_cores"],
         }
         self.results["recall"].append(
             {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import statistics
 import subprocess
@@ -121,6 +122,14 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     alone_p99, alone_chroma = (r for r in results["ratios"] if r["name"].startswith("engine alone"))
     assert alone_p99["value"] == pytest.approx(figures["alone_text_c1_p99"]) and alone_p99["meets"] is None
     assert alone_chroma["value"] is None  # (no Chroma in this run)
+    # The server's CPU over each load through it: cores used and CPU a call, in rows and figures.
+    served = [r for r in rows if r["phase"] in ("empty_rpc", "search", "followers")]
+    assert served and all(r["server_cores"] > 0 and r["server_cpu_ms_per_op"] > 0 for r in served)
+    assert all(0 < r["server_cores"] < 2 * (os.cpu_count() or 1) for r in served)
+    for key in ("fused_text_hi_cores", "sim_hi_cores", "fol_text_hi_cores", "fol1_text_hi_cores"):
+        assert figures[key] > 0, key
+    per_core = [r for r in results["ratios"] if "server CPU" in r["name"]]
+    assert len(per_core) == 3 and all(r["value"] is None and r["meets"] is None for r in per_core)
     assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
