@@ -393,8 +393,8 @@ class Suite:
         drifts over a run; loads measured one after the other, minutes apart, would carry that drift
         into their ratios. A row per search and concurrency, its rounds taken together; its
         ``figures`` (of p50, p99, ops) as ``<key>_c1_<figure>`` and ``<key>_hi_<figure>``, and with
-        several rounds each round's p50 as ``<key>_<c1|hi>_p50_rounds`` (how far a ratio moves
-        between rounds of one run)."""
+        several rounds each round's p50 and p99 as ``<key>_<c1|hi>_p50_rounds`` and ``_p99_rounds``
+        (how far a ratio, or a tail, moves between rounds of one run)."""
         rounds, seconds = self.args.rounds, self.args.round_seconds
         assert len({name for _, name, _ in searches}) == len(searches), (
             "compared searches need distinct names"
@@ -403,6 +403,7 @@ class Suite:
         for conc, at in ((1, "c1"), (self.hi, "hi")):
             outs: dict[str, list[dict[str, Any]]] = {name: [] for _, name, _ in searches}
             p50s: dict[str, list[float]] = {name: [] for _, name, _ in searches}  # (each round's own)
+            p99s: dict[str, list[float]] = {name: [] for _, name, _ in searches}
             for rnd in range(rounds):
                 first = rnd % len(searches)
                 for _, name, data in searches[first:] + searches[:first]:
@@ -414,6 +415,7 @@ class Suite:
                     if rounds > 1:  # (each round's own figures: how far the machine drifted between them)
                         r = self._summary("search", [out])
                         p50s[name].append(r["p50_ms"])
+                        p99s[name].append(r["p99_ms"])
                         print(
                             f"    round {rnd + 1}: {r['ops_per_s']:,.0f} ops/s  p50 {fmt(r['p50_ms'])} ms",
                             flush=True,
@@ -425,6 +427,7 @@ class Suite:
                     self.figures[f"{key}_hi_cores"] = row["server_cores"]
                 if rounds > 1:
                     self.figures[f"{key}_{at}_p50_rounds"] = p50s[name]
+                    self.figures[f"{key}_{at}_p99_rounds"] = p99s[name]
 
     def machine_tail(self) -> None:
         """A fixed CPU task as long as the text search's p50 at concurrency 1, in one load worker

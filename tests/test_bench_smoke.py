@@ -90,13 +90,20 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
             each = figures[f"{key}_{at}_p50_rounds"]  # (each round's own p50)
             pooled = figures[f"{key}_{at}_p50"]  # (the median of both rounds together: between theirs)
             assert len(each) == 2 and min(each) - 1e-9 <= pooled <= max(each) + 1e-9, (key, at, each)
-    scatter = [r for r in results["ratios"] if "round by round" in r["name"]]
+    scatter = [r for r in results["ratios"] if "round by round" in r["name"] and "/ similarity" in r["name"]]
     assert [r["name"].split(" p50")[0] for r in scatter] == ["default with text c1", "default with text c16"]
     for r, at in zip(scatter, ("c1", "hi"), strict=True):
         text, similarity = figures[f"fused_text_{at}_p50_rounds"], figures[f"sim_{at}_p50_rounds"]
         each = [a / b for a, b in zip(text, similarity, strict=True)]
         assert r["value"] == pytest.approx(statistics.median(each)) and r["meets"] is None
         assert r["name"].endswith(", ".join(f"{x:.2f}" for x in each) + " (the median)")
+    # The text search's p99 at 1 of each round (one slow round sets the p99 of all together).
+    (tails,) = [
+        r for r in results["ratios"] if r["name"].startswith("default with text c1 p99 round by round")
+    ]
+    each99 = figures["fused_text_c1_p99_rounds"]
+    assert len(each99) == 2 and all(x > 0 for x in each99) and tails["value"] == min(each99), each99
+    assert tails["name"].endswith(", ".join(f"{x:.2f}" for x in each99) + " ms (the lowest)")
     # The machine's own tail: a fixed CPU task calibrated to the text search's p50 at concurrency 1.
     (task,) = [r for r in rows if r["phase"] == "machine"]
     assert task["concurrency"] == 1 and task["name"].startswith("fixed CPU task of ")
