@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import statistics
 import subprocess
@@ -132,7 +131,6 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     # The server's CPU over each load through it: cores used and CPU a call, in rows and figures.
     served = [r for r in rows if r["phase"] in ("empty_rpc", "search", "followers")]
     assert served and all(r["server_cores"] > 0 and r["server_cpu_ms_per_op"] > 0 for r in served)
-    assert all(0 < r["server_cores"] < 2 * (os.cpu_count() or 1) for r in served)
     for key in ("fused_text_hi_cores", "sim_hi_cores", "fol_text_hi_cores", "fol1_text_hi_cores"):
         assert figures[key] > 0, key
     per_core = [r for r in results["ratios"] if "server CPU" in r["name"]]
