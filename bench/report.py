@@ -196,8 +196,8 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         f.get("chroma_search_hi_ops"),
         2,
     )
-    # What each server spent on those rates: Chroma's server ranks on several threads, one tiermem
-    # process on about one core's worth of Python (its GIL); followers are how it uses more.
+    # The cores each server used for those rates: one tiermem process is held to about a core by its
+    # GIL (followers are how it uses more), so a rate ratio alone does not say which server is leaner.
     text_cores, chroma_cores = f.get("fused_text_hi_cores"), f.get("chroma_search_hi_cores")
     out.append(
         ratio(

@@ -347,7 +347,7 @@ class Suite:
         out = self.pool.run(
             op, procs, threads, seconds, tag=f"{phase}{name}{conc}", model=self.data.model, **data
         )
-        # (its warm-up and lead time included: a few percent over the window at most)
+        # (its warm-up and lead time included: a few percent of a 2 s window, more of a shorter one)
         out["server_cpu_s"] = cpu_of(pids) - cpu0
         return out
 
