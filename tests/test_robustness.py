@@ -658,6 +658,55 @@ def test_a_second_engine_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
     second.close()
 
 
+def _kernel_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("tiermem-kernels")]
+
+
+def test_kernels_load_beside_the_data_and_a_failed_load_waits_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels load on a thread of their own while the columns and indexes load: an engine that
+    opened has them ready and that thread gone; a load that fails waits for it before the error
+    comes back, and leaves the data directory free for the next start."""
+    from tiermem import kernels
+    from tiermem.server.core import startup
+    from tiermem.server.model.errors import StorageError
+
+    cfg = ServerConfig(
+        data_dir=tmp_path / "data", maintenance_interval_seconds=0, snapshot_interval_seconds=0
+    )
+    Engine(cfg).close()
+    seen: list[str] = []
+    real_warm_up, real_load = kernels.warm_up, startup.load
+
+    def slow_warm_up() -> None:
+        time.sleep(0.3)  # (still running when the load fails)
+        seen.append(threading.current_thread().name)
+        real_warm_up()
+        seen.append("done")
+
+    def failing_load(st: Any) -> None:
+        real_load(st)
+        raise StorageError("the load failed after reading everything", "STORAGE_DAMAGED")
+
+    monkeypatch.setattr(kernels, "warm_up", slow_warm_up)
+    monkeypatch.setattr(startup, "load", failing_load)
+    with pytest.raises(StorageError, match="the load failed"):
+        Engine(cfg)
+    # It ran on its own thread and had finished before the error came back.
+    assert len(seen) == 2 and seen[0].startswith("tiermem-kernels") and seen[1] == "done", seen
+    deadline = time.monotonic() + 10
+    while _kernel_threads() and time.monotonic() < deadline:  # (its thread ends after its one job)
+        time.sleep(0.01)
+    assert not _kernel_threads()
+    monkeypatch.setattr(startup, "load", real_load)
+    engine = Engine(cfg)  # the failed start let the directory go
+    try:
+        assert len(seen) == 4 and seen[3] == "done", seen  # (its kernels ready when it opened)
+    finally:
+        engine.close()
+
+
 def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
     """An export or import stream holds a handler thread while it runs: at most half of them may be
     streams (RESOURCE_EXHAUSTED TOO_MANY_STREAMS beyond), so unary calls always find one."""

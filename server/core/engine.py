@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any
 
@@ -121,6 +121,27 @@ class Engine:
         self._batch_pool = ThreadPoolExecutor(
             max_workers=config.search_concurrency or usable_cores(), thread_name_prefix="tiermem-batch"
         )
+        # The kernels load (or compile) beside the data: LLVM's and FAISS's reads release the GIL.
+        logger.info(
+            "compiling kernels beside the load (the first start after an install takes up to a minute)"
+        )
+        began = time.monotonic()
+        warming = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiermem-kernels")
+        warmed = warming.submit(kernels.warm_up)
+        warming.shutdown(wait=False)
+        try:
+            self._load(config, st)
+        except BaseException:
+            wait([warmed])  # (a failed start leaves nothing running)
+            raise
+        warmed.result()
+        logger.info("kernels ready %.1f s after the load began", time.monotonic() - began)
+        self._snapshots = Snapshots(st)
+        self._background = BackgroundThreads(st, self._snapshots)
+        self._background.start()
+
+    def _load(self, config: ServerConfig, st: EngineState) -> None:
+        """The columns and indexes from the snapshots and LMDB, the indexer and the writer."""
         startup.load(st)
         if st.replica:
             leader, applied = replication.position(st)
@@ -136,13 +157,6 @@ class Engine:
                 st.indexer.attach(idx)
         st.indexer.start()
         st.writer = Writer(st.store, max_group=config.max_group_ops, before_commit=st.before_commit)
-        logger.info("compiling kernels (the first start after an install takes up to a minute)")
-        began = time.monotonic()
-        kernels.warm_up()
-        logger.info("kernels ready in %.1f s", time.monotonic() - began)
-        self._snapshots = Snapshots(st)
-        self._background = BackgroundThreads(st, self._snapshots)
-        self._background.start()
 
     # -- replicas on other hosts (replication.py) ------------------------------------------------------
     @property
