@@ -368,10 +368,9 @@ class Suite:
         all_lat = np.concatenate(list(by_kind.values())) if by_kind else np.empty(0)
         seconds = sum(out["seconds"] for out in outs)
         r = summarize(all_lat, seconds, per_op) | {"errors": sum(out["errors"] for out in outs)}
-        cpu = [out["server_cpu_s"] for out in outs if "server_cpu_s" in out]
-        if len(cpu) == len(outs) and seconds > 0:  # the server's cores over the load, and CPU a call
-            r["server_cores"] = sum(cpu) / seconds
-            r["server_cpu_ms_per_op"] = 1e3 * sum(cpu) / max(1, all_lat.size * per_op)
+        cpu = sum(out["server_cpu_s"] for out in outs)  # (every load is ``_measure``'s)
+        r["server_cores"] = cpu / seconds
+        r["server_cpu_ms_per_op"] = 1e3 * cpu / max(1, all_lat.size * per_op)
         if len(outs) > 1:
             r["rounds"] = len(outs)
         if op == "mix":
