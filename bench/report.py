@@ -122,7 +122,21 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             f.get(f"big_sim_{c}_p50"),
             1.3,
         )
-    # What bounds them in the same run: a search with text runs a similarity search and a keyword pass.
+    # What bounds them in the same run: the ranking alone at that size, with no RPC around it ...
+    for c, label, what in (
+        ("c1", "from 1 thread, p50", "p50"),
+        ("hi", f"from {hi} threads (similarity's searches a second / text's)", "ops"),
+    ):
+        alone = (f.get(f"big_alone_text_{c}_{what}"), f.get(f"big_alone_sim_{c}_{what}"))
+        out.append(
+            ratio(
+                f"at --startup-n: engine alone, in process, no RPC: default with text / similarity {label}",
+                _div(*alone) if what == "p50" else _div(alone[1], alone[0]),
+                "context (above 1.3: the ranking alone misses the target at this size, whatever the RPC costs)",
+                None,
+            )
+        )
+    # ... and a search with text runs a similarity search and a keyword pass.
     out.append(
         ratio(
             "at --startup-n: fastest keyword pass alone, in process (kernel, tantivy, bm25s), p50 / "

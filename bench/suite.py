@@ -50,8 +50,8 @@ Phases, in order:
      thread) from 1 and 2 threads.
  12. optional (``--startup-n N``): a separate data dir of N memories built through BatchCreateMemories,
      then clean and kill -9 start-ups as in 8, similarity and text searches at concurrency 1 and 16 (in
-     alternating rounds, as in 4), and the keyword pass alone over the same texts, in process, by the
-     kernel, tantivy and bm25s.
+     alternating rounds, as in 4), the engine alone on that data once its server stopped (as in 10),
+     and the keyword pass alone over the same texts, in process, by the kernel, tantivy and bm25s.
  13. plots: suite_size.png and suite_concurrency.png (bench/plot.py, matplotlib from .venv-bench).
 
     python bench/suite.py                                   # 100,000 memories, 384 dims, 5 s per load
@@ -1121,7 +1121,23 @@ class Suite:
         finally:
             if server.proc is not None:
                 server.stop()
+        self.big_alone(server.data_dir, n)
         self.big_keywords(texts)
+
+    def big_alone(self, data_dir: Path, n: int) -> None:
+        """On the --startup-n data, its server stopped: the engine alone (bench/alone.py), the same
+        similarity and text searches with no RPC around them, from 1 thread and from --concurrency
+        threads. Text against similarity here is what the ranking itself costs at this size, which
+        no transport can make smaller."""
+        d = self.data
+        print(f"[startup-n] the engine alone, in process, on the {n:,} memories ...", flush=True)
+        seconds = self.args.round_seconds
+        res = engine_alone(data_dir, d.queries, d.query_texts, d.model, seconds, self.args.rounds, self.hi)
+        names = {"sim": "similarity strategy", "text": "default, vector + text"}
+        for key, r in res.items():
+            name = f"Engine.search k={K} {names[key.split('_')[0]]}, in process, no RPC, {n:,} memories"
+            self.add_row("startup", name, r["threads"], {k: r[k] for k in ALONE_FIELDS})
+            self.figures |= {f"big_alone_{key}_p50": r["p50_ms"], f"big_alone_{key}_ops": r["ops_per_s"]}
 
     def big_keywords(self, texts: list[str]) -> None:
         """On the --startup-n texts, the server stopped: the keyword pass alone, in this process, by the

@@ -200,17 +200,24 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "suite.json").read_text())
     # The searches on the --startup-n data only: similarity and the default with text, c1 and high;
-    # then the keyword pass alone over the same texts by the kernel, tantivy and bm25s.
-    assert {r["phase"] for r in results["rows"]} == {"startup"} and len(results["rows"]) == 7
+    # then the engine alone on that data (the same searches, no RPC), and the keyword pass alone over
+    # the same texts by the kernel, tantivy and bm25s.
+    assert {r["phase"] for r in results["rows"]} == {"startup"} and len(results["rows"]) == 11
     searches = [r for r in results["rows"] if r["name"].startswith("SearchMemories")]
     assert len(searches) == 4 and all(r["rounds"] == 4 for r in searches)  # (alternating, the default 4)
     assert all(r["ops"] / r["ops_per_s"] == pytest.approx(2.0) for r in searches)  # (4 rounds of 0.5 s)
+    f = results["figures"]
     for key in ("big_sim", "big_fused_text"):
-        assert results["figures"][f"{key}_c1_p50"] > 0 and results["figures"][f"{key}_hi_p50"] > 0
+        assert f[f"{key}_c1_p50"] > 0 and f[f"{key}_hi_p50"] > 0
+    alone = [r for r in results["rows"] if r["name"].startswith("Engine.search")]
+    assert sorted((r["name"].split(" k=10 ")[1].split(",")[0], r["concurrency"]) for r in alone) == [
+        ("default", 1), ("default", 16), ("similarity strategy", 1), ("similarity strategy", 16)
+    ]  # fmt: skip
+    assert all(r["ops"] > 0 and r["p50_ms"] > 0 and "no RPC, 1,500 memories" in r["name"] for r in alone)
     passes = [r for r in results["rows"] if r["name"].startswith("keyword pass alone")]
     assert [r["name"].split("), ")[1].split(",")[0] for r in passes] == ["kernel", "tantivy", "bm25s"]
     assert all(r["p50_ms"] > 0 for r in passes)
-    assert all("1,500 memories" in r["name"] and r["errors"] == 0 for r in results["rows"])
+    assert all("1,500 memories" in r["name"] and r.get("errors", 0) == 0 for r in results["rows"])
     (st,) = results["startup"]
     assert st["clean_start_s"] > 0 and st["kill9_start_s"] > 0
     assert st["memories_after_clean"] == st["memories_after_kill9"] == st["memories"] == st["built"] == 1500
@@ -219,6 +226,11 @@ def test_bench_suite_startup_only(tmp_path: Path) -> None:
     by_name = {r["name"]: r for r in results["ratios"]}
     assert by_name["start-up after kill -9 / clean start-up, 1,500 memories"]["meets"] in (True, False)
     assert by_name["at --startup-n: default with text c1 p50 / similarity c1 p50"]["meets"] in (True, False)
+    on_its_own = "at --startup-n: engine alone, in process, no RPC: default with text / similarity from "
+    c1 = by_name[on_its_own + "1 thread, p50"]
+    assert c1["value"] == pytest.approx(f["big_alone_text_c1_p50"] / f["big_alone_sim_c1_p50"])
+    hi = by_name[on_its_own + "16 threads (similarity's searches a second / text's)"]
+    assert hi["value"] == pytest.approx(f["big_alone_sim_hi_ops"] / f["big_alone_text_hi_ops"])
     bound = next(r for n, r in by_name.items() if n.startswith("at --startup-n: fastest keyword pass"))
     fastest = min(r["p50_ms"] for r in passes)
     assert bound["value"] == pytest.approx(fastest / (0.3 * results["figures"]["big_sim_c1_p50"]))
