@@ -1127,8 +1127,8 @@ class Suite:
     def big_alone(self, data_dir: Path, n: int) -> None:
         """On the --startup-n data, its server stopped: the engine alone (bench/alone.py), the same
         similarity and text searches with no RPC around them, from 1 thread and from --concurrency
-        threads. Text against similarity here is what the ranking itself costs at this size, which
-        no transport can make smaller."""
+        threads. Text against similarity here is what the ranking itself costs at this size, before
+        the RPC around each search (the same for both) brings the ratio toward 1."""
         d = self.data
         print(f"[startup-n] the engine alone, in process, on the {n:,} memories ...", flush=True)
         seconds = self.args.round_seconds
