@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -403,6 +404,9 @@ class Searcher:
         pending = self._lend(most_similar)  # (first: the keyword pass's set-up overlaps it)
         if pending is None:
             return None
+        # The GIL given up once: the helper reaches the GIL-free HNSW search now, not only once the
+        # keyword pass's Python set-up here has run.
+        time.sleep(0)
         try:
             sums = keyword_pass(
                 self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth
