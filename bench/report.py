@@ -123,15 +123,18 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             1.3,
         )
     # What bounds them in the same run: the ranking alone at that size, with no RPC around it ...
-    for c, label, what in (
-        ("c1", "from 1 thread, p50", "p50"),
-        ("hi", f"from {hi} threads (similarity's searches a second / text's)", "ops"),
+    for label, num, den in (
+        ("from 1 thread, p50", "big_alone_text_c1_p50", "big_alone_sim_c1_p50"),
+        (
+            f"from {hi} threads (similarity's searches a second / text's)",
+            "big_alone_sim_hi_ops",
+            "big_alone_text_hi_ops",
+        ),
     ):
-        alone = (f.get(f"big_alone_text_{c}_{what}"), f.get(f"big_alone_sim_{c}_{what}"))
         out.append(
             ratio(
                 f"at --startup-n: engine alone, in process, no RPC: default with text / similarity {label}",
-                _div(*alone) if what == "p50" else _div(alone[1], alone[0]),
+                _div(f.get(num), f.get(den)),
                 "context (the ranking's own cost at this size: through the server the same RPC is added to "
                 "both, which brings the ratio toward 1)",
                 None,

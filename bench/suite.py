@@ -454,18 +454,7 @@ class Suite:
         the server gone: the same similarity and text searches from 1 thread and from --concurrency
         threads, in alternating rounds; what the ranking takes with no RPC around it."""
         copy = self.tmp / "alone-data"
-        d, seconds = self.data, self.args.round_seconds
-        res = engine_alone(copy, d.queries, d.query_texts, d.model, seconds, self.args.rounds, self.hi)
-        names = {"sim": "similarity strategy", "text": "default, vector + text"}
-        for key, r in res.items():
-            name = f"Engine.search k={K} {names[key.split('_')[0]]}, in process, no RPC"
-            self.add_row("alone", name, r["threads"], {k: r[k] for k in ALONE_FIELDS})
-            self.figures |= {
-                f"alone_{key}_p50": r["p50_ms"],
-                f"alone_{key}_p99": r["p99_ms"],
-                f"alone_{key}_ops": r["ops_per_s"],
-                f"alone_{key}_p50_rounds": r["p50_rounds"],
-            }
+        self.engine_alone_rows(copy, "alone", "alone", "")
         shutil.rmtree(copy, ignore_errors=True)
 
     # -- phases ----------------------------------------------------------------------------------------
@@ -1125,19 +1114,29 @@ class Suite:
         self.big_keywords(texts)
 
     def big_alone(self, data_dir: Path, n: int) -> None:
-        """On the --startup-n data, its server stopped: the engine alone (bench/alone.py), the same
-        similarity and text searches with no RPC around them, from 1 thread and from --concurrency
-        threads. Text against similarity here is what the ranking itself costs at this size, before
-        the RPC around each search (the same for both) brings the ratio toward 1."""
-        d = self.data
+        """On the --startup-n data, its server stopped: the engine alone, as ``alone`` runs it at --n.
+        Text against similarity here is what the ranking itself costs at this size, before the RPC
+        around each search (the same for both) brings the ratio toward 1."""
         print(f"[startup-n] the engine alone, in process, on the {n:,} memories ...", flush=True)
-        seconds = self.args.round_seconds
-        res = engine_alone(data_dir, d.queries, d.query_texts, d.model, seconds, self.args.rounds, self.hi)
+        self.engine_alone_rows(data_dir, "startup", "big_alone", f", {n:,} memories")
+
+    def engine_alone_rows(self, data_dir: Path, phase: str, prefix: str, suffix: str) -> None:
+        """``bench/alone.py`` on ``data_dir`` (no server holding it), from 1 thread and from
+        --concurrency threads: a row each in ``phase`` (names ending in ``suffix``) and figures
+        ``<prefix>_<kind>_<c1|hi>_...``."""
+        d = self.data
+        seconds, rounds = self.args.round_seconds, self.args.rounds
+        res = engine_alone(data_dir, d.queries, d.query_texts, d.model, seconds, rounds, self.hi)
         names = {"sim": "similarity strategy", "text": "default, vector + text"}
         for key, r in res.items():
-            name = f"Engine.search k={K} {names[key.split('_')[0]]}, in process, no RPC, {n:,} memories"
-            self.add_row("startup", name, r["threads"], {k: r[k] for k in ALONE_FIELDS})
-            self.figures |= {f"big_alone_{key}_p50": r["p50_ms"], f"big_alone_{key}_ops": r["ops_per_s"]}
+            name = f"Engine.search k={K} {names[key.split('_')[0]]}, in process, no RPC{suffix}"
+            self.add_row(phase, name, r["threads"], {k: r[k] for k in ALONE_FIELDS})
+            self.figures |= {
+                f"{prefix}_{key}_p50": r["p50_ms"],
+                f"{prefix}_{key}_p99": r["p99_ms"],
+                f"{prefix}_{key}_ops": r["ops_per_s"],
+                f"{prefix}_{key}_p50_rounds": r["p50_rounds"],
+            }
 
     def big_keywords(self, texts: list[str]) -> None:
         """On the --startup-n texts, the server stopped: the keyword pass alone, in this process, by the
