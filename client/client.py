@@ -366,7 +366,7 @@ class MemoryClient(AgentMethods):
     ) -> list[pb.SearchResult]:
         """Rank memories by alpha*relevance + beta*recency + gamma*importance, best first.
 
-        ``query`` is text (embedded by the server's built-in embedder), a vector of the space
+        ``query`` is text (embedded by the server's configured embedder), a vector of the space
         named by ``embedding_model``, or None for orderings that need none (strategy 'recency' or
         'importance'). ``strategy``: 'fused' (default: similarity and the query text's keywords,
         normalized, first; recency and importance between near ties), 'comprehensive', 'weighted',

@@ -274,6 +274,7 @@ def _rrf_rank(
     kw = np.zeros(m, np.float32)
     fused = np.zeros(m, np.float32)
     for i in range(m):
+        below = False
         if i < nv:
             v_rank[i] = i + 1
             fused[i] = np.float32(w_vec / (rrf_k + v_rank[i]))
@@ -282,9 +283,11 @@ def _rrf_rank(
                 score[i] = score[i] * row_w[rows[i]]
             if rel[i] < np.float32(min_similarity):  # (as NumPy compares them; NaN: no floor)
                 score[i] = np.nan
+                below = True  # (under the floor: not a result, as in every ranking)
         if k_rank[i] > 0:
             kw[i] = k_scores[k_rank[i] - 1]
-            fused[i] = np.float32(np.float64(fused[i]) + w_kw / (rrf_k + k_rank[i]))
+            if not below:
+                fused[i] = np.float32(np.float64(fused[i]) + w_kw / (rrf_k + k_rank[i]))
         if not fused[i] > 0.0:
             fused[i] = np.nan  # in neither weighted list: not a result
     return rows, rel, score, rec, imp, fused, v_rank, k_rank, kw
@@ -333,8 +336,8 @@ def rrf_rank(
     scores, recency and importance, best first) and a keyword list (``k_rows`` best first, their BM25
     ``k_scores`` and similarities ``k_sims``), each of distinct rows: the keyword rows the vector list
     lacks are scored as ``score_rows`` does (times ``row_w`` at the row when given; NaN where their
-    similarity is below ``min_similarity``), and every candidate gets
-    ``w_vec / (rrf_k + vector rank) + w_kw / (rrf_k + keyword rank)``."""
+    similarity is below ``min_similarity``, and so is their fused score: not results), and every other
+    candidate gets ``w_vec / (rrf_k + vector rank) + w_kw / (rrf_k + keyword rank)``."""
     v_rows, v_rel, v_score, v_rec, v_imp = vector
     nv = _check("vector rows", v_rows, np.int64).shape[0]
     for name, a in (

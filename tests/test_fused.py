@@ -293,6 +293,8 @@ def test_rrf_rank_matches_numpy(seed: int) -> None:
             fused[v_rank > 0] += 0.7 / (k + v_rank[v_rank > 0])
             fused[k_rank > 0] += 1.3 / (k + k_rank[k_rank > 0])
             fused[fused <= 0] = np.nan
+            if min_sim is not None:  # (a keyword row the vector list lacks, under the floor: no result)
+                fused[nv:][rel < min_sim] = np.nan
             np.testing.assert_array_equal(got.rows, rows)
             np.testing.assert_array_equal(got.rel, np.concatenate([vector[1], rel]))
             np.testing.assert_array_equal(got.vector_rank, v_rank)

@@ -121,6 +121,34 @@ def test_keyword_index_follows_updates_and_deletes(
     assert _hybrid(c, "breach", vector_weight=0) == []
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [pb.SEARCH_STRATEGY_SIMILARITY, pb.SEARCH_STRATEGY_COMPREHENSIVE, pb.SEARCH_STRATEGY_FUSED],
+)
+def test_min_similarity_drops_keyword_hits_below_it(
+    loaded: tuple[MemoryClient, dict[str, str]], strategy: int
+) -> None:
+    """The floor holds for the keyword list's rows too: a memory found by its words but less similar
+    than min_similarity is not a result, whichever strategy fuses the lists."""
+    c, _ = loaded
+
+    def search(floor: float | None) -> list[pb.SearchResult]:
+        req = pb.SearchMemoriesRequest(
+            namespaces=["ns"], query_text="SLA breach payments", limit=10, read_only=True, explain=True,
+            hybrid=pb.HybridOptions(enabled=True), strategy=strategy, min_similarity=floor,
+        )  # fmt: skip
+        return list(c.stub.SearchMemories(req).results)
+
+    plain = search(None)
+    keyword_hits = sorted(r.relevance for r in plain if r.explanation.keyword_rank)
+    assert len(keyword_hits) >= 2
+    floor = (keyword_hits[0] + keyword_hits[-1]) / 2  # some keyword hits on each side of it
+    assert any(r.relevance < floor for r in plain)
+    kept = search(floor)
+    assert kept and all(r.relevance >= floor for r in kept)
+    assert {r.memory.id for r in plain if r.relevance >= floor} <= {r.memory.id for r in kept}
+
+
 def _search(c: MemoryClient, req: pb.SearchMemoriesRequest) -> pb.SearchMemoriesResponse:
     try:
         return c.stub.SearchMemories(req)

@@ -715,6 +715,18 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
         None,
     ),
     ("search_query_without_model", lambda c: c.search(NS, V), "embedding_model", None),
+    (
+        "search_text_beside_a_vector_too_large",
+        lambda c: c.search(NS, V, embedding_model=MODEL, keywords="q" * 65537),
+        "query_text",
+        "FIELD_TOO_LARGE",
+    ),
+    (
+        "search_text_beside_a_vector_with_nul",
+        lambda c: c.search(NS, V, embedding_model=MODEL, keywords="a\x00b"),
+        "query_text",
+        None,
+    ),
     ("search_no_namespaces", lambda c: c.search([], V, embedding_model=MODEL), "namespaces", None),
     (
         "search_bad_namespace",

@@ -2,7 +2,7 @@
 checks that turn a query into the resolved parameters of its ranking (``RankingParams``).
 
 Checks run in a fixed order (filter, namespaces, limit, strategy, weights, tau, min_similarity, tier
-and scope weights, as_of; then the query vector, then hybrid settings): the first failing one names
+and scope weights, as_of, query text; then the query vector, then hybrid settings): the first failing one names
 the field in the error.
 """
 
@@ -180,6 +180,8 @@ def check_query(
     for i, w in enumerate(q.scope_weights):
         weight(f"scope_weights[{i}]", w, 1.0)
     as_of = None if q.as_of is None else check.finite_time("as_of", q.as_of)
+    if q.text:  # (matched as keywords beside a vector too, so checked whether or not it is embedded)
+        check.text("query_text", q.text, config.max_content_bytes)
     limit = min(q.limit or 10, config.max_search_limit)
     return CheckedQuery(
         flt, limit, strategy, alpha, beta, gamma, tau, q.min_similarity, tier_w, scope_weights(q), as_of
@@ -251,8 +253,7 @@ def query_vector(
     if q.embedding is not None:
         model = check.model("embedding_model", q.embedding_model)
         query = check.vector("query_embedding", q.embedding, cfg)
-    elif q.text:
-        check.text("query_text", q.text, cfg.max_content_bytes)
+    elif q.text:  # (its size and characters checked with the rest of the query)
         model, query = source.embedder.model, source.embedder.embed(q.text)
     elif needed:
         raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")

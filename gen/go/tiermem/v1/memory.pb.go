@@ -2099,13 +2099,16 @@ type SearchMemoriesRequest struct {
 	QueryEmbedding []float32 `protobuf:"fixed32,2,rep,packed,name=query_embedding,json=queryEmbedding,proto3" json:"query_embedding,omitempty"`
 	// embedding_model names the space of query_embedding; required with it.
 	EmbeddingModel string `protobuf:"bytes,3,opt,name=embedding_model,json=embeddingModel,proto3" json:"embedding_model,omitempty"`
-	// query_text is embedded by the built-in embedder when query_embedding is empty.
+	// query_text is the query's text: embedded by the server's embedder when query_embedding is empty;
+	// its keywords are matched by FUSED (with a query_embedding too) and by hybrid search. At most
+	// max_content_bytes (default 65536) bytes, without NUL characters.
 	QueryText string `protobuf:"bytes,4,opt,name=query_text,json=queryText,proto3" json:"query_text,omitempty"`
 	// filter keeps only matching memories (tiers, kinds, tags, source, topic, creation time).
 	Filter *MemoryFilter `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
 	// limit is the most results: default 10, at most 1000.
 	Limit int32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
-	// min_similarity, when set, drops results whose cosine similarity is below it ([-1, 1]).
+	// min_similarity, when set, drops results whose cosine similarity is below it ([-1, 1]), those found
+	// by their keywords included.
 	MinSimilarity *float32 `protobuf:"fixed32,7,opt,name=min_similarity,json=minSimilarity,proto3,oneof" json:"min_similarity,omitempty"`
 	// alpha weighs relevance (cosine similarity); default 0.5 (FUSED: 1, on normalized relevance), at least 0.
 	Alpha *float32 `protobuf:"fixed32,8,opt,name=alpha,proto3,oneof" json:"alpha,omitempty"`
@@ -2120,7 +2123,8 @@ type SearchMemoriesRequest struct {
 	AsOf *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 	// include_embedding returns the stored vectors too.
 	IncludeEmbedding bool `protobuf:"varint,13,opt,name=include_embedding,json=includeEmbedding,proto3" json:"include_embedding,omitempty"`
-	// strategy chooses the ranking; UNSPECIFIED means FUSED.
+	// strategy chooses the ranking; UNSPECIFIED means FUSED. SIMILARITY, RECENCY and IMPORTANCE rank by
+	// their one signal: alpha, beta and gamma are checked, then not used.
 	Strategy SearchStrategy `protobuf:"varint,14,opt,name=strategy,proto3,enum=tiermem.v1.SearchStrategy" json:"strategy,omitempty"`
 	// tier_weights multiply the score by tier (WEIGHTED defaults: FAST 1.0, MEDIUM 0.85, SLOW 0.7,
 	// GLACIAL 0.55; other strategies 1.0); each >= 0.
@@ -2600,6 +2604,9 @@ type SearchResult struct {
 	Memory *Memory `protobuf:"bytes,1,opt,name=memory,proto3" json:"memory,omitempty"`
 	// score is (alpha*relevance + beta*recency + gamma*importance) * tier weight * scope weight (FUSED:
 	// over normalized signals; it orders one search's results and is not comparable across searches).
+	// A hybrid search of another strategy orders by reciprocal rank fusion instead: score is
+	// vector_weight / (rrf_k + vector rank) + keyword_weight / (rrf_k + keyword rank) (with explain,
+	// explanation.combined_score holds the strategy's own score).
 	Score float32 `protobuf:"fixed32,2,opt,name=score,proto3" json:"score,omitempty"`
 	// relevance is the cosine similarity to the query.
 	Relevance float32 `protobuf:"fixed32,3,opt,name=relevance,proto3" json:"relevance,omitempty"`
