@@ -267,3 +267,20 @@ def test_export_carries_progress_toward_the_next_reflection_and_summary(
             c.import_memories([header, bad], target_namespace="s")
         assert err.value.fields == ["chunks[1].scope.reflection_importance"]
         assert _progress(c, "s") == (0.0, 0, False, False)
+        huge = pb.ExportMemoriesResponse(scope=pb.ScopeState(namespace="p", summary_tokens=2**62))
+        with pytest.raises(InvalidArgumentError) as err:
+            c.import_memories([header, huge], target_namespace="s")
+        assert err.value.fields == ["chunks[1].scope.summary_tokens"]
+        assert _progress(c, "s") == (0.0, 0, False, False)
+
+        # Progress at the most a scope keeps, imported twice, stays there: the namespace's stats
+        # and export still work, and the export restores.
+        most = pb.ExportMemoriesResponse(
+            scope=pb.ScopeState(namespace="p", summary_tokens=2**53, reflection_importance=1e15)
+        )
+        for _ in range(2):
+            c.import_memories([header, most], target_namespace="t")
+        assert _progress(c, "t")[:2] == (1e15, 2**53)
+        again = list(c.export_memories("t"))
+        c.import_memories(again, target_namespace="u")
+        assert _progress(c, "u")[:2] == (1e15, 2**53)

@@ -31,6 +31,11 @@ from tiermem.server.model.reports import (
 from tiermem.server.model.types import NO_VECTOR
 from tiermem.server.storage.store import Txn
 
+# Most progress one scope keeps: far past any threshold, and sums of imports stay within int64
+# and finite (an overflow would make the namespace's stats and export fail for good).
+MAX_SUMMARY_TOKENS = 2**53
+MAX_REFLECTION_IMPORTANCE = 1e15
+
 
 def export(
     st: EngineState, namespace: str = "", include_children: bool = False
@@ -121,13 +126,19 @@ def restore(
 def _add_scope(imp: _Import, i: int, item: ExportedScope) -> None:
     field_ = f"chunks[{i + 1}].scope."  # (chunk 0 is the header)
     refl, tokens = item.reflection_importance, item.summary_tokens
-    if not (math.isfinite(refl) and refl >= 0):
-        raise InvalidArgument(field_ + "reflection_importance", "must be a finite number >= 0")
-    if tokens < 0:
-        raise InvalidArgument(field_ + "summary_tokens", "must not be negative")
+    if not (math.isfinite(refl) and 0 <= refl <= MAX_REFLECTION_IMPORTANCE):
+        raise InvalidArgument(
+            field_ + "reflection_importance", f"must be a number in [0, {MAX_REFLECTION_IMPORTANCE:g}]"
+        )
+    if not 0 <= tokens <= MAX_SUMMARY_TOKENS:
+        raise InvalidArgument(field_ + "summary_tokens", f"must be in [0, {MAX_SUMMARY_TOKENS}]")
     ns = check.namespace(field_ + "namespace", imp.rename(item.namespace, field_ + "namespace"))
     got = imp.scopes.setdefault(ns, [0.0, 0])
-    got[0], got[1] = got[0] + refl, got[1] + tokens
+    got[0], got[1] = _capped_progress(got[0] + refl, got[1] + tokens)
+
+
+def _capped_progress(refl: float, tokens: int) -> tuple[float, int]:
+    return min(refl, MAX_REFLECTION_IMPORTANCE), min(int(tokens), MAX_SUMMARY_TOKENS)
 
 
 def _memory_to_store(
@@ -205,8 +216,9 @@ def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
     def add(txn: Txn) -> None:
         for ns, (refl, tokens) in scopes.items():
             state = st.store.scope_state(txn, ns)
-            state.reflection_importance += refl
-            state.summary_tokens += int(tokens)
+            state.reflection_importance, state.summary_tokens = _capped_progress(
+                state.reflection_importance + refl, state.summary_tokens + int(tokens)
+            )
             st.store.put_scope_state(txn, ns, state)
 
     st.writer.submit(add, lambda _: None)
