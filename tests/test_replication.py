@@ -4,8 +4,9 @@ over when promoted; with ``replica_ack`` sync a write is answered once a replica
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,45 @@ def test_synchronous_acknowledgement_waits_for_a_replica(
                 assert rc.get("user:ana", m.id).content == f"confirmed write {i}"  # there when answered
             assert rc.get("user:ana", retried.id).content == "no replica yet"
             assert rc.stats().memory_count == 11
+
+
+@pytest.mark.parametrize("ahead", [5, 2**64 - 1 - 3])
+def test_a_replica_past_the_last_commit_gets_a_full_copy_and_confirms_nothing(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, ahead: int
+) -> None:
+    """A replica claiming a commit this leader never made (another history, or a forged position
+    up to the largest uint64) is sent a full copy, and its claim confirms no synchronous write."""
+    leader = server_factory(
+        tmp_path / "leader", replication=True, replica_ack="sync", replica_ack_timeout_seconds=0.5
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{leader.port}")  # (no retry policy: the first answer)
+    with MemoryClient(channel=channel, timeout=10) as lc:
+        for i in range(3):
+            with pytest.raises(TiermemError):  # (stored, but no replica yet)
+                lc.create("user:ana", f"before the replica {i}")
+        probe = lc.stub.ReplicateChanges(iter([pb.ReplicateChangesRequest()]), timeout=5)
+        instance = next(probe).instance_id
+        probe.cancel()
+        done = threading.Event()
+
+        def requests() -> Iterator[pb.ReplicateChangesRequest]:
+            yield pb.ReplicateChangesRequest(instance_id=instance, applied_seq=3 + ahead)
+            done.wait(10)
+
+        call = lc.stub.ReplicateChanges(requests(), timeout=10)
+        try:
+            first = next(call)
+            assert first.full_copy_start and first.instance_id == instance
+            with pytest.raises(TiermemError) as unconfirmed:
+                lc.create("user:ana", "not confirmed by a forged position")
+            assert (unconfirmed.value.code.name, unconfirmed.value.reason) == (
+                "UNAVAILABLE",
+                "REPLICA_NOT_CONFIRMED",
+            )
+        finally:
+            done.set()
+            call.cancel()
+        assert lc.stats().memory_count == 4
 
 
 def test_a_server_without_replication_feeds_no_replica(server: RunningServer) -> None:

@@ -47,12 +47,11 @@ def feed(
             "this server keeps no commit log: start it with replication", "NOT_REPLICATING"
         )
     with st.store.read() as txn:
-        continuable = (
+        committed = st.store.committed_seq(txn)
+        continuable = (  # (a replica past the last commit holds another history: a full copy)
             instance == st.store.instance
-            and after > 0
-            and (
-                after == st.store.committed_seq(txn) or st.store.commit_log_entry(txn, after + 1) is not None
-            )
+            and 0 < after <= committed
+            and (after == committed or st.store.commit_log_entry(txn, after + 1) is not None)
         )
     token = object()
     try:

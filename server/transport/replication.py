@@ -67,12 +67,13 @@ def serve_changes(
 ) -> Iterator[pb.ReplicateChangesResponse]:
     """The leader's side of one replica's call (``first``: where it is; ``requests``: its acks)."""
     replica = acks.join()
-    acks.stored(replica, first.applied_seq if first.instance_id == engine.instance_id else 0)
+    # A position past this server's last commit is another history's: it confirms nothing here.
+    acks.stored(replica, _known(engine, first.applied_seq) if first.instance_id == engine.instance_id else 0)
 
     def read_acks() -> None:
         try:
             for r in requests:
-                acks.stored(replica, r.applied_seq)
+                acks.stored(replica, _known(engine, r.applied_seq))
         except Exception:  # (the call ended: its end is seen by the stream below)
             pass
 
@@ -84,6 +85,10 @@ def serve_changes(
             )
     finally:
         acks.leave(replica)
+
+
+def _known(engine: Engine, seq: int) -> int:
+    return seq if seq <= engine.committed_seq else 0
 
 
 def confirm_write(engine: Engine, acks: ReplicaAcks, timeout: float) -> None:
