@@ -384,6 +384,25 @@ def test_update_to_other_embedding_space(client: MemoryClient) -> None:
     assert spaces[MODEL] == (DIM, 1) and spaces["other"] == (4, 1)
 
 
+def test_vectors_of_extreme_magnitude_are_stored_at_unit_length(client: MemoryClient) -> None:
+    """A vector whose norm is past float32's range, or made of subnormal numbers, is stored along
+    its own direction at unit length: neither zeros (then no export of it restores) nor unscaled
+    (then its relevance passes 1)."""
+    for mid, values in (
+        ("huge", [3e38] * 4 + [0.0] * (DIM - 4)),
+        ("tiny", [1e-45, 1e-45] + [0.0] * (DIM - 2)),
+    ):
+        client.create(NS, mid, id=mid, embedding=values, embedding_model=MODEL)
+        stored = np.array(client.get(NS, mid, include_embedding=True).embedding)
+        direction = np.array(values, np.float64) / np.linalg.norm(np.array(values, np.float64))
+        np.testing.assert_allclose(stored, direction, atol=1e-6)
+        hit = client.search(NS, values, embedding_model=MODEL, strategy="similarity", limit=1)[0]
+        assert hit.memory.id == mid and hit.relevance == pytest.approx(1.0, abs=1e-5)
+    chunks = list(client.export_memories(NS))
+    client.import_memories(chunks, target_namespace=NS + "-copy")
+    assert client.get(NS + "-copy", "huge").embedding_model == MODEL
+
+
 def test_delete(client: MemoryClient) -> None:
     emb = [0, 1.0, 0, 0, 0, 0, 0, 0]
     client.create(NS, "keep", id="keep", embedding=emb, embedding_model=MODEL)

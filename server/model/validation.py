@@ -158,12 +158,13 @@ def vector(field: str, values: Any, config: ServerConfig) -> np.ndarray:
         )
     if not np.all(np.isfinite(vec)):
         raise InvalidArgument(field, "must not contain NaN or Inf")
-    norm = float(np.linalg.norm(vec.astype(np.float64)))
+    wide = vec.astype(np.float64)  # (in float32 a norm past its range, or of subnormals, divides wrongly)
+    norm = float(np.linalg.norm(wide))
     if not norm > 0.0 or not math.isfinite(norm):
         raise InvalidArgument(field, "must have a non-zero norm")
     if abs(norm - 1.0) < 1e-6:
         return vec  # already unit length: normalizing again would only move the last bits
-    return (vec / norm).astype(np.float32)
+    return (wide / norm).astype(np.float32)
 
 
 def same_dimension(field: str, model: str, dim: int, space_dim: int | None) -> None:
