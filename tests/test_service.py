@@ -403,6 +403,20 @@ def test_vectors_of_extreme_magnitude_are_stored_at_unit_length(client: MemoryCl
     assert client.get(NS + "-copy", "huge").embedding_model == MODEL
 
 
+def test_a_reflections_importance_stays_at_its_minimum_or_above(client: MemoryClient) -> None:
+    """An update can lower a reflection's importance only as far as a create accepts (0.8): an
+    export of what an update left must restore."""
+    client.create(NS, "what the week taught", id="r", kind="reflection", importance=0.9)
+    with pytest.raises(InvalidArgumentError) as err:
+        client.update(NS, "r", importance=0.1)
+    assert err.value.fields == ["memory.importance"]
+    assert client.get(NS, "r").importance == pytest.approx(0.9)
+    assert client.update(NS, "r", importance=0.8).importance == pytest.approx(0.8)
+    assert client.update(NS, "r", kind="observation", importance=0.1).importance == pytest.approx(0.1)
+    client.import_memories(list(client.export_memories(NS)), target_namespace=NS + "-copy")
+    assert client.get(NS + "-copy", "r").kind == "observation"
+
+
 def test_delete(client: MemoryClient) -> None:
     emb = [0, 1.0, 0, 0, 0, 0, 0, 0]
     client.create(NS, "keep", id="keep", embedding=emb, embedding_model=MODEL)
@@ -623,6 +637,18 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
     ("importance_nan", lambda c: c.create(NS, "x", importance=float("nan")), "memory.importance", None),
     ("update_importance_above_one", lambda c: c.update(NS, E, importance=1.5), "memory.importance", None),
     ("update_importance_unset", lambda c: _update_raw(c, ["importance"]), "memory.importance", None),
+    (
+        "update_to_a_reflection_below_its_minimum",
+        lambda c: c.update(NS, E, kind="reflection", importance=0.5),
+        "memory.importance",
+        None,
+    ),
+    (
+        "update_kind_to_a_reflection_of_low_importance",
+        lambda c: c.update(NS, E, kind="reflection"),
+        "memory.kind",
+        None,
+    ),
     ("update_tier_unspecified", lambda c: c.update(NS, E, tier=None), "memory.tier", None),
     ("update_tier_out_of_range", lambda c: _update_raw(c, ["tier"], tier=7), "memory.tier", None),
     ("update_unknown_path", lambda c: _update_raw(c, ["bogus"]), "update_mask", None),

@@ -240,6 +240,8 @@ class _UpdateOp:
             rec.source_ids = list(c.source_ids)
         if "expire_time" in fields_:
             rec.expire_at = c.expire_at
+        which = "memory.importance" if "importance" in fields_ else "memory.kind"
+        check.reflection_importance(which, rec.kind, rec.importance)
         if vec is not None:
             self._store_vector(txn, rec, vec)
         self._finish(txn, old, rec, vec is not None)

@@ -28,6 +28,7 @@ MAX_TEXT_FIELD = 256
 MAX_TAG = 128
 MAX_MODEL = 256
 MAX_REQUEST_ID = 128
+MIN_REFLECTION_IMPORTANCE = 0.8  # a reflection distils many observations: it ranks above most of them
 
 
 def namespace(field: str, value: str) -> str:
@@ -184,6 +185,13 @@ def model(field: str, value: str) -> str:
     return text(field, value, MAX_MODEL)
 
 
+def reflection_importance(field: str, kind_: str, value: float) -> None:
+    if kind_ == "reflection" and value < MIN_REFLECTION_IMPORTANCE:
+        raise InvalidArgument(
+            field, f"a reflection's importance must be at least {MIN_REFLECTION_IMPORTANCE}"
+        )
+
+
 def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     """Check and normalize one create request in place; ``prefix`` is e.g. ``memories[2].``."""
     namespace(f"{prefix}namespace", m.namespace)
@@ -198,8 +206,7 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
         m.importance = importance.estimate(m.content, m.kind)  # a documented heuristic (importance.py)
     else:
         unit_interval(f"{prefix}importance", m.importance)
-    if m.kind == "reflection" and m.importance < 0.8:
-        raise InvalidArgument(f"{prefix}importance", "a reflection's importance must be at least 0.8")
+    reflection_importance(f"{prefix}importance", m.kind, m.importance)
     text(f"{prefix}source", m.source)
     text(f"{prefix}topic", m.topic)
     m.tags = tags(f"{prefix}tags", m.tags, config)

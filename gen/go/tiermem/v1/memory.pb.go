@@ -795,7 +795,8 @@ type Memory struct {
 	// tier is the memory's timescale; TIER_UNSPECIFIED on create means the server's default tier.
 	Tier Tier `protobuf:"varint,5,opt,name=tier,proto3,enum=tiermem.v1.Tier" json:"tier,omitempty"`
 	// importance is the base importance in [0, 1]. Unset on create, it is estimated by a heuristic
-	// (length, decision/preference/urgency cues, kind; README "Agent memory"). Reflections need >= 0.8.
+	// (length, decision/preference/urgency cues, kind; docs/agent-memory.md). A reflection's is at
+	// least 0.8, on create and after an update.
 	Importance *float32 `protobuf:"fixed32,6,opt,name=importance,proto3,oneof" json:"importance,omitempty"`
 	// source says who or what produced the memory (free text, up to 256 bytes).
 	Source string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
