@@ -619,13 +619,25 @@ def test_graph_ids_and_kind_caps_with_a_trailing_newline_are_invalid_argument(cl
     expect_invalid(lambda: client.upsert_node(NS, "ana\n", label="Ana"), "node.id")
     expect_invalid(lambda: client.add_edge(NS, "ana", "knows", "bob\n"), "edge.target_id")
     expect_invalid(lambda: client.add_edge(NS, "ana\n", "knows", "bob"), "edge.source_id")
+    expect_invalid(lambda: client.upsert_node(NS, "ana", memory_ids=["m1", "m2\n"]), "node.memory_ids[1]")
+    client.upsert_node(NS, "bob", label="Bob")
+    expect_invalid(
+        lambda: client.add_edge(NS, "bob", "knows", "bob", memory_ids=["m\x00"]), "edge.memory_ids[0]"
+    )
+    expect_invalid(
+        lambda: client.add_edge(NS, "bob", "knows", "bob", memory_ids=["x" * 129]), "edge.memory_ids[0]"
+    )
+    expect_invalid(lambda: client.add_edge(NS, "bob", "knows", "bob", memory_ids=[""]), "edge.memory_ids[0]")
+    assert [e.relation for e in client.neighbors(NS, "bob").edges] == []
     expect_invalid(lambda: client.neighbors(NS, "ana\n"), "node_id")
     expect_invalid(
         lambda: client.update_namespace_config(NS, kind_capacities={"fact\n": 3}),
         "config.policy.kind_capacities.kind",
     )
-    client.upsert_node(NS, "ana", label="Ana")
+    client.upsert_node(NS, "ana", label="Ana", memory_ids=["m1"])
     assert [n.id for n in client.neighbors(NS, "ana").nodes] == ["ana"]
+    client.add_edge(NS, "ana", "knows", "bob", memory_ids=["m1", "m2"])
+    assert [list(e.memory_ids) for e in client.neighbors(NS, "ana").edges] == [["m1", "m2"]]
 
 
 @pytest.mark.parametrize(
