@@ -429,6 +429,39 @@ def test_an_answer_that_cannot_fit_is_refused_before_the_work(client: MemoryClie
     assert len(client.search_many(searches[:1])) == 1  # one fits
 
 
+def test_an_answer_over_the_message_limit_is_refused_and_counts_no_access(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Memories' contents, not only their vectors, can make an answer too large for one message:
+    it is refused with RESPONSE_TOO_LARGE, and the refused searches count no access and no hit."""
+    running = server_factory(max_message_bytes=1 << 20, search_records_access=True)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        for i in range(24):
+            c.create("big", f"deploy note {i} " + "word " * 10_000, id=f"m{i}")
+
+        def counted() -> tuple[list[int], int]:
+            running.engine.flush_access()
+            return [m.access_count for m in c.list_memories("big")], c.stats().search_hits
+
+        one = {"namespaces": ["big"], "query": "deploy note", "limit": 24}
+        for refused in (lambda: c.search("big", "deploy note", limit=24), lambda: c.search_many([one, one])):
+            with pytest.raises(ResourceExhaustedError) as e:
+                refused()
+            assert e.value.reason == "RESPONSE_TOO_LARGE" and "bytes" in str(e.value)
+            assert counted() == ([0] * 24, 0)
+        assert len(c.search("big", "deploy note", limit=10)) == 10  # fits: sent and counted
+        accesses, hits = counted()
+        assert sum(accesses) == 10 and hits == 1
+
+        # A page of memories ends early, with a token, where it would fill half a message.
+        page = c.stub.ListMemories(pb.ListMemoriesRequest(namespace="big", page_size=100), timeout=30)
+        assert 0 < len(page.memories) < 24 and page.next_page_token
+        assert page.ByteSize() <= (1 << 20) // 2
+        assert [m.id for m in c.list_memories("big", include_embedding=True)] == [f"m{i}" for i in range(24)]
+        ids = [m.id for m in c.timeline("big", page_size=1000)]
+        assert ids == [f"m{i}" for i in reversed(range(24))]
+
+
 def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Path) -> None:
     proc = subprocess.run(
         [

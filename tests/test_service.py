@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import FakeClock
-from google.protobuf import descriptor_pb2, field_mask_pb2
+from google.protobuf import descriptor_pb2, field_mask_pb2, timestamp_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -650,6 +650,30 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
         None,
     ),
     ("update_tier_unspecified", lambda c: c.update(NS, E, tier=None), "memory.tier", None),
+    (
+        "transfer_unknown_mode",
+        lambda c: raw(
+            c,
+            "TransferMemory",
+            pb.TransferMemoryRequest(namespace=NS, id=E, mode=99, target_namespace="user:elsewhere"),
+        ),
+        "mode",
+        None,
+    ),
+    (
+        "create_before_year_one",
+        lambda c: raw(
+            c,
+            "CreateMemory",
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(
+                    namespace=NS, content="x", create_time=timestamp_pb2.Timestamp(seconds=-62135596801)
+                )
+            ),
+        ),
+        "memory.create_time",
+        None,
+    ),
     ("update_tier_out_of_range", lambda c: _update_raw(c, ["tier"], tier=7), "memory.tier", None),
     ("update_unknown_path", lambda c: _update_raw(c, ["bogus"]), "update_mask", None),
     ("update_create_time_path", lambda c: c.update(NS, E, create_time=T0), "update_mask", None),
@@ -741,6 +765,13 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
     ("search_beta_negative", lambda c: c.search(NS, V, embedding_model=MODEL, beta=-1.0), "beta", None),
     ("search_gamma_negative", lambda c: c.search(NS, V, embedding_model=MODEL, gamma=-0.5), "gamma", None),
     ("search_gamma_inf", lambda c: c.search(NS, V, embedding_model=MODEL, gamma=float("inf")), "gamma", None),
+    (
+        "search_scope_weight_huge",
+        lambda c: c.search(NS, V, embedding_model=MODEL, scope_weights=[1e308]),
+        "scope_weights[0]",
+        None,
+    ),
+    ("search_alpha_huge", lambda c: c.search(NS, V, embedding_model=MODEL, alpha=1e7), "alpha", None),
     (
         "search_min_similarity",
         lambda c: c.search(NS, V, embedding_model=MODEL, min_similarity=1.5),

@@ -354,9 +354,17 @@ class Engine:
         return memories.embedding_pending(self.state, records)
 
     def list_memories(
-        self, namespace: str, page_size: int, page_token: str, flt: Filter, newest_first: bool = False
+        self,
+        namespace: str,
+        page_size: int,
+        page_token: str,
+        flt: Filter,
+        newest_first: bool = False,
+        with_vectors: bool = False,
     ) -> tuple[list[Record], str]:
-        return memories.list_memories(self.state, namespace, page_size, page_token, flt, newest_first)
+        return memories.list_memories(
+            self.state, namespace, page_size, page_token, flt, newest_first, with_vectors
+        )
 
     # -- change ------------------------------------------------------------------------------------
     def update(
@@ -387,16 +395,24 @@ class Engine:
 
     # -- search and access accounting ----------------------------------------------------------------
     def search(
-        self, q: SearchQuery, include_embedding: bool = False, wanted: Callable[[], bool] | None = None
+        self,
+        q: SearchQuery,
+        include_embedding: bool = False,
+        wanted: Callable[[], bool] | None = None,
+        record: bool = True,
     ) -> list[SearchHit]:
-        """See ``Searcher.search``; ``wanted``: is the caller still waiting (checked at its turn)."""
-        return searches.search(self.state, self.searcher, q, include_embedding, wanted)
+        """See ``Searcher.search``; ``wanted``: is the caller still waiting (checked at its turn);
+        ``record`` false: the caller records the hits (``record_hits``) once it sends them."""
+        return searches.search(self.state, self.searcher, q, include_embedding, wanted, record)
 
     def search_many(
-        self, queries: list[tuple[SearchQuery, bool]], wanted: Callable[[], bool] | None = None
+        self,
+        queries: list[tuple[SearchQuery, bool]],
+        wanted: Callable[[], bool] | None = None,
+        record: bool = True,
     ) -> list[list[SearchHit]]:
         """Several searches side by side; the batch threads serve every call in turn."""
-        return searches.search_many(self.state, self.searcher, self._batch_pool, queries, wanted)
+        return searches.search_many(self.state, self.searcher, self._batch_pool, queries, wanted, record)
 
     def record_hits(self, q: SearchQuery, hits: list[SearchHit]) -> list[SearchHit]:
         return access.record_hits(self.state, q, hits)

@@ -80,10 +80,18 @@ def embedding_pending(st: EngineState, records: list[Record]) -> list[bool]:
 
 
 def list_memories(
-    st: EngineState, namespace: str, page_size: int, page_token: str, flt: Filter, newest_first: bool = False
+    st: EngineState,
+    namespace: str,
+    page_size: int,
+    page_token: str,
+    flt: Filter,
+    newest_first: bool = False,
+    with_vectors: bool = False,
 ) -> tuple[list[Record], str]:
     """A page of a namespace in storage order, or newest first by creation time (an agent's timeline:
-    memories stored late with an earlier ``create_time`` take their place in it; ties by arrival)."""
+    memories stored late with an earlier ``create_time`` take their place in it; ties by arrival).
+    A page ends early, with a token, where its memories (``with_vectors``: and their vectors) would
+    fill half a message: whatever their size, every page can be sent."""
     check.namespace("namespace", namespace)
     size = check.page_size("page_size", page_size, st.config)
     view = st.columns.view()
@@ -101,13 +109,19 @@ def list_memories(
     elif page_token:
         rids = rids[rids > decode_token("page_token", page_token, int)]
     out: list[Record] = []
-    pos = 0
+    pos, room = 0, st.config.max_message_bytes // 2
+    # (an upper bound, cheaper than measuring: metadata and tags at their limits, ids at 130 bytes)
+    widest = max((sp.dim for sp in list(st.spaces.values())), default=0) if with_vectors else 0
+    each = st.config.max_metadata_bytes + 8192 + 4 * widest
     with st.store.read() as txn:
         while len(out) < size and pos < rids.shape[0]:
             rec = st.store.get(txn, int(rids[pos]))
-            pos += 1
             if rec is not None and rec.namespace == namespace:
+                room -= len(rec.content.encode()) + 130 * len(rec.source_ids) + each
+                if out and room < 0:
+                    break
                 out.append(rec)
+            pos += 1
     token = ""
     if out and pos < rids.shape[0]:  # (newest first: continue after the last row looked at)
         token = encode_token([float(created[pos - 1]), int(rids[pos - 1])] if newest_first else out[-1].rid)

@@ -18,11 +18,14 @@ Wanted = Callable[[], bool] | None
 
 
 def search(
-    st: EngineState, searcher: Searcher, q: SearchQuery, include_embedding: bool, wanted: Wanted
+    st: EngineState, searcher: Searcher, q: SearchQuery, include_embedding: bool, wanted: Wanted, record: bool
 ) -> list[SearchHit]:
+    """``record``: the hits count as accessed now; else the caller records them (``record_hits``)
+    once its answer is sure to be sent."""
     if st.following:
         catch_up(st)
-    return access.record_hits(st, q, searcher.search(q, include_embedding, wanted))
+    hits = searcher.search(q, include_embedding, wanted)
+    return access.record_hits(st, q, hits) if record else hits
 
 
 def search_many(
@@ -31,9 +34,10 @@ def search_many(
     pool: ThreadPoolExecutor,
     queries: list[tuple[SearchQuery, bool]],
     wanted: Wanted,
+    record: bool,
 ) -> list[list[SearchHit]]:
     """Several searches, side by side on ``pool``. A failure fails the call: the first by position
-    (the searches after it that have not started are cancelled)."""
+    (the searches after it that have not started are cancelled). ``record`` as in ``search``."""
     if st.following:
         catch_up(st)
     outcomes = _run_all(searcher, pool, queries, wanted)
@@ -44,7 +48,10 @@ def search_many(
         if isinstance(out, BaseException):
             raise out
         results.append(out)
-    return [access.record_hits(st, q, hits) for (q, _), hits in zip(queries, results, strict=True)]
+    if record:
+        for (q, _), hits in zip(queries, results, strict=True):
+            access.record_hits(st, q, hits)
+    return results
 
 
 def _run_all(

@@ -28,6 +28,7 @@ MAX_TEXT_FIELD = 256
 MAX_TAG = 128
 MAX_MODEL = 256
 MAX_REQUEST_ID = 128
+EARLIEST_TIME = -62_135_596_800.0  # 0001-01-01T00:00:00Z, the earliest valid Timestamp
 MIN_REFLECTION_IMPORTANCE = 0.8  # a reflection distils many observations: it ranks above most of them
 
 
@@ -66,7 +67,8 @@ def unit_interval(field: str, value: float) -> float:
 
 
 def finite_time(field: str, value: float) -> float:
-    if not math.isfinite(value) or abs(value) > 1e11:
+    """A time a google.protobuf.Timestamp can carry (from year 1), up to about year 5138."""
+    if not math.isfinite(value) or not EARLIEST_TIME <= value <= 1e11:
         raise InvalidArgument(field, "is not a valid time")
     return value
 

@@ -150,12 +150,15 @@ def ancestors(namespace: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
+MAX_WEIGHT = 1e6  # products of a search's weights stay far inside float32 (no infinite scores)
+
+
 def weight(name: str, value: float | None, default: float) -> float:
-    """A weight from a request: ``default`` when unset, else a finite number >= 0."""
+    """A weight from a request: ``default`` when unset, else a number in [0, MAX_WEIGHT]."""
     if value is None:
         return default
-    if not (math.isfinite(value) and value >= 0):
-        raise InvalidArgument(name, "must be a finite number >= 0")
+    if not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):
+        raise InvalidArgument(name, f"must be a number in [0, {MAX_WEIGHT:g}]")
     return float(value)
 
 

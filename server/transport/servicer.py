@@ -241,7 +241,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         eng = self._engine
         flt = eng.check_filter(convert.filter_from_pb(request.filter))
         recs, token = eng.list_memories(
-            request.namespace, request.page_size, request.page_token, flt, request.newest_first
+            request.namespace,
+            request.page_size,
+            request.page_token,
+            flt,
+            request.newest_first,
+            request.include_embedding,
         )
         vecs = eng.vectors_of(recs) if request.include_embedding else [None] * len(recs)
         resp = pb.ListMemoriesResponse(next_page_token=token)
@@ -273,6 +278,21 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 reason="RESPONSE_TOO_LARGE",
             )
 
+    def _check_sent_whole(self, resp: Any, hits: int) -> None:
+        """RESOURCE_EXHAUSTED, before the hits count as accessed, when the answer is over the
+        message limit (measured only when its hits could reach it)."""
+        cfg = self._engine.config
+        most_a_hit = cfg.max_content_bytes + cfg.max_metadata_bytes + 4 * cfg.max_dimension + 65536
+        if hits * most_a_hit <= cfg.max_message_bytes:
+            return
+        size = resp.ByteSize()
+        if size > cfg.max_message_bytes:
+            raise ResourceExhausted(
+                f"the answer takes {size} bytes, over the {cfg.max_message_bytes} a message may hold:"
+                " ask for fewer results (or fewer searches in a batch)",
+                reason="RESPONSE_TOO_LARGE",
+            )
+
     def _tell_process(self, context: grpc.ServicerContext) -> None:
         """With search followers, a search's trailing metadata names the process that ranked it."""
         if self._engine.config.search_processes > 1:
@@ -282,13 +302,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.SearchMemoriesRequest, context: grpc.ServicerContext | None
     ) -> pb.SearchMemoriesResponse:
         self._check_fits([request])
-        hits = self._engine.search(
-            convert.search_from_pb(request), request.include_embedding, _still_wanted(context)
-        )
+        q = convert.search_from_pb(request)
+        hits = self._engine.search(q, request.include_embedding, _still_wanted(context), record=False)
         resp = pb.SearchMemoriesResponse()
         for hit in hits:
             convert.hit_to_pb(hit, resp.results.add(), request.explain)
         _tell_fallback(hits, resp)
+        self._check_sent_whole(resp, len(hits))
+        self._engine.record_hits(q, hits)
         return resp
 
     @_rpc
@@ -299,16 +320,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if not 1 <= len(request.searches) <= 100:
             raise InvalidArgument("searches", "must hold 1 to 100 searches")
         self._check_fits(request.searches)
-        results = self._engine.search_many(
-            [(convert.search_from_pb(s), s.include_embedding) for s in request.searches],
-            _still_wanted(context),
-        )
+        queries = [(convert.search_from_pb(s), s.include_embedding) for s in request.searches]
+        results = self._engine.search_many(queries, _still_wanted(context), record=False)
         resp = pb.BatchSearchMemoriesResponse()
         for search, hits in zip(request.searches, results, strict=True):
             out = resp.responses.add()
             for hit in hits:
                 convert.hit_to_pb(hit, out.results.add(), search.explain)
             _tell_fallback(hits, out)
+        self._check_sent_whole(resp, sum(len(hits) for hits in results))
+        for (q, _), hits in zip(queries, results, strict=True):
+            self._engine.record_hits(q, hits)
         return resp
 
     @_rpc
@@ -427,7 +449,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def TransferMemory(
         self, request: pb.TransferMemoryRequest, context: grpc.ServicerContext
     ) -> pb.TransferMemoryResponse:
-        if request.mode == pb.TRANSFER_MODE_UNSPECIFIED:
+        if request.mode not in (pb.TRANSFER_MODE_COPY, pb.TRANSFER_MODE_MOVE):
             raise InvalidArgument("mode", "must be TRANSFER_MODE_COPY or TRANSFER_MODE_MOVE")
         rec = self._engine.transfer(
             request.namespace,

@@ -1943,7 +1943,8 @@ type ListMemoriesRequest struct {
 
 	// namespace is the namespace to list.
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	// page_size is the most memories per page: default 100, at most 1000; negative is invalid.
+	// page_size is the most memories per page: default 100, at most 1000; negative is invalid. A
+	// page of large memories ends sooner, with a next_page_token, so that it fits one message.
 	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// page_token continues from a previous response's next_page_token; empty starts at the beginning.
 	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
@@ -2111,7 +2112,8 @@ type SearchMemoriesRequest struct {
 	// min_similarity, when set, drops results whose cosine similarity is below it ([-1, 1]), those found
 	// by their keywords included.
 	MinSimilarity *float32 `protobuf:"fixed32,7,opt,name=min_similarity,json=minSimilarity,proto3,oneof" json:"min_similarity,omitempty"`
-	// alpha weighs relevance (cosine similarity); default 0.5 (FUSED: 1, on normalized relevance), at least 0.
+	// alpha weighs relevance (cosine similarity); default 0.5 (FUSED: 1, on normalized relevance).
+	// alpha, beta, gamma and every weight below are numbers in [0, 1e6].
 	Alpha *float32 `protobuf:"fixed32,8,opt,name=alpha,proto3,oneof" json:"alpha,omitempty"`
 	// beta weighs recency exp(-(as_of - t) / recency_tau_seconds), t the create_time by default (see
 	// RecencyBasis); default 0.3 (FUSED: 0.1).
@@ -2128,13 +2130,13 @@ type SearchMemoriesRequest struct {
 	// their one signal: alpha, beta and gamma are checked, then not used.
 	Strategy SearchStrategy `protobuf:"varint,14,opt,name=strategy,proto3,enum=tiermem.v1.SearchStrategy" json:"strategy,omitempty"`
 	// tier_weights multiply the score by tier (WEIGHTED defaults: FAST 1.0, MEDIUM 0.85, SLOW 0.7,
-	// GLACIAL 0.55; other strategies 1.0); each >= 0.
+	// GLACIAL 0.55; other strategies 1.0); each in [0, 1e6].
 	TierWeights []*TierWeight `protobuf:"bytes,15,rep,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty"`
 	// include_ancestors also searches each namespace's ancestor scopes ("user:a/project:x/session:7"
 	// adds "user:a/project:x" and "user:a"), weighted by distance with scope_weights.
 	IncludeAncestors bool `protobuf:"varint,16,opt,name=include_ancestors,json=includeAncestors,proto3" json:"include_ancestors,omitempty"`
 	// scope_weights multiply the score by distance from the named namespace: [itself, parent,
-	// grandparent, ...], the last repeating; default [1.0, 0.8, 0.6, 0.4]; each >= 0.
+	// grandparent, ...], the last repeating; default [1.0, 0.8, 0.6, 0.4]; each in [0, 1e6].
 	ScopeWeights []float64 `protobuf:"fixed64,17,rep,packed,name=scope_weights,json=scopeWeights,proto3" json:"scope_weights,omitempty"`
 	// explain fills each result's explanation.
 	Explain bool `protobuf:"varint,18,opt,name=explain,proto3" json:"explain,omitempty"`
@@ -2331,9 +2333,9 @@ type HybridOptions struct {
 	Enabled bool `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
 	// rrf_k is the fusion constant; default 60, >= 0.
 	RrfK *float64 `protobuf:"fixed64,2,opt,name=rrf_k,json=rrfK,proto3,oneof" json:"rrf_k,omitempty"`
-	// vector_weight weighs the vector (combined score) ranking; default 1, >= 0.
+	// vector_weight weighs the vector (combined score) ranking; default 1, in [0, 1e6].
 	VectorWeight *float64 `protobuf:"fixed64,3,opt,name=vector_weight,json=vectorWeight,proto3,oneof" json:"vector_weight,omitempty"`
-	// keyword_weight weighs the keyword ranking; default 1, >= 0.
+	// keyword_weight weighs the keyword ranking; default 1, in [0, 1e6].
 	KeywordWeight *float64 `protobuf:"fixed64,4,opt,name=keyword_weight,json=keywordWeight,proto3,oneof" json:"keyword_weight,omitempty"`
 }
 
