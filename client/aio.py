@@ -71,8 +71,9 @@ class _Requests:
         self,
         chunks: Iterable[pb.ExportMemoriesResponse] | AsyncIterable[pb.ExportMemoriesResponse],
         target_namespace: str,
+        confirm: bool,
     ) -> None:
-        self.chunks, self.target_namespace = chunks, target_namespace
+        self.chunks, self.target_namespace, self.confirm = chunks, target_namespace, confirm
         self.failure: Exception | None = None
 
     async def __aiter__(self) -> AsyncIterator[pb.ImportMemoriesRequest]:
@@ -80,11 +81,11 @@ class _Requests:
             if isinstance(self.chunks, AsyncIterable):
                 i = 0
                 async for chunk in self.chunks:
-                    yield rq.import_request(i, chunk, self.target_namespace)
+                    yield rq.import_request(i, chunk, self.target_namespace, self.confirm)
                     i += 1
             else:
                 for i, chunk in enumerate(self.chunks):
-                    yield rq.import_request(i, chunk, self.target_namespace)
+                    yield rq.import_request(i, chunk, self.target_namespace, self.confirm)
         except Exception as e:
             self.failure = e
             raise
@@ -628,6 +629,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         chunks: Iterable[pb.ExportMemoriesResponse] | AsyncIterable[pb.ExportMemoriesResponse],
         *,
         target_namespace: str = "",
+        confirm: bool = False,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> pb.ImportMemoriesResponse:
@@ -645,7 +647,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
                 route, peeked = peek_route(iter(chunks))
                 chunks = cast(Iterator[pb.ExportMemoriesResponse], peeked)
             call_metadata = [*(call_metadata or ()), *([(ROUTE_HEADER, route)] if route else [])]
-        requests = _Requests(chunks, target_namespace)
+        requests = _Requests(chunks, target_namespace, confirm)
         return await self._upload(self.stub.ImportMemories, requests, timeout, call_metadata)
 
     async def promote_replica(

@@ -131,12 +131,14 @@ def restore(
     path: str | os.PathLike[str],
     target_namespace: str = "",
     *,
+    confirm: bool = False,
     timeout: float | None = None,
     call_metadata: CallMetadata | None = None,
 ) -> pb.ImportMemoriesResponse:
     """Check the backup file ``path`` whole (magic, format version, framing, checksum, every chunk),
     then stream it to the server's ``ImportMemories``, under ``target_namespace`` instead of the
-    exported namespace if given. Nothing is sent from a file that fails the check: it raises
+    exported namespace if given (``confirm``: into protected namespaces too, see
+    ``import_memories``). Nothing is sent from a file that fails the check: it raises
     ``BackupFileError``. ``timeout`` bounds the import (None: no deadline)."""
     path = Path(path)
     with path.open("rb") as f:
@@ -152,7 +154,11 @@ def restore(
 
         try:
             return client.import_memories(
-                chunks(), target_namespace=target_namespace, timeout=timeout, call_metadata=call_metadata
+                chunks(),
+                target_namespace=target_namespace,
+                confirm=confirm,
+                timeout=timeout,
+                call_metadata=call_metadata,
             )
         except TiermemError:
             if failed:  # the call was cancelled because of the file: say why

@@ -662,10 +662,12 @@ class MemoryClient(AgentMethods):
         chunks: Iterable[pb.ExportMemoriesResponse],
         *,
         target_namespace: str = "",
+        confirm: bool = False,
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> pb.ImportMemoriesResponse:
         """Restore the chunks of an export (e.g. ``export_memories``' output, possibly saved and
-        read back), optionally under another namespace. No deadline unless ``timeout``."""
-        requests = (rq.import_request(i, chunk, target_namespace) for i, chunk in enumerate(chunks))
+        read back), optionally under another namespace. ``confirm``: restoring preferences and
+        summaries into a protected namespace is intended. No deadline unless ``timeout``."""
+        requests = (rq.import_request(i, chunk, target_namespace, confirm) for i, chunk in enumerate(chunks))
         return self._call(self.stub.ImportMemories, requests, timeout, call_metadata, stream=True)

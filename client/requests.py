@@ -265,10 +265,13 @@ def export_request(namespace: str = "", *, include_children: bool = False) -> pb
 
 
 def import_request(
-    i: int, chunk: pb.ExportMemoriesResponse, target_namespace: str
+    i: int, chunk: pb.ExportMemoriesResponse, target_namespace: str, confirm: bool = False
 ) -> pb.ImportMemoriesRequest:
-    """The request carrying chunk ``i`` of an export (the first one names ``target_namespace``)."""
-    req = pb.ImportMemoriesRequest(target_namespace=target_namespace if i == 0 else "")
+    """The request carrying chunk ``i`` of an export (the first one names ``target_namespace``
+    and carries ``confirm``)."""
+    req = pb.ImportMemoriesRequest(
+        target_namespace=target_namespace if i == 0 else "", confirm=confirm and i == 0
+    )
     which = chunk.WhichOneof("chunk")
     if which == "header":
         req.header.CopyFrom(chunk.header)

@@ -90,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NS",
         help="restore under this namespace instead of the exported one (children follow)",
     )
+    r.add_argument(
+        "--confirm",
+        action="store_true",
+        help="restore preferences and summaries into protected namespaces too (refused without it)",
+    )
     r.set_defaults(run=_restore)
 
     s = sub.add_parser("stats", parents=[conn], help="print the server's figures as JSON")
@@ -336,7 +341,7 @@ def _restore(args: argparse.Namespace) -> int:
     if not args.file.is_file():  # before connecting: a typo is not a server problem
         raise FileNotFoundError(f"{args.file}: no such file")
     with _ready(args) as client:
-        response = restore(client, args.file, args.target_namespace)
+        response = restore(client, args.file, args.target_namespace, confirm=args.confirm)
     _print_json(to_python(response))
     return 0
 

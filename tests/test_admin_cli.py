@@ -171,6 +171,26 @@ def test_backup_and_restore_through_the_cli_carry_everything(server_factory: Fac
         assert graph(c, "q") == before["graph"]
 
 
+def test_restoring_a_preference_into_a_protected_namespace_needs_confirm(
+    server_factory: Factory, tmp_path: Path
+) -> None:
+    source = server_factory(data_dir=tmp_path / "source")
+    with connect(source) as c:
+        c.create("s", "prefers short answers", id="pref", kind="preference")
+    file = tmp_path / "s.tmb"
+    assert tiermem("backup", "--target", addr(source), str(file)).returncode == 0
+    target = server_factory(data_dir=tmp_path / "other")
+    with connect(target) as c:
+        c.create("s", "already here", id="n0")
+        c.update_namespace_config("s", protected=True)
+        out = tiermem("restore", "--target", addr(target), str(file))
+        assert out.returncode == 1 and "NAMESPACE_PROTECTED" in out.stderr, out.stderr
+        assert [m.id for m in c.list_memories("s")] == ["n0"]
+        out = tiermem("restore", "--target", addr(target), str(file), "--confirm")
+        assert out.returncode == 0, out.stderr
+        assert c.get("s", "pref").kind == "preference"
+
+
 def _flip_inside(data: bytes, needle: bytes) -> bytes:
     at = data.index(needle) + 3
     return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]

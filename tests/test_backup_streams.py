@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import FakeClock
+from google.protobuf.timestamp_pb2 import Timestamp
 
-from tiermem.client import AlreadyExistsError, InvalidArgumentError, MemoryClient
+from tiermem.client import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, MemoryClient
 from tiermem.client.client import metadata_dict
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
@@ -150,6 +151,80 @@ def test_import_needs_the_header_first(client: MemoryClient) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         client.import_memories([bad])
     assert info.value.fields == ["header.format_version"]
+
+
+_HEADER = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
+
+
+@pytest.mark.parametrize(
+    "history, field",
+    [
+        ({"surprise_score": float("nan")}, "memories[0].surprise_score"),
+        ({"surprise_score": 7.0}, "memories[0].surprise_score"),
+        ({"access_count": -5}, "memories[0].access_count"),
+        ({"success_count": -1}, "memories[0].success_count"),
+        ({"update_time": Timestamp(seconds=2**62)}, "memories[0].update_time"),
+        ({"last_access_time": Timestamp(seconds=-62135596801)}, "memories[0].last_access_time"),
+        (
+            {"origin": pb.MemoryOrigin(namespace="a b", id="m1", tier=pb.TIER_FAST)},
+            "memories[0].origin.namespace",
+        ),
+        ({"origin": pb.MemoryOrigin(namespace="p", id="\x00", tier=pb.TIER_FAST)}, "memories[0].origin.id"),
+        ({"origin": pb.MemoryOrigin(namespace="p", id="m1", tier=99)}, "memories[0].origin.tier"),
+    ],
+)
+def test_import_refuses_a_history_no_server_could_have_made(
+    client: MemoryClient, history: dict[str, object], field: str
+) -> None:
+    """An exported memory's counters, times and origin are restored as they are, so they are
+    checked as a create checks its fields: a value no server could have given is refused."""
+    bad = pb.ExportMemoriesResponse(memory=pb.Memory(namespace="i", id="x", content="imported", **history))
+    with pytest.raises(InvalidArgumentError) as err:
+        client.import_memories([_HEADER, bad])
+    assert err.value.fields == [field]
+    assert [ns.name for ns in client.list_namespaces()] == []
+    good = pb.ExportMemoriesResponse(
+        memory=pb.Memory(
+            namespace="i",
+            id="x",
+            content="imported",
+            surprise_score=0.4,
+            access_count=3,
+            origin=pb.MemoryOrigin(
+                namespace="p", id="m1", tier=pb.TIER_SLOW, transfer_time=Timestamp(seconds=5)
+            ),
+        )
+    )
+    client.import_memories([_HEADER, good])
+    m = client.get("i", "x")
+    assert (round(m.surprise_score, 6), m.access_count, m.origin.id, m.origin.tier) == (
+        0.4,
+        3,
+        "m1",
+        pb.TIER_SLOW,
+    )
+
+
+def test_import_into_a_protected_namespace_needs_confirm_for_preferences_and_summaries(
+    client: MemoryClient,
+) -> None:
+    """As a create does: restoring a summary (which becomes the current one) or a preference into
+    a protected namespace needs confirm; other kinds do not."""
+    client.create("p", "a note", id="n0", kind="observation")
+    client.update_namespace_config("p", protected=True)
+
+    def chunk(mid: str, kind: str) -> pb.ExportMemoriesResponse:
+        return pb.ExportMemoriesResponse(
+            memory=pb.Memory(namespace="p", id=mid, content=f"a {kind}", kind=kind)
+        )
+
+    client.import_memories([_HEADER, chunk("o1", "observation")])
+    for kind in ("summary", "preference"):
+        with pytest.raises(FailedPreconditionError) as err:
+            client.import_memories([_HEADER, chunk(f"{kind}1", kind)])
+        assert err.value.reason == "NAMESPACE_PROTECTED"
+        client.import_memories([_HEADER, chunk(f"{kind}1", kind)], confirm=True)
+    assert sorted(m.id for m in client.list_memories("p")) == ["n0", "o1", "preference1", "summary1"]
 
 
 def test_timeline_is_newest_first_paged_and_time_bounded(

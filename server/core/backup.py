@@ -15,6 +15,7 @@ import numpy as np
 
 from tiermem import __version__
 from tiermem.server.core import upkeep
+from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import validation as check
@@ -73,6 +74,7 @@ class _Import:
     source_ns: str
     target_ns: str
     reembed_model: str
+    confirm: bool
     pending: list[tuple[Record, np.ndarray | None]] = field(default_factory=list)
     graph: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     scopes: dict[str, list[float]] = field(default_factory=dict)  # ns -> [importance, tokens]
@@ -97,6 +99,7 @@ def restore(
     items: Iterator[ExportItem],
     target_namespace: str = "",
     batch: int = 500,
+    confirm: bool = False,
 ) -> ImportResult:
     """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``,
     then the exported graph, then the namespaces' progress toward a reflection and a summary,
@@ -105,7 +108,7 @@ def restore(
     ALREADY_EXISTS; the batches committed before it stay."""
     if target_namespace:
         check.namespace("target_namespace", target_namespace)
-    imp = _Import(header.namespace, target_namespace, header.embedder_model)
+    imp = _Import(header.namespace, target_namespace, header.embedder_model, confirm)
     for i, item in enumerate(items):
         if isinstance(item, ExportedGraphItem):
             f = f"chunks[{i + 1}].graph_namespace"
@@ -151,6 +154,9 @@ def _memory_to_store(
     rec.namespace = imp.rename(rec.namespace, field_ + "namespace")
     check.namespace(field_ + "namespace", rec.namespace)
     check.memory_id(field_ + "id", rec.id)
+    check.restored_history(field_, rec)
+    if rec.kind in CONFIRMED_KINDS:
+        check_protected(st, rec.namespace, imp.confirm, f"restoring a {rec.kind}")
     model = st.embedder.model
     if (rec.embedding_model == imp.reembed_model and imp.reembed_model != model) or vec is None:
         try:
@@ -165,7 +171,7 @@ def _memory_to_store(
 
 def _flush(st: EngineState, imp: _Import) -> None:
     if imp.pending:
-        imp.imported += _restore_batch(st, list(imp.pending))
+        imp.imported += _restore_batch(st, list(imp.pending), imp.confirm)
         imp.pending.clear()
 
 
@@ -224,11 +230,13 @@ def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
     st.writer.submit(add, lambda _: None)
 
 
-def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]]) -> int:
+def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]], confirm: bool) -> int:
     def prepare(txn: Txn) -> list[tuple[Record, np.ndarray]]:
         spaces = st.store.spaces(txn)
         out = []
         for rec, vec in items:
+            if rec.kind in CONFIRMED_KINDS:  # (again: a protection may have landed since)
+                check_protected(st, rec.namespace, confirm, f"restoring a {rec.kind}", txn)
             if st.store.lookup(txn, rec.namespace, rec.id) is not None:
                 raise AlreadyExists(f"memory {rec.id!r} already exists in namespace {rec.namespace!r}")
             if vec is not None:

@@ -22,7 +22,7 @@ from tiermem.server.config import IMPORTANCE_HEURISTICS
 from tiermem.server.core import upkeep
 from tiermem.server.core.group_vectors import GroupVectors
 from tiermem.server.core.lifecycle import enforce_caps, flush_working
-from tiermem.server.core.namespaces import check_protected
+from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import importance
@@ -142,14 +142,11 @@ class _Written:
     replayed: CreateOutcome | None = None
 
 
-_CONFIRMED_KINDS = ("preference", "summary")  # in a protected namespace: only with confirm
-
-
 def _check_confirmed(
     st: EngineState, memories: list[NewMemory], confirm: bool, txn: Txn | None = None
 ) -> None:
     for m in memories:
-        if m.kind in _CONFIRMED_KINDS:
+        if m.kind in CONFIRMED_KINDS:
             check_protected(st, m.namespace, confirm, f"storing a {m.kind}", txn)
 
 

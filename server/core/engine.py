@@ -488,9 +488,14 @@ class Engine:
         return backup.export(self.state, namespace, include_children)
 
     def restore(
-        self, header: ExportHeader, items: Iterator[ExportItem], target_namespace: str = "", batch: int = 500
+        self,
+        header: ExportHeader,
+        items: Iterator[ExportItem],
+        target_namespace: str = "",
+        batch: int = 500,
+        confirm: bool = False,
     ) -> ImportResult:
-        return backup.restore(self.state, header, items, target_namespace, batch)
+        return backup.restore(self.state, header, items, target_namespace, batch, confirm)
 
     def stats(self, namespace: str = "", within: Callable[[str], bool] | None = None) -> StatsReport:
         return stats_module.stats(self.state, namespace, within)

@@ -20,6 +20,8 @@ from tiermem.server.model.errors import FailedPrecondition, InvalidArgument
 from tiermem.server.model.records import Record
 from tiermem.server.storage.store import Txn
 
+CONFIRMED_KINDS = ("preference", "summary")  # stored in a protected namespace only with confirm
+
 
 def check_protected(
     st: EngineState, namespace: str, confirm: bool, action: str, txn: Txn | None = None

@@ -12,7 +12,7 @@ import numpy as np
 from tiermem.server.config import TIERS, ServerConfig
 from tiermem.server.model import importance
 from tiermem.server.model.errors import InvalidArgument
-from tiermem.server.model.records import NewMemory
+from tiermem.server.model.records import NewMemory, Record
 
 # Anchored with \Z, never $: "$" also matches before a final newline, so "r/a\n" would pass as a
 # namespace beside "r/a". Checks here use fullmatch; the \Z keeps a .match elsewhere exact too.
@@ -250,3 +250,25 @@ def page_size(field: str, value: int, config: ServerConfig) -> int:
     if value == 0:
         return config.default_page_size
     return min(value, config.max_page_size)
+
+
+def restored_history(prefix: str, rec: Record) -> None:
+    """The output-only fields an import restores as exported (the others are checked as a create's):
+    counters, times and origin as this server could have made them (``prefix``: ``memories[2].``)."""
+    for name, value in (("access_count", rec.access_count), ("success_count", rec.success_count)):
+        if not 0 <= value <= 2**53:
+            raise InvalidArgument(prefix + name, "must be in [0, 2^53]")
+    if not (math.isfinite(rec.surprise) and 0.0 <= rec.surprise <= 2.0):
+        raise InvalidArgument(prefix + "surprise_score", "must be a number in [0, 2]")
+    for name, t in (
+        ("update_time", rec.updated_at),
+        ("last_access_time", rec.accessed_at),
+        ("tier_time", rec.tier_since),
+    ):
+        finite_time(prefix + name, t)
+    if rec.origin is not None:
+        ns, oid, otier, when = rec.origin
+        namespace(prefix + "origin.namespace", ns)
+        memory_id(prefix + "origin.id", oid)
+        tier(prefix + "origin.tier", otier)
+        finite_time(prefix + "origin.transfer_time", when)

@@ -515,7 +515,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             for i, chunk in enumerate(request_iterator):
                 yield convert.import_item_from_pb(chunk, i, engine.config)
 
-        result = engine.restore(header, items(), first.target_namespace)
+        result = engine.restore(header, items(), first.target_namespace, confirm=first.confirm)
         return pb.ImportMemoriesResponse(
             imported=result.imported, reembedded=result.reembedded, graph_items=result.graph_items
         )

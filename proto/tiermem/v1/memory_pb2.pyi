@@ -955,7 +955,7 @@ class ScopeState(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., reflection_importance: _Optional[float] = ..., summary_tokens: _Optional[int] = ...) -> None: ...
 
 class ImportMemoriesRequest(_message.Message):
-    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace", "target_namespace")
+    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace", "target_namespace", "confirm")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -963,6 +963,7 @@ class ImportMemoriesRequest(_message.Message):
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TARGET_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     header: ExportHeader
     memory: Memory
     node: GraphNode
@@ -970,7 +971,8 @@ class ImportMemoriesRequest(_message.Message):
     scope: ScopeState
     graph_namespace: str
     target_namespace: str
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ...) -> None: ...
+    confirm: bool
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class ImportMemoriesResponse(_message.Message):
     __slots__ = ("imported", "graph_items", "reembedded")
