@@ -615,6 +615,33 @@ def test_names_with_a_trailing_newline_are_invalid_argument(
     assert namespaces(client) == []
 
 
+def test_an_error_repeating_megabytes_of_input_still_fits_its_trailers(client: MemoryClient) -> None:
+    """A field violation whose description (or field name) quotes a huge input is cut with the
+    message: the client gets INVALID_ARGUMENT naming the field, not a bare RESOURCE_EXHAUSTED for
+    trailers over gRPC's limit."""
+    client.create(NS, "a memory", id="m1")
+    huge = "p" * (1 << 20)
+    with pytest.raises(grpc.RpcError) as ei:
+        client.stub.UpdateMemory(
+            pb.UpdateMemoryRequest(
+                memory=pb.Memory(namespace=NS, id="m1"), update_mask=field_mask_pb2.FieldMask(paths=[huge])
+            ),
+            timeout=TIMEOUT,
+        )
+    e = from_rpc_error(ei.value)
+    assert e.code == grpc.StatusCode.INVALID_ARGUMENT and e.fields == ["update_mask"], e
+    assert len(e.field_violations[0].description) < 1000 and len(e.message) < 2000
+    header = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1, namespace="h" * (1 << 20)))
+    memory = pb.ExportMemoriesResponse(memory=pb.Memory(namespace="o", id="o", content="o"))
+    e = expect_invalid(
+        lambda: client.import_memories([header, memory], target_namespace="z"), "memories[0].namespace"
+    )
+    assert len(e.field_violations[0].description) < 1000
+    assert [m.id for m in client.list_memories(NS)] == ["m1"] and "z" not in [
+        n.name for n in client.list_namespaces()
+    ]
+
+
 def test_graph_ids_and_kind_caps_with_a_trailing_newline_are_invalid_argument(client: MemoryClient) -> None:
     expect_invalid(lambda: client.upsert_node(NS, "ana\n", label="Ana"), "node.id")
     expect_invalid(lambda: client.add_edge(NS, "ana", "knows", "bob\n"), "edge.target_id")
@@ -628,7 +655,11 @@ def test_graph_ids_and_kind_caps_with_a_trailing_newline_are_invalid_argument(cl
         lambda: client.add_edge(NS, "bob", "knows", "bob", memory_ids=["x" * 129]), "edge.memory_ids[0]"
     )
     expect_invalid(lambda: client.add_edge(NS, "bob", "knows", "bob", memory_ids=[""]), "edge.memory_ids[0]")
+    many = [f"m{i}" for i in range(1001)]
+    expect_invalid(lambda: client.add_edge(NS, "bob", "knows", "bob", memory_ids=many), "edge.memory_ids")
+    expect_invalid(lambda: client.upsert_node(NS, "bob", memory_ids=many), "node.memory_ids")
     assert [e.relation for e in client.neighbors(NS, "bob").edges] == []
+    client.upsert_node(NS, "bob", memory_ids=many[:1000])  # the limit itself is accepted
     expect_invalid(lambda: client.neighbors(NS, "ana\n"), "node_id")
     expect_invalid(
         lambda: client.update_namespace_config(NS, kind_capacities={"fact\n": 3}),
@@ -858,7 +889,9 @@ def test_fuzzed_requests_of_every_rpc_never_get_internal(
     # The cases reach both the decoder and the servicer's own checks, and some succeed.
     assert codes.get("INVALID_ARGUMENT", 0) > MUTATIONS // 4, codes
     assert codes.get("OK", 0) > MUTATIONS // 20, codes
-    # And the server still answers.
+    # And the server still answers (once its scope serves again: a fuzzed SetScopeRouting, an
+    # admin's call, may have fenced it).
+    client.stub.SetScopeRouting(pb.SetScopeRoutingRequest(scope=NS.split("/")[0]), timeout=TIMEOUT)
     m = client.create(NS, "after the fuzz")
     assert client.get(NS, m.id).content == "after the fuzz"
     assert memory_count(client) > 0

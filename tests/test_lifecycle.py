@@ -867,7 +867,7 @@ def test_namespace_config_defaults_overrides_and_validation(env: Env) -> None:
 
     # bad values: INVALID_ARGUMENT naming the field, nothing stored
     def tier_field(name: str) -> re.Pattern[str]:
-        return re.compile(rf"config\.policy\.tiers(\[0\])?\.{name}")
+        return re.compile(rf"config\.policy\.tiers\[0\]\.{name}")
 
     bad: list[tuple[dict[str, Any], str | re.Pattern[str]]] = [
         ({"tiers": {"fast": {"max_items": -1}}}, tier_field("max_items")),
@@ -893,6 +893,19 @@ def test_namespace_config_defaults_overrides_and_validation(env: Env) -> None:
     )
     expect_invalid(lambda: raw(c, "UpdateNamespaceConfig", dup), "config.policy.tiers[1].tier")
     assert c.get_namespace_config(a) == got
+    for tiers, field in (
+        ([pb.TierPolicy(tier=17, ttl_seconds=5.0)], "config.policy.tiers[0].tier"),
+        (
+            [pb.TierPolicy(tier=FAST, ttl_seconds=5.0), pb.TierPolicy(tier=SLOW, ttl_seconds=0.0)],
+            "config.policy.tiers[1].ttl_seconds",
+        ),
+    ):
+        req = pb.UpdateNamespaceConfigRequest(
+            config=pb.NamespaceConfig(namespace=a, policy=pb.LifecyclePolicy(tiers=tiers)),
+            update_mask=field_mask_pb2.FieldMask(paths=["policy.tiers"]),
+        )
+        expect_invalid(lambda req=req: raw(c, "UpdateNamespaceConfig", req), field)
+        assert c.get_namespace_config(a) == got
 
     # replacing the tier overrides and resetting the policy
     resp = c.update_namespace_config(a, tiers={"medium": {"max_items": 9}})

@@ -651,6 +651,18 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
     ),
     ("update_tier_unspecified", lambda c: c.update(NS, E, tier=None), "memory.tier", None),
     (
+        "update_too_many_source_ids",
+        lambda c: c.update(NS, E, source_memory_ids=[f"s{i}" for i in range(1001)]),
+        "memory.source_memory_ids",
+        "FIELD_TOO_LARGE",
+    ),
+    (
+        "create_too_many_source_ids",
+        lambda c: c.create(NS, "x", source_memory_ids=[f"s{i}" for i in range(1001)]),
+        "memory.source_memory_ids",
+        "FIELD_TOO_LARGE",
+    ),
+    (
         "transfer_unknown_mode",
         lambda c: raw(
             c,

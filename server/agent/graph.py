@@ -41,7 +41,7 @@ class GraphMemory:
         check.memory_id("node.id", node["id"])
         check.text("node.label", node.get("label", ""))
         check.metadata("node.properties", node.get("properties", {}), self.config)
-        _memory_ids("node.memory_ids", node)
+        check.memory_ids("node.memory_ids", node.get("memory_ids", []))
         node = {**node, "updated": self.clock()}
 
         def prepare(txn: Txn) -> dict[str, Any]:
@@ -58,7 +58,7 @@ class GraphMemory:
             raise InvalidArgument("edge.relation", "is required")
         check.text("edge.relation", edge["relation"], 128)
         check.metadata("edge.properties", edge.get("properties", {}), self.config)
-        _memory_ids("edge.memory_ids", edge)
+        check.memory_ids("edge.memory_ids", edge.get("memory_ids", []))
         now = self.clock()
         vf = edge.get("valid_from")
         vf = now if vf is None else check.finite_time("edge.valid_from", vf)
@@ -189,8 +189,3 @@ class _Walk:
                 self.seen_edges.add(eid)
                 self.edges.append(edge)
         self.frontier = nxt
-
-
-def _memory_ids(field: str, item: dict[str, Any]) -> None:
-    for i, mid in enumerate(item.get("memory_ids", [])):
-        check.memory_id(f"{field}[{i}]", mid)

@@ -181,8 +181,7 @@ def _checked_graph_item(st: EngineState, i: int, item: ExportedGraphItem) -> dic
     f, g, now = f"chunks[{i + 1}].{item.kind}.", dict(item.item), st.clock()
     check.memory_id(f + "id", g.get("id", ""))
     check.metadata(f + "properties", g.get("properties", {}), st.config)
-    for k, mid in enumerate(g.get("memory_ids", [])):
-        check.memory_id(f"{f}memory_ids[{k}]", mid)
+    check.memory_ids(f + "memory_ids", g.get("memory_ids", []))
     if item.kind == "node":
         check.text(f + "label", g.get("label", ""))
         g["updated"] = now if g.get("updated") is None else check.finite_time(f + "update_time", g["updated"])

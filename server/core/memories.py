@@ -201,8 +201,7 @@ def _check_more_fields(st: EngineState, c: NewMemory, fields_: set[str]) -> None
     if "token_cost" in fields_ and c.token_cost < 0:
         raise InvalidArgument("memory.token_cost", "must be >= 0")
     if "source_memory_ids" in fields_:
-        for i, sid in enumerate(c.source_ids):
-            check.memory_id(f"memory.source_memory_ids[{i}]", sid)
+        check.memory_ids("memory.source_memory_ids", c.source_ids)
     if "expire_time" in fields_ and c.expire_at is not None:
         check.finite_time("memory.expire_time", c.expire_at)
 

@@ -27,11 +27,14 @@ def check_overrides(overrides: dict[str, Any], prefix: str = "config.policy.") -
     """Validate stored-form overrides; returns them without empty parts."""
     out: dict[str, Any] = {}
     tiers: dict[int, dict[str, Any]] = {}
-    for t, fields_ in (overrides.get("tiers") or {}).items():
+    # (entries in the request's order: the i-th is the request's tiers[i])
+    for i, (t, fields_) in enumerate((overrides.get("tiers") or {}).items()):
         if int(t) not in TIERS:
-            raise InvalidArgument(f"{prefix}tiers", "each entry needs a tier other than TIER_UNSPECIFIED")
+            raise InvalidArgument(
+                f"{prefix}tiers[{i}].tier", "must be TIER_FAST, TIER_MEDIUM, TIER_SLOW or TIER_GLACIAL"
+            )
         for name, v in fields_.items():
-            _check_tier_field(name, v, f"{prefix}tiers.{name}")
+            _check_tier_field(name, v, f"{prefix}tiers[{i}].{name}")
         if fields_:
             tiers[int(t)] = dict(fields_)
     if tiers:

@@ -28,6 +28,7 @@ MAX_TEXT_FIELD = 256
 MAX_TAG = 128
 MAX_MODEL = 256
 MAX_REQUEST_ID = 128
+MAX_LINKED_IDS = 1000  # memory ids a memory or graph item names (as many as a summary covers)
 EARLIEST_TIME = -62_135_596_800.0  # 0001-01-01T00:00:00Z, the earliest valid Timestamp
 MIN_REFLECTION_IMPORTANCE = 0.8  # a reflection distils many observations: it ranks above most of them
 
@@ -187,6 +188,16 @@ def model(field: str, value: str) -> str:
     return text(field, value, MAX_MODEL)
 
 
+def memory_ids(field: str, values: list[str]) -> None:
+    """At most MAX_LINKED_IDS ids, each valid (``field[i]`` names a bad one)."""
+    if len(values) > MAX_LINKED_IDS:
+        raise InvalidArgument(
+            field, f"has {len(values)} ids, the limit is {MAX_LINKED_IDS}", reason="FIELD_TOO_LARGE"
+        )
+    for i, v in enumerate(values):
+        memory_id(f"{field}[{i}]", v)
+
+
 def reflection_importance(field: str, kind_: str, value: float) -> None:
     if kind_ == "reflection" and value < MIN_REFLECTION_IMPORTANCE:
         raise InvalidArgument(
@@ -224,8 +235,7 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
         finite_time(f"{prefix}expire_time", m.expire_at)
     if m.token_cost < 0:
         raise InvalidArgument(f"{prefix}token_cost", "must be >= 0")
-    for i, sid in enumerate(m.source_ids):
-        memory_id(f"{prefix}source_memory_ids[{i}]", sid)
+    memory_ids(f"{prefix}source_memory_ids", m.source_ids)
     if len(m.questions) > config.max_tags:
         raise InvalidArgument(
             f"{prefix}questions", f"has {len(m.questions)} questions, the limit is {config.max_tags}"

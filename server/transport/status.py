@@ -10,7 +10,18 @@ from grpc_status import rpc_status
 from tiermem.server.model.errors import TiermemError
 
 DOMAIN = "tiermem"
+# A status repeating hostile input at length would not fit the trailers (16 KiB in all; the
+# client would see a bare RESOURCE_EXHAUSTED instead): every text in it is cut to a share.
 MAX_MESSAGE = 1024
+MAX_FIELD = 200
+MAX_DESCRIPTION = 400
+MAX_VIOLATIONS = 8
+MAX_METADATA = 8  # entries of ErrorInfo.metadata, each key and value cut to MAX_FIELD
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most] + "..."
+
 
 # status name (TiermemError.status) -> (grpc code, google.rpc code)
 STATUS_CODES: dict[str, tuple[grpc.StatusCode, int]] = {
@@ -31,15 +42,18 @@ def to_status(err: TiermemError, retry_after: float | None = None) -> grpc.Statu
     """``err`` as a rich status; ``retry_after`` (seconds) adds a RetryInfo."""
     _, code = STATUS_CODES.get(err.status, STATUS_CODES["INTERNAL"])
     details = []
-    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=err.metadata)
+    metadata = {_cut(k, MAX_FIELD): _cut(v, MAX_FIELD) for k, v in list(err.metadata.items())[:MAX_METADATA]}
+    info = error_details_pb2.ErrorInfo(reason=_cut(err.reason, MAX_FIELD), domain=DOMAIN, metadata=metadata)
     packed = any_pb2.Any()
     packed.Pack(info)
     details.append(packed)
     if err.violations:
         bad = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                for v in err.violations
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=_cut(v.field, MAX_FIELD), description=_cut(v.description, MAX_DESCRIPTION)
+                )
+                for v in err.violations[:MAX_VIOLATIONS]
             ]
         )
         packed = any_pb2.Any()
@@ -51,7 +65,5 @@ def to_status(err: TiermemError, retry_after: float | None = None) -> grpc.Statu
         packed = any_pb2.Any()
         packed.Pack(retry)
         details.append(packed)
-    # A message repeating hostile input at length would not fit the trailers (the client would see
-    # RESOURCE_EXHAUSTED instead): cut.
-    message = err.message if len(err.message) <= MAX_MESSAGE else err.message[:MAX_MESSAGE] + "..."
+    message = _cut(err.message, MAX_MESSAGE)
     return rpc_status.to_status(status_pb2.Status(code=code, message=message, details=details))

@@ -828,7 +828,8 @@ type Memory struct {
 	SuccessCount int64 `protobuf:"varint,18,opt,name=success_count,json=successCount,proto3" json:"success_count,omitempty"`
 	// token_cost is the memory's size in tokens; estimated as ceil(bytes / 4) when 0 on create.
 	TokenCost int32 `protobuf:"varint,19,opt,name=token_cost,json=tokenCost,proto3" json:"token_cost,omitempty"`
-	// source_memory_ids are the memories this one was derived from (reflections, summaries).
+	// source_memory_ids are the memories this one was derived from (reflections, summaries); at
+	// most 1,000.
 	SourceMemoryIds []string `protobuf:"bytes,20,rep,name=source_memory_ids,json=sourceMemoryIds,proto3" json:"source_memory_ids,omitempty"`
 	// expire_time, when set, is when the memory expires.
 	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
@@ -6288,7 +6289,7 @@ type GraphNode struct {
 	Label string `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
 	// properties are typed attributes.
 	Properties map[string]*Value `protobuf:"bytes,3,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
-	// memory_ids link the node to memories of the namespace.
+	// memory_ids link the node to memories of the namespace; at most 1,000.
 	MemoryIds []string `protobuf:"bytes,4,rep,name=memory_ids,json=memoryIds,proto3" json:"memory_ids,omitempty"`
 	// update_time is when the node was last written. Output only.
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
@@ -6377,7 +6378,7 @@ type GraphEdge struct {
 	Relation string `protobuf:"bytes,4,opt,name=relation,proto3" json:"relation,omitempty"`
 	// properties are typed attributes.
 	Properties map[string]*Value `protobuf:"bytes,5,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
-	// memory_ids link the edge to memories of the namespace.
+	// memory_ids link the edge to memories of the namespace; at most 1,000.
 	MemoryIds []string `protobuf:"bytes,6,rep,name=memory_ids,json=memoryIds,proto3" json:"memory_ids,omitempty"`
 	// valid_from is when the fact starts to hold (default: creation).
 	ValidFrom *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=valid_from,json=validFrom,proto3" json:"valid_from,omitempty"`
