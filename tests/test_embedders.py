@@ -408,6 +408,24 @@ def test_a_batch_create_against_a_slow_endpoint_waits_one_timeout_not_one_per_me
         assert list(resp.embedding_pending) == [False]
 
 
+def test_an_export_of_memories_still_waiting_for_their_embedding_imports_back(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """A memory stored while the embedder was down is exported with its embedder's model and no
+    vector; the import embeds it (or keeps it waiting), as it does a memory with no model."""
+    with _client(http_server(embedder_timeout_seconds=0.5)) as c:
+        endpoint.failing = True
+        assert c.observe("ns", "stored while the embedder was down").embedding_pending
+        chunks = list(c.export_memories("ns"))
+        [exported] = [ch.memory for ch in chunks if ch.WhichOneof("chunk") == "memory"]
+        assert exported.embedding_model == "fake-embed" and len(exported.embedding) == 0
+        endpoint.failing = False
+        result = c.import_memories(chunks, target_namespace="copy")
+        assert (result.imported, result.reembedded) == (1, 1)
+        [m] = list(c.list_memories("copy", include_embedding=True))
+        assert m.embedding_model == "fake-embed" and len(m.embedding) > 0
+
+
 def test_a_dead_endpoint_costs_one_timeout_per_cooldown_and_memories_are_embedded_later(
     http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
 ) -> None:

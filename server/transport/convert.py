@@ -268,7 +268,10 @@ def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Po
 
 def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.ndarray | None]:
     """An exported memory as a record to restore: content fields validated, history kept."""
-    spec = check_new_memory(field, new_memory_from_pb(m, field), config)
+    spec = new_memory_from_pb(m, field)
+    if spec.embedding is None:
+        spec.embedding_model = ""  # (exported while its embedding was pending: embedded on import)
+    spec = check_new_memory(field, spec, config)
     created = spec.created_at if spec.created_at is not None else 0.0
     rec = Record(
         rid=0,
