@@ -462,6 +462,23 @@ def test_an_answer_over_the_message_limit_is_refused_and_counts_no_access(
         assert ids == [f"m{i}" for i in reversed(range(24))]
 
 
+def test_a_batch_whose_answer_could_not_be_sent_is_refused_before_it_is_stored(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """The answer to a batch create adds ids and times to each memory: a request just under the
+    message limit can have an answer over it. It is refused before anything is stored (stored and
+    answered with an error, a retry would store it twice or find its request id taken)."""
+    running = server_factory(max_message_bytes=1 << 20)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        memories = [{"namespace": "big", "content": f"{i:02d}" + "x" * 65_398} for i in range(16)]
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.create_batch(memories, request_id="b1")
+        assert e.value.reason == "RESPONSE_TOO_LARGE"
+        assert c.stats().memory_count == 0
+        assert len(c.create_batch(memories[:8], request_id="b1")) == 8  # the id is still free
+        assert c.stats().memory_count == 8
+
+
 def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Path) -> None:
     proc = subprocess.run(
         [

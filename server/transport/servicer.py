@@ -88,6 +88,11 @@ def _still_wanted(context: grpc.ServicerContext | None) -> Callable[[], bool] | 
     return wanted
 
 
+# Most bytes the server adds to a stored memory's answer: its id, four times, tier, importance,
+# kind, counters, token cost, an embedder's model name, and the memory's framing.
+_SET_BY_SERVER = 768
+
+
 def _tell_fallback(hits: list[SearchHit], resp: pb.SearchMemoriesResponse) -> None:
     """A search whose query text could not be embedded says it was ranked by keywords alone."""
     if isinstance(hits, SearchHits) and hits.keyword_only:
@@ -187,6 +192,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchCreateMemoriesResponse:
         specs = [convert.new_memory_from_pb(m, f"memories[{i}].") for i, m in enumerate(request.memories)]
+        self._check_answer_fits(request)
         out = self._engine.create_detailed(
             specs,
             request.request_id,
@@ -204,6 +210,22 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         for rec in out.records:
             convert.memory_to_pb(rec, out=resp.memories.add())
         return resp
+
+    def _check_answer_fits(self, request: pb.BatchCreateMemoriesRequest) -> None:
+        """RESOURCE_EXHAUSTED before a batch is stored whose answer (the memories as stored, without
+        vectors, with the fields the server sets) could not be sent: stored, but answered with an
+        error, a retry would find its request id taken or store the batch twice."""
+        cfg = self._engine.config
+        vectors = sum(4 * len(m.embedding) for m in request.memories)
+        if (
+            request.ByteSize() - vectors + _SET_BY_SERVER * len(request.memories) + 1024
+            > cfg.max_message_bytes
+        ):
+            raise ResourceExhausted(
+                f"the answer would take over the {cfg.max_message_bytes} bytes a message may hold:"
+                " send the memories in smaller batches",
+                reason="RESPONSE_TOO_LARGE",
+            )
 
     def _embedding_pending(self, records: list[Record]) -> list[bool]:
         """Per record, whether it is stored without its vector for now (the embedder failed; the
