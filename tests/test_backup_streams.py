@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +227,41 @@ def test_import_into_a_protected_namespace_needs_confirm_for_preferences_and_sum
         assert err.value.reason == "NAMESPACE_PROTECTED"
         client.import_memories([_HEADER, chunk(f"{kind}1", kind)], confirm=True)
     assert sorted(m.id for m in client.list_memories("p")) == ["n0", "o1", "preference1", "summary1"]
+
+
+def test_a_cancelled_import_keeps_its_committed_batches_and_stores_nothing_after(
+    server_factory: Callable[..., RunningServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelled midway, an import keeps the batches of 500 it committed and stores none of the
+    rest, whether the server sees the cancel as an error or as the stream's end; it is not an
+    internal error."""
+    running = server_factory()
+    with _client(running) as c:
+        release = threading.Event()
+
+        def chunks() -> Iterator[pb.ImportMemoriesRequest]:
+            yield pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1))
+            for i in range(700):
+                yield pb.ImportMemoriesRequest(
+                    memory=pb.Memory(namespace="imp", id=f"m{i}", content=f"note {i}")
+                )
+            yield pb.ImportMemoriesRequest(scope=pb.ScopeState(namespace="imp", summary_tokens=5))
+            release.wait(30)
+
+        call = c.stub.ImportMemories.future(chunks(), timeout=60)
+        deadline = time.monotonic() + 30
+        while c.stats().memory_count < 500:
+            assert time.monotonic() < deadline, "the first batch was not committed"
+            time.sleep(0.05)
+        time.sleep(0.3)  # (the rest reaches the server and waits for the stream's end)
+        call.cancel()
+        release.set()
+        time.sleep(1.0)
+        assert c.stats().memory_count == 500
+        assert c.stats("imp").summary_tokens == 0
+    assert not [
+        r for r in caplog.records if r.levelno >= logging.ERROR and "ImportMemories" in r.getMessage()
+    ]
 
 
 def test_timeline_is_newest_first_paged_and_time_bounded(

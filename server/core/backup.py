@@ -7,7 +7,7 @@ on. An import writes through the writer in batches; the batches committed before
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import validation as check
-from tiermem.server.model.errors import AlreadyExists, InvalidArgument
+from tiermem.server.model.errors import AlreadyExists, DeadlineExceeded, InvalidArgument
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import (
     ExportedGraphItem,
@@ -100,6 +100,7 @@ def restore(
     target_namespace: str = "",
     batch: int = 500,
     confirm: bool = False,
+    wanted: Callable[[], bool] | None = None,
 ) -> ImportResult:
     """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``,
     then the exported graph, then the namespaces' progress toward a reflection and a summary,
@@ -119,11 +120,20 @@ def restore(
         else:
             imp.pending.append(_memory_to_store(st, imp, i, item))
             if len(imp.pending) >= batch:
+                _check_wanted(wanted)
                 _flush(st, imp)
+    _check_wanted(wanted)  # (a cancelled stream can end like a whole one: its rest is not stored)
     _flush(st, imp)
     _store_graph(st, imp.graph, batch)
     _add_progress(st, imp.scopes)
     return ImportResult(imported=imp.imported, reembedded=imp.reembedded, graph_items=len(imp.graph))
+
+
+def _check_wanted(wanted: Callable[[], bool] | None) -> None:
+    if wanted is not None and not wanted():
+        raise DeadlineExceeded(
+            "the import was cancelled or its deadline passed: the batches committed before stay"
+        )
 
 
 def _add_scope(imp: _Import, i: int, item: ExportedScope) -> None:

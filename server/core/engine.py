@@ -494,8 +494,9 @@ class Engine:
         target_namespace: str = "",
         batch: int = 500,
         confirm: bool = False,
+        wanted: Callable[[], bool] | None = None,
     ) -> ImportResult:
-        return backup.restore(self.state, header, items, target_namespace, batch, confirm)
+        return backup.restore(self.state, header, items, target_namespace, batch, confirm, wanted)
 
     def stats(self, namespace: str = "", within: Callable[[str], bool] | None = None) -> StatsReport:
         return stats_module.stats(self.state, namespace, within)

@@ -53,11 +53,20 @@ def _rpc(method: F) -> F:
             return method(self, request, context)
         except TiermemError as e:
             context.abort_with_status(to_status(e))
+        except grpc.RpcError as e:  # (reading a client stream the caller cancelled: nobody to answer)
+            _cancelled_or_internal(method.__name__, e, context)
         except Exception as e:
             logger.exception("%s failed", method.__name__)
             context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
 
     return wrapper  # type: ignore[return-value]
+
+
+def _cancelled_or_internal(name: str, e: Exception, context: grpc.ServicerContext) -> None:
+    if context.is_active():
+        logger.error("%s failed", name, exc_info=e)
+        context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
+    logger.info("%s: the caller cancelled the call", name)
 
 
 def _rpc_stream(method: F) -> F:
@@ -69,6 +78,8 @@ def _rpc_stream(method: F) -> F:
             yield from method(self, request, context)
         except TiermemError as e:
             context.abort_with_status(to_status(e))
+        except grpc.RpcError as e:  # (reading a client stream the caller cancelled: nobody to answer)
+            _cancelled_or_internal(method.__name__, e, context)
         except Exception as e:
             logger.exception("%s failed", method.__name__)
             context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
@@ -524,9 +535,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request_iterator: Iterator[pb.ImportMemoriesRequest], context: grpc.ServicerContext
     ) -> pb.ImportMemoriesResponse:
         with self._stream_slot():
-            return self._import(request_iterator)
+            return self._import(request_iterator, context)
 
-    def _import(self, request_iterator: Iterator[pb.ImportMemoriesRequest]) -> pb.ImportMemoriesResponse:
+    def _import(
+        self, request_iterator: Iterator[pb.ImportMemoriesRequest], context: grpc.ServicerContext
+    ) -> pb.ImportMemoriesResponse:
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("chunk") != "header":
             raise InvalidArgument("header", "the first chunk of an import must be the export header")
@@ -537,7 +550,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             for i, chunk in enumerate(request_iterator):
                 yield convert.import_item_from_pb(chunk, i, engine.config)
 
-        result = engine.restore(header, items(), first.target_namespace, confirm=first.confirm)
+        result = engine.restore(
+            header, items(), first.target_namespace, confirm=first.confirm, wanted=_still_wanted(context)
+        )
         return pb.ImportMemoriesResponse(
             imported=result.imported, reembedded=result.reembedded, graph_items=result.graph_items
         )
