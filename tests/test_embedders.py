@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tiermem.client import MemoryClient, UnavailableError
+from tiermem.client import MemoryClient, TiermemError, UnavailableError
 from tiermem.server.embedding.breaker import CircuitBreaker
 from tiermem.server.embedding.hashing import HashEmbedder
 from tiermem.server.embedding.providers import EmbedderError, OpenAIEmbedder
@@ -424,6 +424,30 @@ def test_an_export_of_memories_still_waiting_for_their_embedding_imports_back(
         assert (result.imported, result.reembedded) == (1, 1)
         [m] = list(c.list_memories("copy", include_embedding=True))
         assert m.embedding_model == "fake-embed" and len(m.embedding) > 0
+
+
+def test_a_retry_after_the_embedder_recovered_is_the_same_request(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """A request id names the request as sent: a retry of a create first stored while the embedder
+    was down (its vector pending) answers with that memory, although this time the server could
+    embed it; a different request under the same id is still refused."""
+    with _client(http_server(embedder_timeout_seconds=0.5)) as c:
+        endpoint.failing = True
+        first = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="retried note"), request_id="r1"),
+            timeout=30,
+        )
+        assert first.embedding_pending
+        endpoint.failing = False
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="retried note"), request_id="r1"),
+            timeout=30,
+        )
+        assert again.memory.id == first.memory.id and c.stats().memory_count == 1
+        with pytest.raises(TiermemError) as err:
+            c.create("ns", "another note", request_id="r1")
+        assert err.value.reason == "REQUEST_ID_REUSED"
 
 
 def test_a_dead_endpoint_costs_one_timeout_per_cooldown_and_memories_are_embedded_later(

@@ -66,11 +66,13 @@ def create_detailed(
     check.request_id("request_id", request_id)
     if dedup_similarity is not None and not -1.0 <= dedup_similarity <= 1.0:
         raise InvalidArgument("dedup_similarity", "must be in [-1, 1]")
-    _check_and_embed(st, memories, batch)
-    _check_confirmed(st, memories, confirm)
+    # Of the request as sent: what the server derives (a vector, an estimated importance) may
+    # differ on a retry (the embedder back up, the memory older), and the retry is the same request.
     fingerprint = hashlib.blake2b(
         msgpack.packb([m.fingerprint_parts() for m in memories], use_bin_type=True), digest_size=16
     ).digest()
+    _check_and_embed(st, memories, batch)
+    _check_confirmed(st, memories, confirm)
     op = _CreateOp(st, memories, request_id, batch, dedup_similarity, allow_duplicates, fingerprint, confirm)
     op.summary_covers = summary_covers
     weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
+import numpy as np
 
 MetadataValue = str | int | float | bool
 
@@ -91,7 +92,7 @@ class NewMemory:
     questions: list[str] = field(default_factory=list)
 
     def fingerprint_parts(self) -> list[Any]:
-        emb = None if self.embedding is None else bytes(self.embedding.tobytes())
+        emb = None if self.embedding is None else bytes(np.asarray(self.embedding, np.float32).tobytes())
         return [
             self.namespace,
             self.content,
