@@ -479,6 +479,53 @@ def test_a_batch_whose_answer_could_not_be_sent_is_refused_before_it_is_stored(
         assert c.stats().memory_count == 8
 
 
+def test_feedback_whose_answer_could_not_be_sent_changes_nothing(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Feedback answers with the memories it rated, once per item: when that answer could not be
+    sent, it is refused before any counter moves (answered with an error, a retry would count twice)."""
+    running = server_factory(max_message_bytes=1 << 20)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        c.create("fb", "a long report " + "word " * 12_000, id="r")
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.feedback("fb", [{"id": "r", "success": True}] * 20)
+        assert e.value.reason == "RESPONSE_TOO_LARGE"
+        m = c.get("fb", "r")
+        assert (m.access_count, m.success_count) == (0, 0)
+        assert len(c.feedback("fb", [{"id": "r", "success": True}] * 10)) == 10
+        m = c.get("fb", "r")
+        assert (m.access_count, m.success_count) == (10, 10)
+
+
+def test_a_context_or_graph_answer_over_the_message_limit_is_refused_and_counts_no_access(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory(max_message_bytes=1 << 20, search_records_access=True)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        for i in range(24):
+            c.create("ctx", f"deploy note {i} " + "word " * 10_000, id=f"m{i}")
+
+        def accesses() -> int:
+            running.engine.flush_access()
+            return sum(m.access_count for m in c.list_memories("ctx"))
+
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.build_context(["ctx"], token_budget=1_000_000, query="deploy note")
+        assert e.value.reason == "RESPONSE_TOO_LARGE" and "token_budget" in str(e.value)
+        assert accesses() == 0
+        assert c.build_context(["ctx"], token_budget=50_000, query="deploy note").tokens_used > 0
+        assert accesses() > 0
+
+        ids = [f"id{i:03d}_" + "x" * 120 for i in range(1000)]
+        for n in range(12):
+            c.upsert_node("ctx", f"n{n}", memory_ids=ids)
+            c.add_edge("ctx", "n0", "links", f"n{n}")
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.neighbors("ctx", "n0", depth=1)
+        assert e.value.reason == "RESPONSE_TOO_LARGE"
+        assert len(c.neighbors("ctx", "n0", depth=1, limit=3).nodes) <= 3
+
+
 def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Path) -> None:
     proc = subprocess.run(
         [

@@ -124,21 +124,27 @@ class Assembler:
         graph_facts: bool = True,
         read_only: bool = False,
         summarize_overflow: bool = True,
+        record: bool = True,
     ) -> ContextPackage:
+        """``record`` false: the caller calls ``record_accesses`` once it sends the package."""
         shares = _shares(scopes, budget, head_tail)
         package = _Package(head_tail)
         carry = 0
         steps = _Steps(graph_facts, summarize_overflow)
         for i, (scope, share) in enumerate(zip(scopes, shares, strict=True)):
             carry = self._fill_scope(package, i, scope, int(budget * share) + carry, query_text, steps)
-        if not read_only:
-            # What was asked for counts as accessed; the fill by importance would promote the same
-            # memories build after build.
-            rids = [x.rid for s in package.sections if s.kind in ACCESSED for x in s.items if x.rid]
-            eng = self.engine
-            if rids and eng.config.search_records_access:
-                eng.record_access(rids, eng.clock())
-        return package.result()
+        result = package.result()
+        if not read_only and record:
+            self.record_accesses(result)
+        return result
+
+    def record_accesses(self, package: ContextPackage) -> None:
+        # What was asked for counts as accessed; the fill by importance would promote the same
+        # memories build after build.
+        rids = [x.rid for s in package.sections if s.kind in ACCESSED for x in s.items if x.rid]
+        eng = self.engine
+        if rids and eng.config.search_records_access:
+            eng.record_access(rids, eng.clock())
 
     def _fill_scope(
         self, package: _Package, i: int, scope: ScopeSpec, remaining: int, query_text: str, steps: _Steps

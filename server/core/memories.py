@@ -20,7 +20,13 @@ from tiermem.server.core.pages import decode_token, encode_token
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import validation as check
-from tiermem.server.model.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from tiermem.server.model.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from tiermem.server.model.records import NewMemory, Record, enter_tier
 from tiermem.server.model.reports import ScopeProgress
 from tiermem.server.model.text import estimate_tokens
@@ -349,6 +355,7 @@ def feedback(
                 i = next(i for i, it in enumerate(items) if it.id == mid)
                 raise NotFound(f"items[{i}].id: memory {mid!r} not found in namespace {namespace!r}")
             recs.append(rec)
+        _check_answer_fits(st, [recs[position[it.id]] for it in items])
         state = np.array([r.surprise for r in recs], np.float32)
         kernels.surprise_ema(state, index, predicted, actual, st.config.surprise_alpha)
         for it in items:
@@ -367,6 +374,19 @@ def feedback(
 
     result: list[Record] = st.writer.submit(prepare, apply)
     return result
+
+
+def _check_answer_fits(st: EngineState, answer: list[Record]) -> None:
+    """RESOURCE_EXHAUSTED, before anything changes, when the records could not be sent in one
+    message (their stored size stands in for their size in the answer)."""
+    sizes: dict[int, int] = {}
+    total = sum(sizes.setdefault(r.rid, len(r.pack()) + 256) for r in answer)
+    if total > st.config.max_message_bytes:
+        raise ResourceExhausted(
+            f"the answer would take about {total} bytes, over the {st.config.max_message_bytes} a message"
+            " may hold: send fewer items",
+            reason="RESPONSE_TOO_LARGE",
+        )
 
 
 # -- transfer ----------------------------------------------------------------------------------

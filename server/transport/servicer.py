@@ -316,13 +316,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         message limit (measured only when its hits could reach it)."""
         cfg = self._engine.config
         most_a_hit = cfg.max_content_bytes + cfg.max_metadata_bytes + 4 * cfg.max_dimension + 65536
-        if hits * most_a_hit <= cfg.max_message_bytes:
-            return
-        size = resp.ByteSize()
-        if size > cfg.max_message_bytes:
+        if hits * most_a_hit > cfg.max_message_bytes:
+            self._refuse_if_over(resp.ByteSize(), "ask for fewer results (or fewer searches in a batch)")
+
+    def _refuse_if_over(self, size: int, advice: str) -> None:
+        most = self._engine.config.max_message_bytes
+        if size > most:
             raise ResourceExhausted(
-                f"the answer takes {size} bytes, over the {cfg.max_message_bytes} a message may hold:"
-                " ask for fewer results (or fewer searches in a batch)",
+                f"the answer takes {size} bytes, over the {most} a message may hold: {advice}",
                 reason="RESPONSE_TOO_LARGE",
             )
 
@@ -621,9 +622,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             convert.ts_to_float(request, "as_of"),
             request.include_invalid,
         )
-        return pb.GetGraphNeighborsResponse(
+        resp = pb.GetGraphNeighborsResponse(
             nodes=[convert.node_to_pb(n) for n in nodes], edges=[convert.edge_to_pb(e) for e in edges]
         )
+        self._refuse_if_over(resp.ByteSize(), "ask for a smaller limit or depth")
+        return resp
 
     @_rpc
     def BuildContext(
@@ -637,5 +640,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.graph_facts if request.HasField("graph_facts") else True,
             request.read_only,
             request.summarize_overflow if request.HasField("summarize_overflow") else True,
+            record=False,
         )
-        return convert.context_to_pb(package)
+        resp = convert.context_to_pb(package)
+        self._refuse_if_over(resp.ByteSize(), "ask for a smaller token_budget")  # (before accesses count)
+        if not request.read_only:
+            self._assembler.record_accesses(package)
+        return resp
