@@ -663,7 +663,11 @@ def test_graph_ids_and_kind_caps_with_a_trailing_newline_are_invalid_argument(cl
     expect_invalid(lambda: client.neighbors(NS, "ana\n"), "node_id")
     expect_invalid(
         lambda: client.update_namespace_config(NS, kind_capacities={"fact\n": 3}),
-        "config.policy.kind_capacities.kind",
+        "config.policy.kind_capacities[0].kind",
+    )
+    expect_invalid(
+        lambda: client.update_namespace_config(NS, kind_capacities={"fact": 3, "note": -1}),
+        "config.policy.kind_capacities[1].max_items",
     )
     client.upsert_node(NS, "ana", label="Ana", memory_ids=["m1"])
     assert [n.id for n in client.neighbors(NS, "ana").nodes] == ["ana"]

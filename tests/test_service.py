@@ -673,6 +673,16 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
         None,
     ),
     (
+        "build_summary_after_before_year_one",
+        lambda c: raw(
+            c,
+            "BuildSummary",
+            pb.BuildSummaryRequest(namespace=NS, created_after=timestamp_pb2.Timestamp(seconds=-62135596801)),
+        ),
+        "created_after",
+        None,
+    ),
+    (
         "create_before_year_one",
         lambda c: raw(
             c,

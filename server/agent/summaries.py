@@ -32,6 +32,9 @@ def build_summary(
     of those created in [after, before): the first sentence of each, best first by 0.7 * importance +
     0.3 * rank in time, kept within max_tokens, then put back in time order (by creation)."""
     check.namespace("namespace", namespace)
+    for name, t in (("created_after", after), ("created_before", before)):
+        if t is not None:
+            check.finite_time(name, t)
     ranged = after is not None or before is not None
     flt = engine.check_filter(Filter(created_after=after, created_before=before), prefix="")
     view = engine.columns.view()

@@ -147,10 +147,12 @@ def _check_capacity_fields(overrides: dict[str, Any], prefix: str) -> dict[str, 
     if caps:
         if len(caps) > MAX_KIND_CAPACITIES:
             raise InvalidArgument(f"{prefix}kind_capacities", f"holds at most {MAX_KIND_CAPACITIES} kinds")
-        for kind, n in caps.items():
+        for i, (kind, n) in enumerate(caps.items()):  # (in the request's order)
             if not KIND_RE.match(kind):
-                raise InvalidArgument(f"{prefix}kind_capacities.kind", "must be 1-64 characters of [a-z0-9_]")
+                raise InvalidArgument(
+                    f"{prefix}kind_capacities[{i}].kind", "must be 1-64 characters of [a-z0-9_]"
+                )
             if n < 0:
-                raise InvalidArgument(f"{prefix}kind_capacities.max_items", "must be >= 0 (0: no cap)")
+                raise InvalidArgument(f"{prefix}kind_capacities[{i}].max_items", "must be >= 0 (0: no cap)")
         out["kind_capacities"] = {str(k): int(n) for k, n in caps.items()}
     return out
