@@ -159,7 +159,8 @@ def _import(
 ) -> int:
     if not any(c.WhichOneof("chunk") != "header" for c in chunks):
         return 0
-    return int(target.import_memories(chunks, call_metadata=route).imported)
+    # (a move copies what the source already held: protection was checked when it was stored)
+    return int(target.import_memories(chunks, confirm=True, call_metadata=route).imported)
 
 
 def _key(m: pb.Memory) -> tuple[str, str]:

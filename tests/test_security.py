@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tiermem._values import set_metadata
 from tiermem.client import (
     InvalidArgumentError,
     MemoryClient,
@@ -524,6 +525,43 @@ def test_a_context_or_graph_answer_over_the_message_limit_is_refused_and_counts_
             c.neighbors("ctx", "n0", depth=1)
         assert e.value.reason == "RESPONSE_TOO_LARGE"
         assert len(c.neighbors("ctx", "n0", depth=1, limit=3).nodes) <= 3
+
+
+def test_answers_of_memories_with_every_field_large_are_measured_whole(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Linked ids, questions, tags and metadata count toward an answer's size as content does: a
+    search over the limit is refused before it counts, a page ends before the limit, and an
+    answer that fits (reflection candidates) is not cut."""
+    running = server_factory(max_message_bytes=4 << 20, search_records_access=True)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=60) as c:
+        ids = [f"m{i:04d}" + "x" * 123 for i in range(1000)]
+        for i in range(25):
+            c.create("linked", f"linked note {i} " + "word " * 12_000, id=f"l{i}", source_memory_ids=ids)
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.search("linked", "linked note", limit=25)
+        assert e.value.reason == "RESPONSE_TOO_LARGE"
+        running.engine.flush_access()
+        assert sum(m.access_count for m in c.list_memories("linked")) == 0
+
+        questions = [f"question {q} " + "q" * 1000 for q in range(32)]
+        tags = [f"t{t}" + "t" * 120 for t in range(32)]
+        metadata = {f"key{k}": "v" * 500 for k in range(28)}
+        for i in range(100):
+            req = pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="wide", content=f"wide note {i}", tags=tags, questions=questions)
+            )
+            set_metadata(req.memory.metadata, metadata)
+            c.stub.CreateMemory(req, timeout=30)
+        page = c.stub.ListMemories(pb.ListMemoriesRequest(namespace="wide", page_size=100), timeout=30)
+        assert 0 < len(page.memories) < 100 and page.next_page_token
+        assert page.ByteSize() <= (4 << 20) // 2
+        assert len(list(c.list_memories("wide", page_size=100))) == 100
+
+        for i in range(100):
+            c.observe("obs", f"observation {i} " + "seen " * 6_000)
+        candidates = c.reflection_candidates("obs", limit=100)
+        assert len(candidates.observations) == 100 and candidates.ByteSize() < 4 << 20
 
 
 def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Path) -> None:

@@ -256,3 +256,21 @@ def test_a_move_carries_writes_that_change_no_content_and_lifts_a_failed_fence(
             move_scope("user:bob", flaky, a, lambda: None)
         b.create("user:bob", "bob writes again: the fence was lifted")
         assert list(a.list_memories("user:bob")) == []
+
+
+def test_a_protected_scope_moves_back_to_a_shard_that_kept_its_settings(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A shard a scope left keeps the scope's settings (its protection too): moving the scope
+    back copies its preferences there again, as the source already held them."""
+    from tiermem.client.shards import move_scope
+
+    source = server_factory(tmp_path / "a")
+    target = server_factory(tmp_path / "b")
+    with MemoryClient(f"127.0.0.1:{source.port}") as a, MemoryClient(f"127.0.0.1:{target.port}") as b:
+        a.create("ten", "I prefer tea over coffee", kind="preference")
+        a.create("ten", "plain observation")
+        a.update_namespace_config("ten", protected=True, confirm=True)
+        assert move_scope("ten", a, b, lambda: None).memories == 2
+        assert move_scope("ten", b, a, lambda: None).memories == 2
+        assert sorted(m.kind for m in a.list_memories("ten")) == ["observation", "preference"]

@@ -361,9 +361,10 @@ class Engine:
         flt: Filter,
         newest_first: bool = False,
         with_vectors: bool = False,
+        max_bytes: int = 0,
     ) -> tuple[list[Record], str]:
         return memories.list_memories(
-            self.state, namespace, page_size, page_token, flt, newest_first, with_vectors
+            self.state, namespace, page_size, page_token, flt, newest_first, with_vectors, max_bytes
         )
 
     # -- change ------------------------------------------------------------------------------------

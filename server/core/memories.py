@@ -93,11 +93,12 @@ def list_memories(
     flt: Filter,
     newest_first: bool = False,
     with_vectors: bool = False,
+    max_bytes: int = 0,
 ) -> tuple[list[Record], str]:
     """A page of a namespace in storage order, or newest first by creation time (an agent's timeline:
     memories stored late with an earlier ``create_time`` take their place in it; ties by arrival).
-    A page ends early, with a token, where its memories (``with_vectors``: and their vectors) would
-    fill half a message: whatever their size, every page can be sent."""
+    ``max_bytes`` (0: no limit): the page ends early, with a token, where its memories
+    (``with_vectors``: and their vectors) would take more, so that every page can be sent."""
     check.namespace("namespace", namespace)
     size = check.page_size("page_size", page_size, st.config)
     view = st.columns.view()
@@ -115,17 +116,16 @@ def list_memories(
     elif page_token:
         rids = rids[rids > decode_token("page_token", page_token, int)]
     out: list[Record] = []
-    pos, room = 0, st.config.max_message_bytes // 2
-    # (an upper bound, cheaper than measuring: metadata and tags at their limits, ids at 130 bytes)
-    widest = max((sp.dim for sp in list(st.spaces.values())), default=0) if with_vectors else 0
-    each = st.config.max_metadata_bytes + 8192 + 4 * widest
+    pos, room = 0, max_bytes
+    vector = 4 * max((sp.dim for sp in list(st.spaces.values())), default=0) + 16 if with_vectors else 0
     with st.store.read() as txn:
         while len(out) < size and pos < rids.shape[0]:
             rec = st.store.get(txn, int(rids[pos]))
             if rec is not None and rec.namespace == namespace:
-                room -= len(rec.content.encode()) + 130 * len(rec.source_ids) + each
-                if out and room < 0:
-                    break
+                if max_bytes:
+                    room -= rec.answer_bytes() + vector
+                    if out and room < 0:
+                        break
                 out.append(rec)
             pos += 1
     token = ""
@@ -259,8 +259,11 @@ class _UpdateOp:
             rec.source_ids = list(c.source_ids)
         if "expire_time" in fields_:
             rec.expire_at = c.expire_at
-        which = "memory.importance" if "importance" in fields_ else "memory.kind"
-        check.reflection_importance(which, rec.kind, rec.importance)
+        if (
+            "importance" in fields_ or "kind" in fields_
+        ):  # (an older reflection below it keeps its other updates)
+            which = "memory.importance" if "importance" in fields_ else "memory.kind"
+            check.reflection_importance(which, rec.kind, rec.importance)
         if vec is not None:
             self._store_vector(txn, rec, vec)
         self._finish(txn, old, rec, vec is not None)
@@ -378,9 +381,9 @@ def feedback(
 
 def _check_answer_fits(st: EngineState, answer: list[Record]) -> None:
     """RESOURCE_EXHAUSTED, before anything changes, when the records could not be sent in one
-    message (their stored size stands in for their size in the answer)."""
+    message."""
     sizes: dict[int, int] = {}
-    total = sum(sizes.setdefault(r.rid, len(r.pack()) + 256) for r in answer)
+    total = sum(sizes.setdefault(r.rid, r.answer_bytes()) for r in answer)
     if total > st.config.max_message_bytes:
         raise ResourceExhausted(
             f"the answer would take about {total} bytes, over the {st.config.max_message_bytes} a message"

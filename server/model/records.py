@@ -49,6 +49,34 @@ class Record:
     words: int = 0  # unused: postings carry their content's length (kept for the stored form)
     questions: list[str] = field(default_factory=list)  # questions a reflection addresses
 
+    def answer_bytes(self) -> int:
+        """At least the size of this memory in an answer, without its vector: its texts with their
+        framing, and a margin for the fixed fields."""
+        meta = (
+            len(msgpack.packb(self.metadata, use_bin_type=True)) + 16 * len(self.metadata)
+            if self.metadata
+            else 0
+        )
+        texts = (
+            self.content,
+            self.namespace,
+            self.id,
+            self.kind,
+            self.source,
+            self.topic,
+            self.embedding_model,
+        )
+        origin = 0 if not self.origin else len(str(self.origin[0]).encode()) + len(str(self.origin[1])) + 64
+        return (
+            sum(
+                len(t.encode()) + 5 for t in (*texts, *self.tags, *self.questions)
+            )  # (tag and length: 5 at most)
+            + 132 * len(self.source_ids)  # (field 20: a two-byte tag)
+            + meta
+            + origin
+            + 256  # (the numbers and times)
+        )
+
     def expired(self, now: float) -> bool:
         return self.expire_at is not None and self.expire_at <= now
 

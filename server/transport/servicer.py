@@ -30,6 +30,7 @@ from tiermem.server.model.reports import (
     ExportHeader,
     ExportItem,
 )
+from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG
 from tiermem.server.search.searcher import SearchHit, SearchHits
 from tiermem.server.transport import convert
 from tiermem.server.transport.auth import caller
@@ -280,6 +281,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             flt,
             request.newest_first,
             request.include_embedding,
+            eng.config.max_message_bytes // 2,  # (a page always fits: it ends early, with its token)
         )
         vecs = eng.vectors_of(recs) if request.include_embedding else [None] * len(recs)
         resp = pb.ListMemoriesResponse(next_page_token=token)
@@ -315,7 +317,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         """RESOURCE_EXHAUSTED, before the hits count as accessed, when the answer is over the
         message limit (measured only when its hits could reach it)."""
         cfg = self._engine.config
-        most_a_hit = cfg.max_content_bytes + cfg.max_metadata_bytes + 4 * cfg.max_dimension + 65536
+        most_a_hit = (  # (every field at its limit: a linked id takes 132 bytes, a question 1028)
+            cfg.max_content_bytes
+            + 2 * cfg.max_metadata_bytes
+            + cfg.max_tags * (MAX_TAG + 4 + 1028)
+            + 132 * MAX_LINKED_IDS
+            + 4 * cfg.max_dimension
+            + 4096
+        )
         if hits * most_a_hit > cfg.max_message_bytes:
             self._refuse_if_over(resp.ByteSize(), "ask for fewer results (or fewer searches in a batch)")
 
