@@ -147,10 +147,10 @@ def _add_scope(imp: _Import, i: int, item: ExportedScope) -> None:
         raise InvalidArgument(field_ + "summary_tokens", f"must be in [0, {MAX_SUMMARY_TOKENS}]")
     ns = check.namespace(field_ + "namespace", imp.rename(item.namespace, field_ + "namespace"))
     got = imp.scopes.setdefault(ns, [0.0, 0])
-    got[0], got[1] = _capped_progress(got[0] + refl, int(got[1]) + tokens)
+    got[0], got[1] = _capped_progress(got[0] + refl, got[1] + tokens)
 
 
-def _capped_progress(refl: float, tokens: int) -> tuple[float, int]:
+def _capped_progress(refl: float, tokens: float) -> tuple[float, int]:
     return min(refl, MAX_REFLECTION_IMPORTANCE), min(int(tokens), MAX_SUMMARY_TOKENS)
 
 

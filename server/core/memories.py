@@ -24,7 +24,7 @@ from tiermem.server.model.errors import (
     AlreadyExists,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
+    ResponseTooLarge,
     Unavailable,
 )
 from tiermem.server.model.records import NewMemory, Record, enter_tier
@@ -117,7 +117,8 @@ def list_memories(
         rids = rids[rids > decode_token("page_token", page_token, int)]
     out: list[Record] = []
     pos, room = 0, max_bytes
-    vector = 4 * max((sp.dim for sp in list(st.spaces.values())), default=0) + 16 if with_vectors else 0
+    widest = max((sp.dim for sp in list(st.spaces.values())), default=0) if with_vectors and max_bytes else 0
+    vector = 4 * widest + 16 if widest else 0
     with st.store.read() as txn:
         while len(out) < size and pos < rids.shape[0]:
             rec = st.store.get(txn, int(rids[pos]))
@@ -259,9 +260,8 @@ class _UpdateOp:
             rec.source_ids = list(c.source_ids)
         if "expire_time" in fields_:
             rec.expire_at = c.expire_at
-        if (
-            "importance" in fields_ or "kind" in fields_
-        ):  # (an older reflection below it keeps its other updates)
+        # (checked only when either changes: an older reflection below the minimum keeps its other updates)
+        if "importance" in fields_ or "kind" in fields_:
             which = "memory.importance" if "importance" in fields_ else "memory.kind"
             check.reflection_importance(which, rec.kind, rec.importance)
         if vec is not None:
@@ -385,10 +385,9 @@ def _check_answer_fits(st: EngineState, answer: list[Record]) -> None:
     sizes: dict[int, int] = {}
     total = sum(sizes.setdefault(r.rid, r.answer_bytes()) for r in answer)
     if total > st.config.max_message_bytes:
-        raise ResourceExhausted(
+        raise ResponseTooLarge(
             f"the answer would take about {total} bytes, over the {st.config.max_message_bytes} a message"
-            " may hold: send fewer items",
-            reason="RESPONSE_TOO_LARGE",
+            " may hold: send fewer items"
         )
 
 

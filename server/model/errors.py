@@ -73,6 +73,14 @@ class ResourceExhausted(TiermemError):
         super().__init__(message=message, reason=reason, status="RESOURCE_EXHAUSTED")
 
 
+class ResponseTooLarge(ResourceExhausted):
+    """The answer would not fit one message (``max_message_bytes``): refused before the call
+    changes anything."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="RESPONSE_TOO_LARGE")
+
+
 class DeadlineExceeded(TiermemError):
     """The caller's deadline passed (or it went away) while the work waited to start: the work is
     skipped (for a batch, its remaining parts; parts already done keep their effects)."""

@@ -67,10 +67,11 @@ class Record:
             self.embedding_model,
         )
         origin = 0 if not self.origin else len(str(self.origin[0]).encode()) + len(str(self.origin[1])) + 64
+        framed = sum(
+            len(t.encode()) + 5 for t in (*texts, *self.tags, *self.questions)
+        )  # (tag, length: <= 5)
         return (
-            sum(
-                len(t.encode()) + 5 for t in (*texts, *self.tags, *self.questions)
-            )  # (tag and length: 5 at most)
+            framed
             + 132 * len(self.source_ids)  # (field 20: a two-byte tag)
             + meta
             + origin

@@ -22,6 +22,7 @@ from tiermem.server.model.errors import (
     InvalidArgument,
     PermissionDenied,
     ResourceExhausted,
+    ResponseTooLarge,
     TiermemError,
     Unavailable,
 )
@@ -204,7 +205,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchCreateMemoriesResponse:
         specs = [convert.new_memory_from_pb(m, f"memories[{i}].") for i, m in enumerate(request.memories)]
-        self._check_answer_fits(request)
+        self._check_batch_answer_fits(request)
         out = self._engine.create_detailed(
             specs,
             request.request_id,
@@ -223,7 +224,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             convert.memory_to_pb(rec, out=resp.memories.add())
         return resp
 
-    def _check_answer_fits(self, request: pb.BatchCreateMemoriesRequest) -> None:
+    def _check_batch_answer_fits(self, request: pb.BatchCreateMemoriesRequest) -> None:
         """RESOURCE_EXHAUSTED before a batch is stored whose answer (the memories as stored, without
         vectors, with the fields the server sets) could not be sent: stored, but answered with an
         error, a retry would find its request id taken or store the batch twice."""
@@ -233,10 +234,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.ByteSize() - vectors + _SET_BY_SERVER * len(request.memories) + 1024
             > cfg.max_message_bytes
         ):
-            raise ResourceExhausted(
+            raise ResponseTooLarge(
                 f"the answer would take over the {cfg.max_message_bytes} bytes a message may hold:"
-                " send the memories in smaller batches",
-                reason="RESPONSE_TOO_LARGE",
+                " send the memories in smaller batches"
             )
 
     def _embedding_pending(self, records: list[Record]) -> list[bool]:
@@ -307,10 +307,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 dim = len(s.query_embedding) or max((sp.dim for sp in list(eng.spaces.values())), default=0)
                 least += limit * 4 * dim
         if least > eng.config.max_message_bytes:
-            raise ResourceExhausted(
+            raise ResponseTooLarge(
                 f"the answer would take at least {least} bytes, over the {eng.config.max_message_bytes}"
-                " a message may hold: ask for fewer results, or without include_embedding",
-                reason="RESPONSE_TOO_LARGE",
+                " a message may hold: ask for fewer results, or without include_embedding"
             )
 
     def _check_sent_whole(self, resp: Any, hits: int) -> None:
@@ -331,9 +330,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def _refuse_if_over(self, size: int, advice: str) -> None:
         most = self._engine.config.max_message_bytes
         if size > most:
-            raise ResourceExhausted(
-                f"the answer takes {size} bytes, over the {most} a message may hold: {advice}",
-                reason="RESPONSE_TOO_LARGE",
+            raise ResponseTooLarge(
+                f"the answer takes {size} bytes, over the {most} a message may hold: {advice}"
             )
 
     def _tell_process(self, context: grpc.ServicerContext) -> None:
