@@ -173,6 +173,15 @@ _HEADER = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
         ),
         ({"origin": pb.MemoryOrigin(namespace="p", id="\x00", tier=pb.TIER_FAST)}, "memories[0].origin.id"),
         ({"origin": pb.MemoryOrigin(namespace="p", id="m1", tier=99)}, "memories[0].origin.tier"),
+        ({"tier_time": Timestamp(seconds=1_700_000_000, nanos=-1)}, "memories[0].tier_time"),
+        (
+            {
+                "origin": pb.MemoryOrigin(
+                    namespace="p", id="m1", tier=pb.TIER_FAST, transfer_time=Timestamp(nanos=10**9)
+                )
+            },
+            "memories[0].origin.transfer_time",
+        ),
     ],
 )
 def test_import_refuses_a_history_no_server_could_have_made(

@@ -46,6 +46,7 @@ MODEL = "test"
 DIM = 8
 BUILTIN = "tiermem-hash-v1"
 T0 = 1_700_000_000.0  # FakeClock's default start
+T0_INT = int(T0)
 HALF_LIFE = ServerConfig().half_life_hours
 FLOOR = 0.1
 SERVICE = "tiermem.v1.MemoryService"
@@ -842,6 +843,177 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
         "search_filter_bad_kind",
         lambda c: c.search(NS, V, embedding_model=MODEL, kinds=["UPPER"]),
         "filter.kinds[0]",
+        None,
+    ),
+    (
+        "search_filter_too_many_tags",
+        lambda c: raw(
+            c,
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS],
+                query_text="x",
+                filter=pb.MemoryFilter(tags_any=[f"t{i}" for i in range(257)]),
+            ),
+        ),
+        "filter.tags_any",
+        "FIELD_TOO_LARGE",
+    ),
+    (
+        "search_filter_too_many_tiers",
+        lambda c: raw(
+            c,
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS], query_text="x", filter=pb.MemoryFilter(tiers=[1] * 257)
+            ),
+        ),
+        "filter.tiers",
+        "FIELD_TOO_LARGE",
+    ),
+    (
+        "list_filter_too_many_kinds",
+        lambda c: raw(
+            c,
+            "ListMemories",
+            pb.ListMemoriesRequest(namespace=NS, filter=pb.MemoryFilter(kinds=[f"k{i}" for i in range(257)])),
+        ),
+        "filter.kinds",
+        "FIELD_TOO_LARGE",
+    ),
+    (
+        "search_too_many_scope_weights",
+        lambda c: c.search(NS, V, embedding_model=MODEL, scope_weights=[0.5] * 129),
+        "scope_weights",
+        None,
+    ),
+    (
+        "search_tier_weights_repeated",
+        lambda c: raw(
+            c,
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS], query_text="x", tier_weights=[pb.TierWeight(tier=1, weight=0.5)] * 5
+            ),
+        ),
+        "tier_weights",
+        None,
+    ),
+    (
+        "search_as_of_negative_nanos",
+        lambda c: raw(
+            c,
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS], query_text="x", as_of=timestamp_pb2.Timestamp(seconds=T0_INT, nanos=-1)
+            ),
+        ),
+        "as_of",
+        None,
+    ),
+    (
+        "search_filter_created_after_nanos_too_large",
+        lambda c: raw(
+            c,
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS],
+                query_text="x",
+                filter=pb.MemoryFilter(created_after=timestamp_pb2.Timestamp(seconds=T0_INT, nanos=10**9)),
+            ),
+        ),
+        "filter.created_after",
+        None,
+    ),
+    (
+        "search_batch_as_of_negative_nanos",
+        lambda c: raw(
+            c,
+            "BatchSearchMemories",
+            pb.BatchSearchMemoriesRequest(
+                searches=[
+                    pb.SearchMemoriesRequest(namespaces=[NS], query_text="x"),
+                    pb.SearchMemoriesRequest(
+                        namespaces=[NS],
+                        query_text="x",
+                        as_of=timestamp_pb2.Timestamp(seconds=T0_INT, nanos=-5),
+                    ),
+                ]
+            ),
+        ),
+        "searches[1].as_of",
+        None,
+    ),
+    (
+        "create_time_negative_nanos",
+        lambda c: raw(
+            c,
+            "CreateMemory",
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(
+                    namespace=NS, content="x", create_time=timestamp_pb2.Timestamp(seconds=T0_INT, nanos=-1)
+                )
+            ),
+        ),
+        "memory.create_time",
+        None,
+    ),
+    (
+        "create_expire_time_after_year_9999",
+        lambda c: raw(
+            c,
+            "CreateMemory",
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(
+                    namespace=NS, content="x", expire_time=timestamp_pb2.Timestamp(seconds=253402300800)
+                )
+            ),
+        ),
+        "memory.expire_time",
+        None,
+    ),
+    (
+        "feedback_as_of_negative_nanos",
+        lambda c: raw(
+            c,
+            "RecordFeedback",
+            pb.RecordFeedbackRequest(
+                namespace=NS,
+                items=[pb.Feedback(id=E)],
+                as_of=timestamp_pb2.Timestamp(seconds=T0_INT, nanos=-1),
+            ),
+        ),
+        "as_of",
+        None,
+    ),
+    (
+        "create_tag_zero_width_space",
+        lambda c: c.create(NS, "x", tags=["de\u200bploy"]),
+        "memory.tags[0]",
+        None,
+    ),
+    (
+        "create_tag_line_separator",
+        lambda c: c.create(NS, "x", tags=["ok", "a\u2028b"]),
+        "memory.tags[1]",
+        None,
+    ),
+    (
+        "create_tag_direction_override",
+        lambda c: c.create(NS, "x", tags=["\u202edeploy"]),
+        "memory.tags[0]",
+        None,
+    ),
+    (
+        "create_tag_byte_order_mark",
+        lambda c: c.create(NS, "x", tags=["\ufeffdeploy"]),
+        "memory.tags[0]",
+        None,
+    ),
+    (
+        "update_metadata_key_invisible",
+        lambda c: c.update(NS, E, metadata={"owner\u2060": "ana"}),
+        "memory.metadata['owner\\u2060']",
         None,
     ),
     ("feedback_empty", lambda c: c.feedback(NS, []), "items", None),

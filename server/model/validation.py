@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from typing import Any
 
 import msgpack
@@ -23,6 +24,11 @@ KIND_RE = re.compile(r"^[a-z0-9_]{1,64}\Z")
 # Labels (tags, metadata keys) are free text but never hold control characters: "deploy\n" beside
 # "deploy" is a second label no one meant (a line read with its newline).
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Nor invisible characters (zero-width spaces, direction overrides, byte-order marks: Unicode's format
+# category) or line and paragraph separators: "deploy\u200b" shows as "deploy" and is another label.
+# Joiners stay (Persian and Indic words and emoji sequences need them), as do emoji tag characters.
+_INVISIBLE = frozenset(("Cf", "Zl", "Zp"))
+_KEPT_FORMAT = frozenset((0x200C, 0x200D))
 MAX_NAMESPACE = 256
 MAX_TEXT_FIELD = 256
 MAX_TAG = 128
@@ -88,7 +94,17 @@ def label(field: str, value: str, limit: int) -> str:
     text(field, value, limit)
     if _CONTROL_RE.search(value):
         raise InvalidArgument(field, "must not contain control characters (e.g. a newline or a tab)")
+    if not value.isascii():
+        for ch in value:
+            if unicodedata.category(ch) in _INVISIBLE and not _kept(ord(ch)):
+                raise InvalidArgument(
+                    field, f"must not contain invisible or line-separating characters (U+{ord(ch):04X})"
+                )
     return value
+
+
+def _kept(code: int) -> bool:
+    return code in _KEPT_FORMAT or 0xE0020 <= code <= 0xE007F
 
 
 def kind(field: str, value: str) -> str:

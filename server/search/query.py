@@ -39,6 +39,7 @@ STRATEGY_NAMES = {
 DEFAULT_TIER_WEIGHTS = {1: 1.0, 2: 0.85, 3: 0.7, 4: 0.55}
 DEFAULT_SCOPE_WEIGHTS = (1.0, 0.8, 0.6, 0.4)  # the namespace itself, its parent, grandparent, ...
 MAX_NAMESPACES = 64  # namespaces one search may name
+MAX_SCOPE_WEIGHTS = 128  # a namespace of 256 characters has at most 128 levels
 
 
 @dataclass
@@ -180,6 +181,10 @@ def check_query(
     if q.min_similarity is not None and not (-1.0 <= q.min_similarity <= 1.0):
         raise InvalidArgument("min_similarity", "must be in [-1, 1]")
     tier_w = _tier_weights(q, strategy)
+    if len(q.scope_weights) > MAX_SCOPE_WEIGHTS:
+        raise InvalidArgument(
+            "scope_weights", f"has more than {MAX_SCOPE_WEIGHTS} weights (one a namespace level)"
+        )
     for i, w in enumerate(q.scope_weights):
         weight(f"scope_weights[{i}]", w, 1.0)
     as_of = None if q.as_of is None else check.finite_time("as_of", q.as_of)

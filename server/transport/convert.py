@@ -9,6 +9,7 @@ import numpy as np
 
 from tiermem._values import metadata_values, set_metadata, set_timestamp, timestamp_seconds
 from tiermem.server.agent.context import ContextPackage, ScopeSpec
+from tiermem.server.config import TIERS
 from tiermem.server.core.policy import POLICY_FIELDS, TIER_FIELDS, Policy
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.records import NewMemory, Record
@@ -30,8 +31,21 @@ from tiermem.v1 import memory_pb2 as pb
 _INT32_MAX = 2**31 - 1
 
 
-def ts_to_float(msg: Any, name: str) -> float | None:
-    return timestamp_seconds(getattr(msg, name)) if msg.HasField(name) else None
+# A google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+_TS_SECONDS = (-62_135_596_800, 253_402_300_799)
+
+
+def ts_to_float(msg: Any, name: str, prefix: str = "") -> float | None:
+    """``msg.<name>`` in seconds (None when unset); INVALID_ARGUMENT naming ``<prefix><name>`` for a
+    Timestamp outside its own spec (nanos outside [0, 1e9) would shift the time the other way)."""
+    if not msg.HasField(name):
+        return None
+    ts = getattr(msg, name)
+    if not 0 <= ts.nanos <= 999_999_999:
+        raise InvalidArgument(f"{prefix}{name}", f"nanos must be in [0, 999999999], got {ts.nanos}")
+    if not _TS_SECONDS[0] <= ts.seconds <= _TS_SECONDS[1]:
+        raise InvalidArgument(f"{prefix}{name}", "must be between years 1 and 9999")
+    return timestamp_seconds(ts)
 
 
 def metadata_from_pb(values: Any, field: str) -> dict[str, Any]:
@@ -56,10 +70,10 @@ def new_memory_from_pb(m: pb.Memory, field: str) -> NewMemory:
         metadata=metadata_from_pb(m.metadata, f"{field}metadata"),
         embedding=np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None,
         embedding_model=m.embedding_model,
-        created_at=ts_to_float(m, "create_time"),
+        created_at=ts_to_float(m, "create_time", field),
         token_cost=m.token_cost,
         source_ids=list(m.source_memory_ids),
-        expire_at=ts_to_float(m, "expire_time"),
+        expire_at=ts_to_float(m, "expire_time", field),
         questions=list(m.questions),
     )
 
@@ -106,7 +120,7 @@ def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory |
     return m
 
 
-def filter_from_pb(f: pb.MemoryFilter) -> Filter:
+def filter_from_pb(f: pb.MemoryFilter, prefix: str = "filter.") -> Filter:
     return Filter(
         tiers=[int(t) for t in f.tiers],
         kinds=list(f.kinds),
@@ -114,13 +128,15 @@ def filter_from_pb(f: pb.MemoryFilter) -> Filter:
         tags_all=list(f.tags_all),
         source=f.source,
         topic=f.topic,
-        created_after=ts_to_float(f, "created_after"),
-        created_before=ts_to_float(f, "created_before"),
+        created_after=ts_to_float(f, "created_after", prefix),
+        created_before=ts_to_float(f, "created_before", prefix),
         where=f.where,
     )
 
 
 def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
+    if len(r.tier_weights) > len(TIERS):
+        raise InvalidArgument("tier_weights", f"has more than {len(TIERS)} entries (one a tier)")
     return SearchQuery(
         namespaces=list(r.namespaces),
         embedding=np.asarray(r.query_embedding, dtype=np.float32) if len(r.query_embedding) else None,
@@ -287,20 +303,20 @@ def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.nd
         metadata=spec.metadata,
         embedding_model=m.embedding_model,
         created_at=created,
-        updated_at=ts_to_float(m, "update_time") or created,
-        accessed_at=ts_to_float(m, "last_access_time") or created,
+        updated_at=ts_to_float(m, "update_time", field) or created,
+        accessed_at=ts_to_float(m, "last_access_time", field) or created,
         access_count=m.access_count,
         surprise=m.surprise_score,
         success_count=m.success_count,
         token_cost=m.token_cost,
         source_ids=list(m.source_memory_ids),
         expire_at=spec.expire_at,
-        tier_since=ts_to_float(m, "tier_time") or created,
+        tier_since=ts_to_float(m, "tier_time", field) or created,
         origin=[
             m.origin.namespace,
             m.origin.id,
             int(m.origin.tier),
-            ts_to_float(m.origin, "transfer_time") or 0.0,
+            ts_to_float(m.origin, "transfer_time", f"{field}origin.") or 0.0,
         ]
         if m.HasField("origin")
         else None,
@@ -328,7 +344,7 @@ def header_from_pb(h: pb.ExportHeader) -> ExportHeader:
     return ExportHeader(
         format_version=1,
         server_version=h.server_version,
-        export_time=ts_to_float(h, "export_time") or 0.0,
+        export_time=ts_to_float(h, "export_time", "header.") or 0.0,
         embedder_model=h.embedder_model,
         namespace=h.namespace,
     )
@@ -360,12 +376,15 @@ def import_item_from_pb(chunk: pb.ImportMemoriesRequest, i: int, config: Any) ->
         rec, vector = record_from_pb(chunk.memory, f"memories[{i}].", config)
         return ExportedMemory(rec, vector)
     if which == "node":
-        node = node_from_pb(chunk.node)
-        node["updated"] = ts_to_float(chunk.node, "update_time")
+        node = node_from_pb(chunk.node, f"chunks[{i + 1}].node.")
+        node["updated"] = ts_to_float(chunk.node, "update_time", f"chunks[{i + 1}].node.")
         return ExportedGraphItem("node", chunk.graph_namespace, node)
     if which == "edge":
-        edge = edge_from_pb(chunk.edge)
-        edge["id"], edge["created"] = chunk.edge.id, ts_to_float(chunk.edge, "create_time")
+        edge = edge_from_pb(chunk.edge, f"chunks[{i + 1}].edge.")
+        edge["id"], edge["created"] = (
+            chunk.edge.id,
+            ts_to_float(chunk.edge, "create_time", f"chunks[{i + 1}].edge."),
+        )
         return ExportedGraphItem("edge", chunk.graph_namespace, edge)
     if which == "scope":
         s = chunk.scope
@@ -375,11 +394,11 @@ def import_item_from_pb(chunk: pb.ImportMemoriesRequest, i: int, config: Any) ->
     )
 
 
-def node_from_pb(n: pb.GraphNode) -> dict[str, Any]:
+def node_from_pb(n: pb.GraphNode, prefix: str = "node.") -> dict[str, Any]:
     return {
         "id": n.id,
         "label": n.label,
-        "properties": metadata_from_pb(n.properties, "node.properties"),
+        "properties": metadata_from_pb(n.properties, f"{prefix}properties"),
         "memory_ids": list(n.memory_ids),
     }
 
@@ -391,15 +410,15 @@ def node_to_pb(node: dict[str, Any]) -> pb.GraphNode:
     return out
 
 
-def edge_from_pb(e: pb.GraphEdge) -> dict[str, Any]:
+def edge_from_pb(e: pb.GraphEdge, prefix: str = "edge.") -> dict[str, Any]:
     return {
         "source_id": e.source_id,
         "target_id": e.target_id,
         "relation": e.relation,
-        "properties": metadata_from_pb(e.properties, "edge.properties"),
+        "properties": metadata_from_pb(e.properties, f"{prefix}properties"),
         "memory_ids": list(e.memory_ids),
-        "valid_from": ts_to_float(e, "valid_from"),
-        "invalid_from": ts_to_float(e, "invalid_from"),
+        "valid_from": ts_to_float(e, "valid_from", prefix),
+        "invalid_from": ts_to_float(e, "invalid_from", prefix),
     }
 
 

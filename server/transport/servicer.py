@@ -32,6 +32,7 @@ from tiermem.server.model.reports import (
     ExportItem,
 )
 from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG
+from tiermem.server.search.query import SearchQuery
 from tiermem.server.search.searcher import SearchHit, SearchHits
 from tiermem.server.transport import convert
 from tiermem.server.transport.auth import caller
@@ -87,6 +88,14 @@ def _rpc_stream(method: F) -> F:
             context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
 
     return wrapper  # type: ignore[return-value]
+
+
+def _search_query(request: pb.SearchMemoriesRequest, i: int) -> SearchQuery:
+    """The ``i``-th search of a batch, its conversion errors named under ``searches[i].``."""
+    try:
+        return convert.search_from_pb(request)
+    except InvalidArgument as e:
+        raise e.within(f"searches[{i}].") from None
 
 
 def _still_wanted(context: grpc.ServicerContext | None) -> Callable[[], bool] | None:
@@ -361,7 +370,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if not 1 <= len(request.searches) <= 100:
             raise InvalidArgument("searches", "must hold 1 to 100 searches")
         self._check_fits(request.searches)
-        queries = [(convert.search_from_pb(s), s.include_embedding) for s in request.searches]
+        queries = [(_search_query(s, i), s.include_embedding) for i, s in enumerate(request.searches)]
         results = self._engine.search_many(queries, _still_wanted(context), record=False)
         resp = pb.BatchSearchMemoriesResponse()
         for search, hits in zip(request.searches, results, strict=True):

@@ -802,9 +802,12 @@ type Memory struct {
 	Source string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
 	// topic is a free-text subject (up to 256 bytes).
 	Topic string `protobuf:"bytes,8,opt,name=topic,proto3" json:"topic,omitempty"`
-	// tags are labels (at most 32, each 1-128 bytes, duplicates removed).
+	// tags are labels (at most 32, each 1-128 bytes, duplicates removed), without control characters,
+	// invisible characters (Unicode format characters other than the joiners U+200C and U+200D) or
+	// line and paragraph separators.
 	Tags []string `protobuf:"bytes,9,rep,name=tags,proto3" json:"tags,omitempty"`
-	// metadata is a typed map (at most 64 keys; serialized size up to max_metadata_bytes, default 16384).
+	// metadata is a typed map (at most 64 keys, each 1-256 bytes and free of what tags may not hold;
+	// serialized size up to max_metadata_bytes, default 16384).
 	Metadata map[string]*Value `protobuf:"bytes,10,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	// embedding is the memory's vector. Empty on create: the server embeds content with its built-in
 	// embedder. Returned only when a request sets include_embedding. Stored normalized (cosine).
@@ -1811,7 +1814,7 @@ func (*DeleteMemoryResponse) Descriptor() ([]byte, []int) {
 	return file_tiermem_v1_memory_proto_rawDescGZIP(), []int{12}
 }
 
-// MemoryFilter keeps memories that match every field that is set.
+// MemoryFilter keeps memories that match every field that is set. Each list holds at most 256 values.
 type MemoryFilter struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache
@@ -2131,13 +2134,14 @@ type SearchMemoriesRequest struct {
 	// their one signal: alpha, beta and gamma are checked, then not used.
 	Strategy SearchStrategy `protobuf:"varint,14,opt,name=strategy,proto3,enum=tiermem.v1.SearchStrategy" json:"strategy,omitempty"`
 	// tier_weights multiply the score by tier (WEIGHTED defaults: FAST 1.0, MEDIUM 0.85, SLOW 0.7,
-	// GLACIAL 0.55; other strategies 1.0); each in [0, 1e6].
+	// GLACIAL 0.55; other strategies 1.0); each in [0, 1e6]; at most one entry a tier.
 	TierWeights []*TierWeight `protobuf:"bytes,15,rep,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty"`
 	// include_ancestors also searches each namespace's ancestor scopes ("user:a/project:x/session:7"
 	// adds "user:a/project:x" and "user:a"), weighted by distance with scope_weights.
 	IncludeAncestors bool `protobuf:"varint,16,opt,name=include_ancestors,json=includeAncestors,proto3" json:"include_ancestors,omitempty"`
 	// scope_weights multiply the score by distance from the named namespace: [itself, parent,
-	// grandparent, ...], the last repeating; default [1.0, 0.8, 0.6, 0.4]; each in [0, 1e6].
+	// grandparent, ...], the last repeating; default [1.0, 0.8, 0.6, 0.4]; each in [0, 1e6]; at most
+	// 128 weights.
 	ScopeWeights []float64 `protobuf:"fixed64,17,rep,packed,name=scope_weights,json=scopeWeights,proto3" json:"scope_weights,omitempty"`
 	// explain fills each result's explanation.
 	Explain bool `protobuf:"varint,18,opt,name=explain,proto3" json:"explain,omitempty"`
