@@ -197,6 +197,19 @@ def test_awkward_keys_and_namespaces_round_trip(store: TiermemStore) -> None:
     assert sorted(store.list_namespaces(limit=100)) == sorted(AWKWARD_NAMESPACES)
 
 
+def test_field_names_no_label_may_hold_are_stored_and_filtered(store: TiermemStore) -> None:
+    """A value's field whose name tiermem refuses as a metadata key (a control character, a
+    zero-width space, a line separator) is kept in the value, not mirrored, and still filters."""
+    odd = ["tab\tname", "zero\u200bwidth", "line\u2028sep", "\u202eflipped"]
+    store.put(("odd",), "a", {name: i for i, name in enumerate(odd)} | {"plain": 1})
+    store.put(("odd",), "b", {"plain": 2})
+    item = store.get(("odd",), "a")
+    assert item is not None and item.value == {name: i for i, name in enumerate(odd)} | {"plain": 1}
+    for i, name in enumerate(odd):
+        assert [it.key for it in store.search(("odd",), filter={name: i})] == ["a"]
+    assert lg_values.field_key("zero\u200bwidth") is None and lg_values.field_key("joined\u200d") is not None
+
+
 def test_keys_and_labels_map_reversibly() -> None:
     for key in [*AWKWARD_KEYS, "plain-Key_1.2"]:
         mid = lg_keys.memory_id(key)

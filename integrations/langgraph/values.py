@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from langgraph.store.base import get_text_at_path
 
+from tiermem._values import label_fault
+
 from .keys import key_of
 
 KEY = "langgraph.key"
@@ -91,11 +93,9 @@ def _storable_string(text: str, limit: int) -> bool:
 
 def field_key(field: str) -> str | None:
     """The metadata key of a top-level field, or None when tiermem cannot hold it as a key
-    (too long, a control character, not valid UTF-8)."""
+    (too long, not valid UTF-8, a character no label may hold)."""
     key = FIELD + field
-    if not _storable_string(key, MAX_LABEL_BYTES):
-        return None
-    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in key):
+    if not _storable_string(key, MAX_LABEL_BYTES) or label_fault(key):
         return None
     return key
 

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
+# Labels (tags, metadata keys) never hold control characters ("deploy\n" beside "deploy" is a second
+# label no one meant), invisible characters (Unicode's format category: zero-width spaces, direction
+# overrides, byte-order marks) or line and paragraph separators: each makes a label that looks like
+# another one. The joiners stay (Persian and Indic words and emoji sequences need them), as do emoji
+# tag characters.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_INVISIBLE = frozenset(("Cf", "Zl", "Zp"))
+
+
+def label_fault(text: str) -> str | None:
+    """Why ``text`` cannot be a tag or a metadata key (its characters), or None when it can."""
+    if _CONTROL_RE.search(text):
+        return "must not contain control characters (e.g. a newline or a tab)"
+    if not text.isascii():
+        for ch in text:
+            code = ord(ch)
+            if unicodedata.category(ch) in _INVISIBLE and code not in (0x200C, 0x200D):
+                if not 0xE0020 <= code <= 0xE007F:
+                    return f"must not contain invisible or line-separating characters (U+{code:04X})"
+    return None
 
 
 def set_timestamp(ts: Timestamp, seconds: float) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from tiermem._values import label_fault
 from tiermem.server.config import TIERS, ServerConfig
 from tiermem.server.model import importance
 from tiermem.server.model.errors import InvalidArgument
@@ -21,14 +21,6 @@ _SEGMENT = r"[A-Za-z0-9._:\-]+"
 NAMESPACE_RE = re.compile(rf"^{_SEGMENT}(?:/{_SEGMENT})*\Z")
 ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}\Z")
 KIND_RE = re.compile(r"^[a-z0-9_]{1,64}\Z")
-# Labels (tags, metadata keys) are free text but never hold control characters: "deploy\n" beside
-# "deploy" is a second label no one meant (a line read with its newline).
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-# Nor invisible characters (zero-width spaces, direction overrides, byte-order marks: Unicode's format
-# category) or line and paragraph separators: "deploy\u200b" shows as "deploy" and is another label.
-# Joiners stay (Persian and Indic words and emoji sequences need them), as do emoji tag characters.
-_INVISIBLE = frozenset(("Cf", "Zl", "Zp"))
-_KEPT_FORMAT = frozenset((0x200C, 0x200D))
 MAX_NAMESPACE = 256
 MAX_TEXT_FIELD = 256
 MAX_TAG = 128
@@ -90,21 +82,13 @@ def text(field: str, value: str, limit: int = MAX_TEXT_FIELD) -> str:
 
 
 def label(field: str, value: str, limit: int) -> str:
-    """A tag or a metadata key: ``text`` within ``limit`` bytes, without control characters."""
+    """A tag or a metadata key: ``text`` within ``limit`` bytes, its characters as ``label_fault``
+    allows."""
     text(field, value, limit)
-    if _CONTROL_RE.search(value):
-        raise InvalidArgument(field, "must not contain control characters (e.g. a newline or a tab)")
-    if not value.isascii():
-        for ch in value:
-            if unicodedata.category(ch) in _INVISIBLE and not _kept(ord(ch)):
-                raise InvalidArgument(
-                    field, f"must not contain invisible or line-separating characters (U+{ord(ch):04X})"
-                )
+    fault = label_fault(value)
+    if fault:
+        raise InvalidArgument(field, fault)
     return value
-
-
-def _kept(code: int) -> bool:
-    return code in _KEPT_FORMAT or 0xE0020 <= code <= 0xE007F
 
 
 def kind(field: str, value: str) -> str:
