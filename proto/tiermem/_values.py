@@ -25,11 +25,13 @@ def label_fault(text: str) -> str | None:
         return "must not contain control characters (e.g. a newline or a tab)"
     if not text.isascii():
         for ch in text:
-            code = ord(ch)
-            if unicodedata.category(ch) in _INVISIBLE and code not in (0x200C, 0x200D):
-                if not 0xE0020 <= code <= 0xE007F:
-                    return f"must not contain invisible or line-separating characters (U+{code:04X})"
+            if unicodedata.category(ch) in _INVISIBLE and not _kept(ord(ch)):
+                return f"must not contain invisible or line-separating characters (U+{ord(ch):04X})"
     return None
+
+
+def _kept(code: int) -> bool:
+    return code in (0x200C, 0x200D) or 0xE0020 <= code <= 0xE007F
 
 
 def set_timestamp(ts: Timestamp, seconds: float) -> None:
