@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
+from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from tiermem.client import MemoryClient
 from tiermem.mcp import build_server
@@ -174,6 +178,105 @@ def test_stdio_tools_remember_recall_context_reflect_forget(
         _run(scenario)
     finally:
         print(errlog.read_text() if errlog.exists() else "", file=sys.stderr)
+
+
+# A line that is not a JSON-RPC message, and the (code, id) of the JSON-RPC error answering it.
+MALFORMED: list[tuple[str, int, object]] = [
+    ("{not json", -32700, None),
+    ('"\\ud800"', -32700, None),  # an escaped lone surrogate: no Unicode text
+    ('{"jsonrpc":"2.0","id":7}', -32600, 7),  # no method
+    ('{"jsonrpc":"1.0","id":"v1","method":"ping"}', -32600, "v1"),
+    ('[{"jsonrpc":"2.0","id":8,"method":"ping"}]', -32600, None),  # a batch: not MCP
+    ('"ping"', -32600, None),
+    ('{"jsonrpc":"2.0","id":true}', -32600, None),  # a bool is no id
+    ("{" + "x" * 1_000_000, -32700, None),  # a megabyte the error must not echo
+]
+
+
+class _Lines:
+    """A subprocess's stdout, a line at a time, each read bounded by ``timeout`` seconds."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        self._timeout = timeout
+        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
+
+    def _read(self, out: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):  # closed once the test is done
+            for line in out:
+                self._lines.put(line)
+
+    def next(self) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=self._timeout)
+        except queue.Empty:
+            raise AssertionError(f"no reply within {self._timeout} s") from None
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+
+def test_stdio_answers_malformed_lines_with_json_rpc_errors_and_keeps_serving(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    errlog = tmp_path / "mcp.stderr"
+    with errlog.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tiermem.mcp", "--target", f"127.0.0.1:{server.port}", "--timeout", "10"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+    assert proc.stdin is not None
+    stdin = proc.stdin
+
+    def send(line: str | dict[str, Any]) -> None:
+        text = line if isinstance(line, str) else json.dumps(line)
+        stdin.write(text.encode() + b"\n")
+        stdin.flush()
+
+    try:
+        replies = _Lines(proc)
+        for line, code, request_id in MALFORMED:
+            send("")  # a blank line is no message: nothing answers it
+            send(line)
+            reply = replies.next()
+            assert reply["jsonrpc"] == "2.0" and "result" not in reply, (line[:60], reply)
+            assert (reply["error"]["code"], reply["id"]) == (code, request_id), (line[:60], reply)
+            assert 0 < len(reply["error"]["message"]) < 300, reply  # never the line echoed
+
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": LATEST_HANDSHAKE_VERSION,
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            }
+        )
+        initialized = replies.next()
+        assert initialized["id"] == 1, initialized
+        assert initialized["result"]["protocolVersion"] == LATEST_HANDSHAKE_VERSION
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send("{oops")
+        assert replies.next()["error"]["code"] == -32700
+        send({"jsonrpc": "2.0", "id": "tools", "method": "tools/list"})
+        listed = replies.next()
+        assert listed["id"] == "tools", listed
+        assert {t["name"] for t in listed["result"]["tools"]} == TOOLS
+        assert proc.poll() is None
+    finally:
+        stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+        print(errlog.read_text(), file=sys.stderr)
 
 
 def _free_port() -> int:

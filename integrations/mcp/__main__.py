@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from tiermem.client import MemoryClient
 
 from .server import build_server
+from .stdio import run_stdio
 
 API_KEY_ENV = "TIERMEM_API_KEY"
 
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = build_server(client, namespace=args.namespace or None, log_level=args.log_level)
     try:
         if args.transport == "stdio":
-            server.run("stdio")
+            run_stdio(server)
         else:
             server.run("streamable-http", host=args.host, port=args.port)
     except KeyboardInterrupt:
