@@ -49,3 +49,18 @@ def test_quality_benchmark_runs_and_scores_every_method(tmp_path: Path) -> None:
     # must score as the in-process exact cosine does.
     exact, served = methods["exact cosine"]["all"], methods["tiermem strategy similarity (vector)"]["all"]
     assert served == exact
+    # Each conversation is scored apart, and its questions make up the whole.
+    for m in report["methods"]:
+        parts = [m[g] for g in m if g.startswith("conversation ")]
+        assert len(parts) == 2 and sum(p["n"] for p in parts) == m["all"]["n"]
+        mean = sum(p["recall@10"] * p["n"] for p in parts) / m["all"]["n"]
+        assert abs(mean - m["all"]["recall@10"]) < 1e-9
+    # The paired gaps: the default against the baselines, a gap inside its bootstrap intervals.
+    gaps = {(c["a"], c["b"]): c for c in report["comparisons"]}
+    gap = gaps[("tiermem default (vector + text)", "RRF(BM25, cosine), k=60")]
+    default, rrf = methods["tiermem default (vector + text)"]["all"], methods["RRF(BM25, cosine), k=60"]["all"]
+    assert abs(gap["gap"] - (default["recall@10"] - rrf["recall@10"])) < 1e-9
+    for lo, hi in (gap["ci_questions"], gap["ci_conversations"]):
+        assert lo <= gap["gap"] <= hi
+    assert set(gap["per_conversation"]) == {"c1", "c2"}
+    assert "Paired gaps in recall@10" in (tmp_path / "quality.md").read_text()
