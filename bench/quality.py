@@ -264,18 +264,23 @@ def score(ds: Dataset, res: Result) -> dict[str, Any]:
 
 def paired_gap(ds: Dataset, a: Result, b: Result, k: int = 10, resamples: int = 10_000) -> dict[str, Any]:
     """How much ``a`` recalls beyond ``b`` (recall@k, per question), with 95% bootstrap intervals:
-    resampling questions, and resampling whole conversations (how far the gap carries over to
-    conversations not measured: every question of a drawn conversation counts, as in a new one)."""
+    resampling questions, and resampling in two stages, whole conversations and then the questions
+    within each one drawn (how far the gap carries over to conversations not measured; with few
+    conversations a rough guide, wider than the questions' interval)."""
     gap = recalls(ds, a, k) - recalls(ds, b, k)
     rng = np.random.default_rng(0)  # (a fixed seed: the same data gives the same report)
     by_question = gap[rng.integers(0, len(gap), (resamples, len(gap)))].mean(axis=1)
-    convs = [str(q["conv"]) for q in ds.questions]
-    names = sorted(set(convs))
-    sums = np.array([gap[[c == n for c in convs]].sum() for n in names])
-    counts = np.array([convs.count(n) for n in names], dtype=float)
+    convs = np.array([str(q["conv"]) for q in ds.questions])
+    names = sorted(set(convs.tolist()))
+    gaps = [gap[convs == n] for n in names]
     drawn = rng.integers(0, len(names), (resamples, len(names)))
-    by_conversation = sums[drawn].sum(axis=1) / counts[drawn].sum(axis=1)
-    per_conversation = {n: float(s / c) for n, s, c in zip(names, sums, counts, strict=True)}
+    sums, counts = np.zeros(drawn.shape), np.zeros(drawn.shape)
+    for j, g in enumerate(gaps):
+        slots = drawn == j
+        picks = rng.integers(0, len(g), (int(slots.sum()), len(g)))
+        sums[slots], counts[slots] = g[picks].sum(axis=1), len(g)
+    by_conversation = sums.sum(axis=1) / counts.sum(axis=1)
+    per_conversation = {n: float(g.mean()) for n, g in zip(names, gaps, strict=True)}
     return {
         "a": a.name,
         "b": b.name,
@@ -341,8 +346,8 @@ def _comparison_lines(comps: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         "",
-        "Paired gaps in recall@10 (95% bootstrap intervals, 10,000 resamples of questions or of whole",
-        "conversations):",
+        "Paired gaps in recall@10 (95% bootstrap intervals, 10,000 resamples: of questions, and of whole",
+        "conversations with the questions within each; few conversations make the second a rough guide):",
         "",
         "| method | against | gap | by question | by conversation | conversations ahead | questions ahead / behind |",
         "| --- | --- | --- | --- | --- | --- | --- |",

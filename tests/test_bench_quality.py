@@ -58,7 +58,10 @@ def test_quality_benchmark_runs_and_scores_every_method(tmp_path: Path) -> None:
     # The paired gaps: the default against the baselines, a gap inside its bootstrap intervals.
     gaps = {(c["a"], c["b"]): c for c in report["comparisons"]}
     gap = gaps[("tiermem default (vector + text)", "RRF(BM25, cosine), k=60")]
-    default, rrf = methods["tiermem default (vector + text)"]["all"], methods["RRF(BM25, cosine), k=60"]["all"]
+    default, rrf = (
+        methods["tiermem default (vector + text)"]["all"],
+        methods["RRF(BM25, cosine), k=60"]["all"],
+    )
     assert abs(gap["gap"] - (default["recall@10"] - rrf["recall@10"])) < 1e-9
     for lo, hi in (gap["ci_questions"], gap["ci_conversations"]):
         assert lo <= gap["gap"] <= hi

@@ -959,17 +959,37 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
         None,
     ),
     (
-        "create_expire_time_after_year_9999",
+        "search_filter_created_before_after_year_9999",
         lambda c: raw(
             c,
-            "CreateMemory",
-            pb.CreateMemoryRequest(
-                memory=pb.Memory(
-                    namespace=NS, content="x", expire_time=timestamp_pb2.Timestamp(seconds=253402300800)
-                )
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS],
+                query_text="x",
+                filter=pb.MemoryFilter(created_before=timestamp_pb2.Timestamp(seconds=253402300800)),
             ),
         ),
-        "memory.expire_time",
+        "filter.created_before",
+        None,
+    ),
+    (
+        "search_tier_weights_a_tier_twice",
+        lambda c: raw(
+            c,
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS],
+                query_text="x",
+                tier_weights=[pb.TierWeight(tier=1, weight=float("nan")), pb.TierWeight(tier=1, weight=0.5)],
+            ),
+        ),
+        "tier_weights[1].tier",
+        None,
+    ),
+    (
+        "search_where_in_too_many_values",
+        lambda c: c.search(NS, V, embedding_model=MODEL, where={"tags": {"$all": ["a"] * 257}}),
+        "filter.where",
         None,
     ),
     (
@@ -1007,6 +1027,18 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
     (
         "create_tag_byte_order_mark",
         lambda c: c.create(NS, "x", tags=["\ufeffdeploy"]),
+        "memory.tags[0]",
+        None,
+    ),
+    (
+        "create_tag_hidden_tag_characters",
+        lambda c: c.create(NS, "x", tags=["deploy\U000e0041"]),
+        "memory.tags[0]",
+        None,
+    ),
+    (
+        "create_tag_trailing_joiner",
+        lambda c: c.create(NS, "x", tags=["deploy\u200d"]),
         "memory.tags[0]",
         None,
     ),
@@ -1096,6 +1128,18 @@ def test_oversized_content_names_limit(server_factory: Callable[..., RunningServ
         assert c.get(NS, "s").content == "short"
         expect_invalid(lambda: c.search(NS, "q" * 101), "query_text")
         assert c.stats().memory_count == 3
+
+
+def test_labels_keep_joiners_and_flags_where_text_needs_them(client: MemoryClient) -> None:
+    """Invisible characters are refused in labels (BAD_INPUT), but for those words and emoji need."""
+    labels = [
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+        "\U0001f468\u200d\U0001f469",
+        "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",
+    ]
+    m = client.create(NS, "x", tags=labels, metadata={label: True for label in labels})
+    assert list(m.tags) == labels and set(m.metadata) == set(labels)
+    assert [r.id for r in client.list_memories(NS, tags_any=[labels[2]])] == [m.id]
 
 
 def test_tag_limit_counts_distinct_tags(client: MemoryClient) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -96,6 +97,10 @@ def field_key(field: str) -> str | None:
     (too long, not valid UTF-8, a character no label may hold)."""
     key = FIELD + field
     if not _storable_string(key, MAX_LABEL_BYTES) or label_fault(key):
+        return None
+    # A character this Python's Unicode tables do not know may be a format character to a server's
+    # newer ones, which would refuse the whole put: such a field is not mirrored either.
+    if any(unicodedata.category(ch) == "Cn" for ch in key if not ch.isascii()):
         return None
     return key
 

@@ -41,6 +41,7 @@ from tiermem.server.model.errors import InvalidArgument
 FIELD = "filter.where"
 MAX_DEPTH = 32
 MAX_NODES = 1000
+MAX_LIST_VALUES = 256  # values one list may hold ($in, $nin, $all; a filter's tiers, kinds, tags)
 # Text nesting arrays and objects deeper than this is refused before it is parsed: json.loads
 # recurses once per level, and a few hundred levels reach the interpreter's recursion limit
 # (RecursionError, which was INTERNAL). A filter needs at most 2 * MAX_DEPTH + 3 levels (a where node
@@ -205,6 +206,8 @@ def _listed(op: str, arg: Any, path: str) -> list[Any]:
     if op in _SETS or op == "$all":
         if not isinstance(arg, list):
             raise _fail(path, f"{op} expects a list")
+        if len(arg) > MAX_LIST_VALUES:  # (as a filter's own lists: each value costs a pass)
+            raise _fail(path, f"{op} lists more than {MAX_LIST_VALUES} values")
         return arg
     return [arg]
 

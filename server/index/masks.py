@@ -13,12 +13,10 @@ import numpy as np
 from tiermem import kernels
 from tiermem.server.config import TIERS
 from tiermem.server.index.columns import Columns, ColumnsView
-from tiermem.server.index.filters import compile_where
+from tiermem.server.index.filters import MAX_LIST_VALUES, compile_where
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.types import Filter
-
-MAX_FILTER_VALUES = 256  # values one filter list may hold: each costs a pass when masks are built
 
 
 def allowed_rows(
@@ -185,9 +183,9 @@ def _narrow(cols: Columns, view: ColumnsView, flt: Filter, mask: np.ndarray) -> 
 def check_filter(flt: Filter, max_where_bytes: int, prefix: str = "filter.") -> Filter:
     """Validate a request's filter and compile its ``where`` (once); returns it."""
     for name in ("tiers", "kinds", "tags_any", "tags_all"):
-        if len(getattr(flt, name)) > MAX_FILTER_VALUES:
+        if len(getattr(flt, name)) > MAX_LIST_VALUES:
             raise InvalidArgument(
-                f"{prefix}{name}", f"lists more than {MAX_FILTER_VALUES} values", reason="FIELD_TOO_LARGE"
+                f"{prefix}{name}", f"lists more than {MAX_LIST_VALUES} values", reason="FIELD_TOO_LARGE"
             )
     for i, t in enumerate(flt.tiers):
         check.tier(f"{prefix}tiers[{i}]", t)

@@ -183,7 +183,9 @@ def check_query(
     tier_w = _tier_weights(q, strategy)
     if len(q.scope_weights) > MAX_SCOPE_WEIGHTS:
         raise InvalidArgument(
-            "scope_weights", f"has more than {MAX_SCOPE_WEIGHTS} weights (one a namespace level)"
+            "scope_weights",
+            f"has more than {MAX_SCOPE_WEIGHTS} weights (one a namespace level)",
+            reason="FIELD_TOO_LARGE",
         )
     for i, w in enumerate(q.scope_weights):
         weight(f"scope_weights[{i}]", w, 1.0)

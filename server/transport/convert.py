@@ -134,9 +134,21 @@ def filter_from_pb(f: pb.MemoryFilter, prefix: str = "filter.") -> Filter:
     )
 
 
+def tier_weights_from_pb(entries: Any) -> dict[int, float]:
+    """One weight a tier: with a tier named twice, the first weight would go unchecked and unused."""
+    if len(entries) > len(TIERS):
+        raise InvalidArgument(
+            "tier_weights", f"has more than {len(TIERS)} entries (one a tier)", reason="FIELD_TOO_LARGE"
+        )
+    out: dict[int, float] = {}
+    for i, tw in enumerate(entries):
+        if int(tw.tier) in out:
+            raise InvalidArgument(f"tier_weights[{i}].tier", "names a tier an earlier entry named")
+        out[int(tw.tier)] = tw.weight
+    return out
+
+
 def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
-    if len(r.tier_weights) > len(TIERS):
-        raise InvalidArgument("tier_weights", f"has more than {len(TIERS)} entries (one a tier)")
     return SearchQuery(
         namespaces=list(r.namespaces),
         embedding=np.asarray(r.query_embedding, dtype=np.float32) if len(r.query_embedding) else None,
@@ -151,7 +163,7 @@ def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
         recency_tau_seconds=r.recency_tau_seconds if r.HasField("recency_tau_seconds") else None,
         as_of=ts_to_float(r, "as_of"),
         strategy=int(r.strategy),
-        tier_weights={int(tw.tier): tw.weight for tw in r.tier_weights},
+        tier_weights=tier_weights_from_pb(r.tier_weights),
         include_ancestors=r.include_ancestors,
         scope_weights=list(r.scope_weights),
         read_only=r.read_only,

@@ -803,8 +803,9 @@ type Memory struct {
 	// topic is a free-text subject (up to 256 bytes).
 	Topic string `protobuf:"bytes,8,opt,name=topic,proto3" json:"topic,omitempty"`
 	// tags are labels (at most 32, each 1-128 bytes, duplicates removed), without control characters,
-	// invisible characters (Unicode format characters other than the joiners U+200C and U+200D) or
-	// line and paragraph separators.
+	// line and paragraph separators or invisible characters (Unicode format characters), but for
+	// joiners (U+200C, U+200D) between two non-ASCII characters and tag characters in the run after a
+	// black flag (U+1F3F4), which words and emoji need.
 	Tags []string `protobuf:"bytes,9,rep,name=tags,proto3" json:"tags,omitempty"`
 	// metadata is a typed map (at most 64 keys, each 1-256 bytes and free of what tags may not hold;
 	// serialized size up to max_metadata_bytes, default 16384).
