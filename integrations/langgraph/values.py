@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from langgraph.store.base import get_text_at_path
 
-from tiermem._values import label_fault
+from tiermem._labels import label_fault
 
 from .keys import key_of
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from tiermem._values import label_fault
+from tiermem._labels import label_fault
 from tiermem.server.config import TIERS, ServerConfig
 from tiermem.server.model import importance
 from tiermem.server.model.errors import InvalidArgument
