@@ -269,11 +269,7 @@ def test_stdio_answers_malformed_lines_with_json_rpc_errors_and_keeps_serving(
         assert proc.poll() is None
     finally:
         stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
         assert proc.stdout is not None
         proc.stdout.close()
         print(errlog.read_text(), file=sys.stderr)
@@ -315,11 +311,16 @@ def _http_server(target: str, port: int, log: Path) -> Iterator[subprocess.Popen
         yield proc
     finally:
         proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait up to 10 s for ``proc`` to exit, then kill it."""
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def test_streamable_http_serves_the_tools(
