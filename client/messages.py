@@ -109,6 +109,14 @@ def _set_given(message: Any, **values: float | None) -> None:
             setattr(message, name, value)
 
 
+def strings(name: str, values: Iterable[str]) -> list[str]:
+    """A list argument of strings as a list; a str or a mapping is refused, not taken apart into
+    its characters or keys (``tags="deploy"`` would be five tags)."""
+    if isinstance(values, str | bytes | Mapping):
+        raise TypeError(f"{name} must be a list of strings, not {type(values).__name__}")
+    return list(values)
+
+
 def build_memory(
     namespace: str,
     content: str,
@@ -137,10 +145,10 @@ def build_memory(
         tier=tier_value(tier),  # type: ignore[arg-type,unused-ignore]
         source=source,
         topic=topic,
-        tags=list(tags),
+        tags=strings("tags", tags),
         embedding_model=embedding_model,
         token_cost=token_cost,
-        source_memory_ids=list(source_memory_ids),
+        source_memory_ids=strings("source_memory_ids", source_memory_ids),
     )
     if importance is not None:
         m.importance = importance
@@ -169,9 +177,9 @@ def build_filter(
 ) -> pb.MemoryFilter:
     f = pb.MemoryFilter(
         tiers=[tier_value(t) for t in tiers],  # type: ignore[misc,unused-ignore]
-        kinds=list(kinds),
-        tags_any=list(tags_any),
-        tags_all=list(tags_all),
+        kinds=strings("kinds", kinds),
+        tags_any=strings("tags_any", tags_any),
+        tags_all=strings("tags_all", tags_all),
         source=source,
         topic=topic,
     )

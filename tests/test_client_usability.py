@@ -551,3 +551,19 @@ def test_to_python_turns_repeated_messages_into_lists_of_dicts(client: MemoryCli
     assert stats["tiers"][0]["memory_count"] == 1
     [m] = [to_python(x) for x in client.list_memories(NS)]
     assert m["tags"] == ["a", "b"]
+
+
+def test_a_string_where_a_list_of_strings_goes_is_a_type_error(client: MemoryClient) -> None:
+    """``tags="deploy"`` would be six one-letter tags, a dict its keys: refused before any call."""
+    for call in (
+        lambda: client.create("n:a", "x", tags="deploy"),
+        lambda: client.create("n:a", "x", tags={"deploy": 1}),
+        lambda: client.create("n:a", "x", source_memory_ids="m1"),
+        lambda: client.search("n:a", "x", tags_any="deploy"),
+        lambda: client.search("n:a", "x", tags_all=b"deploy"),
+        lambda: client.list_page("n:a", kinds="observation"),
+    ):
+        with pytest.raises(TypeError, match="must be a list of strings"):
+            call()
+    assert client.stats().memory_count == 0
+    assert list(client.create("n:a", "x", tags=("deploy", "ci")).tags) == ["deploy", "ci"]

@@ -1056,3 +1056,44 @@ def test_puts_and_deletes_racing_on_one_key_never_fail(store: TiermemStore) -> N
     store.put(("race",), "k", {"final": True})
     item = store.get(("race",), "k")
     assert item is not None and item.value == {"final": True}
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def test_a_put_the_store_could_not_read_back_is_refused_and_writes_nothing(store: TiermemStore) -> None:
+    """A value nested past what JSON decoding reads, a value that is no dict, a bad ttl, or a long
+    key that is not valid Unicode text: a clear error before anything is stored (a deep value was
+    stored, then broke every search over its namespace)."""
+    store.put(("deep",), "ok", {"text": "hi", "nested": _nested(lg_values.MAX_DEPTH - 1)})
+    bad: list[tuple[str, Any, Any, type[Exception]]] = [
+        ("deep", _nested(lg_values.MAX_DEPTH + 1), None, ValueError),
+        ("deeper", _nested(985), None, ValueError),
+        ("list", [1, 2], None, TypeError),
+        ("ttl-negative", {"v": 1}, -1, ValueError),
+        ("ttl-zero", {"v": 1}, 0, ValueError),
+        ("ttl-nan", {"v": 1}, math.nan, ValueError),
+        ("ttl-huge", {"v": 1}, 1e300, ValueError),
+        ("ttl-str", {"v": 1}, "5", ValueError),
+        ("ttl-bool", {"v": 1}, True, ValueError),
+        ("\ud800" * 200, {"v": 1}, None, ValueError),
+    ]
+    for key, value, ttl, error in bad:
+        with pytest.raises(error):
+            store.put(("deep",), key, value, ttl=ttl)
+        with pytest.raises(error):  # in a batch, its other puts are not stored either
+            store.batch([PutOp(("deep",), "batched", {"v": 2}), PutOp(("deep",), key, value, ttl=ttl)])
+        assert store.get(("deep",), key[:100]) is None and store.get(("deep",), "batched") is None
+    assert [it.key for it in store.search(("deep",))] == ["ok"]
+    assert [it.key for it in store.search(("deep",), query="hi")] == ["ok"]
+
+
+def test_a_short_key_with_a_lone_surrogate_round_trips(store: TiermemStore) -> None:
+    store.batch([PutOp(("s",), "ok", {"v": 4}), PutOp(("s",), "a\ud800b", {"v": 3})])
+    item = store.get(("s",), "a\ud800b")
+    assert item is not None and item.key == "a\ud800b" and item.value == {"v": 3}
+    assert sorted(it.key for it in store.search(("s",))) == ["a\ud800b", "ok"]

@@ -126,6 +126,7 @@ def _check(op: Op) -> None:
             raise InvalidNamespaceError(
                 f'Root label for namespace cannot be "langgraph". Got: {op.namespace}'
             )
+        values.check_put(op.key, op.value, op.ttl)
     if isinstance(op, SearchOp | ListNamespacesOp) and (op.limit < 0 or op.offset < 0):
         raise ValueError(f"limit and offset must not be negative (limit {op.limit}, offset {op.offset})")
     if isinstance(op, ListNamespacesOp):

@@ -30,6 +30,7 @@ from langgraph.store.base import get_text_at_path
 from tiermem._labels import label_fault
 
 from .keys import key_of
+from .keys import memory_id as id_of_key
 
 KEY = "langgraph.key"
 VALUE = "langgraph.value"
@@ -46,6 +47,8 @@ CONTENT_BYTES = 65536
 MIRROR_STRING_BYTES = 512
 MAX_LABEL_BYTES = 256  # a metadata key
 EXACT_INT = 2**53  # numbers travel as doubles: larger integers would compare rounded
+MAX_DEPTH = 256  # levels of objects and arrays in a value (JSON decoding recurses once a level)
+MAX_TTL_MINUTES = 1e8  # about 190 years
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,9 @@ def store(
     """The content and metadata of an item put at ``now`` (epoch seconds). ``paths``: the texts to
     search (None: the value as JSON; False: not indexed)."""
     value_json = dumps(value)
-    meta: dict[str, Any] = {KEY: key, UPDATED: now}
+    meta: dict[str, Any] = {UPDATED: now}
+    if _storable_string(key, len(key) * 4):  # (else its memory id spells it: check_put)
+        meta[KEY] = key
     if ttl_minutes is not None:
         meta[TTL] = float(ttl_minutes)
     text = None if paths is False else value_json if paths is None else _search_text(value, paths)
@@ -171,13 +176,45 @@ def store(
     return Stored(content, meta)
 
 
+def check_put(key: str, value: Any, ttl: Any) -> None:
+    """What a put must hold for its item to be stored and read back: ValueError (TypeError for a
+    type) naming what is wrong, before anything is written."""
+    if not isinstance(key, str):
+        raise TypeError(f"a key is a str, not {type(key).__name__}")
+    if not _storable_string(key, len(key) * 4) and key_of(id_of_key(key)) is None:
+        raise ValueError(
+            "a key holding a lone surrogate (not valid Unicode text) must be short enough for its memory id to spell it"
+        )
+    if not isinstance(value, dict):
+        raise TypeError(f"a value is a dict, not {type(value).__name__}")
+    _check_depth(value)
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_MINUTES
+    ):
+        raise ValueError(f"ttl is a number of minutes in (0, {MAX_TTL_MINUTES:g}], got {ttl!r}")
+
+
+def _check_depth(value: dict[str, Any]) -> None:
+    """Values nest at most MAX_DEPTH levels: JSON decoding deeper ones runs out of Python's stack,
+    and one such item would break every search that reads it."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"a value nests at most {MAX_DEPTH} levels of objects and arrays")
+        if isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend((x, depth + 1) for x in v)
+
+
 def load(content: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The value stored by ``store``. A memory written by other means (not JSON, or not an object)
-    reads as ``{"content": <its content>}``."""
+    """The value stored by ``store``. A memory written by other means (not JSON, or not an object,
+    or nested past what Python decodes) reads as ``{"content": <its content>}``."""
     raw = metadata.get(VALUE)
     try:
         value = json.loads(raw if isinstance(raw, str) else content)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"content": content}
     return value if isinstance(value, dict) else {"content": content}
 
