@@ -1097,3 +1097,17 @@ def test_a_short_key_with_a_lone_surrogate_round_trips(store: TiermemStore) -> N
     item = store.get(("s",), "a\ud800b")
     assert item is not None and item.key == "a\ud800b" and item.value == {"v": 3}
     assert sorted(it.key for it in store.search(("s",))) == ["a\ud800b", "ok"]
+
+
+def test_an_index_or_a_query_of_the_wrong_type_is_refused(store: TiermemStore) -> None:
+    """``index="text"`` was taken as the paths t, e, x, t (the item silently unsearchable); a query
+    that is no str, or not valid Unicode text, failed from deep inside."""
+    with pytest.raises(TypeError, match="index"):
+        store.put(("q",), "a", {"text": "harbour boats"}, index="text")  # type: ignore[arg-type]
+    assert store.get(("q",), "a") is None
+    store.put(("q",), "a", {"text": "harbour boats"}, index=["text"])
+    with pytest.raises(TypeError, match="query"):
+        store.search(("q",), query=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="query"):
+        store.search(("q",), query="harbour \ud800")
+    assert [it.key for it in store.search(("q",), query="harbour")] == ["a"]

@@ -120,13 +120,12 @@ def _check(op: Op) -> None:
                     "without '.' or NUL"
                 )
     if isinstance(op, PutOp) and op.value is not None:
-        if not op.namespace:
-            raise InvalidNamespaceError("Namespace cannot be empty.")
-        if op.namespace[0] == "langgraph":
-            raise InvalidNamespaceError(
-                f'Root label for namespace cannot be "langgraph". Got: {op.namespace}'
-            )
-        values.check_put(op.key, op.value, op.ttl)
+        _check_put(op)
+    if isinstance(op, SearchOp) and op.query is not None:
+        if not isinstance(op.query, str):
+            raise TypeError(f"query is a str, not {type(op.query).__name__}")
+        if not values.storable(op.query):
+            raise ValueError("query must be valid Unicode text (it holds a lone surrogate)")
     if isinstance(op, SearchOp | ListNamespacesOp) and (op.limit < 0 or op.offset < 0):
         raise ValueError(f"limit and offset must not be negative (limit {op.limit}, offset {op.offset})")
     if isinstance(op, ListNamespacesOp):
@@ -135,6 +134,17 @@ def _check(op: Op) -> None:
         for condition in op.match_conditions or ():
             if condition.match_type not in ("prefix", "suffix"):
                 raise ValueError(f"Unsupported match type: {condition.match_type}")
+
+
+def _check_put(op: PutOp) -> None:
+    if not op.namespace:
+        raise InvalidNamespaceError("Namespace cannot be empty.")
+    if op.namespace[0] == "langgraph":
+        raise InvalidNamespaceError(f'Root label for namespace cannot be "langgraph". Got: {op.namespace}')
+    assert op.value is not None
+    values.check_put(op.key, op.value, op.ttl)
+    if op.index is not None and op.index is not False and not isinstance(op.index, list | tuple):
+        raise TypeError(f"index is a list of paths or False, not {type(op.index).__name__}")
 
 
 class TiermemStore(BaseStore):

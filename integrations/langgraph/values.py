@@ -159,7 +159,7 @@ def store(
     search (None: the value as JSON; False: not indexed)."""
     value_json = dumps(value)
     meta: dict[str, Any] = {UPDATED: now}
-    if _storable_string(key, len(key) * 4):  # (else its memory id spells it: check_put)
+    if storable(key):  # (else its memory id spells it: check_put)
         meta[KEY] = key
     if ttl_minutes is not None:
         meta[TTL] = float(ttl_minutes)
@@ -176,12 +176,17 @@ def store(
     return Stored(content, meta)
 
 
+def storable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode text, which UTF-8 (hence gRPC) can carry."""
+    return _storable_string(text, len(text) * 4)
+
+
 def check_put(key: str, value: Any, ttl: Any) -> None:
     """What a put must hold for its item to be stored and read back: ValueError (TypeError for a
     type) naming what is wrong, before anything is written."""
     if not isinstance(key, str):
         raise TypeError(f"a key is a str, not {type(key).__name__}")
-    if not _storable_string(key, len(key) * 4) and key_of(id_of_key(key)) is None:
+    if not storable(key) and key_of(id_of_key(key)) is None:
         raise ValueError(
             "a key holding a lone surrogate (not valid Unicode text) must be short enough for its memory id to spell it"
         )
