@@ -1111,3 +1111,10 @@ def test_an_index_or_a_query_of_the_wrong_type_is_refused(store: TiermemStore) -
     with pytest.raises(ValueError, match="query"):
         store.search(("q",), query="harbour \ud800")
     assert [it.key for it in store.search(("q",), query="harbour")] == ["a"]
+
+
+def test_an_unsupported_filter_is_refused_even_where_nothing_is_stored(store: TiermemStore) -> None:
+    with pytest.raises(ValueError, match=r"\$regex"):
+        store.search(("nothing", "here"), filter={"color": {"$regex": "r.*"}})
+    with pytest.raises(ValueError, match=r"\$regex"):
+        store.search(("nothing", "here"), query="red", filter={"color": {"$regex": "r.*"}})

@@ -121,11 +121,8 @@ def _check(op: Op) -> None:
                 )
     if isinstance(op, PutOp) and op.value is not None:
         _check_put(op)
-    if isinstance(op, SearchOp) and op.query is not None:
-        if not isinstance(op.query, str):
-            raise TypeError(f"query is a str, not {type(op.query).__name__}")
-        if not values.storable(op.query):
-            raise ValueError("query must be valid Unicode text (it holds a lone surrogate)")
+    if isinstance(op, SearchOp):
+        _check_search(op)
     if isinstance(op, SearchOp | ListNamespacesOp) and (op.limit < 0 or op.offset < 0):
         raise ValueError(f"limit and offset must not be negative (limit {op.limit}, offset {op.offset})")
     if isinstance(op, ListNamespacesOp):
@@ -134,6 +131,17 @@ def _check(op: Op) -> None:
         for condition in op.match_conditions or ():
             if condition.match_type not in ("prefix", "suffix"):
                 raise ValueError(f"Unsupported match type: {condition.match_type}")
+
+
+def _check_search(op: SearchOp) -> None:
+    # The filter is checked here, not when first applied: a search that finds nothing to apply it
+    # to (an empty namespace) would let an unsupported operator pass.
+    filters.where(op.filter)
+    if op.query is not None:
+        if not isinstance(op.query, str):
+            raise TypeError(f"query is a str, not {type(op.query).__name__}")
+        if not values.storable(op.query):
+            raise ValueError("query must be valid Unicode text (it holds a lone surrogate)")
 
 
 def _check_put(op: PutOp) -> None:
