@@ -410,3 +410,15 @@ def test_the_http_endpoint_stays_on_loopback_unless_told_otherwise() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--target", "t", "--transport", "streamable-http", "--host", "0.0.0.0"])
     assert parse_args(["--target", "t", "--transport", "streamable-http", "--host", "0.0.0.0", "--insecure"])
+
+
+def test_out_of_range_arguments_are_tool_errors_naming_what_is_wrong(client: MemoryClient) -> None:
+    async def scenario() -> None:
+        async with Client(build_server(client, namespace="agent:x")) as c:
+            result = await c.call_tool("build_context", {"token_budget": 2**31})
+            assert result.is_error and "token_budget" in _text(result), _text(result)
+            result = await c.call_tool("remember", {"content": "big", "metadata": {"n": 2**70}})
+            assert result.is_error and "metadata['n']" in _text(result), _text(result)
+            assert client.stats().memory_count == 0
+
+    _run(scenario)

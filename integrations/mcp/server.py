@@ -260,7 +260,7 @@ class MemoryTools:
     def build_context(
         self,
         token_budget: Annotated[
-            int, Field(gt=0, description="The most tokens the context may use (estimated).")
+            int, Field(gt=0, le=2**31 - 1, description="The most tokens the context may use (estimated).")
         ] = 1000,
         query: Annotated[
             str, Field(description="What the next turn is about: drives which memories are chosen.")

@@ -31,6 +31,8 @@ def set_metadata(target: Any, values: Mapping[str, Any]) -> None:
         if isinstance(v, bool):  # before int: bool is an int
             slot.bool_value = v
         elif isinstance(v, int):
+            if not -(2**63) <= v < 2**63:
+                raise ValueError(f"metadata[{key!r}] is an integer outside int64 (-2^63 to 2^63 - 1)")
             slot.int_value = v
         elif isinstance(v, float):
             slot.double_value = v
