@@ -178,7 +178,11 @@ def store(
 
 def storable(text: str) -> bool:
     """Whether ``text`` is valid Unicode text, which UTF-8 (hence gRPC) can carry."""
-    return _storable_string(text, len(text) * 4)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_put(key: str, value: Any, ttl: Any) -> None:

@@ -382,8 +382,8 @@ def feedback(
 def _check_answer_fits(st: EngineState, answer: list[Record]) -> None:
     """RESOURCE_EXHAUSTED, before anything changes, when the records could not be sent in one
     message."""
-    sizes: dict[int, int] = {}
-    total = sum(sizes.setdefault(r.rid, r.answer_bytes()) for r in answer)
+    sizes = {r.rid: r.answer_bytes() for r in answer}  # (an id given twice is answered twice)
+    total = sum(sizes[r.rid] for r in answer)
     if total > st.config.max_message_bytes:
         raise ResponseTooLarge(
             f"the answer would take about {total} bytes, over the {st.config.max_message_bytes} a message"

@@ -28,6 +28,7 @@ MAX_MODEL = 256
 MAX_REQUEST_ID = 128
 MAX_LINKED_IDS = 1000  # memory ids a memory or graph item names (as many as a summary covers)
 EARLIEST_TIME = -62_135_596_800.0  # 0001-01-01T00:00:00Z, the earliest valid Timestamp
+LATEST_TIMESTAMP = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the latest (stored times stop sooner)
 MIN_REFLECTION_IMPORTANCE = 0.8  # a reflection distils many observations: it ranks above most of them
 
 

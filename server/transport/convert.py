@@ -24,15 +24,12 @@ from tiermem.server.model.reports import (
     StatsReport,
 )
 from tiermem.server.model.types import FeedbackItem, Filter
+from tiermem.server.model.validation import EARLIEST_TIME, LATEST_TIMESTAMP
 from tiermem.server.model.validation import new_memory as check_new_memory
 from tiermem.server.search.query import FUSED, SearchHit, SearchQuery
 from tiermem.v1 import memory_pb2 as pb
 
 _INT32_MAX = 2**31 - 1
-
-
-# A google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
-_TS_SECONDS = (-62_135_596_800, 253_402_300_799)
 
 
 def ts_to_float(msg: Any, name: str, prefix: str = "") -> float | None:
@@ -43,7 +40,7 @@ def ts_to_float(msg: Any, name: str, prefix: str = "") -> float | None:
     ts = getattr(msg, name)
     if not 0 <= ts.nanos <= 999_999_999:
         raise InvalidArgument(f"{prefix}{name}", f"nanos must be in [0, 999999999], got {ts.nanos}")
-    if not _TS_SECONDS[0] <= ts.seconds <= _TS_SECONDS[1]:
+    if not EARLIEST_TIME <= ts.seconds <= LATEST_TIMESTAMP:
         raise InvalidArgument(f"{prefix}{name}", "must be between years 1 and 9999")
     return timestamp_seconds(ts)
 

@@ -54,22 +54,25 @@ def _rpc(method: F) -> F:
     def wrapper(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except TiermemError as e:
-            context.abort_with_status(to_status(e))
-        except grpc.RpcError as e:  # (reading a client stream the caller cancelled: nobody to answer)
-            _cancelled_or_internal(method.__name__, e, context)
         except Exception as e:
-            logger.exception("%s failed", method.__name__)
-            context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
+            _abort(method.__name__, e, context)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _cancelled_or_internal(name: str, e: Exception, context: grpc.ServicerContext) -> None:
-    if context.is_active():
+def _abort(name: str, e: Exception, context: grpc.ServicerContext) -> None:
+    """End the call with ``e`` as its status: a domain error as it is, anything else as INTERNAL
+    (logged), but for an RpcError of a call its caller cancelled (reading its stream): nobody is
+    left to answer."""
+    if isinstance(e, TiermemError):
+        status = to_status(e)
+    elif isinstance(e, grpc.RpcError) and not context.is_active():
+        logger.info("%s: the caller cancelled the call", name)
+        return
+    else:
         logger.error("%s failed", name, exc_info=e)
-        context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
-    logger.info("%s: the caller cancelled the call", name)
+        status = to_status(TiermemError(f"internal error: {type(e).__name__}"))
+    context.abort_with_status(status)
 
 
 def _rpc_stream(method: F) -> F:
@@ -79,13 +82,8 @@ def _rpc_stream(method: F) -> F:
     def wrapper(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             yield from method(self, request, context)
-        except TiermemError as e:
-            context.abort_with_status(to_status(e))
-        except grpc.RpcError as e:  # (reading a client stream the caller cancelled: nobody to answer)
-            _cancelled_or_internal(method.__name__, e, context)
         except Exception as e:
-            logger.exception("%s failed", method.__name__)
-            context.abort_with_status(to_status(TiermemError(f"internal error: {type(e).__name__}")))
+            _abort(method.__name__, e, context)
 
     return wrapper  # type: ignore[return-value]
 
