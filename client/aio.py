@@ -43,7 +43,7 @@ from .connection import (
     one_stub,
     open_aio_channel,
 )
-from .errors import TiermemError, from_rpc_error
+from .errors import DeadlineExceededError, TiermemError, from_rpc_error, unreached
 from .messages import TimeLike
 from .routing import ROUTE_HEADER, aio_route_interceptors, peek_route, top_scope
 
@@ -179,6 +179,9 @@ class AsyncMemoryClient(AsyncAgentMethods):
                     )
             except grpc.RpcError as e:
                 error = from_rpc_error(e)
+                if isinstance(error, DeadlineExceededError) and not error.reason:
+                    why = await _unreachable(self._healths[0], call_metadata)
+                    error = unreached(error, why) if why else error
             await asyncio.sleep(attempts.pause_after(error))  # raises the error if it is not made again
 
     async def _stream(

@@ -47,7 +47,7 @@ from .connection import (
     with_token,
 )
 from .connection import CallMetadata as CallMetadata
-from .errors import from_rpc_error
+from .errors import DeadlineExceededError, from_rpc_error, unreached
 from .messages import TimeLike as TimeLike
 from .messages import build_filter as build_filter
 from .messages import build_memory as build_memory
@@ -165,6 +165,9 @@ class MemoryClient(AgentMethods):
                 return result
             except grpc.RpcError as e:
                 error = from_rpc_error(e)
+                if isinstance(error, DeadlineExceededError) and not error.reason:
+                    why = _unreachable(self._healths[0], call_metadata)
+                    error = unreached(error, why) if why else error
             time.sleep(attempts.pause_after(error))  # raises the error if it is not made again
 
     def wait_ready(self, timeout: float | None = None, *, call_metadata: CallMetadata | None = None) -> None:

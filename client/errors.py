@@ -116,3 +116,17 @@ def from_rpc_error(err: grpc.RpcError) -> TiermemError:
                 retry_after = retry.retry_delay.ToNanoseconds() / 1e9
     cls = _BY_CODE.get(code, TiermemError)
     return cls(code, message or "", reason, tuple(violations), metadata, retry_after)
+
+
+def unreached(error: TiermemError, why: str) -> TiermemError:
+    """``error`` (a deadline that passed while the call waited for its connection) saying why the
+    server could not be reached: a bare DEADLINE_EXCEEDED after 30 s says nothing of a refused
+    connection."""
+    return type(error)(
+        error.code,
+        f"{error.message}: the server could not be reached ({why}); is it running at that address?",
+        error.reason,
+        error.field_violations,
+        error.metadata,
+        error.retry_after,
+    )

@@ -33,6 +33,13 @@ DEFAULT_MAX_ITEMS = (0.0, 1000.0, 500.0, 200.0, 100.0)
 DEFAULT_IMPORTANCE_THRESHOLD = (0.0, 0.8, 0.5, 0.3, 0.0)
 # How often the background pass visits each tier: per event-ish, per round, per cycle, hourly.
 DEFAULT_CADENCE_SECONDS = (0.0, 5.0, 60.0, 600.0, 3600.0)
+PER_TIER = (
+    "tier_ttl_seconds",
+    "tier_max_items",
+    "tier_importance_threshold",
+    "tier_cadence_seconds",
+    "half_life_hours",
+)
 
 RETENTION_POLICIES = {
     "importance_weighted": 1,
@@ -393,6 +400,7 @@ class ServerConfig:
         kinds = ("builtin", "openai", "sentence_transformers")
         need(self.embedder in kinds, "embedder", f"must be one of {', '.join(kinds)}")
         self._check_security(need)
+        self._check_lifecycle(need)
         need(self.startup_pending_max >= 0, "startup_pending_max", "must be >= 0")
         need(
             0 <= self.malloc_mmap_threshold <= 32 * 1024 * 1024,
@@ -431,6 +439,36 @@ class ServerConfig:
             value = getattr(self.tuning, f.name)
             need(math.isfinite(value) and value >= 0, f"tuning.{f.name}", "must be a finite number >= 0")
         need(self.tuning.eviction_summary_tokens > 0, "tuning.eviction_summary_tokens", "must be > 0")
+
+    def _check_lifecycle(self, need: Callable[[bool, str, str], None]) -> None:
+        for name in PER_TIER:
+            values = tuple(float(v) for v in getattr(self, name))
+            if len(values) == len(TIERS):  # FAST..GLACIAL alone: the unused index 0 added
+                values = (0.0, *values)
+            object.__setattr__(self, name, values)  # (frozen: set once, here)
+            need(
+                len(values) == len(TIERS) + 1 and all(math.isfinite(v) and v >= 0 for v in values[1:]),
+                name,
+                "needs 4 finite values >= 0, for FAST, MEDIUM, SLOW and GLACIAL (or 5, the first unused)",
+            )
+        need(
+            self.retention in RETENTION_POLICIES, "retention", f"must be one of {sorted(RETENTION_POLICIES)}"
+        )
+        need(
+            self.default_tier in TIERS,
+            "default_tier",
+            "must be 1 (FAST), 2 (MEDIUM), 3 (SLOW) or 4 (GLACIAL)",
+        )
+        need(
+            self.embedder != "openai" or bool(self.embedder_url and self.embedder_model),
+            "embedder",
+            "openai needs embedder_url and embedder_model",
+        )
+        need(
+            self.embedder != "sentence_transformers" or bool(self.embedder_model),
+            "embedder",
+            "sentence_transformers needs embedder_model (the model's directory)",
+        )
 
     def _check_security(self, need: Callable[[bool, str, str], None]) -> None:
         need(

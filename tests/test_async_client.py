@@ -474,6 +474,8 @@ def test_wait_ready_waits_for_serving_and_names_what_it_saw() -> None:
     async def nothing(c: AsyncMemoryClient) -> None:
         with pytest.raises(UnavailableError, match="last error UNAVAILABLE"):
             await c.wait_ready(timeout=0.5)
+        with pytest.raises(DeadlineExceededError, match="could not be reached"):  # a call says so too
+            await c.create("ns", "hello", timeout=0.5)
 
     run(f"127.0.0.1:{free}", nothing)
 

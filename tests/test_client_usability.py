@@ -165,6 +165,31 @@ def test_wait_ready_names_the_last_error_when_nothing_answers() -> None:
     assert "NOT_SERVING" not in str(info.value)
 
 
+def test_a_call_to_a_server_that_is_not_there_says_so_when_its_deadline_passes() -> None:
+    """A call waits for its connection until its deadline; its error then says the server could
+    not be reached, and why, not only DEADLINE_EXCEEDED."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with MemoryClient(f"127.0.0.1:{port}", timeout=0.5) as c, pytest.raises(DeadlineExceededError) as info:
+        c.create("ns", "hello")
+    assert "could not be reached" in str(info.value) and "UNAVAILABLE" in str(info.value)
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_a_deadline_a_reachable_server_missed_says_nothing_of_reaching_it(
+    server_factory: Callable[..., Any],
+) -> None:
+    running = server_factory()
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        c.wait_ready()
+        with pytest.raises(DeadlineExceededError) as info:
+            c.create_batch(
+                [{"namespace": "ns", "content": f"memory {i} " * 50} for i in range(1000)], timeout=0.001
+            )
+    assert "could not be reached" not in str(info.value)
+
+
 # --------------------------------------------------------------------------------------------
 # 2. a server restart within a call's deadline is invisible
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from tiermem.client import MemoryClient
 from tiermem.client.errors import InvalidArgumentError
 from tiermem.server.config import ServerConfig, Tuning, usable_cores
 from tiermem.server.core.background import Snapshots
+from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.storage.store import Store
 from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.v1 import memory_pb2 as pb
@@ -346,7 +347,7 @@ def test_a_port_in_use_is_refused_with_followers(tmp_path: Path) -> None:
         config = ServerConfig(
             host="127.0.0.1", port=taken.getsockname()[1], data_dir=tmp_path / "data", search_processes=2
         )
-        with pytest.raises(RuntimeError, match="cannot bind"):
+        with pytest.raises(FailedPrecondition, match="cannot listen"):
             create_server(config)
     assert not (tmp_path / "data").exists()  # refused before anything was opened
 

@@ -108,6 +108,38 @@ def test_fusion_weights_and_keyword_only(loaded: tuple[MemoryClient, dict[str, s
     assert [r.memory.id for r in only_vec] == [r.memory.id for r in plain]
 
 
+@pytest.mark.parametrize("strategy", ["similarity", "comprehensive", "weighted", "fast_first", "fused"])
+def test_keyword_hits_count_where_no_allowed_memory_has_a_vector_in_the_querys_space(
+    server_factory: Callable[..., RunningServer], strategy: str
+) -> None:
+    """A memory found by its keywords alone is a result whatever the vector side finds: also when
+    the filter (or the namespace) leaves no memory with a vector in the query's space. It was
+    dropped then, under every strategy but the fused one."""
+    c = _client(server_factory(clock=FakeClock()))
+    note = c.create("h", "zorp blick quarterly report", kind="note")  # in the built-in embedder's space
+    lunch = c.create(
+        "h", "unrelated text about lunch", kind="fact", embedding=[1, 0, 0, 0], embedding_model="m4"
+    )
+    opts = dict(embedding_model="m4", keywords="zorp", hybrid=True, read_only=True, strategy=strategy)
+    assert note.id in [h.memory.id for h in c.search("h", [1, 0, 0, 0], **opts)]
+    assert [h.memory.id for h in c.search("h", [1, 0, 0, 0], kinds=["note"], **opts)] == [note.id]
+    c.delete("h", lunch.id)
+    assert [h.memory.id for h in c.search("h", [1, 0, 0, 0], **opts)] == [note.id]
+
+
+@pytest.mark.parametrize("strategy", ["similarity", "comprehensive", "weighted", "fast_first", "fused"])
+def test_a_text_search_whose_space_holds_nothing_finds_by_keywords_alone(
+    server_factory: Callable[..., RunningServer], strategy: str
+) -> None:
+    """Every memory brings its own vector, none of the server's embedder: a hybrid text search (its
+    vector in an empty space) returns what its keywords match, not every memory."""
+    c = _client(server_factory(clock=FakeClock()))
+    zorp = c.create("h", "zorp blick quarterly report", embedding=[1, 0, 0, 0], embedding_model="m4")
+    c.create("h", "unrelated text about lunch", embedding=[0, 1, 0, 0], embedding_model="m4")
+    found = c.search("h", "zorp", hybrid=True, read_only=True, strategy=strategy)
+    assert [h.memory.id for h in found] == [zorp.id]
+
+
 def test_keyword_index_follows_updates_and_deletes(
     loaded: tuple[MemoryClient, dict[str, str]], server_factory: Callable[..., RunningServer]
 ) -> None:

@@ -1751,3 +1751,42 @@ def test_search_hit_rate(server_factory: Callable[..., RunningServer]) -> None:
         assert (se.search_hits, se.search_misses, se.hit_rate) == (0, 1, 0.0)
         sn = c.stats("user:h/never")
         assert (sn.search_hits, sn.search_misses, sn.hit_rate) == (0, 0, 0.0)
+
+
+def test_metadata_integers_past_2_53_compare_exactly(server_factory: Callable[..., Any]) -> None:
+    """int64 metadata (nanosecond times, snowflake ids) past what float64 holds exactly: two such
+    values a few apart were equal to every filter (compared as floats)."""
+    running = server_factory()
+    a, b = 1759000000123456789, 1759000000123456800  # (the same float64)
+    big = 2**62 + 1
+    with connect(running) as c:
+        ids = {
+            c.create("big", "event a", metadata={"ts": a}).id: "a",
+            c.create("big", "event b", metadata={"ts": b}).id: "b",
+            c.create("big", "event f", metadata={"ts": float(a)}).id: "f",  # the float both round to
+            c.create("big", "event s", metadata={"ts": 5}).id: "s",
+            c.create("big", "event g", metadata={"ts": big}).id: "g",
+        }
+
+        def found(where: dict[str, Any]) -> list[str]:
+            listed = sorted(ids[m.id] for m in c.list_memories("big", where=where))
+            searched = sorted(ids[h.memory.id] for h in c.search("big", "event", where=where, limit=10))
+            assert listed == searched
+            return listed
+
+        assert found({"metadata.ts": a}) == ["a"]
+        assert found({"metadata.ts": {"$in": [b, 5]}}) == ["b", "s"]
+        assert found({"metadata.ts": {"$ne": a}}) == ["b", "f", "g", "s"]
+        assert found({"metadata.ts": {"$nin": [a, b]}}) == ["f", "g", "s"]
+        assert found({"metadata.ts": {"$gt": a}}) == sorted(
+            k for k, v in (("b", b), ("f", float(a)), ("g", big)) if v > a
+        )
+        assert found({"metadata.ts": {"$gte": b}}) == ["b", "g"]
+        assert found({"metadata.ts": {"$lt": b}}) == sorted(
+            k for k, v in (("a", a), ("f", float(a)), ("s", 5)) if v < b
+        )
+        assert found({"metadata.ts": {"$lte": a}}) == sorted(
+            k for k, v in (("a", a), ("f", float(a)), ("s", 5)) if v <= a
+        )
+        assert found({"metadata.ts": float(a)}) == ["f"]
+        assert found({"metadata.ts": big}) == ["g"] and found({"metadata.ts": big - 1}) == []

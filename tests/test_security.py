@@ -707,3 +707,233 @@ def test_health_watch_streams_do_not_hold_the_handler_threads(
             callbacks = running.health._send_response_callbacks
             while any(callbacks.values()) and time.monotonic() < deadline:
                 time.sleep(0.05)
+
+
+# -- what a key learns, and how long it holds ------------------------------------------------------
+
+
+def test_a_key_refused_a_scope_learns_nothing_of_its_routing(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """A scope fenced or moved away: callers whose key does not cover it are refused by their key
+    (PERMISSION_DENIED), not told the scope's state or where it went."""
+    root = add_key(keys_file, [""], "admin")
+    ana_read = add_key(keys_file, ["user:ana"], "read")
+    ana_write = add_key(keys_file, ["user:ana"], "write")
+    running = server_factory(api_keys=str(keys_file))
+    with client(running, root) as g:
+        g.create("user:bob", "bob's memory")
+        g.set_scope_routing("user:bob", "fenced")
+    with client(running, ana_write) as c, pytest.raises(PermissionDeniedError) as e:
+        c.create("user:bob", "x")
+    assert e.value.reason == "NAMESPACE_NOT_COVERED"
+    with client(running, ana_read) as c, pytest.raises(PermissionDeniedError) as e:
+        c.create("user:ana", "x")  # a read key writing: its role, before any fence
+    assert e.value.reason == "ROLE_TOO_LOW"
+    with client(running, root) as g:
+        g.set_scope_routing("user:bob", "moved", moved_to="bob's own shard")
+    with client(running, ana_read) as c:
+        for call in (
+            lambda: c.get("user:bob", "any"),
+            lambda: c.search(["user:ana", "user:bob"], "memory"),
+            lambda: c.stats("user:bob"),
+            lambda: c.build_context(["user:bob"], token_budget=100),
+        ):
+            with pytest.raises(PermissionDeniedError) as e:
+                call()
+            assert e.value.reason == "NAMESPACE_NOT_COVERED" and "shard" not in str(e.value)
+
+
+def test_a_listing_page_token_does_not_show_namespaces_the_key_cannot_see(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    root = add_key(keys_file, [""], "admin")
+    ana = add_key(keys_file, ["user:ana"], "read")
+    running = server_factory(api_keys=str(keys_file))
+    with client(running, root) as g:
+        for ns in ("user:ana", "user:anabel", "user:bob"):
+            g.create(ns, f"a memory of {ns}")
+    with client(running, ana) as c:
+        for prefix in ("", "user:", "user:an"):
+            page = c.stub.ListNamespaces(pb.ListNamespacesRequest(prefix=prefix, page_size=1), timeout=10)
+            assert [n.name for n in page.namespaces] == ["user:ana"] and page.next_page_token == ""
+    with client(running, root) as g:  # a key that sees them all still pages through them
+        page = g.stub.ListNamespaces(pb.ListNamespacesRequest(prefix="user:", page_size=1), timeout=10)
+        assert [n.name for n in page.namespaces] == ["user:ana"] and page.next_page_token
+
+
+def test_streams_needing_admin_are_refused_as_they_open(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """A key without the role an import or a replication stream needs is refused before the
+    stream's first message: such calls that never send one hold no handler thread or stream slot."""
+    root = add_key(keys_file, [""], "admin")
+    reader = add_key(keys_file, ["user:zed"], "read")
+    ana_admin = add_key(keys_file, ["user:ana"], "admin")
+    running = server_factory(api_keys=str(keys_file), max_workers=4)
+    with client(running, root) as g:
+        g.create("user:ana", "ana's memory")
+    release = threading.Event()
+
+    def silent() -> Iterator[bytes]:
+        release.wait(30)
+        yield b""
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            md = (("authorization", f"Bearer {reader}"),)
+            opened = [
+                ch.stream_unary("/tiermem.v1.MemoryService/ImportMemories").future(
+                    silent(), timeout=30, metadata=md
+                )
+                for _ in range(4)
+            ] + [
+                ch.stream_stream("/tiermem.v1.MemoryService/ReplicateChanges")(
+                    silent(), timeout=30, metadata=md
+                )
+                for _ in range(4)
+            ]
+            for call in opened:
+                with pytest.raises(grpc.RpcError) as e:
+                    call.result(timeout=10) if hasattr(call, "result") else next(call)
+                assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            admin_md = (("authorization", f"Bearer {ana_admin}"),)
+            replicate = ch.stream_stream("/tiermem.v1.MemoryService/ReplicateChanges")
+            with pytest.raises(grpc.RpcError) as e:  # admin, but not of every namespace
+                next(replicate(silent(), timeout=30, metadata=admin_md))
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            with client(running, ana_admin) as c:  # the slots and threads are free
+                assert len(list(c.export_memories("user:ana"))) >= 2
+    finally:
+        release.set()
+
+
+def _revoke(keys_file: Path, token: str) -> None:
+    """Rewrite the keys file without the key of ``token``."""
+    key_id = token.split("_")[1]
+    keys_file.write_text(
+        "".join(line + "\n" for line in keys_file.read_text().splitlines() if key_id not in line)
+    )
+
+
+def test_a_revoked_key_ends_the_streams_it_opened(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """Revoking a key ends its export (what it had not read yet is not sent) and its import (the
+    chunks after the revocation are not stored), not only its next call."""
+    root = add_key(keys_file, [""], "admin")
+    ana = add_key(keys_file, ["user:ana"], "admin")
+    importer = add_key(keys_file, ["user:ana"], "admin")
+    running = server_factory(api_keys=str(keys_file))
+    vector = [1.0] + [0.0] * 7
+    with client(running, root) as g:
+        for b in range(4):
+            g.create_batch(
+                [{"namespace": "user:ana", "content": f"{b}-{i} " + "x" * 16000, "embedding": vector,
+                  "embedding_model": "m8"} for i in range(500)],
+            )  # fmt: skip
+    with client(running, ana) as c:
+        export = c.export_memories("user:ana")
+        first = [next(export) for _ in range(3)]
+        assert first[0].WhichOneof("chunk") == "header"
+        _revoke(keys_file, ana)
+        time.sleep(1.6)  # (the file is looked at once a second)
+        read = 3
+        with pytest.raises(UnauthenticatedError):
+            for _ in export:
+                read += 1
+        assert read < 2001  # (2,000 memories and the header: it ended before the end)
+
+    sent: list[str] = []
+
+    def chunks() -> Iterator[pb.ExportMemoriesResponse]:
+        yield pb.ExportMemoriesResponse(header=first[0].header)
+        for i in range(2):
+            yield pb.ExportMemoriesResponse(
+                memory=pb.Memory(id=f"early{i}", namespace="user:ana", content="x")
+            )
+            sent.append(f"early{i}")
+        _revoke(keys_file, importer)
+        time.sleep(1.6)
+        for i in range(2):
+            sent.append(f"late{i}")
+            yield pb.ExportMemoriesResponse(
+                memory=pb.Memory(id=f"late{i}", namespace="user:ana", content="x")
+            )
+
+    with client(running, importer) as c, pytest.raises(UnauthenticatedError):
+        c.import_memories(chunks(), target_namespace="user:ana/restored")
+    assert "late0" in sent
+    with client(running, root) as g:
+        assert [m.id for m in g.list_memories("user:ana/restored")] == []
+
+
+def test_the_private_socket_of_search_followers_needs_their_secret(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """The leader's private socket (for its followers) has no TLS: a local process that finds it
+    must not get around TLS there, even holding a key."""
+    from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER
+
+    ana = add_key(keys_file, ["user:ana"], "write")
+    running = server_factory(search_processes=2, api_keys=str(keys_file))
+    assert running.followers is not None
+    with grpc.insecure_channel(running.followers.leader) as ch:
+        c = MemoryClient(channel=ch, timeout=20, api_key=ana)
+        with pytest.raises(PermissionDeniedError) as e:
+            c.create("user:ana", "through the private socket")
+        assert e.value.reason == "PRIVATE_SOCKET"
+        md = ((PRIVATE_SECRET_HEADER, "0" * 32),)
+        with pytest.raises(PermissionDeniedError):
+            c.create("user:ana", "a guessed secret", call_metadata=md)
+        md = ((PRIVATE_SECRET_HEADER, running.followers.secret),)  # what the followers send
+        assert c.create("user:ana", "with the secret", call_metadata=md).content == "with the secret"
+    with client(running, ana) as c:  # through the public port (the leader or a follower)
+        c.create("user:ana", "through the port")
+        assert c.stats("user:ana").memory_count == 2
+
+
+def test_a_search_at_a_future_as_of_records_its_accesses_now(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """A read key ranking at a time ahead (as_of) must not date its results' last access there,
+    which would keep them from fading (idle demotion counts from the last access)."""
+    reader = add_key(keys_file, ["user:ana"], "read")
+    root = add_key(keys_file, [""], "admin")
+    running = server_factory(api_keys=str(keys_file), search_records_access=True)
+    with client(running, root) as g:
+        m = g.create("user:ana", "a memory about sailing")
+    ahead = time.time() + 100 * 365 * 86400
+    with client(running, reader) as c:
+        assert [h.memory.id for h in c.search("user:ana", "sailing", as_of=ahead)] == [m.id]
+    running.engine.flush_access()
+    with client(running, root) as g:
+        got = g.get("user:ana", m.id)
+    assert got.access_count == 1
+    assert got.last_access_time.ToSeconds() <= time.time() + 1
+
+
+def test_no_caller_can_claim_the_built_in_embedders_space(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Spaces are server-wide: a vector of another dimension labelled with the built-in model's
+    name, sent first on a fresh server, would have failed everyone's plain creates and searches."""
+    running = server_factory()
+    model = running.engine.config.builtin_model
+    with client(running) as c:
+        with pytest.raises(InvalidArgumentError) as e:
+            c.create("user:mallory", "x", embedding=[1.0, 0.0, 0.0], embedding_model=model)
+        assert e.value.reason == "EMBEDDING_DIMENSION_MISMATCH"
+        m = c.create("user:mallory", "y", embedding=[1.0, 0.0, 0.0], embedding_model="m3")
+        with pytest.raises(InvalidArgumentError) as e:
+            c.update("user:mallory", m.id, embedding=[0.0, 1.0, 0.0], embedding_model=model)
+        assert e.value.reason == "EMBEDDING_DIMENSION_MISMATCH"
+        chunks = list(c.export_memories("user:mallory"))
+        for chunk in chunks:
+            if chunk.WhichOneof("chunk") == "memory":
+                chunk.memory.embedding_model = model
+        with pytest.raises(InvalidArgumentError) as e:
+            c.import_memories(iter(chunks), target_namespace="user:mallory2")
+        assert e.value.reason == "EMBEDDING_DIMENSION_MISMATCH"
+        c.create("user:bob", "bob sails on weekends")
+        assert [h.memory.content for h in c.search("user:bob", "sails")] == ["bob sails on weekends"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -104,6 +105,13 @@ def _server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> su
         ((), {"TIERMEM_EMBEDER": "openai"}, "TIERMEM_EMBEDER"),
         (("--log-level", "verbose"), {}, "log_level"),
         ((), {"TIERMEM_EMBEDDER": "word2vec"}, "embedder"),
+        # (checked when the lifecycle policy was built, after the data was opened: exit 1 and a traceback)
+        ((), {"TIERMEM_RETENTION": "bogus"}, "retention"),
+        ((), {"TIERMEM_TIER_MAX_ITEMS": "1,2"}, "tier_max_items"),
+        ((), {"TIERMEM_HALF_LIFE_HOURS": "1,24,nan,720"}, "half_life_hours"),
+        ((), {"TIERMEM_DEFAULT_TIER": "7"}, "default_tier"),
+        ((), {"TIERMEM_EMBEDDER": "openai"}, "embedder_url"),
+        ((), {"TIERMEM_EMBEDDER": "sentence_transformers"}, "embedder_model"),
     ],
 )
 def test_the_server_refuses_bad_settings_in_one_line(
@@ -157,3 +165,21 @@ def test_json_logs_carry_request_ids_and_an_access_line(tmp_path: Path) -> None:
     assert create and create[0]["code"] == "OK" and create[0]["request_id"] == "req-42"
     missing = [r for r in access if r["method"].endswith("/GetMemory")]
     assert missing and missing[0]["code"] == "NOT_FOUND" and missing[0]["request_id"]
+
+
+def test_per_tier_settings_take_the_four_tiers_alone() -> None:
+    """FAST, MEDIUM, SLOW, GLACIAL, as the docs' table lists them; the internal form (index 0
+    unused first) still works."""
+    four = ServerConfig.from_env(env={"TIERMEM_HALF_LIFE_HOURS": "2,48,336,1440", "TIERMEM_CONFIG": ""})
+    five = ServerConfig.from_env(env={"TIERMEM_HALF_LIFE_HOURS": "0,2,48,336,1440", "TIERMEM_CONFIG": ""})
+    assert four.half_life_hours == five.half_life_hours == (0.0, 2.0, 48.0, 336.0, 1440.0)
+
+
+def test_a_port_in_use_stops_the_server_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = _server(tmp_path, "--port", str(taken.getsockname()[1]))
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "cannot listen on 127.0.0.1" in err and "CANNOT_LISTEN" in err and "Traceback" not in err

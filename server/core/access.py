@@ -22,7 +22,9 @@ logger = logging.getLogger(__name__)
 def record_hits(st: EngineState, q: SearchQuery, hits: list[SearchHit]) -> list[SearchHit]:
     """A search's side effects: its results count as accessed (unless read_only) and as hits."""
     if hits and not q.read_only and st.config.search_records_access:
-        record_access(st, [h.record.rid for h in hits], st.clock() if q.as_of is None else q.as_of)
+        # (never later than now: a search ranking at a future as_of must not keep its results from fading)
+        now = st.clock()
+        record_access(st, [h.record.rid for h in hits], now if q.as_of is None else min(q.as_of, now))
     st.searches.count(q.namespaces, {h.record.namespace for h in hits}, bool(hits))
     return hits
 

@@ -250,7 +250,8 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]
                 raise AlreadyExists(f"memory {rec.id!r} already exists in namespace {rec.namespace!r}")
             if vec is not None:
                 known = spaces.get(rec.embedding_model)
-                check.same_dimension("embedding", rec.embedding_model, int(vec.shape[0]), known)
+                fixed = st.fixed_dim(rec.embedding_model, known)
+                check.same_dimension("embedding", rec.embedding_model, int(vec.shape[0]), fixed)
                 if known is None:
                     st.store.put_space(txn, rec.embedding_model, int(vec.shape[0]))
                     spaces[rec.embedding_model] = int(vec.shape[0])

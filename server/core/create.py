@@ -262,7 +262,9 @@ class _CreateOp:
         if dim == 0:
             return  # no vector yet (embedder failed): the space is checked when it is embedded
         prefix = f"memories[{i}]." if self.batch else "memory."
-        check.same_dimension(f"{prefix}embedding", m.embedding_model, dim, known)
+        check.same_dimension(
+            f"{prefix}embedding", m.embedding_model, dim, self.st.fixed_dim(m.embedding_model, known)
+        )
         if known is None:
             self.st.store.put_space(txn, m.embedding_model, dim)
             spaces[m.embedding_model] = dim

@@ -273,7 +273,7 @@ class _UpdateOp:
         st = self.st
         model = self.c.embedding_model if self.new_vec is not None else rec.embedding_model
         dim = st.store.space(txn, model)
-        check.same_dimension("memory.embedding", model, int(vec.shape[0]), dim)
+        check.same_dimension("memory.embedding", model, int(vec.shape[0]), st.fixed_dim(model, dim))
         if dim is None:
             st.store.put_space(txn, model, int(vec.shape[0]))
         rec.embedding_model = model

@@ -170,15 +170,18 @@ def list_namespaces(
     size = check.page_size("page_size", page_size, st.config)
     after = decode_token("page_token", page_token, str) if page_token else ""
     out: list[tuple[str, int]] = []
+    # With ``within``, a next token only when a namespace it accepts follows: one it hides must not
+    # show through the token.
+    wanted = size if within is None else size + 1
     while True:
         page, more = st.columns.namespaces_page(prefix, after, size)
         out += page if within is None else [(n, c) for n, c in page if within(n)]
-        if len(out) >= size or not more or not page:
+        if len(out) >= wanted or not more or not page:
             break
         after = page[-1][0]
     cut = len(out) > size
     out = out[:size]
-    return out, (encode_token(out[-1][0]) if out and (more or cut) else "")
+    return out, (encode_token(out[-1][0]) if out and (cut or (more and within is None)) else "")
 
 
 # Routing states of a top-level scope (the proto's ScopeRouting): served, writes fenced while it

@@ -147,6 +147,15 @@ class EngineState:
             self.spaces[model] = sp
         return sp
 
+    def fixed_dim(self, model: str, stored: int | None) -> int | None:
+        """The dimension a vector of ``model`` must have (``stored``: its space's, None when new):
+        the built-in embedder's space has its embedder's, so that no caller's first vector, sent
+        with that model's name, fixes another one (spaces are server-wide: every plain create and
+        search would then fail)."""
+        if stored is None and self.config.embedder == "builtin" and model == self.config.builtin_model:
+            return self.config.builtin_dimension
+        return stored
+
     def index(self, sp: Space, tier: int) -> Index:
         """The index of a space's tier, created (and handed to the indexer) on first use."""
         idx = sp.indexes.get(tier)

@@ -19,6 +19,13 @@ from tiermem.server.config import Tuning
 from tiermem.server.model.records import Record
 
 _CHANGE_LOG = Tuning().columns_change_log
+EXACT_INT = 2**53  # float64 holds every integer up to this exactly, not all past it
+
+
+def exact_float(v: Any) -> bool:
+    """Whether float64 holds number ``v`` exactly (every float; an integer up to 2^53)."""
+    return not isinstance(v, int) or -EXACT_INT <= v <= EXACT_INT
+
 
 _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "alive": (np.bool_, False),
@@ -107,6 +114,9 @@ class MetadataArrays:
     rows: tuple[np.ndarray, np.ndarray, np.ndarray]
     values: tuple[np.ndarray, np.ndarray, np.ndarray]
     max_row: int  # the highest row of any kind, -1 when none has the key
+    # The numbers as stored (Python ints and floats) when one is an integer past 2^53, which float64
+    # cannot hold exactly (None otherwise): filters compare those rows again with them.
+    exact: np.ndarray | None = None
 
 
 class Columns:
@@ -361,6 +371,7 @@ class Columns:
                 np.array(vals[2], dtype=object),
             ),
             max_row=max((int(r.max()) for r in rows if r.shape[0]), default=-1),
+            exact=np.array(vals[1], dtype=object) if any(not exact_float(v) for v in vals[1]) else None,
         )
         self._meta_arrays[key] = (version, arrays)
         return arrays

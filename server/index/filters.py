@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tiermem.server.index.columns import Columns, ColumnsView
+from tiermem.server.index.columns import EXACT_INT, Columns, ColumnsView, exact_float
 from tiermem.server.model.errors import InvalidArgument
 
 FIELD = "filter.where"
@@ -327,6 +327,25 @@ def _tags(op: str, arg: Any, path: str) -> Mask:
     return mask
 
 
+def _compare_exactly(
+    op: str, col: np.ndarray, exact: np.ndarray | None, wanted: list[Any], res: np.ndarray
+) -> None:
+    """Compare again, in Python's exact arithmetic, the rows float64 could have got wrong: those
+    whose value's float equals a wanted number's, where either is an integer past 2^53 (a float
+    comparison that is strict is right whatever the rounding, which keeps order)."""
+    floats = np.array([float(a) for a in wanted], np.float64)
+    near = np.isin(col, floats) & (np.abs(col) >= EXACT_INT)
+    compare = {
+        "$gt": lambda x: x > wanted[0],
+        "$gte": lambda x: x >= wanted[0],
+        "$lt": lambda x: x < wanted[0],
+        "$lte": lambda x: x <= wanted[0],
+    }.get(op, lambda x: any(x == w for w in wanted))
+    for i in np.flatnonzero(near):
+        value = col[i] if exact is None else exact[i]  # (None: the stored numbers are all exact floats)
+        res[i] = compare(value.item() if isinstance(value, np.generic) else value)
+
+
 def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
     _check_op(op, path, _COMPARE | _SETS)
     values = _listed(op, arg, path)
@@ -347,6 +366,9 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
         2: [a for a in values if isinstance(a, str)],
     }
 
+    numbers = [a for a in values if isinstance(a, int | float) and not isinstance(a, bool)]
+    inexact = not all(exact_float(a) for a in numbers)  # an integer past 2^53 among them
+
     def mask(v: ColumnsView, c: Columns) -> np.ndarray:
         arr = c.metadata_arrays(key)
         found = []  # rows whose value of the key satisfies the comparison
@@ -354,9 +376,11 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
             rows, col = arr.rows[k], arr.values[k]
             if not wanted or not rows.shape[0]:
                 continue
+            exact = arr.exact if k == 1 and (inexact or arr.exact is not None) else None
             if arr.max_row >= v.n:  # a view older than the arrays: rows past it are not in it
                 keep = rows < v.n
                 rows, col = rows[keep], col[keep]
+                exact = None if exact is None else exact[keep]
             if op in ("$in", "$nin", "$eq", "$ne"):
                 res = np.isin(col, np.array(wanted, dtype=col.dtype))
             else:
@@ -364,6 +388,8 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
                 res = {"$gt": col > x, "$gte": col >= x, "$lt": col < x, "$lte": col <= x}[op].astype(
                     np.bool_
                 )
+            if k == 1 and (inexact or exact is not None):
+                _compare_exactly(op, col, exact, numbers, res)
             found.append(rows[res])
         if op in ("$ne", "$nin"):  # a memory without the key (or with another type) is "not equal"
             out = np.ones(v.n, np.bool_)

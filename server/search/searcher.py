@@ -274,9 +274,9 @@ class Searcher:
         only_tier: int = 0,
     ) -> list[SearchHit]:
         src = self.source
-        # Under the fused strategy keywords alone may find memories a vector search cannot (no vector
-        # yet, or none in the query's space).
-        by_keywords = a.strategy == FUSED and a.hybrid is not None and a.hybrid.keyword_weight > 0
+        # Keywords alone may find memories a vector search cannot (no vector yet, or none in the
+        # query's space): under the fused strategy, and fused by rank into the others (hybrid).
+        by_keywords = a.hybrid is not None and a.hybrid.keyword_weight > 0
         if query is not None and sp is None and not by_keywords:
             return []
         viewed = self._viewed(a, flt, sp, only_tier, by_keywords)
@@ -310,7 +310,9 @@ class Searcher:
                 )
             scorer = Scorer(view, sp, query, a, row_w, tables, src.columns.namespaces)
             fused_limit = similarity_depth(a.limit) if a.hybrid else a.limit  # (each list fused this deep)
-            if query is None or sp is None or count <= src.config.exact_search_max_rows:
+            if query is not None and sp is None:  # nothing in the query's space: keywords alone find rows
+                scored = scorer(np.empty(0, np.int64))
+            elif query is None or count <= src.config.exact_search_max_rows:
                 scored = scorer(np.flatnonzero(mask))
             else:
                 self._observer.candidate_search()

@@ -18,6 +18,7 @@ from tiermem.server.agent.context import Assembler
 from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.config import ServerConfig, is_loopback
 from tiermem.server.core.engine import Engine
+from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.transport import follower
 from tiermem.server.transport.decoding import add_memory_service
 from tiermem.server.transport.follower import Followers
@@ -101,6 +102,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         engine = servicer.engine
         return None if engine is None else engine.scope_routing(scope)
 
+    secret = follower.new_secret() if leading else ""
     server = grpc_server(
         config,
         reuseport=leading,
@@ -111,16 +113,16 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         is_replica=is_replica if config.replica_of else None,
         replica_copying=replica_copying if config.replica_of else None,
         after_write=confirm_write if config.replica_ack == "sync" else None,
+        private_secret=secret,
     )
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
     port = bind(server, f"{config.host}:{config.port}", config)
     if port == 0:
-        raise RuntimeError(f"cannot bind {config.host}:{config.port}")
-    private, secret = "", ""
+        raise _cannot_bind(config.host, config.port, "the port is in use, or the host is not this machine's")
+    private = ""
     if leading:
         private = follower.private_address()
-        secret = follower.new_secret()
         server.add_generic_rpc_handlers((follower.report_handler(lambda: servicer.engine, secret),))
         if server.add_insecure_port(private) == 0:
             raise RuntimeError(f"cannot bind {private}")
@@ -163,14 +165,18 @@ def _check_port_free(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as e:
-        raise RuntimeError(f"cannot resolve {host}:{port}: {e}") from None
+        raise _cannot_bind(host, port, f"cannot resolve the host: {e}") from None
     for family, kind, proto, _, addr in infos:
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(addr)
             except OSError as e:
-                raise RuntimeError(f"cannot bind {host}:{port}: {e}") from None
+                raise _cannot_bind(host, port, e.strerror or str(e)) from None
+
+
+def _cannot_bind(host: str, port: int, why: str) -> FailedPrecondition:
+    return FailedPrecondition(f"cannot listen on {host}:{port}: {why}", "CANNOT_LISTEN")
 
 
 def serve(config: ServerConfig) -> None:

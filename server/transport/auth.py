@@ -4,13 +4,17 @@ its limits, and its right to every namespace the request names (``RULES``). The 
 with the key in ``caller()``, so listings, stats and exports show only what it covers.
 
 Health checks need no key. The search followers' private report method is checked by its own
-handler (its peer must be the leader's Unix socket). A forwarded call (raw bytes in a follower) is
+handler (its peer must be the leader's Unix socket); every other call over that socket must carry
+the run's secret. A key is checked before a scope's routing (a refused key learns nothing of it),
+for imports and replication streams as they open, and on long streams again as they run (a
+revoked key ends them). A forwarded call (raw bytes in a follower) is
 authenticated there and checked in full by the leader it is forwarded to. Tokens are never logged."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import hmac
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -32,6 +36,9 @@ from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.status import to_status
 
 SERVICE = "/tiermem.v1.MemoryService/"
+# The per-run secret a leader's search followers present on its private Unix socket (follower.py):
+# every call arriving there must carry it, as that socket bypasses TLS.
+PRIVATE_SECRET_HEADER = "tiermem-follower-secret"
 HEALTH = "/grpc.health.v1.Health/"
 MONITORING = (HEALTH, SERVICE + "GetStats")
 READ, WRITE, ADMIN = "read", "write", "admin"
@@ -149,17 +156,24 @@ RULES: dict[str, Callable[[ApiKey, Any], None]] = {
     "SetScopeRouting": _simple(ADMIN, "SetScopeRouting"),
 }
 IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first chunk's target
+# Streams whose role is known before their first message: checked as they open, so that a key
+# without it holds no handler thread or stream slot waiting for a message.
+OPENING: dict[str, Callable[[ApiKey], None]] = {
+    "ImportMemories": lambda key: _need(key, ADMIN, [], "ImportMemories"),
+    "ReplicateChanges": lambda key: _everything(key, ADMIN, "ReplicateChanges"),
+}
+KEY_RECHECK_SECONDS = 0.5  # how often a long call checks its key is still in the keys file
 _REPLICA_REFUSES = routing.WRITES | {"SetScopeRouting"}  # what a replica answers READ_ONLY_REPLICA
 
 
 def authorize(method: str, request: Message) -> None:
-    """For a handler that decodes its own request (a follower's searches): InvalidArgument unless
-    its routing key matches it, PermissionDenied unless the caller's key may make it."""
-    route, sharded, routing_of = _route.get()
-    routing.check(method, names.NAMES[method](request), route if sharded else routing.ANY, routing_of)
+    """For a handler that decodes its own request (a follower's searches): PermissionDenied unless
+    the caller's key may make it, then InvalidArgument unless its routing key matches it."""
     key = caller()
     if key is not None:
         RULES[method](key, request)
+    route, sharded, routing_of = _route.get()
+    routing.check(method, names.NAMES[method](request), route if sharded else routing.ANY, routing_of)
 
 
 def _abort(context: grpc.ServicerContext, err: TiermemError, retry_after: float | None = None) -> None:
@@ -192,7 +206,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         is_replica: Callable[[], bool] | None = None,
         after_write: Callable[[], None] | None = None,
         replica_copying: Callable[[], bool] | None = None,
+        private_secret: str = "",
     ) -> None:
+        self.private_secret = private_secret  # required of calls over a Unix socket (a leader's private one)
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
         self.sharded = sharded  # requests naming namespaces must carry their routing key (routing.py)
@@ -211,7 +227,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return handler  # (health needs no key, is cheap, and its Watch must stay non-blocking)
         # Authenticated and admitted as it arrives, before it waits for a handler thread: a call
         # refused here is answered at once, reads nothing and holds no share of the cap.
-        key = None
+        key, token = None, None
         if self.keys is not None:
             token = _token(details.invocation_metadata)
             key = self.keys.lookup(token) if token else None
@@ -226,7 +242,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     )
                 )
         name = method[len(SERVICE) :] if method.startswith(SERVICE) else ""
+        opening = OPENING.get(name)
+        if key is not None and opening is not None:
+            try:
+                opening(key)
+            except PermissionDenied as e:
+                return _refusal(e)
         call = _Call(self, method, RULES.get(name), key)
+        call.token = token
         call.name = name
         call.named = names.NAMES.get(name)
         call.route = routing.route_of(details.invocation_metadata)
@@ -265,11 +288,29 @@ class _Call:
         self.writing: list[str] = []  # the top-level scopes it writes, counted in the write gate
         self.named: Callable[[Any], list[str]] | None = None  # the namespaces a request names
         self.route: str | None = None  # the call's routing key
+        self.token: str | None = None  # the call's bearer token (when the server has keys)
+        self._key_checked = time.monotonic()
+
+    def key_still_valid(self) -> None:
+        """Unauthenticated once the call's key has left the keys file or changed (a revoked key
+        ends the streams it opened, not only its next call); looked at every KEY_RECHECK_SECONDS."""
+        keys = self.owner.keys
+        if keys is None or self.token is None:
+            return
+        now = time.monotonic()
+        if now - self._key_checked < KEY_RECHECK_SECONDS:
+            return
+        self._key_checked = now
+        if keys.lookup(self.token) != self.key:
+            raise Unauthenticated(
+                "the API key was revoked or its rights changed while this call ran", "API_KEY_INVALID"
+            )
 
     def enter(self, context: grpc.ServicerContext) -> ApiKey | None:
         """The key's own limits (aborting the call past them); returns the call's key."""
         key = self.key
         try:
+            self._check_private(context)
             if key is not None:
                 wait = self.owner.limits.enter(key.id)
                 if wait is not None:
@@ -282,6 +323,20 @@ class _Call:
             self._release()
             raise
         return key
+
+    def _check_private(self, context: grpc.ServicerContext) -> None:
+        """PERMISSION_DENIED for a call over the private socket without the run's secret."""
+        secret = self.owner.private_secret
+        if not secret or not context.peer().startswith("unix"):
+            return
+        given = next(
+            (md.value for md in context.invocation_metadata() or () if md.key == PRIVATE_SECRET_HEADER), ""
+        )
+        if not hmac.compare_digest(str(given), secret):
+            _abort(
+                context,
+                PermissionDenied("this socket serves the server's own followers only", "PRIVATE_SOCKET"),
+            )
 
     def _release(self) -> None:
         if self.lease is not None:
@@ -327,6 +382,12 @@ class _Call:
         refuses it)."""
         if not isinstance(request, Message):
             return
+        # The key first: a call it may not make learns nothing of the server's or a scope's state.
+        if key is not None:
+            if self.rule is not None:
+                self.rule(key, request)
+            elif self.method.startswith(SERVICE):  # (a method without a rule: admin on everything)
+                _everything(key, ADMIN, self.method)
         if self.owner.is_replica is not None and self.name in _REPLICA_REFUSES and self.owner.is_replica():
             raise FailedPrecondition(
                 "this server is a replica: writes go to its leader (or promote it first)", "READ_ONLY_REPLICA"
@@ -342,12 +403,6 @@ class _Call:
                 err.retry_after = 1.0
                 raise err
             self._check_routing(named)
-        if key is None:
-            return
-        if self.rule is not None:
-            self.rule(key, request)
-        elif self.method.startswith(SERVICE):  # (a method without a rule: admin on everything)
-            _everything(key, ADMIN, self.method)
 
     def _check_routing(self, named: list[str]) -> None:
         gate = self.owner.gate
@@ -407,7 +462,7 @@ def _stream_out(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         with call.serving(context) as key:
             call.check_or_abort(key, request, context)
-            yield from inner(request, context)
+            yield from _while_key_valid(inner(request, context), call, context)
 
     return behavior
 
@@ -417,11 +472,12 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
     PermissionDenied into the handler, which answers it and stores nothing more)."""
     target: str | None = None
     for r in requests:
+        call.key_still_valid()
         if call.method == IMPORT and isinstance(r, Message):
             target = r.target_namespace if target is None else target  # type: ignore[attr-defined]
-            call._check_routing(names.import_chunk(r, target))
             if key is not None:
                 _import_chunk(key, r, target)
+            call._check_routing(names.import_chunk(r, target))
         else:
             call.check(key, r)
         yield r
@@ -440,6 +496,16 @@ def _stream_in(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
 def _stream_in_stream_out(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         with call.serving(context) as key:
-            yield from inner(_checked(requests, key, call), context)
+            yield from _while_key_valid(inner(_checked(requests, key, call), context), call, context)
 
     return behavior
+
+
+def _while_key_valid(responses: Iterator[Any], call: _Call, context: grpc.ServicerContext) -> Iterator[Any]:
+    """A response stream, ended with UNAUTHENTICATED once the call's key is revoked."""
+    for r in responses:
+        try:
+            call.key_still_valid()
+        except TiermemError as e:
+            _abort(context, e)
+        yield r

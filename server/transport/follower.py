@@ -42,7 +42,7 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import TiermemError
 from tiermem.server.model.reports import FollowerReport
-from tiermem.server.transport.auth import authorize
+from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER, authorize
 from tiermem.server.transport.decoding import checked_raw
 from tiermem.server.transport.forward import Forwarder, methods_of
 from tiermem.server.transport.process import (
@@ -70,10 +70,10 @@ def private_address() -> str:
     return f"unix-abstract:tiermem-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
-# The leader's per-run secret its followers present when they report (an abstract socket has no
+# The leader's per-run secret its followers present on every call to it (an abstract socket has no
 # file permissions: any local user could reach it); passed to them in the environment.
 SECRET_ENV = "TIERMEM_FOLLOWER_SECRET"
-SECRET_HEADER = "tiermem-follower-secret"
+SECRET_HEADER = PRIVATE_SECRET_HEADER  # on every call a follower makes to its leader
 
 
 def new_secret() -> str:
@@ -315,7 +315,12 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     engine = Engine(config, follower=True, access_sink=sink)
     server = grpc_server(config, reuseport=True, routing_of=engine.scope_routing)
     forwarder = Forwarder(
-        channel, SERVICE.full_name, methods_of(SERVICE), keep=set(SEARCHES), upstream="the leader"
+        channel,
+        SERVICE.full_name,
+        methods_of(SERVICE),
+        keep=set(SEARCHES),
+        upstream="the leader",
+        metadata=((SECRET_HEADER, secret),),
     )
     server.add_generic_rpc_handlers((forwarder,))
     # A follower's servicer answers searches only (everything else is forwarded): no agent services.

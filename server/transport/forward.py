@@ -8,8 +8,9 @@ None for those, so the handler registered after it serves them locally.
 Messages are never parsed: request and response bytes go through unchanged. What else passes:
 
 - upstream: the caller's invocation metadata, but ``user-agent`` (the forwarding channel sends its
-  own) and keys starting with ``:`` (HTTP/2 pseudo-headers, which gRPC refuses to send); and the
-  caller's remaining deadline as the upstream call's timeout.
+  own) and keys starting with ``:`` (HTTP/2 pseudo-headers, which gRPC refuses to send), with the
+  forwarder's own ``metadata`` in place of any the caller sent under its keys; and the caller's
+  remaining deadline as the upstream call's timeout.
 - back: the upstream's initial metadata and trailing metadata of a successful call; on error its
   code, details and trailing metadata (so a rich status, ``grpc-status-details-bin``, reaches the
   caller as ``grpc_status.rpc_status.from_call`` expects it). The initial metadata of a failed call
@@ -46,11 +47,16 @@ def methods_of(service: ServiceDescriptor) -> dict[str, str]:
     }
 
 
-def _upstream_metadata(context: grpc.ServicerContext) -> Metadata:
-    return tuple(
-        (md.key, md.value)
-        for md in context.invocation_metadata() or ()
-        if not md.key.startswith(":") and md.key != "user-agent"
+def _upstream_metadata(context: grpc.ServicerContext, own: Metadata = ()) -> Metadata:
+    """The caller's metadata to send upstream, with ``own`` in place of the caller's same keys."""
+    replaced = {k for k, _ in own}
+    return (
+        tuple(
+            (md.key, md.value)
+            for md in context.invocation_metadata() or ()
+            if not md.key.startswith(":") and md.key != "user-agent" and md.key not in replaced
+        )
+        + own
     )
 
 
@@ -78,10 +84,12 @@ class Forwarder(grpc.GenericRpcHandler):
         keep: set[str],
         *,
         upstream: str = "",
+        metadata: Metadata = (),
     ) -> None:
         unknown = set(methods.values()) - set(CARDINALITIES)
         if unknown:
             raise ValueError(f"unknown cardinalities {sorted(unknown)}; expected one of {CARDINALITIES}")
+        self._own = metadata  # sent upstream on every call, in place of any the caller sent
         self._unavailable = f"the writing process{f' at {upstream}' if upstream else ''} is unavailable"
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._behaviors: dict[str, Callable[..., Any]] = {}
@@ -115,7 +123,9 @@ class Forwarder(grpc.GenericRpcHandler):
         """One response: a request, or a request iterator (``_stream_unary``), sent upstream."""
 
         def forward(request: Any, context: grpc.ServicerContext) -> bytes:
-            future = upstream.future(request, timeout=_timeout(context), metadata=_upstream_metadata(context))
+            future = upstream.future(
+                request, timeout=_timeout(context), metadata=_upstream_metadata(context, self._own)
+            )
             return self._finish_future(future, context)
 
         return forward
@@ -142,7 +152,9 @@ class Forwarder(grpc.GenericRpcHandler):
         """Streamed responses: a request, or a request iterator (``_stream_stream``), sent upstream."""
 
         def forward(request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
-            call = upstream(request, timeout=_timeout(context), metadata=_upstream_metadata(context))
+            call = upstream(
+                request, timeout=_timeout(context), metadata=_upstream_metadata(context, self._own)
+            )
             _cancel_with(context, call)  # now, not at the first next(): the caller may leave before
             return self._relay(call, context)
 

@@ -37,6 +37,7 @@ def grpc_server(
     is_replica: Callable[[], bool] | None = None,
     after_write: Callable[[], None] | None = None,
     replica_copying: Callable[[], bool] | None = None,
+    private_secret: str = "",
 ) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
     admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
@@ -59,6 +60,7 @@ def grpc_server(
         is_replica=is_replica,
         after_write=after_write,
         replica_copying=replica_copying,
+        private_secret=private_secret,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
     if config.tracing:
@@ -91,6 +93,13 @@ def _tracing_interceptor() -> grpc.ServerInterceptor:
 def bind(server: grpc.Server, address: str, config: ServerConfig) -> int:
     """Listen on ``address`` with TLS when a certificate is configured (mutual TLS with a client CA);
     returns the port (0: the bind failed)."""
+    try:
+        return _bind(server, address, config)
+    except RuntimeError:  # (newer grpcio raises "Failed to bind" instead of returning 0)
+        return 0
+
+
+def _bind(server: grpc.Server, address: str, config: ServerConfig) -> int:
     if not config.tls_cert:
         return server.add_insecure_port(address)
     ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
