@@ -53,6 +53,15 @@ def _channel_closed() -> TiermemError:
     return TiermemError(grpc.StatusCode.CANCELLED, "Channel closed!")
 
 
+async def _refused(health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None) -> str:
+    """``client._refused``: why the server cannot be reached, '' when it answers or is only slow."""
+    try:
+        await health.Check(HEALTH_REQUEST, timeout=0.25, metadata=call_metadata)
+    except grpc.RpcError as e:
+        return last_error(e) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
+    return ""
+
+
 async def _unreachable(health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None) -> str:
     """Why the server cannot be reached (e.g. connection refused), from one call that does not wait
     for the connection; '' if it answers."""
@@ -180,7 +189,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
             except grpc.RpcError as e:
                 error = from_rpc_error(e)
                 if isinstance(error, DeadlineExceededError) and not error.reason:
-                    why = await _unreachable(self._healths[0], call_metadata)
+                    why = await _refused(self._healths[0], call_metadata)
                     error = unreached(error, why) if why else error
             await asyncio.sleep(attempts.pause_after(error))  # raises the error if it is not made again
 

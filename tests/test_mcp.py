@@ -422,3 +422,15 @@ def test_out_of_range_arguments_are_tool_errors_naming_what_is_wrong(client: Mem
             assert client.stats().memory_count == 0
 
     _run(scenario)
+
+
+@pytest.mark.parametrize(
+    "package,extra", [("mcp", "tiermem.mcp"), ("langgraph", "tiermem.langgraph")], ids=["mcp", "langgraph"]
+)
+def test_an_integration_without_its_framework_says_which_extra_to_install(package: str, extra: str) -> None:
+    """Installed without the extra (simulated: the framework's import made to fail), the import
+    names the pip extra instead of a bare ModuleNotFoundError deep inside."""
+    code = f"import sys; sys.modules[{package!r}] = None; import {extra}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert f"pip install 'tiermem[{package}]'" in out.stderr.strip().splitlines()[-1]

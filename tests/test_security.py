@@ -742,6 +742,10 @@ def test_a_key_refused_a_scope_learns_nothing_of_its_routing(
             with pytest.raises(PermissionDeniedError) as e:
                 call()
             assert e.value.reason == "NAMESPACE_NOT_COVERED" and "shard" not in str(e.value)
+        # An export of a tree, which reads what the key covers there: none of it.
+        with pytest.raises(PermissionDeniedError) as e:
+            list(c.export_memories("user:bob", include_children=True))
+        assert e.value.reason == "NAMESPACE_NOT_COVERED" and "shard" not in str(e.value)
 
 
 def test_a_listing_page_token_does_not_show_namespaces_the_key_cannot_see(
@@ -770,7 +774,7 @@ def test_streams_needing_admin_are_refused_as_they_open(
     root = add_key(keys_file, [""], "admin")
     reader = add_key(keys_file, ["user:zed"], "read")
     ana_admin = add_key(keys_file, ["user:ana"], "admin")
-    running = server_factory(api_keys=str(keys_file), max_workers=4)
+    running = server_factory(api_keys=str(keys_file), max_workers=4, metrics_port=0)
     with client(running, root) as g:
         g.create("user:ana", "ana's memory")
     release = threading.Event()
@@ -806,6 +810,11 @@ def test_streams_needing_admin_are_refused_as_they_open(
                 assert len(list(c.export_memories("user:ana"))) >= 2
     finally:
         release.set()
+    from test_metrics import scrape
+
+    m = scrape(running)  # refused, yet counted as the key's calls are
+    assert m[("tiermem_rpc_total", (("code", "PERMISSION_DENIED"), ("method", "ImportMemories")))] == 4
+    assert m[("tiermem_rpc_total", (("code", "PERMISSION_DENIED"), ("method", "ReplicateChanges")))] == 5
 
 
 def _revoke(keys_file: Path, token: str) -> None:
@@ -937,3 +946,45 @@ def test_no_caller_can_claim_the_built_in_embedders_space(
         assert e.value.reason == "EMBEDDING_DIMENSION_MISMATCH"
         c.create("user:bob", "bob sails on weekends")
         assert [h.memory.content for h in c.search("user:bob", "sails")] == ["bob sails on weekends"]
+
+
+def test_a_revoked_key_ends_an_import_forwarded_by_a_search_follower(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """Through a follower (which forwards the import's raw chunks to the leader): UNAUTHENTICATED,
+    as without followers, not UNKNOWN from the forwarding."""
+    root = add_key(keys_file, [""], "admin")
+    importer = add_key(keys_file, ["user:ana"], "admin")
+    running = server_factory(search_processes=2, api_keys=str(keys_file))
+    assert running.followers is not None
+    (fpid,) = running.followers.pids()
+    with client(running, root) as g:
+        g.create("user:ana", "to export")
+        header = next(iter(g.export_memories("user:ana"))).header
+    deadline = time.monotonic() + 60
+    while True:  # a connection the kernel gave to the follower
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{running.port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        c = MemoryClient(channel=channel, timeout=30, api_key=importer)
+        req = pb.SearchMemoriesRequest(namespaces=["user:ana"], query_text="x", read_only=True)
+        _, call = c.stub.SearchMemories.with_call(req, timeout=30)
+        if int(dict(call.trailing_metadata())["tiermem-search-process"]) == fpid:
+            break
+        channel.close()
+        assert time.monotonic() < deadline
+
+    def chunks() -> Iterator[pb.ExportMemoriesResponse]:
+        yield pb.ExportMemoriesResponse(header=header)
+        yield pb.ExportMemoriesResponse(memory=pb.Memory(id="early", namespace="user:ana", content="x"))
+        _revoke(keys_file, importer)
+        time.sleep(1.6)
+        yield pb.ExportMemoriesResponse(memory=pb.Memory(id="late", namespace="user:ana", content="x"))
+
+    try:
+        with pytest.raises(UnauthenticatedError):
+            c.import_memories(chunks(), target_namespace="user:ana/restored")
+    finally:
+        channel.close()
+    with client(running, root) as g:
+        assert list(g.list_memories("user:ana/restored")) == []

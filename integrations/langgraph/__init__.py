@@ -6,6 +6,13 @@ metadata (``values``), filters tiermem ``where`` filters checked again in the cl
 ``store`` maps the operations onto ``MemoryClient`` calls. docs/langgraph.md has the mapping and
 its limits."""
 
-from .store import TiermemStore
+try:
+    from .store import TiermemStore
+except ModuleNotFoundError as e:  # (LangGraph is an extra: say which)
+    if (e.name or "").split(".")[0] != "langgraph":
+        raise
+    raise ModuleNotFoundError(
+        "tiermem.langgraph needs LangGraph: pip install 'tiermem[langgraph]'", name=e.name
+    ) from e
 
 __all__ = ["TiermemStore"]

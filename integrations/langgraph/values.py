@@ -195,7 +195,7 @@ def check_put(key: str, value: Any, ttl: Any) -> None:
             "a key holding a lone surrogate (not valid Unicode text) must be short enough for its memory id to spell it"
         )
     if not isinstance(value, dict):
-        raise TypeError(f"a value is a dict, not {type(value).__name__}")
+        raise TypeError(f"a value must be a dict, not {type(value).__name__}")
     _check_depth(value)
     if ttl is not None and (
         isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_MINUTES

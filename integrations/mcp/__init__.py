@@ -5,6 +5,11 @@ An MCP server (the official ``mcp`` SDK, stdio or streamable HTTP) whose tools (
 through ``tiermem.client.MemoryClient``; ``build_server(client, namespace=...)`` builds one in
 code. docs/integrations.md shows how to run it and wire it into an MCP client."""
 
-from .server import MemoryTools, build_server
+try:
+    from .server import MemoryTools, build_server
+except ModuleNotFoundError as e:  # (the SDK is an extra: say which)
+    if (e.name or "").split(".")[0] != "mcp":
+        raise
+    raise ModuleNotFoundError("tiermem.mcp needs the MCP SDK: pip install 'tiermem[mcp]'", name=e.name) from e
 
 __all__ = ["MemoryTools", "build_server"]

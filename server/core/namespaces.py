@@ -173,8 +173,9 @@ def list_namespaces(
     # With ``within``, a next token only when a namespace it accepts follows: one it hides must not
     # show through the token.
     wanted = size if within is None else size + 1
+    chunk = size if within is None else max(size, 256)  # (a narrow key's names may lie far apart)
     while True:
-        page, more = st.columns.namespaces_page(prefix, after, size)
+        page, more = st.columns.namespaces_page(prefix, after, chunk)
         out += page if within is None else [(n, c) for n, c in page if within(n)]
         if len(out) >= wanted or not more or not page:
             break

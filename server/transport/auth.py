@@ -176,6 +176,12 @@ def authorize(method: str, request: Message) -> None:
     routing.check(method, names.NAMES[method](request), route if sharded else routing.ANY, routing_of)
 
 
+def _has_rights_in(key: ApiKey, namespace: str) -> bool:
+    """Whether ``key`` covers some namespace of ``namespace``'s top-level scope."""
+    top = routing.top_scope(namespace)
+    return any(routing.top_scope(p) == top for p in key.namespaces)
+
+
 def _abort(context: grpc.ServicerContext, err: TiermemError, retry_after: float | None = None) -> None:
     context.abort_with_status(to_status(err, retry_after))
 
@@ -247,7 +253,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             try:
                 opening(key)
             except PermissionDenied as e:
-                return _refusal(e)
+                return self._keyed_refusal(method, e, key.id)
         call = _Call(self, method, RULES.get(name), key)
         call.token = token
         call.name = name
@@ -259,6 +265,19 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 ResourceExhausted("the server is at its limit of calls in flight", "SERVER_BUSY"), 0.1
             )
         return _wrap(handler, call)
+
+    def _keyed_refusal(self, method: str, err: TiermemError, key_id: str) -> Any:
+        """``_refusal``, counted and logged as the calls a key makes are."""
+        metrics = self.metrics
+
+        def refuse(_requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            code = err.status
+            if metrics is not None:
+                metrics.observe(method, code, 0.0)
+            logs.access(method, code, 0.0, context, key_id)
+            _abort(context, err)
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 def _refusal(err: TiermemError, retry_after: float | None = None) -> Any:
@@ -394,6 +413,10 @@ class _Call:
             )
         if self.named is not None:
             named = self.named(request)
+            if key is not None and not key.everything:
+                # (a scope the key has no right in reached the handler only as an export of a tree,
+                # which reads what the key covers there: nothing. Its routing is not the key's to see.)
+                named = [ns for ns in named if _has_rights_in(key, ns)]
             copying = self.owner.replica_copying
             if named and copying is not None and copying():
                 err = routing.ScopeUnavailable(
@@ -472,7 +495,8 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
     PermissionDenied into the handler, which answers it and stores nothing more)."""
     target: str | None = None
     for r in requests:
-        call.key_still_valid()
+        if isinstance(r, Message):  # (raw bytes a follower forwards: the leader checks them)
+            call.key_still_valid()
         if call.method == IMPORT and isinstance(r, Message):
             target = r.target_namespace if target is None else target  # type: ignore[attr-defined]
             if key is not None:
@@ -503,9 +527,14 @@ def _stream_in_stream_out(inner: Callable[..., Any], call: _Call) -> Callable[..
 
 def _while_key_valid(responses: Iterator[Any], call: _Call, context: grpc.ServicerContext) -> Iterator[Any]:
     """A response stream, ended with UNAUTHENTICATED once the call's key is revoked."""
-    for r in responses:
-        try:
-            call.key_still_valid()
-        except TiermemError as e:
-            _abort(context, e)
-        yield r
+    try:
+        for r in responses:
+            try:
+                call.key_still_valid()
+            except TiermemError as e:
+                _abort(context, e)
+            yield r
+    finally:
+        close = getattr(responses, "close", None)
+        if close is not None:
+            close()  # (now, not when collected: an export's read transaction and stream slot)
