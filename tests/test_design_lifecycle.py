@@ -268,6 +268,24 @@ def test_a_create_crossing_the_cap_deletes_the_least_important_tenth(
         assert c.stats("uncapped").memory_count == 1001  # the default has no namespace cap
 
 
+def test_a_create_crossing_the_cap_keeps_itself_and_deletes_from_the_others(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """The create's own memory stays, even as the least important: the cap's share is taken from
+    the memories stored before it, and the namespace ends within its cap (it stayed over by one)."""
+    with _client(server_factory()) as c:
+        configure(c, "capped", max_items=5, evict_on_create=True, retention="importance")
+        for i in range(5):
+            c.create("capped", f"item {i}", id=f"d{i}", importance=0.5 + 0.01 * i)
+        c.create("capped", "the least important", id="low", importance=0.1)
+        assert sorted(m.id for m in c.list_memories("capped")) == ["d1", "d2", "d3", "d4", "low"]
+        configure(c, "share", preset="task_project_global", max_items=10, evict_share=0.3)
+        for i in range(10):
+            c.create("share", f"item {i}", id=f"t{i}", importance=0.5 + 0.01 * i)
+        c.create("share", "the least important", id="low", importance=0.1)
+        assert sorted(m.id for m in c.list_memories("share")) == ["low"] + [f"t{i}" for i in range(3, 10)]
+
+
 def test_reflections_and_observations_have_their_own_caps(
     server_factory: Callable[..., RunningServer],
 ) -> None:
@@ -322,14 +340,14 @@ def test_a_create_never_evicts_what_it_stores(server_factory: Callable[..., Runn
         configure(c, "small", preset="task_project_global", max_items=10)
         c.create_batch([{"namespace": "small", "content": f"kept {i}", "importance": 0.9} for i in range(10)])
         made = c.create("small", "the least important yet", importance=0.1, request_id="req-1")
-        # The create's own memory is the one the cap would delete first: it stays (acknowledged), and the
-        # namespace stays one over until the next pass.
+        # The create's own memory is the one the cap would delete first: it stays (acknowledged), and
+        # one of the others makes room.
         assert c.get("small", made.id).content == "the least important yet"
-        assert c.stats("small").memory_count == 11
+        assert c.stats("small").memory_count == 10
         again = c.create("small", "the least important yet", importance=0.1, request_id="req-1")
         assert again.id == made.id  # a retry of the acknowledged create returns it
-        assert c.consolidate("small").deleted >= 1
-        assert c.stats("small").memory_count <= 10
+        assert c.consolidate("small").deleted == 0  # within its cap: nothing left for the pass
+        assert c.stats("small").memory_count == 10
 
 
 def test_an_eviction_summary_of_overlong_sentences_is_cut_not_dropped(

@@ -1124,3 +1124,45 @@ def test_moved_memories_are_searchable_in_their_new_tier_only(env: Env) -> None:
     space = {sp.embedding_model: sp for sp in c.stats().spaces}[MODEL]
     assert space.live_vectors == len(embs)
     assert c.stats(ns).memory_count == len(embs)
+
+
+def test_a_transfer_stores_as_a_create_in_the_target_would(env: Env) -> None:
+    """A preference or a summary copied into a protected namespace needs confirm, as a create
+    there does; a summary replaces the target's current one; the copy counts toward the target's
+    summary (and a reflection's importance), as a create would."""
+    c = env.c
+    c.update_namespace_config("prot", protected=True)
+    pref = c.create("free", "I prefer tea", kind="preference", importance=0.7)
+    summary = c.summarize("free", "Summary of free.", source_memory_ids=[])
+    for m in (pref, summary):
+        with pytest.raises(FailedPreconditionError) as e:
+            c.transfer("free", m.id, target_namespace="prot")
+        assert e.value.reason == "NAMESPACE_PROTECTED"
+    assert [m.id for m in c.timeline("prot")] == []
+    assert c.transfer("free", pref.id, target_namespace="prot", confirm=True).kind == "preference"
+
+    old = c.summarize("dst", "Old summary of dst.", source_memory_ids=[])
+    before = c.stats("dst")
+    copied = c.transfer("free", summary.id, target_namespace="dst")
+    assert [m.id for m in c.timeline("dst") if m.kind == "summary"] == [copied.id]
+    with pytest.raises(NotFoundError):
+        c.get("dst", old.id)
+    obs = c.create("free", "an observation worth a lot", importance=0.9)
+    c.transfer("free", obs.id, target_namespace="dst")
+    after = c.stats("dst")
+    assert after.reflection_importance == pytest.approx(before.reflection_importance + 0.9)
+
+
+def test_feedback_dates_its_accesses_no_later_than_now(env: Env) -> None:
+    """A rating at a time ahead (as_of) counts as one now: a last access far ahead kept the memory
+    from idle demotion for as long."""
+    c = env.c
+    m = c.create("fb", "a memory rated from the future", tier="fast")
+    [rated] = c.feedback(
+        "fb", [{"id": m.id, "actual_usefulness": 0.9}], as_of=env.clock.now + 100 * 365 * 86400
+    )
+    assert rated.access_count == 1
+    assert rated.last_access_time.ToSeconds() <= env.clock.now
+    env.clock.advance(30 * 86400)
+    c.consolidate("fb")
+    assert c.get("fb", m.id).tier != pb.TIER_FAST  # idle since its rating: demoted

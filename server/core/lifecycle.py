@@ -89,8 +89,8 @@ def consolidate(
 
 def enforce_caps(st: EngineState, namespace: str, keep: frozenset[int] = frozenset()) -> int:
     """Apply a namespace's max_items and kind caps at once (a create crossed one), deleting by its
-    retention policy, never the records ``keep`` (the create's own, just acknowledged: the namespace
-    may stay over by as many until the next pass); returns how many memories were deleted."""
+    retention policy the memories other than ``keep`` (the create's own, just acknowledged, which
+    count against the caps but stay); returns how many memories were deleted."""
     policy = st.policy_for(namespace)
     nid = st.columns.namespaces.get(namespace)
     if nid < 0 or not (policy.max_items or policy.kind_capacities):
@@ -111,6 +111,7 @@ def enforce_caps(st: EngineState, namespace: str, keep: frozenset[int] = frozens
             due=np.ones((tables.ttl.shape[0], 5), np.bool_),
             kinds=st.columns.kinds,
             only_caps=True,
+            keep=np.flatnonzero(np.isin(view.rid, np.fromiter(keep, np.int64, len(keep)))) if keep else None,
         )
         items = [item for item in _moves(view.rid[plan.rows], plan) if item[0] not in keep]
         return len(items) - _apply_in_commits(st, items, now)

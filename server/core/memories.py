@@ -14,8 +14,8 @@ import numpy as np
 
 from tiermem import kernels
 from tiermem.server.core import upkeep
-from tiermem.server.core.create import scope_progress
-from tiermem.server.core.namespaces import check_protected
+from tiermem.server.core.create import scope_progress, track_scope
+from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.pages import decode_token, encode_token
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
@@ -28,7 +28,7 @@ from tiermem.server.model.errors import (
     Unavailable,
 )
 from tiermem.server.model.records import NewMemory, Record, enter_tier
-from tiermem.server.model.reports import ScopeProgress
+from tiermem.server.model.reports import ScopeProgress, ScopeState
 from tiermem.server.model.text import estimate_tokens
 from tiermem.server.model.types import NO_VECTOR, FeedbackItem, Filter
 from tiermem.server.storage.store import Txn
@@ -334,7 +334,9 @@ def feedback(
             check.unit_interval(f"items[{i}].predicted_relevance", it.predicted_relevance)
         if it.actual_usefulness is not None:
             check.unit_interval(f"items[{i}].actual_usefulness", it.actual_usefulness)
-    when = st.clock() if as_of is None else check.finite_time("as_of", as_of)
+    now = st.clock()
+    # (never later than now, as a search's: a last access ahead would keep the memory from fading)
+    when = now if as_of is None else min(check.finite_time("as_of", as_of), now)
     distinct = list(dict.fromkeys(it.id for it in items))
     position = {mid: j for j, mid in enumerate(distinct)}
     # An item rates the memory when it gives a prediction or a usefulness; the other takes its default.
@@ -434,11 +436,19 @@ def transfer(st: EngineState, namespace: str, memory_id: str, how: Transfer) -> 
         if src is None or src.expired(now):
             raise _not_found(namespace, memory_id)
         dest_id = how.target_id or (memory_id if dest_ns != namespace or how.move else uuid.uuid4().hex)
+        if src.kind in CONFIRMED_KINDS and dest_ns != namespace:  # (stored there as a create would be)
+            check_protected(st, dest_ns, how.confirm, f"storing a {src.kind}", txn)
         freed = _free_target(st, txn, dest_ns, dest_id, how, now)
         new, vec = _copy(st, txn, src, dest_ns, dest_id, how.target_tier or src.tier, now)
         if how.move:
             st.store.delete(txn, src)
             freed.append(src)
+        if dest_ns != namespace:
+            # It counts toward the target's reflection and summary as a create there would; a
+            # summary replaces the target's current one.
+            scopes: dict[str, ScopeState] = {}
+            freed += track_scope(st, txn, scopes, new)
+            st.store.put_scope_state(txn, dest_ns, scopes[dest_ns])
         return freed, new, vec
 
     def apply(prepared: tuple[list[Record], Record, np.ndarray]) -> Record:

@@ -264,11 +264,13 @@ def plan_pass(
     floor: float | None = None,
     kinds: Interner | None = None,
     only_caps: bool = False,
+    keep: np.ndarray | None = None,
 ) -> Plan:
     """Decide a pass over the rows ``in_scope`` (alive rows of the namespaces concerned), for the
     (namespace, tier) pairs that ``due`` ((namespaces, 5) bool) marks. ``floor``: one decay floor
     for every namespace instead of each one's; ``kinds``: the kind names of the columns' kind ids
-    (for kind caps); ``only_caps``: only the namespace and kind caps (a create that crossed one)."""
+    (for kind caps); ``only_caps``: only the namespace and kind caps (a create that crossed one);
+    ``keep``: rows that stay whatever their retention (counted against the caps all the same)."""
     ns = view.ns  # every row's namespace id is < due.shape[0]: tables cover all interned namespaces
     tier = view.tier
     expired = in_scope & (view.expire <= now)
@@ -297,6 +299,8 @@ def plan_pass(
         now=now,
         tau_seconds=tau_seconds,
     )
+    if keep is not None:
+        retention[keep] = np.inf  # (higher stays: the others are chosen first)
     state = _PassState(view, tables, now, fl, tau_seconds, target, reason, retention)
     state.enter(np.flatnonzero(live & (target != tier)))
     _enforce_caps(state, live, due, kinds)

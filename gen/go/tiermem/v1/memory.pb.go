@@ -2857,7 +2857,7 @@ type RecordFeedbackRequest struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// items are the feedback reports (1 to 1000); an id may appear more than once.
 	Items []*Feedback `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
-	// as_of is the time of the accesses (default: now).
+	// as_of is the time of the accesses (default: now; a time after now counts as now).
 	AsOf *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 }
 
@@ -5183,7 +5183,8 @@ type TransferMemoryRequest struct {
 	// overwrite replaces a memory that already has target_id in the target namespace (else
 	// ALREADY_EXISTS); in a protected namespace it also needs confirm.
 	Overwrite bool `protobuf:"varint,7,opt,name=overwrite,proto3" json:"overwrite,omitempty"`
-	// confirm must be true to overwrite in, or move out of, a protected namespace.
+	// confirm must be true to overwrite in, or move out of, a protected namespace, or to store a
+	// preference or a summary in one (a summary replaces the target namespace's current summary).
 	Confirm bool `protobuf:"varint,8,opt,name=confirm,proto3" json:"confirm,omitempty"`
 }
 
