@@ -1153,16 +1153,56 @@ def test_a_transfer_stores_as_a_create_in_the_target_would(env: Env) -> None:
     assert after.reflection_importance == pytest.approx(before.reflection_importance + 0.9)
 
 
-def test_feedback_dates_its_accesses_no_later_than_now(env: Env) -> None:
-    """A rating at a time ahead (as_of) counts as one now: a last access far ahead kept the memory
-    from idle demotion for as long."""
+def test_a_memory_moves_at_most_one_tier_a_pass_even_into_a_full_tier(env: Env) -> None:
+    """A memory demoted or evicted into a full tier counts against its capacity but stays there this
+    pass (the tier's own lowest makes room): it moved two tiers at once, reported as one move, its
+    demotion uncounted and the eviction booked to the tier it left."""
     c = env.c
-    m = c.create("fb", "a memory rated from the future", tier="fast")
-    [rated] = c.feedback(
-        "fb", [{"id": m.id, "actual_usefulness": 0.9}], as_of=env.clock.now + 100 * 365 * 86400
+    c.update_namespace_config(
+        "d", decay_grace=False, retention="importance", tiers={"medium": {"max_items": 2}}
     )
-    assert rated.access_count == 1
-    assert rated.last_access_time.ToSeconds() <= env.clock.now
-    env.clock.advance(30 * 86400)
-    c.consolidate("fb")
-    assert c.get("fb", m.id).tier != pb.TIER_FAST  # idle since its rating: demoted
+    c.create("d", "m1", id="m1", tier="medium", importance=0.9)
+    c.create("d", "m2", id="m2", tier="medium", importance=0.95)
+    c.create("d", "x", id="x", tier="fast", importance=0.5)  # below FAST's threshold: demoted
+    r = c.consolidate("d")
+    assert moves(r) == {("d", "x", FAST, MEDIUM, D_DECAY), ("d", "m1", MEDIUM, SLOW, EVICT)}
+    assert (r.demoted, r.evicted) == (1, 1)
+    by_tier = {t.tier: (t.demotions_total, t.evictions_total) for t in c.stats("d").tiers}
+    assert by_tier[FAST] == (1, 0) and by_tier[MEDIUM] == (0, 1)
+
+    c.update_namespace_config(
+        "e", retention="importance", tiers={"fast": {"max_items": 1}, "medium": {"max_items": 1}}
+    )
+    c.create("e", "m1", id="m1", tier="medium", importance=0.95)
+    c.create("e", "f1", id="f1", tier="fast", importance=0.99)
+    c.create("e", "f2", id="f2", tier="fast", importance=0.9)
+    r = c.consolidate("e")
+    assert moves(r) == {("e", "f2", FAST, MEDIUM, EVICT), ("e", "m1", MEDIUM, SLOW, EVICT)}
+    by_tier = {t.tier: t.evictions_total for t in c.stats("e").tiers}
+    assert (by_tier[FAST], by_tier[MEDIUM]) == (1, 1)
+
+
+def test_a_promotion_into_a_full_tier_settles_with_one_eviction_summary(env: Env) -> None:
+    """A memory promoted into a full tier that summarizes its evictions was evicted straight back in
+    the same pass (it never moved), listed in the summary all the same, and each later pass did it
+    again, storing one more summary."""
+    c, ns = env.c, "churn"
+    c.update_namespace_config(
+        ns,
+        summarize_evictions=True,
+        retention="importance",
+        tiers={"medium": {"max_items": 2}},
+        importance_decay="none",
+    )
+    c.create(ns, "High one.", id="h1", tier="medium", importance=0.9)
+    c.create(ns, "High two.", id="h2", tier="medium", importance=0.8)
+    c.create(ns, "Low promoted.", id="lp", tier="slow", importance=0.6)
+    env.clock.advance(1)
+    c.feedback(ns, [{"id": "lp"}] * 5)  # meets promote_access_count
+    for _ in range(4):
+        r = c.consolidate(ns)
+        env.clock.advance(1)
+        assert all(m.id != "lp" or m.to_tier == MEDIUM for m in r.moves)
+    assert c.get(ns, "lp").tier == MEDIUM
+    [summary] = c.list_memories(ns, kinds=["eviction_summary"])
+    assert "lp" not in summary.source_memory_ids

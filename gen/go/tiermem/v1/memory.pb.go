@@ -2779,9 +2779,11 @@ type Feedback struct {
 
 	// id is the memory's id.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// predicted_relevance is how relevant the memory was expected to be, in [0, 1]; default 0.5.
+	// predicted_relevance is how relevant the memory was expected to be, in [0, 1]; when unset and
+	// actual_usefulness is set, the server's default_predicted_relevance (0.5).
 	PredictedRelevance *float32 `protobuf:"fixed32,2,opt,name=predicted_relevance,json=predictedRelevance,proto3,oneof" json:"predicted_relevance,omitempty"`
-	// actual_usefulness is how useful it turned out, in [0, 1]; when unset, surprise is unchanged.
+	// actual_usefulness is how useful it turned out, in [0, 1]; when unset and predicted_relevance is
+	// set, the server's default_actual_usefulness (0.5). With neither, surprise is unchanged.
 	ActualUsefulness *float32 `protobuf:"fixed32,3,opt,name=actual_usefulness,json=actualUsefulness,proto3,oneof" json:"actual_usefulness,omitempty"`
 	// success says the memory contributed to a successful outcome.
 	Success bool `protobuf:"varint,4,opt,name=success,proto3" json:"success,omitempty"`
@@ -2857,7 +2859,7 @@ type RecordFeedbackRequest struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// items are the feedback reports (1 to 1000); an id may appear more than once.
 	Items []*Feedback `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
-	// as_of is the time of the accesses (default: now; a time after now counts as now).
+	// as_of is the time of the accesses (default: now).
 	AsOf *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 }
 
@@ -4338,7 +4340,7 @@ type LifecyclePolicy struct {
 	// >= 0, 0 for no cap.
 	MaxItems *int64 `protobuf:"varint,16,opt,name=max_items,json=maxItems,proto3,oneof" json:"max_items,omitempty"`
 	// kind_capacities cap memories by kind across tiers (the lowest retention deleted); at most one
-	// per kind. Replaced as a whole.
+	// per kind. Replaced as a whole: a preset's caps of kinds not listed here no longer apply.
 	KindCapacities []*KindCapacity `protobuf:"bytes,17,rep,name=kind_capacities,json=kindCapacities,proto3" json:"kind_capacities,omitempty"`
 	// evict_share: a namespace or kind over its cap loses this share of its memories (at least the
 	// surplus), e.g. 0.1 turns 1,001 into 901; in [0, 1), 0: only the surplus.
@@ -7313,8 +7315,8 @@ type BuildContextResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// sections in order: per scope, summary, recent, semantic, graph, important, overflow (each
-	// only when it holds something).
+	// sections in order: per scope, summary, recent, semantic, graph (each always, empty or not),
+	// important, overflow (each only when it holds something).
 	Sections []*ContextSection `protobuf:"bytes,1,rep,name=sections,proto3" json:"sections,omitempty"`
 	// tokens_used is the package's total, never above token_budget.
 	TokensUsed int32 `protobuf:"varint,2,opt,name=tokens_used,json=tokensUsed,proto3" json:"tokens_used,omitempty"`
