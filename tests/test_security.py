@@ -586,6 +586,27 @@ def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Pa
 
 
 @pytest.mark.slow
+def _through_follower(
+    running: RunningServer, token: str, namespace: str
+) -> tuple[grpc.Channel, MemoryClient]:
+    """A client on a connection the kernel gave to the server's (one) search follower, found by the
+    process a search of ``namespace`` names in its trailing metadata."""
+    assert running.followers is not None
+    (fpid,) = running.followers.pids()
+    deadline = time.monotonic() + 60
+    while True:
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{running.port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        c = MemoryClient(channel=channel, timeout=30, api_key=token)
+        req = pb.SearchMemoriesRequest(namespaces=[namespace], query_text="probe", read_only=True)
+        _, call = c.stub.SearchMemories.with_call(req, timeout=30)
+        if int(dict(call.trailing_metadata())["tiermem-search-process"]) == fpid:
+            return channel, c
+        channel.close()
+        assert time.monotonic() < deadline
+
+
 def test_search_followers_check_keys_too(
     server_factory: Callable[..., RunningServer], keys_file: Path
 ) -> None:
@@ -593,19 +614,7 @@ def test_search_followers_check_keys_too(
     ana = add_key(keys_file, ["user:ana", "probe"], "write")
     running = server_factory(search_processes=2, api_keys=str(keys_file))
     assert running.followers is not None
-    (fpid,) = running.followers.pids()
-    deadline = time.monotonic() + 60
-    while True:  # a connection the kernel gave to the follower
-        channel = grpc.insecure_channel(
-            f"127.0.0.1:{running.port}", options=[("grpc.use_local_subchannel_pool", 1)]
-        )
-        c = MemoryClient(channel=channel, timeout=30, api_key=ana)
-        req = pb.SearchMemoriesRequest(namespaces=["probe"], query_text="probe", read_only=True)
-        _, call = c.stub.SearchMemories.with_call(req, timeout=30)
-        if int(dict(call.trailing_metadata())["tiermem-search-process"]) == fpid:
-            break
-        channel.close()
-        assert time.monotonic() < deadline
+    channel, c = _through_follower(running, ana, "probe")
     c.create("user:ana", "forwarded to the leader")  # a write through the follower
     assert len(c.search("user:ana", "forwarded leader")) == 1  # ranked by the follower
     with pytest.raises(PermissionDeniedError):
@@ -957,22 +966,10 @@ def test_a_revoked_key_ends_an_import_forwarded_by_a_search_follower(
     importer = add_key(keys_file, ["user:ana"], "admin")
     running = server_factory(search_processes=2, api_keys=str(keys_file))
     assert running.followers is not None
-    (fpid,) = running.followers.pids()
     with client(running, root) as g:
         g.create("user:ana", "to export")
         header = next(iter(g.export_memories("user:ana"))).header
-    deadline = time.monotonic() + 60
-    while True:  # a connection the kernel gave to the follower
-        channel = grpc.insecure_channel(
-            f"127.0.0.1:{running.port}", options=[("grpc.use_local_subchannel_pool", 1)]
-        )
-        c = MemoryClient(channel=channel, timeout=30, api_key=importer)
-        req = pb.SearchMemoriesRequest(namespaces=["user:ana"], query_text="x", read_only=True)
-        _, call = c.stub.SearchMemories.with_call(req, timeout=30)
-        if int(dict(call.trailing_metadata())["tiermem-search-process"]) == fpid:
-            break
-        channel.close()
-        assert time.monotonic() < deadline
+    channel, c = _through_follower(running, importer, "user:ana")
 
     def chunks() -> Iterator[pb.ExportMemoriesResponse]:
         yield pb.ExportMemoriesResponse(header=header)
