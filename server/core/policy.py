@@ -448,14 +448,7 @@ def _enforce_capacity(
             continue
         cap = np.ascontiguousarray(tables.capacity[:, t])
         room = _summary_room(tables, group, candidates, cap, t)
-        # A memory moves at most one tier a pass: one that entered this tier in it counts against
-        # its capacity but stays (the others make room; the next pass ranks it with them).
-        arrived = candidates & (state.view.tier != t)
-        retention = state.retention
-        if arrived.any():
-            retention = retention.copy()
-            retention[arrived] = np.inf
-        evict = kernels.select_evictions(group, retention, candidates, cap - room) & ~arrived
+        evict = kernels.select_evictions(group, state.retention, candidates, cap - room)
         if not evict.any():
             continue
         if t < TIERS[-1]:
