@@ -249,12 +249,9 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]
             if st.store.lookup(txn, rec.namespace, rec.id) is not None:
                 raise AlreadyExists(f"memory {rec.id!r} already exists in namespace {rec.namespace!r}")
             if vec is not None:
-                known = spaces.get(rec.embedding_model)
-                fixed = st.fixed_dim(rec.embedding_model, known)
-                check.same_dimension("embedding", rec.embedding_model, int(vec.shape[0]), fixed)
-                if known is None:
-                    st.store.put_space(txn, rec.embedding_model, int(vec.shape[0]))
-                    spaces[rec.embedding_model] = int(vec.shape[0])
+                dim = int(vec.shape[0])
+                st.claim_space(txn, "embedding", rec.embedding_model, dim, spaces.get(rec.embedding_model))
+                spaces[rec.embedding_model] = dim
             rec.rid, rec.vk = st.alloc_ids()
             st.store.insert(txn, rec)
             if rec.kind == "summary":

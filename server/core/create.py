@@ -262,12 +262,8 @@ class _CreateOp:
         if dim == 0:
             return  # no vector yet (embedder failed): the space is checked when it is embedded
         prefix = f"memories[{i}]." if self.batch else "memory."
-        check.same_dimension(
-            f"{prefix}embedding", m.embedding_model, dim, self.st.fixed_dim(m.embedding_model, known)
-        )
-        if known is None:
-            self.st.store.put_space(txn, m.embedding_model, dim)
-            spaces[m.embedding_model] = dim
+        self.st.claim_space(txn, f"{prefix}embedding", m.embedding_model, dim, known)
+        spaces[m.embedding_model] = dim
 
     def _free_id(self, txn: Txn, m: NewMemory) -> list[Record]:
         """ALREADY_EXISTS when m's client id is taken; an expired memory frees it (returned)."""

@@ -272,10 +272,7 @@ class _UpdateOp:
     def _store_vector(self, txn: Txn, rec: Record, vec: np.ndarray) -> None:
         st = self.st
         model = self.c.embedding_model if self.new_vec is not None else rec.embedding_model
-        dim = st.store.space(txn, model)
-        check.same_dimension("memory.embedding", model, int(vec.shape[0]), st.fixed_dim(model, dim))
-        if dim is None:
-            st.store.put_space(txn, model, int(vec.shape[0]))
+        st.claim_space(txn, "memory.embedding", model, int(vec.shape[0]), st.store.space(txn, model))
         rec.embedding_model = model
         st.store.put_vector(txn, rec.rid, vec)
         st.store.mark_pending(txn, rec.rid, False)

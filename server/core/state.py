@@ -32,6 +32,7 @@ from tiermem.server.index.keyword_index import KeywordIndex
 from tiermem.server.index.layered import LayeredIndex
 from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.vector_index import VectorIndex
+from tiermem.server.model import validation as check
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import FollowerReport
 from tiermem.server.model.types import Filter
@@ -147,14 +148,18 @@ class EngineState:
             self.spaces[model] = sp
         return sp
 
-    def fixed_dim(self, model: str, stored: int | None) -> int | None:
-        """The dimension a vector of ``model`` must have (``stored``: its space's, None when new):
-        the built-in embedder's space has its embedder's, so that no caller's first vector, sent
+    def claim_space(self, txn: Txn, field: str, model: str, dim: int, stored: int | None) -> None:
+        """INVALID_ARGUMENT (naming ``field``) unless a vector of ``dim`` fits space ``model``
+        (``stored``: its dimension, None when new, which then stores it). The built-in embedder's
+        space has its embedder's dimension from the start, so that no caller's first vector, sent
         with that model's name, fixes another one (spaces are server-wide: every plain create and
         search would then fail)."""
+        fixed = stored
         if stored is None and self.config.embedder == "builtin" and model == self.config.builtin_model:
-            return self.config.builtin_dimension
-        return stored
+            fixed = self.config.builtin_dimension
+        check.same_dimension(field, model, dim, fixed)
+        if stored is None:
+            self.store.put_space(txn, model, dim)
 
     def index(self, sp: Space, tier: int) -> Index:
         """The index of a space's tier, created (and handed to the indexer) on first use."""

@@ -136,10 +136,8 @@ def _attach_vector(st: EngineState, rid: int, vec: np.ndarray) -> int:
         rec = st.store.get(txn, rid)
         if rec is None or not st.store.is_pending(txn, rid):
             return None  # deleted, or done meanwhile
-        dim = st.store.space(txn, rec.embedding_model)
-        check.same_dimension("embedding", rec.embedding_model, int(vec.shape[0]), dim)
-        if dim is None:
-            st.store.put_space(txn, rec.embedding_model, int(vec.shape[0]))
+        model = rec.embedding_model
+        st.claim_space(txn, "embedding", model, int(vec.shape[0]), st.store.space(txn, model))
         _, rec.vk = st.alloc_ids()
         st.store.put(txn, rec)
         st.store.put_vector(txn, rid, vec)

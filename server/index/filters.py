@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import operator
 import re
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +57,7 @@ _SHOWN_PATH = 400  # ... and of the path to it
 
 _COMPARE = {"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"}
 _SETS = {"$in", "$nin"}
+_ORDER = {"$gt": operator.gt, "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le}
 _NUMERIC = {
     "importance": "importance",
     "surprise_score": "surprise",
@@ -328,22 +330,21 @@ def _tags(op: str, arg: Any, path: str) -> Mask:
 
 
 def _compare_exactly(
-    op: str, col: np.ndarray, exact: np.ndarray | None, wanted: list[Any], res: np.ndarray
+    op: str,
+    col: np.ndarray,
+    exact: np.ndarray | None,
+    numbers: list[Any],
+    floats: list[float],
+    res: np.ndarray,
 ) -> None:
     """Compare again, in Python's exact arithmetic, the rows float64 could have got wrong: those
-    whose value's float equals a wanted number's, where either is an integer past 2^53 (a float
-    comparison that is strict is right whatever the rounding, which keeps order)."""
-    floats = np.array([float(a) for a in wanted], np.float64)
+    whose value's float equals a wanted number's (``floats``, of ``numbers``), where either is an
+    integer past 2^53 (a strict float comparison is right whatever the rounding, which keeps order)."""
     near = np.isin(col, floats) & (np.abs(col) >= EXACT_INT)
-    compare = {
-        "$gt": lambda x: x > wanted[0],
-        "$gte": lambda x: x >= wanted[0],
-        "$lt": lambda x: x < wanted[0],
-        "$lte": lambda x: x <= wanted[0],
-    }.get(op, lambda x: any(x == w for w in wanted))
+    order = _ORDER.get(op)
     for i in np.flatnonzero(near):
-        value = col[i] if exact is None else exact[i]  # (None: the stored numbers are all exact floats)
-        res[i] = compare(value.item() if isinstance(value, np.generic) else value)
+        value = col[i].item() if exact is None else exact[i]  # (None: the stored numbers are exact floats)
+        res[i] = order(value, numbers[0]) if order is not None else any(value == w for w in numbers)
 
 
 def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
@@ -360,13 +361,12 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
         raise _fail(path, f"{op} compares numbers with numbers or strings with strings")
 
     # The operator's values by type; each compares only with stored values of its type.
+    numbers = [a for a in values if isinstance(a, int | float) and not isinstance(a, bool)]
     groups: dict[int, list[Any]] = {
         0: [a for a in values if isinstance(a, bool)],
-        1: [float(a) for a in values if isinstance(a, int | float) and not isinstance(a, bool)],
+        1: [float(a) for a in numbers],
         2: [a for a in values if isinstance(a, str)],
     }
-
-    numbers = [a for a in values if isinstance(a, int | float) and not isinstance(a, bool)]
     inexact = not all(exact_float(a) for a in numbers)  # an integer past 2^53 among them
 
     def mask(v: ColumnsView, c: Columns) -> np.ndarray:
@@ -376,7 +376,7 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
             rows, col = arr.rows[k], arr.values[k]
             if not wanted or not rows.shape[0]:
                 continue
-            exact = arr.exact if k == 1 and (inexact or arr.exact is not None) else None
+            exact = arr.exact if k == 1 else None
             if arr.max_row >= v.n:  # a view older than the arrays: rows past it are not in it
                 keep = rows < v.n
                 rows, col = rows[keep], col[keep]
@@ -384,12 +384,9 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
             if op in ("$in", "$nin", "$eq", "$ne"):
                 res = np.isin(col, np.array(wanted, dtype=col.dtype))
             else:
-                x = wanted[0]
-                res = {"$gt": col > x, "$gte": col >= x, "$lt": col < x, "$lte": col <= x}[op].astype(
-                    np.bool_
-                )
+                res = np.asarray(_ORDER[op](col, wanted[0]), np.bool_)
             if k == 1 and (inexact or exact is not None):
-                _compare_exactly(op, col, exact, numbers, res)
+                _compare_exactly(op, col, exact, numbers, wanted, res)
             found.append(rows[res])
         if op in ("$ne", "$nin"):  # a memory without the key (or with another type) is "not equal"
             out = np.ones(v.n, np.bool_)

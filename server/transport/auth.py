@@ -270,24 +270,36 @@ class AuthInterceptor(grpc.ServerInterceptor):
         """``_refusal``, counted and logged as the calls a key makes are."""
         metrics = self.metrics
 
-        def refuse(_requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            code = err.status
+        def record(context: grpc.ServicerContext) -> None:
             if metrics is not None:
-                metrics.observe(method, code, 0.0)
-            logs.access(method, code, 0.0, context, key_id)
-            _abort(context, err)
+                metrics.observe(method, err.status, 0.0)
+            logs.access(method, err.status, 0.0, context, key_id)
 
-        return grpc.stream_unary_rpc_method_handler(refuse)
+        return _refusal(err, record=record)
 
 
-def _refusal(err: TiermemError, retry_after: float | None = None) -> Any:
+def _refusal(
+    err: TiermemError,
+    retry_after: float | None = None,
+    record: Callable[[grpc.ServicerContext], None] | None = None,
+) -> Any:
     """A handler that answers ``err`` without reading the request (as a client stream, so no
-    handler thread waits for a message that may never come)."""
+    handler thread waits for a message that may never come); ``record`` notes the call first."""
 
     def refuse(_requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        if record is not None:
+            record(context)
         _abort(context, err, retry_after)
 
     return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+def from_private_socket(context: grpc.ServicerContext, secret: str) -> bool:
+    """Whether a call came over the leader's private Unix socket carrying the run's secret."""
+    given = next(
+        (md.value for md in context.invocation_metadata() or () if md.key == PRIVATE_SECRET_HEADER), ""
+    )
+    return context.peer().startswith("unix") and hmac.compare_digest(str(given), secret)
 
 
 class _Call:
@@ -346,12 +358,7 @@ class _Call:
     def _check_private(self, context: grpc.ServicerContext) -> None:
         """PERMISSION_DENIED for a call over the private socket without the run's secret."""
         secret = self.owner.private_secret
-        if not secret or not context.peer().startswith("unix"):
-            return
-        given = next(
-            (md.value for md in context.invocation_metadata() or () if md.key == PRIVATE_SECRET_HEADER), ""
-        )
-        if not hmac.compare_digest(str(given), secret):
+        if secret and context.peer().startswith("unix") and not from_private_socket(context, secret):
             _abort(
                 context,
                 PermissionDenied("this socket serves the server's own followers only", "PRIVATE_SOCKET"),

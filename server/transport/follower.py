@@ -21,7 +21,6 @@ that fell behind the commit log exits on purpose and loads again).
 from __future__ import annotations
 
 import argparse
-import hmac
 import logging
 import os
 import secrets
@@ -42,7 +41,7 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import TiermemError
 from tiermem.server.model.reports import FollowerReport
-from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER, authorize
+from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER, authorize, from_private_socket
 from tiermem.server.transport.decoding import checked_raw
 from tiermem.server.transport.forward import Forwarder, methods_of
 from tiermem.server.transport.process import (
@@ -85,8 +84,7 @@ def report_handler(engine: Callable[[], Engine | None], secret: str) -> grpc.Gen
     the private socket and with the run's secret only."""
 
     def report(request: bytes, context: grpc.ServicerContext) -> bytes:
-        given = dict((md.key, md.value) for md in context.invocation_metadata() or ()).get(SECRET_HEADER, "")
-        if not context.peer().startswith("unix") or not hmac.compare_digest(str(given), secret):
+        if not from_private_socket(context, secret):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "followers report over the private socket only")
         eng = engine()
         if eng is None:
