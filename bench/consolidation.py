@@ -146,6 +146,7 @@ def numpy_pass(
     def enter(idx: np.ndarray) -> None:  # rows moving into target rank there as just entered
         retention[idx] = retention_of(idx, decay(idx, target[idx]), np.full(idx.shape[0], now))
 
+    home_retention = retention.copy()
     enter(np.flatnonzero(live & (target != tier)))
     over_capacity = 0
     for tr in TIERS:
@@ -160,6 +161,13 @@ def numpy_pass(
         position = np.arange(order.shape[0]) - first
         count = np.bincount(g, minlength=t.capacity.shape[0])
         evict = order[position < count[g_sorted] - t.capacity[g_sorted, tr]]
+        turned = evict[tier[evict] > tr]  # promoted into tr: one tier less, most back where they were
+        target[turned] = tr + 1
+        home = turned[tier[turned] == tr + 1]
+        reason[home] = 0
+        retention[home] = home_retention[home]
+        enter(turned[tier[turned] != tr + 1])
+        evict = evict[tier[evict] <= tr]
         if tr < TIERS[-1]:
             target[evict] = tr + 1
             reason[evict] = EVICT_CAPACITY

@@ -99,7 +99,7 @@ Move = tuple[str, str, int, int, int]  # (namespace, id, from_tier, to_tier, rea
 
 def moves(resp: pb.ConsolidateMemoriesResponse) -> set[Move]:
     out = {(m.namespace, m.id, m.from_tier, m.to_tier, m.reason) for m in resp.moves}
-    assert len(out) == len(resp.moves), "a memory is reported at most once per pass"
+    assert len(out) == len(resp.moves), "each step of a memory's move is reported once"
     return out
 
 
@@ -530,6 +530,80 @@ def test_fifo_cascade_evicts_the_first_to_have_entered_the_tier(env: Env) -> Non
     # FAST evicts f_old (first in); it enters MEDIUM now, after m, so MEDIUM evicts m (first in)
     r = c.consolidate(ns)
     assert moves(r) == {(ns, "f_old", FAST, MEDIUM, EVICT), (ns, "m", MEDIUM, SLOW, EVICT)}
+
+
+def test_a_memory_moved_into_a_full_tier_and_evicted_on_reports_each_step(env: Env) -> None:
+    c = env.c
+    demoted, evicted = "cascade/demoted", "cascade/evicted"
+    c.update_namespace_config(
+        demoted, decay_grace=False, retention="importance", tiers={"medium": {"max_items": 2}}
+    )
+    c.create(demoted, "kept one", id="m1", tier="medium", importance=0.9)
+    c.create(demoted, "kept two", id="m2", tier="medium", importance=0.9)
+    c.create(demoted, "a passing remark", id="x", tier="fast", importance=0.5)  # under FAST's 0.8
+    c.update_namespace_config(
+        evicted, retention="importance", tiers={"fast": {"max_items": 1}, "medium": {"max_items": 1}}
+    )
+    c.create(evicted, "medium", id="m1", tier="medium", importance=0.95)
+    c.create(evicted, "fast, kept", id="f1", tier="fast", importance=0.99)
+    c.create(evicted, "fast, evicted twice", id="f2", tier="fast", importance=0.90)
+
+    # x is demoted into a full MEDIUM where it ranks last: evicted on to SLOW in the same pass
+    dry = c.consolidate(demoted, dry_run=True)
+    r = c.consolidate(demoted)
+    for report in (dry, r):
+        assert [(m.id, m.from_tier, m.to_tier, m.reason) for m in report.moves] == [
+            ("x", FAST, MEDIUM, D_DECAY),
+            ("x", MEDIUM, SLOW, EVICT),
+        ]
+        assert counts(report) == (0, 1, 1, 0, 0)
+    assert tiers_of(c, demoted) == {"m1": MEDIUM, "m2": MEDIUM, "x": SLOW}
+    # each step booked to the tier it left
+    assert lifecycle(c, demoted) == {**zeros4(), FAST: (0, 1, 0, 0), MEDIUM: (0, 0, 1, 0)}
+
+    # f2 is evicted from FAST into a full MEDIUM where it ranks last, and evicted again
+    r = c.consolidate(evicted)
+    assert [(m.id, m.from_tier, m.to_tier, m.reason) for m in r.moves] == [
+        ("f2", FAST, MEDIUM, EVICT),
+        ("f2", MEDIUM, SLOW, EVICT),
+    ]
+    assert counts(r) == (0, 0, 2, 0, 0)
+    assert tiers_of(c, evicted) == {"m1": MEDIUM, "f1": FAST, "f2": SLOW}
+    assert lifecycle(c, evicted) == {**zeros4(), FAST: (0, 0, 1, 0), MEDIUM: (0, 0, 1, 0)}
+    for ns in (demoted, evicted):
+        assert moves(c.consolidate(ns)) == set()
+    assert c.consolidate(max_reported_moves=1).moves == []
+
+
+def test_a_promotion_into_a_full_tier_that_turns_it_away_is_no_move(env: Env) -> None:
+    c = env.c
+    ns, through = "full/summarized", "full/through"
+    c.update_namespace_config(
+        ns, retention="importance", summarize_evictions=True, tiers={"fast": {"max_items": 2}}
+    )
+    c.update_namespace_config(
+        through, retention="importance", promote_through_tiers=True, tiers={"fast": {"max_items": 1}}
+    )
+    for i, imp in enumerate((0.95, 0.99)):
+        c.create(ns, f"Fast fact {i}.", id=f"f{i}", tier="fast", importance=imp)
+    c.create(ns, "A medium fact.", id="m", tier="medium", importance=0.6)
+    c.create(through, "Fast fact.", id="f", tier="fast", importance=0.99)
+    c.create(through, "A slow fact.", id="s", tier="slow", importance=0.6)
+    access(c, ns, "m", 5)  # promote_access_count: m is promoted into FAST, where it ranks last
+    access(c, through, "s", 5)
+    before = tiers_of(c, ns)
+    for _ in range(2):  # and again: no churn, no summary of a memory that never left its tier
+        r = c.consolidate(ns)
+        assert (moves(r), counts(r)) == (set(), (0, 0, 0, 0, 0))
+        assert tiers_of(c, ns) == before
+        assert list(c.list_memories(ns, kinds=["eviction_summary"])) == []
+    assert lifecycle(c, ns) == zeros4()
+
+    # promoted through the tiers into a full FAST: it goes as far as MEDIUM
+    r = c.consolidate(through)
+    assert (moves(r), counts(r)) == ({(through, "s", SLOW, MEDIUM, P_ACCESS)}, (1, 0, 0, 0, 0))
+    assert tiers_of(c, through) == {"f": FAST, "s": MEDIUM}
+    assert lifecycle(c, through) == {**zeros4(), SLOW: (1, 0, 0, 0)}
 
 
 def test_glacial_over_capacity_reports_or_deletes(env: Env) -> None:

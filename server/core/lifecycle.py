@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,8 +43,15 @@ logger = logging.getLogger(__name__)
 
 MOVES_PER_COMMIT = 256
 
-# A planned move: (rid, from tier, to tier (0: delete), reason).
-Move = tuple[int, int, int, int]
+
+class Move(NamedTuple):
+    """A planned move of one memory, and the (tier left, reason) of each step it took when several."""
+
+    rid: int
+    from_tier: int
+    to_tier: int  # 0: delete
+    reason: int
+    steps: tuple[tuple[int, int], ...] = ()
 
 
 def consolidate(
@@ -113,7 +121,7 @@ def enforce_caps(st: EngineState, namespace: str, keep: frozenset[int] = frozens
             only_caps=True,
             keep=np.flatnonzero(np.isin(view.rid, np.fromiter(keep, np.int64, len(keep)))) if keep else None,
         )
-        items = [item for item in _moves(view.rid[plan.rows], plan) if item[0] not in keep]
+        items = [item for item in _moves(view.rid[plan.rows], plan) if item.rid not in keep]
         return len(items) - _apply_in_commits(st, items, now)
 
 
@@ -128,7 +136,7 @@ def flush_working(st: EngineState, namespace: str) -> int:
         rids = _working_rows(st, nid, limit)
         if rids is None:
             return 0
-        items = [(rid, TIER_FAST, TIER_MEDIUM, FLUSH_WORKING) for rid in rids.tolist()]
+        items = [Move(rid, TIER_FAST, TIER_MEDIUM, FLUSH_WORKING) for rid in rids.tolist()]
         return len(items) - _apply_in_commits(st, items, st.clock())
 
 
@@ -184,18 +192,23 @@ def _plan(st: EngineState, view: ColumnsView, namespace: str, scheduled: bool, n
 
 
 def _listed_moves(st: EngineState, plan: Plan, rids: np.ndarray, most: int) -> list[PlannedMove]:
+    """The plan's first ``most`` steps (a memory evicted on from a tier it entered is listed once a step)."""
+    steps = plan.steps
+    if steps is None:
+        return []
+    at = steps.at[:most].tolist()
     with st.store.read() as txn:
-        listed = [st.store.get(txn, int(r)) for r in rids[:most]]
+        listed = {i: st.store.get(txn, int(rids[i])) for i in dict.fromkeys(at)}
     return [
         PlannedMove(
             namespace=rec.namespace,
             id=rec.id,
-            from_tier=int(plan.from_tier[i]),
-            to_tier=int(plan.to_tier[i]),
-            reason=int(plan.reason[i]),
+            from_tier=int(steps.from_tier[j]),
+            to_tier=int(steps.to_tier[j]),
+            reason=int(steps.reason[j]),
         )
-        for i, rec in enumerate(listed)
-        if rec is not None
+        for j, i in enumerate(at)
+        if (rec := listed[i]) is not None
     ]
 
 
@@ -212,10 +225,24 @@ def _apply_plan(
 
 
 def _moves(rids: np.ndarray, plan: Plan) -> list[Move]:
-    """A plan's moves as (record id, from tier, to tier, reason), ``rids`` those of its rows."""
-    return list(
-        zip(rids.tolist(), plan.from_tier.tolist(), plan.to_tier.tolist(), plan.reason.tolist(), strict=True)
-    )
+    """A plan's moves, ``rids`` the record ids of its rows; a move of several steps lists them."""
+    several: dict[int, list[tuple[int, int]]] = {}
+    if plan.steps is not None and plan.steps.at.shape[0] > plan.rows.shape[0]:
+        s = plan.steps
+        for i, frm, why in zip(s.at.tolist(), s.from_tier.tolist(), s.reason.tolist(), strict=True):
+            several.setdefault(i, []).append((frm, why))
+    return [
+        Move(rid, frm, to, why, tuple(steps) if len(steps := several.get(i, ())) > 1 else ())
+        for i, (rid, frm, to, why) in enumerate(
+            zip(
+                rids.tolist(),
+                plan.from_tier.tolist(),
+                plan.to_tier.tolist(),
+                plan.reason.tolist(),
+                strict=True,
+            )
+        )
+    ]
 
 
 def _apply_in_commits(st: EngineState, items: list[Move], now: float) -> int:
@@ -247,15 +274,16 @@ def apply_moves(st: EngineState, items: list[Move], now: float) -> int:
 
     def prepare(txn: Txn) -> _MovesDone:
         done = _MovesDone()
-        for rid, frm, to, reason in items:
+        for rid, frm, to, reason, steps in items:
             rec = st.store.get(txn, rid)
             if rec is None or rec.tier != frm or (reason == EXPIRED and not rec.expired(now)):
                 done.skipped += 1
                 continue
-            d = done.deltas.setdefault((rec.namespace, frm), [0, 0, 0, 0])
-            d[_event_kind(reason)] += 1
-            if reason == DELETE_CAPACITY:
-                d[EVICTION] += 1  # a capacity deletion is an eviction too
+            for left, why in steps or ((frm, reason),):  # each step booked to the tier it left
+                d = done.deltas.setdefault((rec.namespace, left), [0, 0, 0, 0])
+                d[_event_kind(why)] += 1
+                if why == DELETE_CAPACITY:
+                    d[EVICTION] += 1  # a capacity deletion is an eviction too
             if to == 0:
                 st.store.delete(txn, rec)
                 done.deleted.append(rec)
@@ -287,7 +315,7 @@ def sweep(st: EngineState, chunk: int = 1000) -> SweepReport:
     view = st.columns.view()
     rows = np.flatnonzero(view.alive & (view.expire <= now))
     items = [
-        (rid, tier, 0, EXPIRED)
+        Move(rid, tier, 0, EXPIRED)
         for rid, tier in zip(view.rid[rows].tolist(), view.tier[rows].tolist(), strict=True)
     ]
     skipped = 0

@@ -37,6 +37,7 @@ from tiermem.server.index.columns import ColumnsView, Interner
 # Move reasons (values of tiermem.v1.MoveReason); 1-5 are the kernel's actions.
 PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 1, 2, 3, 4, 5
 EVICT_CAPACITY, DELETE_CAPACITY, EXPIRED, FLUSH_WORKING = 6, 7, 8, 9
+STAY = 0
 PROMOTIONS = (PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS)
 DEMOTIONS = (DEMOTE_IDLE, DEMOTE_DECAY)
 
@@ -240,6 +241,17 @@ class Tables:
 
 
 @dataclass
+class Steps:
+    """Every step of a plan's moves, a row's in order: most rows take one, a row evicted on from a
+    tier it entered in the same pass (demoted or evicted into a full tier) two or more."""
+
+    at: np.ndarray  # index into the plan's rows
+    from_tier: np.ndarray  # int8: the tier the step leaves
+    to_tier: np.ndarray  # int8; 0 = delete
+    reason: np.ndarray  # int8 MoveReason
+
+
+@dataclass
 class Plan:
     """What a pass decided: parallel arrays over the rows that change."""
 
@@ -248,7 +260,8 @@ class Plan:
     to_tier: np.ndarray  # int8; 0 = delete
     reason: np.ndarray  # int8 MoveReason
     over_capacity: int = 0  # rows left above capacity in GLACIAL (deleting not allowed)
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # steps by kind
+    steps: Steps | None = None
     # The rows a tier's capacity evicted, by (namespace id, tier), where the namespace summarizes them.
     summaries: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
@@ -310,7 +323,8 @@ def plan_pass(
     changed = np.flatnonzero(in_scope & ((target != tier) | expired))
     plan.rows, plan.from_tier = changed, tier[changed].copy()
     plan.to_tier, plan.reason = target[changed], reason[changed]
-    by_reason = np.bincount(plan.reason, minlength=EXPIRED + 1)
+    plan.steps = state.steps(changed)
+    by_reason = np.bincount(plan.steps.reason, minlength=EXPIRED + 1)
     plan.counts = {
         "promoted": int(by_reason[list(PROMOTIONS)].sum()),
         "demoted": int(by_reason[list(DEMOTIONS)].sum()),
@@ -353,7 +367,8 @@ def _decide_moves(
 @dataclass
 class _PassState:
     """What the steps of a pass share: every row's target tier and reason (decided step by step,
-    in place) and its retention score, as ranked in its target tier."""
+    in place), its retention score as ranked in its target tier, and the steps a row took before
+    its last one (into a tier that then evicted it)."""
 
     view: ColumnsView
     tables: Tables
@@ -363,6 +378,48 @@ class _PassState:
     target: np.ndarray  # int8 per row; 0 = delete
     reason: np.ndarray  # int8 MoveReason per row
     retention: np.ndarray  # per row
+    source: np.ndarray = field(init=False)  # int8 per row: the tier its last step leaves
+    home_retention: np.ndarray = field(init=False)  # per row: as ranked where it is
+    earlier: list[tuple[np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.source = self.view.tier.copy()
+        self.home_retention = self.retention.copy()
+
+    def evict(self, rows: np.ndarray, t: int, to: int, reason: int) -> None:
+        """``rows`` leave tier ``t`` (their target) for ``to``; the step into ``t`` of those that
+        entered it this pass is kept."""
+        came = rows[self.view.tier[rows] < t]
+        if came.shape[0]:
+            self.earlier.append((came, self.source[came].copy(), t, self.reason[came].copy()))
+        self.source[rows] = t
+        self.target[rows] = to
+        self.reason[rows] = reason
+        if to:
+            self.enter(rows)
+
+    def turn_back(self, rows: np.ndarray, t: int) -> None:
+        """``rows``, promoted into tier ``t`` this pass, are not kept there: they are promoted one tier
+        less, which for most is no move (they stay, ranked as before)."""
+        self.target[rows] = t + 1
+        home = self.view.tier[rows] == t + 1
+        self.reason[rows[home]] = STAY
+        self.retention[rows[home]] = self.home_retention[rows[home]]
+        self.enter(rows[~home])
+
+    def steps(self, changed: np.ndarray) -> Steps:
+        """The steps of the rows ``changed`` (sorted), each row's in order."""
+        at = [np.searchsorted(changed, rows) for rows, _, _, _ in self.earlier]
+        at.append(np.arange(changed.shape[0]))
+        order = np.lexsort((np.repeat(np.arange(len(at)), [a.shape[0] for a in at]), np.concatenate(at)))
+        return Steps(
+            at=np.concatenate(at)[order],
+            from_tier=np.concatenate([f for _, f, _, _ in self.earlier] + [self.source[changed]])[order],
+            to_tier=np.concatenate(
+                [np.full(r.shape[0], t, np.int8) for r, _, t, _ in self.earlier] + [self.target[changed]]
+            )[order],
+            reason=np.concatenate([why for _, _, _, why in self.earlier] + [self.reason[changed]])[order],
+        )
 
     def enter(self, rows: np.ndarray) -> None:
         """Rows moving into ``target`` this pass rank there as just entered, decaying at its half-life."""
@@ -439,7 +496,7 @@ def _enforce_capacity(
     into the next tier (where they count against its capacity), or out of GLACIAL by deletion
     where the namespace allows it. A namespace that summarizes evictions evicts one more, to make
     room for the summary (``summaries`` gets the rows). Returns the rows left over capacity in GLACIAL."""
-    ns, target, reason, tables = state.view.ns, state.target, state.reason, state.tables
+    ns, tier, target, tables = state.view.ns, state.view.tier, state.target, state.tables
     over_capacity = 0
     group = ns.astype(np.int64)
     for t in TIERS:  # fastest first: evictions land in the next tier and count against its capacity
@@ -447,18 +504,20 @@ def _enforce_capacity(
         if not candidates.any():
             continue
         cap = np.ascontiguousarray(tables.capacity[:, t])
-        room = _summary_room(tables, group, candidates, cap, t)
-        evict = kernels.select_evictions(group, state.retention, candidates, cap - room)
+        evict = kernels.select_evictions(group, state.retention, candidates, cap)
+        room = _summary_room(tables, group, evict & (tier <= t), cap, t)
+        if room.any():
+            evict = kernels.select_evictions(group, state.retention, candidates, cap - room)
+        # A memory promoted into a tier its capacity turns away was never there: no eviction from it.
+        state.turn_back(np.flatnonzero(evict & (tier > t)), t)
+        evict &= tier <= t
         if not evict.any():
             continue
         if t < TIERS[-1]:
-            target[evict] = t + 1
-            reason[evict] = EVICT_CAPACITY
-            state.enter(np.flatnonzero(evict))
+            state.evict(np.flatnonzero(evict), t, t + 1, EVICT_CAPACITY)
         else:
             allowed = evict & tables.delete_glacial[ns]
-            target[allowed] = 0
-            reason[allowed] = DELETE_CAPACITY
+            state.evict(np.flatnonzero(allowed), t, 0, DELETE_CAPACITY)
             over_capacity += int((evict & ~allowed).sum())
             evict = allowed
         for nid in np.flatnonzero(room):
@@ -467,13 +526,13 @@ def _enforce_capacity(
 
 
 def _summary_room(
-    tables: Tables, group: np.ndarray, candidates: np.ndarray, cap: np.ndarray, t: int
+    tables: Tables, group: np.ndarray, evicted: np.ndarray, cap: np.ndarray, t: int
 ) -> np.ndarray:
-    """1 per namespace whose tier ``t`` will evict and summarize (room for the summary), else 0."""
+    """1 per namespace whose tier ``t`` evicts ``evicted`` rows and summarizes them (room for the
+    summary), else 0."""
     if not tables.summarize.any():
         return np.zeros(cap.shape[0], np.int64)
-    count = np.bincount(group[candidates], minlength=cap.shape[0])
-    room = tables.summarize & (count > cap) & (cap > 0)
+    room = tables.summarize & (np.bincount(group[evicted], minlength=cap.shape[0]) > 0) & (cap > 0)
     if t == TIERS[-1]:
         room &= tables.delete_glacial  # (GLACIAL evicts only by deleting)
     return room.astype(np.int64)

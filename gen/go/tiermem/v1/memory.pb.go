@@ -4880,7 +4880,9 @@ func (x *UpdateNamespaceConfigResponse) GetEffective() *LifecyclePolicy {
 	return nil
 }
 
-// TierMove is one memory moved (or deleted) by a lifecycle pass.
+// TierMove is one step of a memory's move (or deletion) in a lifecycle pass. Most moves take one
+// step; a memory demoted or evicted into a full tier and evicted on from it in the same pass is
+// listed once a step, in order (from TIER_FAST to TIER_MEDIUM, then from TIER_MEDIUM to TIER_SLOW).
 type TierMove struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache
@@ -4890,9 +4892,9 @@ type TierMove struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// id is the memory's id.
 	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	// from_tier is the tier it was in.
+	// from_tier is the tier the step leaves.
 	FromTier Tier `protobuf:"varint,3,opt,name=from_tier,json=fromTier,proto3,enum=tiermem.v1.Tier" json:"from_tier,omitempty"`
-	// to_tier is the tier it goes to; TIER_UNSPECIFIED when it is deleted.
+	// to_tier is the tier the step enters; TIER_UNSPECIFIED when it is deleted.
 	ToTier Tier `protobuf:"varint,4,opt,name=to_tier,json=toTier,proto3,enum=tiermem.v1.Tier" json:"to_tier,omitempty"`
 	// reason says why.
 	Reason MoveReason `protobuf:"varint,5,opt,name=reason,proto3,enum=tiermem.v1.MoveReason" json:"reason,omitempty"`
@@ -4975,7 +4977,7 @@ type ConsolidateMemoriesRequest struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// dry_run reports what would move without moving anything.
 	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	// max_reported_moves caps the moves listed in the response (default 1000; counts are complete).
+	// max_reported_moves caps the steps listed in the response (default 1000; counts are complete).
 	MaxReportedMoves int32 `protobuf:"varint,3,opt,name=max_reported_moves,json=maxReportedMoves,proto3" json:"max_reported_moves,omitempty"`
 }
 
@@ -5038,7 +5040,7 @@ type ConsolidateMemoriesResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// moves lists moves, up to max_reported_moves.
+	// moves lists the steps of the moves, up to max_reported_moves; the counts below count steps.
 	Moves []*TierMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
 	// promoted counts promotions.
 	Promoted int64 `protobuf:"varint,2,opt,name=promoted,proto3" json:"promoted,omitempty"`
@@ -5050,7 +5052,7 @@ type ConsolidateMemoriesResponse struct {
 	Deleted int64 `protobuf:"varint,5,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	// over_capacity counts memories left above capacity in TIER_GLACIAL (deleting not allowed).
 	OverCapacity int64 `protobuf:"varint,6,opt,name=over_capacity,json=overCapacity,proto3" json:"over_capacity,omitempty"`
-	// skipped counts planned moves not applied because the memory changed meanwhile.
+	// skipped counts memories whose planned move was not applied because they changed meanwhile.
 	Skipped int64 `protobuf:"varint,7,opt,name=skipped,proto3" json:"skipped,omitempty"`
 	// plan_seconds is the time spent deciding (kernels over the in-memory columns).
 	PlanSeconds float64 `protobuf:"fixed64,8,opt,name=plan_seconds,json=planSeconds,proto3" json:"plan_seconds,omitempty"`
