@@ -72,8 +72,9 @@ class UnauthenticatedError(TiermemError):
 
 
 class PermissionDeniedError(TiermemError):
-    """The API key does not cover a namespace the call names (NAMESPACE_NOT_COVERED) or its role is
-    too low (ROLE_TOO_LOW); ``metadata`` names which."""
+    """The API key does not cover a namespace the call names (NAMESPACE_NOT_COVERED), its role is
+    too low (ROLE_TOO_LOW), or it may not name the embedding model of a vector it sends
+    (EMBEDDING_MODEL_NOT_ALLOWED); ``metadata`` names which."""
 
 
 class DeadlineExceededError(TiermemError):

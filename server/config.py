@@ -270,6 +270,9 @@ class ServerConfig:
     # Vectors: FAISS HNSW per (embedding space, tier)
     builtin_model: str = "tiermem-hash-v1"
     builtin_dimension: int = 384
+    # With API keys, the embedding spaces every key may use ("model=dimension,..."); a key for part of
+    # the namespaces may use others only when named under a namespace it covers ("user:ana/minilm").
+    embedding_spaces: str = ""
     # The server's embedder for memories and queries sent as text: builtin, openai (any
     # OpenAI-compatible /embeddings endpoint at embedder_url with model embedder_model) or
     # sentence_transformers (a local model directory in embedder_model).
@@ -493,6 +496,17 @@ class ServerConfig:
             "key_rate_per_second",
             "must be a finite number >= 0 (0: no cap)",
         )
+        try:
+            spaces = self.declared_spaces
+        except ValueError as e:
+            need(False, "embedding_spaces", str(e))
+        else:
+            builtin = spaces.get(self.builtin_model, self.builtin_dimension)
+            need(
+                builtin == self.builtin_dimension or self.embedder != "builtin",
+                "embedding_spaces",
+                f"the built-in embedder's model {self.builtin_model} has dimension {self.builtin_dimension}",
+            )
         need(bool(self.tls_cert) == bool(self.tls_key), "tls_key", "tls_cert and tls_key go together")
         need(not self.tls_client_ca or bool(self.tls_cert), "tls_client_ca", "needs tls_cert and tls_key")
         for name in ("api_keys", "tls_cert", "tls_key", "tls_client_ca"):
@@ -505,6 +519,23 @@ class ServerConfig:
             f"{self.host!r} is reachable from other machines: serve it with TLS (tls_cert, tls_key) and "
             "API keys (api_keys), or say insecure to do without",
         )
+
+    @property
+    def declared_spaces(self) -> dict[str, int]:
+        """``embedding_spaces`` by model; ValueError saying what is wrong with it."""
+        out: dict[str, int] = {}
+        for item in filter(None, (x.strip() for x in self.embedding_spaces.split(","))):
+            model, eq, dim = (x.strip() for x in item.rpartition("="))
+            if not (model and eq and dim.isascii() and dim.isdigit() and 0 < int(dim) <= self.max_dimension):
+                raise ValueError(
+                    f"{item!r} is not model=dimension (a dimension of 1 to {self.max_dimension})"
+                )
+            if len(model) > 256 or not model.isprintable():
+                raise ValueError(f"{model[:40]!r} is not a model name (printable, at most 256 characters)")
+            if model in out:
+                raise ValueError(f"model {model} is named twice")
+            out[model] = int(dim)
+        return out
 
     @classmethod
     def from_env(

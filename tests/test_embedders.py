@@ -19,10 +19,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tiermem.client import MemoryClient, TiermemError, UnavailableError
+from tiermem.client import (
+    InvalidArgumentError,
+    MemoryClient,
+    PermissionDeniedError,
+    TiermemError,
+    UnavailableError,
+)
 from tiermem.server.embedding.breaker import CircuitBreaker
 from tiermem.server.embedding.hashing import HashEmbedder
 from tiermem.server.embedding.providers import EmbedderError, OpenAIEmbedder
+from tiermem.server.security.keys import add_key
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
@@ -520,3 +527,30 @@ def test_a_text_search_with_the_endpoint_down_falls_back_to_keywords_and_says_so
         )
         assert [r.keyword_only for r in both.responses] == [True, False]  # a vector query never falls back
         assert both.responses[0].results[0].memory.id == target.id
+
+
+def test_a_tenant_key_names_the_servers_embedder_model_once_the_server_embedded(
+    http_server: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Before the server's first embedding its model's space has no dimension: a tenant's vector
+    labelled with the model's name would fix one for everybody, so it waits for the server's."""
+    keys = tmp_path / "keys.jsonl"
+    bob = add_key(keys, ["user:bob"], "write")
+    namesake = add_key(keys, ["fake-embed"], "write")  # (a tenant whose namespace the model's name is under)
+    running = http_server(api_keys=str(keys))
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30, api_key=namesake) as c:
+        with pytest.raises(PermissionDeniedError) as e:
+            c.create("fake-embed", "x", embedding=[1.0, 0.0, 0.0], embedding_model="fake-embed")
+        assert e.value.reason == "EMBEDDING_MODEL_NOT_ALLOWED"
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30, api_key=bob) as c:
+        with pytest.raises(PermissionDeniedError) as e:
+            c.create("user:bob", "x", embedding=[1.0, 0.0, 0.0], embedding_model="fake-embed")
+        assert e.value.reason == "EMBEDDING_MODEL_NOT_ALLOWED"
+        c.create("user:bob", "embedded by the server")  # its space: the endpoint's dimension
+        mine = c.create(
+            "user:bob", "mine", embedding=REFERENCE.embed("mine").tolist(), embedding_model="fake-embed"
+        )
+        assert mine.embedding_model == "fake-embed"
+        with pytest.raises(InvalidArgumentError) as e:
+            c.create("user:bob", "x", embedding=[1.0, 0.0, 0.0], embedding_model="fake-embed")
+        assert e.value.reason == "EMBEDDING_DIMENSION_MISMATCH"

@@ -31,7 +31,7 @@ from tiermem.client import (
 from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.config import ServerConfig, Tuning
 from tiermem.server.core.engine import Engine
-from tiermem.server.core.lifecycle import apply_moves
+from tiermem.server.core.lifecycle import Move, apply_moves
 from tiermem.server.model.reports import SweepReport
 from tiermem.server.storage.store import Store
 from tiermem.server.storage.writer import Writer
@@ -363,7 +363,7 @@ def test_two_tier_moves_committed_together_both_count(tmp_path: Path) -> None:
             mems.append(convert.new_memory_from_pb(m, "memory."))
         recs = eng.create(mems, batch=True)
         now = eng.clock()
-        moves = [lambda txn, r=r: apply_moves(eng.state, [(r.rid, 3, 4, DEMOTE_IDLE)], now) for r in recs]
+        moves = [lambda txn, r=r: apply_moves(eng.state, [Move(r.rid, 3, 4, DEMOTE_IDLE)], now) for r in recs]
         gate, holding = threading.Event(), threading.Event()
 
         def hold(txn: Any) -> None:

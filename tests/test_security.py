@@ -985,3 +985,90 @@ def test_a_revoked_key_ends_an_import_forwarded_by_a_search_follower(
         channel.close()
     with client(running, root) as g:
         assert list(g.list_memories("user:ana/restored")) == []
+
+
+def _refused_model(call: Callable[[], object]) -> None:
+    with pytest.raises(PermissionDeniedError) as e:
+        call()
+    assert e.value.reason == "EMBEDDING_MODEL_NOT_ALLOWED"
+
+
+def test_a_tenant_key_names_only_shared_embedding_models_and_its_own(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """Spaces are server-wide by model name: a key for part of the namespaces may not make one up
+    for everyone (fixing its dimension for other tenants) nor learn of another tenant's."""
+    root = add_key(keys_file, [""], "admin")
+    ana = add_key(keys_file, ["user:ana"], "admin")
+    bob = add_key(keys_file, ["user:bob"], "write")
+    running = server_factory(api_keys=str(keys_file), embedding_spaces="shared8=8")
+    v3, v5, v8 = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0], [1.0] + [0.0] * 7
+    with client(running, ana) as a, client(running, bob) as b, client(running, root) as g:
+        # a model name nobody shares: refused however it comes, and nothing stored
+        _refused_model(lambda: a.create("user:ana", "x", embedding=v3, embedding_model="m3"))
+        _refused_model(
+            lambda: a.create_batch(
+                [
+                    {"namespace": "user:ana", "content": "ok", "embedding": v8, "embedding_model": "shared8"},
+                    {"namespace": "user:ana", "content": "no", "embedding": v3, "embedding_model": "m3"},
+                ]
+            )
+        )
+        assert list(a.list_memories("user:ana")) == []
+        assert "m3" not in {s.embedding_model for s in g.stats().spaces}
+        # a tenant's own model, named under its namespace
+        own = a.create("user:ana", "ana's fact", embedding=v3, embedding_model="user:ana/m3")
+        assert [h.memory.id for h in a.search("user:ana", v3, embedding_model="user:ana/m3")] == [own.id]
+        _refused_model(lambda: a.update("user:ana", own.id, embedding=v3, embedding_model="m3"))
+        # ... which no other tenant may name, whatever its dimension (no dimension error tells it exists)
+        for vec in (v3, v5):
+            _refused_model(
+                lambda vec=vec: b.create("user:bob", "x", embedding=vec, embedding_model="user:ana/m3")
+            )
+        _refused_model(lambda: b.search("user:bob", v3, embedding_model="user:ana/m3"))
+        b.create("user:bob", "bob's fact", embedding=v5, embedding_model="user:bob/m3")
+        # the shared space has its declared dimension before any vector
+        with pytest.raises(InvalidArgumentError) as e:
+            b.create("user:bob", "x", embedding=v3, embedding_model="shared8")
+        assert e.value.reason == "EMBEDDING_DIMENSION_MISMATCH"
+        shared = b.create("user:bob", "shared", embedding=v8, embedding_model="shared8")
+        assert [h.memory.id for h in b.search("user:bob", v8, embedding_model="shared8")] == [shared.id]
+        assert a.search("user:ana", v8, embedding_model="shared8") == []
+        with pytest.raises(InvalidArgumentError) as e:  # (a vector without a model: validation says so)
+            a.create("user:ana", "x", embedding=v3, embedding_model="")
+        assert e.value.fields == ["memory.embedding_model"]
+        # an import is held to the same rule, chunk by chunk ...
+        chunks = list(a.export_memories("user:ana"))
+        for chunk in chunks:
+            if chunk.WhichOneof("chunk") == "memory":
+                chunk.memory.embedding_model = "m3"
+        _refused_model(lambda: a.import_memories(iter(chunks), target_namespace="user:ana/copy"))
+        assert list(a.list_memories("user:ana/copy")) == []
+        # ... but vectors of the exporting server's embedder, which this server embeds again, claim nothing
+        chunks[0].header.embedder_model = "m3"
+        assert a.import_memories(iter(chunks), target_namespace="user:ana/copy").imported == 1
+        [copy] = a.list_memories("user:ana/copy")
+        assert copy.embedding_model == running.engine.config.builtin_model
+        # the built-in embedder's text searches work for every key; a key for everything names any model
+        b.create("user:bob", "bob sails on weekends")
+        assert "bob sails on weekends" in [h.memory.content for h in b.search("user:bob", "sails")]
+        g.create("user:carol", "y", embedding=v3, embedding_model="m3")
+        assert {"m3", "user:ana/m3", "user:bob/m3", "shared8"} <= {
+            s.embedding_model for s in g.stats().spaces
+        }
+
+
+def test_search_followers_hold_keys_to_the_embedding_models_they_may_name(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    root = add_key(keys_file, [""], "admin")
+    bob = add_key(keys_file, ["user:bob"], "write")
+    running = server_factory(search_processes=2, api_keys=str(keys_file))
+    with client(running, root) as g:
+        g.create("user:ana", "ana's", embedding=[1.0, 0.0, 0.0], embedding_model="user:ana/m3")
+    channel, c = _through_follower(running, bob, "user:bob")
+    with channel, c:
+        _refused_model(lambda: c.search("user:bob", [1.0, 0.0, 0.0], embedding_model="user:ana/m3"))
+        _refused_model(
+            lambda: c.create("user:bob", "x", embedding=[1.0, 0.0, 0.0], embedding_model="m3")
+        )  # (forwarded to the leader, checked there)

@@ -112,6 +112,11 @@ def _server(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> su
         ((), {"TIERMEM_DEFAULT_TIER": "7"}, "default_tier"),
         ((), {"TIERMEM_EMBEDDER": "openai"}, "embedder_url"),
         ((), {"TIERMEM_EMBEDDER": "sentence_transformers"}, "embedder_model"),
+        ((), {"TIERMEM_EMBEDDING_SPACES": "minilm=384,ada"}, "embedding_spaces"),
+        ((), {"TIERMEM_EMBEDDING_SPACES": "minilm=0"}, "embedding_spaces"),
+        ((), {"TIERMEM_EMBEDDING_SPACES": "minilm=\u00b2"}, "embedding_spaces"),
+        ((), {"TIERMEM_EMBEDDING_SPACES": "minilm=384,minilm=768"}, "embedding_spaces"),
+        ((), {"TIERMEM_EMBEDDING_SPACES": "tiermem-hash-v1=8"}, "embedding_spaces"),
     ],
 )
 def test_the_server_refuses_bad_settings_in_one_line(
@@ -183,3 +188,27 @@ def test_a_port_in_use_stops_the_server_in_one_line(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "cannot listen on 127.0.0.1" in err and "CANNOT_LISTEN" in err and "Traceback" not in err
+
+
+def test_a_declared_space_of_another_dimension_than_the_data_stops_the_server(tmp_path: Path) -> None:
+    from tiermem.client import MemoryClient
+    from tiermem.server.transport.app import create_server
+
+    running = create_server(ServerConfig(port=0, data_dir=tmp_path / "data", maintenance_interval_seconds=0))
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        c.create("ns", "eight", embedding=[1.0] + [0.0] * 7, embedding_model="m8")
+    running.stop(None)
+    proc = _server(tmp_path, env={"TIERMEM_EMBEDDING_SPACES": "m8=4"})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "m8=4" in err and "EMBEDDING_SPACE_CONFLICT" in err and "Traceback" not in err
+    running = create_server(  # declared as stored: it serves
+        ServerConfig(
+            port=0, data_dir=tmp_path / "data", maintenance_interval_seconds=0, embedding_spaces="m8=8"
+        )
+    )
+    try:
+        with MemoryClient(f"127.0.0.1:{running.port}") as c:
+            assert [s.dimension for s in c.stats().spaces if s.embedding_model == "m8"] == [8]
+    finally:
+        running.stop(None)

@@ -27,7 +27,7 @@ from tiermem.server.index.snapshot_files import entries_by_vk
 from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.threads import set_faiss_threads
 from tiermem.server.index.vector_index import VectorIndex
-from tiermem.server.model.errors import StorageError
+from tiermem.server.model.errors import FailedPrecondition, StorageError
 from tiermem.server.model.records import Record
 from tiermem.server.model.types import location
 from tiermem.server.storage import datafile, snapshots
@@ -127,6 +127,7 @@ def _load_once(st: EngineState) -> None:
         st.routing = st.store.scope_routing(txn)
         st.lifecycle.totals = st.store.lifecycle_counters(txn)
         for model, dim in st.store.spaces(txn).items():
+            _check_declared(st, model, dim)
             st.space(model, dim)
         how = _load_rows(st, txn, snap)
         for name in st.ns_config:
@@ -139,6 +140,16 @@ def _load_once(st: EngineState) -> None:
         time.monotonic() - t0,
         how,
     )
+
+
+def _check_declared(st: EngineState, model: str, dim: int) -> None:
+    """FAILED_PRECONDITION when ``embedding_spaces`` gives a stored space another dimension."""
+    declared = st.config.declared_spaces.get(model, dim)
+    if declared != dim:
+        raise FailedPrecondition(
+            f"embedding_spaces declares {model}={declared}, but the data holds its vectors of dimension {dim}",
+            "EMBEDDING_SPACE_CONFLICT",
+        )
 
 
 def _load_rows(st: EngineState, txn: Txn, snap: tuple[dict[str, Any], int] | None) -> str:

@@ -98,6 +98,10 @@ class EngineState:
         self.keywords = KeywordIndex()  # postings of the rows' content, by namespace (keyword search)
         self.spaces: dict[str, Space] = {}
         self.space_list: list[Space] = []  # by space id
+        # Spaces whose dimension is set before any vector: the declared ones and the built-in embedder's.
+        self.fixed_spaces = dict(config.declared_spaces)
+        if config.embedder == "builtin":
+            self.fixed_spaces[config.builtin_model] = config.builtin_dimension
         self.base_policy = Policy.from_config(config)
         self.ns_config: dict[str, dict[str, Any]] = {}  # namespace -> {"protected", "policy" overrides}
         # Top-level scope -> (routing state, moved_to) for scopes fenced or moved to another shard
@@ -150,13 +154,11 @@ class EngineState:
 
     def claim_space(self, txn: Txn, field: str, model: str, dim: int, stored: int | None) -> None:
         """INVALID_ARGUMENT (naming ``field``) unless a vector of ``dim`` fits space ``model``
-        (``stored``: its dimension, None when new, which then stores it). The built-in embedder's
-        space has its embedder's dimension from the start, so that no caller's first vector, sent
-        with that model's name, fixes another one (spaces are server-wide: every plain create and
-        search would then fail)."""
-        fixed = stored
-        if stored is None and self.config.embedder == "builtin" and model == self.config.builtin_model:
-            fixed = self.config.builtin_dimension
+        (``stored``: its dimension, None when new, which then stores it). A declared space and the
+        built-in embedder's have their dimension from the start, so that no caller's first vector,
+        sent with that model's name, fixes another one (spaces are server-wide: every other use
+        of the name would then fail)."""
+        fixed = self.fixed_spaces.get(model) if stored is None else stored
         check.same_dimension(field, model, dim, fixed)
         if stored is None:
             self.store.put_space(txn, model, dim)

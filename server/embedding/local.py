@@ -23,6 +23,11 @@ from tiermem.server.embedding.base import Embedded, EmbedderError, one
 logger = logging.getLogger(__name__)
 
 
+def space_of(path: str) -> str:
+    """The space a model loaded from ``path`` writes."""
+    return f"st:{os.path.basename(path.rstrip('/'))}"
+
+
 class SentenceTransformerEmbedder:
     def __init__(self, path: str, model: str = "", *, batch_size: int = 32) -> None:
         if not path:
@@ -30,7 +35,7 @@ class SentenceTransformerEmbedder:
         if batch_size < 1:
             raise ValueError("the sentence_transformers embedder needs batch_size >= 1")
         self.path = path
-        self.model = model or f"st:{os.path.basename(path.rstrip('/'))}"
+        self.model = model or space_of(path)
         self.batch_size = batch_size
         self._lock = threading.Lock()  # one encode at a time: the model's own threads use the cores
         self._impl: Any = _load(path)

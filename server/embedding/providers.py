@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tiermem.server.embedding import local
 from tiermem.server.embedding.base import Embedded, Embedder, EmbedderError, one
 from tiermem.server.embedding.hashing import HashEmbedder
 from tiermem.server.embedding.local import SentenceTransformerEmbedder
@@ -102,6 +103,13 @@ class CachedEmbedder:
 
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def space_of(kind: str, model: str, builtin_model: str) -> str:
+    """The embedding space the configured embedder writes (its model's name)."""
+    if kind == "builtin":
+        return builtin_model
+    return local.space_of(model) if kind == "sentence_transformers" else model
 
 
 def build(

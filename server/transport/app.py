@@ -114,6 +114,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         replica_copying=replica_copying if config.replica_of else None,
         after_write=confirm_write if config.replica_ack == "sync" else None,
         private_secret=secret,
+        stored_space=_stored_space(servicer),
     )
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
@@ -173,6 +174,16 @@ def _check_port_free(host: str, port: int) -> None:
                 probe.bind(addr)
             except OSError as e:
                 raise _cannot_bind(host, port, e.strerror or str(e)) from None
+
+
+def _stored_space(servicer: MemoryServicer) -> Callable[[str], bool]:
+    """Whether the servicer's engine (once open) has a space of a model."""
+
+    def stored(model: str) -> bool:
+        engine = servicer.engine
+        return engine is not None and model in engine.spaces
+
+    return stored
 
 
 def _cannot_bind(host: str, port: int, why: str) -> FailedPrecondition:

@@ -31,6 +31,7 @@ from tiermem.server.model.errors import (
 )
 from tiermem.server.security.keys import ROLES, ApiKey, KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
+from tiermem.server.security.models import ModelRule
 from tiermem.server.transport import logs, names, routing
 from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.status import to_status
@@ -48,6 +49,8 @@ _caller: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar("tiermem
 _route: contextvars.ContextVar[tuple[str | None, bool, routing.RoutingOf | None]] = contextvars.ContextVar(
     "tiermem_route", default=(None, False, None)
 )
+# The embedding models the call's key may name (security/models.py).
+_model_rule: contextvars.ContextVar[ModelRule | None] = contextvars.ContextVar("tiermem_models", default=None)
 
 
 def caller() -> ApiKey | None:
@@ -172,8 +175,17 @@ def authorize(method: str, request: Message) -> None:
     key = caller()
     if key is not None:
         RULES[method](key, request)
+        _check_models(_model_rule.get(), key, names.MODELS.get(method), request)
     route, sharded, routing_of = _route.get()
     routing.check(method, names.NAMES[method](request), route if sharded else routing.ANY, routing_of)
+
+
+def _check_models(
+    rule: ModelRule | None, key: ApiKey, models: Callable[[Any], list[str]] | None, request: Any
+) -> None:
+    """PermissionDenied unless ``key`` may name the embedding models of ``request``'s vectors."""
+    if rule is not None and models is not None:
+        rule.check(key, models(request))
 
 
 def _has_rights_in(key: ApiKey, namespace: str) -> bool:
@@ -213,7 +225,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         after_write: Callable[[], None] | None = None,
         replica_copying: Callable[[], bool] | None = None,
         private_secret: str = "",
+        models: ModelRule | None = None,
     ) -> None:
+        self.models = models  # the embedding models a key may name (with keys)
         self.private_secret = private_secret  # required of calls over a Unix socket (a leader's private one)
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
@@ -386,9 +400,11 @@ class _Call:
             try:
                 token = _caller.set(key)
                 routed = _route.set((self.route, self.owner.sharded, self.owner.routing_of))
+                ruled = _model_rule.set(self.owner.models)
                 try:
                     yield key
                 finally:
+                    _model_rule.reset(ruled)
                     _route.reset(routed)
                     _caller.reset(token)
             finally:
@@ -414,6 +430,7 @@ class _Call:
                 self.rule(key, request)
             elif self.method.startswith(SERVICE):  # (a method without a rule: admin on everything)
                 _everything(key, ADMIN, self.method)
+            _check_models(self.owner.models, key, names.MODELS.get(self.name), request)
         if self.owner.is_replica is not None and self.name in _REPLICA_REFUSES and self.owner.is_replica():
             raise FailedPrecondition(
                 "this server is a replica: writes go to its leader (or promote it first)", "READ_ONLY_REPLICA"
@@ -501,13 +518,18 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
     """The messages of a client stream, each checked as the handler reads it (a refused one raises
     PermissionDenied into the handler, which answers it and stores nothing more)."""
     target: str | None = None
+    exported_by = ""  # an import's exporting embedder (its header's)
     for r in requests:
         if isinstance(r, Message):  # (raw bytes a follower forwards: the leader checks them)
             call.key_still_valid()
         if call.method == IMPORT and isinstance(r, Message):
             target = r.target_namespace if target is None else target  # type: ignore[attr-defined]
+            if r.WhichOneof("chunk") == "header":
+                exported_by = r.header.embedder_model  # type: ignore[attr-defined]
             if key is not None:
                 _import_chunk(key, r, target)
+                if call.owner.models is not None:
+                    call.owner.models.check(key, names.import_chunk_models(r), reembedded=exported_by)
             call._check_routing(names.import_chunk(r, target))
         else:
             call.check(key, r)

@@ -311,7 +311,9 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         report(msgpack.packb(r.to_wire()), timeout=10.0, metadata=[(SECRET_HEADER, secret)])
 
     engine = Engine(config, follower=True, access_sink=sink)
-    server = grpc_server(config, reuseport=True, routing_of=engine.scope_routing)
+    server = grpc_server(
+        config, reuseport=True, routing_of=engine.scope_routing, stored_space=lambda m: m in engine.spaces
+    )
     forwarder = Forwarder(
         channel,
         SERVICE.full_name,

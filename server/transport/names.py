@@ -1,6 +1,6 @@
 """The namespaces each request names, by method: what API keys are checked against (auth.py) and
-what a shard's routing key must match (routing.py). A client stream's messages are named one by one
-(``import_chunk``)."""
+what a shard's routing key must match (routing.py); and the embedding models of the vectors it
+carries (what a key may name). A client stream's messages are named one by one (``import_chunk``)."""
 
 from __future__ import annotations
 
@@ -67,4 +67,27 @@ NAMES: dict[str, Callable[[Any], list[str]]] = {
     "BuildContext": lambda r: [s.namespace for s in r.scopes],
     "ExportMemories": lambda r: [r.namespace] if r.namespace else [],
     "SetScopeRouting": lambda r: [r.scope],
+}
+
+
+def _vector_model(m: Any) -> list[str]:
+    return [m.embedding_model] if len(m.embedding) else []
+
+
+def _query_model(s: Any) -> list[str]:
+    return [s.embedding_model] if len(s.query_embedding) else []
+
+
+def import_chunk_models(r: Any) -> list[str]:
+    """The embedding model of a chunk of an import that carries a vector."""
+    return _vector_model(r.memory) if r.WhichOneof("chunk") == "memory" else []
+
+
+# Method -> the embedding models of the vectors a request carries (what a key may name: auth.py).
+MODELS: dict[str, Callable[[Any], list[str]]] = {
+    "CreateMemory": lambda r: _vector_model(r.memory),
+    "BatchCreateMemories": lambda r: [m for x in r.memories for m in _vector_model(x)],
+    "UpdateMemory": lambda r: _vector_model(r.memory),
+    "SearchMemories": _query_model,
+    "BatchSearchMemories": lambda r: [m for s in r.searches for m in _query_model(s)],
 }

@@ -17,14 +17,26 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tiermem.server.config import ServerConfig
+from tiermem.server.embedding import providers
 from tiermem.server.security.keys import KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
+from tiermem.server.security.models import ModelRule
 from tiermem.server.transport.auth import AuthInterceptor
 from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.routing import RoutingOf, WriteGate
 from tiermem.v1 import memory_pb2
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+
+
+def _model_rule(config: ServerConfig, stored_space: Callable[[str], bool] | None) -> ModelRule:
+    """Which embedding models keys for part of the namespaces may name (security/models.py)."""
+    return ModelRule(
+        frozenset(config.declared_spaces),
+        providers.space_of(config.embedder, config.embedder_model, config.builtin_model),
+        config.embedder == "builtin",
+        stored_space or (lambda model: False),
+    )
 
 
 def grpc_server(
@@ -38,6 +50,7 @@ def grpc_server(
     after_write: Callable[[], None] | None = None,
     replica_copying: Callable[[], bool] | None = None,
     private_secret: str = "",
+    stored_space: Callable[[str], bool] | None = None,
 ) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
     admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
@@ -61,6 +74,7 @@ def grpc_server(
         after_write=after_write,
         replica_copying=replica_copying,
         private_secret=private_secret,
+        models=_model_rule(config, stored_space) if keys is not None else None,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
     if config.tracing:

@@ -813,7 +813,10 @@ type Memory struct {
 	// embedding is the memory's vector. Empty on create: the server embeds content with its built-in
 	// embedder. Returned only when a request sets include_embedding. Stored normalized (cosine).
 	Embedding []float32 `protobuf:"fixed32,11,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
-	// embedding_model names the embedding space of `embedding`; required when embedding is set.
+	// embedding_model names the embedding space of `embedding`; required when embedding is set. With
+	// API keys, a key for part of the namespaces may name only the server's shared models and models
+	// named under a namespace it covers ("user:ana/minilm"), else PERMISSION_DENIED
+	// EMBEDDING_MODEL_NOT_ALLOWED.
 	// Vectors of different models are never compared.
 	EmbeddingModel string `protobuf:"bytes,12,opt,name=embedding_model,json=embeddingModel,proto3" json:"embedding_model,omitempty"`
 	// create_time is when the memory was created: set by the server when empty on create, or
@@ -2104,7 +2107,8 @@ type SearchMemoriesRequest struct {
 	Namespaces []string `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	// query_embedding is the query vector, in the space named by embedding_model.
 	QueryEmbedding []float32 `protobuf:"fixed32,2,rep,packed,name=query_embedding,json=queryEmbedding,proto3" json:"query_embedding,omitempty"`
-	// embedding_model names the space of query_embedding; required with it.
+	// embedding_model names the space of query_embedding; required with it (with API keys, the same
+	// models as Memory.embedding_model).
 	EmbeddingModel string `protobuf:"bytes,3,opt,name=embedding_model,json=embeddingModel,proto3" json:"embedding_model,omitempty"`
 	// query_text is the query's text: embedded by the server's embedder when query_embedding is empty;
 	// its keywords are matched by FUSED (with a query_embedding too) and by hybrid search. At most
