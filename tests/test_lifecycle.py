@@ -591,13 +591,24 @@ def test_a_promotion_into_a_full_tier_that_turns_it_away_is_no_move(env: Env) ->
     c.create(through, "A slow fact.", id="s", tier="slow", importance=0.6)
     access(c, ns, "m", 5)  # promote_access_count: m is promoted into FAST, where it ranks last
     access(c, through, "s", 5)
-    before = tiers_of(c, ns)
-    for _ in range(2):  # and again: no churn, no summary of a memory that never left its tier
-        r = c.consolidate(ns)
-        assert (moves(r), counts(r)) == (set(), (0, 0, 0, 0, 0))
-        assert tiers_of(c, ns) == before
-        assert list(c.list_memories(ns, kinds=["eviction_summary"])) == []
-    assert lifecycle(c, ns) == zeros4()
+    # it outranks a resident, but not once the summary of that resident's eviction takes a place
+    outranks = "full/outranks"
+    c.update_namespace_config(
+        outranks, retention="importance", summarize_evictions=True, importance_decay="none",
+        tiers={"medium": {"max_items": 2}},
+    )  # fmt: skip
+    for mid, imp in (("keep", 0.95), ("low", 0.5)):
+        c.create(outranks, f"Resident {mid}.", id=mid, tier="medium", importance=imp)
+    c.create(outranks, "Promoted one.", id="p", tier="slow", importance=0.9)
+    access(c, outranks, "p", 5)
+    for space in (ns, outranks):
+        before = tiers_of(c, space)
+        for _ in range(2):  # and again: no churn, no summary of a memory that never left its tier
+            r = c.consolidate(space)
+            assert (moves(r), counts(r)) == (set(), (0, 0, 0, 0, 0))
+            assert tiers_of(c, space) == before
+            assert list(c.list_memories(space, kinds=["eviction_summary"])) == []
+        assert lifecycle(c, space) == zeros4()
 
     # promoted through the tiers into a full FAST: it goes as far as MEDIUM
     r = c.consolidate(through)

@@ -504,13 +504,7 @@ def _enforce_capacity(
         if not candidates.any():
             continue
         cap = np.ascontiguousarray(tables.capacity[:, t])
-        evict = kernels.select_evictions(group, state.retention, candidates, cap)
-        room = _summary_room(tables, group, evict & (tier <= t), cap, t)
-        if room.any():
-            evict = kernels.select_evictions(group, state.retention, candidates, cap - room)
-        # A memory promoted into a tier its capacity turns away was never there: no eviction from it.
-        state.turn_back(np.flatnonzero(evict & (tier > t)), t)
-        evict &= tier <= t
+        evict, room = _select_evictions(state, group, candidates, cap, t)
         if not evict.any():
             continue
         if t < TIERS[-1]:
@@ -523,6 +517,26 @@ def _enforce_capacity(
         for nid in np.flatnonzero(room):
             summaries[(int(nid), t)] = np.flatnonzero(evict & (ns == nid))
     return over_capacity
+
+
+def _select_evictions(
+    state: _PassState, group: np.ndarray, candidates: np.ndarray, cap: np.ndarray, t: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows tier ``t`` evicts, lowest retention first, and per namespace 1 where it summarizes
+    them (room for the summary). A memory promoted into the tier that would be among them was never
+    there: it is turned back instead, and the others are chosen again without it (so a promotion
+    that cannot stay evicts nothing, not even room for a summary)."""
+    tier = state.view.tier
+    while True:
+        evict = kernels.select_evictions(group, state.retention, candidates, cap)
+        room = _summary_room(state.tables, group, evict & (tier <= t), cap, t)
+        if room.any():
+            evict = kernels.select_evictions(group, state.retention, candidates, cap - room)
+        back = evict & (tier > t)
+        if not back.any():
+            return evict, room
+        state.turn_back(np.flatnonzero(back), t)
+        candidates = candidates & ~back
 
 
 def _summary_room(
