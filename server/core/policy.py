@@ -496,7 +496,7 @@ def _enforce_capacity(
     into the next tier (where they count against its capacity), or out of GLACIAL by deletion
     where the namespace allows it. A namespace that summarizes evictions evicts one more, to make
     room for the summary (``summaries`` gets the rows). Returns the rows left over capacity in GLACIAL."""
-    ns, tier, target, tables = state.view.ns, state.view.tier, state.target, state.tables
+    ns, target, tables = state.view.ns, state.target, state.tables
     over_capacity = 0
     group = ns.astype(np.int64)
     for t in TIERS:  # fastest first: evictions land in the next tier and count against its capacity
