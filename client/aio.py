@@ -53,22 +53,16 @@ def _channel_closed() -> TiermemError:
     return TiermemError(grpc.StatusCode.CANCELLED, "Channel closed!")
 
 
-async def _refused(health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None) -> str:
-    """``client._refused``: why the server cannot be reached, '' when it answers or is only slow."""
-    try:
-        await health.Check(HEALTH_REQUEST, timeout=0.25, metadata=call_metadata)
-    except grpc.RpcError as e:
-        return last_error(e) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
-    return ""
-
-
-async def _unreachable(health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None) -> str:
+async def _unreachable(
+    health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None, *, only_refused: bool = False
+) -> str:
     """Why the server cannot be reached (e.g. connection refused), from one call that does not wait
-    for the connection; '' if it answers."""
+    for the connection; '' if it answers. ``only_refused`` (a call's deadline passed): '' also when
+    it fails otherwise than UNAVAILABLE (overloaded, say: it is reachable)."""
     try:
         await health.Check(HEALTH_REQUEST, timeout=0.25, metadata=call_metadata)
     except grpc.RpcError as e:
-        return last_error(e)
+        return "" if only_refused and e.code() != grpc.StatusCode.UNAVAILABLE else last_error(e)
     return ""
 
 
@@ -189,7 +183,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
             except grpc.RpcError as e:
                 error = from_rpc_error(e)
                 if isinstance(error, DeadlineExceededError) and not error.reason:
-                    why = await _refused(self._healths[0], call_metadata)
+                    why = await _unreachable(self._healths[0], call_metadata, only_refused=True)
                     error = unreached(error, why) if why else error
             await asyncio.sleep(attempts.pause_after(error))  # raises the error if it is not made again
 

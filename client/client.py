@@ -73,23 +73,16 @@ def _rest_of(first: Any, call: Any) -> Iterator[Any]:
         call.cancel()
 
 
-def _refused(health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None) -> str:
-    """Why the server cannot be reached when a call's deadline passed (a refused connection, say);
-    '' when it answers, or fails otherwise (overloaded: it is reachable)."""
-    try:
-        health.Check(HEALTH_REQUEST, timeout=0.25, metadata=call_metadata)
-    except grpc.RpcError as e:
-        return last_error(e) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
-    return ""
-
-
-def _unreachable(health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None) -> str:
+def _unreachable(
+    health: health_pb2_grpc.HealthStub, call_metadata: CallMetadata | None, *, only_refused: bool = False
+) -> str:
     """Why the server cannot be reached (e.g. connection refused), from one call that does not wait
-    for the connection; '' if it answers."""
+    for the connection; '' if it answers. ``only_refused`` (a call's deadline passed): '' also when
+    it fails otherwise than UNAVAILABLE (overloaded, say: it is reachable)."""
     try:
         health.Check(HEALTH_REQUEST, timeout=0.25, metadata=call_metadata)
     except grpc.RpcError as e:
-        return last_error(e)
+        return "" if only_refused and e.code() != grpc.StatusCode.UNAVAILABLE else last_error(e)
     return ""
 
 
@@ -176,7 +169,7 @@ class MemoryClient(AgentMethods):
             except grpc.RpcError as e:
                 error = from_rpc_error(e)
                 if isinstance(error, DeadlineExceededError) and not error.reason:
-                    why = _refused(self._healths[0], call_metadata)
+                    why = _unreachable(self._healths[0], call_metadata, only_refused=True)
                     error = unreached(error, why) if why else error
             time.sleep(attempts.pause_after(error))  # raises the error if it is not made again
 

@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -520,9 +521,9 @@ class ServerConfig:
             "API keys (api_keys), or say insecure to do without",
         )
 
-    @property
+    @cached_property
     def declared_spaces(self) -> dict[str, int]:
-        """``embedding_spaces`` by model; ValueError saying what is wrong with it."""
+        """``embedding_spaces`` by model (read once); ValueError saying what is wrong with it."""
         out: dict[str, int] = {}
         for item in filter(None, (x.strip() for x in self.embedding_spaces.split(","))):
             model, eq, dim = (x.strip() for x in item.rpartition("="))

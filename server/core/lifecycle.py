@@ -194,8 +194,6 @@ def _plan(st: EngineState, view: ColumnsView, namespace: str, scheduled: bool, n
 def _listed_moves(st: EngineState, plan: Plan, rids: np.ndarray, most: int) -> list[PlannedMove]:
     """The plan's first ``most`` steps (a memory evicted on from a tier it entered is listed once a step)."""
     steps = plan.steps
-    if steps is None:
-        return []
     at = steps.at[:most].tolist()
     with st.store.read() as txn:
         listed = {i: st.store.get(txn, int(rids[i])) for i in dict.fromkeys(at)}
@@ -227,7 +225,7 @@ def _apply_plan(
 def _moves(rids: np.ndarray, plan: Plan) -> list[Move]:
     """A plan's moves, ``rids`` the record ids of its rows; a move of several steps lists them."""
     several: dict[int, list[tuple[int, int]]] = {}
-    if plan.steps is not None and plan.steps.at.shape[0] > plan.rows.shape[0]:
+    if plan.steps.at.shape[0] > plan.rows.shape[0]:
         s = plan.steps
         for i, frm, why in zip(s.at.tolist(), s.from_tier.tolist(), s.reason.tolist(), strict=True):
             several.setdefault(i, []).append((frm, why))

@@ -250,6 +250,11 @@ class Steps:
     to_tier: np.ndarray  # int8; 0 = delete
     reason: np.ndarray  # int8 MoveReason
 
+    @classmethod
+    def none(cls) -> Steps:
+        no = np.empty(0, np.int8)
+        return cls(np.empty(0, np.int64), no, no, no)
+
 
 @dataclass
 class Plan:
@@ -261,7 +266,7 @@ class Plan:
     reason: np.ndarray  # int8 MoveReason
     over_capacity: int = 0  # rows left above capacity in GLACIAL (deleting not allowed)
     counts: dict[str, int] = field(default_factory=dict)  # steps by kind
-    steps: Steps | None = None
+    steps: Steps = field(default_factory=Steps.none)
     # The rows a tier's capacity evicted, by (namespace id, tier), where the namespace summarizes them.
     summaries: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
