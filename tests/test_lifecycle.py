@@ -617,6 +617,44 @@ def test_a_promotion_into_a_full_tier_that_turns_it_away_is_no_move(env: Env) ->
     assert lifecycle(c, through) == {**zeros4(), SLOW: (1, 0, 0, 0)}
 
 
+def test_an_eviction_summary_makes_room_in_a_full_namespace_in_the_same_pass(env: Env) -> None:
+    c = env.c
+    ns, capped = "full/namespace", "full/kind"
+    keep = {"retention": "importance", "importance_decay": "none", "summarize_evictions": True}
+    c.update_namespace_config(ns, max_items=5, tiers={"fast": {"max_items": 2}}, **keep)
+    for mid, imp in (("f1", 0.97), ("f2", 0.92), ("f3", 0.88), ("m1", 0.55), ("m2", 0.75)):
+        c.create(ns, f"Fact {mid}.", id=mid, tier="fast" if mid[0] == "f" else "medium", importance=imp)
+    # FAST evicts f3 and f2 (one for the summary's place): the summary is the namespace's sixth
+    # memory, so its lowest-retention one goes now, not in the next pass
+    r = c.consolidate(ns)
+    assert moves(r) == {
+        (ns, "f2", FAST, MEDIUM, EVICT),
+        (ns, "f3", FAST, MEDIUM, EVICT),
+        (ns, "m1", MEDIUM, GONE, DELETE_CAP),
+    }
+    assert counts(r) == (0, 0, 2, 1, 0)
+    (summary,) = c.list_memories(ns, kinds=["eviction_summary"])
+    assert tiers_of(c, ns) == {"f1": FAST, summary.id: FAST, "f2": MEDIUM, "f3": MEDIUM, "m2": MEDIUM}
+    assert (moves(c.consolidate(ns)), len(tiers_of(c, ns))) == (set(), 5)
+
+    # a cap on the summaries' kind: the older summary, evicted into MEDIUM, goes in the same pass
+    c.update_namespace_config(
+        capped, kind_capacities={"eviction_summary": 1}, tiers={"fast": {"max_items": 1}}, **keep
+    )
+    for mid, imp in (("a1", 0.9), ("a2", 0.85)):
+        c.create(capped, f"Fact {mid}.", id=mid, tier="fast", importance=imp)
+    c.consolidate(capped)
+    (first,) = c.list_memories(capped, kinds=["eviction_summary"])
+    for mid, imp in (("b1", 0.95), ("b2", 0.86)):
+        c.create(capped, f"Fact {mid}.", id=mid, tier="fast", importance=imp)
+    r = c.consolidate(capped)
+    assert (capped, first.id, MEDIUM, GONE, DELETE_CAP) in moves(r)
+    assert (capped, first.id, FAST, MEDIUM, EVICT) in moves(r)
+    (second,) = c.list_memories(capped, kinds=["eviction_summary"])
+    assert second.id != first.id and first.id in second.source_memory_ids
+    assert moves(c.consolidate(capped)) == set()
+
+
 def test_glacial_over_capacity_reports_or_deletes(env: Env) -> None:
     c = env.c
     ns = "archive"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermem.server.core import upkeep
+from tiermem.server.core.policy import EVICTION_SUMMARY_KIND
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
@@ -26,7 +27,6 @@ from tiermem.server.storage.store import Txn
 
 logger = logging.getLogger(__name__)
 
-EVICTION_SUMMARY_KIND = "eviction_summary"
 EVICTION_SUMMARY_SOURCE = "tiermem:lifecycle"
 MAX_SOURCE_IDS = 1000
 

@@ -38,6 +38,7 @@ from tiermem.server.index.columns import ColumnsView, Interner
 PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS, DEMOTE_IDLE, DEMOTE_DECAY = 1, 2, 3, 4, 5
 EVICT_CAPACITY, DELETE_CAPACITY, EXPIRED, FLUSH_WORKING = 6, 7, 8, 9
 STAY = 0
+EVICTION_SUMMARY_KIND = "eviction_summary"  # the kind of the summaries a tier's evictions store
 PROMOTIONS = (PROMOTE_ACCESS, PROMOTE_SURPRISE, PROMOTE_SUCCESS)
 DEMOTIONS = (DEMOTE_IDLE, DEMOTE_DECAY)
 
@@ -325,6 +326,7 @@ def plan_pass(
     plan = Plan(rows=np.empty(0, np.int64), from_tier=tier[:0], to_tier=target[:0], reason=reason[:0])
     if not only_caps:
         plan.over_capacity = _enforce_capacity(state, live, due, plan.summaries)
+        _room_for_summaries(state, live, plan.summaries, kinds)
     changed = np.flatnonzero(in_scope & ((target != tier) | expired))
     plan.rows, plan.from_tier = changed, tier[changed].copy()
     plan.to_tier, plan.reason = target[changed], reason[changed]
@@ -393,8 +395,8 @@ class _PassState:
 
     def evict(self, rows: np.ndarray, t: int, to: int, reason: int) -> None:
         """``rows`` leave tier ``t`` (their target) for ``to``; the step into ``t`` of those that
-        entered it this pass is kept."""
-        came = rows[self.view.tier[rows] < t]
+        entered it this pass (demoted, evicted or promoted into it) is kept."""
+        came = rows[self.view.tier[rows] != t]
         if came.shape[0]:
             self.earlier.append((came, self.source[came].copy(), t, self.reason[came].copy()))
         self.source[rows] = t
@@ -522,6 +524,45 @@ def _enforce_capacity(
         for nid in np.flatnonzero(room):
             summaries[(int(nid), t)] = np.flatnonzero(evict & (ns == nid))
     return over_capacity
+
+
+def _room_for_summaries(
+    state: _PassState, live: np.ndarray, summaries: dict[tuple[int, int], np.ndarray], kinds: Interner | None
+) -> None:
+    """A summary is a memory of its namespace: where the pass's summaries would put a namespace over
+    its max_items, or over its cap on the summaries' kind, its lowest-retention memories make room
+    for them now, exactly the surplus (not ``evict_share``)."""
+    if not summaries:
+        return
+    view, tables = state.view, state.tables
+    added = np.bincount([nid for nid, _ in summaries], minlength=tables.max_items.shape[0])
+    _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
+    kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
+    for nid, caps in tables.kind_caps.items():
+        cap = caps.get(EVICTION_SUMMARY_KIND)
+        if cap is None or kid < 0 or nid >= added.shape[0] or not added[nid]:
+            continue
+        of_kind = live & (view.ns == nid) & (view.kind == kid)
+        one = np.zeros(live.shape[0], np.int64)
+        _delete_surplus(state, of_kind, one, np.array([cap]), added[nid : nid + 1])
+
+
+def _delete_surplus(
+    state: _PassState, rows: np.ndarray, group: np.ndarray, cap: np.ndarray, added: np.ndarray
+) -> None:
+    """Delete, per group whose ``rows`` that stay in the namespace and ``added`` new ones pass its
+    ``cap``, that many of its lowest-retention rows, from the tier each is headed for (its step into
+    it kept)."""
+    counted = rows & (state.target != 0)
+    count = np.bincount(group[counted], minlength=cap.shape[0])
+    keep = np.clip(cap - added, 0, count)  # (cap is at most int64 max)
+    if (keep >= count).all():
+        return
+    gone = kernels.select_evictions(group, state.retention, counted, keep.astype(np.int64))
+    for t in TIERS:
+        leaving = np.flatnonzero(gone & (state.target == t))
+        if leaving.shape[0]:
+            state.evict(leaving, t, 0, DELETE_CAPACITY)
 
 
 def _select_evictions(
