@@ -1004,6 +1004,11 @@ def test_a_tenant_key_names_only_shared_embedding_models_and_its_own(
     running = server_factory(api_keys=str(keys_file), embedding_spaces="shared8=8")
     v3, v5, v8 = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0], [1.0] + [0.0] * 7
     with client(running, ana) as a, client(running, bob) as b, client(running, root) as g:
+        # a shared space exists before any vector of it: no tenant learns whether another uses it
+        assert a.search("user:ana", v8, embedding_model="shared8") == []
+        with pytest.raises(InvalidArgumentError) as e:
+            a.search("user:ana", v3, embedding_model="shared8")
+        assert e.value.reason == "EMBEDDING_DIMENSION_MISMATCH"
         # a model name nobody shares: refused however it comes, and nothing stored
         _refused_model(lambda: a.create("user:ana", "x", embedding=v3, embedding_model="m3"))
         _refused_model(

@@ -258,7 +258,8 @@ def query_vector(
     q: SearchQuery, source: SearchSource, needed: bool
 ) -> tuple[np.ndarray | None, Space | None]:
     """The query vector and its space; (None, None) when the ordering needs no query. The space is
-    None with a vector when the embedder's own space holds nothing yet (no results)."""
+    None with a vector when the embedder's own space, or a declared one, holds nothing yet (no
+    results)."""
     cfg = source.config
     if q.embedding is not None:
         model = check.model("embedding_model", q.embedding_model)
@@ -271,7 +272,10 @@ def query_vector(
         return None, None
     sp = source.spaces.get(model)
     if sp is None:
-        if model == source.embedder.model:
+        declared = cfg.declared_spaces.get(model)
+        if declared is not None:  # (a shared space exists, empty, before any vector of it)
+            check.same_dimension("query_embedding", model, query.shape[0], declared)
+        if declared is not None or model == source.embedder.model:
             return query, None
         raise NotFound(f"no memories in embedding space {model!r}", reason="EMBEDDING_SPACE_NOT_FOUND")
     check.same_dimension("query_embedding", model, query.shape[0], sp.dim)
