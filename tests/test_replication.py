@@ -60,6 +60,33 @@ def _write_some(c: MemoryClient, start: int, n: int) -> list[pb.Memory]:
     ]
 
 
+def test_a_replica_that_declares_a_space_its_leader_holds_otherwise_stores_nothing_of_it(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        lc.create("user:ana", "a vector of eight", embedding=[1.0] + [0.0] * 7, embedding_model="m8")
+        replica = server_factory(
+            tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}", embedding_spaces="m8=4"
+        )
+        _eventually(lambda: "EMBEDDING_SPACE_CONFLICT" in caplog.text)
+        assert (
+            "embedding_spaces declares m8=4, but the leader's vectors of it have dimension 8" in caplog.text
+        )
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc, pytest.raises(TiermemError) as copying:
+            list(rc.list_memories("user:ana"))
+        assert copying.value.reason == "REPLICA_COPYING"  # (its copy never began)
+        replica.stop(0)
+        # nothing of the copy was stored: started again with the leader's spaces, it copies everything
+        replica = server_factory(
+            tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}", embedding_spaces="m8=8"
+        )
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+            assert [m.content for m in rc.list_memories("user:ana")] == ["a vector of eight"]
+    replica.stop(0)
+
+
 def test_a_replica_copies_its_leader_serves_reads_refuses_writes_and_takes_over(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

@@ -249,6 +249,13 @@ def _store_settings(st: EngineState, txn: Txn, batch: dict[str, Any]) -> None:
     for ns, cfg in configs.items():
         st.store.put_namespace_config(txn, ns, cfg)
     for model, dim in batch["spaces"].items():
+        declared = st.config.declared_spaces.get(model, dim)
+        if declared != dim:  # (stored, it would stop this replica's next start)
+            raise FailedPrecondition(
+                f"embedding_spaces declares {model}={declared}, but the leader's vectors of it have "
+                f"dimension {dim}: declare the leader's spaces",
+                "EMBEDDING_SPACE_CONFLICT",
+            )
         if st.store.space(txn, model) is None:
             st.store.put_space(txn, model, int(dim))
     wanted = {scope: (int(state), str(moved_to)) for scope, state, moved_to in batch["routing"]}

@@ -102,6 +102,9 @@ def confirm_write(engine: Engine, acks: ReplicaAcks, timeout: float) -> None:
         )
 
 
+REFUSED_BATCH_PAUSE = 30.0  # seconds before a replica asks again for a batch it could not store
+
+
 class ReplicaFollower:
     """A replica's call to its leader (``config.replica_of``), on a thread of its own."""
 
@@ -140,6 +143,7 @@ class ReplicaFollower:
             else []
         )
         while not self._stop.is_set():
+            wait = pause
             try:
                 with self._channel() as channel:
                     self._follow(pb_grpc.MemoryServiceStub(channel), metadata)
@@ -147,12 +151,18 @@ class ReplicaFollower:
             except grpc.RpcError as e:
                 if not self._stop.is_set():
                     logger.warning("replica: the call to %s ended: %s", self.config.replica_of, _why(e))
-            except TiermemError as e:
-                logger.error("replica: a batch from %s could not be stored: %s", self.config.replica_of, e)
+            except TiermemError as e:  # (this replica's own settings refuse it: only a restart mends that)
+                logger.error(
+                    "replica: a batch from %s could not be stored (%s): %s",
+                    self.config.replica_of,
+                    e.reason,
+                    e,
+                )
+                wait = REFUSED_BATCH_PAUSE
             except Exception:
                 logger.exception("replica: following %s failed", self.config.replica_of)
             self.connected.clear()
-            self._stop.wait(pause)
+            self._stop.wait(wait)
             pause = min(2 * pause, 2.0)
 
     def _follow(self, stub: pb_grpc.MemoryServiceStub, metadata: list[tuple[str, str]]) -> None:
