@@ -42,6 +42,7 @@ from .connection import (
     last_error,
     one_stub,
     open_aio_channel,
+    with_tls_hint,
 )
 from .errors import DeadlineExceededError, TiermemError, from_rpc_error, unreached
 from .messages import TimeLike
@@ -124,6 +125,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
                     "create AsyncMemoryClient in a coroutine: its channels belong to the running event loop"
                 ) from None
         self.timeout = timeout
+        self._plain_target = target if channel is None and not tls else None  # (for a hint about TLS)
         self.sharded = sharded
         self._own_channel = channel is None
         options = channel_options(max_message_bytes, connections)
@@ -184,7 +186,9 @@ class AsyncMemoryClient(AsyncAgentMethods):
                 error = from_rpc_error(e)
                 if isinstance(error, DeadlineExceededError) and not error.reason:
                     why = await _unreachable(self._healths[0], call_metadata, only_refused=True)
-                    error = unreached(error, why) if why else error
+                    if why:
+                        why = await asyncio.to_thread(with_tls_hint, why, self._plain_target)
+                        error = unreached(error, why)
             await asyncio.sleep(attempts.pause_after(error))  # raises the error if it is not made again
 
     async def _stream(
@@ -254,7 +258,8 @@ class AsyncMemoryClient(AsyncAgentMethods):
             while True:
                 left = seen.left()
                 if left <= 0:
-                    raise seen.not_ready("" if seen.answered else await _unreachable(health, call_metadata))
+                    why = "" if seen.answered else await _unreachable(health, call_metadata)
+                    raise seen.not_ready(await asyncio.to_thread(with_tls_hint, why, self._plain_target))
                 try:
                     with self._closing_fails():
                         response = await health.Check(

@@ -44,6 +44,7 @@ from .connection import (
     last_error,
     one_stub,
     open_channel,
+    with_tls_hint,
     with_token,
 )
 from .connection import CallMetadata as CallMetadata
@@ -120,6 +121,7 @@ class MemoryClient(AgentMethods):
     ) -> None:
         check_connections(connections, channel)
         self.timeout = timeout
+        self._plain_target = target if channel is None and not tls else None  # (for a hint about TLS)
         self._own_channel = channel is None
         options = channel_options(max_message_bytes, connections)
         channels = (
@@ -170,7 +172,7 @@ class MemoryClient(AgentMethods):
                 error = from_rpc_error(e)
                 if isinstance(error, DeadlineExceededError) and not error.reason:
                     why = _unreachable(self._healths[0], call_metadata, only_refused=True)
-                    error = unreached(error, why) if why else error
+                    error = unreached(error, with_tls_hint(why, self._plain_target)) if why else error
             time.sleep(attempts.pause_after(error))  # raises the error if it is not made again
 
     def wait_ready(self, timeout: float | None = None, *, call_metadata: CallMetadata | None = None) -> None:
@@ -189,7 +191,8 @@ class MemoryClient(AgentMethods):
         while True:
             left = seen.left()
             if left <= 0:
-                raise seen.not_ready("" if seen.answered else _unreachable(health, call_metadata))
+                why = "" if seen.answered else _unreachable(health, call_metadata)
+                raise seen.not_ready(with_tls_hint(why, self._plain_target))
             try:
                 response = health.Check(
                     HEALTH_REQUEST, timeout=left, metadata=call_metadata, wait_for_ready=True

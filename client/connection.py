@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
+import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +18,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2
 
-from .errors import TiermemError, UnavailableError
+from .errors import TLS_HINT, TiermemError, UnavailableError
 
 CallMetadata = Sequence[tuple[str, str]]
 
@@ -253,6 +255,43 @@ class Attempts:
 
 def _code(err: grpc.RpcError) -> grpc.StatusCode:
     return err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+
+
+def with_tls_hint(why: str, plain_target: str | None) -> str:
+    """``why`` a plaintext connection to ``plain_target`` failed, and TLS_HINT after it if the server
+    there answers a TLS handshake (a TLS port reached without TLS only ever says the socket closed)."""
+    if not why or plain_target is None or not _answers_tls(plain_target):
+        return why
+    return f"{why}; {TLS_HINT}"
+
+
+def _answers_tls(target: str, timeout: float = 0.5) -> bool:
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:  # (not host:port: a unix socket, a dns:/// name)
+        return False
+    host = host.strip("[]")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # (any certificate: only asking)
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        addresses = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(timeout)
+                sock.connect(address)
+                with ctx.wrap_socket(sock, server_hostname=host or None):
+                    return True
+        except ssl.SSLError as e:
+            if "ALERT" in (
+                e.reason or ""
+            ):  # a TLS alert: it speaks TLS (and wants a client certificate, say)
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def last_error(err: grpc.RpcError) -> str:

@@ -119,13 +119,19 @@ def from_rpc_error(err: grpc.RpcError) -> TiermemError:
     return cls(code, message or "", reason, tuple(violations), metadata, retry_after)
 
 
+TLS_HINT = (
+    "it answers with TLS: connect with TLS (tls=True or the CA's certificate; the CLI's --tls or --tls-ca)"
+)
+
+
 def unreached(error: TiermemError, why: str) -> TiermemError:
     """``error`` (a deadline that passed while the call waited for its connection) saying why the
     server could not be reached: a bare DEADLINE_EXCEEDED after 30 s says nothing of a refused
     connection."""
+    ask = "" if why.endswith(TLS_HINT) else "; is it running at that address?"
     return type(error)(
         error.code,
-        f"{error.message}: the server could not be reached ({why}); is it running at that address?",
+        f"{error.message}: the server could not be reached ({why}){ask}",
         error.reason,
         error.field_violations,
         error.metadata,

@@ -423,6 +423,9 @@ def test_tls_with_a_ca_file(server_factory: Factory, tmp_path: Path) -> None:
     assert out.returncode == 0 and json.loads(out.stdout)["memory_count"] == 0
     out = tiermem("health", "--target", addr(running), "--timeout", "1")  # plaintext to a TLS port
     assert out.returncode == 1 and out.stdout == "NOT_SERVING\n"
+    assert "it answers with TLS: connect with TLS" in one_error_line(out) and "--tls-ca" in one_error_line(
+        out
+    )
     out = tiermem("stats", "--target", addr(running), "--tls-ca", str(tmp_path / "nope.crt"))
     assert "nope.crt" in one_error_line(out)
 

@@ -174,6 +174,7 @@ def test_a_call_to_a_server_that_is_not_there_says_so_when_its_deadline_passes()
     with MemoryClient(f"127.0.0.1:{port}", timeout=0.5) as c, pytest.raises(DeadlineExceededError) as info:
         c.create("ns", "hello")
     assert "could not be reached" in str(info.value) and "UNAVAILABLE" in str(info.value)
+    assert "is it running at that address?" in str(info.value) and "TLS" not in str(info.value)
     assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
 
 

@@ -4,6 +4,7 @@ keys file reloaded without a restart; TLS and mutual TLS; per-key and server-wid
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import logging
@@ -24,11 +25,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tiermem._values import set_metadata
 from tiermem.client import (
+    AsyncMemoryClient,
+    DeadlineExceededError,
     InvalidArgumentError,
     MemoryClient,
     PermissionDeniedError,
     ResourceExhaustedError,
     UnauthenticatedError,
+    UnavailableError,
 )
 from tiermem.server.config import ServerConfig
 from tiermem.server.security.keys import add_key
@@ -316,8 +320,22 @@ def test_tls_with_a_token_in_one_argument_each(
         c.wait_ready()
         c.create("user:ana", "over TLS")
         assert c.stats("user:ana").memory_count == 1
-    with client(running, token) as plain, pytest.raises(Exception):  # noqa: B017 (no TLS: no answer)
+    # without TLS: no answer, and the error says the server speaks TLS (not only that the socket closed)
+    with client(running, token) as plain, pytest.raises(DeadlineExceededError) as e:
         plain.stats("user:ana", timeout=2)
+    assert "it answers with TLS: connect with TLS" in str(e.value)
+    assert "is it running" not in str(e.value)
+    with MemoryClient(f"localhost:{running.port}", timeout=1) as plain, pytest.raises(UnavailableError) as e:
+        plain.wait_ready()
+    assert "it answers with TLS" in str(e.value)
+
+    async def wait_ready_async() -> None:
+        async with AsyncMemoryClient(f"127.0.0.1:{running.port}", timeout=1) as aplain:
+            await aplain.wait_ready()
+
+    with pytest.raises(UnavailableError) as e:
+        asyncio.run(wait_ready_async())
+    assert "it answers with TLS" in str(e.value)
 
 
 def test_mutual_tls_needs_a_client_certificate_from_the_ca(
