@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = ServerConfig.from_env(config_file=args.config, **overrides)
     except ValueError as e:
-        p.error(str(e))  # exit status 2 with the setting named
+        p.exit(2, f"{p.prog}: error: {e}\n")  # the setting named, in one line (no usage: not a flag's syntax)
     logs.configure(config.log_level, config.log_format)
     try:
         serve(config)

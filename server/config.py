@@ -419,6 +419,7 @@ class ServerConfig:
         )
         for name in ("snapshot_interval_seconds", "maintenance_interval_seconds", "access_flush_seconds"):
             need(getattr(self, name) >= 0, name, "must be >= 0 (0 disables)")
+        self._check_limits(need)
 
     def to_json(self) -> str:
         """Every setting as JSON (``from_json`` reads it back): how a follower gets its leader's."""
@@ -437,6 +438,56 @@ class ServerConfig:
         values["tuning"] = Tuning(**values.get("tuning", {}))
         return replace(defaults, **values)
 
+    def _check_limits(self, need: Callable[[bool, str, str], None]) -> None:
+        need(0 <= self.port <= 65535, "port", "must be in [0, 65535] (0: any free port)")
+        need(
+            -1 <= self.metrics_port <= 65535,
+            "metrics_port",
+            "must be in [-1, 65535] (-1: none, 0: any free port)",
+        )
+        for name in (
+            "max_message_bytes",
+            "map_size",
+            "max_content_bytes",
+            "max_metadata_bytes",
+            "max_metadata_keys",
+            "max_tags",
+            "max_batch_size",
+            "max_search_limit",
+            "max_page_size",
+            "default_page_size",
+            "max_dimension",
+            "promote_access_count",
+            "promote_success_count",
+        ):
+            need(getattr(self, name) >= 1, name, "must be >= 1")
+        need(self.max_map_size >= self.map_size, "max_map_size", "must be >= map_size")
+        need(self.default_page_size <= self.max_page_size, "default_page_size", "must be <= max_page_size")
+        need(
+            1 <= self.builtin_dimension <= self.max_dimension,
+            "builtin_dimension",
+            "must be in [1, max_dimension]",
+        )
+        for name in (
+            "summary_token_threshold",
+            "max_keyword_postings",
+            "embedding_cache_size",
+            "exact_search_max_rows",
+            "snapshot_min_changes",
+        ):
+            need(getattr(self, name) >= 0, name, "must be >= 0")
+        for name in ("reflection_threshold", "shutdown_grace_seconds", "request_id_ttl_seconds"):
+            value = getattr(self, name)
+            need(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
+        need(
+            math.isfinite(self.embedder_timeout_seconds) and self.embedder_timeout_seconds > 0,
+            "embedder_timeout_seconds",
+            "must be a finite number > 0",
+        )
+        need(0.0 < self.surprise_alpha <= 1.0, "surprise_alpha", "must be in (0, 1]")
+        need(0.0 <= self.promote_surprise <= 1.0, "promote_surprise", "must be in [0, 1]")
+        need(bool(self.default_kind.strip()), "default_kind", "must not be empty")
+
     def _check_tuning(self, need: Callable[[bool, str, str], None]) -> None:
         # (every threshold is a count, a share or a time: none has a meaning below 0)
         for f in fields(Tuning):
@@ -451,9 +502,11 @@ class ServerConfig:
                 values = (0.0, *values)
             object.__setattr__(self, name, values)  # (frozen: set once, here)
             need(
-                len(values) == len(TIERS) + 1 and all(math.isfinite(v) and v >= 0 for v in values[1:]),
+                len(values) == len(TIERS) + 1
+                and values[0] == 0
+                and all(math.isfinite(v) and v >= 0 for v in values[1:]),
                 name,
-                "needs 4 finite values >= 0, for FAST, MEDIUM, SLOW and GLACIAL (or 5, the first unused)",
+                "needs 4 finite values >= 0, for FAST, MEDIUM, SLOW and GLACIAL (or 5, the first 0, unused)",
             )
         need(
             self.retention in RETENTION_POLICIES, "retention", f"must be one of {sorted(RETENTION_POLICIES)}"

@@ -129,6 +129,36 @@ def test_the_server_refuses_bad_settings_in_one_line(
     assert not (tmp_path / "data").exists()  # stopped before it opened any data
 
 
+@pytest.mark.parametrize(
+    "values,named",
+    [
+        ({"port": 70000}, "port"),
+        ({"metrics_port": -2}, "metrics_port"),
+        ({"max_message_bytes": 0}, "max_message_bytes"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"default_page_size": 2000}, "default_page_size"),
+        ({"map_size": 2 << 40}, "max_map_size"),
+        ({"max_dimension": 0}, "max_dimension"),
+        ({"builtin_dimension": 5000}, "builtin_dimension"),
+        ({"max_keyword_postings": -1}, "max_keyword_postings"),
+        ({"reflection_threshold": float("nan")}, "reflection_threshold"),
+        ({"shutdown_grace_seconds": -1.0}, "shutdown_grace_seconds"),
+        ({"request_id_ttl_seconds": -1.0}, "request_id_ttl_seconds"),
+        ({"embedder_timeout_seconds": 0.0}, "embedder_timeout_seconds"),
+        ({"surprise_alpha": 1.5}, "surprise_alpha"),
+        ({"promote_access_count": 0}, "promote_access_count"),
+        ({"promote_surprise": 2.0}, "promote_surprise"),
+        ({"default_kind": " "}, "default_kind"),
+        ({"tier_max_items": (9, 2000, 500, 200, 100)}, "tier_max_items"),
+    ],
+)
+def test_limits_and_counts_out_of_range_are_refused_naming_the_setting(
+    values: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^setting {named}="):
+        ServerConfig(**values)  # type: ignore[arg-type]
+
+
 def test_json_logs_carry_request_ids_and_an_access_line(tmp_path: Path) -> None:
     proc = _server(tmp_path, "--log-format", "json", "--log-level", "DEBUG")
     try:
