@@ -4,6 +4,8 @@ over when promoted; with ``replica_ack`` sync a write is answered once a replica
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -84,6 +86,84 @@ def test_a_replica_that_declares_a_space_its_leader_holds_otherwise_stores_nothi
         with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
             _eventually(_same(lc, rc))
             assert [m.content for m in rc.list_memories("user:ana")] == ["a vector of eight"]
+    replica.stop(0)
+
+
+class _SlowLink:
+    """A TCP relay to ``port`` that passes the answers at ``rate`` bytes a second (a slow link),
+    until ``cut``."""
+
+    def __init__(self, port: int, rate: int, listen: int = 0) -> None:
+        self.upstream, self.rate = port, rate
+        self.listener = socket.create_server(("127.0.0.1", listen))
+        self.port = self.listener.getsockname()[1]
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                near, _ = self.listener.accept()
+                far = socket.create_connection(("127.0.0.1", self.upstream))
+                self.socks += [near, far]
+                threading.Thread(target=self._pipe, args=(near, far, 0), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(far, near, self.rate), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, rate: int) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(4096):
+                dst.sendall(data)
+                time.sleep(len(data) / rate if rate else 0)
+
+    def cut(self) -> None:
+        for s in [self.listener, *self.socks]:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A backlog of more memories than a batch carries comes in parts; the replica stores them
+    together, so no reader sees, and no promotion keeps, a part of an all-or-none batch."""
+    leader = server_factory(tmp_path / "leader", replication=True)
+    link = _SlowLink(leader.port, 256 * 1024)  # (the 1,000 memories and vectors: about 7 s of it)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{link.port}")
+    batch = [{"namespace": "team:batch", "content": f"item {j}", "id": f"i{j}"} for j in range(1000)]
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        lc.create("user:ana", "before the batches")
+        _eventually(lambda: rc.stats().memory_count == 1, timeout=30)
+        lc.create_batch(batch)
+        seen = set()
+        _eventually(lambda: seen.add(n := rc.stats("team:batch").memory_count) or n == 1000, timeout=60)
+        assert seen <= {0, 1000}
+        # the link is cut, and the leader lost, before the last part of the next batch arrived
+        lc.create_batch([{**m, "namespace": "team:second"} for m in batch])
+        time.sleep(5.0)  # (the first part has come by now, the last one cannot have)
+        link.cut()
+        leader.stop(0)
+        assert rc.promote_replica().memory_count == 1001
+        assert rc.stats("team:second").memory_count == 0
+    replica.stop(0)
+
+
+@pytest.mark.slow
+def test_a_replica_reaches_its_leader_within_seconds_of_it_coming_up_after_a_long_absence(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as reserved:  # the leader's address, nothing there yet
+        port = reserved.getsockname()[1]
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{port}")
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        lc.create("user:ana", "written while the replica could not reach its leader")
+        time.sleep(20.0)  # (gRPC's own reconnect backoff would have grown to about 10 s by now)
+        link = _SlowLink(leader.port, 0, listen=port)  # the leader's address answers from now on
+        t0 = time.monotonic()
+        _eventually(lambda: _same(lc, rc)(), timeout=30)
+        assert time.monotonic() - t0 < 3.0
+        link.cut()
     replica.stop(0)
 
 

@@ -186,10 +186,10 @@ class Engine:
     def replica_position(self) -> tuple[str, int]:
         return replication.position(self.state)
 
-    def store_replica_batch(self, instance: str, seq: int, start: bool, payload: bytes) -> None:
+    def store_replica_batch(self, instance: str, seq: int, start: bool, payloads: list[bytes]) -> None:
         if not self.state.replica:
             raise FailedPrecondition("this server was promoted: it follows no leader", "NOT_A_REPLICA")
-        replication.store_batch(self.state, instance, seq, start, payload)
+        replication.store_batch(self.state, instance, seq, start, payloads)
 
     def promote(
         self, leader_instance: str = "", stop_following: Callable[[], None] = lambda: None

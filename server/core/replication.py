@@ -5,7 +5,8 @@ A batch carries the current state of what the commits changed, not the operation
 written (its record, vector and whether it waits for one) or deleted, the settings (namespace
 configs, embedding spaces, scope routing) when they changed, the whole graph of each namespace
 whose graph changed, and the reflection and summary progress of the namespaces written. Stored in
-one write transaction with the leader's commit it reaches, a batch is applied whole or not at all,
+one write transaction with the leader's commit it reaches (with the other parts of a backlog split
+into several), a batch is applied whole or not at all,
 and applying one twice changes nothing: a replica that reconnects continues from its last commit.
 A replica that holds no copy of this leader's data, or one the commit log no longer reaches, gets
 a full copy first (``full_copy_start``: what it held is dropped).
@@ -162,29 +163,22 @@ def position(st: EngineState) -> tuple[str, int]:
         return st.store.replica_position(txn)
 
 
-def store_batch(st: EngineState, instance: str, seq: int, start: bool, payload: bytes) -> None:
-    """Store one batch (durably, in one commit) and bring the columns and indexes in line."""
-    batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    if batch.get("v", 0) > FORMAT:
-        raise FailedPrecondition(
-            f"the leader sends batches of format {batch['v']}: upgrade this replica", "FORMAT"
-        )
+def store_batch(st: EngineState, instance: str, seq: int, start: bool, payloads: list[bytes]) -> None:
+    """Store batches (durably, in one commit) and bring the columns and indexes in line: the parts
+    of one split backlog together, so that no reader and no promotion sees a part of a commit."""
+    batches = [msgpack.unpackb(p, raw=False, strict_map_key=False) for p in payloads]
+    for batch in batches:
+        if batch.get("v", 0) > FORMAT:
+            raise FailedPrecondition(
+                f"the leader sends batches of format {batch['v']}: upgrade this replica", "FORMAT"
+            )
 
     def prepare(txn: Txn) -> tuple[list[int], bool]:
         touched = _wipe(st, txn) if start else []
-        touched += _store_records(st, txn, batch)
-        settings = "configs" in batch
-        if settings:
-            _store_settings(st, txn, batch)
-        for ns, children, items in batch.get("graph", []):
-            st.store.delete_graph(txn, ns, children)
-            _put_graph(st, txn, items)
-        _put_graph(st, txn, batch.get("graph_items", []))
-        for ns, (refl, tokens, summary_rid, covered) in batch.get("scopes", []):
-            st.store.put_scope_state(txn, ns, ScopeState(refl, tokens, summary_rid, covered))
-        # (written with the commit by EngineState.before_commit: a promoted replica never reuses a rid)
-        st.next_rid = max(st.next_rid, int(batch.get("next_rid", 1)))
-        st.next_vk = max(st.next_vk, int(batch.get("next_vk", 1)))
+        settings = False
+        for batch in batches:
+            touched += _store_batch(st, txn, batch)
+            settings = settings or "configs" in batch
         if seq or start:
             st.store.put_replica_position(txn, instance, seq)
         return touched, settings or start
@@ -199,6 +193,23 @@ def store_batch(st: EngineState, instance: str, seq: int, start: bool, payload: 
             follow.follow_records(st, txn, np.array(sorted(set(touched)), np.int64))
 
     st.writer.submit(prepare, publish)
+
+
+def _store_batch(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int]:
+    """Store one batch's records, settings, graph and progress; returns the rids it touched."""
+    touched = _store_records(st, txn, batch)
+    if "configs" in batch:
+        _store_settings(st, txn, batch)
+    for ns, children, items in batch.get("graph", []):
+        st.store.delete_graph(txn, ns, children)
+        _put_graph(st, txn, items)
+    _put_graph(st, txn, batch.get("graph_items", []))
+    for ns, (refl, tokens, summary_rid, covered) in batch.get("scopes", []):
+        st.store.put_scope_state(txn, ns, ScopeState(refl, tokens, summary_rid, covered))
+    # (written with the commit by EngineState.before_commit: a promoted replica never reuses a rid)
+    st.next_rid = max(st.next_rid, int(batch.get("next_rid", 1)))
+    st.next_vk = max(st.next_vk, int(batch.get("next_vk", 1)))
+    return touched
 
 
 def _put_graph(st: EngineState, txn: Txn, items: list[list[Any]]) -> None:

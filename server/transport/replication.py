@@ -102,6 +102,13 @@ def confirm_write(engine: Engine, acks: ReplicaAcks, timeout: float) -> None:
         )
 
 
+# A leader back after an outage is reached within a second (gRPC's own backoff grows to 2 min, and
+# a waiting call never ends to let this replica's loop try sooner).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", 5000),
+]
 REFUSED_BATCH_PAUSE = 30.0  # seconds before a replica asks again for a batch it could not store
 
 
@@ -129,7 +136,7 @@ class ReplicaFollower:
         self._thread.join(timeout=30)
 
     def _channel(self) -> grpc.Channel:
-        options = [("grpc.max_receive_message_length", self.config.max_message_bytes)]
+        options = [("grpc.max_receive_message_length", self.config.max_message_bytes), *RECONNECT_OPTIONS]
         if self.config.replica_tls_ca:
             creds = grpc.ssl_channel_credentials(Path(self.config.replica_tls_ca).read_bytes())
             return grpc.secure_channel(self.config.replica_of, creds, options=options)
@@ -179,13 +186,20 @@ class ReplicaFollower:
             if self._stop.is_set():
                 call.cancel()
             self._call = call
+        parts: list[bytes] = []  # of a split backlog, stored with its last part at once
+        copying = False  # (a full copy's parts are stored as they come: reads wait for its end)
         try:
             for batch in call:
                 self.connected.set()
                 self.full_copies += batch.full_copy_start
+                copying = (copying or batch.full_copy_start) and not batch.seq
+                if not batch.seq and not copying:
+                    parts.append(batch.changes)
+                    continue
                 self.engine.store_replica_batch(
-                    batch.instance_id, batch.seq, batch.full_copy_start, batch.changes
+                    batch.instance_id, batch.seq, batch.full_copy_start, [*parts, batch.changes]
                 )
+                parts = []
                 if batch.seq:
                     self.applied = batch.seq
                     outbox.put(
