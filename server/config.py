@@ -144,6 +144,15 @@ class Tuning:
     commit_log_prune_every: int = 256  # commits between two looks for old commit-log entries
 
 
+# Settings checked by ServerConfig._check_limits (besides those checked with their own rule).
+_AT_LEAST_ONE = """max_message_bytes map_size max_content_bytes max_metadata_bytes max_metadata_keys max_tags
+    max_batch_size max_search_limit max_page_size default_page_size max_dimension promote_access_count
+    promote_success_count"""
+_AT_LEAST_ZERO = """summary_token_threshold max_keyword_postings embedding_cache_size exact_search_max_rows
+    snapshot_min_changes reflection_threshold shutdown_grace_seconds request_id_ttl_seconds
+    embedder_timeout_seconds"""
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Settings of one tiermem server. ``from_env`` reads ``TIERMEM_<FIELD>`` overrides."""
@@ -445,22 +454,11 @@ class ServerConfig:
             "metrics_port",
             "must be in [-1, 65535] (-1: none, 0: any free port)",
         )
-        for name in (
-            "max_message_bytes",
-            "map_size",
-            "max_content_bytes",
-            "max_metadata_bytes",
-            "max_metadata_keys",
-            "max_tags",
-            "max_batch_size",
-            "max_search_limit",
-            "max_page_size",
-            "default_page_size",
-            "max_dimension",
-            "promote_access_count",
-            "promote_success_count",
-        ):
+        for name in _AT_LEAST_ONE.split():
             need(getattr(self, name) >= 1, name, "must be >= 1")
+        for name in _AT_LEAST_ZERO.split():
+            value = getattr(self, name)
+            need(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
         need(self.max_map_size >= self.map_size, "max_map_size", "must be >= map_size")
         need(self.default_page_size <= self.max_page_size, "default_page_size", "must be <= max_page_size")
         need(
@@ -468,22 +466,7 @@ class ServerConfig:
             "builtin_dimension",
             "must be in [1, max_dimension]",
         )
-        for name in (
-            "summary_token_threshold",
-            "max_keyword_postings",
-            "embedding_cache_size",
-            "exact_search_max_rows",
-            "snapshot_min_changes",
-        ):
-            need(getattr(self, name) >= 0, name, "must be >= 0")
-        for name in ("reflection_threshold", "shutdown_grace_seconds", "request_id_ttl_seconds"):
-            value = getattr(self, name)
-            need(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
-        need(
-            math.isfinite(self.embedder_timeout_seconds) and self.embedder_timeout_seconds > 0,
-            "embedder_timeout_seconds",
-            "must be a finite number > 0",
-        )
+        need(self.embedder_timeout_seconds > 0, "embedder_timeout_seconds", "must be > 0")
         need(0.0 < self.surprise_alpha <= 1.0, "surprise_alpha", "must be in (0, 1]")
         need(0.0 <= self.promote_surprise <= 1.0, "promote_surprise", "must be in [0, 1]")
         need(bool(self.default_kind.strip()), "default_kind", "must not be empty")
