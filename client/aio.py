@@ -39,6 +39,7 @@ from .connection import (
     Readiness,
     channel_options,
     check_connections,
+    check_timeout,
     last_error,
     one_stub,
     open_aio_channel,
@@ -113,6 +114,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         sharded: bool = False,
     ) -> None:
         check_connections(connections, channel)
+        check_timeout(timeout)
         if channel is not None and (api_key or sharded):
             raise ValueError(
                 "api_key and sharded are added to the client's own channels, not to a channel given"
@@ -183,13 +185,17 @@ class AsyncMemoryClient(AsyncAgentMethods):
                         request, timeout=attempts.left(), metadata=call_metadata, wait_for_ready=True
                     )
             except grpc.RpcError as e:
-                error = from_rpc_error(e)
-                if isinstance(error, DeadlineExceededError) and not error.reason:
-                    why = await _unreachable(self._healths[0], call_metadata, only_refused=True)
-                    if why:
-                        why = await asyncio.to_thread(with_tls_hint, why, self._plain_target)
-                        error = unreached(error, why)
+                error = await self._reached(from_rpc_error(e), call_metadata)
             await asyncio.sleep(attempts.pause_after(error))  # raises the error if it is not made again
+
+    async def _reached(self, error: TiermemError, call_metadata: CallMetadata | None) -> TiermemError:
+        """``error``, saying why the server could not be reached if it is a deadline that passed
+        while the call waited for its connection."""
+        if isinstance(error, DeadlineExceededError) and not error.reason:
+            why = await _unreachable(self._healths[0], call_metadata, only_refused=True)
+            if why:
+                return unreached(error, await asyncio.to_thread(with_tls_hint, why, self._plain_target))
+        return error
 
     async def _stream(
         self, method: Any, request: Any, timeout: float | None, call_metadata: CallMetadata | None
@@ -205,7 +211,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
                     response = await call.read()
                 break
             except grpc.RpcError as e:
-                error = from_rpc_error(e)
+                error = await self._reached(from_rpc_error(e), call_metadata)
             await asyncio.sleep(attempts.pause_after(error))
         try:
             while response is not grpc.aio.EOF:
@@ -227,7 +233,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
             with self._closing_fails():
                 return await method(requests, timeout=timeout, metadata=call_metadata, wait_for_ready=True)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise await self._reached(from_rpc_error(e), call_metadata) from None
         except (asyncio.CancelledError, TiermemError):
             if requests.failure is None:
                 raise

@@ -8,8 +8,11 @@ metadata as plain Python values and ``to_python(result)`` any result as dicts, l
 subclasses carrying ``code``, ``reason`` and the invalid ``fields``.
 
 Creates always carry a ``request_id`` (a fresh one unless you pass yours), and the channel retries
-calls that failed with UNAVAILABLE; a retried create returns the first result instead of storing
-the memory twice. ``RecordFeedback`` is not retried (it counts accesses).
+the calls that are safe to repeat when they fail with UNAVAILABLE (up to 5 attempts): creates,
+batch creates, gets, updates, lists, searches, stats, namespace lists, namespace settings reads and
+graph neighbours; a retried create returns the first result instead of storing the memory twice.
+Deletes, feedback (it counts accesses) and the other calls are not retried by the channel, whose
+repeat after a lost reply would not give their first result.
 
 Every call waits for the connection (``wait_for_ready``) and reconnects quickly, and a call the
 server refused because it was starting or stopping (so did not run) is made again: a server restart
@@ -41,6 +44,7 @@ from .connection import (
     Readiness,
     channel_options,
     check_connections,
+    check_timeout,
     last_error,
     one_stub,
     open_channel,
@@ -48,7 +52,7 @@ from .connection import (
     with_token,
 )
 from .connection import CallMetadata as CallMetadata
-from .errors import DeadlineExceededError, from_rpc_error, unreached
+from .errors import DeadlineExceededError, TiermemError, from_rpc_error, unreached
 from .messages import TimeLike as TimeLike
 from .messages import build_filter as build_filter
 from .messages import build_memory as build_memory
@@ -120,6 +124,7 @@ class MemoryClient(AgentMethods):
         sharded: bool = False,
     ) -> None:
         check_connections(connections, channel)
+        check_timeout(timeout)
         self.timeout = timeout
         self._plain_target = target if channel is None and not tls else None  # (for a hint about TLS)
         self._own_channel = channel is None
@@ -459,7 +464,8 @@ class MemoryClient(AgentMethods):
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> Iterator[pb.NamespaceInfo]:
-        """Every namespace holding memories (under ``prefix``), page by page (``timeout`` is per page)."""
+        """Every namespace holding memories whose name begins with ``prefix`` (a string prefix:
+        ``team`` lists ``team-b`` too), page by page (``timeout`` is per page)."""
         token = ""
         while True:
             req = rq.list_namespaces_request(prefix, page_size=page_size, page_token=token)
@@ -678,5 +684,19 @@ class MemoryClient(AgentMethods):
         """Restore the chunks of an export (e.g. ``export_memories``' output, possibly saved and
         read back), optionally under another namespace. ``confirm``: restoring preferences and
         summaries into a protected namespace is intended. No deadline unless ``timeout``."""
-        requests = (rq.import_request(i, chunk, target_namespace, confirm) for i, chunk in enumerate(chunks))
-        return self._call(self.stub.ImportMemories, requests, timeout, call_metadata, stream=True)
+        failure: list[Exception] = []  # (gRPC reports requests that fail without their exception)
+
+        def requests() -> Iterator[pb.ImportMemoriesRequest]:
+            try:
+                for i, chunk in enumerate(chunks):
+                    yield rq.import_request(i, chunk, target_namespace, confirm)
+            except Exception as e:
+                failure.append(e)
+                raise
+
+        try:
+            return self._call(self.stub.ImportMemories, requests(), timeout, call_metadata, stream=True)
+        except TiermemError as e:
+            if not failure:
+                raise
+            raise e from failure[0]  # (UNKNOWN: the requests failed)

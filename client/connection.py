@@ -38,6 +38,8 @@ _RETRY_CONFIG = json.dumps(
                         "BatchSearchMemories",
                         "GetStats",
                         "ListNamespaces",
+                        "GetNamespaceConfig",
+                        "GetGraphNeighbors",
                     )  # not deletes or feedback: a retry after a lost reply would not repeat their result
                 ],
                 "retryPolicy": {
@@ -227,6 +229,12 @@ def one_stub(stubs: list[Any]) -> Any:
     return stubs[0] if len(stubs) == 1 else Spread(stubs)
 
 
+def check_timeout(timeout: float | None) -> None:
+    """ValueError unless ``timeout`` is None (no deadline) or a positive number of seconds."""
+    if timeout is not None and not timeout > 0:  # (NaN too)
+        raise ValueError(f"timeout must be a positive number of seconds (None: no deadline), not {timeout!r}")
+
+
 class Attempts:
     """The deadline of one call, and whether a failed attempt is made again: only a call the server
     did not run because it was starting or stopping, and only if it can be sent again (``again``:
@@ -234,6 +242,7 @@ class Attempts:
     as long as the pause ends before the deadline."""
 
     def __init__(self, timeout: float | None, again: bool) -> None:
+        check_timeout(timeout)
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.again = again
         self._pause = 0.05

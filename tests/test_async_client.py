@@ -260,6 +260,7 @@ def test_timeline_export_and_import_from_lists_and_async_iterables(
     with sync_client(running) as s, pytest.raises(TiermemError) as sync_empty:
         s.import_memories([next(s.export_memories(NS)), pb.ExportMemoriesResponse()], target_namespace="x")
     assert sync_empty.value.code == grpc.StatusCode.UNKNOWN
+    assert "chunk 1 of the export is empty" in str(sync_empty.value.__cause__)  # (its cause kept, as above)
 
 
 def test_agent_memory_reflection_and_summaries(server_factory: Callable[..., RunningServer]) -> None:
@@ -476,6 +477,10 @@ def test_wait_ready_waits_for_serving_and_names_what_it_saw() -> None:
             await c.wait_ready(timeout=0.5)
         with pytest.raises(DeadlineExceededError, match="could not be reached"):  # a call says so too
             await c.create("ns", "hello", timeout=0.5)
+        with pytest.raises(DeadlineExceededError, match="could not be reached"):  # and the streams
+            [chunk async for chunk in c.export_memories("ns", timeout=0.5)]
+        with pytest.raises(DeadlineExceededError, match="could not be reached"):
+            await c.import_memories([pb.ExportMemoriesResponse(header=pb.ExportHeader())], timeout=0.5)
 
     run(f"127.0.0.1:{free}", nothing)
 

@@ -178,6 +178,14 @@ def test_a_call_to_a_server_that_is_not_there_says_so_when_its_deadline_passes()
     assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+def test_a_timeout_that_is_not_a_positive_number_is_refused_before_any_call() -> None:
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            MemoryClient("127.0.0.1:1", timeout=bad)
+        with MemoryClient("127.0.0.1:1") as c, pytest.raises(ValueError, match="timeout must be a positive"):
+            c.get("ns", "id", timeout=bad)
+
+
 def test_a_deadline_a_reachable_server_missed_says_nothing_of_reaching_it(
     server_factory: Callable[..., Any],
 ) -> None:
