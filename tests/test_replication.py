@@ -148,6 +148,33 @@ def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
     replica.stop(0)
 
 
+def test_a_replica_without_a_complete_copy_cannot_be_promoted(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        lc.create_batch([{"namespace": "team:a", "content": f"item {j}"} for j in range(1000)])
+    link = _SlowLink(leader.port, 256 * 1024)  # (the full copy takes about 7 s over it)
+    with socket.create_server(("127.0.0.1", 0)) as reserved:
+        nowhere = reserved.getsockname()[1]
+    alone = server_factory(tmp_path / "alone", replica_of=f"127.0.0.1:{nowhere}")
+    copying = server_factory(tmp_path / "copying", replica_of=f"127.0.0.1:{link.port}")
+    for replica in (alone, copying):
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            if replica is copying:  # (a part of the copy stored, not the last)
+                _eventually(lambda: rc.stats().memory_count > 0, timeout=30)
+            with pytest.raises(TiermemError) as refused:
+                rc.promote_replica()
+            assert (refused.value.code.name, refused.value.reason) == (
+                "FAILED_PRECONDITION",
+                "REPLICA_INCOMPLETE",
+            )
+    with MemoryClient(f"127.0.0.1:{copying.port}") as rc:  # (still a replica, following: it completes)
+        _eventually(lambda: rc.stats().memory_count == 1000, timeout=60)
+        assert rc.promote_replica().memory_count == 1000
+    link.cut()
+
+
 @pytest.mark.slow
 def test_a_replica_reaches_its_leader_within_seconds_of_it_coming_up_after_a_long_absence(
     server_factory: Callable[..., RunningServer], tmp_path: Path

@@ -202,6 +202,11 @@ class Engine:
         if not st.replica:
             raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
         instance, seq = replication.position(st)
+        if st.replica_copying:  # (it would serve part of its leader's data as the whole)
+            raise FailedPrecondition(
+                "this replica holds no complete copy of its leader yet (none began, or one is under way)",
+                "REPLICA_INCOMPLETE",
+            )
         if leader_instance and leader_instance != instance:
             raise FailedPrecondition(
                 f"this replica copies data {instance or '(none yet)'}, not {leader_instance}",

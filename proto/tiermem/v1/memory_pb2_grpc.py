@@ -386,7 +386,8 @@ class MemoryServiceServicer:
 
     def PromoteReplica(self, request, context):
         """PromoteReplica makes a replica a server of its own: it stops following and takes writes.
-        Admin; FAILED_PRECONDITION on a server that is not a replica.
+        Admin; FAILED_PRECONDITION on a server that is not a replica, and on a replica that holds no
+        complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -86,7 +86,8 @@ type MemoryServiceClient interface {
 	// Admin; the server must keep a commit log (replication).
 	ReplicateChanges(ctx context.Context, opts ...grpc.CallOption) (MemoryService_ReplicateChangesClient, error)
 	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
-	// Admin; FAILED_PRECONDITION on a server that is not a replica.
+	// Admin; FAILED_PRECONDITION on a server that is not a replica, and on a replica that holds no
+	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
 	PromoteReplica(ctx context.Context, in *PromoteReplicaRequest, opts ...grpc.CallOption) (*PromoteReplicaResponse, error)
 }
 
@@ -493,7 +494,8 @@ type MemoryServiceServer interface {
 	// Admin; the server must keep a commit log (replication).
 	ReplicateChanges(MemoryService_ReplicateChangesServer) error
 	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
-	// Admin; FAILED_PRECONDITION on a server that is not a replica.
+	// Admin; FAILED_PRECONDITION on a server that is not a replica, and on a replica that holds no
+	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
 	PromoteReplica(context.Context, *PromoteReplicaRequest) (*PromoteReplicaResponse, error)
 	mustEmbedUnimplementedMemoryServiceServer()
 }
