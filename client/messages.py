@@ -137,6 +137,9 @@ def build_memory(
     source_memory_ids: Iterable[str] = (),
 ) -> pb.Memory:
     """A ``Memory`` message from Python values (numpy arrays are fine for ``embedding``)."""
+    for name, value in (("namespace", namespace), ("content", content)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, not {type(value).__name__}")
     m = pb.Memory(
         namespace=namespace,
         content=content,

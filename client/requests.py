@@ -137,6 +137,9 @@ def search_many_request(searches: Sequence[Mapping[str, Any]]) -> pb.BatchSearch
 def feedback_request(
     namespace: str, items: Iterable[Mapping[str, Any]], *, as_of: TimeLike | None = None
 ) -> pb.RecordFeedbackRequest:
+    fields = pb.Feedback.DESCRIPTOR.fields_by_name
+    for n, item in enumerate(items := list(items)):
+        check_names("feedback", item, fields, f" in items[{n}]")
     req = pb.RecordFeedbackRequest(namespace=namespace, items=[pb.Feedback(**dict(i)) for i in items])
     if as_of is not None:
         req.as_of.CopyFrom(timestamp(as_of))
@@ -446,7 +449,10 @@ def build_context_request(
         read_only=read_only,
         summarize_overflow=summarize_overflow,
     )
-    for scope in scopes:
+    fields = pb.ContextScope.DESCRIPTOR.fields_by_name
+    for n, scope in enumerate(scopes):
+        if not isinstance(scope, str):
+            check_names("build_context", scope, fields, f" in scopes[{n}]")
         req.scopes.add(**({"namespace": scope} if isinstance(scope, str) else dict(scope)))
     return req
 

@@ -370,6 +370,19 @@ def test_call_metadata_reaches_the_server(server_factory: Callable[..., RunningS
             lambda c: c.create_batch([{"namespace": NS, "content": "x", "tgs": []}]),
             r"^create_batch\(\) got .* 'tgs' in memories\[0\]",
         ),
+        (
+            lambda c: c.feedback(NS, [{"idd": "m1"}]),
+            r"^feedback\(\) got .* 'idd' in items\[0\]\. Did you mean 'id'",
+        ),
+        (
+            lambda c: c.build_context([{"namspace": NS}], token_budget=100),
+            r"^build_context\(\) got .* 'namspace' in scopes\[0\]",
+        ),
+        (lambda c: c.create(NS, 123), r"^content must be a string, not int"),
+        (
+            lambda c: c.create_batch([{"namespace": 7, "content": "x"}]),
+            r"^namespace must be a string, not int",
+        ),
     ],
 )
 def test_a_misspelled_argument_is_a_type_error_naming_the_method(
