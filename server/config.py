@@ -459,7 +459,6 @@ class ServerConfig:
         for name in _AT_LEAST_ZERO.split():
             value = getattr(self, name)
             need(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
-        need(self.max_map_size >= self.map_size, "max_map_size", "must be >= map_size")
         need(self.default_page_size <= self.max_page_size, "default_page_size", "must be <= max_page_size")
         need(
             1 <= self.builtin_dimension <= self.max_dimension,

@@ -654,6 +654,34 @@ def test_an_eviction_summary_makes_room_in_a_full_namespace_in_the_same_pass(env
     assert second.id != first.id and first.id in second.source_memory_ids
     assert moves(c.consolidate(capped)) == set()
 
+    # both caps: the older summary makes the room in the namespace too (one deletion, not two)
+    both = "full/both"
+    c.update_namespace_config(
+        both, max_items=5, kind_capacities={"eviction_summary": 1}, tiers={"fast": {"max_items": 1}}, **keep
+    )
+    for mids in ((("a1", 0.9), ("a2", 0.85)), (("b1", 0.95), ("b2", 0.86))):
+        for mid, imp in mids:
+            c.create(both, f"Fact {mid}.", id=mid, tier="fast", importance=imp)
+        r = c.consolidate(both)
+    assert [m.reason for m in r.moves].count(DELETE_CAP) == 1
+    assert len(tiers_of(c, both)) == 5 and moves(c.consolidate(both)) == set()
+
+    # a deletion for the room counts in GLACIAL's over_capacity (what is left over it, after)
+    glacial = "full/glacial"
+    c.update_namespace_config(
+        glacial, max_items=4, tiers={"fast": {"max_items": 1}, "glacial": {"max_items": 1}}, **keep
+    )
+    for mid, tier, imp in (
+        ("g1", "glacial", 0.1),
+        ("g2", "glacial", 0.2),
+        ("f1", "fast", 0.9),
+        ("f2", "fast", 0.8),
+    ):
+        c.create(glacial, f"Fact {mid}.", id=mid, tier=tier, importance=imp)
+    r = c.consolidate(glacial)
+    assert (glacial, "g1", GLACIAL, GONE, DELETE_CAP) in moves(r)  # (the namespace's lowest)
+    assert counts(r)[4] == 0 and sum(t == GLACIAL for t in tiers_of(c, glacial).values()) == 1
+
 
 def test_glacial_over_capacity_reports_or_deletes(env: Env) -> None:
     c = env.c

@@ -17,6 +17,7 @@ import pytest
 
 from tiermem.client import MemoryClient, TiermemError
 from tiermem.client.errors import from_rpc_error
+from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
@@ -173,6 +174,40 @@ def test_a_replica_without_a_complete_copy_cannot_be_promoted(
         _eventually(lambda: rc.stats().memory_count == 1000, timeout=60)
         assert rc.promote_replica().memory_count == 1000
     link.cut()
+
+
+def test_a_replica_of_an_empty_leader_holds_a_complete_copy(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    leader = server_factory(tmp_path / "leader", replication=True)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        _eventually(lambda: not replica.engine.replica_copying)  # (reads answered, not REPLICA_COPYING)
+        assert list(rc.list_memories("user:ana")) == []
+        assert rc.promote_replica().memory_count == 0
+
+
+def test_a_promotion_during_which_a_new_copy_began_is_refused(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    leader = server_factory(tmp_path / "leader", replication=True)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        for i in range(5):
+            lc.create("user:ana", f"fact {i}")
+        _eventually(_same(lc, rc))
+        # the first batch of a new full copy (a reconnect too far behind the log), stored while the
+        # follower stops: as one the follower was storing when the promotion began would be
+        _, start, first = next(leader.engine.replication_feed("", 0, lambda: True))
+        assert start
+
+        def stop_following() -> None:
+            replica.engine.store_replica_batch(leader.engine.instance_id, 0, True, [first])
+            replica.replica_follower.stop()
+
+        with pytest.raises(FailedPrecondition) as refused:
+            replica.engine.promote("", stop_following)
+        assert refused.value.reason == "REPLICA_INCOMPLETE"
 
 
 @pytest.mark.slow

@@ -214,6 +214,12 @@ class Engine:
             )
         stop_following()
         instance, seq = replication.position(st)  # (what the last batch stored)
+        if st.replica_copying:  # (a batch stored while it stopped began a new copy)
+            raise FailedPrecondition(
+                "a new copy of the leader began while this replica was promoted: it holds no complete "
+                "copy, and follows no more until it is restarted",
+                "REPLICA_INCOMPLETE",
+            )
         marker = replication.PROMOTED + instance
         st.writer.submit(lambda txn: st.store.put_replica_position(txn, marker, seq), lambda _: None)
         st.replica = False

@@ -325,8 +325,9 @@ def plan_pass(
     _enforce_caps(state, live, due, kinds)
     plan = Plan(rows=np.empty(0, np.int64), from_tier=tier[:0], to_tier=target[:0], reason=reason[:0])
     if not only_caps:
-        plan.over_capacity = _enforce_capacity(state, live, due, plan.summaries)
+        _enforce_capacity(state, live, due, plan.summaries)
         _room_for_summaries(state, live, plan.summaries, kinds)
+        plan.over_capacity = _over_glacial(state, live, due)
     changed = np.flatnonzero(in_scope & ((target != tier) | expired))
     plan.rows, plan.from_tier = changed, tier[changed].copy()
     plan.to_tier, plan.reason = target[changed], reason[changed]
@@ -498,13 +499,12 @@ def _delete_over(
 
 def _enforce_capacity(
     state: _PassState, live: np.ndarray, due: np.ndarray, summaries: dict[tuple[int, int], np.ndarray]
-) -> int:
+) -> None:
     """Evict the lowest-retention rows over each (namespace, tier) capacity, fastest tier first:
     into the next tier (where they count against its capacity), or out of GLACIAL by deletion
     where the namespace allows it. A namespace that summarizes evictions evicts one more, to make
-    room for the summary (``summaries`` gets the rows). Returns the rows left over capacity in GLACIAL."""
+    room for the summary (``summaries`` gets the rows)."""
     ns, target, tables = state.view.ns, state.target, state.tables
-    over_capacity = 0
     group = ns.astype(np.int64)
     for t in TIERS:  # fastest first: evictions land in the next tier and count against its capacity
         candidates = live & (target == t) & due[ns, t]
@@ -517,13 +517,17 @@ def _enforce_capacity(
         if t < TIERS[-1]:
             state.evict(np.flatnonzero(evict), t, t + 1, EVICT_CAPACITY)
         else:
-            allowed = evict & tables.delete_glacial[ns]
-            state.evict(np.flatnonzero(allowed), t, 0, DELETE_CAPACITY)
-            over_capacity += int((evict & ~allowed).sum())
-            evict = allowed
+            evict &= tables.delete_glacial[ns]  # (the rest stays over capacity: reported)
+            state.evict(np.flatnonzero(evict), t, 0, DELETE_CAPACITY)
         for nid in np.flatnonzero(room):
             summaries[(int(nid), t)] = np.flatnonzero(evict & (ns == nid))
-    return over_capacity
+
+
+def _over_glacial(state: _PassState, live: np.ndarray, due: np.ndarray) -> int:
+    """The rows left over GLACIAL's capacity (where the namespace may not delete from it)."""
+    ns, t = state.view.ns, TIERS[-1]
+    held = np.bincount(ns[live & (state.target == t) & due[ns, t]], minlength=state.tables.capacity.shape[0])
+    return int(np.maximum(held - state.tables.capacity[:, t], 0).sum())
 
 
 def _room_for_summaries(
@@ -536,15 +540,15 @@ def _room_for_summaries(
         return
     view, tables = state.view, state.tables
     added = np.bincount([nid for nid, _ in summaries], minlength=tables.max_items.shape[0])
-    _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
     kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
-    for nid, caps in tables.kind_caps.items():
+    for nid, caps in tables.kind_caps.items():  # (first: what they delete counts in the namespace)
         cap = caps.get(EVICTION_SUMMARY_KIND)
         if cap is None or kid < 0 or nid >= added.shape[0] or not added[nid]:
             continue
         of_kind = live & (view.ns == nid) & (view.kind == kid)
         one = np.zeros(live.shape[0], np.int64)
         _delete_surplus(state, of_kind, one, np.array([cap]), added[nid : nid + 1])
+    _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
 
 
 def _delete_surplus(

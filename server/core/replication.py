@@ -57,6 +57,8 @@ def feed(
     token = object()
     try:
         if not continuable:
+            if committed == 0:  # (a copy ends with its commit: an empty one, so a replica sees the end)
+                st.writer.submit(lambda txn: None, lambda _: None)
             after = yield from _full_copy(st, token)
         st.feed_floors[token] = after  # (the commit log keeps what this feed has yet to send)
         while wanted():
