@@ -104,7 +104,10 @@ def backup(
     the file cannot be written; either way ``path`` is left as it was."""
     path = Path(path)
     directory = path.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)  # mode 0600
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)  # mode 0600
+    except OSError as e:  # (named by the file asked for, not the temporary one)
+        raise type(e)(e.errno, f"cannot write {path}: {e.strerror}") from None
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as f:
@@ -141,7 +144,7 @@ def restore(
     ``import_memories``). Nothing is sent from a file that fails the check: it raises
     ``BackupFileError``. ``timeout`` bounds the import (None: no deadline)."""
     path = Path(path)
-    with path.open("rb") as f:
+    with _open(path) as f:
         _check(f, path)
         failed: list[BackupFileError] = []
 
@@ -161,8 +164,12 @@ def restore(
                 call_metadata=call_metadata,
             )
         except TiermemError:
-            if failed:  # the call was cancelled because of the file: say why
-                raise failed[0] from None
+            if failed:  # the call was cancelled because of the file: say why, and what stays
+                raise BackupFileError(
+                    path,
+                    f"changed while it was restored ({failed[0].problem}): the batches the server "
+                    "committed before that stay restored",
+                ) from None
             raise
 
 
@@ -170,8 +177,16 @@ def verify(path: str | os.PathLike[str]) -> BackupSummary:
     """Check the backup file ``path`` as ``restore`` does, without a server, and say what it holds;
     raises ``BackupFileError`` for a file that cannot be restored."""
     path = Path(path)
-    with path.open("rb") as f:
+    with _open(path) as f:
         return _check(f, path)
+
+
+def _open(path: Path) -> BinaryIO:
+    """``path`` opened for reading; BackupFileError for what is not a regular file (a FIFO would
+    block the open), FileNotFoundError for nothing there."""
+    if path.exists() and not path.is_file():
+        raise BackupFileError(path, "not a regular file (a directory, a pipe or a device)")
+    return path.open("rb")
 
 
 # -- writing --------------------------------------------------------------------------------------

@@ -31,11 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
-from tiermem.client.backup import backup, restore
+from tiermem.client.backup import BackupFileError, backup, restore
 from tiermem.client.shards import Shards, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
 
 DEFAULT_TIMEOUT = 30.0
+
+
+class ServerRefused(Exception):
+    """A server's refusal, reported with what the command was working on."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (TiermemError, KeysFileError, ValueError, OSError) as e:
+    except (TiermemError, KeysFileError, ValueError, OSError, ServerRefused) as e:
         print(f"tiermem {args.command}: {_one_line(e)}", file=sys.stderr)
         return 1
 
@@ -339,9 +343,14 @@ def _backup(args: argparse.Namespace) -> int:
 
 def _restore(args: argparse.Namespace) -> int:
     if not args.file.is_file():  # before connecting: a typo is not a server problem
+        if args.file.exists():
+            raise BackupFileError(args.file, "not a regular file (a directory, a pipe or a device)")
         raise FileNotFoundError(f"{args.file}: no such file")
     with _ready(args) as client:
-        response = restore(client, args.file, args.target_namespace, confirm=args.confirm)
+        try:
+            response = restore(client, args.file, args.target_namespace, confirm=args.confirm)
+        except TiermemError as e:  # (the server's refusal: the line names the file too)
+            raise ServerRefused(f"{args.file}: {_one_line(e)}") from None
     _print_json(to_python(response))
     return 0
 

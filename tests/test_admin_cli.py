@@ -282,7 +282,19 @@ def test_a_file_changed_after_its_check_stops_the_restore_with_the_file_named(
         monkeypatch.setattr(backup_module, "_check", lambda f, p: None)
         with pytest.raises(BackupFileError) as e:
             restore(c, path, "q")
-        assert e.value.path == path and e.value.problem.startswith("checksum mismatch")
+        assert e.value.path == path and e.value.problem.startswith("changed while it was restored (checksum")
+        assert "the batches the server committed before that stay restored" in e.value.problem
+
+
+def test_a_restore_the_server_refuses_names_the_file(server_factory: Factory, tmp_path: Path) -> None:
+    running = server_factory()
+    path = tmp_path / "b.tmb"
+    with connect(running) as c:
+        c.create("p", "memory number one", id="a")
+        backup(c, path, "p")
+    out = tiermem("restore", "--target", addr(running), str(path))  # its memories are there already
+    assert out.returncode == 1
+    assert one_error_line(out).startswith(f"tiermem restore: {path}: ALREADY_EXISTS")
 
 
 def test_a_failed_backup_leaves_the_previous_file(server_factory: Factory, tmp_path: Path) -> None:
@@ -341,6 +353,13 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         assert out.returncode == 2 and "usage: tiermem" in out.stderr, args
     out = tiermem("restore", "--target", "127.0.0.1:1", str(tmp_path / "missing.tmb"))
     assert "missing.tmb: no such file" in one_error_line(out)
+    out = tiermem("restore", "--target", "127.0.0.1:1", str(tmp_path))  # a directory is not missing
+    assert out.returncode == 1 and f"{tmp_path}: not a regular file" in one_error_line(out)
+    os.mkfifo(tmp_path / "pipe.tmb")  # (opening it would wait for a writer)
+    with pytest.raises(BackupFileError, match="not a regular file"):
+        verify(tmp_path / "pipe.tmb")
+    with pytest.raises(FileNotFoundError, match=r"cannot write .*nodir/b\.tmb"):
+        backup(MemoryClient("127.0.0.1:1"), tmp_path / "nodir" / "b.tmb")
 
 
 def test_a_server_with_keys_needs_api_key(server_factory: Factory, tmp_path: Path) -> None:
