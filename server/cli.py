@@ -15,7 +15,8 @@
   every shard.
 
 The commands that talk to a server take ``--api-key`` (or the TIERMEM_API_KEY environment
-variable), ``--tls`` / ``--tls-ca FILE`` and ``--timeout``, and go through ``tiermem.client``.
+variable), ``--tls`` / ``--tls-ca FILE`` (with ``--tls-cert`` / ``--tls-key`` for mutual TLS) and
+``--timeout``, and go through ``tiermem.client``.
 A failure prints one line on stderr and exits 1; a usage error exits 2.
 """
 
@@ -29,6 +30,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import BackupFileError, backup, restore
@@ -221,6 +224,13 @@ def _connection_options(target: bool = True) -> argparse.ArgumentParser:
         "--tls-ca", type=Path, metavar="FILE", help="connect with TLS, trusting this CA certificate (PEM)"
     )
     conn.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="with --tls or --tls-ca: present this client certificate chain (PEM), for mutual TLS",
+    )
+    conn.add_argument("--tls-key", type=Path, metavar="FILE", help="the key of --tls-cert (PEM)")
+    conn.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
@@ -245,7 +255,17 @@ def _keys_add(args: argparse.Namespace) -> int:
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, not {args.timeout:g}")
-    tls: bool | str = str(args.tls_ca) if args.tls_ca is not None else bool(args.tls)
+    tls: Any = str(args.tls_ca) if args.tls_ca is not None else bool(args.tls)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_cert is not None:
+        if not tls:
+            raise ValueError("--tls-cert needs --tls or --tls-ca")
+        tls = grpc.ssl_channel_credentials(
+            root_certificates=args.tls_ca.read_bytes() if args.tls_ca is not None else None,
+            private_key=args.tls_key.read_bytes(),
+            certificate_chain=args.tls_cert.read_bytes(),
+        )
     return {"timeout": args.timeout, "api_key": args.api_key, "tls": tls}
 
 

@@ -449,6 +449,19 @@ def test_tls_with_a_ca_file(server_factory: Factory, tmp_path: Path) -> None:
     assert "nope.crt" in one_error_line(out)
 
 
+def test_mutual_tls_with_a_client_certificate(server_factory: Factory, tmp_path: Path) -> None:
+    pki = _pki(tmp_path)
+    running = server_factory(tls_cert=str(pki["crt"]), tls_key=str(pki["key"]), tls_client_ca=str(pki["ca"]))
+    target = ("--target", f"localhost:{running.port}", "--tls-ca", str(pki["ca"]), "--timeout", "2")
+    # (the CA signed the server's certificate: presented by the client, it is one from the CA)
+    out = tiermem("health", *target, "--tls-cert", str(pki["crt"]), "--tls-key", str(pki["key"]))
+    assert (out.returncode, out.stdout) == (0, "SERVING\n"), out.stderr
+    out = tiermem("health", *target)  # no client certificate: no connection
+    assert (out.returncode, out.stdout) == (1, "NOT_SERVING\n")
+    out = tiermem("stats", *target, "--tls-cert", str(pki["crt"]))
+    assert "--tls-cert and --tls-key go together" in one_error_line(out)
+
+
 def test_keys_add_still_works_as_python_m_tiermem(tmp_path: Path) -> None:
     keys = tmp_path / "keys.jsonl"
     out = tiermem("keys", "add", "--file", str(keys), "--namespace", "team:x", "--role", "read")
