@@ -34,7 +34,7 @@ from langgraph.store.base import (
 from langgraph.store.memory import InMemoryStore
 from test_client_usability import Delay, RecordMetadata, front_server
 
-from tiermem.client import MemoryClient, TiermemError, metadata_dict
+from tiermem.client import InvalidArgumentError, MemoryClient, TiermemError, metadata_dict
 from tiermem.langgraph import TiermemStore
 from tiermem.langgraph import filters as lg_filters
 from tiermem.langgraph import keys as lg_keys
@@ -1065,11 +1065,28 @@ def _nested(levels: int) -> dict[str, Any]:
     return value
 
 
+def test_a_namespace_too_long_to_hold_items_reads_as_empty(store: TiermemStore) -> None:
+    """As LangGraph's InMemoryStore: nothing there (a put says why it cannot store there)."""
+    long = ("\u00fc" * 50,)  # (encoded, past the 256 characters a namespace may have)
+    assert store.get(long, "k") is None
+    store.delete(long, "k")
+    assert store.search(long) == []
+    with pytest.raises(InvalidArgumentError):
+        store.put(long, "k", {"v": 1})
+
+
 def test_a_put_the_store_could_not_read_back_is_refused_and_writes_nothing(store: TiermemStore) -> None:
     """A value nested past what JSON decoding reads, a value that is no dict, a bad ttl, or a long
     key that is not valid Unicode text: a clear error before anything is stored (a deep value was
     stored, then broke every search over its namespace)."""
     store.put(("deep",), "ok", {"text": "hi", "nested": _nested(lg_values.MAX_DEPTH - 1)})
+    leaf = _nested(lg_values.MAX_DEPTH - 1)  # the deepest object holding a scalar: still MAX_DEPTH levels
+    inner = leaf
+    while inner:
+        inner = inner["a"]
+    inner["x"] = 1
+    store.put(("deep-leaf",), "leaf", {"nested": leaf})
+    assert store.get(("deep-leaf",), "leaf") is not None
     bad: list[tuple[str, Any, Any, type[Exception]]] = [
         ("deep", _nested(lg_values.MAX_DEPTH + 1), None, ValueError),
         ("deeper", _nested(985), None, ValueError),

@@ -52,6 +52,7 @@ from langgraph.store.base import (
 from tiermem.client import (
     AlreadyExistsError,
     AsyncMemoryClient,
+    InvalidArgumentError,
     Memory,
     MemoryClient,
     NotFoundError,
@@ -354,6 +355,10 @@ class TiermemStore(BaseStore):
             memory = yield Call.to("get", self._path(op.namespace), keys.memory_id(op.key))
         except NotFoundError:
             return None
+        except InvalidArgumentError as e:
+            if "namespace" not in e.fields:
+                raise
+            return None  # (a namespace too long to hold anything, as a search finds nothing there)
         if memory.kind != self.kind:
             return None
         if op.refresh_ttl:
@@ -401,8 +406,13 @@ class TiermemStore(BaseStore):
             yield All([self._write(memory) for memory in chunk])
 
     def _delete(self, op: PutOp) -> Steps[None]:
-        with contextlib.suppress(NotFoundError):
+        try:
             yield Call.to("delete", self._path(op.namespace), keys.memory_id(op.key))
+        except NotFoundError:
+            pass
+        except InvalidArgumentError as e:
+            if "namespace" not in e.fields:  # (nothing is stored under a namespace too long to hold it)
+                raise
 
     def _memory(self, op: PutOp, now: float) -> dict[str, Any]:
         """The create arguments of a put (``build_memory``'s)."""

@@ -209,12 +209,11 @@ def _check_depth(value: dict[str, Any]) -> None:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         v, depth = stack.pop()
+        if not isinstance(v, dict | list | tuple):
+            continue  # (a scalar is no level)
         if depth > MAX_DEPTH:
             raise ValueError(f"a value nests at most {MAX_DEPTH} levels of objects and arrays")
-        if isinstance(v, dict):
-            stack.extend((x, depth + 1) for x in v.values())
-        elif isinstance(v, list | tuple):
-            stack.extend((x, depth + 1) for x in v)
+        stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
 
 
 def load(content: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
