@@ -23,6 +23,7 @@ before step 4 lifts the fence and leaves the source serving (the target's partia
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from tiermem.v1 import memory_pb2 as pb
 
 from .client import MemoryClient
 from .routing import ROUTE_HEADER
+
+logger = logging.getLogger(__name__)
 
 
 class Shards:
@@ -131,10 +134,30 @@ def move_scope(
         report.caught_up, report.deleted = _catch_up(target, final, route)
         _copy_settings(source, target, final, route)
         report.memories = _verify(source, target, scope, route)
-    except BaseException:
+    except BaseException as failure:
+        # Each undo is tried even if the other fails (a source that died cannot be unfenced, but the
+        # target's copy, never routed to before the switch, still goes); what failed is noted.
+        undo: list[tuple[str, Callable[[], object]]] = []
         if fencing:
-            source.set_scope_routing(scope, "serving", call_metadata=route)
-        target.delete_namespace(scope, include_children=True, confirm=True, call_metadata=route)
+            undo.append(
+                ("lift the fence", lambda: source.set_scope_routing(scope, "serving", call_metadata=route))
+            )
+        undo.append(
+            (
+                "delete the target's copy",
+                lambda: target.delete_namespace(
+                    scope, include_children=True, confirm=True, call_metadata=route
+                ),
+            )
+        )
+        for what, action in undo:
+            try:
+                action()
+            except Exception as e:
+                note = f"the move failed, and could not {what}: {e} (docs/scaling.md: after a failed move)"
+                logger.error("%s", note)
+                if hasattr(failure, "add_note"):  # (Python 3.11+)
+                    failure.add_note(note)
         raise
     step("switch")
     switch()

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    text = " ".join([str(e), *getattr(e, "__notes__", [])])  # (notes: what a failed step left behind)
+    return " ".join(text.split()) or type(e).__name__
 
 
 # -- arguments ------------------------------------------------------------------------------------

@@ -257,6 +257,18 @@ def test_a_move_carries_writes_that_change_no_content_and_lifts_a_failed_fence(
         b.create("user:bob", "bob writes again: the fence was lifted")
         assert list(a.list_memories("user:bob")) == []
 
+        class FenceCannotBeLifted(FenceFailsAfterSetting):  # (a source gone after fencing)
+            def set_scope_routing(self, scope: str, routing: int | str, **kw: Any) -> Any:
+                if routing == "serving":
+                    raise TiermemError(grpc.StatusCode.UNAVAILABLE, "the source is gone", "GONE")
+                return super().set_scope_routing(scope, routing, **kw)
+
+        with FenceCannotBeLifted(f"127.0.0.1:{target.port}") as gone, pytest.raises(TiermemError) as e:
+            move_scope("user:bob", gone, a, lambda: None)
+        assert any("could not lift the fence: " in note for note in e.value.__notes__)
+        assert list(a.list_memories("user:bob")) == []  # the target's copy went all the same
+        b.set_scope_routing("user:bob", "serving", call_metadata=[("tiermem-route", "user:bob")])
+
 
 def test_a_protected_scope_moves_back_to_a_shard_that_kept_its_settings(
     server_factory: Callable[..., RunningServer], tmp_path: Path
