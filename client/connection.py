@@ -102,6 +102,12 @@ def credentials(tls: bool | str | bytes | grpc.ChannelCredentials | None) -> grp
     return grpc.ssl_channel_credentials(root_certificates=pem)
 
 
+def client_certificate(root: bytes | None, key: bytes, chain: bytes) -> grpc.ChannelCredentials:
+    """TLS credentials presenting a client certificate (mutual TLS), trusting ``root`` (None: the
+    system's certificate authorities): what ``tls=`` takes."""
+    return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+
+
 def open_channel(target: str, options: list[tuple[str, Any]], tls: Any) -> grpc.Channel:
     creds = credentials(tls)
     if creds is None:

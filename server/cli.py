@@ -31,10 +31,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import BackupFileError, backup, restore
+from tiermem.client.connection import client_certificate
 from tiermem.client.shards import Shards, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
 
@@ -262,10 +261,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if args.tls_cert is not None:
         if not tls:
             raise ValueError("--tls-cert needs --tls or --tls-ca")
-        tls = grpc.ssl_channel_credentials(
-            root_certificates=args.tls_ca.read_bytes() if args.tls_ca is not None else None,
-            private_key=args.tls_key.read_bytes(),
-            certificate_chain=args.tls_cert.read_bytes(),
+        tls = client_certificate(
+            args.tls_ca.read_bytes() if args.tls_ca is not None else None,
+            args.tls_key.read_bytes(),
+            args.tls_cert.read_bytes(),
         )
     return {"timeout": args.timeout, "api_key": args.api_key, "tls": tls}
 
