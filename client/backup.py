@@ -181,11 +181,17 @@ def verify(path: str | os.PathLike[str]) -> BackupSummary:
         return _check(f, path)
 
 
-def _open(path: Path) -> BinaryIO:
-    """``path`` opened for reading; BackupFileError for what is not a regular file (a FIFO would
-    block the open), FileNotFoundError for nothing there."""
-    if path.exists() and not path.is_file():
+def check_path(path: Path) -> None:
+    """FileNotFoundError for nothing at ``path``, BackupFileError for what is not a regular file (a
+    FIFO would block an open)."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if not path.is_file():
         raise BackupFileError(path, "not a regular file (a directory, a pipe or a device)")
+
+
+def _open(path: Path) -> BinaryIO:
+    check_path(path)
     return path.open("rb")
 
 

@@ -174,11 +174,17 @@ class MemoryClient(AgentMethods):
                     return _rest_of(next(result, _END), result)
                 return result
             except grpc.RpcError as e:
-                error = from_rpc_error(e)
-                if isinstance(error, DeadlineExceededError) and not error.reason:
-                    why = _unreachable(self._healths[0], call_metadata, only_refused=True)
-                    error = unreached(error, with_tls_hint(why, self._plain_target)) if why else error
+                error = self._reached(from_rpc_error(e), call_metadata)
             time.sleep(attempts.pause_after(error))  # raises the error if it is not made again
+
+    def _reached(self, error: TiermemError, call_metadata: CallMetadata | None) -> TiermemError:
+        """``error``, saying why the server could not be reached if it is a deadline that passed
+        while the call waited for its connection."""
+        if isinstance(error, DeadlineExceededError) and not error.reason:
+            why = _unreachable(self._healths[0], call_metadata, only_refused=True)
+            if why:
+                return unreached(error, with_tls_hint(why, self._plain_target))
+        return error
 
     def wait_ready(self, timeout: float | None = None, *, call_metadata: CallMetadata | None = None) -> None:
         """Block until the server reports SERVING on every connection, asking again while it says

@@ -57,7 +57,7 @@ _RETRY_CONFIG = json.dumps(
 
 # Reconnect within 100 ms to 1 s of a server coming back (gRPC's default backoff grows to 2 min).
 # ``min_reconnect_backoff_ms`` is the least time one connection attempt gets, not a backoff.
-_RECONNECT_OPTIONS: list[tuple[str, Any]] = [
+RECONNECT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.min_reconnect_backoff_ms", 5000),
@@ -77,7 +77,7 @@ def channel_options(max_message_bytes: int, connections: int) -> list[tuple[str,
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.service_config", _RETRY_CONFIG),
         ("grpc.enable_retries", 1),
-        *_RECONNECT_OPTIONS,
+        *RECONNECT_OPTIONS,
     ]
     if connections > 1:  # channels with equal options would otherwise share one connection
         options.append(("grpc.use_local_subchannel_pool", 1))
@@ -300,9 +300,8 @@ def _answers_tls(target: str, timeout: float = 0.5) -> bool:
                 with ctx.wrap_socket(sock, server_hostname=host or None):
                     return True
         except ssl.SSLError as e:
-            if "ALERT" in (
-                e.reason or ""
-            ):  # a TLS alert: it speaks TLS (and wants a client certificate, say)
+            # a TLS alert: it speaks TLS (and wants a client certificate, say)
+            if "ALERT" in (e.reason or ""):
                 return True
         except OSError:
             continue

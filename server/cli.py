@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
-from tiermem.client.backup import BackupFileError, backup, restore
+from tiermem.client.backup import backup, check_path, restore
 from tiermem.client.connection import client_certificate
 from tiermem.client.shards import Shards, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
@@ -362,10 +362,7 @@ def _backup(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    if not args.file.is_file():  # before connecting: a typo is not a server problem
-        if args.file.exists():
-            raise BackupFileError(args.file, "not a regular file (a directory, a pipe or a device)")
-        raise FileNotFoundError(f"{args.file}: no such file")
+    check_path(args.file)  # before connecting: a typo is not a server problem
     with _ready(args) as client:
         try:
             response = restore(client, args.file, args.target_namespace, confirm=args.confirm)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 
+from tiermem.client.connection import RECONNECT_OPTIONS
 from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import TiermemError, Unavailable
@@ -102,13 +103,6 @@ def confirm_write(engine: Engine, acks: ReplicaAcks, timeout: float) -> None:
         )
 
 
-# A leader back after an outage is reached within a second (gRPC's own backoff grows to 2 min, and
-# a waiting call never ends to let this replica's loop try sooner).
-RECONNECT_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.min_reconnect_backoff_ms", 5000),
-]
 REFUSED_BATCH_PAUSE = 30.0  # seconds before a replica asks again for a batch it could not store
 
 
@@ -136,6 +130,8 @@ class ReplicaFollower:
         self._thread.join(timeout=30)
 
     def _channel(self) -> grpc.Channel:
+        # (the client's reconnect options: a leader back after an outage is reached within a second,
+        # where gRPC's own backoff grows to 2 min and a waiting call never ends to let the loop retry)
         options = [("grpc.max_receive_message_length", self.config.max_message_bytes), *RECONNECT_OPTIONS]
         if self.config.replica_tls_ca:
             creds = grpc.ssl_channel_credentials(Path(self.config.replica_tls_ca).read_bytes())
