@@ -87,6 +87,10 @@ def make_config(data_dir: Path, tuning: Tuning | None = None) -> ServerConfig:
         search_records_access=False,  # searches must not move recency between comparisons
         sync=False,
         hnsw_ef_search=512,
+        # A denser graph than the default: the premise below (HNSW's top FIRST_K is exact) must hold
+        # however the indexer batched the adds, which varies with timing.
+        hnsw_m=48,
+        hnsw_ef_construction=400,
         tuning=tuning or Tuning(),
     )
 
