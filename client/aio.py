@@ -690,6 +690,12 @@ class AsyncMemoryClient(AsyncAgentMethods):
         req = rq.set_scope_routing_request(scope, routing, moved_to, purge)
         return await self._call(self.stub.SetScopeRouting, req, timeout, call_metadata)
 
+    async def get_scope_routing(
+        self, scope: str, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+    ) -> pb.GetScopeRoutingResponse:
+        req = pb.GetScopeRoutingRequest(scope=scope)
+        return await self._call(self.stub.GetScopeRouting, req, timeout, call_metadata)
+
 
 def _share_docstrings() -> None:
     """Each public method without a docstring of its own takes ``MemoryClient``'s: one text for both."""

@@ -512,6 +512,14 @@ class MemoryClient(AgentMethods):
         req = rq.set_scope_routing_request(scope, routing, moved_to, purge)
         return self._call(self.stub.SetScopeRouting, req, timeout, call_metadata)
 
+    def get_scope_routing(
+        self, scope: str, *, timeout: float | None = None, call_metadata: CallMetadata | None = None
+    ) -> pb.GetScopeRoutingResponse:
+        """Top-level ``scope``'s routing state on this server (``routing``: 0 serving, then
+        ``pb.SCOPE_ROUTING_FENCED``, ``_MOVED``, ``_RECEIVING``) and its ``moved_to``. Admin."""
+        req = pb.GetScopeRoutingRequest(scope=scope)
+        return self._call(self.stub.GetScopeRouting, req, timeout, call_metadata)
+
     def promote_replica(
         self,
         *,

@@ -89,6 +89,51 @@ def set_route(admin_socket: str | Path, map_file: str | Path, scope: str, shard:
     os.replace(tmp, path)
 
 
+def pinned_shard(admin_socket: str | Path, map_file: str | Path, scope: str) -> str | None:
+    """The shard the running HAProxy's map pins ``scope`` to (None: not pinned, so placed by
+    consistent hashing)."""
+    shown = _runtime(admin_socket, f"show map {map_file}")
+    if shown.startswith("Unknown map"):
+        raise RuntimeError(f"HAProxy has no map {map_file}: {shown.strip()}")
+    for line in shown.splitlines():
+        fields = line.split()
+        if fields[1:2] == [scope] and len(fields) > 2:
+            return fields[2].removeprefix(backend_of(""))
+    return None
+
+
+def shard_address(admin_socket: str | Path, shard: str) -> tuple[str, int]:
+    """(host, port) the running HAProxy sends ``shard``'s pinned calls to."""
+    shown = _runtime(admin_socket, f"show servers state {backend_of(shard)}")
+    lines = [ln for ln in shown.splitlines() if ln.strip()]
+    header = next((ln[2:].split() for ln in lines if ln.startswith("# ")), None)
+    rows = [ln.split() for ln in lines if not ln.startswith("#") and len(ln.split()) > 2]
+    if header is None or not rows or "srv_addr" not in header or "srv_port" not in header:
+        raise RuntimeError(f"HAProxy has no shard {shard!r} (backend {backend_of(shard)}): {shown.strip()}")
+    row = dict(zip(header, rows[0], strict=False))
+    return row["srv_addr"], int(row["srv_port"])
+
+
+def check_shard_address(admin_socket: str | Path, shard: str, address: str) -> None:
+    """ValueError unless ``address`` ("host:port") is where HAProxy sends ``shard``'s calls."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address: {address!r} is not host:port")
+    known_host, known_port = shard_address(admin_socket, shard)
+    if int(port) != known_port or not _resolved(host) & _resolved(known_host):
+        raise ValueError(
+            f"HAProxy sends shard {shard!r} to {known_host}:{known_port}, not to {address}: "
+            "give that shard's address"
+        )
+
+
+def _resolved(host: str) -> set[str]:
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host.strip("[]"), None)}
+    except OSError:
+        return {host}
+
+
 def set_shard_address(admin_socket: str | Path, shard: str, address: str) -> None:
     """Send ``shard``'s calls to ``address`` ("host:port") from now on, e.g. to its promoted
     replica: in the hashed backend and in the shard's own one (the running HAProxy only: change

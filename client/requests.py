@@ -460,12 +460,14 @@ def build_context_request(
 def set_scope_routing_request(
     scope: str, routing: int | str, moved_to: str = "", purge: bool = False
 ) -> pb.SetScopeRoutingRequest:
-    """``routing`` by value or name: "serving" (or "unspecified"), "fenced", "moved"."""
+    """``routing`` by value or name: "serving" (or "unspecified"), "fenced", "moved", "receiving"."""
     value = routing
     if not isinstance(routing, int) or isinstance(routing, bool):
         name = str(routing).upper().removeprefix("SCOPE_ROUTING_")
         name = "UNSPECIFIED" if name == "SERVING" else name
-        if name not in ("UNSPECIFIED", "FENCED", "MOVED"):
-            raise ValueError(f"routing must be serving, fenced or moved (or an enum value), not {routing!r}")
+        if name not in ("UNSPECIFIED", "FENCED", "MOVED", "RECEIVING"):
+            raise ValueError(
+                f"routing must be serving, fenced, moved or receiving (or an enum value), not {routing!r}"
+            )
         value = pb.ScopeRouting.Value("SCOPE_ROUTING_" + name)
     return pb.SetScopeRoutingRequest(scope=scope, routing=value, moved_to=moved_to, purge=purge)  # type: ignore[arg-type]

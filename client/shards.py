@@ -19,6 +19,8 @@ A move, with ``switch`` the caller's way to point the proxy at the target:
 A write acknowledged by the source before the fence is in the export of step 3; a write refused
 by the fence is made again by its client and lands, after the switch, at the target. A failure
 before step 4 lifts the fence and leaves the source serving (the target's partial copy is deleted).
+The target's copy is marked RECEIVING until the switch, so ``end_move`` can end a move that was
+killed or could not undo itself: finish it if the proxy had switched, else undo it.
 """
 
 from __future__ import annotations
@@ -117,8 +119,11 @@ def move_scope(
 
     held = _namespaces(target, scope, route)
     if held:
-        raise ValueError(f"the target already holds {len(held)} namespaces of {scope!r} ({held[0]})")
-    target.set_scope_routing(scope, "serving", call_metadata=route)  # (it may have moved away once)
+        left = target.get_scope_routing(scope, call_metadata=route).routing == pb.SCOPE_ROUTING_RECEIVING
+        hint = " (the copy of a move that did not end: tiermem shard end-move)" if left else ""
+        raise ValueError(f"the target already holds {len(held)} namespaces of {scope!r} ({held[0]}){hint}")
+    # (marked as a move's copy until the switch; it may have moved away from the target once)
+    target.set_scope_routing(scope, "receiving", call_metadata=route)
     fenced_at = None
     fencing = False
     try:
@@ -142,14 +147,7 @@ def move_scope(
             undo.append(
                 ("lift the fence", lambda: source.set_scope_routing(scope, "serving", call_metadata=route))
             )
-        undo.append(
-            (
-                "delete the target's copy",
-                lambda: target.delete_namespace(
-                    scope, include_children=True, confirm=True, call_metadata=route
-                ),
-            )
-        )
+        undo.append(("delete the target's copy", lambda: _drop_copy(target, scope, route)))
         for what, action in undo:
             try:
                 action()
@@ -161,11 +159,102 @@ def move_scope(
         raise
     step("switch")
     switch()
+    target.set_scope_routing(scope, "serving", call_metadata=route)
     step("retire")
     source.set_scope_routing(scope, "moved", moved_to=moved_to, purge=True, call_metadata=route)
     report.fenced_seconds = round(time.monotonic() - (fenced_at or started), 3)
     step("done")
     return report
+
+
+@dataclass
+class EndReport:
+    """What ``end_move`` did: ``ended`` is "finished" (the source retired and purged), "undone"
+    (the fence lifted, the target's copy deleted) or "nothing to end"; the states each side was in
+    before, and the memories deleted."""
+
+    scope: str
+    ended: str
+    switched: bool
+    source_was: str
+    target_was: str
+    purged: int = 0  # at the source (finished)
+    deleted: int = 0  # of the target's copy (undone)
+
+
+def end_move(
+    scope: str,
+    source: MemoryClient,
+    target: MemoryClient,
+    switched: bool,
+    *,
+    switch: Callable[[], None] | None = None,
+    moved_to: str = "",
+) -> EndReport:
+    """End a move of top-level ``scope`` from ``source`` to ``target`` that stopped midway (the
+    command killed, or a shard unreachable while it undid itself). ``switched``: whether the proxy
+    routes the scope to the target. If it does, the move is finished (``switch`` first makes the
+    route durable again; the target's copy was compared before the switch): the target serves the
+    scope and the source retires and purges it. If not, it is undone: the source's fence is lifted
+    and the target's copy, marked RECEIVING by the move, is deleted. ValueError, changing nothing,
+    when the states are not those of a move from ``source`` to ``target``."""
+    if not scope or "/" in scope:
+        raise ValueError(f"scope: {scope!r} is not a top-level scope (a namespace without '/')")
+    route = [(ROUTE_HEADER, scope)]
+    src = source.get_scope_routing(scope, call_metadata=route).routing
+    tgt = target.get_scope_routing(scope, call_metadata=route).routing
+    report = EndReport(scope, "nothing to end", switched, _state_name(src), _state_name(tgt))
+    at_source = src != pb.SCOPE_ROUTING_MOVED and bool(_namespaces(source, scope, route))
+    if switched:
+        if tgt in (pb.SCOPE_ROUTING_FENCED, pb.SCOPE_ROUTING_MOVED):
+            raise ValueError(
+                f"the target is {report.target_was} for {scope!r}: it is not where a move to it ends"
+            )
+        if src in (pb.SCOPE_ROUTING_UNSPECIFIED, pb.SCOPE_ROUTING_RECEIVING):
+            raise ValueError(
+                f"the proxy routes {scope!r} to the target, but the source never fenced it "
+                f"({report.source_was}): not a move from it; check --from and --to"
+            )
+        if src == pb.SCOPE_ROUTING_FENCED or at_source or tgt == pb.SCOPE_ROUTING_RECEIVING:
+            if switch is not None:
+                switch()
+            target.set_scope_routing(scope, "serving", call_metadata=route)
+            retired = source.set_scope_routing(
+                scope, "moved", moved_to=moved_to, purge=True, call_metadata=route
+            )
+            report.ended, report.purged = "finished", int(retired.purged_count)
+        return report
+    if src == pb.SCOPE_ROUTING_MOVED:
+        raise ValueError(
+            f"the source has retired {scope!r} but the proxy does not route it to the target: "
+            "not undone (docs/scaling.md: after a failed move)"
+        )
+    held = _namespaces(target, scope, route)
+    if held and tgt != pb.SCOPE_ROUTING_RECEIVING:
+        raise ValueError(
+            f"the target holds {scope!r} ({held[0]}) and it is {report.target_was}, not a move's copy: "
+            "not deleted; check --from and --to"
+        )
+    if src == pb.SCOPE_ROUTING_FENCED:
+        source.set_scope_routing(scope, "serving", call_metadata=route)
+        report.ended = "undone"
+    if tgt == pb.SCOPE_ROUTING_RECEIVING:
+        report.deleted = _drop_copy(target, scope, route)
+        report.ended = "undone"
+    return report
+
+
+def _state_name(state: int) -> str:
+    names = {pb.SCOPE_ROUTING_UNSPECIFIED: "serving", pb.SCOPE_ROUTING_FENCED: "fenced"}
+    names |= {pb.SCOPE_ROUTING_MOVED: "moved", pb.SCOPE_ROUTING_RECEIVING: "receiving"}
+    return names.get(state, f"state {state}")  # type: ignore[call-overload]
+
+
+def _drop_copy(target: MemoryClient, scope: str, route: list[tuple[str, str]]) -> int:
+    """Delete the target's copy of ``scope`` and its RECEIVING mark: the memories deleted."""
+    deleted = target.delete_namespace(scope, include_children=True, confirm=True, call_metadata=route)
+    target.set_scope_routing(scope, "serving", call_metadata=route)
+    return deleted
 
 
 def _namespaces(client: MemoryClient, scope: str, route: list[tuple[str, str]]) -> list[str]:

@@ -10,6 +10,7 @@
 - ``tiermem health --target ADDR`` prints SERVING and exits 0, or prints NOT_SERVING and exits 1.
 - ``tiermem shard move --scope S --from ADDR --to ADDR --to-shard NAME --haproxy-socket F
   --haproxy-map F`` moves a tenant between shards behind HAProxy (docs/scaling.md);
+  ``tiermem shard end-move`` (the move's arguments) finishes or undoes a move that stopped midway;
   ``tiermem shard promote --replica ADDR --shard NAME --haproxy-socket F`` promotes a shard's
   replica and points HAProxy at it; ``tiermem shard namespaces|stats --shard NAME=ADDR ...`` ask
   every shard.
@@ -34,7 +35,7 @@ from typing import Any
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import backup, check_path, restore
 from tiermem.client.connection import client_certificate
-from tiermem.client.shards import Shards, move_scope
+from tiermem.client.shards import Shards, end_move, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
 
 DEFAULT_TIMEOUT = 30.0
@@ -133,6 +134,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _move_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scope", required=True, help="the top-level scope, e.g. user:ana")
+    p.add_argument("--from", dest="source", required=True, metavar="ADDR", help="the shard holding it")
+    p.add_argument("--to", dest="dest", required=True, metavar="ADDR", help="the shard to move it to")
+    p.add_argument("--to-shard", required=True, metavar="NAME", help="--to's name in the HAProxy config")
+    p.add_argument("--haproxy-socket", required=True, type=Path, help="HAProxy's admin stats socket")
+    p.add_argument("--haproxy-map", required=True, type=Path, help="the map file of moved scopes")
+
+
 def _add_shard(sub: Any, conn: argparse.ArgumentParser) -> None:
     shard = sub.add_parser("shard", help="tenant shards behind a proxy (docs/scaling.md)")
     actions = shard.add_subparsers(dest="action", required=True)
@@ -144,13 +154,20 @@ def _add_shard(sub: Any, conn: argparse.ArgumentParser) -> None:
         "source (clients retry them), catch up, compare, route it to --to-shard in HAProxy (runtime API "
         "and map file), then retire it at the source. Prints a JSON report. The clients need admin keys.",
     )
-    move.add_argument("--scope", required=True, help="the top-level scope, e.g. user:ana")
-    move.add_argument("--from", dest="source", required=True, metavar="ADDR", help="the shard holding it")
-    move.add_argument("--to", dest="dest", required=True, metavar="ADDR", help="the shard to move it to")
-    move.add_argument("--to-shard", required=True, metavar="NAME", help="--to's name in the HAProxy config")
-    move.add_argument("--haproxy-socket", required=True, type=Path, help="HAProxy's admin stats socket")
-    move.add_argument("--haproxy-map", required=True, type=Path, help="the map file of moved scopes")
+    _move_arguments(move)
     move.set_defaults(run=_shard_move, command="shard move")
+    end = actions.add_parser(
+        "end-move",
+        parents=[conn],
+        help="end a move that stopped midway: finish it if HAProxy routes the scope to --to, else undo it",
+        description="For a move that was killed, or could not undo itself (docs/scaling.md: after a failed "
+        "move), run with the move's arguments. If HAProxy routes the scope to --to-shard, the move is "
+        "finished (the source retires and purges the scope); if not, it is undone (the source's fence is "
+        "lifted, the target's copy deleted). Refuses, changing nothing, when the shards' states are not "
+        "those of a move from --from to --to. Prints a JSON report.",
+    )
+    _move_arguments(end)
+    end.set_defaults(run=_shard_end_move, command="shard end-move")
     promote = actions.add_parser(
         "promote",
         parents=[conn],
@@ -282,6 +299,26 @@ def _shard_move(args: argparse.Namespace) -> int:
             lambda: haproxy.set_route(args.haproxy_socket, args.haproxy_map, args.scope, args.to_shard),
             moved_to=args.to_shard,
             on_step=lambda step: print(f"tiermem shard move: {step}", file=sys.stderr, flush=True),
+        )
+    _print_json(dataclasses.asdict(report))
+    return 0
+
+
+def _shard_end_move(args: argparse.Namespace) -> int:
+    if args.source == args.dest:
+        raise ValueError("--from and --to are the same shard")
+    haproxy.check_shard_address(args.haproxy_socket, args.to_shard, args.dest)
+    switched = haproxy.pinned_shard(args.haproxy_socket, args.haproxy_map, args.scope) == args.to_shard
+    with _connect(args, args.source) as source, _connect(args, args.dest) as dest:
+        report = end_move(
+            args.scope,
+            source,
+            dest,
+            switched,
+            switch=lambda: haproxy.set_route(
+                args.haproxy_socket, args.haproxy_map, args.scope, args.to_shard
+            ),
+            moved_to=args.to_shard,
         )
     _print_json(dataclasses.asdict(report))
     return 0

@@ -320,3 +320,75 @@ def test_the_shard_command_moves_a_tenant_and_lists_every_shard(cluster: Cluster
             "--haproxy-map", str(cluster.map_file),
         )  # fmt: skip
         assert bad.returncode == 1 and "not a top-level scope" in bad.stderr
+
+
+# A move killed just before the proxy switch ("before") or right after it ("after"): a process of
+# its own, ended by os._exit.
+_KILLED_MOVE = """
+import os, sys
+from tiermem.client import MemoryClient, haproxy
+from tiermem.client.shards import move_scope
+source, target, shard, scope, socket_path, map_path, when = sys.argv[1:8]
+def switch():
+    if when == "after":
+        haproxy.set_route(socket_path, map_path, scope, shard)
+    os._exit(9)
+with MemoryClient(source, timeout=30) as s, MemoryClient(target, timeout=30) as t:
+    move_scope(scope, s, t, switch, moved_to=shard)
+sys.exit(3)
+"""
+
+
+def test_the_shard_command_ends_a_killed_move_as_the_proxy_routes_it(cluster: Cluster) -> None:
+    addresses = cluster.addresses()
+
+    def tiermem(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tiermem", *args], capture_output=True, text=True, timeout=120
+        )
+
+    with MemoryClient(cluster.proxy, sharded=True, timeout=20) as c, Shards(addresses) as shards:
+        for when, ended in (("before", "undone"), ("after", "finished")):
+            tenant = f"user:end-{when}"
+            for text in ("deploys on fridays", "likes tea"):
+                c.create(f"{tenant}/project:p", f"{tenant} {text}")
+            source = shards.locate(tenant)[0]
+            target = next(n for n in sorted(addresses) if n != source)
+            killed = subprocess.run(
+                [sys.executable, "-c", _KILLED_MOVE, addresses[source], addresses[target], target, tenant,
+                 str(cluster.admin_socket), str(cluster.map_file), when],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert killed.returncode == 9, killed.stderr
+            assert sorted(shards.locate(tenant)) == sorted([source, target])  # (the copy is there)
+            move = ["--scope", tenant, "--from", addresses[source], "--haproxy-socket", str(cluster.admin_socket),
+                    "--haproxy-map", str(cluster.map_file)]  # fmt: skip
+            # --to must be where HAProxy sends --to-shard: else refused, nothing changed.
+            other = next(n for n in sorted(addresses) if n not in (source, target))
+            wrong = tiermem("shard", "end-move", *move, "--to", addresses[other], "--to-shard", target)
+            assert wrong.returncode == 1 and "HAProxy sends shard" in wrong.stderr, wrong.stderr
+            assert sorted(shards.locate(tenant)) == sorted([source, target])
+
+            done = tiermem("shard", "end-move", *move, "--to", addresses[target], "--to-shard", target)
+            assert done.returncode == 0, done.stderr
+            report = json.loads(done.stdout)
+            assert (report["ended"], report["switched"], report["source_was"]) == (
+                ended,
+                when == "after",
+                "fenced",
+            )
+            holder = target if when == "after" else source
+            assert shards.locate(tenant) == [holder]
+            pinned = f"{tenant} {haproxy.backend_of(target)}" in cluster.map_file.read_text().splitlines()
+            assert pinned == (when == "after")
+            # Through the proxy the tenant writes and reads where it is, nothing lost or doubled.
+            c.create(f"{tenant}/project:p", f"{tenant} writes after the move ended")
+            stored = sorted(m.content for m in c.list_memories(f"{tenant}/project:p"))
+            assert stored == sorted(
+                f"{tenant} {t}" for t in ("deploys on fridays", "likes tea", "writes after the move ended")
+            )
+            assert shards.locate(tenant) == [holder]
+            again = tiermem("shard", "end-move", *move, "--to", addresses[target], "--to-shard", target)
+            assert again.returncode == 0 and json.loads(again.stdout)["ended"] == "nothing to end", (
+                again.stderr
+            )

@@ -172,6 +172,7 @@ def test_a_write_waiting_out_a_fence_succeeds_within_its_deadline(server: Runnin
         ("user:ana/x", "fenced", False, "scope"),
         ("user:ana", "fenced", True, "purge"),
         ("", "moved", False, "scope"),
+        ("user:ana", "receiving", True, "purge"),
     ],
 )
 def test_bad_scope_routing_requests_change_nothing(
@@ -286,3 +287,124 @@ def test_a_protected_scope_moves_back_to_a_shard_that_kept_its_settings(
         assert move_scope("ten", a, b, lambda: None).memories == 2
         assert move_scope("ten", b, a, lambda: None).memories == 2
         assert sorted(m.kind for m in a.list_memories("ten")) == ["observation", "preference"]
+
+
+def test_a_scopes_routing_state_is_read_in_every_state_and_a_receiving_scope_is_served(
+    server: RunningServer,
+) -> None:
+    with _plain(server.port) as c:
+        assert (c.get_scope_routing("user:ana").routing, c.get_scope_routing("user:ana").moved_to) == (0, "")
+        c.set_scope_routing("user:ana", "receiving")
+        assert c.get_scope_routing("user:ana").routing == pb.SCOPE_ROUTING_RECEIVING
+        m = c.create("user:ana/project:x", "a receiving scope takes writes")  # (a mark, nothing refused)
+        assert [h.memory.id for h in c.search("user:ana/project:x", "writes")] == [m.id]
+        c.set_scope_routing("user:ana", "fenced", moved_to="shard-b")
+        got = c.get_scope_routing("user:ana")
+        assert (got.routing, got.moved_to) == (pb.SCOPE_ROUTING_FENCED, "shard-b")
+        c.set_scope_routing("user:ana", "moved", moved_to="shard-b")
+        _unavailable(lambda: c.get("user:ana/project:x", m.id), "SCOPE_MOVED")
+        assert c.get_scope_routing("user:ana").routing == pb.SCOPE_ROUTING_MOVED  # (still read)
+        assert c.get_scope_routing("user:bob").routing == pb.SCOPE_ROUTING_UNSPECIFIED
+        for bad in ("user:ana/project:x", ""):
+            with pytest.raises(TiermemError) as info:
+                c.get_scope_routing(bad)
+            assert (info.value.code.name, info.value.fields) == ("INVALID_ARGUMENT", ["scope"])
+
+
+# A move killed at a step (a process of its own, ended by os._exit): "fence" after the copy,
+# "switch" just before the proxy switch, "in switch" inside it, "retire" after it.
+_KILLED_MOVE = """
+import os, sys
+from tiermem.client import MemoryClient
+from tiermem.client.shards import move_scope
+source, target, scope, at = sys.argv[1:5]
+def die(step):
+    if step == at:
+        os._exit(9)
+with MemoryClient(source, timeout=30) as s, MemoryClient(target, timeout=30) as t:
+    move_scope(scope, s, t, lambda: die("in switch"), on_step=die)
+sys.exit(3)  # (the move was not killed)
+"""
+
+
+def _kill_move(source: int, target: int, scope: str, at: str) -> None:
+    import subprocess
+    import sys
+
+    args = [f"127.0.0.1:{source}", f"127.0.0.1:{target}", scope, at]
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_MOVE, *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 9, done.stderr
+
+
+def test_end_move_undoes_or_finishes_a_killed_move_and_refuses_what_is_not_one(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    from tiermem.client.shards import end_move, move_scope
+
+    a, b = server_factory(tmp_path / "a"), server_factory(tmp_path / "b")
+    with _plain(a.port) as src, _plain(b.port) as dst:
+        for who in ("ana", "bob", "cy", "dee"):
+            src.create(f"user:{who}/project:p", f"{who} deploys on fridays")
+            src.create(f"user:{who}", f"{who} likes tea")
+
+        def held(c: MemoryClient, scope: str) -> list[str]:
+            return sorted(m.content for ns in (scope, f"{scope}/project:p") for m in c.list_memories(ns))
+
+        def state(c: MemoryClient, scope: str) -> int:
+            return int(c.get_scope_routing(scope).routing)
+
+        # Killed after the copy, before the fence: undone, the source goes on, the next move works.
+        _kill_move(a.port, b.port, "user:ana", "fence")
+        assert (state(src, "user:ana"), state(dst, "user:ana")) == (0, pb.SCOPE_ROUTING_RECEIVING)
+        assert len(held(dst, "user:ana")) == 2
+        with pytest.raises(ValueError, match="tiermem shard end-move"):
+            move_scope("user:ana", src, dst, lambda: None)
+        report = end_move("user:ana", src, dst, switched=False)
+        assert (report.ended, report.source_was, report.target_was, report.deleted) == (
+            "undone",
+            "serving",
+            "receiving",
+            2,
+        )
+        assert held(dst, "user:ana") == [] and state(dst, "user:ana") == 0
+        assert move_scope("user:ana", src, dst, lambda: None).memories == 2
+
+        # Killed in the switch, the proxy not switched: the fence lifted, the copy deleted.
+        _kill_move(a.port, b.port, "user:bob", "in switch")
+        assert (state(src, "user:bob"), state(dst, "user:bob")) == (1, pb.SCOPE_ROUTING_RECEIVING)
+        # Not a move from b to a: refused, nothing changed.
+        with pytest.raises(ValueError, match="check --from and --to"):
+            end_move("user:bob", dst, src, switched=False)
+        with pytest.raises(ValueError, match="not where a move to it ends"):
+            end_move("user:bob", dst, src, switched=True)
+        assert (state(src, "user:bob"), len(held(dst, "user:bob"))) == (1, 2)
+        assert end_move("user:bob", src, dst, switched=False).ended == "undone"
+        src.create("user:bob", "bob writes at the source again")
+        assert len(held(src, "user:bob")) == 3 and held(dst, "user:bob") == []
+
+        # Killed in the switch, the proxy switched: finished (the copy was compared before it).
+        _kill_move(a.port, b.port, "user:cy", "in switch")
+        switched: list[str] = []
+        report = end_move("user:cy", src, dst, switched=True, switch=lambda: switched.append("again"))
+        assert (report.ended, report.purged, switched) == ("finished", 2, ["again"])
+        assert state(src, "user:cy") == pb.SCOPE_ROUTING_MOVED and state(dst, "user:cy") == 0
+        _unavailable(lambda: list(src.list_memories("user:cy")), "SCOPE_MOVED")
+        dst.create("user:cy", "cy writes at the target")
+        assert len(held(dst, "user:cy")) == 3
+        assert end_move("user:cy", src, dst, switched=True).ended == "nothing to end"
+
+        # Killed after the switch, before the source retired: finished.
+        _kill_move(a.port, b.port, "user:dee", "retire")
+        assert (state(src, "user:dee"), state(dst, "user:dee")) == (1, 0)
+        assert end_move("user:dee", src, dst, switched=True).ended == "finished"
+        assert state(src, "user:dee") == pb.SCOPE_ROUTING_MOVED and len(held(dst, "user:dee")) == 2
+
+        # No move under way: nothing to end; a scope the proxy routes to a shard that never
+        # fenced it is not a move's.
+        src.create("user:eve", "eve is served here")
+        assert end_move("user:eve", src, dst, switched=False).ended == "nothing to end"
+        with pytest.raises(ValueError, match="never fenced it"):
+            end_move("user:eve", src, dst, switched=True)
+        assert held(src, "user:eve") == ["eve is served here"] and state(src, "user:eve") == 0

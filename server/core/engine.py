@@ -463,6 +463,9 @@ class Engine:
     ) -> tuple[int, int]:
         return namespaces.set_scope_routing(self.state, scope, state, moved_to, purge, drain)
 
+    def get_scope_routing(self, scope: str) -> tuple[int, str]:
+        return namespaces.get_scope_routing(self.state, scope)
+
     def scope_routing(self, scope: str) -> tuple[int, str] | None:
         """The routing state of top-level ``scope`` and where it moved, None when it is served."""
         return self.state.routing.get(scope)

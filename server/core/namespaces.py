@@ -186,8 +186,9 @@ def list_namespaces(
 
 
 # Routing states of a top-level scope (the proto's ScopeRouting): served, writes fenced while it
-# moves to another shard, moved (every call refused: it is served elsewhere).
-SERVING, FENCED, MOVED = 0, 1, 2
+# moves to another shard, moved (every call refused: it is served elsewhere), and served while a
+# move copies it here (a mark: an unfinished move's copy, which ending the move may delete).
+SERVING, FENCED, MOVED, RECEIVING = 0, 1, 2, 3
 
 
 def set_scope_routing(
@@ -204,7 +205,7 @@ def set_scope_routing(
     check.namespace("scope", scope)
     if "/" in scope:
         raise InvalidArgument("scope", f"{scope!r} is not a top-level scope (it has a '/')")
-    if state not in (SERVING, FENCED, MOVED):
+    if state not in (SERVING, FENCED, MOVED, RECEIVING):
         raise InvalidArgument("routing", f"unknown routing state {state}")
     check.text("moved_to", moved_to, 256)
     if purge and state != MOVED:
@@ -222,7 +223,15 @@ def set_scope_routing(
         st.routing = routing
 
     st.writer.submit(prepare, publish)
-    if drain is not None and state != SERVING:
+    if drain is not None and state in (FENCED, MOVED):
         drain()
     purged = delete_namespace(st, scope, include_children=True, confirm=True) if purge else 0
     return state, purged
+
+
+def get_scope_routing(st: EngineState, scope: str) -> tuple[int, str]:
+    """The routing state of top-level ``scope`` and what it was set with (SERVING, "" when none)."""
+    check.namespace("scope", scope)
+    if "/" in scope:
+        raise InvalidArgument("scope", f"{scope!r} is not a top-level scope (it has a '/')")
+    return st.routing.get(scope, (SERVING, ""))

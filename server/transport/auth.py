@@ -157,6 +157,7 @@ RULES: dict[str, Callable[[ApiKey, Any], None]] = {
     "ConsolidateMemories": _consolidate,
     "ExportMemories": _export,
     "SetScopeRouting": _simple(ADMIN, "SetScopeRouting"),
+    "GetScopeRouting": _simple(ADMIN, "GetScopeRouting"),
 }
 IMPORT = SERVICE + "ImportMemories"  # checked chunk by chunk, with the first chunk's target
 # Streams whose role is known before their first message: checked as they open, so that a key

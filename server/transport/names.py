@@ -67,6 +67,7 @@ NAMES: dict[str, Callable[[Any], list[str]]] = {
     "BuildContext": lambda r: [s.namespace for s in r.scopes],
     "ExportMemories": lambda r: [r.namespace] if r.namespace else [],
     "SetScopeRouting": lambda r: [r.scope],
+    "GetScopeRouting": lambda r: [r.scope],
 }
 
 

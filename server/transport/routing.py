@@ -39,8 +39,9 @@ class ScopeUnavailable(Unavailable):
 
 def check_fence(method: str, namespaces: Iterable[str], routing_of: RoutingOf) -> None:
     """ScopeUnavailable if a top-level scope of ``namespaces`` has moved away, or is fenced and
-    ``method`` writes (SetScopeRouting itself always passes: it is how a fence is lifted)."""
-    if method == "SetScopeRouting":
+    ``method`` writes (SetScopeRouting and GetScopeRouting always pass: they are how a move is
+    ended)."""
+    if method in ("SetScopeRouting", "GetScopeRouting"):
         return
     for top in sorted({top_scope(ns) for ns in namespaces if ns}):
         found = routing_of(top)

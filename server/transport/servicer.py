@@ -462,6 +462,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         return pb.SetScopeRoutingResponse(routing=state, purged_count=purged)  # type: ignore[arg-type]
 
     @_rpc
+    def GetScopeRouting(
+        self, request: pb.GetScopeRoutingRequest, context: grpc.ServicerContext
+    ) -> pb.GetScopeRoutingResponse:
+        state, moved_to = self._engine.get_scope_routing(request.scope)
+        return pb.GetScopeRoutingResponse(routing=state, moved_to=moved_to)  # type: ignore[arg-type]
+
+    @_rpc
     def GetNamespaceConfig(
         self, request: pb.GetNamespaceConfigRequest, context: grpc.ServicerContext
     ) -> pb.GetNamespaceConfigResponse:

@@ -35,6 +35,7 @@ class ScopeRouting(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCOPE_ROUTING_UNSPECIFIED: _ClassVar[ScopeRouting]
     SCOPE_ROUTING_FENCED: _ClassVar[ScopeRouting]
     SCOPE_ROUTING_MOVED: _ClassVar[ScopeRouting]
+    SCOPE_ROUTING_RECEIVING: _ClassVar[ScopeRouting]
 
 class RetentionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -105,6 +106,7 @@ SEARCH_STRATEGY_FUSED: SearchStrategy
 SCOPE_ROUTING_UNSPECIFIED: ScopeRouting
 SCOPE_ROUTING_FENCED: ScopeRouting
 SCOPE_ROUTING_MOVED: ScopeRouting
+SCOPE_ROUTING_RECEIVING: ScopeRouting
 RETENTION_POLICY_UNSPECIFIED: RetentionPolicy
 RETENTION_POLICY_IMPORTANCE_WEIGHTED: RetentionPolicy
 RETENTION_POLICY_RECENCY: RetentionPolicy
@@ -663,6 +665,20 @@ class SetScopeRoutingResponse(_message.Message):
     routing: ScopeRouting
     purged_count: int
     def __init__(self, routing: _Optional[_Union[ScopeRouting, str]] = ..., purged_count: _Optional[int] = ...) -> None: ...
+
+class GetScopeRoutingRequest(_message.Message):
+    __slots__ = ("scope",)
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    def __init__(self, scope: _Optional[str] = ...) -> None: ...
+
+class GetScopeRoutingResponse(_message.Message):
+    __slots__ = ("routing", "moved_to")
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    MOVED_TO_FIELD_NUMBER: _ClassVar[int]
+    routing: ScopeRouting
+    moved_to: str
+    def __init__(self, routing: _Optional[_Union[ScopeRouting, str]] = ..., moved_to: _Optional[str] = ...) -> None: ...
 
 class ReplicateChangesRequest(_message.Message):
     __slots__ = ("instance_id", "applied_seq")

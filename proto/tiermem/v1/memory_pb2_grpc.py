@@ -165,6 +165,11 @@ class MemoryServiceStub:
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.SerializeToString,
                 response_deserializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.FromString,
                 _registered_method=True)
+        self.GetScopeRouting = channel.unary_unary(
+                '/tiermem.v1.MemoryService/GetScopeRouting',
+                request_serializer=tiermem_dot_v1_dot_memory__pb2.GetScopeRoutingRequest.SerializeToString,
+                response_deserializer=tiermem_dot_v1_dot_memory__pb2.GetScopeRoutingResponse.FromString,
+                _registered_method=True)
         self.ReplicateChanges = channel.stream_stream(
                 '/tiermem.v1.MemoryService/ReplicateChanges',
                 request_serializer=tiermem_dot_v1_dot_memory__pb2.ReplicateChangesRequest.SerializeToString,
@@ -374,6 +379,15 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetScopeRouting(self, request, context):
+        """GetScopeRouting reads a top-level scope's routing state on this server, whatever it is (a
+        MOVED scope's other calls are refused): how `tiermem shard end-move` finds where a move
+        stopped. Admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReplicateChanges(self, request_iterator, context):
         """ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
         is, then the acknowledgement of each batch it has stored; the server streams a full copy when
@@ -525,6 +539,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.SetScopeRouting,
                     request_deserializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.FromString,
                     response_serializer=tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.SerializeToString,
+            ),
+            'GetScopeRouting': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetScopeRouting,
+                    request_deserializer=tiermem_dot_v1_dot_memory__pb2.GetScopeRoutingRequest.FromString,
+                    response_serializer=tiermem_dot_v1_dot_memory__pb2.GetScopeRoutingResponse.SerializeToString,
             ),
             'ReplicateChanges': grpc.stream_stream_rpc_method_handler(
                     servicer.ReplicateChanges,
@@ -1240,6 +1259,33 @@ class MemoryService:
             '/tiermem.v1.MemoryService/SetScopeRouting',
             tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingRequest.SerializeToString,
             tiermem_dot_v1_dot_memory__pb2.SetScopeRoutingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetScopeRouting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiermem.v1.MemoryService/GetScopeRouting',
+            tiermem_dot_v1_dot_memory__pb2.GetScopeRoutingRequest.SerializeToString,
+            tiermem_dot_v1_dot_memory__pb2.GetScopeRoutingResponse.FromString,
             options,
             channel_credentials,
             insecure,

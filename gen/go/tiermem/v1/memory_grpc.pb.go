@@ -80,6 +80,10 @@ type MemoryServiceClient interface {
 	// and retry info, so a client whose proxy has not switched yet retries instead of getting a
 	// wrong answer. Admin; kept across restarts.
 	SetScopeRouting(ctx context.Context, in *SetScopeRoutingRequest, opts ...grpc.CallOption) (*SetScopeRoutingResponse, error)
+	// GetScopeRouting reads a top-level scope's routing state on this server, whatever it is (a
+	// MOVED scope's other calls are refused): how `tiermem shard end-move` finds where a move
+	// stopped. Admin.
+	GetScopeRouting(ctx context.Context, in *GetScopeRoutingRequest, opts ...grpc.CallOption) (*GetScopeRoutingResponse, error)
 	// ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
 	// is, then the acknowledgement of each batch it has stored; the server streams a full copy when
 	// the replica has none it can continue from, then every commit's changes as they happen.
@@ -381,6 +385,15 @@ func (c *memoryServiceClient) SetScopeRouting(ctx context.Context, in *SetScopeR
 	return out, nil
 }
 
+func (c *memoryServiceClient) GetScopeRouting(ctx context.Context, in *GetScopeRoutingRequest, opts ...grpc.CallOption) (*GetScopeRoutingResponse, error) {
+	out := new(GetScopeRoutingResponse)
+	err := c.cc.Invoke(ctx, "/tiermem.v1.MemoryService/GetScopeRouting", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *memoryServiceClient) ReplicateChanges(ctx context.Context, opts ...grpc.CallOption) (MemoryService_ReplicateChangesClient, error) {
 	stream, err := c.cc.NewStream(ctx, &_MemoryService_serviceDesc.Streams[2], "/tiermem.v1.MemoryService/ReplicateChanges", opts...)
 	if err != nil {
@@ -488,6 +501,10 @@ type MemoryServiceServer interface {
 	// and retry info, so a client whose proxy has not switched yet retries instead of getting a
 	// wrong answer. Admin; kept across restarts.
 	SetScopeRouting(context.Context, *SetScopeRoutingRequest) (*SetScopeRoutingResponse, error)
+	// GetScopeRouting reads a top-level scope's routing state on this server, whatever it is (a
+	// MOVED scope's other calls are refused): how `tiermem shard end-move` finds where a move
+	// stopped. Admin.
+	GetScopeRouting(context.Context, *GetScopeRoutingRequest) (*GetScopeRoutingResponse, error)
 	// ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
 	// is, then the acknowledgement of each batch it has stored; the server streams a full copy when
 	// the replica has none it can continue from, then every commit's changes as they happen.
@@ -581,6 +598,9 @@ func (UnimplementedMemoryServiceServer) ImportMemories(MemoryService_ImportMemor
 }
 func (UnimplementedMemoryServiceServer) SetScopeRouting(context.Context, *SetScopeRoutingRequest) (*SetScopeRoutingResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetScopeRouting not implemented")
+}
+func (UnimplementedMemoryServiceServer) GetScopeRouting(context.Context, *GetScopeRoutingRequest) (*GetScopeRoutingResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetScopeRouting not implemented")
 }
 func (UnimplementedMemoryServiceServer) ReplicateChanges(MemoryService_ReplicateChangesServer) error {
 	return status.Errorf(codes.Unimplemented, "method ReplicateChanges not implemented")
@@ -1080,6 +1100,24 @@ func _MemoryService_SetScopeRouting_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemoryService_GetScopeRouting_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetScopeRoutingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).GetScopeRouting(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/tiermem.v1.MemoryService/GetScopeRouting",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).GetScopeRouting(ctx, req.(*GetScopeRoutingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _MemoryService_ReplicateChanges_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(MemoryServiceServer).ReplicateChanges(&memoryServiceReplicateChangesServer{stream})
 }
@@ -1223,6 +1261,10 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetScopeRouting",
 			Handler:    _MemoryService_SetScopeRouting_Handler,
+		},
+		{
+			MethodName: "GetScopeRouting",
+			Handler:    _MemoryService_GetScopeRouting_Handler,
 		},
 		{
 			MethodName: "PromoteReplica",
