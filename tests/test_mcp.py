@@ -424,6 +424,27 @@ def test_out_of_range_arguments_are_tool_errors_naming_what_is_wrong(client: Mem
     _run(scenario)
 
 
+def test_an_argument_a_tool_does_not_take_is_a_tool_error_and_changes_nothing(client: MemoryClient) -> None:
+    """A misspelled namespace must not land the memory in the default namespace."""
+
+    async def scenario() -> None:
+        async with Client(build_server(client, namespace="agent:default")) as c:
+            listed = await c.list_tools()
+            assert all(t.input_schema.get("additionalProperties") is False for t in listed.tools)
+            result = await c.call_tool("remember", {"content": "for bob", "namepsace": "user:bob"})
+            text = _text(result)
+            assert result.is_error and "'namepsace'" in text and "namespace" in text.split("takes:")[1], text
+            result = await c.call_tool("recall", {"query": "bob", "top_k": 3, "limit": 2})
+            assert result.is_error and "'top_k'" in _text(result) and "'limit'" not in _text(result)
+            assert client.stats().memory_count == 0
+            ok = await c.call_tool("remember", {"content": "for bob", "namespace": "user:bob"})
+            assert (
+                not ok.is_error and ok.structured_content and ok.structured_content["namespace"] == "user:bob"
+            )
+
+    _run(scenario)
+
+
 @pytest.mark.parametrize(
     "package,extra", [("mcp", "tiermem.mcp"), ("langgraph", "tiermem.langgraph")], ids=["mcp", "langgraph"]
 )

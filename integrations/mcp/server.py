@@ -16,8 +16,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import Tool as MCPTool
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
@@ -366,7 +367,7 @@ def build_server(
     """An MCP server whose tools act through ``client``, on ``namespace`` unless a call names
     another. Run it with ``.run("stdio")`` or ``.run("streamable-http", host=..., port=...)``."""
     tools = MemoryTools(client, namespace)
-    server: MCPServer = MCPServer("tiermem", instructions=INSTRUCTIONS, log_level=log_level)
+    server: MCPServer = _StrictServer("tiermem", instructions=INSTRUCTIONS, log_level=log_level)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     server.add_tool(
         tools.remember, annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False)
@@ -380,3 +381,27 @@ def build_server(
     server.add_tool(tools.reflect, annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False))
     server.add_tool(tools.namespaces, annotations=reads)
     return server
+
+
+class _StrictServer(MCPServer):
+    """Tools refuse arguments they do not take (the SDK drops them): a misspelled ``namespace``
+    would otherwise act on the default namespace. Their schemas say so (additionalProperties)."""
+
+    async def list_tools(self) -> list[MCPTool]:
+        listed = await super().list_tools()
+        for tool in listed:
+            tool.input_schema = {**tool.input_schema, "additionalProperties": False}
+        return listed
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> Any:
+        schema = next((t.input_schema for t in await super().list_tools() if t.name == name), None)
+        if schema is not None:
+            takes = set(schema.get("properties", {}))
+            unknown = sorted(set(arguments) - takes)
+            if unknown:
+                raise ToolError(
+                    f"{name} does not take {', '.join(map(repr, unknown))}; it takes: {', '.join(sorted(takes))}"
+                )
+        return await super().call_tool(name, arguments, context)
