@@ -128,14 +128,14 @@ def move_scope(
     fencing = False
     try:
         step("copy")
-        first = list(source.export_memories(scope, include_children=True, call_metadata=route))
+        first = _export(source, scope, route)
         report.copied = _import(target, [c for c in first if c.WhichOneof("chunk") != "scope"], route)
         step("fence")
         fencing = True  # (from here a failure lifts the fence: the call may have set it and failed after)
         source.set_scope_routing(scope, "fenced", moved_to=moved_to, call_metadata=route)
         fenced_at = time.monotonic()
         step("catch up")
-        final = list(source.export_memories(scope, include_children=True, call_metadata=route))
+        final = _export(source, scope, route)
         report.caught_up, report.deleted = _catch_up(target, final, route)
         _copy_settings(source, target, final, route)
         report.memories = _verify(source, target, scope, route)
@@ -266,11 +266,21 @@ def _namespaces(client: MemoryClient, scope: str, route: list[tuple[str, str]]) 
     ]
 
 
+def _export(
+    source: MemoryClient, scope: str, route: list[tuple[str, str]]
+) -> list[pb.ExportMemoriesResponse]:
+    # Streams have no deadline and wait for their connection: a shard that is down would hold
+    # the move forever, so it must answer within the client's timeout first.
+    source.wait_ready(call_metadata=route)
+    return list(source.export_memories(scope, include_children=True, call_metadata=route))
+
+
 def _import(
     target: MemoryClient, chunks: list[pb.ExportMemoriesResponse], route: list[tuple[str, str]]
 ) -> int:
     if not any(c.WhichOneof("chunk") != "header" for c in chunks):
         return 0
+    target.wait_ready(call_metadata=route)  # (as in _export)
     # (a move copies what the source already held: protection was checked when it was stored)
     return int(target.import_memories(chunks, confirm=True, call_metadata=route).imported)
 

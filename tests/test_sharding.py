@@ -408,3 +408,27 @@ def test_end_move_undoes_or_finishes_a_killed_move_and_refuses_what_is_not_one(
         with pytest.raises(ValueError, match="never fenced it"):
             end_move("user:eve", src, dst, switched=True)
         assert held(src, "user:eve") == ["eve is served here"] and state(src, "user:eve") == 0
+
+
+def test_a_move_whose_target_goes_down_fails_within_the_clients_timeout(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Exports and imports have no deadline and wait for their connection: the move asks each shard
+    to answer within the client's timeout first, instead of waiting for a dead target forever."""
+    import time
+
+    from tiermem.client.shards import move_scope
+
+    a, b = server_factory(tmp_path / "a"), server_factory(tmp_path / "b")
+    with (
+        MemoryClient(f"127.0.0.1:{a.port}", timeout=1) as src,
+        MemoryClient(f"127.0.0.1:{b.port}", timeout=1) as dst,
+    ):
+        src.create("user:ana", "ana deploys on fridays")
+        started = time.monotonic()
+        with pytest.raises(TiermemError) as info:
+            move_scope("user:ana", src, dst, lambda: None, on_step=lambda s: s == "copy" and b.stop(0))
+        assert info.value.code.name == "UNAVAILABLE" and time.monotonic() - started < 10
+        assert any("could not delete the target's copy" in note for note in info.value.__notes__)
+        src.create("user:ana", "the source still takes the tenant's writes")
+        assert len(list(src.list_memories("user:ana"))) == 2
