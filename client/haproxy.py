@@ -71,14 +71,13 @@ def _runtime(admin_socket: str | Path, command: str) -> str:
 
 
 def set_route(admin_socket: str | Path, map_file: str | Path, scope: str, shard: str) -> None:
-    """Route ``scope`` to ``shard`` from now on: in the running HAProxy (its runtime API, one
-    command: there is no moment without a route) and in the map file, for its next start."""
+    """Route ``scope`` to ``shard`` from now on: in the map file, for HAProxy's next start, then in
+    the running HAProxy (its runtime API, one command: there is no moment without a route). The
+    file first: a running HAProxy never routes a scope where a restart would not."""
     backend = backend_of(shard)
     shown = _runtime(admin_socket, f"show map {map_file}")
-    verb = "set" if any(line.split()[1:2] == [scope] for line in shown.splitlines()) else "add"
-    answer = _runtime(admin_socket, f"{verb} map {map_file} {scope} {backend}").strip()
-    if answer:
-        raise RuntimeError(f"HAProxy refused '{verb} map {map_file} {scope} {backend}': {answer}")
+    if shown.startswith("Unknown map"):
+        raise RuntimeError(f"HAProxy has no map {map_file}: {shown.strip()}")
     path = Path(map_file)
     lines = [ln for ln in path.read_text().splitlines() if ln.split()[:1] != [scope]] if path.exists() else []
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
@@ -87,6 +86,20 @@ def set_route(admin_socket: str | Path, map_file: str | Path, scope: str, shard:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    verb = "set" if any(line.split()[1:2] == [scope] for line in shown.splitlines()) else "add"
+    answer = _runtime(admin_socket, f"{verb} map {map_file} {scope} {backend}").strip()
+    if answer:
+        raise RuntimeError(f"HAProxy refused '{verb} map {map_file} {scope} {backend}': {answer}")
+
+
+def filed_shard(map_file: str | Path, scope: str) -> str | None:
+    """The shard the map file pins ``scope`` to, for HAProxy's next start (None: not pinned)."""
+    path = Path(map_file)
+    for line in path.read_text().splitlines() if path.exists() else []:
+        fields = line.split()
+        if fields[:1] == [scope] and len(fields) > 1:
+            return fields[1].removeprefix(backend_of(""))
+    return None
 
 
 def pinned_shard(admin_socket: str | Path, map_file: str | Path, scope: str) -> str | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,8 +123,9 @@ def move_scope(
         left = target.get_scope_routing(scope, call_metadata=route).routing == pb.SCOPE_ROUTING_RECEIVING
         hint = " (the copy of a move that did not end: tiermem shard end-move)" if left else ""
         raise ValueError(f"the target already holds {len(held)} namespaces of {scope!r} ({held[0]}){hint}")
-    # (marked as a move's copy until the switch; it may have moved away from the target once)
-    target.set_scope_routing(scope, "receiving", call_metadata=route)
+    # (marked as this move's copy until the switch; it may have moved away from the target once)
+    move_id = f"move:{uuid.uuid4().hex[:16]}"
+    target.set_scope_routing(scope, "receiving", moved_to=move_id, call_metadata=route)
     fenced_at = None
     fencing = False
     try:
@@ -139,6 +141,7 @@ def move_scope(
         report.caught_up, report.deleted = _catch_up(target, final, route)
         _copy_settings(source, target, final, route)
         report.memories = _verify(source, target, scope, route)
+        _still_this_move(source, target, scope, route, move_id)
     except BaseException as failure:
         # Each undo is tried even if the other fails (a source that died cannot be unfenced, but the
         # target's copy, never routed to before the switch, still goes); what failed is noted.
@@ -204,7 +207,7 @@ def end_move(
     src = source.get_scope_routing(scope, call_metadata=route).routing
     tgt = target.get_scope_routing(scope, call_metadata=route).routing
     report = EndReport(scope, "nothing to end", switched, _state_name(src), _state_name(tgt))
-    at_source = src != pb.SCOPE_ROUTING_MOVED and bool(_namespaces(source, scope, route))
+    at_source = bool(_namespaces(source, scope, route))  # (also when MOVED: a purge may not have run)
     if switched:
         if tgt in (pb.SCOPE_ROUTING_FENCED, pb.SCOPE_ROUTING_MOVED):
             raise ValueError(
@@ -215,6 +218,11 @@ def end_move(
                 f"the proxy routes {scope!r} to the target, but the source never fenced it "
                 f"({report.source_was}): not a move from it; check --from and --to"
             )
+        if at_source and not _namespaces(target, scope, route):
+            raise ValueError(
+                f"the source holds {scope!r} and the target nothing of it: not purging the source; "
+                "check --to (docs/scaling.md: after a failed move)"
+            )
         if src == pb.SCOPE_ROUTING_FENCED or at_source or tgt == pb.SCOPE_ROUTING_RECEIVING:
             if switch is not None:
                 switch()
@@ -224,17 +232,7 @@ def end_move(
             )
             report.ended, report.purged = "finished", int(retired.purged_count)
         return report
-    if src == pb.SCOPE_ROUTING_MOVED:
-        raise ValueError(
-            f"the source has retired {scope!r} but the proxy does not route it to the target: "
-            "not undone (docs/scaling.md: after a failed move)"
-        )
-    held = _namespaces(target, scope, route)
-    if held and tgt != pb.SCOPE_ROUTING_RECEIVING:
-        raise ValueError(
-            f"the target holds {scope!r} ({held[0]}) and it is {report.target_was}, not a move's copy: "
-            "not deleted; check --from and --to"
-        )
+    _check_undo(scope, src, tgt, at_source, _namespaces(target, scope, route), report)
     if src == pb.SCOPE_ROUTING_FENCED:
         source.set_scope_routing(scope, "serving", call_metadata=route)
         report.ended = "undone"
@@ -242,6 +240,41 @@ def end_move(
         report.deleted = _drop_copy(target, scope, route)
         report.ended = "undone"
     return report
+
+
+def _check_undo(scope: str, src: int, tgt: int, at_source: bool, held: list[str], report: EndReport) -> None:
+    """ValueError unless undoing is ending a move from this source to this target."""
+    if src == pb.SCOPE_ROUTING_MOVED:
+        raise ValueError(
+            f"the source has retired {scope!r} but the proxy does not route it to the target: "
+            "not undone (docs/scaling.md: after a failed move)"
+        )
+    if held and tgt != pb.SCOPE_ROUTING_RECEIVING:
+        raise ValueError(
+            f"the target holds {scope!r} ({held[0]}) and it is {report.target_was}, not a move's copy: "
+            "not deleted; check --from and --to"
+        )
+    if tgt == pb.SCOPE_ROUTING_RECEIVING and src == pb.SCOPE_ROUTING_UNSPECIFIED and not at_source:
+        raise ValueError(
+            f"the source neither holds nor fenced {scope!r}: it is not where the move came from; check --from"
+        )
+
+
+def _still_this_move(
+    source: MemoryClient, target: MemoryClient, scope: str, route: list[tuple[str, str]], move_id: str
+) -> None:
+    """RuntimeError unless the source is still fenced and the target still holds this move's copy
+    (an end-move run meanwhile would have undone them): checked just before the switch."""
+    src = source.get_scope_routing(scope, call_metadata=route)
+    tgt = target.get_scope_routing(scope, call_metadata=route)
+    if src.routing != pb.SCOPE_ROUTING_FENCED or (tgt.routing, tgt.moved_to) != (
+        pb.SCOPE_ROUTING_RECEIVING,
+        move_id,
+    ):
+        raise RuntimeError(
+            f"the move of {scope!r} was changed by another command while it ran (the source is "
+            f"{_state_name(src.routing)}, the target {_state_name(tgt.routing)}): not switched"
+        )
 
 
 def _state_name(state: int) -> str:

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (TiermemError, KeysFileError, ValueError, OSError, ServerRefused) as e:
+    except (TiermemError, KeysFileError, ValueError, OSError, RuntimeError, ServerRefused) as e:
         print(f"tiermem {args.command}: {_one_line(e)}", file=sys.stderr)
         return 1
 
@@ -308,7 +308,10 @@ def _shard_end_move(args: argparse.Namespace) -> int:
     if args.source == args.dest:
         raise ValueError("--from and --to are the same shard")
     haproxy.check_shard_address(args.haproxy_socket, args.to_shard, args.dest)
-    switched = haproxy.pinned_shard(args.haproxy_socket, args.haproxy_map, args.scope) == args.to_shard
+    # Switched if HAProxy routes the scope to the target now or would after a restart (the map
+    # file is written first): either way clients may have written there.
+    pinned = haproxy.pinned_shard(args.haproxy_socket, args.haproxy_map, args.scope)
+    switched = args.to_shard in (pinned, haproxy.filed_shard(args.haproxy_map, args.scope))
     with _connect(args, args.source) as source, _connect(args, args.dest) as dest:
         report = end_move(
             args.scope,

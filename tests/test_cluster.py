@@ -322,8 +322,8 @@ def test_the_shard_command_moves_a_tenant_and_lists_every_shard(cluster: Cluster
         assert bad.returncode == 1 and "not a top-level scope" in bad.stderr
 
 
-# A move killed just before the proxy switch ("before") or right after it ("after"): a process of
-# its own, ended by os._exit.
+# A move killed just before the proxy switch ("before", "filed") or right after it ("after"): a
+# process of its own, ended by os._exit.
 _KILLED_MOVE = """
 import os, sys
 from tiermem.client import MemoryClient, haproxy
@@ -348,7 +348,7 @@ def test_the_shard_command_ends_a_killed_move_as_the_proxy_routes_it(cluster: Cl
         )
 
     with MemoryClient(cluster.proxy, sharded=True, timeout=20) as c, Shards(addresses) as shards:
-        for when, ended in (("before", "undone"), ("after", "finished")):
+        for when, ended in (("before", "undone"), ("after", "finished"), ("filed", "finished")):
             tenant = f"user:end-{when}"
             for text in ("deploys on fridays", "likes tea"):
                 c.create(f"{tenant}/project:p", f"{tenant} {text}")
@@ -360,6 +360,9 @@ def test_the_shard_command_ends_a_killed_move_as_the_proxy_routes_it(cluster: Cl
                 capture_output=True, text=True, timeout=120,
             )  # fmt: skip
             assert killed.returncode == 9, killed.stderr
+            if when == "filed":  # killed between the switch's two writes: the map file's, then HAProxy's
+                with cluster.map_file.open("a") as f:
+                    f.write(f"{tenant} {haproxy.backend_of(target)}\n")
             assert sorted(shards.locate(tenant)) == sorted([source, target])  # (the copy is there)
             move = ["--scope", tenant, "--from", addresses[source], "--haproxy-socket", str(cluster.admin_socket),
                     "--haproxy-map", str(cluster.map_file)]  # fmt: skip
@@ -367,6 +370,10 @@ def test_the_shard_command_ends_a_killed_move_as_the_proxy_routes_it(cluster: Cl
             other = next(n for n in sorted(addresses) if n not in (source, target))
             wrong = tiermem("shard", "end-move", *move, "--to", addresses[other], "--to-shard", target)
             assert wrong.returncode == 1 and "HAProxy sends shard" in wrong.stderr, wrong.stderr
+            unknown = tiermem("shard", "end-move", *move, "--to", addresses[target], "--to-shard", "zz")
+            assert unknown.returncode == 1 and unknown.stderr.strip().splitlines() == [
+                "tiermem shard end-move: HAProxy has no shard 'zz' (backend shard-zz): Can't find backend."
+            ], unknown.stderr
             assert sorted(shards.locate(tenant)) == sorted([source, target])
 
             done = tiermem("shard", "end-move", *move, "--to", addresses[target], "--to-shard", target)
@@ -374,13 +381,13 @@ def test_the_shard_command_ends_a_killed_move_as_the_proxy_routes_it(cluster: Cl
             report = json.loads(done.stdout)
             assert (report["ended"], report["switched"], report["source_was"]) == (
                 ended,
-                when == "after",
+                when != "before",
                 "fenced",
             )
-            holder = target if when == "after" else source
+            holder = source if when == "before" else target
             assert shards.locate(tenant) == [holder]
             pinned = f"{tenant} {haproxy.backend_of(target)}" in cluster.map_file.read_text().splitlines()
-            assert pinned == (when == "after")
+            assert pinned == (when != "before")
             # Through the proxy the tenant writes and reads where it is, nothing lost or doubled.
             c.create(f"{tenant}/project:p", f"{tenant} writes after the move ended")
             stored = sorted(m.content for m in c.list_memories(f"{tenant}/project:p"))

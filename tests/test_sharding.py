@@ -432,3 +432,48 @@ def test_a_move_whose_target_goes_down_fails_within_the_clients_timeout(
         assert any("could not delete the target's copy" in note for note in info.value.__notes__)
         src.create("user:ana", "the source still takes the tenant's writes")
         assert len(list(src.list_memories("user:ana"))) == 2
+
+
+def test_end_move_run_during_a_move_stops_its_switch_and_a_wrong_source_or_unpurged_one_is_handled(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    from tiermem.client.shards import end_move, move_scope
+
+    a, b, c = (server_factory(tmp_path / n) for n in "abc")
+    with _plain(a.port) as src, _plain(b.port) as dst, _plain(c.port) as other:
+        for who in ("ana", "bob", "cy"):
+            src.create(f"user:{who}", f"{who} likes tea")
+
+        # An end-move run while the move still runs (here during its catch-up) undoes it; the
+        # move then sees its fence and its copy gone and does not switch.
+        switched: list[str] = []
+
+        def operator(step: str) -> None:
+            if step == "catch up":
+                assert end_move("user:ana", src, dst, switched=False).ended == "undone"
+
+        with pytest.raises(RuntimeError, match="changed by another command"):
+            move_scope("user:ana", src, dst, lambda: switched.append("switched"), on_step=operator)
+        assert switched == [] and list(dst.list_memories("user:ana")) == []
+        src.create("user:ana", "ana writes at the source")
+        assert len(list(src.list_memories("user:ana"))) == 2
+
+        # A wrong --from (a shard that neither holds nor fenced the scope) is refused.
+        _kill_move(a.port, b.port, "user:bob", "in switch")
+        with pytest.raises(ValueError, match="check --from"):
+            end_move("user:bob", other, dst, switched=False)
+        assert src.get_scope_routing("user:bob").routing == pb.SCOPE_ROUTING_FENCED
+        assert dst.get_scope_routing("user:bob").routing == pb.SCOPE_ROUTING_RECEIVING
+        assert end_move("user:bob", src, dst, switched=False).ended == "undone"
+
+        # A source retired but not purged (the purge is a step of its own) is purged, once the
+        # target holds the scope: never the only copy.
+        move_scope("user:cy", src, dst, lambda: None)
+        src.set_scope_routing("user:cy", "serving")
+        src.create("user:cy", "a copy left at the source")
+        src.set_scope_routing("user:cy", "moved", moved_to="b")
+        with pytest.raises(ValueError, match="target nothing of it"):
+            end_move("user:cy", src, other, switched=True)
+        assert end_move("user:cy", src, dst, switched=True).purged == 1
+        assert [n.name for n in src.list_namespaces("user:cy")] == []
+        assert [m.content for m in dst.list_memories("user:cy")] == ["cy likes tea"]
