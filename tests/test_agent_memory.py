@@ -122,3 +122,61 @@ def test_two_summaries_in_one_batch_keep_only_the_last(client: MemoryClient) -> 
     )
     assert [m.content for m in client.list_memories("task:2")] == ["second summary"]
     assert client.stats("task:2").memory_count == 1
+
+
+def test_importances_that_add_up_to_the_threshold_make_a_reflection_due(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Importances are stored as float32 (0.7 is 0.69999999): two of them must still reach 1.4."""
+    with _client(server_factory(reflection_threshold=1.4)) as c:
+        assert not c.observe("agent:1", "first", importance=0.7).reflection_due
+        assert c.observe("agent:1", "second", importance=0.7).reflection_due
+        assert c.reflection_candidates("agent:1").reflection_due
+
+
+def _facts(c: MemoryClient) -> list[str]:
+    ctx = c.build_context(["user:ana"], query="who owns billing", token_budget=500)
+    return [x.text for s in ctx.sections if s.kind == "graph" for x in s.items]
+
+
+def test_invalidating_an_edge_again_never_brings_the_fact_back(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    clock = FakeClock()
+    with _client(server_factory(clock=clock)) as c:
+        m = c.create("user:ana", "ana works on billing")
+        c.upsert_node("user:ana", "ana")
+        c.upsert_node("user:ana", "billing", memory_ids=[m.id])  # (context shows its memories' facts)
+        edge = c.add_edge("user:ana", "ana", "owns", "billing")
+        assert _facts(c) == ["ana owns billing"]
+        clock.advance(60)
+        first = c.invalidate_edge("user:ana", edge.id).invalid_from.ToSeconds()
+        clock.advance(60)
+        assert c.invalidate_edge("user:ana", edge.id).invalid_from.ToSeconds() == first  # (now: later)
+        later = c.invalidate_edge("user:ana", edge.id, at=clock.now + 3600)
+        assert later.invalid_from.ToSeconds() == first
+        assert list(c.neighbors("user:ana", "ana").edges) == []
+        assert _facts(c) == []
+        earlier = c.invalidate_edge("user:ana", edge.id, at=first - 30)  # an earlier end moves it back
+        assert earlier.invalid_from.ToSeconds() == first - 30
+
+
+def test_a_summary_of_more_than_a_thousand_memories_names_those_it_quotes(client: MemoryClient) -> None:
+    memories = []
+    for start in (0, 550):
+        batch = [
+            {
+                "namespace": "task:1",
+                "content": f"Item {i} happened. More detail.",
+                "importance": 1.0 if i == 5 else 0.3,
+            }
+            for i in range(start, start + 550)
+        ]
+        memories += client.create_batch(batch)
+    built = client.build_summary("task:1", max_tokens=60)
+    quoted = [m.id for i, m in enumerate(memories) if f"Item {i} happened." in built.text]
+    assert memories[5].id in quoted and memories[-1].id in quoted and len(built.source_memory_ids) == 1000
+    assert set(quoted) <= set(built.source_memory_ids)  # the old important one too
+    order = {m.id: i for i, m in enumerate(memories)}
+    assert [order[i] for i in built.source_memory_ids] == sorted(order[i] for i in built.source_memory_ids)
+    assert memories[6].id not in built.source_memory_ids  # past 1,000: the newest of the others

@@ -92,6 +92,8 @@ class GraphMemory:
                 )
             if when <= edge["valid_from"]:
                 raise InvalidArgument("invalid_from", "must be after the edge's valid_from")
+            if edge["invalid_from"] is not None and edge["invalid_from"] <= when:
+                return edge  # already invalid by then: a later time must not bring the fact back
             edge["invalid_from"] = when
             self.store.put_edge(txn, namespace, edge)
             return edge

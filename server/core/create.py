@@ -442,7 +442,8 @@ def due_of(st: EngineState, namespace: str, state: ScopeState) -> Due:
     p = st.policy_for(namespace)
     summary = 0 < p.summary_token_threshold < state.summary_tokens  # "exceeds"
     return Due(
-        reflection=0 < p.reflection_threshold <= state.reflection_importance,
+        # (importances are stored as float32: 0.7 + 0.7 sums to 1.3999999, which must reach 1.4)
+        reflection=0 < p.reflection_threshold * (1 - 1e-6) <= state.reflection_importance,
         summary=summary and not p.auto_summarize,  # (the server keeps it: no agent should race it)
         summary_kept=summary and p.auto_summarize,
     )

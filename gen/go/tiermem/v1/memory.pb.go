@@ -6345,7 +6345,8 @@ type BuildSummaryResponse struct {
 	// text is the summary: the first sentence of the most important, most recent memories since the
 	// last summary, in time order, within max_tokens.
 	Text string `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
-	// source_memory_ids are the memories the summary covers (all since the last summary).
+	// source_memory_ids are the memories the summary covers (all since the last summary), in time
+	// order; past 1,000 of them, every one it quotes, then the newest of the others.
 	SourceMemoryIds []string `protobuf:"bytes,2,rep,name=source_memory_ids,json=sourceMemoryIds,proto3" json:"source_memory_ids,omitempty"`
 	// token_count is the summary's estimated tokens (bytes / 4, rounded up).
 	TokenCount int32 `protobuf:"varint,3,opt,name=token_count,json=tokenCount,proto3" json:"token_count,omitempty"`
@@ -6834,7 +6835,8 @@ type InvalidateGraphEdgeRequest struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// edge_id is the edge.
 	EdgeId string `protobuf:"bytes,2,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
-	// invalid_from is when it stops holding (default: now).
+	// invalid_from is when it stops holding (default: now). An edge already invalid by then keeps
+	// its earlier end: invalidating again never brings a fact back.
 	InvalidFrom *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=invalid_from,json=invalidFrom,proto3" json:"invalid_from,omitempty"`
 }
 
