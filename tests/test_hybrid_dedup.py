@@ -201,7 +201,15 @@ def test_hybrid_needs_query_text_and_valid_options(loaded: tuple[MemoryClient, d
             ),
         )
     assert info.value.fields == ["query_text"]
-    for opts, field in (({"rrf_k": -1}, "hybrid.rrf_k"), ({"vector_weight": -1}, "hybrid.vector_weight")):
+    # (out of range, and values whose float32 fused shares would round to 0: no results at all)
+    for opts, field in (
+        ({"rrf_k": -1}, "hybrid.rrf_k"),
+        ({"rrf_k": 1e46}, "hybrid.rrf_k"),
+        ({"vector_weight": -1}, "hybrid.vector_weight"),
+        ({"vector_weight": 1e-46}, "hybrid.vector_weight"),
+        ({"keyword_weight": 1e-46}, "hybrid.keyword_weight"),
+        ({"vector_weight": 0, "keyword_weight": 0}, "hybrid.keyword_weight"),
+    ):
         with pytest.raises(InvalidArgumentError) as info:
             _search(
                 c,
@@ -210,6 +218,14 @@ def test_hybrid_needs_query_text_and_valid_options(loaded: tuple[MemoryClient, d
                 ),
             )
         assert info.value.fields == [field]
+
+    # At the limits, every strategy still ranks what matches.
+    for strategy in (pb.SEARCH_STRATEGY_FUSED, pb.SEARCH_STRATEGY_COMPREHENSIVE):
+        edge = pb.HybridOptions(enabled=True, rrf_k=1e6, vector_weight=1e-6, keyword_weight=1e-6)
+        got = _search(
+            c, pb.SearchMemoriesRequest(namespaces=["ns"], query_text="x", strategy=strategy, hybrid=edge)
+        )
+        assert len(got.results) > 0, strategy
 
 
 def test_exact_duplicates_reinforce_instead_of_adding(

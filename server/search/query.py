@@ -152,6 +152,7 @@ def ancestors(namespace: str) -> list[str]:
 
 
 MAX_WEIGHT = 1e6  # products of a search's weights stay far inside float32 (no infinite scores)
+MAX_RRF_K, MIN_HYBRID_WEIGHT = 1e6, 1e-6  # and fused shares far from float32's smallest
 
 
 def weight(name: str, value: float | None, default: float) -> float:
@@ -244,14 +245,20 @@ def check_hybrid(q: SearchQuery) -> Hybrid:
     """The hybrid settings of a query that asked for hybrid search."""
     if not q.text:
         raise InvalidArgument("query_text", "is required for hybrid search (its keywords are matched)")
-    if not (math.isfinite(q.rrf_k) and q.rrf_k >= 0):
-        raise InvalidArgument("hybrid.rrf_k", "must be a finite number >= 0")
-    return Hybrid(
-        q.text,
-        q.rrf_k,
-        weight("hybrid.vector_weight", q.vector_weight, 1.0),
-        weight("hybrid.keyword_weight", q.keyword_weight, 1.0),
-    )
+    if not (math.isfinite(q.rrf_k) and 0 <= q.rrf_k <= MAX_RRF_K):
+        raise InvalidArgument("hybrid.rrf_k", f"must be a number in [0, {MAX_RRF_K:g}]")
+    weights = {
+        "hybrid.vector_weight": weight("hybrid.vector_weight", q.vector_weight, 1.0),
+        "hybrid.keyword_weight": weight("hybrid.keyword_weight", q.keyword_weight, 1.0),
+    }
+    for name, w in weights.items():
+        # (fused scores are float32: a smaller share, or rrf_k past MAX_RRF_K, rounds to 0 and
+        # drops every row as if it were in neither ranking)
+        if 0 < w < MIN_HYBRID_WEIGHT:
+            raise InvalidArgument(name, f"must be 0 or at least {MIN_HYBRID_WEIGHT:g}")
+    if not any(weights.values()):
+        raise InvalidArgument("hybrid.keyword_weight", "vector_weight and keyword_weight cannot both be 0")
+    return Hybrid(q.text, q.rrf_k, *weights.values())
 
 
 def query_vector(
