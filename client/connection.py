@@ -71,6 +71,18 @@ _NOT_RUN = frozenset({"STARTING", "SHUTTING_DOWN", "SCOPE_FENCED", "SCOPE_MOVED"
 HEALTH_REQUEST = health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService")
 
 
+# A connection that stops answering (a partition: no reset) fails its calls within about 30 s,
+# streams included, which have no deadline; the server accepts pings this often (transport).
+KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    # (an unanswered ping of gRPC's own, e.g. its bandwidth probe, holds the keepalive ping back;
+    # it times out after a minute unless told otherwise)
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),  # (while only the server sends, as in an export)
+]
+
+
 def channel_options(max_message_bytes: int, connections: int) -> list[tuple[str, Any]]:
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -78,6 +90,7 @@ def channel_options(max_message_bytes: int, connections: int) -> list[tuple[str,
         ("grpc.service_config", _RETRY_CONFIG),
         ("grpc.enable_retries", 1),
         *RECONNECT_OPTIONS,
+        *KEEPALIVE_OPTIONS,
     ]
     if connections > 1:  # channels with equal options would otherwise share one connection
         options.append(("grpc.use_local_subchannel_pool", 1))

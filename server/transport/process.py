@@ -89,6 +89,10 @@ def grpc_server(
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", int(reuseport)),
+            # Clients' keepalive pings (every 20 s, client/connection.py) are welcome even while
+            # the server sends nothing, as in a long import: gRPC's default (5 min) would count
+            # them as strikes and close the connection.
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ],
     )
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from tiermem.client.connection import RECONNECT_OPTIONS
+from tiermem.client.connection import KEEPALIVE_OPTIONS, RECONNECT_OPTIONS
 from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import TiermemError, Unavailable
@@ -132,7 +132,11 @@ class ReplicaFollower:
     def _channel(self) -> grpc.Channel:
         # (the client's reconnect options: a leader back after an outage is reached within a second,
         # where gRPC's own backoff grows to 2 min and a waiting call never ends to let the loop retry)
-        options = [("grpc.max_receive_message_length", self.config.max_message_bytes), *RECONNECT_OPTIONS]
+        options = [
+            ("grpc.max_receive_message_length", self.config.max_message_bytes),
+            *RECONNECT_OPTIONS,
+            *KEEPALIVE_OPTIONS,  # (a leader cut off without a reset is noticed, and asked again)
+        ]
         if self.config.replica_tls_ca:
             creds = grpc.ssl_channel_credentials(Path(self.config.replica_tls_ca).read_bytes())
             return grpc.secure_channel(self.config.replica_of, creds, options=options)
