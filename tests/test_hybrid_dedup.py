@@ -214,11 +214,29 @@ def test_hybrid_needs_query_text_and_valid_options(loaded: tuple[MemoryClient, d
             _search(
                 c,
                 pb.SearchMemoriesRequest(
+                    namespaces=["ns"],
+                    query_text="x",
+                    strategy=pb.SEARCH_STRATEGY_COMPREHENSIVE,  # (fused by reciprocal rank)
+                    hybrid=pb.HybridOptions(enabled=True, **opts),
+                ),
+            )
+        assert info.value.fields == [field]
+    for opts, field in (
+        ({"rrf_k": -1}, "hybrid.rrf_k"),
+        ({"vector_weight": 0, "keyword_weight": 0}, "hybrid.keyword_weight"),
+    ):
+        with pytest.raises(InvalidArgumentError) as info:  # (whatever the strategy)
+            _search(
+                c,
+                pb.SearchMemoriesRequest(
                     namespaces=["ns"], query_text="x", hybrid=pb.HybridOptions(enabled=True, **opts)
                 ),
             )
         assert info.value.fields == [field]
 
+    # The fused strategy takes the weights as shares of relevance and no rrf_k: not bounded there.
+    loose = pb.HybridOptions(enabled=True, rrf_k=1e7, vector_weight=1e-7, keyword_weight=1e-7)
+    assert _search(c, pb.SearchMemoriesRequest(namespaces=["ns"], query_text="x", hybrid=loose)).results
     # At the limits, every strategy still ranks what matches.
     for strategy in (pb.SEARCH_STRATEGY_FUSED, pb.SEARCH_STRATEGY_COMPREHENSIVE):
         edge = pb.HybridOptions(enabled=True, rrf_k=1e6, vector_weight=1e-6, keyword_weight=1e-6)

@@ -241,12 +241,14 @@ def scope_weights(q: SearchQuery) -> dict[str, float]:
     return scope_w
 
 
-def check_hybrid(q: SearchQuery) -> Hybrid:
-    """The hybrid settings of a query that asked for hybrid search."""
+def check_hybrid(q: SearchQuery, reciprocal: bool = True) -> Hybrid:
+    """The hybrid settings of a query that asked for hybrid search; ``reciprocal``: fused by
+    reciprocal rank (the weighted-sum strategies), not as shares of relevance (the fused one)."""
     if not q.text:
         raise InvalidArgument("query_text", "is required for hybrid search (its keywords are matched)")
-    if not (math.isfinite(q.rrf_k) and 0 <= q.rrf_k <= MAX_RRF_K):
-        raise InvalidArgument("hybrid.rrf_k", f"must be a number in [0, {MAX_RRF_K:g}]")
+    if not (math.isfinite(q.rrf_k) and 0 <= q.rrf_k <= (MAX_RRF_K if reciprocal else math.inf)):
+        bound = f"in [0, {MAX_RRF_K:g}]" if reciprocal else "a finite number >= 0"
+        raise InvalidArgument("hybrid.rrf_k", f"must be {bound}")
     weights = {
         "hybrid.vector_weight": weight("hybrid.vector_weight", q.vector_weight, 1.0),
         "hybrid.keyword_weight": weight("hybrid.keyword_weight", q.keyword_weight, 1.0),
@@ -254,7 +256,7 @@ def check_hybrid(q: SearchQuery) -> Hybrid:
     for name, w in weights.items():
         # (fused scores are float32: a smaller share, or rrf_k past MAX_RRF_K, rounds to 0 and
         # drops every row as if it were in neither ranking)
-        if 0 < w < MIN_HYBRID_WEIGHT:
+        if reciprocal and 0 < w < MIN_HYBRID_WEIGHT:
             raise InvalidArgument(name, f"must be 0 or at least {MIN_HYBRID_WEIGHT:g}")
     if not any(weights.values()):
         raise InvalidArgument("hybrid.keyword_weight", "vector_weight and keyword_weight cannot both be 0")

@@ -208,7 +208,8 @@ class Searcher:
             hybrid = Hybrid(q.text, q.rrf_k, 0.0, 1.0)
         keyword_only = hybrid is not None
         if hybrid is None and (q.hybrid or (checked.strategy == FUSED and q.text)):
-            hybrid = check_hybrid(q)  # the fused strategy matches the text's keywords unasked
+            # (the fused strategy matches the text's keywords unasked)
+            hybrid = check_hybrid(q, reciprocal=checked.strategy != FUSED)
         with self.turns.take(wanted):
             # Ranked at the time it runs, not the time it queued.
             now = self.source.clock() if checked.as_of is None else checked.as_of

@@ -2347,12 +2347,13 @@ type HybridOptions struct {
 
 	// enabled turns hybrid search on (query_text is then required).
 	Enabled bool `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
-	// rrf_k is the fusion constant; default 60, in [0, 1e6].
+	// rrf_k is the fusion constant; default 60, >= 0 (at most 1e6 where reciprocal rank fusion is
+	// used).
 	RrfK *float64 `protobuf:"fixed64,2,opt,name=rrf_k,json=rrfK,proto3,oneof" json:"rrf_k,omitempty"`
-	// vector_weight weighs the vector (combined score) ranking; default 1, 0 or in [1e-6, 1e6]
-	// (not 0 with keyword_weight 0).
+	// vector_weight weighs the vector (combined score) ranking; default 1, in [0, 1e6], not 0 with
+	// keyword_weight 0 (and with reciprocal rank fusion 0 or at least 1e-6).
 	VectorWeight *float64 `protobuf:"fixed64,3,opt,name=vector_weight,json=vectorWeight,proto3,oneof" json:"vector_weight,omitempty"`
-	// keyword_weight weighs the keyword ranking; default 1, 0 or in [1e-6, 1e6].
+	// keyword_weight weighs the keyword ranking; default 1, as vector_weight.
 	KeywordWeight *float64 `protobuf:"fixed64,4,opt,name=keyword_weight,json=keywordWeight,proto3,oneof" json:"keyword_weight,omitempty"`
 }
 
