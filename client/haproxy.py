@@ -75,9 +75,7 @@ def set_route(admin_socket: str | Path, map_file: str | Path, scope: str, shard:
     the running HAProxy (its runtime API, one command: there is no moment without a route). The
     file first: a running HAProxy never routes a scope where a restart would not."""
     backend = backend_of(shard)
-    shown = _runtime(admin_socket, f"show map {map_file}")
-    if shown.startswith("Unknown map"):
-        raise RuntimeError(f"HAProxy has no map {map_file}: {shown.strip()}")
+    shown = _shown_map(admin_socket, map_file)
     path = Path(map_file)
     lines = [ln for ln in path.read_text().splitlines() if ln.split()[:1] != [scope]] if path.exists() else []
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
@@ -86,7 +84,7 @@ def set_route(admin_socket: str | Path, map_file: str | Path, scope: str, shard:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    verb = "set" if any(line.split()[1:2] == [scope] for line in shown.splitlines()) else "add"
+    verb = "set" if scope in shown else "add"
     answer = _runtime(admin_socket, f"{verb} map {map_file} {scope} {backend}").strip()
     if answer:
         raise RuntimeError(f"HAProxy refused '{verb} map {map_file} {scope} {backend}': {answer}")
@@ -105,14 +103,16 @@ def filed_shard(map_file: str | Path, scope: str) -> str | None:
 def pinned_shard(admin_socket: str | Path, map_file: str | Path, scope: str) -> str | None:
     """The shard the running HAProxy's map pins ``scope`` to (None: not pinned, so placed by
     consistent hashing)."""
+    backend = _shown_map(admin_socket, map_file).get(scope)
+    return None if backend is None else backend.removeprefix(backend_of(""))
+
+
+def _shown_map(admin_socket: str | Path, map_file: str | Path) -> dict[str, str]:
+    """The running HAProxy's map: key -> value (``show map`` lines are "<entry> <key> <value>")."""
     shown = _runtime(admin_socket, f"show map {map_file}")
     if shown.startswith("Unknown map"):
         raise RuntimeError(f"HAProxy has no map {map_file}: {shown.strip()}")
-    for line in shown.splitlines():
-        fields = line.split()
-        if fields[1:2] == [scope] and len(fields) > 2:
-            return fields[2].removeprefix(backend_of(""))
-    return None
+    return {f[1]: f[2] for f in (line.split() for line in shown.splitlines()) if len(f) > 2}
 
 
 def shard_address(admin_socket: str | Path, shard: str) -> tuple[str, int]:

@@ -465,9 +465,10 @@ def set_scope_routing_request(
     if not isinstance(routing, int) or isinstance(routing, bool):
         name = str(routing).upper().removeprefix("SCOPE_ROUTING_")
         name = "UNSPECIFIED" if name == "SERVING" else name
-        if name not in ("UNSPECIFIED", "FENCED", "MOVED", "RECEIVING"):
+        try:
+            value = pb.ScopeRouting.Value("SCOPE_ROUTING_" + name)
+        except ValueError:
             raise ValueError(
                 f"routing must be serving, fenced, moved or receiving (or an enum value), not {routing!r}"
-            )
-        value = pb.ScopeRouting.Value("SCOPE_ROUTING_" + name)
+            ) from None
     return pb.SetScopeRoutingRequest(scope=scope, routing=value, moved_to=moved_to, purge=purge)  # type: ignore[arg-type]

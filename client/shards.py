@@ -278,9 +278,11 @@ def _still_this_move(
 
 
 def _state_name(state: int) -> str:
-    names = {pb.SCOPE_ROUTING_UNSPECIFIED: "serving", pb.SCOPE_ROUTING_FENCED: "fenced"}
-    names |= {pb.SCOPE_ROUTING_MOVED: "moved", pb.SCOPE_ROUTING_RECEIVING: "receiving"}
-    return names.get(state, f"state {state}")  # type: ignore[call-overload]
+    """The name of a routing state: "serving" for UNSPECIFIED, else the proto's ("fenced", ...)."""
+    if state == pb.SCOPE_ROUTING_UNSPECIFIED:
+        return "serving"
+    known = state in pb.ScopeRouting.values()
+    return pb.ScopeRouting.Name(state).removeprefix("SCOPE_ROUTING_").lower() if known else f"state {state}"
 
 
 def _drop_copy(target: MemoryClient, scope: str, route: list[tuple[str, str]]) -> int:

@@ -393,12 +393,17 @@ class _StrictServer(MCPServer):
             tool.input_schema = {**tool.input_schema, "additionalProperties": False}
         return listed
 
+    _takes: dict[str, set[str]] | None = None  # tool -> its arguments (tools are added before serving)
+
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> Any:
-        schema = next((t.input_schema for t in await super().list_tools() if t.name == name), None)
-        if schema is not None:
-            takes = set(schema.get("properties", {}))
+        if self._takes is None or name not in self._takes:
+            self._takes = {
+                t.name: set(t.input_schema.get("properties", {})) for t in await super().list_tools()
+            }
+        takes = self._takes.get(name)
+        if takes is not None:
             unknown = sorted(set(arguments) - takes)
             if unknown:
                 raise ToolError(

@@ -202,9 +202,7 @@ def set_scope_routing(
     """Set the routing state of top-level ``scope`` (durable when it returns); ``drain`` then waits
     for the scope's writes in flight (the transport's); with ``purge`` (MOVED only) delete its
     memories and graph facts, children included: (state, memories purged)."""
-    check.namespace("scope", scope)
-    if "/" in scope:
-        raise InvalidArgument("scope", f"{scope!r} is not a top-level scope (it has a '/')")
+    _check_top_scope(scope)
     if state not in (SERVING, FENCED, MOVED, RECEIVING):
         raise InvalidArgument("routing", f"unknown routing state {state}")
     check.text("moved_to", moved_to, 256)
@@ -231,7 +229,11 @@ def set_scope_routing(
 
 def get_scope_routing(st: EngineState, scope: str) -> tuple[int, str]:
     """The routing state of top-level ``scope`` and what it was set with (SERVING, "" when none)."""
+    _check_top_scope(scope)
+    return st.routing.get(scope, (SERVING, ""))
+
+
+def _check_top_scope(scope: str) -> None:
     check.namespace("scope", scope)
     if "/" in scope:
         raise InvalidArgument("scope", f"{scope!r} is not a top-level scope (it has a '/')")
-    return st.routing.get(scope, (SERVING, ""))
