@@ -163,6 +163,35 @@ def test_a_hierarchical_summary_condenses_level_by_level_until_it_fits(
         assert s.importance == pytest.approx(0.9)
 
 
+@pytest.mark.parametrize("strategy", ["rolling", "hierarchical"])
+def test_a_kept_summary_of_over_1000_memories_names_every_one_it_quotes(
+    server_factory: Callable[..., RunningServer], strategy: str
+) -> None:
+    """Past 1,000 memories the summary names every one it quotes (an old, important one here), then
+    the newest of the others, 1,000 in all."""
+    ns = f"sources:{strategy}"
+    with _client(server_factory()) as c:
+        c.update_namespace_config(
+            ns,
+            auto_summarize=True,
+            summary_strategy=strategy,
+            summary_token_threshold=9500,  # due only with the second batch: one summary of all 1,200
+            summary_max_tokens=30,
+        )
+        ids: list[str] = []
+        for lo, hi in ((0, 1000), (1000, 1200)):
+            batch = [
+                {"namespace": ns, "content": event(i), "token_cost": 8, "importance": 1.0 if i == 5 else 0.1}
+                for i in range(lo, hi)
+            ]
+            ids += [m.id for m in c.create_batch(batch)]
+        s = wait_for_summary(c, ns)
+        assert first(5) in s.content
+        assert len(s.source_memory_ids) == 1000
+        assert set(s.source_memory_ids) == {ids[5], *ids[201:]}
+        assert list(s.source_memory_ids) == [ids[5], *ids[201:]]  # in time order
+
+
 def test_working_memory_is_flushed_to_episodic_past_32000_tokens(
     server_factory: Callable[..., RunningServer],
 ) -> None:

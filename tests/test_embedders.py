@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -26,6 +27,7 @@ from tiermem.client import (
     TiermemError,
     UnavailableError,
 )
+from tiermem.client.errors import from_rpc_error
 from tiermem.server.embedding.breaker import CircuitBreaker
 from tiermem.server.embedding.hashing import HashEmbedder
 from tiermem.server.embedding.providers import EmbedderError, OpenAIEmbedder
@@ -527,6 +529,45 @@ def test_a_text_search_with_the_endpoint_down_falls_back_to_keywords_and_says_so
         )
         assert [r.keyword_only for r in both.responses] == [True, False]  # a vector query never falls back
         assert both.responses[0].results[0].memory.id == target.id
+
+
+def test_bad_hybrid_options_are_refused_whether_or_not_the_embedder_answers(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """The keyword-only fallback does not skip the hybrid checks: the same bad options get the same
+    INVALID_ARGUMENT with the endpoint up and down, and a text search that asked no hybrid still falls
+    back whatever rrf_k it carries (it is not used)."""
+    bad = [
+        (pb.HybridOptions(enabled=True, rrf_k=-1.0), pb.SEARCH_STRATEGY_SIMILARITY, "hybrid.rrf_k"),
+        (pb.HybridOptions(enabled=True, rrf_k=math.nan), pb.SEARCH_STRATEGY_SIMILARITY, "hybrid.rrf_k"),
+        (pb.HybridOptions(enabled=True, rrf_k=1e12), pb.SEARCH_STRATEGY_SIMILARITY, "hybrid.rrf_k"),
+        (
+            pb.HybridOptions(enabled=True, vector_weight=0.0, keyword_weight=0.0),
+            pb.SEARCH_STRATEGY_UNSPECIFIED,
+            "hybrid.keyword_weight",
+        ),
+        (pb.HybridOptions(rrf_k=-1.0), pb.SEARCH_STRATEGY_UNSPECIFIED, "hybrid.rrf_k"),  # fused: always
+    ]
+    with _client(http_server()) as c:
+        target = c.create("ns", "the XJ-42 incident report")
+        for failing in (False, True):
+            endpoint.failing = failing
+            for options, strategy, field in bad:
+                request = pb.SearchMemoriesRequest(
+                    namespaces=["ns"], query_text="XJ-42 incident", hybrid=options, strategy=strategy
+                )
+                with pytest.raises(grpc.RpcError) as e:
+                    c.stub.SearchMemories(request, timeout=30)
+                err = from_rpc_error(e.value)
+                assert isinstance(err, InvalidArgumentError) and err.fields == [field], (failing, options)
+        unused = pb.SearchMemoriesRequest(
+            namespaces=["ns"],
+            query_text="XJ-42 incident",
+            hybrid=pb.HybridOptions(rrf_k=1e12),
+            strategy=pb.SEARCH_STRATEGY_SIMILARITY,
+        )
+        resp = c.stub.SearchMemories(unused, timeout=30)
+        assert resp.keyword_only and [r.memory.id for r in resp.results] == [target.id]
 
 
 def test_a_tenant_key_names_the_servers_embedder_model_once_the_server_embedded(

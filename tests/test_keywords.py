@@ -166,6 +166,21 @@ def test_terms_drop_stop_words_and_meet_by_stem() -> None:
     assert terms["berlin"] == 1
 
 
+def test_terms_are_case_folded_not_only_lower_cased() -> None:
+    assert keyword_terms("STRASSE") == keyword_terms("Straße") == keyword_terms("strasse")
+    assert keyword_terms("ΣΟΦΟΣ") == keyword_terms("σοφος") == keyword_terms("σοφοσ")
+
+
+def test_a_snapshot_of_another_tokenizer_is_refused() -> None:
+    index = KeywordIndex()
+    index.add(0, 0, "Die Straße am Fluss")
+    state = index.state()
+    assert set(_search(KeywordIndex.restore(state), "STRASSE", np.ones(1, np.bool_))) == {0}
+    for older in ({k: v for k, v in state.items() if k != "tokenizer"}, {**state, "tokenizer": "lower"}):
+        with pytest.raises(ValueError, match="tokenizer"):
+            KeywordIndex.restore(older)
+
+
 def _search_in(index: KeywordIndex, namespaces: list[int], text: str, alive: np.ndarray) -> dict[int, float]:
     rows, scores, _ = bm25(index, namespaces, text, alive, 10**6)
     return dict(zip(rows.tolist(), scores.tolist(), strict=True))

@@ -8,6 +8,7 @@ import contextlib
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,39 @@ def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
         assert rc.promote_replica().memory_count == 1001
         assert rc.stats("team:second").memory_count == 0
     replica.stop(0)
+
+
+def test_a_backlog_is_packed_a_part_at_a_time_as_the_replica_takes_it(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A replica far behind gets its backlog in parts packed as it takes them: the leader never
+    holds the whole backlog (here 24 parts) in memory at once."""
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        lc.create("user:ana", "before the backlog")
+        engine = leader.engine
+        after = engine.committed_seq
+        text = "a long note about the deploy " * 40  # (about 1.2 KB a memory)
+        for b in range(12):
+            lc.create_batch([{"namespace": "team:log", "content": f"{b}-{j} {text}"} for j in range(1000)])
+    parts: list[tuple[int, int]] = []
+    tracemalloc.start()
+    try:
+        feed = engine.replication_feed(engine.instance_id, after, lambda: not parts or parts[-1][0] == 0)
+        for seq, start, payload in feed:
+            assert not start
+            parts.append((seq, len(payload)))
+            if seq:
+                break
+        feed.close()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    total = sum(size for _, size in parts)
+    print(f"\n{len(parts)} parts, {total / 2**20:.1f} MiB packed, peak {peak / 2**20:.1f} MiB while feeding")
+    assert len(parts) >= 20 and parts[-1][0] == engine.committed_seq
+    assert all(seq == 0 for seq, _ in parts[:-1])
+    assert peak < total / 3
 
 
 def test_a_replica_without_a_complete_copy_cannot_be_promoted(

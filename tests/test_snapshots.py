@@ -195,6 +195,44 @@ def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path: Path) -> None:
     e.close()
 
 
+def test_keyword_postings_of_an_earlier_tokenizer_are_rebuilt_at_start_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A columns snapshot whose keyword terms were lower-cased (versions before case folding) is
+    not mixed with case-folded ones: start-up reads every record again, and keywords match."""
+    data = tmp_path / "data"
+    clock = FakeClock()
+    rng = np.random.default_rng(8)
+    e = _engine(data, clock)
+    street = e.create(
+        [NewMemory(namespace="a", content="Die Straße am Fluss", embedding=_vec(rng), embedding_model=MODEL)]
+    )[0]
+    e.create([_mem(rng, i, "a") for i in range(20)], batch=True)
+    instance = e.store.instance
+    e.close()
+    state, seq = snapshots.load_columns(data / "indexes", instance) or pytest.fail("no snapshot")
+    del state["keywords"]["tokenizer"]  # (as written before case folding)
+    snapshots.save_columns(data / "indexes", state, seq, instance)
+    with caplog.at_level(logging.WARNING):
+        e = _engine(data, clock)
+    assert any("tokenizer" in r.getMessage() for r in caplog.records)
+    assert len(e.columns) == 21
+    hits = e.search(
+        SearchQuery(
+            namespaces=["a"],
+            text="STRASSE",
+            embedding=_vec(rng),
+            embedding_model=MODEL,
+            hybrid=True,
+            strategy=SIMILARITY,
+            limit=3,
+            read_only=True,
+        )
+    )
+    assert [h.record.id for h in hits if h.keyword_rank] == [street.id]
+    e.close()
+
+
 def _blake2b_of_parts(raw: bytes) -> str:
     """An index file's checksum as versions before XXH3 wrote it: BLAKE2b (128 bits) of each 16 MiB
     part, then of their digests."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tiermem.server.model import validation as check
+from tiermem.server.model.condense import sources
 from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences
 from tiermem.server.model.types import Filter
 
@@ -55,13 +56,4 @@ def build_summary(
     order = sorted(range(n), key=lambda i: -(0.7 * recs[i].importance + 0.3 * (i + 1) / n))
     chosen = fitting_sentences([r.content for r in recs], order, max_tokens)
     text = " ".join(first_sentence(recs[i].content) for i in sorted(chosen))
-    return Summary(text, [recs[i].id for i in _covered(n, chosen)], estimate_tokens(text))
-
-
-def _covered(n: int, quoted: list[int]) -> list[int]:
-    """The memories a summary names as its sources, in time order: every one it quotes, then the
-    newest of the others, MAX_SOURCE_IDS in all."""
-    picked = sorted(quoted, reverse=True)[:MAX_SOURCE_IDS]
-    skip = set(picked)
-    rest = [i for i in range(n - 1, -1, -1) if i not in skip][: MAX_SOURCE_IDS - len(picked)]
-    return sorted(picked + rest)
+    return Summary(text, [recs[i].id for i in sources(n, chosen, MAX_SOURCE_IDS)], estimate_tokens(text))

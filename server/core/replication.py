@@ -64,17 +64,21 @@ def feed(
         while wanted():
             with st.store.read() as txn:
                 seq = st.store.committed_seq(txn)
-                batches = None if seq == after else _changes_since(st, txn, after, seq)
-            if batches is None:
+                if seq != after:
+                    # (packed one part at a time as the replica takes them, from one read
+                    # transaction, like a full copy: a long backlog is never whole in memory)
+                    yield from _changes_since(st, txn, after, seq)
+            if seq == after:
                 time.sleep(POLL_SECONDS)
                 continue
-            yield from batches
             after = st.feed_floors[token] = seq
     finally:
         st.feed_floors.pop(token, None)
 
 
-def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> list[tuple[int, bool, bytes]]:
+def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Iterator[tuple[int, bool, bytes]]:
+    """The batches that bring a replica from commit ``after`` to ``seq``, the last one carrying
+    ``seq``; FailedPrecondition, before any batch, when the commit log no longer reaches back."""
     settings, rids, graph = False, set(), set()
     for s in range(after + 1, seq + 1):
         entry = st.store.commit_log_entry(txn, s)
@@ -85,15 +89,13 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> list[tupl
         graph.update(entry[2])
     ordered = sorted(rids)
     parts = [ordered[i : i + BATCH_RECORDS] for i in range(0, len(ordered), BATCH_RECORDS)] or [[]]
-    out = []
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         batch = _records(st, txn, part)
         if last:
             batch.update(_settings(st, txn) if settings else {})
             batch["graph"] = [[ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)]
-        out.append((seq if last else 0, False, _pack(st, txn, batch)))
-    return out
+        yield seq if last else 0, False, _pack(st, txn, batch)
 
 
 def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, bytes], None, int]:

@@ -24,7 +24,7 @@ from tiermem.server.config import SUMMARY_STRATEGIES
 from tiermem.server.core.create import SummaryCovers, create_detailed, scope_progress
 from tiermem.server.core.evictions import EVICTION_SUMMARY_KIND
 from tiermem.server.core.state import EngineState
-from tiermem.server.model.condense import Piece, hierarchical, rolling, sentences
+from tiermem.server.model.condense import Piece, hierarchical, rolling, sentences, sources
 from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.text import estimate_tokens
@@ -88,16 +88,18 @@ def _keep(st: EngineState, namespace: str) -> bool:
         return False
     previous, recs, covers = got
     pieces = [Piece(r.content, r.importance) for r in recs]
+    earlier: list[Piece] = []
     if previous is not None:
         # The previous summary's sentences rank oldest, as important as the new memories on
         # average: an important memory once summarized does not keep every later one out.
         usual = sum(p.importance for p in pieces) / len(pieces)
-        pieces = [Piece(s, usual) for s in sentences(previous.content)] + pieces
+        earlier = [Piece(s, usual) for s in sentences(previous.content)]
     budget = min(policy.summary_max_tokens, st.config.max_content_bytes // 4 - 1)
     if policy.summary_strategy == HIERARCHICAL:
-        text, _ = hierarchical(pieces, budget)
+        text, _, quoted = hierarchical(earlier + pieces, budget)
     else:
-        text = rolling(pieces, budget)
+        text, quoted = rolling(earlier + pieces, budget)
+    named = sources(len(recs), [i - len(earlier) for i in quoted if i >= len(earlier)], MAX_SOURCE_IDS)
     condensed = sum(r.token_cost for r in recs) + (previous.token_cost if previous is not None else 0)
     summary = NewMemory(
         namespace=namespace,
@@ -105,7 +107,7 @@ def _keep(st: EngineState, namespace: str) -> bool:
         kind=SUMMARY_KIND,
         importance=max(r.importance for r in recs),
         source=SUMMARIZER_SOURCE,
-        source_ids=[r.id for r in recs][-MAX_SOURCE_IDS:],
+        source_ids=[recs[i].id for i in named],
     )
     create_detailed(st, [summary], allow_duplicates=True, confirm=True, summary_covers=covers)
     st.summaries.stored(namespace, max(0, condensed - estimate_tokens(text)))

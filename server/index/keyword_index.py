@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tiermem.kernels import keywords as kernels
-from tiermem.server.model.text import keyword_terms, keyword_terms_and_length
+from tiermem.server.model.text import TOKENIZER, keyword_terms, keyword_terms_and_length
 
 
 def _segment(
@@ -398,6 +398,7 @@ class KeywordIndex:
             d.lens[:n].copy(),
         )
         return {
+            "tokenizer": TOKENIZER,
             "keys": list(self._key_ids),
             "segments": [seg.arrays for seg in segments],
             "delta": delta,  # keys per posting, unsorted (starts unused)
@@ -414,6 +415,10 @@ class KeywordIndex:
 
     @classmethod
     def restore(cls, state: dict[str, Any]) -> KeywordIndex:
+        """The index a ``state`` saved; ValueError when its terms were read by another tokenizer
+        (the caller then rebuilds the postings from the records)."""
+        if state.get("tokenizer", "lower+snowball-english") != TOKENIZER:
+            raise ValueError(f"keyword postings of tokenizer {state.get('tokenizer')!r}, not {TOKENIZER!r}")
         index = cls()
         index._key_ids = {(int(ns), term): i for i, (ns, term) in enumerate(state["keys"])}
         index._gen = np.array(state["row_gen"], np.int32)

@@ -151,8 +151,13 @@ STOP_WORDS = frozenset(
 _stemmers = threading.local()  # a Stemmer object is not safe to share between threads
 
 
+# How keyword_terms reads text: postings saved by another version are rebuilt, not mixed.
+TOKENIZER = "casefold+snowball-english"
+
+
 def keyword_terms(text: str) -> Counter[str]:
-    """The terms of ``text`` with their counts: lower-cased words, stop words out, stemmed."""
+    """The terms of ``text`` with their counts: case-folded words (so "STRASSE" matches "Straße"),
+    stop words out, stemmed."""
     return keyword_terms_and_length(text)[0]
 
 
@@ -161,7 +166,7 @@ def keyword_terms_and_length(text: str) -> tuple[Counter[str], int]:
     stemmer = getattr(_stemmers, "english", None)
     if stemmer is None:
         stemmer = _stemmers.english = Stemmer.Stemmer("english")
-    every = _WORD.findall(text.lower())
+    every = _WORD.findall(text.casefold())
     words = [w for w in every if w not in STOP_WORDS and len(w) < 100]
     return Counter(stemmer.stemWords(words)), len(every)
 

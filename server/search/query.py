@@ -2,7 +2,7 @@
 checks that turn a query into the resolved parameters of its ranking (``RankingParams``).
 
 Checks run in a fixed order (filter, namespaces, limit, strategy, weights, tau, min_similarity, tier
-and scope weights, as_of, query text; then the query vector, then hybrid settings): the first failing one names
+and scope weights, as_of, query text; then hybrid settings, then the query vector): the first failing one names
 the field in the error.
 """
 
@@ -40,6 +40,7 @@ DEFAULT_TIER_WEIGHTS = {1: 1.0, 2: 0.85, 3: 0.7, 4: 0.55}
 DEFAULT_SCOPE_WEIGHTS = (1.0, 0.8, 0.6, 0.4)  # the namespace itself, its parent, grandparent, ...
 MAX_NAMESPACES = 64  # namespaces one search may name
 MAX_SCOPE_WEIGHTS = 128  # a namespace of 256 characters has at most 128 levels
+DEFAULT_RRF_K = 60.0  # reciprocal rank fusion's k where a request names none (the usual choice)
 
 
 @dataclass
@@ -62,7 +63,7 @@ class SearchQuery:
     scope_weights: list[float] = field(default_factory=list)
     read_only: bool = False
     hybrid: bool = False  # fuse with keyword (BM25) ranking of query_text
-    rrf_k: float = 60.0
+    rrf_k: float = DEFAULT_RRF_K
     vector_weight: float = 1.0
     keyword_weight: float = 1.0
 

@@ -38,6 +38,7 @@ from tiermem.server.search.keywords import KeywordScores, bm25, fuse, keyword_pa
 from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import (
     COMPREHENSIVE,
+    DEFAULT_RRF_K,
     FAST_FIRST,
     FUSED,
     IMPORTANCE,
@@ -197,6 +198,11 @@ class Searcher:
         False (the caller's deadline passed while it waited, or it went away) skips the ranking."""
         checked = check_query(q, self.source.config, self.source.check_filter)
         hybrid = None
+        if q.hybrid or (checked.strategy == FUSED and q.text):
+            # (the fused strategy matches the text's keywords unasked; checked before embedding, so
+            # that bad hybrid options are refused whether or not the embedder answers)
+            hybrid = check_hybrid(q, reciprocal=checked.strategy != FUSED)
+        keyword_only = False
         try:
             query, sp = query_vector(q, self.source, needed=checked.alpha > 0 or q.min_similarity is not None)
         except EmbedderError as e:
@@ -204,12 +210,9 @@ class Searcher:
                 raise
             # The embedder is down: memories stay findable by keyword, and the answer says so.
             logger.warning("embedder failed, searching by keyword only: %s", e)
-            query, sp = None, None
-            hybrid = Hybrid(q.text, q.rrf_k, 0.0, 1.0)
-        keyword_only = hybrid is not None
-        if hybrid is None and (q.hybrid or (checked.strategy == FUSED and q.text)):
-            # (the fused strategy matches the text's keywords unasked)
-            hybrid = check_hybrid(q, reciprocal=checked.strategy != FUSED)
+            query, sp, keyword_only = None, None, True
+            rrf_k = hybrid.rrf_k if hybrid is not None and checked.strategy != FUSED else DEFAULT_RRF_K
+            hybrid = Hybrid(q.text, rrf_k, 0.0, 1.0)
         with self.turns.take(wanted):
             # Ranked at the time it runs, not the time it queued.
             now = self.source.clock() if checked.as_of is None else checked.as_of

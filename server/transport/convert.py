@@ -26,7 +26,7 @@ from tiermem.server.model.reports import (
 from tiermem.server.model.types import FeedbackItem, Filter
 from tiermem.server.model.validation import EARLIEST_TIME, LATEST_TIMESTAMP
 from tiermem.server.model.validation import new_memory as check_new_memory
-from tiermem.server.search.query import FUSED, SearchHit, SearchQuery
+from tiermem.server.search.query import DEFAULT_RRF_K, FUSED, SearchHit, SearchQuery
 from tiermem.v1 import memory_pb2 as pb
 
 _INT32_MAX = 2**31 - 1
@@ -165,7 +165,7 @@ def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:
         scope_weights=list(r.scope_weights),
         read_only=r.read_only,
         hybrid=r.hybrid.enabled,
-        rrf_k=r.hybrid.rrf_k if r.hybrid.HasField("rrf_k") else 60.0,
+        rrf_k=r.hybrid.rrf_k if r.hybrid.HasField("rrf_k") else DEFAULT_RRF_K,
         vector_weight=r.hybrid.vector_weight if r.hybrid.HasField("vector_weight") else 1.0,
         keyword_weight=r.hybrid.keyword_weight if r.hybrid.HasField("keyword_weight") else 1.0,
     )
