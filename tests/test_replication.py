@@ -125,10 +125,14 @@ class _SlowLink:
 
 
 def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
-    server_factory: Callable[..., RunningServer], tmp_path: Path
+    server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A backlog of more memories than a batch carries comes in parts; the replica stores them
-    together, so no reader sees, and no promotion keeps, a part of an all-or-none batch."""
+    together, so no reader sees, and no promotion keeps, a part of an all-or-none batch. (The
+    replica keeps the parts in a temporary file here: past 1 KiB.)"""
+    from tiermem.server.core import replication
+
+    monkeypatch.setattr(replication, "SPOOL_MEMORY_BYTES", 1024)
     leader = server_factory(tmp_path / "leader", replication=True)
     link = _SlowLink(leader.port, 256 * 1024)  # (the 1,000 memories and vectors: about 7 s of it)
     replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{link.port}")
@@ -181,6 +185,21 @@ def test_a_backlog_is_packed_a_part_at_a_time_as_the_replica_takes_it(
     assert len(parts) >= 20 and parts[-1][0] == engine.committed_seq
     assert all(seq == 0 for seq, _ in parts[:-1])
     assert peak < total / 3
+
+
+def test_parts_of_a_backlog_past_their_memory_go_to_a_file_and_read_back_every_time(tmp_path: Path) -> None:
+    from tiermem.server.core.replication import Parts
+
+    payloads = [bytes([i]) * (300 + i) for i in range(5)]
+    parts = Parts(tmp_path, memory_bytes=1000)
+    for p in payloads[:3]:
+        parts.add(p)
+    assert not parts.on_disk and list(parts) == payloads[:3]
+    for p in payloads[3:]:
+        parts.add(p)
+    assert parts.on_disk
+    assert list(parts) == payloads and list(parts) == payloads  # (a retried write reads them again)
+    parts.close()
 
 
 def test_a_replica_without_a_complete_copy_cannot_be_promoted(

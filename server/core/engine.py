@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any
@@ -186,7 +186,12 @@ class Engine:
     def replica_position(self) -> tuple[str, int]:
         return replication.position(self.state)
 
-    def store_replica_batch(self, instance: str, seq: int, start: bool, payloads: list[bytes]) -> None:
+    def replica_parts(self) -> replication.Parts:
+        """Where a replica keeps the parts of a split backlog until its last one (a temporary file
+        in the data directory past a few MiB)."""
+        return replication.Parts(self.state.config.data_dir)
+
+    def store_replica_batch(self, instance: str, seq: int, start: bool, payloads: Iterable[bytes]) -> None:
         if not self.state.replica:
             raise FailedPrecondition("this server was promoted: it follows no leader", "NOT_A_REPLICA")
         replication.store_batch(self.state, instance, seq, start, payloads)

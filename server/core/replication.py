@@ -16,8 +16,11 @@ Encoding: msgpack maps, ``{"v": 1, ...}``; fields an older replica does not know
 
 from __future__ import annotations
 
+import io
+import tempfile
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -35,6 +38,7 @@ PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:
 BATCH_RECORDS = 512  # memories a batch carries at most (a backlog is split)
 BATCH_GRAPH = 2048  # graph items a batch of a full copy carries at most
 POLL_SECONDS = 0.01  # how often the feed looks for new commits
+SPOOL_MEMORY_BYTES = 16 << 20  # a replica's parts of a backlog past this go to a temporary file
 
 
 # -- the leader's side --------------------------------------------------------------------------
@@ -167,20 +171,50 @@ def position(st: EngineState) -> tuple[str, int]:
         return st.store.replica_position(txn)
 
 
-def store_batch(st: EngineState, instance: str, seq: int, start: bool, payloads: list[bytes]) -> None:
+class Parts:
+    """The parts of a split backlog until its last one arrives: in memory up to ``memory_bytes``,
+    then in an unnamed temporary file in ``directory``, so that a replica far behind never holds its
+    whole backlog in memory. Iterating reads them from the first each time (a write retried by the
+    writer reads them again)."""
+
+    def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
+        limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
+        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=directory)
+        self.count = 0
+
+    @property
+    def on_disk(self) -> bool:
+        return bool(self._file._rolled)
+
+    def add(self, payload: bytes) -> None:
+        self._file.seek(0, io.SEEK_END)
+        self._file.write(len(payload).to_bytes(8, "little"))
+        self._file.write(payload)
+        self.count += 1
+
+    def __iter__(self) -> Iterator[bytes]:
+        self._file.seek(0)
+        for _ in range(self.count):
+            yield self._file.read(int.from_bytes(self._file.read(8), "little"))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def store_batch(st: EngineState, instance: str, seq: int, start: bool, payloads: Iterable[bytes]) -> None:
     """Store batches (durably, in one commit) and bring the columns and indexes in line: the parts
-    of one split backlog together, so that no reader and no promotion sees a part of a commit."""
-    batches = [msgpack.unpackb(p, raw=False, strict_map_key=False) for p in payloads]
-    for batch in batches:
-        if batch.get("v", 0) > FORMAT:
-            raise FailedPrecondition(
-                f"the leader sends batches of format {batch['v']}: upgrade this replica", "FORMAT"
-            )
+    of one split backlog together, so that no reader and no promotion sees a part of a commit.
+    ``payloads`` is read once per attempt, a batch at a time (a list, or ``Parts``)."""
 
     def prepare(txn: Txn) -> tuple[list[int], bool]:
         touched = _wipe(st, txn) if start else []
         settings = False
-        for batch in batches:
+        for payload in payloads:
+            batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            if batch.get("v", 0) > FORMAT:  # (nothing of the commit is stored)
+                raise FailedPrecondition(
+                    f"the leader sends batches of format {batch['v']}: upgrade this replica", "FORMAT"
+                )
             touched += _store_batch(st, txn, batch)
             settings = settings or "configs" in batch
         if seq or start:

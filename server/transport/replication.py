@@ -186,26 +186,28 @@ class ReplicaFollower:
             if self._stop.is_set():
                 call.cancel()
             self._call = call
-        parts: list[bytes] = []  # of a split backlog, stored with its last part at once
+        parts = self.engine.replica_parts()  # of a split backlog, stored with its last part at once
         copying = False  # (a full copy's parts are stored as they come: reads wait for its end)
         try:
             for batch in call:
                 self.connected.set()
                 self.full_copies += batch.full_copy_start
                 copying = (copying or batch.full_copy_start) and not batch.seq
+                parts.add(batch.changes)
                 if not batch.seq and not copying:
-                    parts.append(batch.changes)
                     continue
-                self.engine.store_replica_batch(
-                    batch.instance_id, batch.seq, batch.full_copy_start, [*parts, batch.changes]
-                )
-                parts = []
+                try:
+                    self.engine.store_replica_batch(batch.instance_id, batch.seq, batch.full_copy_start, parts)
+                finally:
+                    parts.close()
+                    parts = self.engine.replica_parts()
                 if batch.seq:
                     self.applied = batch.seq
                     outbox.put(
                         pb.ReplicateChangesRequest(instance_id=batch.instance_id, applied_seq=batch.seq)
                     )
         finally:
+            parts.close()
             outbox.put(None)
             with self._lock:
                 self._call = None
