@@ -179,7 +179,7 @@ class Parts:
 
     def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
         limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
-        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=directory)
+        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=directory)  # noqa: SIM115 (closed by close())
         self.count = 0
 
     @property
