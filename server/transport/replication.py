@@ -197,7 +197,9 @@ class ReplicaFollower:
                 if not batch.seq and not copying:
                     continue
                 try:
-                    self.engine.store_replica_batch(batch.instance_id, batch.seq, batch.full_copy_start, parts)
+                    self.engine.store_replica_batch(
+                        batch.instance_id, batch.seq, batch.full_copy_start, parts
+                    )
                 finally:
                     parts.close()
                     parts = self.engine.replica_parts()
