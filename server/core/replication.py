@@ -179,12 +179,13 @@ class Parts:
 
     def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
         limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
-        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=directory)  # noqa: SIM115 (closed by close())
+        where = None if directory is None else str(directory)
+        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=where)  # noqa: SIM115 (see close)
         self.count = 0
 
     @property
     def on_disk(self) -> bool:
-        return bool(self._file._rolled)
+        return not isinstance(self._file._file, io.BytesIO)
 
     def add(self, payload: bytes) -> None:
         self._file.seek(0, io.SEEK_END)
