@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -265,3 +266,35 @@ def haproxy_or_skip(what: str) -> str:
             pytest.fail(f"TIERMEM_REQUIRE_HAPROXY=1 but haproxy is not installed, which {what} needs")
         pytest.skip(f"{what} needs haproxy (make proxy-toolchain)")
     return found
+
+
+class FreezingRelay:
+    """A TCP relay to ``port`` that, once ``arm`` is set and ``after`` more bytes came back from the
+    server, forwards nothing more either way and keeps its connections open: a network partition,
+    not a reset."""
+
+    def __init__(self, port: int, after: int) -> None:
+        self.port, self.after = port, after
+        self.arm, self.frozen = threading.Event(), threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            for a, b, back in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pipe, args=(a, b, back), daemon=True).start()
+
+    def _pipe(self, a: Any, b: Any, back: bool) -> None:
+        while data := a.recv(65536):
+            if back and self.arm.is_set():
+                self.after -= len(data)
+                if self.after < 0:
+                    self.frozen.set()
+            if self.frozen.is_set():
+                while a.recv(65536):  # (read and dropped: never forwarded)
+                    pass
+                return
+            b.sendall(data)

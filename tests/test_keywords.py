@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import unicodedata
 
 import numpy as np
 import pytest
@@ -169,6 +170,9 @@ def test_terms_drop_stop_words_and_meet_by_stem() -> None:
 def test_terms_are_case_folded_not_only_lower_cased() -> None:
     assert keyword_terms("STRASSE") == keyword_terms("Straße") == keyword_terms("strasse")
     assert keyword_terms("ΣΟΦΟΣ") == keyword_terms("σοφος") == keyword_terms("σοφοσ")
+    # Folding leaves a combining mark after some letters: the word stays whole, not split at it.
+    assert list(keyword_terms("ῥῆμα")) == ["ῥῆμα"] and list(keyword_terms("ǰob")) == ["ǰob"]
+    assert keyword_terms(unicodedata.normalize("NFD", "Café Straße")) == keyword_terms("café strasse")
 
 
 def test_a_snapshot_of_another_tokenizer_is_refused() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from conftest import FreezingRelay
 
 from tiermem.client import MemoryClient, TiermemError
 from tiermem.client.errors import from_rpc_error
@@ -154,11 +155,14 @@ def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
     replica.stop(0)
 
 
-def test_a_backlog_is_packed_a_part_at_a_time_as_the_replica_takes_it(
-    server_factory: Callable[..., RunningServer], tmp_path: Path
+def test_a_backlog_is_never_whole_in_the_leaders_memory(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A replica far behind gets its backlog in parts packed as it takes them: the leader never
-    holds the whole backlog (here 24 parts) in memory at once."""
+    """A replica far behind gets its backlog in parts, packed into a spool that goes to a file past
+    its memory (1 MiB here): the leader never holds the whole backlog (24 parts) in memory."""
+    from tiermem.server.core import replication
+
+    monkeypatch.setattr(replication, "SPOOL_MEMORY_BYTES", 1 << 20)
     leader = server_factory(tmp_path / "leader", replication=True)
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
         lc.create("user:ana", "before the backlog")
@@ -185,6 +189,64 @@ def test_a_backlog_is_packed_a_part_at_a_time_as_the_replica_takes_it(
     assert len(parts) >= 20 and parts[-1][0] == engine.committed_seq
     assert all(seq == 0 for seq, _ in parts[:-1])
     assert peak < total / 3
+
+
+def test_writes_go_on_while_a_replica_stops_reading(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A replica that stops reading its stream (a stalled peer, a partition) holds no read
+    transaction on the leader: the leader's writes go on, growing its map, which waits for every
+    open read transaction."""
+    from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+    leader = server_factory(tmp_path / "leader", replication=True, map_size=4 << 20)
+    with MemoryClient(f"127.0.0.1:{leader.port}", timeout=20) as lc:
+        lc.create("user:ana", "before the stall")
+        hold = threading.Event()
+
+        def requests() -> Iterator[pb.ReplicateChangesRequest]:
+            yield pb.ReplicateChangesRequest(
+                instance_id=leader.engine.instance_id, applied_seq=leader.engine.committed_seq
+            )
+            hold.wait()
+
+        with grpc.insecure_channel(f"127.0.0.1:{leader.port}") as channel:
+            call = pb_grpc.MemoryServiceStub(channel).ReplicateChanges(requests())  # (never read)
+            try:
+                text = "a note about the deploy " * 40
+                for b in range(40):  # (about 8 MiB of records and vectors: the map grows)
+                    lc.create_batch(
+                        [{"namespace": "team:log", "content": f"{b}-{j} {text}"} for j in range(100)]
+                    )
+                assert lc.stats("team:log").memory_count == 4000
+                assert leader.engine.state.store.map_size > 4 << 20
+            finally:
+                call.cancel()
+                hold.set()
+
+
+@pytest.mark.slow
+def test_the_feed_of_a_replica_cut_off_without_a_reset_ends_within_a_minute(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A partition leaves the replica's connection open: the leader's keepalive pings
+    (transport/process.py) find that it no longer answers, and its feed ends, freeing the commit
+    log it kept for it, where it waited for TCP to give up (about 15 minutes)."""
+    leader = server_factory(tmp_path / "leader", replication=True)
+    relay = FreezingRelay(leader.port, after=0)
+    server_factory(tmp_path / "replica", replica_of=relay.address)
+    feeds = leader.engine.state.feed_floors
+    with MemoryClient(f"127.0.0.1:{leader.port}", timeout=20) as lc:
+        lc.create("user:ana", "before the partition")
+        _eventually(lambda: len(feeds) == 1, timeout=30)
+        relay.arm.set()
+        text = "a note about the deploy " * 40
+        for b in range(10):  # (the first bytes back freeze the relay; the rest fill its windows)
+            lc.create_batch([{"namespace": "team:log", "content": f"{b}-{j} {text}"} for j in range(100)])
+        started = time.monotonic()
+        assert relay.frozen.is_set()
+        _eventually(lambda: not feeds, timeout=60)
+        print(f"\nthe feed ended {time.monotonic() - started:.1f} s after the partition")
 
 
 def test_parts_of_a_backlog_past_their_memory_go_to_a_file_and_read_back_every_time(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from conftest import FreezingRelay
 
 from tiermem.client import MemoryClient, TiermemError
 from tiermem.server.transport.app import RunningServer
@@ -479,44 +480,6 @@ def test_end_move_run_during_a_move_stops_its_switch_and_a_wrong_source_or_unpur
         assert [m.content for m in dst.list_memories("user:cy")] == ["cy likes tea"]
 
 
-class _FreezingRelay:
-    """A TCP relay to ``port`` that, once ``arm`` is set and ``after`` more bytes came back from the
-    server, forwards nothing more either way and keeps its connections open: a network partition,
-    not a reset."""
-
-    def __init__(self, port: int, after: int) -> None:
-        import socket
-        import threading
-
-        self.port, self.after = port, after
-        self.arm, self.frozen = threading.Event(), threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-
-        while True:
-            client, _ = self.listener.accept()
-            upstream = socket.create_connection(("127.0.0.1", self.port))
-            for a, b, back in ((client, upstream, False), (upstream, client, True)):
-                threading.Thread(target=self._pipe, args=(a, b, back), daemon=True).start()
-
-    def _pipe(self, a: Any, b: Any, back: bool) -> None:
-        while data := a.recv(65536):
-            if back and self.arm.is_set():
-                self.after -= len(data)
-                if self.after < 0:
-                    self.frozen.set()
-            if self.frozen.is_set():
-                while a.recv(65536):  # (read and dropped: never forwarded)
-                    pass
-                return
-            b.sendall(data)
-
-
 @pytest.mark.slow
 def test_a_move_whose_source_stops_answering_mid_export_fails_within_seconds(
     server_factory: Callable[..., RunningServer], tmp_path: Path
@@ -529,7 +492,7 @@ def test_a_move_whose_source_stops_answering_mid_export_fails_within_seconds(
     from tiermem.client.shards import move_scope
 
     a, b = server_factory(tmp_path / "a"), server_factory(tmp_path / "b")
-    relay = _FreezingRelay(a.port, after=300_000)
+    relay = FreezingRelay(a.port, after=300_000)
     with MemoryClient(relay.address, timeout=5) as src, MemoryClient(f"127.0.0.1:{b.port}", timeout=5) as dst:
         for k in range(4):
             src.create_batch(

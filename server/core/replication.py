@@ -38,7 +38,38 @@ PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:
 BATCH_RECORDS = 512  # memories a batch carries at most (a backlog is split)
 BATCH_GRAPH = 2048  # graph items a batch of a full copy carries at most
 POLL_SECONDS = 0.01  # how often the feed looks for new commits
-SPOOL_MEMORY_BYTES = 16 << 20  # a replica's parts of a backlog past this go to a temporary file
+SPOOL_MEMORY_BYTES = 16 << 20  # the parts of a backlog past this go to a temporary file
+
+
+class Parts:
+    """The packed parts of a backlog: in memory up to ``memory_bytes``, then in an unnamed
+    temporary file in ``directory``, so that neither side ever holds a long backlog whole in
+    memory (the leader between packing and sending them, a replica until the last one arrives).
+    Iterating reads them from the first each time (a write the writer retries reads them again)."""
+
+    def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
+        limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
+        where = None if directory is None else str(directory)
+        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=where)  # noqa: SIM115 (see close)
+        self.count = 0
+
+    @property
+    def on_disk(self) -> bool:
+        return not isinstance(self._file._file, io.BytesIO)
+
+    def add(self, payload: bytes) -> None:
+        self._file.seek(0, io.SEEK_END)
+        self._file.write(len(payload).to_bytes(8, "little"))
+        self._file.write(payload)
+        self.count += 1
+
+    def __iter__(self) -> Iterator[bytes]:
+        self._file.seek(0)
+        for _ in range(self.count):
+            yield self._file.read(int.from_bytes(self._file.read(8), "little"))
+
+    def close(self) -> None:
+        self._file.close()
 
 
 # -- the leader's side --------------------------------------------------------------------------
@@ -66,23 +97,31 @@ def feed(
             after = yield from _full_copy(st, token)
         st.feed_floors[token] = after  # (the commit log keeps what this feed has yet to send)
         while wanted():
-            with st.store.read() as txn:
-                seq = st.store.committed_seq(txn)
-                if seq != after:
-                    # (packed one part at a time as the replica takes them, from one read
-                    # transaction, like a full copy: a long backlog is never whole in memory)
-                    yield from _changes_since(st, txn, after, seq)
-            if seq == after:
-                time.sleep(POLL_SECONDS)
-                continue
+            # Packed into a spool under the read transaction, sent after it closed: a replica
+            # that stops reading never holds a transaction open (nor map growth, which waits
+            # for readers), and a long backlog is never whole in memory.
+            parts = Parts(st.config.data_dir)
+            try:
+                with st.store.read() as txn:
+                    seq = st.store.committed_seq(txn)
+                    if seq != after:
+                        _changes_since(st, txn, after, seq, parts)
+                if seq == after:
+                    time.sleep(POLL_SECONDS)
+                    continue
+                for i, payload in enumerate(parts):
+                    yield seq if i == parts.count - 1 else 0, False, payload
+            finally:
+                parts.close()
             after = st.feed_floors[token] = seq
     finally:
         st.feed_floors.pop(token, None)
 
 
-def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Iterator[tuple[int, bool, bytes]]:
-    """The batches that bring a replica from commit ``after`` to ``seq``, the last one carrying
-    ``seq``; FailedPrecondition, before any batch, when the commit log no longer reaches back."""
+def _changes_since(st: EngineState, txn: Txn, after: int, seq: int, out: Parts) -> None:
+    """The batches that bring a replica from commit ``after`` to ``seq``, added to ``out`` (the
+    last one is the one that reaches ``seq``); FailedPrecondition, before any batch, when the
+    commit log no longer reaches back."""
     settings, rids, graph = False, set(), set()
     for s in range(after + 1, seq + 1):
         entry = st.store.commit_log_entry(txn, s)
@@ -94,12 +133,11 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Iterator[
     ordered = sorted(rids)
     parts = [ordered[i : i + BATCH_RECORDS] for i in range(0, len(ordered), BATCH_RECORDS)] or [[]]
     for i, part in enumerate(parts):
-        last = i == len(parts) - 1
         batch = _records(st, txn, part)
-        if last:
+        if i == len(parts) - 1:
             batch.update(_settings(st, txn) if settings else {})
             batch["graph"] = [[ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)]
-        yield seq if last else 0, False, _pack(st, txn, batch)
+        out.add(_pack(st, txn, batch))
 
 
 def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, bytes], None, int]:
@@ -169,37 +207,6 @@ def position(st: EngineState) -> tuple[str, int]:
     """(the leader data this replica copies, the last of its commits stored here)."""
     with st.store.read() as txn:
         return st.store.replica_position(txn)
-
-
-class Parts:
-    """The parts of a split backlog until its last one arrives: in memory up to ``memory_bytes``,
-    then in an unnamed temporary file in ``directory``, so that a replica far behind never holds its
-    whole backlog in memory. Iterating reads them from the first each time (a write retried by the
-    writer reads them again)."""
-
-    def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
-        limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
-        where = None if directory is None else str(directory)
-        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=where)  # noqa: SIM115 (see close)
-        self.count = 0
-
-    @property
-    def on_disk(self) -> bool:
-        return not isinstance(self._file._file, io.BytesIO)
-
-    def add(self, payload: bytes) -> None:
-        self._file.seek(0, io.SEEK_END)
-        self._file.write(len(payload).to_bytes(8, "little"))
-        self._file.write(payload)
-        self.count += 1
-
-    def __iter__(self) -> Iterator[bytes]:
-        self._file.seek(0)
-        for _ in range(self.count):
-            yield self._file.read(int.from_bytes(self._file.read(8), "little"))
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def store_batch(st: EngineState, instance: str, seq: int, start: bool, payloads: Iterable[bytes]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import unicodedata
 from collections import Counter
 
 import Stemmer
@@ -152,12 +153,12 @@ _stemmers = threading.local()  # a Stemmer object is not safe to share between t
 
 
 # How keyword_terms reads text: postings saved by another version are rebuilt, not mixed.
-TOKENIZER = "casefold+snowball-english"
+TOKENIZER = "casefold-nfc+snowball-english"
 
 
 def keyword_terms(text: str) -> Counter[str]:
     """The terms of ``text`` with their counts: case-folded words (so "STRASSE" matches "Straße"),
-    stop words out, stemmed."""
+    composed (NFC, so a text stored decomposed matches too), stop words out, stemmed."""
     return keyword_terms_and_length(text)[0]
 
 
@@ -166,7 +167,8 @@ def keyword_terms_and_length(text: str) -> tuple[Counter[str], int]:
     stemmer = getattr(_stemmers, "english", None)
     if stemmer is None:
         stemmer = _stemmers.english = Stemmer.Stemmer("english")
-    every = _WORD.findall(text.casefold())
+    # (NFC after folding: folding some letters leaves a combining mark, which \w would split on)
+    every = _WORD.findall(unicodedata.normalize("NFC", text.casefold()))
     words = [w for w in every if w not in STOP_WORDS and len(w) < 100]
     return Counter(stemmer.stemWords(words)), len(every)
 

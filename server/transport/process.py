@@ -93,6 +93,13 @@ def grpc_server(
             # the server sends nothing, as in a long import: gRPC's default (5 min) would count
             # them as strikes and close the connection.
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            # A peer that stops answering (a partition, not a reset) while a stream waits on it, a
+            # replica's feed say, is found in about 30 s instead of TCP's 15 minutes: its call
+            # ends and frees its handler thread and the commit log it held.
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.ping_timeout_ms", 10_000),
+            ("grpc.http2.max_pings_without_data", 0),  # (the stalled stream sends no data)
         ],
     )
 
