@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import ServerProcess, create_memories, make_record, wait_indexed
 
-from tiermem.client import MemoryClient
+from tiermem.client import MemoryClient, UnavailableError
 from tiermem.client.errors import InvalidArgumentError
 from tiermem.server.config import ServerConfig, Tuning, usable_cores
 from tiermem.server.core.background import Snapshots
@@ -70,6 +70,24 @@ def pair(
     yield srv, lead, follow
     lead.channel.close()
     follow.channel.close()
+
+
+def test_a_followers_refusal_carries_the_retry_hint_the_leaders_does(
+    pair: tuple[RunningServer, MemoryClient, MemoryClient],
+) -> None:
+    """A search a follower refuses (here a moved scope) tells the client when to try again, as
+    the leader's refusal does."""
+    _, lead, follow = pair
+    lead.create("user:ana", "ana's memory")
+    lead.set_scope_routing("user:ana", "moved", moved_to="shard-b")
+    for c in (lead, follow):
+        for call in (  # (short deadlines: the client waits out the hint until its deadline)
+            lambda: c.search("user:ana", "memory", timeout=2),
+            lambda: c.search_many([{"namespaces": ["user:ana"], "query": "memory"}], timeout=2),
+        ):
+            with pytest.raises(UnavailableError) as e:
+                call()
+            assert (e.value.reason, e.value.retry_after) == ("SCOPE_MOVED", 0.5)
 
 
 def _children(pid: int) -> list[str]:

@@ -947,6 +947,32 @@ def test_the_private_socket_of_search_followers_needs_their_secret(
         assert c.stats("user:ana").memory_count == 2
 
 
+def test_a_call_a_follower_forwarded_is_counted_against_its_key_once(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """A key's calls are counted by the process the client reached: the leader does not count the
+    calls its followers forward again (they used up a key's burst twice as fast)."""
+    from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER
+
+    ana = add_key(keys_file, ["user:ana"], "write")
+    running = server_factory(
+        search_processes=2, api_keys=str(keys_file), key_burst=3, key_rate_per_second=0.001
+    )
+    assert running.followers is not None
+    md = ((PRIVATE_SECRET_HEADER, running.followers.secret),)  # (as a follower forwards a call)
+    with grpc.insecure_channel(running.followers.leader) as ch:
+        c = MemoryClient(channel=ch, timeout=20, api_key=ana)
+        for i in range(6):
+            c.create("user:ana", f"forwarded {i}", call_metadata=md)
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        c = MemoryClient(channel=ch, timeout=20, api_key=ana)
+        for i in range(3):  # (the key's burst, counted once by whichever process this reached)
+            c.create("user:ana", f"through the port {i}")
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.create("user:ana", "one too many")
+        assert e.value.reason == "KEY_RATE_LIMITED"
+
+
 def test_a_search_at_a_future_as_of_records_its_accesses_now(
     server_factory: Callable[..., RunningServer], keys_file: Path
 ) -> None:

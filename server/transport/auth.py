@@ -356,8 +356,9 @@ class _Call:
         """The key's own limits (aborting the call past them); returns the call's key."""
         key = self.key
         try:
-            self._check_private(context)
-            if key is not None:
+            forwarded = self._forwarded(context)
+            # (a call a follower forwarded was counted where it arrived: not a second time here)
+            if key is not None and not forwarded:
                 wait = self.owner.limits.enter(key.id)
                 if wait is not None:
                     _abort(
@@ -370,14 +371,18 @@ class _Call:
             raise
         return key
 
-    def _check_private(self, context: grpc.ServicerContext) -> None:
-        """PERMISSION_DENIED for a call over the private socket without the run's secret."""
+    def _forwarded(self, context: grpc.ServicerContext) -> bool:
+        """Whether a search follower forwarded the call (over the private socket, with the run's
+        secret); PERMISSION_DENIED for a call over that socket without the secret."""
         secret = self.owner.private_secret
-        if secret and context.peer().startswith("unix") and not from_private_socket(context, secret):
+        if not (secret and context.peer().startswith("unix")):
+            return False
+        if not from_private_socket(context, secret):
             _abort(
                 context,
                 PermissionDenied("this socket serves the server's own followers only", "PRIVATE_SOCKET"),
             )
+        return True
 
     def _release(self) -> None:
         if self.lease is not None:

@@ -283,8 +283,8 @@ def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forward
             try:
                 engine.catch_up()  # (first: a scope fenced or moved since is refused, not read empty)
                 authorize(name, request)  # (the interceptor saw bytes: the key's rights apply here)
-            except TiermemError as e:
-                context.abort_with_status(to_status(e))
+            except TiermemError as e:  # (with its retry hint, as the leader's interceptor gives it)
+                context.abort_with_status(to_status(e, getattr(e, "retry_after", None)))
             return bytes(local(request, context).SerializeToString())
 
         return grpc.unary_unary_rpc_method_handler(serve)  # bytes in and out: forwarded as they are
