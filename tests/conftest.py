@@ -271,30 +271,53 @@ def haproxy_or_skip(what: str) -> str:
 class FreezingRelay:
     """A TCP relay to ``port`` that, once ``arm`` is set and ``after`` more bytes came back from the
     server, forwards nothing more either way and keeps its connections open: a network partition,
-    not a reset."""
+    not a reset. A context manager: its sockets are closed on exit."""
 
     def __init__(self, port: int, after: int) -> None:
         self.port, self.after = port, after
         self.arm, self.frozen = threading.Event(), threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self._socks: list[socket.socket] = []  # (kept until close: none is left to the collector)
+        self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def _accept(self) -> None:
-        while True:
-            client, _ = self.listener.accept()
-            upstream = socket.create_connection(("127.0.0.1", self.port))
-            for a, b, back in ((client, upstream, False), (upstream, client, True)):
-                threading.Thread(target=self._pipe, args=(a, b, back), daemon=True).start()
+    def __enter__(self) -> FreezingRelay:
+        return self
 
-    def _pipe(self, a: Any, b: Any, back: bool) -> None:
-        while data := a.recv(65536):
-            if back and self.arm.is_set():
-                self.after -= len(data)
-                if self.after < 0:
-                    self.frozen.set()
-            if self.frozen.is_set():
-                while a.recv(65536):  # (read and dropped: never forwarded)
-                    pass
-                return
-            b.sendall(data)
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # (the listener closed)
+            while True:
+                client, _ = self.listener.accept()
+                with self._lock:
+                    self._socks.append(client)
+                upstream = socket.create_connection(("127.0.0.1", self.port))
+                with self._lock:
+                    self._socks.append(upstream)
+                for a, b, back in ((client, upstream, False), (upstream, client, True)):
+                    threading.Thread(target=self._pipe, args=(a, b, back), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket, back: bool) -> None:
+        with contextlib.suppress(OSError):  # (a peer went away, or close)
+            while data := a.recv(65536):
+                if back and self.arm.is_set():
+                    self.after -= len(data)
+                    if self.after < 0:
+                        self.frozen.set()
+                if self.frozen.is_set():
+                    while a.recv(65536):  # (read and dropped: never forwarded)
+                        pass
+                    return
+                b.sendall(data)

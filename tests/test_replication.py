@@ -234,9 +234,9 @@ def test_the_feed_of_a_replica_cut_off_without_a_reset_ends_within_a_minute(
     log it kept for it, where it waited for TCP to give up (about 15 minutes)."""
     leader = server_factory(tmp_path / "leader", replication=True)
     relay = FreezingRelay(leader.port, after=0)
-    server_factory(tmp_path / "replica", replica_of=relay.address)
+    replica = server_factory(tmp_path / "replica", replica_of=relay.address)
     feeds = leader.engine.state.feed_floors
-    with MemoryClient(f"127.0.0.1:{leader.port}", timeout=20) as lc:
+    with relay, MemoryClient(f"127.0.0.1:{leader.port}", timeout=20) as lc:
         lc.create("user:ana", "before the partition")
         _eventually(lambda: len(feeds) == 1, timeout=30)
         relay.arm.set()
@@ -247,6 +247,7 @@ def test_the_feed_of_a_replica_cut_off_without_a_reset_ends_within_a_minute(
         assert relay.frozen.is_set()
         _eventually(lambda: not feeds, timeout=60)
         print(f"\nthe feed ended {time.monotonic() - started:.1f} s after the partition")
+        replica.stop(0)  # (before the relay closes: it would reconnect to nothing meanwhile)
 
 
 def test_parts_of_a_backlog_past_their_memory_go_to_a_file_and_read_back_every_time(tmp_path: Path) -> None:

@@ -493,7 +493,11 @@ def test_a_move_whose_source_stops_answering_mid_export_fails_within_seconds(
 
     a, b = server_factory(tmp_path / "a"), server_factory(tmp_path / "b")
     relay = FreezingRelay(a.port, after=300_000)
-    with MemoryClient(relay.address, timeout=5) as src, MemoryClient(f"127.0.0.1:{b.port}", timeout=5) as dst:
+    with (
+        relay,
+        MemoryClient(relay.address, timeout=5) as src,
+        MemoryClient(f"127.0.0.1:{b.port}", timeout=5) as dst,
+    ):
         for k in range(4):
             src.create_batch(
                 [{"namespace": "user:ana", "content": f"m{k}-{i} " + "x" * 2000} for i in range(500)]
