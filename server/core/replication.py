@@ -100,15 +100,13 @@ def feed(
             # Packed into a spool under the read transaction, sent after it closed: a replica
             # that stops reading never holds a transaction open (nor map growth, which waits
             # for readers), and a long backlog is never whole in memory.
-            parts = Parts(st.config.data_dir)
+            with st.store.read() as txn:
+                seq = st.store.committed_seq(txn)
+                parts = None if seq == after else _changes_since(st, txn, after, seq)
+            if parts is None:
+                time.sleep(POLL_SECONDS)
+                continue
             try:
-                with st.store.read() as txn:
-                    seq = st.store.committed_seq(txn)
-                    if seq != after:
-                        _changes_since(st, txn, after, seq, parts)
-                if seq == after:
-                    time.sleep(POLL_SECONDS)
-                    continue
                 for i, payload in enumerate(parts):
                     yield seq if i == parts.count - 1 else 0, False, payload
             finally:
@@ -118,10 +116,10 @@ def feed(
         st.feed_floors.pop(token, None)
 
 
-def _changes_since(st: EngineState, txn: Txn, after: int, seq: int, out: Parts) -> None:
-    """The batches that bring a replica from commit ``after`` to ``seq``, added to ``out`` (the
-    last one is the one that reaches ``seq``); FailedPrecondition, before any batch, when the
-    commit log no longer reaches back."""
+def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
+    """The batches that bring a replica from commit ``after`` to ``seq``, packed into a spool (the
+    last one is the one that reaches ``seq``); FailedPrecondition when the commit log no longer
+    reaches back."""
     settings, rids, graph = False, set(), set()
     for s in range(after + 1, seq + 1):
         entry = st.store.commit_log_entry(txn, s)
@@ -132,12 +130,20 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int, out: Parts) 
         graph.update(entry[2])
     ordered = sorted(rids)
     parts = [ordered[i : i + BATCH_RECORDS] for i in range(0, len(ordered), BATCH_RECORDS)] or [[]]
-    for i, part in enumerate(parts):
-        batch = _records(st, txn, part)
-        if i == len(parts) - 1:
-            batch.update(_settings(st, txn) if settings else {})
-            batch["graph"] = [[ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)]
-        out.add(_pack(st, txn, batch))
+    out = Parts(st.config.data_dir)
+    try:
+        for i, part in enumerate(parts):
+            batch = _records(st, txn, part)
+            if i == len(parts) - 1:
+                batch.update(_settings(st, txn) if settings else {})
+                batch["graph"] = [
+                    [ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)
+                ]
+            out.add(_pack(st, txn, batch))
+    except BaseException:
+        out.close()
+        raise
+    return out
 
 
 def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, bytes], None, int]:

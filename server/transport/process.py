@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tiermem.client.connection import KEEPALIVE_OPTIONS
 from tiermem.server.config import ServerConfig
 from tiermem.server.embedding import providers
 from tiermem.server.security.keys import KeyRing
@@ -96,10 +97,7 @@ def grpc_server(
             # A peer that stops answering (a partition, not a reset) while a stream waits on it, a
             # replica's feed say, is found in about 30 s instead of TCP's 15 minutes: its call
             # ends and frees its handler thread and the commit log it held.
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.http2.ping_timeout_ms", 10_000),
-            ("grpc.http2.max_pings_without_data", 0),  # (the stalled stream sends no data)
+            *KEEPALIVE_OPTIONS,  # (the clients' own: every 20 s, 10 s to answer)
         ],
     )
 
