@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -225,6 +227,44 @@ def test_writes_go_on_while_a_replica_stops_reading(
                 hold.set()
 
 
+def test_writes_go_on_while_a_new_replica_stops_reading_its_full_copy(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A new replica that stops reading in the middle of its full copy holds no read transaction on
+    the leader either: the copy is packed from one read into a spool and sent after it closed, so
+    the leader's writes go on and grow its map."""
+    from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+    leader = server_factory(tmp_path / "leader", replication=True, map_size=4 << 20)
+    text = "a note about the deploy " * 40
+    with MemoryClient(f"127.0.0.1:{leader.port}", timeout=20) as lc:
+        for b in range(6):  # (3,000 memories: a copy of several parts, each past a stream's window)
+            lc.create_batch([{"namespace": "team:old", "content": f"{b}-{j} {text}"} for j in range(500)])
+        hold = threading.Event()
+
+        def requests() -> Iterator[pb.ReplicateChangesRequest]:
+            yield pb.ReplicateChangesRequest(instance_id="", applied_seq=0)  # (holds nothing: a full copy)
+            hold.wait()
+
+        # (no BDP probing: the stream's window stays small, so the leader's feed waits on it)
+        options = [("grpc.http2.bdp_probe", 0)]
+        with grpc.insecure_channel(f"127.0.0.1:{leader.port}", options=options) as channel:
+            call = pb_grpc.MemoryServiceStub(channel).ReplicateChanges(requests())
+            try:
+                first = next(call)  # the copy has begun; then nothing more is read
+                assert first.full_copy_start and first.seq == 0
+                before = leader.engine.state.store.map_size
+                for b in range(60):  # (about 12 MiB of records and vectors: the map grows)
+                    lc.create_batch(
+                        [{"namespace": "team:new", "content": f"{b}-{j} {text}"} for j in range(100)]
+                    )
+                assert lc.stats("team:new").memory_count == 6000
+                assert leader.engine.state.store.map_size > before
+            finally:
+                call.cancel()
+                hold.set()
+
+
 @pytest.mark.slow
 def test_the_feed_of_a_replica_cut_off_without_a_reset_ends_within_a_minute(
     server_factory: Callable[..., RunningServer], tmp_path: Path
@@ -263,6 +303,28 @@ def test_parts_of_a_backlog_past_their_memory_go_to_a_file_and_read_back_every_t
     assert parts.on_disk
     assert list(parts) == payloads and list(parts) == payloads  # (a retried write reads them again)
     parts.close()
+
+
+def test_parts_on_a_full_disk_are_resource_exhausted(tmp_path: Path) -> None:
+    """A spool that cannot be written (here the process's file-size limit, EFBIG, as a full disk
+    fails with ENOSPC) is RESOURCE_EXHAUSTED naming the disk, not an internal error."""
+    script = f"""
+import resource, signal
+from pathlib import Path
+from tiermem.server.core.replication import Parts
+from tiermem.server.model.errors import ResourceExhausted
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (EFBIG instead of the signal)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+parts = Parts(Path({str(tmp_path)!r}), memory_bytes=1000)
+parts.add(b"a" * 50_000)
+try:
+    parts.add(b"b" * 80_000)
+except ResourceExhausted as e:
+    print(e.metadata["resource"], e.message)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("disk no disk space to spool a replica's changes"), done.stdout
 
 
 def test_a_replica_without_a_complete_copy_cannot_be_promoted(

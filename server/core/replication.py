@@ -28,10 +28,10 @@ import numpy as np
 
 from tiermem.server.core import follow
 from tiermem.server.core.state import EngineState
-from tiermem.server.model.errors import FailedPrecondition
+from tiermem.server.model.errors import FailedPrecondition, ResourceExhausted
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import ScopeState
-from tiermem.server.storage.store import Txn
+from tiermem.server.storage.store import DISK_FULL, Txn
 
 FORMAT = 1
 PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:<leader instance>"
@@ -42,10 +42,11 @@ SPOOL_MEMORY_BYTES = 16 << 20  # the parts of a backlog past this go to a tempor
 
 
 class Parts:
-    """The packed parts of a backlog: in memory up to ``memory_bytes``, then in an unnamed
-    temporary file in ``directory``, so that neither side ever holds a long backlog whole in
-    memory (the leader between packing and sending them, a replica until the last one arrives).
-    Iterating reads them from the first each time (a write the writer retries reads them again)."""
+    """The packed parts of a backlog or a full copy: in memory up to ``memory_bytes``, then in an
+    unnamed temporary file in ``directory``, so that neither side ever holds a long backlog whole
+    in memory (the leader between packing and sending them, a replica until the last one arrives).
+    Iterating reads them from the first each time (a write the writer retries reads them again).
+    A disk too full for them is RESOURCE_EXHAUSTED (``resource`` disk)."""
 
     def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
         limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
@@ -58,9 +59,17 @@ class Parts:
         return not isinstance(self._file._file, io.BytesIO)
 
     def add(self, payload: bytes) -> None:
-        self._file.seek(0, io.SEEK_END)
-        self._file.write(len(payload).to_bytes(8, "little"))
-        self._file.write(payload)
+        try:
+            self._file.seek(0, io.SEEK_END)
+            self._file.write(len(payload).to_bytes(8, "little"))
+            self._file.write(payload)
+            self._file.flush()  # (a full disk fails here, not on a later read)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            err = ResourceExhausted(f"no disk space to spool a replica's changes ({e})")
+            err.metadata["resource"] = "disk"
+            raise err from None
         self.count += 1
 
     def __iter__(self) -> Iterator[bytes]:
@@ -148,23 +157,31 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
 
 def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, bytes], None, int]:
     """A whole copy from one read transaction; returns the commit it holds. The commit log keeps
-    the commits after it for as long as the copy takes (``token``'s floor)."""
-    with st.store.read() as txn:
-        seq = st.store.committed_seq(txn)
-        st.feed_floors[token] = seq
-        first = _settings(st, txn)
-        first["scopes"] = _scopes(st.store.scope_states(txn))
-        yield 0, True, _pack(st, txn, first)
-        rids: list[int] = []
-        for rec in st.store.iter_records(txn):
-            rids.append(rec.rid)
-            if len(rids) == BATCH_RECORDS:
-                yield 0, False, _pack(st, txn, _records(st, txn, rids))
-                rids = []
-        graph = _graph(st, txn, "", True)
-        for i in range(0, len(graph), BATCH_GRAPH):  # (the replica was emptied: items are only put)
-            yield 0, False, _pack(st, txn, {"graph_items": graph[i : i + BATCH_GRAPH]})
-        yield seq, False, _pack(st, txn, _records(st, txn, rids))
+    the commits after it for as long as the copy takes (``token``'s floor). Packed into a spool
+    under the transaction and sent after it closed, as the backlogs are (``feed``): the transaction
+    lasts as long as the packing, not as long as the replica takes to read."""
+    parts = Parts(st.config.data_dir)
+    try:
+        with st.store.read() as txn:
+            seq = st.store.committed_seq(txn)
+            st.feed_floors[token] = seq
+            first = _settings(st, txn)
+            first["scopes"] = _scopes(st.store.scope_states(txn))
+            parts.add(_pack(st, txn, first))
+            rids: list[int] = []
+            for rec in st.store.iter_records(txn):
+                rids.append(rec.rid)
+                if len(rids) == BATCH_RECORDS:
+                    parts.add(_pack(st, txn, _records(st, txn, rids)))
+                    rids = []
+            graph = _graph(st, txn, "", True)
+            for i in range(0, len(graph), BATCH_GRAPH):  # (the replica was emptied: items are only put)
+                parts.add(_pack(st, txn, {"graph_items": graph[i : i + BATCH_GRAPH]}))
+            parts.add(_pack(st, txn, _records(st, txn, rids)))
+        for i, payload in enumerate(parts):
+            yield seq if i == parts.count - 1 else 0, i == 0, payload
+    finally:
+        parts.close()
     return seq
 
 

@@ -72,8 +72,8 @@ from tiermem.server.storage.keys import (
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-# errno values of a commit that failed for want of disk space (EFBIG: the process's file-size limit)
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+# errno values of a write that failed for want of disk space (EFBIG: the process's file-size limit)
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # An EIO while this little is free (or this close to the file-size limit) is a short write of a full disk.
 _NEARLY_FULL = 64 * 1024 * 1024
 # The transaction type of Store's methods: the layers above name it without importing lmdb.
@@ -293,7 +293,7 @@ class Store(CommitLog):
         EIO (LMDB's report of a short write) while the file system is (nearly) full or the file
         is at the process's file-size limit."""
         code = getattr(e, "code", 0)
-        if isinstance(e, lmdb.DiskError) or code in _DISK_FULL:
+        if isinstance(e, lmdb.DiskError) or code in DISK_FULL:
             return True
         if code != errno.EIO:
             return False
