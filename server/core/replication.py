@@ -16,6 +16,7 @@ Encoding: msgpack maps, ``{"v": 1, ...}``; fields an older replica does not know
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tempfile
 import time
@@ -42,11 +43,12 @@ SPOOL_MEMORY_BYTES = 16 << 20  # the parts of a backlog past this go to a tempor
 
 
 class Parts:
-    """The packed parts of a backlog or a full copy: in memory up to ``memory_bytes``, then in an
-    unnamed temporary file in ``directory``, so that neither side ever holds a long backlog whole
-    in memory (the leader between packing and sending them, a replica until the last one arrives).
+    """The packed parts of a backlog: in memory up to ``memory_bytes``, then in an unnamed
+    temporary file in ``directory``, so that neither side ever holds a long backlog whole in
+    memory (the leader between packing and sending them, a replica until the last one arrives).
     Iterating reads them from the first each time (a write the writer retries reads them again).
-    A disk too full for them is RESOURCE_EXHAUSTED (``resource`` disk)."""
+    A disk too full for a part is RESOURCE_EXHAUSTED (``resource`` disk); the spool is then only
+    closed (what its buffer holds is thrown away)."""
 
     def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
         limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
@@ -78,7 +80,8 @@ class Parts:
             yield self._file.read(int.from_bytes(self._file.read(8), "little"))
 
     def close(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):  # (what a full disk kept buffered is thrown away)
+            self._file.close()
 
 
 # -- the leader's side --------------------------------------------------------------------------
@@ -156,30 +159,48 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
 
 
 def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, bytes], None, int]:
-    """A whole copy from one read transaction; returns the commit it holds. The commit log keeps
-    the commits after it for as long as the copy takes (``token``'s floor). Packed into a spool
-    under the transaction and sent after it closed, as the backlogs are (``feed``): the transaction
-    lasts as long as the packing, not as long as the replica takes to read."""
-    parts = Parts(st.config.data_dir)
-    try:
+    """A whole copy, then the commits made while it was read; returns the commit the copy reaches
+    (its last batch carries it). Each batch is read in a short read transaction of its own and
+    sent after it closed: a replica that stops reading holds no transaction (nor map growth,
+    which waits for readers), and the leader keeps nothing of the copy but the batch in hand.
+    Batches are current state, so the commits since the first read (kept in the commit log by
+    ``token``'s floor) bring whatever the later reads missed or saw half-way to one commit."""
+    with st.store.read() as txn:
+        start = st.store.committed_seq(txn)
+        st.feed_floors[token] = start
+        first = _settings(st, txn)
+        first["scopes"] = _scopes(st.store.scope_states(txn))
+        spaces = first["spaces"]
+        payload = _pack(st, txn, first)
+    yield 0, True, payload
+    after = 0  # (the records from this rid on are still to send)
+    while True:
         with st.store.read() as txn:
-            seq = st.store.committed_seq(txn)
-            st.feed_floors[token] = seq
-            first = _settings(st, txn)
-            first["scopes"] = _scopes(st.store.scope_states(txn))
-            parts.add(_pack(st, txn, first))
-            rids: list[int] = []
-            for rec in st.store.iter_records(txn):
-                rids.append(rec.rid)
-                if len(rids) == BATCH_RECORDS:
-                    parts.add(_pack(st, txn, _records(st, txn, rids)))
-                    rids = []
-            graph = _graph(st, txn, "", True)
-            for i in range(0, len(graph), BATCH_GRAPH):  # (the replica was emptied: items are only put)
-                parts.add(_pack(st, txn, {"graph_items": graph[i : i + BATCH_GRAPH]}))
-            parts.add(_pack(st, txn, _records(st, txn, rids)))
+            if not (part := st.store.record_rids(txn, after, BATCH_RECORDS)):
+                break
+            batch = _records(st, txn, part)
+            if (now := st.store.spaces(txn)) != spaces:  # (a space declared before its vectors come)
+                batch.update(_settings(st, txn))
+                spaces = now
+            payload = _pack(st, txn, batch)
+        yield 0, False, payload
+        after = part[-1] + 1
+    with st.store.read() as txn:  # (the replica was emptied: items are only put)
+        graph = _graph(st, txn, "", True)
+        payloads = [
+            _pack(st, txn, {"graph_items": graph[i : i + BATCH_GRAPH]})
+            for i in range(0, len(graph), BATCH_GRAPH)
+        ]
+    del graph
+    payloads.reverse()
+    while payloads:
+        yield 0, False, payloads.pop()
+    with st.store.read() as txn:
+        seq = st.store.committed_seq(txn)
+        parts = _changes_since(st, txn, start, seq)  # (an empty batch reaching ``seq`` if none)
+    try:
         for i, payload in enumerate(parts):
-            yield seq if i == parts.count - 1 else 0, i == 0, payload
+            yield seq if i == parts.count - 1 else 0, False, payload
     finally:
         parts.close()
     return seq

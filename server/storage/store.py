@@ -440,6 +440,18 @@ class Store(CommitLog):
         for _, raw in txn.cursor(db=self.records):
             yield Record.unpack(raw)
 
+    def record_rids(self, txn: lmdb.Transaction, first: int, most: int) -> list[int]:
+        """The rids of up to ``most`` records from ``first`` on, in order (keys only, none decoded)."""
+        rids: list[int] = []
+        with txn.cursor(db=self.records) as cur:
+            if not cur.set_range(rid_key(first)):
+                return rids
+            for key in cur.iternext(keys=True, values=False):
+                rids.append(rid_of(bytes(key)))
+                if len(rids) == most:
+                    break
+        return rids
+
     def record_count(self, txn: lmdb.Transaction) -> int:
         return int(txn.stat(self.records)["entries"])
 

@@ -158,7 +158,9 @@ class ReplicaFollower:
             except grpc.RpcError as e:
                 if not self._stop.is_set():
                     logger.warning("replica: the call to %s ended: %s", self.config.replica_of, _why(e))
-            except TiermemError as e:  # (this replica's own settings refuse it: only a restart mends that)
+            except (
+                TiermemError
+            ) as e:  # (refused here: by its settings, which a restart mends, or a full disk)
                 logger.error(
                     "replica: a batch from %s could not be stored (%s): %s",
                     self.config.replica_of,
