@@ -146,8 +146,9 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
     try:
         for i, part in enumerate(parts):
             batch = _records(st, txn, part)
+            if i == 0 and settings:  # (first: a copy's parts are stored one by one, spaces before vectors)
+                batch.update(_settings(st, txn))
             if i == len(parts) - 1:
-                batch.update(_settings(st, txn) if settings else {})
                 batch["graph"] = [
                     [ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)
                 ]
@@ -162,9 +163,10 @@ def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, byt
     """A whole copy, then the commits made while it was read; returns the commit the copy reaches
     (its last batch carries it). Each batch is read in a short read transaction of its own and
     sent after it closed: a replica that stops reading holds no transaction (nor map growth,
-    which waits for readers), and the leader keeps nothing of the copy but the batch in hand.
+    which waits for readers), and of the memories the leader holds one batch at a time.
     Batches are current state, so the commits since the first read (kept in the commit log by
-    ``token``'s floor) bring whatever the later reads missed or saw half-way to one commit."""
+    ``token``'s floor) bring whatever the later reads missed or saw half-way to one commit; the
+    scan stops at the records that existed at the first read (it would chase new ones)."""
     with st.store.read() as txn:
         start = st.store.committed_seq(txn)
         st.feed_floors[token] = start
@@ -172,11 +174,14 @@ def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, byt
         first["scopes"] = _scopes(st.store.scope_states(txn))
         spaces = first["spaces"]
         payload = _pack(st, txn, first)
+        # (a record from here on was written after ``start``: it comes with the commits since)
+        end = max(first["next_rid"], st.store.last_rid(txn) + 1)
     yield 0, True, payload
     after = 0  # (the records from this rid on are still to send)
     while True:
         with st.store.read() as txn:
-            if not (part := st.store.record_rids(txn, after, BATCH_RECORDS)):
+            part = [rid for rid in st.store.record_rids(txn, after, BATCH_RECORDS) if rid < end]
+            if not part:
                 break
             batch = _records(st, txn, part)
             if (now := st.store.spaces(txn)) != spaces:  # (a space declared before its vectors come)

@@ -440,6 +440,11 @@ class Store(CommitLog):
         for _, raw in txn.cursor(db=self.records):
             yield Record.unpack(raw)
 
+    def last_rid(self, txn: lmdb.Transaction) -> int:
+        """The highest rid of a record (0: none)."""
+        with txn.cursor(db=self.records) as cur:
+            return rid_of(bytes(cur.key())) if cur.last() else 0
+
     def record_rids(self, txn: lmdb.Transaction, first: int, most: int) -> list[int]:
         """The rids of up to ``most`` records from ``first`` on, in order (keys only, none decoded)."""
         rids: list[int] = []
