@@ -266,6 +266,33 @@ def test_writes_go_on_while_a_new_replica_stops_reading_its_full_copy(
 
 
 @pytest.mark.slow
+def test_a_copy_over_a_slow_link_longer_than_a_keepalive_round_completes_in_one_call(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Over a link of 2 Mbit/s a copy of about 9 MiB takes ~36 s: past keepalive's interval and
+    timeout (20 s + 10 s). Pings wait behind what is in flight; the replica's fixed window keeps
+    that small enough for them to be answered in time, so the one call carries the whole copy
+    (with a window grown by bandwidth probing it was cut every ~12 s and never completed)."""
+    leader = server_factory(tmp_path / "leader", replication=True)
+    text = "a note about the deploy " * 20
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        for b in range(4):
+            lc.create_batch([{"namespace": "team:a", "content": f"{b}-{j} {text}"} for j in range(1000)])
+    link = _SlowLink(leader.port, 256 * 1024)
+    started = time.monotonic()
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{link.port}")
+    follower = replica.replica_follower
+    assert follower is not None
+    with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        _eventually(lambda: not replica.engine.replica_copying and rc.stats().memory_count == 4000, 120)
+    took = time.monotonic() - started
+    print(f"\nthe copy took {took:.1f} s")
+    assert took > 30 and follower.full_copies == 1
+    link.cut()
+    replica.stop(0)
+
+
+@pytest.mark.slow
 def test_the_feed_of_a_replica_cut_off_without_a_reset_ends_within_a_minute(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
