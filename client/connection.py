@@ -80,6 +80,12 @@ KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
     # it times out after a minute unless told otherwise)
     ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),  # (while only the server sends, as in an export)
+    # A ping waits behind the data in flight, which bandwidth probing lets grow on a slow link
+    # past the 10 s above: an export, import or replica copy over 2 Mbit/s was cut after 10-20 s.
+    # A fixed 1 MiB window bounds the wait (~10 s at 100 KiB/s), and a stream's rate to 1 MiB a
+    # round trip (20 MB/s at 50 ms).
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 1 << 20),
 ]
 
 

@@ -268,6 +268,39 @@ def haproxy_or_skip(what: str) -> str:
     return found
 
 
+class SlowLink:
+    """A TCP relay to ``port`` that passes the answers at ``rate`` bytes a second and what the
+    caller sends at ``up`` (0: at once), a slow link, until ``cut``."""
+
+    def __init__(self, port: int, rate: int, listen: int = 0, up: int = 0) -> None:
+        self.upstream, self.rate, self.up = port, rate, up
+        self.listener = socket.create_server(("127.0.0.1", listen))
+        self.port = self.listener.getsockname()[1]
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                near, _ = self.listener.accept()
+                far = socket.create_connection(("127.0.0.1", self.upstream))
+                self.socks += [near, far]
+                threading.Thread(target=self._pipe, args=(near, far, self.up), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(far, near, self.rate), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, rate: int) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(4096):
+                dst.sendall(data)
+                time.sleep(len(data) / rate if rate else 0)
+
+    def cut(self) -> None:
+        for s in [self.listener, *self.socks]:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
 class FreezingRelay:
     """A TCP relay to ``port`` that, once ``arm`` is set and ``after`` more bytes came back from the
     server, forwards nothing more either way and keeps its connections open: a network partition,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FakeClock
+from conftest import FakeClock, SlowLink
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tiermem.client import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, MemoryClient
@@ -123,6 +123,37 @@ def test_export_import_round_trip_under_concurrent_writes(
         # Importing again into the same place collides, naming the memory.
         with pytest.raises(AlreadyExistsError):
             c.import_memories(chunks, target_namespace="user:a/project:y")
+
+
+@pytest.mark.slow
+def test_an_export_and_an_import_over_a_slow_link_complete(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Over a link of 2 Mbit/s each stream runs ~25 s, past keepalive's 10 s to answer a ping: a
+    ping waits behind the data in flight, which the fixed 1 MiB windows of client and server keep
+    small enough (with bandwidth probing the export was cut after 10 s, the import after 20)."""
+    server = server_factory()
+    text = "a note about the deploy " * 20
+    with _client(server) as c:
+        for b in range(3):
+            c.create_batch([{"namespace": "team:a", "content": f"{b}-{j} {text}"} for j in range(1000)])
+    down = SlowLink(server.port, 256 * 1024)  # (answers slow: the export)
+    up = SlowLink(server.port, 0, up=256 * 1024)  # (requests slow: the import)
+    try:
+        started = time.monotonic()
+        with MemoryClient(f"127.0.0.1:{down.port}", timeout=300) as c:
+            chunks = list(c.export_memories("team:a"))
+        exported = time.monotonic() - started
+        with MemoryClient(f"127.0.0.1:{up.port}", timeout=300) as c:
+            done = c.import_memories(chunks, target_namespace="team:b")
+        imported = time.monotonic() - started - exported
+        print(f"\nexport {exported:.1f} s, import {imported:.1f} s")
+        assert done.imported == 3000 and exported > 15 and imported > 15
+    finally:
+        down.cut()
+        up.cut()
+    with _client(server) as c:
+        assert c.stats("team:b").memory_count == 3000
 
 
 def test_import_reembeds_when_the_embedder_differs(

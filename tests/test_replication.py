@@ -4,7 +4,6 @@ over when promoted; with ``replica_ack`` sync a write is answered once a replica
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import FreezingRelay
+from conftest import FreezingRelay, SlowLink
 
 from tiermem.client import MemoryClient, TiermemError
 from tiermem.client.errors import from_rpc_error
@@ -94,39 +93,6 @@ def test_a_replica_that_declares_a_space_its_leader_holds_otherwise_stores_nothi
     replica.stop(0)
 
 
-class _SlowLink:
-    """A TCP relay to ``port`` that passes the answers at ``rate`` bytes a second (a slow link),
-    until ``cut``."""
-
-    def __init__(self, port: int, rate: int, listen: int = 0) -> None:
-        self.upstream, self.rate = port, rate
-        self.listener = socket.create_server(("127.0.0.1", listen))
-        self.port = self.listener.getsockname()[1]
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                near, _ = self.listener.accept()
-                far = socket.create_connection(("127.0.0.1", self.upstream))
-                self.socks += [near, far]
-                threading.Thread(target=self._pipe, args=(near, far, 0), daemon=True).start()
-                threading.Thread(target=self._pipe, args=(far, near, self.rate), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, rate: int) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(4096):
-                dst.sendall(data)
-                time.sleep(len(data) / rate if rate else 0)
-
-    def cut(self) -> None:
-        for s in [self.listener, *self.socks]:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-
 def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
     server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,7 +103,7 @@ def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
 
     monkeypatch.setattr(replication, "SPOOL_MEMORY_BYTES", 1024)
     leader = server_factory(tmp_path / "leader", replication=True)
-    link = _SlowLink(leader.port, 256 * 1024)  # (the 1,000 memories and vectors: about 7 s of it)
+    link = SlowLink(leader.port, 256 * 1024)  # (the 1,000 memories and vectors: about 7 s of it)
     replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{link.port}")
     batch = [{"namespace": "team:batch", "content": f"item {j}", "id": f"i{j}"} for j in range(1000)]
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
@@ -278,7 +244,7 @@ def test_a_copy_over_a_slow_link_longer_than_a_keepalive_round_completes_in_one_
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
         for b in range(4):
             lc.create_batch([{"namespace": "team:a", "content": f"{b}-{j} {text}"} for j in range(1000)])
-    link = _SlowLink(leader.port, 256 * 1024)
+    link = SlowLink(leader.port, 256 * 1024)
     started = time.monotonic()
     replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{link.port}")
     follower = replica.replica_follower
@@ -433,7 +399,7 @@ def test_a_replica_without_a_complete_copy_cannot_be_promoted(
     leader = server_factory(tmp_path / "leader", replication=True)
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
         lc.create_batch([{"namespace": "team:a", "content": f"item {j}"} for j in range(1000)])
-    link = _SlowLink(leader.port, 256 * 1024)  # (the full copy takes about 7 s over it)
+    link = SlowLink(leader.port, 256 * 1024)  # (the full copy takes about 7 s over it)
     with socket.create_server(("127.0.0.1", 0)) as reserved:
         nowhere = reserved.getsockname()[1]
     alone = server_factory(tmp_path / "alone", replica_of=f"127.0.0.1:{nowhere}")
@@ -499,7 +465,7 @@ def test_a_replica_reaches_its_leader_within_seconds_of_it_coming_up_after_a_lon
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
         lc.create("user:ana", "written while the replica could not reach its leader")
         time.sleep(20.0)  # (gRPC's own reconnect backoff would have grown to about 10 s by now)
-        link = _SlowLink(leader.port, 0, listen=port)  # the leader's address answers from now on
+        link = SlowLink(leader.port, 0, listen=port)  # the leader's address answers from now on
         t0 = time.monotonic()
         _eventually(lambda: _same(lc, rc)(), timeout=30)
         assert time.monotonic() - t0 < 3.0

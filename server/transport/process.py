@@ -97,7 +97,7 @@ def grpc_server(
             # A peer that stops answering (a partition, not a reset) while a stream waits on it, a
             # replica's feed say, is found in about 30 s instead of TCP's 15 minutes: its call
             # ends and frees its handler thread and the commit log it held.
-            *KEEPALIVE_OPTIONS,  # (the clients' own: every 20 s, 10 s to answer)
+            *KEEPALIVE_OPTIONS,  # (the clients' own: every 20 s, 10 s to answer; a 1 MiB window)
         ],
     )
 

@@ -15,7 +15,6 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -104,14 +103,6 @@ def confirm_write(engine: Engine, acks: ReplicaAcks, timeout: float) -> None:
         )
 
 
-# The feed's flow-control window, fixed (no bandwidth probing): a ping waits behind what the leader
-# has in flight, and a window grown by probing on a slow link kept it past the 10 s keepalive
-# timeout of both sides, so a copy over 2 Mbit/s was cut and began again every 12 s. At 1 MiB a
-# ping waits at most ~10 s on a link of 100 KiB/s; a copy moves at most 1 MiB a round trip.
-STREAM_WINDOW_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.lookahead_bytes", 1 << 20),
-]
 REFUSED_BATCH_PAUSE = 30.0  # seconds before a replica asks again for a batch it could not store
 
 
@@ -145,7 +136,6 @@ class ReplicaFollower:
             ("grpc.max_receive_message_length", self.config.max_message_bytes),
             *RECONNECT_OPTIONS,
             *KEEPALIVE_OPTIONS,  # (a leader cut off without a reset is noticed, and asked again)
-            *STREAM_WINDOW_OPTIONS,
         ]
         if self.config.replica_tls_ca:
             creds = grpc.ssl_channel_credentials(Path(self.config.replica_tls_ca).read_bytes())
