@@ -76,14 +76,16 @@ HEALTH_REQUEST = health_pb2.HealthCheckRequest(service="tiermem.v1.MemoryService
 KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
-    # (an unanswered ping of gRPC's own, e.g. its bandwidth probe, holds the keepalive ping back;
-    # it times out after a minute unless told otherwise)
+    # (every ping's time to answer: in this gRPC the keepalive ping's too; a minute if not set)
     ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),  # (while only the server sends, as in an export)
-    # A ping waits behind the data in flight, which bandwidth probing lets grow on a slow link
-    # past the 10 s above: an export, import or replica copy over 2 Mbit/s was cut after 10-20 s.
-    # A fixed 1 MiB window bounds the wait (~10 s at 100 KiB/s), and a stream's rate to 1 MiB a
-    # round trip (20 MB/s at 50 ms).
+    # A fixed 1 MiB receive window, no bandwidth probing (the two together: probing off alone
+    # leaves 64 KiB). Probing opens 4 MiB or more at once and pings with the data; on a slow link
+    # a probe's answer waited behind that window past the 10 s above, so an export, an import or
+    # a replica's copy over 2 Mbit/s was cut after 10-20 s. A connection then moves about 1 MiB
+    # a round trip, shared by its streams (up to 2 MiB while a large message arrives): about 20
+    # MB/s at 50 ms, 7 at 150 ms. (An older grpcio fell back to 64 KiB here, grpc/grpc#39585;
+    # the pinned 1.85.1 keeps 1 MiB.)
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.lookahead_bytes", 1 << 20),
 ]

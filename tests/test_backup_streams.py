@@ -129,9 +129,9 @@ def test_export_import_round_trip_under_concurrent_writes(
 def test_an_export_and_an_import_over_a_slow_link_complete(
     server_factory: Callable[..., RunningServer],
 ) -> None:
-    """Over a link of 2 Mbit/s each stream runs ~25 s, past keepalive's 10 s to answer a ping: a
-    ping waits behind the data in flight, which the fixed 1 MiB windows of client and server keep
-    small enough (with bandwidth probing the export was cut after 10 s, the import after 20)."""
+    """Over a link of 2 Mbit/s each stream runs ~25 s, past the 10 s a ping is given to be answered:
+    its answer waits behind the data in flight, which the fixed 1 MiB windows of client and server
+    keep short enough (with bandwidth probing the export was cut after 10 s, the import after 20)."""
     server = server_factory()
     text = "a note about the deploy " * 20
     with _client(server) as c:

@@ -235,10 +235,10 @@ def test_writes_go_on_while_a_new_replica_stops_reading_its_full_copy(
 def test_a_copy_over_a_slow_link_longer_than_a_keepalive_round_completes_in_one_call(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
-    """Over a link of 2 Mbit/s a copy of about 9 MiB takes ~36 s: past keepalive's interval and
-    timeout (20 s + 10 s). Pings wait behind what is in flight; the replica's fixed window keeps
-    that small enough for them to be answered in time, so the one call carries the whole copy
-    (with a window grown by bandwidth probing it was cut every ~12 s and never completed)."""
+    """Over a link of 2 Mbit/s a copy of about 9 MiB takes ~36 s, far past the 10 s a ping is given
+    to be answered. A ping's answer waits behind what is in flight; the replica's fixed 1 MiB
+    window keeps that short enough, so the one call carries the whole copy (with bandwidth
+    probing's 4 MiB and more it was cut every ~12 s and never completed)."""
     leader = server_factory(tmp_path / "leader", replication=True)
     text = "a note about the deploy " * 20
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
