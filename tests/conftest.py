@@ -283,8 +283,9 @@ class SlowLink:
         with contextlib.suppress(OSError):
             while True:
                 near, _ = self.listener.accept()
+                self.socks.append(near)
                 far = socket.create_connection(("127.0.0.1", self.upstream))
-                self.socks += [near, far]
+                self.socks.append(far)
                 threading.Thread(target=self._pipe, args=(near, far, self.up), daemon=True).start()
                 threading.Thread(target=self._pipe, args=(far, near, self.rate), daemon=True).start()
 
@@ -295,7 +296,8 @@ class SlowLink:
                 time.sleep(len(data) / rate if rate else 0)
 
     def cut(self) -> None:
-        for s in [self.listener, *self.socks]:
+        self.listener.close()  # (first: no connection is accepted after the others are closed)
+        for s in self.socks:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()

@@ -178,7 +178,7 @@ def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, byt
         end = max(first["next_rid"], st.store.last_rid(txn) + 1)
     yield 0, True, payload
     after = 0  # (the records from this rid on are still to send)
-    while True:
+    while after < end:
         with st.store.read() as txn:
             part = [rid for rid in st.store.record_rids(txn, after, BATCH_RECORDS) if rid < end]
             if not part:
@@ -189,7 +189,7 @@ def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, byt
                 spaces = now
             payload = _pack(st, txn, batch)
         yield 0, False, payload
-        after = part[-1] + 1
+        after = part[-1] + 1 if len(part) == BATCH_RECORDS else end  # (a short one was the last)
     with st.store.read() as txn:  # (the replica was emptied: items are only put)
         graph = _graph(st, txn, "", True)
         payloads = [

@@ -158,9 +158,7 @@ class ReplicaFollower:
             except grpc.RpcError as e:
                 if not self._stop.is_set():
                     logger.warning("replica: the call to %s ended: %s", self.config.replica_of, _why(e))
-            except (
-                TiermemError
-            ) as e:  # (refused here: by its settings, which a restart mends, or a full disk)
+            except TiermemError as e:  # (refused here: its settings, which a restart mends; a full disk)
                 logger.error(
                     "replica: a batch from %s could not be stored (%s): %s",
                     self.config.replica_of,
