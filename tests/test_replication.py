@@ -421,7 +421,8 @@ def test_a_replica_without_a_complete_copy_cannot_be_promoted(
                 "REPLICA_INCOMPLETE",
             )
     with MemoryClient(f"127.0.0.1:{copying.port}") as rc:  # (still a replica, following: it completes)
-        _eventually(lambda: rc.stats().memory_count == 1000, timeout=60)
+        # (every memory is in before the copy ends: the commits made during it come last)
+        _eventually(lambda: rc.stats().memory_count == 1000 and not copying.engine.replica_copying, 60)
         assert rc.promote_replica().memory_count == 1000
     link.cut()
 
