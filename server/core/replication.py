@@ -118,11 +118,7 @@ def feed(
             if parts is None:
                 time.sleep(POLL_SECONDS)
                 continue
-            try:
-                for i, payload in enumerate(parts):
-                    yield seq if i == parts.count - 1 else 0, False, payload
-            finally:
-                parts.close()
+            yield from _sent(parts, seq)
             after = st.feed_floors[token] = seq
     finally:
         st.feed_floors.pop(token, None)
@@ -196,19 +192,22 @@ def _full_copy(st: EngineState, token: object) -> Generator[tuple[int, bool, byt
             _pack(st, txn, {"graph_items": graph[i : i + BATCH_GRAPH]})
             for i in range(0, len(graph), BATCH_GRAPH)
         ]
-    del graph
-    payloads.reverse()
-    while payloads:
-        yield 0, False, payloads.pop()
+    for payload in payloads:
+        yield 0, False, payload
     with st.store.read() as txn:
         seq = st.store.committed_seq(txn)
         parts = _changes_since(st, txn, start, seq)  # (an empty batch reaching ``seq`` if none)
+    yield from _sent(parts, seq)
+    return seq
+
+
+def _sent(parts: Parts, seq: int) -> Iterator[tuple[int, bool, bytes]]:
+    """The feed's items of a spool's parts (the last one reaches ``seq``); the spool closed after."""
     try:
         for i, payload in enumerate(parts):
             yield seq if i == parts.count - 1 else 0, False, payload
     finally:
         parts.close()
-    return seq
 
 
 def _records(st: EngineState, txn: Txn, rids: list[int]) -> dict[str, Any]:
