@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from conftest import FakeClock, SlowLink
@@ -154,6 +157,86 @@ def test_an_export_and_an_import_over_a_slow_link_complete(
         up.cut()
     with _client(server) as c:
         assert c.stats("team:b").memory_count == 3000
+
+
+def test_writes_go_on_while_an_export_client_stops_reading(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """An export is read from one read transaction into a spool and sent after the transaction
+    closed: a client that reads its first chunks and then stops holds no transaction on the
+    server, so the server's writes go on and grow its map (growth waits for every open read
+    transaction; before the spool these writes waited until their deadline). Read at last, the
+    export is the snapshot of when it began."""
+    from tiermem.v1 import memory_pb2_grpc as pb_grpc
+
+    server = server_factory(tmp_path / "s", map_size=4 << 20)
+    text = "a note about the deploy " * 40
+    with MemoryClient(f"127.0.0.1:{server.port}", timeout=20) as c:
+        for b in range(6):  # (3,000 memories: an export far past a stream's window)
+            c.create_batch([{"namespace": "team:old", "content": f"{b}-{j} {text}"} for j in range(500)])
+        # (no BDP probing: the stream's window stays small, so the server's sends wait on it)
+        options = [("grpc.http2.bdp_probe", 0)]
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}", options=options) as channel:
+            call = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest())
+            try:
+                first, second = next(call), next(call)  # then nothing more is read for a while
+                assert first.HasField("header") and second.HasField("memory")
+                before = server.engine.state.store.map_size
+                for b in range(60):  # (about 12 MiB of records and vectors: the map grows)
+                    c.create_batch(
+                        [{"namespace": "team:new", "content": f"{b}-{j} {text}"} for j in range(100)]
+                    )
+                assert c.stats("team:new").memory_count == 6000
+                assert server.engine.state.store.map_size > before
+                rest = list(call)
+            finally:
+                call.cancel()
+    memories = [second.memory] + [ch.memory for ch in rest if ch.WhichOneof("chunk") == "memory"]
+    assert len(memories) == 3000 and {m.namespace for m in memories} == {"team:old"}
+    assert len({m.id for m in memories}) == 3000
+
+
+def test_an_export_is_the_same_spooled_in_memory_on_disk_or_sent_from_its_transaction(
+    tmp_path: Path,
+) -> None:
+    """The same export three ways: spooled in memory, spooled to a file, and, where the disk has no
+    room for the spool (here the process's file-size limit, EFBIG, as a full disk fails with
+    ENOSPC), sent from its read transaction instead: the same chunks each time, nothing refused."""
+    script = f"""
+import resource
+from pathlib import Path
+from tiermem.server.config import ServerConfig
+from tiermem.server.core import spool
+from tiermem.server.core.engine import Engine
+from tiermem.server.model.records import NewMemory
+from tiermem.server.model.reports import ExportHeader
+from tiermem.server.transport.convert import export_chunk_to_pb
+
+cfg = ServerConfig(data_dir=Path({str(tmp_path / "data")!r}), maintenance_interval_seconds=0,
+                   snapshot_interval_seconds=0, snapshot_on_shutdown=False)
+e = Engine(cfg)
+text = "a note about the deploy " * 40
+for b in range(6):
+    e.create([NewMemory(namespace="team:a", content=f"{{b}}-{{j}} {{text}}") for j in range(500)], batch=True)
+e.create([NewMemory(namespace="team:b", content="another team's memory")])
+
+def exported():
+    return [export_chunk_to_pb(item).SerializeToString(deterministic=True)
+            for item in e.export("team:a") if not isinstance(item, ExportHeader)]
+
+in_memory = exported()
+spool.MEMORY_BYTES = 1 << 16
+on_disk = exported()
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # (Python ignores SIGXFSZ: EFBIG)
+no_room = exported()
+print(len(in_memory), sum(map(len, in_memory)), in_memory == on_disk, in_memory == no_room)
+e.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Exception ignored" not in done.stderr, done.stderr
+    count, size, same_on_disk, same_no_room = done.stdout.split()
+    assert int(count) > 3000 and int(size) > 4 << 20  # (the memories, their scope; past the limit)
+    assert same_on_disk == "True" and same_no_room == "True"
 
 
 def test_import_reembeds_when_the_embedder_differs(

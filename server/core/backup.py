@@ -2,24 +2,29 @@
 progress, and their graph.
 
 An export reads everything from one LMDB read transaction: a consistent snapshot while writes go
-on. An import writes through the writer in batches; the batches committed before a failure stay."""
+on, spooled and sent after the transaction closed. An import writes through the writer in batches; the batches committed before a failure stay."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from tiermem import __version__
+from tiermem.server.core import spool as spool_module
 from tiermem.server.core import upkeep
 from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
+from tiermem.server.core.spool import Spool
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import validation as check
-from tiermem.server.model.errors import AlreadyExists, DeadlineExceeded, InvalidArgument
+from tiermem.server.model.errors import AlreadyExists, DeadlineExceeded, InvalidArgument, ResourceExhausted
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import (
     ExportedGraphItem,
@@ -36,6 +41,9 @@ from tiermem.server.storage.store import Txn
 # and finite (an overflow would make the namespace's stats and export fail for good).
 MAX_SUMMARY_TOKENS = 2**53
 MAX_REFLECTION_IMPORTANCE = 1e15
+SPOOL_ITEMS = 256  # items of an export packed into one part of its spool
+SPOOL_CHECK_BYTES = 64 << 20  # how much an export spools between two looks at the disk's room
+SPOOL_RESERVE_BYTES = 1 << 30  # what an export's spool leaves free on the disk, at most
 
 
 def export(
@@ -43,7 +51,12 @@ def export(
 ) -> Iterator[ExportHeader | ExportItem]:
     """Yield the header, then every unexpired memory of the namespace (or all) with its vector,
     then the scope state of each namespace with progress toward a reflection or summary, then
-    its graph (nodes before the edges using them)."""
+    its graph (nodes before the edges using them).
+
+    Everything is read from one read transaction, spooled, and sent after it closed: a client
+    that reads slowly or stops holds no transaction (nor the map growth and the reuse of freed
+    pages that wait for it). Where the disk has no room for the spool (``_has_room``), the rest
+    is sent from the transaction itself, held until the client has read it all."""
     if namespace:
         check.namespace("namespace", namespace)
     yield ExportHeader(
@@ -54,16 +67,74 @@ def export(
         namespace=namespace,
     )
     now = st.clock()
-    with st.store.read() as txn:
-        for rec in st.store.namespace_records(txn, namespace, include_children):
-            if not rec.expired(now):
-                yield ExportedMemory(rec, st.store.get_vector(txn, rec.rid))
-        for ns, state in st.store.scope_states(txn, namespace, include_children):
-            if state.reflection_importance or state.summary_tokens:
-                yield ExportedScope(ns, float(state.reflection_importance), int(state.summary_tokens))
-        graph = st.store.graph_items(txn, namespace, include_children)
-        for kind, ns, item in sorted(graph, key=lambda g: g[0] == "edge"):
-            yield ExportedGraphItem(kind, ns, item)
+    spool = Spool(st.config.data_dir, what="an export")
+    try:
+        with st.store.read() as txn:
+            if not _spooled(st, spool, _snapshot(st, txn, namespace, include_children, now)):
+                spool.close()
+                yield from _snapshot(st, txn, namespace, include_children, now)
+                return
+        for payload in spool:
+            for packed in msgpack.unpackb(payload, raw=False, strict_map_key=False):
+                yield _unpacked(packed)
+    finally:
+        spool.close()
+
+
+def _snapshot(
+    st: EngineState, txn: Txn, namespace: str, include_children: bool, now: float
+) -> Iterator[ExportItem]:
+    for rec in st.store.namespace_records(txn, namespace, include_children):
+        if not rec.expired(now):
+            yield ExportedMemory(rec, st.store.get_vector(txn, rec.rid))
+    for ns, state in st.store.scope_states(txn, namespace, include_children):
+        if state.reflection_importance or state.summary_tokens:
+            yield ExportedScope(ns, float(state.reflection_importance), int(state.summary_tokens))
+    graph = st.store.graph_items(txn, namespace, include_children)
+    for kind, ns, item in sorted(graph, key=lambda g: g[0] == "edge"):
+        yield ExportedGraphItem(kind, ns, item)
+
+
+def _spooled(st: EngineState, spool: Spool, items: Iterator[ExportItem]) -> bool:
+    """Pack ``items`` into ``spool``, ``SPOOL_ITEMS`` to a part; False where the disk has no room."""
+    checked = -SPOOL_CHECK_BYTES  # (the spool's size when the disk's room was last looked at)
+    while part := [_packed(item) for item in itertools.islice(items, SPOOL_ITEMS)]:
+        payload = msgpack.packb(part, use_bin_type=True)
+        to_disk = spool.on_disk or spool.bytes + len(payload) > spool_module.MEMORY_BYTES
+        if to_disk and spool.bytes - checked >= SPOOL_CHECK_BYTES:
+            if not _has_room(st.config.data_dir):
+                return False
+            checked = spool.bytes
+        try:
+            spool.add(payload)
+        except ResourceExhausted:  # (the disk filled meanwhile)
+            return False
+    return True
+
+
+def _has_room(directory: Path) -> bool:
+    """Whether the data directory's disk may take more of a spool: a spool never takes the last
+    tenth of the disk, nor the last GiB, which the store's writes need."""
+    reserve = min(SPOOL_RESERVE_BYTES, spool_module.total_bytes(directory) // 10)
+    return spool_module.free_bytes(directory) - SPOOL_CHECK_BYTES > reserve
+
+
+def _packed(item: ExportItem) -> list[Any]:
+    if isinstance(item, ExportedMemory):
+        vec = None if item.vector is None else np.ascontiguousarray(item.vector, np.float32).tobytes()
+        return [0, item.record.pack(), vec]
+    if isinstance(item, ExportedScope):
+        return [1, item.namespace, item.reflection_importance, item.summary_tokens]
+    return [2, item.kind, item.namespace, item.item]
+
+
+def _unpacked(packed: list[Any]) -> ExportItem:
+    if packed[0] == 0:
+        vec = None if packed[2] is None else np.frombuffer(packed[2], np.float32)
+        return ExportedMemory(Record.unpack(packed[1]), vec)
+    if packed[0] == 1:
+        return ExportedScope(packed[1], packed[2], packed[3])
+    return ExportedGraphItem(packed[1], packed[2], packed[3])
 
 
 @dataclass

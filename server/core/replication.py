@@ -16,9 +16,6 @@ Encoding: msgpack maps, ``{"v": 1, ...}``; fields an older replica does not know
 
 from __future__ import annotations
 
-import contextlib
-import io
-import tempfile
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
@@ -28,11 +25,12 @@ import msgpack
 import numpy as np
 
 from tiermem.server.core import follow
+from tiermem.server.core.spool import Spool
 from tiermem.server.core.state import EngineState
-from tiermem.server.model.errors import FailedPrecondition, ResourceExhausted
+from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import ScopeState
-from tiermem.server.storage.store import DISK_FULL, Txn
+from tiermem.server.storage.store import Txn
 
 FORMAT = 1
 PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:<leader instance>"
@@ -42,46 +40,14 @@ POLL_SECONDS = 0.01  # how often the feed looks for new commits
 SPOOL_MEMORY_BYTES = 16 << 20  # the parts of a backlog past this go to a temporary file
 
 
-class Parts:
-    """The packed parts of a backlog: in memory up to ``memory_bytes``, then in an unnamed
-    temporary file in ``directory``, so that neither side ever holds a long backlog whole in
-    memory (the leader between packing and sending them, a replica until the last one arrives).
-    Iterating reads them from the first each time (a write the writer retries reads them again).
-    A disk too full for a part is RESOURCE_EXHAUSTED (``resource`` disk); the spool is then only
-    closed (what its buffer holds is thrown away)."""
+class Parts(Spool):
+    """The packed parts of a backlog (``Spool``): neither side ever holds a long backlog whole in
+    memory (the leader between packing and sending them, a replica until the last one arrives);
+    a write the writer retries reads them again."""
 
     def __init__(self, directory: Path | None, memory_bytes: int | None = None) -> None:
         limit = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
-        where = None if directory is None else str(directory)
-        self._file = tempfile.SpooledTemporaryFile(max_size=limit, dir=where)  # noqa: SIM115 (see close)
-        self.count = 0
-
-    @property
-    def on_disk(self) -> bool:
-        return not isinstance(self._file._file, io.BytesIO)
-
-    def add(self, payload: bytes) -> None:
-        try:
-            self._file.seek(0, io.SEEK_END)
-            self._file.write(len(payload).to_bytes(8, "little"))
-            self._file.write(payload)
-            self._file.flush()  # (a full disk fails here, not on a later read)
-        except OSError as e:
-            if e.errno not in DISK_FULL:
-                raise
-            err = ResourceExhausted(f"no disk space to spool a replica's changes ({e})")
-            err.metadata["resource"] = "disk"
-            raise err from None
-        self.count += 1
-
-    def __iter__(self) -> Iterator[bytes]:
-        self._file.seek(0)
-        for _ in range(self.count):
-            yield self._file.read(int.from_bytes(self._file.read(8), "little"))
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # (what a full disk kept buffered is thrown away)
-            self._file.close()
+        super().__init__(directory, limit, "a replica's changes")
 
 
 # -- the leader's side --------------------------------------------------------------------------
