@@ -683,6 +683,108 @@ def test_an_eviction_summary_makes_room_in_a_full_namespace_in_the_same_pass(env
     assert counts(r)[4] == 0 and sum(t == GLACIAL for t in tiers_of(c, glacial).values()) == 1
 
 
+def test_an_older_summary_deleted_from_the_tier_of_the_new_one_is_its_room(env: Env) -> None:
+    """A tier that summarizes evicts one memory more than its surplus, room for the new summary;
+    where the cap on the summaries' kind deletes the older summary from that same tier, that is
+    the room: the tier keeps the best of the two it evicted and ends at max_items (it ended one
+    below, and GLACIAL deleted a memory for nothing)."""
+    c, clock = env.c, env.clock
+    for tier in ("fast", "glacial"):
+        ns, here = f"room/{tier}", pb.Tier.Value(f"TIER_{tier.upper()}")
+        c.update_namespace_config(
+            ns,
+            retention="lru",  # (the older summary, written by the first pass, is the most recent)
+            summarize_evictions=True,
+            delete_from_glacial=True,
+            kind_capacities={"eviction_summary": 1},
+            tiers={tier: {"max_items": 3, "ttl_seconds": NEVER, "importance_threshold": 0.0}},
+        )
+        for i in range(1, 5):
+            c.create(ns, f"Old fact {i}.", id=f"x{i}", tier=tier, importance=0.9)
+            clock.advance(1)
+        c.consolidate(ns)  # (4 in 3: x1 for the surplus, x2 for the summary's room)
+        (first,) = c.list_memories(ns, kinds=["eviction_summary"])
+        assert {m for m, t in tiers_of(c, ns).items() if t == here} == {"x3", "x4", first.id}
+        clock.advance(10)
+        c.create(ns, "New fact y.", id="y", tier=tier, importance=0.9)
+        clock.advance(1)
+        r = c.consolidate(ns)  # 4 in 3 again: x3 for the surplus; the older summary is the room
+        x3 = (GONE, DELETE_CAP) if tier == "glacial" else (MEDIUM, EVICT)
+        assert moves(r) == {
+            (ns, "x3", here, *x3),
+            (ns, first.id, here, GONE, DELETE_CAP),
+        }
+        (second,) = c.list_memories(ns, kinds=["eviction_summary"])
+        assert {m for m, t in tiers_of(c, ns).items() if t == here} == {"x4", "y", second.id}
+        assert list(second.source_memory_ids) == ["x3"]
+        assert moves(c.consolidate(ns)) == set()
+
+
+def test_evidence_from_before_a_tier_entry_never_promotes_again(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Promotion evidence counts from the tier entry. Three ways evidence from before it counted
+    after it, promoting a memory pass after pass with no access in between: feedback dated in the
+    future (now counted as now, as a search's accesses), feedback committed while a pass ran
+    (a memory now enters its tier no earlier than its last access), and an import (whose memories'
+    counts now all lie before their entry)."""
+    from tiermem.server.core import lifecycle as lifecycle_module
+
+    c, clock = env.c, env.clock
+    tiers = {
+        t: {"ttl_seconds": NEVER, "importance_threshold": 0.0} for t in ("fast", "medium", "slow", "glacial")
+    }
+    surprising = {"predicted_relevance": 0.0, "actual_usefulness": 1.0}
+
+    def twice_then_once(ns: str) -> list[set[Move]]:
+        out = []
+        for _ in range(2):
+            clock.advance(1)
+            out.append(moves(c.consolidate(ns)))
+        return out
+
+    ns = "entry/future"  # feedback dated a day ahead: surprise 0.51 and two accesses, in SLOW
+    c.update_namespace_config(ns, tiers=tiers)
+    c.create(ns, "A surprising fact.", id="m", tier="slow", importance=0.5)
+    clock.advance(10)
+    c.feedback(ns, [{"id": "m", **surprising}] * 2, as_of=clock.now + 86400)
+    assert c.get(ns, "m").last_access_time.seconds == int(clock.now)
+    assert twice_then_once(ns) == [{(ns, "m", SLOW, MEDIUM, pb.MOVE_REASON_PROMOTE_SURPRISE)}, set()]
+
+    ns = "entry/race"  # a plain access committed after the pass planned, before it applied
+    c.update_namespace_config(ns, tiers=tiers)
+    c.create(ns, "Another surprising fact.", id="m", tier="slow", importance=0.5)
+    clock.advance(10)
+    c.feedback(ns, [{"id": "m", **surprising}] * 2)
+    apply_plan = lifecycle_module._apply_plan
+
+    def feedback_first(*args: Any) -> Any:
+        clock.advance(1)
+        c.feedback(ns, [{"id": "m"}])
+        return apply_plan(*args)
+
+    monkeypatch.setattr(lifecycle_module, "_apply_plan", feedback_first)
+    clock.advance(1)
+    assert moves(c.consolidate(ns)) == {(ns, "m", SLOW, MEDIUM, pb.MOVE_REASON_PROMOTE_SURPRISE)}
+    monkeypatch.setattr(lifecycle_module, "_apply_plan", apply_plan)
+    m = c.get(ns, "m")
+    assert m.tier_time.seconds == m.last_access_time.seconds == int(clock.now)
+    assert twice_then_once(ns) == [set(), set()]
+
+    ns, copy = "entry/source", "entry/copy"  # promoted by accesses just before the export
+    for space in (ns, copy):
+        c.update_namespace_config(space, tiers=tiers)
+    c.create(ns, "A well used fact.", id="m", tier="slow", importance=0.5)
+    clock.advance(10)
+    c.feedback(ns, [{"id": "m"}] * 5)
+    assert moves(c.consolidate(ns)) == {(ns, "m", SLOW, MEDIUM, pb.MOVE_REASON_PROMOTE_ACCESS)}
+    assert c.import_memories(c.export_memories(ns), target_namespace=copy).imported == 1
+    assert c.get(copy, "m").tier == MEDIUM
+    assert twice_then_once(copy) == [set(), set()]
+    c.feedback(copy, [{"id": "m"}] * 5)  # (evidence after the import still counts)
+    assert moves(c.consolidate(copy)) == {(copy, "m", MEDIUM, FAST, pb.MOVE_REASON_PROMOTE_ACCESS)}
+
+
 def test_glacial_over_capacity_reports_or_deletes(env: Env) -> None:
     c = env.c
     ns = "archive"

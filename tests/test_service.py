@@ -1685,6 +1685,7 @@ def test_feedback_surprise_counters_and_access_time(server_factory: Callable[...
         successes = 0
         for n, (item, gain) in enumerate(steps, start=1):
             when = T0 + 100 * n
+            clock.advance(when - clock.now)  # (an as_of later than now counts as now: see below)
             if gain is not None:
                 s = 0.3 * gain + 0.7 * s
             successes += int(item.get("success", False))
@@ -1694,10 +1695,12 @@ def test_feedback_surprise_counters_and_access_time(server_factory: Callable[...
             assert m.success_count == successes
             assert ts(m.last_access_time) == when
             assert c.get(NS, "a") == m
-        # feedback without as_of uses the server clock
-        clock.advance(5000)
+        # feedback without as_of uses the server clock, and a later as_of counts as now
+        clock.advance(5000 - 500)
         [m] = c.feedback(NS, [{"id": "a"}])
         assert ts(m.last_access_time) == clock.now and m.surprise_score == pytest.approx(s, abs=1e-5)
+        [m] = c.feedback(NS, [{"id": "a"}], as_of=clock.now + 3600)
+        assert ts(m.last_access_time) == clock.now
         # recency is measured from the creation by default, from the last access where asked
         [hit] = c.search(NS, [1.0] * DIM, embedding_model=MODEL)
         assert hit.recency == pytest.approx(math.exp(-5000 / 86400))
@@ -1711,8 +1714,8 @@ def test_feedback_surprise_counters_and_access_time(server_factory: Callable[...
 
 def test_feedback_repeated_ids_compound_in_order(client: MemoryClient) -> None:
     for mid in ("a", "b", "c"):
-        client.create(NS, mid, id=mid)
-    when = float(int(time.time()) + 50)  # after creation (server clock is real time here)
+        client.create(NS, mid, id=mid, create_time=time.time() - 100)
+    when = float(int(time.time()) - 50)  # after creation, not after now (server clock is real time here)
     out = client.feedback(
         NS,
         [

@@ -236,6 +236,8 @@ def _memory_to_store(
     check.namespace(field_ + "namespace", rec.namespace)
     check.memory_id(field_ + "id", rec.id)
     check.restored_history(field_, rec)
+    # (an export carries no evidence toward leaving the tier: what it counted would promote again)
+    rec.access_base, rec.success_base = rec.access_count, rec.success_count
     if rec.kind in CONFIRMED_KINDS:
         check_protected(st, rec.namespace, imp.confirm, f"restoring a {rec.kind}")
     model = st.embedder.model

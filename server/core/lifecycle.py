@@ -287,7 +287,8 @@ def apply_moves(st: EngineState, items: list[Move], now: float) -> int:
                 done.deleted.append(rec)
                 continue
             old = Record.unpack(rec.pack())
-            enter_tier(rec, to, now)
+            # (no earlier than its last access: feedback committed since the plan is not evidence since entry)
+            enter_tier(rec, to, max(now, rec.accessed_at))
             _, rec.vk = st.alloc_ids()
             st.store.put(txn, rec)
             done.moved.append((old, rec))

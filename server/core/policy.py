@@ -547,8 +547,30 @@ def _room_for_summaries(
             continue
         of_kind = live & (view.ns == nid) & (view.kind == kid)
         one = np.zeros(live.shape[0], np.int64)
+        headed = state.target.copy()
         _delete_surplus(state, of_kind, one, np.array([cap]), added[nid : nid + 1])
+        for t in np.unique(headed[of_kind & (headed != 0) & (state.target == 0)]):
+            _give_back_room(state, summaries, int(nid), int(t))
     _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
+
+
+def _give_back_room(
+    state: _PassState, summaries: dict[tuple[int, int], np.ndarray], nid: int, t: int
+) -> None:
+    """An older summary deleted for its kind's cap from tier ``t``, where this pass stores a new
+    one, made the new one's room there: the tier keeps the best of the memories it evicted for that
+    room (one that was there before the pass and went no further), and the summary leaves it out."""
+    rows = summaries.get((nid, t))
+    if rows is None or rows.shape[0] < 2:
+        return
+    stayed = rows[(state.view.tier[rows] == t) & (state.source[rows] == t)]
+    if not stayed.shape[0]:
+        return
+    best = stayed[np.argmax(state.home_retention[stayed])]
+    state.target[best] = t
+    state.reason[best] = STAY
+    state.retention[best] = state.home_retention[best]
+    summaries[(nid, t)] = rows[rows != best]
 
 
 def _delete_surplus(
