@@ -91,6 +91,7 @@ class _Requests:
             else:
                 for i, chunk in enumerate(self.chunks):
                     yield rq.import_request(i, chunk, self.target_namespace, self.confirm)
+            yield rq.IMPORT_END
         except Exception as e:
             self.failure = e
             raise

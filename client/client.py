@@ -704,6 +704,7 @@ class MemoryClient(AgentMethods):
             try:
                 for i, chunk in enumerate(chunks):
                     yield rq.import_request(i, chunk, target_namespace, confirm)
+                yield rq.IMPORT_END
             except Exception as e:
                 failure.append(e)
                 raise

@@ -267,13 +267,18 @@ def export_request(namespace: str = "", *, include_children: bool = False) -> pb
     return pb.ExportMemoriesRequest(namespace=namespace, include_children=include_children)
 
 
+# The last request of an import: a stream cut short (cancelled) ends without it, and the server then
+# stores nothing after the last batch it committed.
+IMPORT_END = pb.ImportMemoriesRequest(end=True)
+
+
 def import_request(
     i: int, chunk: pb.ExportMemoriesResponse, target_namespace: str, confirm: bool = False
 ) -> pb.ImportMemoriesRequest:
-    """The request carrying chunk ``i`` of an export (the first one names ``target_namespace``
-    and carries ``confirm``)."""
+    """The request carrying chunk ``i`` of an export (the first one names ``target_namespace``,
+    carries ``confirm`` and promises the ``IMPORT_END`` request last)."""
     req = pb.ImportMemoriesRequest(
-        target_namespace=target_namespace if i == 0 else "", confirm=confirm and i == 0
+        target_namespace=target_namespace if i == 0 else "", confirm=confirm and i == 0, end_marked=i == 0
     )
     which = chunk.WhichOneof("chunk")
     if which == "header":

@@ -18,6 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from tiermem.client import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, MemoryClient
 from tiermem.client.client import metadata_dict
+from tiermem.client.errors import from_rpc_error
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
 
@@ -355,37 +356,99 @@ def test_import_into_a_protected_namespace_needs_confirm_for_preferences_and_sum
 def test_a_cancelled_import_keeps_its_committed_batches_and_stores_nothing_after(
     server_factory: Callable[..., RunningServer], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Cancelled midway, an import keeps the batches of 500 it committed, and either stores the
-    rest whole or none of it; the cancel is not an internal error."""
+    """Cancelled midway, an import keeps the batches of 500 it committed and stores nothing after
+    them; the cancel is not an internal error. gRPC hands the server a cancel as the stream's end,
+    and the cancel itself a moment later: a stream whose first chunk promised an end request
+    (``end_marked``, as the Python clients send) and ended without it was cut short, so what came
+    after the last batch is not stored (without the promise it was stored whole when the server
+    saw the cancel after its last commit)."""
     running = server_factory()
     with _client(running) as c:
-        release = threading.Event()
+        for cancel in range(3):
+            ns = f"imp{cancel}"
+            release = threading.Event()
 
-        def chunks() -> Iterator[pb.ImportMemoriesRequest]:
-            yield pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1))
-            for i in range(700):
-                yield pb.ImportMemoriesRequest(
-                    memory=pb.Memory(namespace="imp", id=f"m{i}", content=f"note {i}")
-                )
-            yield pb.ImportMemoriesRequest(scope=pb.ScopeState(namespace="imp", summary_tokens=5))
-            release.wait(30)
+            def chunks(
+                ns: str = ns, release: threading.Event = release
+            ) -> Iterator[pb.ImportMemoriesRequest]:
+                yield pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1), end_marked=True)
+                for i in range(700):
+                    yield pb.ImportMemoriesRequest(
+                        memory=pb.Memory(namespace=ns, id=f"m{i}", content=f"note {i}")
+                    )
+                yield pb.ImportMemoriesRequest(scope=pb.ScopeState(namespace=ns, summary_tokens=5))
+                release.wait(30)
 
-        call = c.stub.ImportMemories.future(chunks(), timeout=60)
-        deadline = time.monotonic() + 30
-        while c.stats().memory_count < 500:
-            assert time.monotonic() < deadline, "the first batch was not committed"
-            time.sleep(0.05)
-        time.sleep(0.3)  # (the rest reaches the server and waits for the stream's end)
-        call.cancel()
-        release.set()
-        time.sleep(1.0)
-        # gRPC hands the server a cancel as the stream's end, and the cancel itself a moment later:
-        # seen before the last commit, the rest is not stored; seen after, all that came is.
-        count, tokens = c.stats().memory_count, c.stats("imp").summary_tokens
-        assert (count, tokens == 0) in ((500, True), (700, False)), (count, tokens)
+            call = c.stub.ImportMemories.future(chunks(), timeout=60)
+            deadline = time.monotonic() + 30
+            while c.stats(ns).memory_count < 500:
+                assert time.monotonic() < deadline, "the first batch was not committed"
+                time.sleep(0.05)
+            time.sleep(0.3)  # (the rest reaches the server and waits for the stream's end)
+            call.cancel()
+            release.set()
+            time.sleep(1.0)
+            assert (c.stats(ns).memory_count, c.stats(ns).summary_tokens) == (500, 0)
     assert not [
         r for r in caplog.records if r.levelno >= logging.ERROR and "ImportMemories" in r.getMessage()
     ]
+
+
+def test_an_import_that_promised_its_end_and_ended_without_it_stores_nothing_after_its_batches(
+    client: MemoryClient,
+) -> None:
+    """``end_marked`` on the first chunk promises an ``end`` request last: a stream that ends
+    without it is INVALID_ARGUMENT naming ``end`` (the batches of 500 committed stay, the rest is
+    not stored); ``end`` on a request that carries a chunk is refused; the Python client sends
+    both, and a stream without the promise ends at its end, as before."""
+
+    def requests(
+        ns: str, n: int, marked: bool, end: pb.ImportMemoriesRequest | None
+    ) -> list[pb.ImportMemoriesRequest]:
+        out = [pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1), end_marked=marked)]
+        out += [
+            pb.ImportMemoriesRequest(memory=pb.Memory(namespace=ns, id=f"m{i}", content=f"note {i}"))
+            for i in range(n)
+        ]
+        out.append(pb.ImportMemoriesRequest(scope=pb.ScopeState(namespace=ns, summary_tokens=5)))
+        return out + ([end] if end is not None else [])
+
+    def refused(reqs: list[pb.ImportMemoriesRequest]) -> InvalidArgumentError:
+        with pytest.raises(grpc.RpcError) as raised:
+            client.stub.ImportMemories(iter(reqs), timeout=60)
+        err = from_rpc_error(raised.value)
+        assert isinstance(err, InvalidArgumentError)
+        return err
+
+    e = refused(requests("cut", 700, True, None))
+    assert e.fields == ["end"] and "without the end request" in e.message
+    assert (client.stats("cut").memory_count, client.stats("cut").summary_tokens) == (500, 0)
+
+    bad = pb.ImportMemoriesRequest(memory=pb.Memory(namespace="bad", id="x", content="x"), end=True)
+    e = refused(requests("bad", 3, True, bad))
+    assert e.fields == ["chunks[5].end"] and client.stats("bad").memory_count == 0
+
+    done = client.stub.ImportMemories(
+        iter(requests("whole", 700, True, pb.ImportMemoriesRequest(end=True))), timeout=60
+    )
+    assert done.imported == 700 and client.stats("whole").summary_tokens == 5
+    done = client.stub.ImportMemories(iter(requests("old", 700, False, None)), timeout=60)
+    assert done.imported == 700 and client.stats("old").summary_tokens == 5
+
+    sent: list[pb.ImportMemoriesRequest] = []
+    chunks = list(client.export_memories("whole"))
+    original = client.stub.ImportMemories
+
+    def recorded(reqs: Iterator[pb.ImportMemoriesRequest], **kw: object) -> pb.ImportMemoriesResponse:
+        return original((sent.append(r) or r for r in reqs), **kw)
+
+    client.stub.ImportMemories = recorded  # type: ignore[method-assign]
+    try:
+        assert client.import_memories(chunks, target_namespace="copy").imported == 700
+    finally:
+        client.stub.ImportMemories = original  # type: ignore[method-assign]
+    assert sent[0].end_marked and sent[-1] == pb.ImportMemoriesRequest(end=True)
+    assert not any(r.end for r in sent[:-1]) and len(sent) == len(chunks) + 1
 
 
 def test_timeline_is_newest_first_paged_and_time_bounded(

@@ -569,8 +569,20 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         engine = self._engine
 
         def items() -> Iterator[ExportItem]:
+            if first.end:
+                return
             for i, chunk in enumerate(request_iterator):
+                if chunk.end:
+                    if chunk.WhichOneof("chunk") is not None:
+                        raise InvalidArgument(f"chunks[{i + 1}].end", "is set on a request with no chunk")
+                    return
                 yield convert.import_item_from_pb(chunk, i, engine.config)
+            if first.end_marked:  # (a cancel can reach us as the stream's end: the rest is not stored)
+                raise InvalidArgument(
+                    "end",
+                    "the stream ended without the end request its first chunk promised (cut short?): "
+                    "the batches committed before stay",
+                )
 
         result = engine.restore(
             header, items(), first.target_namespace, confirm=first.confirm, wanted=_still_wanted(context)

@@ -971,7 +971,7 @@ class ScopeState(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., reflection_importance: _Optional[float] = ..., summary_tokens: _Optional[int] = ...) -> None: ...
 
 class ImportMemoriesRequest(_message.Message):
-    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace", "target_namespace", "confirm")
+    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace", "target_namespace", "confirm", "end_marked", "end")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -980,6 +980,8 @@ class ImportMemoriesRequest(_message.Message):
     GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TARGET_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    END_MARKED_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     header: ExportHeader
     memory: Memory
     node: GraphNode
@@ -988,7 +990,9 @@ class ImportMemoriesRequest(_message.Message):
     graph_namespace: str
     target_namespace: str
     confirm: bool
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ..., confirm: _Optional[bool] = ...) -> None: ...
+    end_marked: bool
+    end: bool
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ..., confirm: _Optional[bool] = ..., end_marked: _Optional[bool] = ..., end: _Optional[bool] = ...) -> None: ...
 
 class ImportMemoriesResponse(_message.Message):
     __slots__ = ("imported", "graph_items", "reembedded")
