@@ -93,6 +93,34 @@ def test_a_replica_that_declares_a_space_its_leader_holds_otherwise_stores_nothi
     replica.stop(0)
 
 
+def test_a_replica_follows_the_progress_of_a_namespace_whose_memories_are_all_gone(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A namespace's progress toward its next reflection and summary reaches a replica with the
+    commits that change it, also where none of its memories is written: a namespace deleted
+    whole drops its progress on the replica too (it kept it: a promoted replica then reflected
+    early)."""
+
+    def progress(c: MemoryClient) -> dict[str, tuple[float, int]]:
+        return {
+            ch.scope.namespace: (round(ch.scope.reflection_importance, 6), ch.scope.summary_tokens)
+            for ch in c.export_memories()
+            if ch.WhichOneof("chunk") == "scope"
+        }
+
+    leader = server_factory(tmp_path / "leader", replication=True)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        for ns in ("user:ana/task:1", "user:ana/task:2"):
+            for i in range(3):
+                lc.create(ns, f"an observation number {i} in {ns}", importance=0.4)
+        _eventually(lambda: progress(rc) == progress(lc) and len(progress(lc)) == 2)
+        lc.delete_namespace("user:ana/task:1")
+        assert set(progress(lc)) == {"user:ana/task:2"}
+        _eventually(lambda: progress(rc) == progress(lc) and rc.stats().memory_count == 3)
+    replica.stop(0)
+
+
 def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
     server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,7 +94,7 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
     """The batches that bring a replica from commit ``after`` to ``seq``, packed into a spool (the
     last one is the one that reaches ``seq``); FailedPrecondition when the commit log no longer
     reaches back."""
-    settings, rids, graph = False, set(), set()
+    settings, rids, graph, scopes = False, set(), set(), set()
     for s in range(after + 1, seq + 1):
         entry = st.store.commit_log_entry(txn, s)
         if entry is None:  # (dropped from the log: the replica starts over with a full copy)
@@ -102,6 +102,7 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
         settings = settings or entry[0]
         rids.update(entry[1])
         graph.update(entry[2])
+        scopes.update(entry[3])
     ordered = sorted(rids)
     parts = [ordered[i : i + BATCH_RECORDS] for i in range(0, len(ordered), BATCH_RECORDS)] or [[]]
     out = Parts(st.config.data_dir)
@@ -114,6 +115,7 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
                 batch["graph"] = [
                     [ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)
                 ]
+                _add_scopes(st, txn, batch, scopes)
             out.add(_pack(st, txn, batch))
     except BaseException:
         out.close()
@@ -191,6 +193,16 @@ def _records(st: EngineState, txn: Txn, rids: list[int]) -> dict[str, Any]:
     return {"records": written, "deleted": deleted, "scopes": _scopes(states)}
 
 
+def _add_scopes(st: EngineState, txn: Txn, batch: dict[str, Any], names: set[str]) -> None:
+    """The progress of the namespaces ``names`` whose progress the commits changed, beside that of
+    the namespaces of the memories written (a namespace whose memories were all deleted or moved
+    has none written); ``scopes_gone``: those whose progress was dropped."""
+    names = names - {ns for ns, _ in batch["scopes"]}
+    held = [(ns, st.store.stored_scope_state(txn, ns)) for ns in sorted(names)]
+    batch["scopes"] += _scopes([(ns, s) for ns, s in held if s is not None])
+    batch["scopes_gone"] = [ns for ns, s in held if s is None]
+
+
 def _scopes(states: list[tuple[str, ScopeState]]) -> list[list[Any]]:
     return [
         [ns, [s.reflection_importance, s.summary_tokens, s.summary_rid, s.covered_rid]] for ns, s in states
@@ -266,6 +278,8 @@ def _store_batch(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int]:
     _put_graph(st, txn, batch.get("graph_items", []))
     for ns, (refl, tokens, summary_rid, covered) in batch.get("scopes", []):
         st.store.put_scope_state(txn, ns, ScopeState(refl, tokens, summary_rid, covered))
+    for ns in batch.get("scopes_gone", []):
+        st.store.put_scope_state(txn, ns, None)
     # (written with the commit by EngineState.before_commit: a promoted replica never reuses a rid)
     st.next_rid = max(st.next_rid, int(batch.get("next_rid", 1)))
     st.next_vk = max(st.next_vk, int(batch.get("next_vk", 1)))

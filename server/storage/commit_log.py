@@ -29,6 +29,7 @@ class CommitLog:
     _log_rids: set[int]
     _log_settings: bool
     _log_graph: set[tuple[str, bool]]
+    _log_scopes: set[str]
 
     def next_seq(self, txn: lmdb.Transaction, now: float) -> None:
         """Number the commit about to happen and log what it changed (writer thread, just before
@@ -37,9 +38,9 @@ class CommitLog:
         txn.put(META_SEQ, RID.pack(self.seq), db=self.meta)
         if self.log_commits:
             rids = np.fromiter(self._log_rids, np.uint64, len(self._log_rids))
-            graph = sorted(self._log_graph)
+            graph, scopes = sorted(self._log_graph), sorted(self._log_scopes)
             entry = msgpack.packb(
-                [now, self._log_settings, np.sort(rids).tobytes(), graph], use_bin_type=True
+                [now, self._log_settings, np.sort(rids).tobytes(), graph, scopes], use_bin_type=True
             )
             put_maybe_append(txn, RID.pack(self.seq), entry, self.commits, new=True)
         if self.seq % self.prune_every == 0:
@@ -47,6 +48,7 @@ class CommitLog:
         self._log_rids.clear()
         self._log_settings = False
         self._log_graph.clear()
+        self._log_scopes.clear()
 
     def _prune_commit_log(self, txn: lmdb.Transaction, before: float, most: int = 4096) -> int:
         """Drop up to ``most`` commit-log entries written before ``before``, oldest first."""
@@ -83,15 +85,18 @@ class CommitLog:
 
     def commit_log_entry(
         self, txn: lmdb.Transaction, seq: int
-    ) -> tuple[bool, list[int], list[tuple[str, bool]]] | None:
+    ) -> tuple[bool, list[int], list[tuple[str, bool]], list[str]] | None:
         """What commit ``seq`` changed: (settings or spaces, rids written or deleted, the
-        namespaces whose graph changed, each with whether its children's did); None: not logged."""
+        namespaces whose graph changed, each with whether its children's did, the namespaces whose
+        reflection and summary progress changed); None: not logged."""
         raw = txn.get(RID.pack(seq), db=self.commits)
         if raw is None:
             return None
         entry = msgpack.unpackb(raw)
         graph = [(str(ns), bool(children)) for ns, children in (entry[3] if len(entry) > 3 else [])]
-        return bool(entry[1]), np.frombuffer(entry[2], np.uint64).astype(np.int64).tolist(), graph
+        scopes = [str(ns) for ns in (entry[4] if len(entry) > 4 else [])]
+        rids = np.frombuffer(entry[2], np.uint64).astype(np.int64).tolist()
+        return bool(entry[1]), rids, graph, scopes
 
     def _changed(self, txn: lmdb.Transaction, rid: int) -> None:
         txn.put(rid_key(rid), RID.pack(self.seq + 1), db=self.changes)

@@ -147,6 +147,7 @@ class Store(CommitLog):
         self._log_rids: set[int] = set()
         self._log_settings = False
         self._log_graph: set[tuple[str, bool]] = set()  # (namespace, with its children) whose graph changed
+        self._log_scopes: set[str] = set()  # namespaces whose progress changed
         self.meta = self.env.open_db(b"meta")
         self.records = self.env.open_db(b"records")
         self.ids = self.env.open_db(b"ids")
@@ -255,6 +256,7 @@ class Store(CommitLog):
         self._log_rids.clear()
         self._log_settings = False
         self._log_graph.clear()
+        self._log_scopes.clear()
         return self.env.begin(write=True)
 
     def grow(self) -> int:
@@ -526,8 +528,11 @@ class Store(CommitLog):
 
     def scope_state(self, txn: lmdb.Transaction, namespace: str) -> ScopeState:
         """A namespace's progress toward a reflection and a summary (all zero when none is stored)."""
+        return self.stored_scope_state(txn, namespace) or ScopeState()
+
+    def stored_scope_state(self, txn: lmdb.Transaction, namespace: str) -> ScopeState | None:
         raw = txn.get(META_SCOPE + namespace.encode(), db=self.meta)
-        return _scope_of(raw) if raw else ScopeState()
+        return _scope_of(raw) if raw else None
 
     def scope_states(
         self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
@@ -552,6 +557,8 @@ class Store(CommitLog):
 
     def put_scope_state(self, txn: lmdb.Transaction, namespace: str, state: ScopeState | None) -> None:
         key = META_SCOPE + namespace.encode()
+        if self.log_commits:
+            self._log_scopes.add(namespace)
         if state is None:
             txn.delete(key, db=self.meta)
         else:
