@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -21,6 +22,7 @@ from tiermem.client.client import metadata_dict
 from tiermem.client.errors import from_rpc_error
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
+from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
 
 def _client(running: RunningServer) -> MemoryClient:
@@ -168,8 +170,6 @@ def test_writes_go_on_while_an_export_client_stops_reading(
     server, so the server's writes go on and grow its map (growth waits for every open read
     transaction; before the spool these writes waited until their deadline). Read at last, the
     export is the snapshot of when it began."""
-    from tiermem.v1 import memory_pb2_grpc as pb_grpc
-
     server = server_factory(tmp_path / "s", map_size=4 << 20)
     text = "a note about the deploy " * 40
     with MemoryClient(f"127.0.0.1:{server.port}", timeout=20) as c:
@@ -195,6 +195,40 @@ def test_writes_go_on_while_an_export_client_stops_reading(
     memories = [second.memory] + [ch.memory for ch in rest if ch.WhichOneof("chunk") == "memory"]
     assert len(memories) == 3000 and {m.namespace for m in memories} == {"team:old"}
     assert len({m.id for m in memories}) == 3000
+
+
+def test_an_export_cancelled_while_it_spools_stops_reading(
+    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that cancels while its export is being spooled stops the spooling within a part
+    (256 memories): the read transaction does not stay open to read the rest for no one. (Each
+    memory's packing is slowed to 1 ms here, so the spool takes seconds.)"""
+    from tiermem.server.core import backup
+
+    server = server_factory()
+    with _client(server) as c:
+        for b in range(6):
+            c.create_batch([{"namespace": "team:a", "content": f"{b}-{j} a note"} for j in range(500)])
+        packed: list[float] = []
+        original = backup._packed
+
+        def slow(item: Any) -> Any:
+            time.sleep(0.001)
+            packed.append(time.monotonic())
+            return original(item)
+
+        monkeypatch.setattr(backup, "_packed", slow)
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest())
+            assert next(call).HasField("header")
+            time.sleep(0.1)
+            cancelled = time.monotonic()
+            call.cancel()
+        time.sleep(1.5)  # (the rest would take over 2 s)
+        after = sum(t > cancelled for t in packed)
+        assert len(packed) < 1500 and after <= 2 * backup.SPOOL_ITEMS, (len(packed), after)
+        monkeypatch.setattr(backup, "_packed", original)
+        assert sum(ch.HasField("memory") for ch in c.export_memories("team:a")) == 3000
 
 
 def test_an_export_is_the_same_spooled_in_memory_on_disk_or_sent_from_its_transaction(
@@ -427,6 +461,9 @@ def test_an_import_that_promised_its_end_and_ended_without_it_stores_nothing_aft
     bad = pb.ImportMemoriesRequest(memory=pb.Memory(namespace="bad", id="x", content="x"), end=True)
     e = refused(requests("bad", 3, True, bad))
     assert e.fields == ["chunks[5].end"] and client.stats("bad").memory_count == 0
+    header_end = requests("bad", 3, True, None)
+    header_end[0].end = True
+    assert refused(header_end).fields == ["chunks[0].end"] and client.stats("bad").memory_count == 0
 
     done = client.stub.ImportMemories(
         iter(requests("whole", 700, True, pb.ImportMemoriesRequest(end=True))), timeout=60

@@ -47,7 +47,10 @@ SPOOL_RESERVE_BYTES = 1 << 30  # what an export's spool leaves free on the disk,
 
 
 def export(
-    st: EngineState, namespace: str = "", include_children: bool = False
+    st: EngineState,
+    namespace: str = "",
+    include_children: bool = False,
+    wanted: Callable[[], bool] | None = None,
 ) -> Iterator[ExportHeader | ExportItem]:
     """Yield the header, then every unexpired memory of the namespace (or all) with its vector,
     then the scope state of each namespace with progress toward a reflection or summary, then
@@ -56,7 +59,8 @@ def export(
     Everything is read from one read transaction, spooled, and sent after it closed: a client
     that reads slowly or stops holds no transaction (nor the map growth and the reuse of freed
     pages that wait for it). Where the disk has no room for the spool (``_has_room``), the rest
-    is sent from the transaction itself, held until the client has read it all."""
+    is sent from the transaction itself, held until the client has read it all. ``wanted()``
+    false (the client cancelled, the deadline passed) stops the spooling between two parts."""
     if namespace:
         check.namespace("namespace", namespace)
     yield ExportHeader(
@@ -70,7 +74,7 @@ def export(
     spool = Spool(st.config.data_dir, what="an export")
     try:
         with st.store.read() as txn:
-            if not _spooled(st, spool, _snapshot(st, txn, namespace, include_children, now)):
+            if not _spooled(st, spool, _snapshot(st, txn, namespace, include_children, now), wanted):
                 spool.close()
                 yield from _snapshot(st, txn, namespace, include_children, now)
                 return
@@ -95,19 +99,23 @@ def _snapshot(
         yield ExportedGraphItem(kind, ns, item)
 
 
-def _spooled(st: EngineState, spool: Spool, items: Iterator[ExportItem]) -> bool:
+def _spooled(
+    st: EngineState, spool: Spool, items: Iterator[ExportItem], wanted: Callable[[], bool] | None
+) -> bool:
     """Pack ``items`` into ``spool``, ``SPOOL_ITEMS`` to a part; False where the disk has no room."""
     checked = -SPOOL_CHECK_BYTES  # (the spool's size when the disk's room was last looked at)
     while part := [_packed(item) for item in itertools.islice(items, SPOOL_ITEMS)]:
+        if wanted is not None and not wanted():
+            raise DeadlineExceeded("the export was cancelled or its deadline passed")
         payload = msgpack.packb(part, use_bin_type=True)
-        to_disk = spool.on_disk or spool.bytes + len(payload) > spool_module.MEMORY_BYTES
+        to_disk = spool.on_disk or spool.bytes + 8 + len(payload) > spool_module.MEMORY_BYTES
         if to_disk and spool.bytes - checked >= SPOOL_CHECK_BYTES:
             if not _has_room(st.config.data_dir):
                 return False
             checked = spool.bytes
         try:
             spool.add(payload)
-        except ResourceExhausted:  # (the disk filled meanwhile)
+        except (ResourceExhausted, OSError):  # (the disk filled meanwhile, or refuses the file)
             return False
     return True
 

@@ -503,9 +503,9 @@ class Engine:
 
     # -- backup and statistics -----------------------------------------------------------------------
     def export(
-        self, namespace: str = "", include_children: bool = False
+        self, namespace: str = "", include_children: bool = False, wanted: Callable[[], bool] | None = None
     ) -> Iterator[ExportHeader | ExportItem]:
-        return backup.export(self.state, namespace, include_children)
+        return backup.export(self.state, namespace, include_children, wanted)
 
     def restore(
         self,

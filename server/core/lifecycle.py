@@ -287,8 +287,8 @@ def apply_moves(st: EngineState, items: list[Move], now: float) -> int:
                 done.deleted.append(rec)
                 continue
             old = Record.unpack(rec.pack())
-            # (no earlier than its last access: feedback committed since the plan is not evidence since entry)
-            enter_tier(rec, to, max(now, rec.accessed_at))
+            # (at the commit: an access committed since the plan is evidence before the entry, not since)
+            enter_tier(rec, to, max(now, st.clock()))
             _, rec.vk = st.alloc_ids()
             st.store.put(txn, rec)
             done.moved.append((old, rec))

@@ -530,7 +530,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 or (ns and key.covers(ns))
                 or (not request.include_children and ns)
             ):
-                for item in self._engine.export(ns, request.include_children):
+                for item in self._engine.export(ns, request.include_children, _still_wanted(context)):
                     yield convert.export_chunk_to_pb(item)
                 return
             # A key for some prefixes, asking for more: the export of what it covers below the
@@ -545,7 +545,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             parts = [p for p in set(parts) if not any(p != q and p.startswith(q + "/") for q in parts)]
             header_sent = False
             for part in sorted(parts):
-                for item in self._engine.export(part, True):
+                for item in self._engine.export(part, True, _still_wanted(context)):
                     if isinstance(item, ExportHeader):
                         if header_sent:
                             continue
@@ -568,9 +568,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         header = convert.header_from_pb(first.header)
         engine = self._engine
 
+        if first.end:
+            raise InvalidArgument("chunks[0].end", "is set on a request with a chunk (the header)")
+
         def items() -> Iterator[ExportItem]:
-            if first.end:
-                return
             for i, chunk in enumerate(request_iterator):
                 if chunk.end:
                     if chunk.WhichOneof("chunk") is not None:

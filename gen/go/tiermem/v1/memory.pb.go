@@ -2871,7 +2871,7 @@ type RecordFeedbackRequest struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// items are the feedback reports (1 to 1000); an id may appear more than once.
 	Items []*Feedback `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
-	// as_of is the time of the accesses (default: now).
+	// as_of is the time of the accesses (default: now; a later time counts as now).
 	AsOf *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 }
 
