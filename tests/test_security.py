@@ -181,6 +181,37 @@ def test_listings_stats_and_exports_show_only_what_the_key_covers(
         assert g.stats().memory_count == 4 and g.stats().storage_bytes > 0
 
 
+def test_an_export_under_a_key_for_several_prefixes_is_one_snapshot_in_the_export_order(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """A key for two prefixes that exports everything gets what both cover as one export: one
+    header, every memory, then every scope's progress, then the graph, nodes before edges (it was
+    each prefix's export in turn, each its own snapshot); and it imports back whole."""
+    both = add_key(keys_file, ["user:ana", "user:bob"], "admin")
+    root = add_key(keys_file, [""], "admin")
+    running = server_factory(api_keys=str(keys_file))
+    with client(running, root) as g:
+        for ns in ("user:ana", "user:ana/p", "user:bob", "user:carl"):
+            g.create(ns, f"a memory of {ns}", id="m")
+            g.upsert_node(ns, "n1", label="one")
+            g.upsert_node(ns, "n2", label="two")
+            g.add_edge(ns, "n1", "knows", "n2")
+    with client(running, both) as c:
+        chunks = list(c.export_memories())
+    kinds = [ch.WhichOneof("chunk") for ch in chunks]
+    order = {"header": 0, "memory": 1, "scope": 2, "node": 3, "edge": 4}
+    assert kinds == sorted(kinds, key=order.__getitem__) and kinds.count("header") == 1
+    assert kinds.count("memory") == 3 and kinds.count("node") == 6 and kinds.count("edge") == 3
+    assert {ch.memory.namespace for ch in chunks if ch.HasField("memory")} == {
+        "user:ana",
+        "user:ana/p",
+        "user:bob",
+    }
+    with client(running, root) as g:
+        done = g.import_memories(chunks, target_namespace="restored")
+        assert done.imported == 3 and done.graph_items == 9
+
+
 def test_import_needs_admin_on_every_namespace_it_writes(
     server_factory: Callable[..., RunningServer], keys_file: Path
 ) -> None:

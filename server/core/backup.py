@@ -51,8 +51,10 @@ def export(
     namespace: str = "",
     include_children: bool = False,
     wanted: Callable[[], bool] | None = None,
+    within: list[str] | None = None,
 ) -> Iterator[ExportHeader | ExportItem]:
-    """Yield the header, then every unexpired memory of the namespace (or all) with its vector,
+    """Yield the header, then every unexpired memory of the namespace (or all; with ``within``,
+    of those namespaces and their children instead, the header naming ``namespace``) with its vector,
     then the scope state of each namespace with progress toward a reflection or summary, then
     its graph (nodes before the edges using them).
 
@@ -71,12 +73,13 @@ def export(
         namespace=namespace,
     )
     now = st.clock()
+    parts = [(namespace, include_children)] if within is None else [(ns, True) for ns in within]
     spool = Spool(st.config.data_dir, what="an export")
     try:
         with st.store.read() as txn:
-            if not _spooled(st, spool, _snapshot(st, txn, namespace, include_children, now), wanted):
+            if not _spooled(st, spool, _snapshot(st, txn, parts, now), wanted):
                 spool.close()
-                yield from _snapshot(st, txn, namespace, include_children, now)
+                yield from _snapshot(st, txn, parts, now)
                 return
         for payload in spool:
             for packed in msgpack.unpackb(payload, raw=False, strict_map_key=False):
@@ -85,16 +88,17 @@ def export(
         spool.close()
 
 
-def _snapshot(
-    st: EngineState, txn: Txn, namespace: str, include_children: bool, now: float
-) -> Iterator[ExportItem]:
-    for rec in st.store.namespace_records(txn, namespace, include_children):
-        if not rec.expired(now):
-            yield ExportedMemory(rec, st.store.get_vector(txn, rec.rid))
-    for ns, state in st.store.scope_states(txn, namespace, include_children):
-        if state.reflection_importance or state.summary_tokens:
-            yield ExportedScope(ns, float(state.reflection_importance), int(state.summary_tokens))
-    graph = st.store.graph_items(txn, namespace, include_children)
+def _snapshot(st: EngineState, txn: Txn, parts: list[tuple[str, bool]], now: float) -> Iterator[ExportItem]:
+    """What ``txn`` holds of each (namespace, with its children): memories, progress, graph."""
+    for namespace, children in parts:
+        for rec in st.store.namespace_records(txn, namespace, children):
+            if not rec.expired(now):
+                yield ExportedMemory(rec, st.store.get_vector(txn, rec.rid))
+    for namespace, children in parts:
+        for ns, state in st.store.scope_states(txn, namespace, children):
+            if state.reflection_importance or state.summary_tokens:
+                yield ExportedScope(ns, float(state.reflection_importance), int(state.summary_tokens))
+    graph = [item for namespace, children in parts for item in st.store.graph_items(txn, namespace, children)]
     for kind, ns, item in sorted(graph, key=lambda g: g[0] == "edge"):
         yield ExportedGraphItem(kind, ns, item)
 

@@ -503,9 +503,13 @@ class Engine:
 
     # -- backup and statistics -----------------------------------------------------------------------
     def export(
-        self, namespace: str = "", include_children: bool = False, wanted: Callable[[], bool] | None = None
+        self,
+        namespace: str = "",
+        include_children: bool = False,
+        wanted: Callable[[], bool] | None = None,
+        within: list[str] | None = None,
     ) -> Iterator[ExportHeader | ExportItem]:
-        return backup.export(self.state, namespace, include_children, wanted)
+        return backup.export(self.state, namespace, include_children, wanted, within)
 
     def restore(
         self,

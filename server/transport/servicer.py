@@ -28,7 +28,6 @@ from tiermem.server.model.errors import (
 )
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import (
-    ExportHeader,
     ExportItem,
 )
 from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG
@@ -534,7 +533,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     yield convert.export_chunk_to_pb(item)
                 return
             # A key for some prefixes, asking for more: the export of what it covers below the
-            # namespace asked for (only those subtrees are read), under one header.
+            # namespace asked for (only those subtrees are read), one snapshot under one header.
             parts = [p for p in key.namespaces if not ns or p == ns or p.startswith(ns + "/")]
             if not parts:
                 raise PermissionDenied(
@@ -543,14 +542,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     metadata={"namespace": ns, "key_id": key.id},
                 )
             parts = [p for p in set(parts) if not any(p != q and p.startswith(q + "/") for q in parts)]
-            header_sent = False
-            for part in sorted(parts):
-                for item in self._engine.export(part, True, _still_wanted(context)):
-                    if isinstance(item, ExportHeader):
-                        if header_sent:
-                            continue
-                        item.namespace, header_sent = ns, True
-                    yield convert.export_chunk_to_pb(item)
+            for item in self._engine.export(ns, True, _still_wanted(context), within=sorted(parts)):
+                yield convert.export_chunk_to_pb(item)
 
     @_rpc
     def ImportMemories(
