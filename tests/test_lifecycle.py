@@ -719,6 +719,39 @@ def test_an_older_summary_deleted_from_the_tier_of_the_new_one_is_its_room(env: 
         assert list(second.source_memory_ids) == ["x3"]
         assert moves(c.consolidate(ns)) == set()
 
+    # the memory kept had gone on into a full GLACIAL, which had made room for it: GLACIAL keeps
+    # one more of its own in turn (it deleted one memory for nothing)
+    ns = "room/cascade"
+    c.update_namespace_config(
+        ns,
+        retention="lru",
+        summarize_evictions=True,
+        delete_from_glacial=True,
+        kind_capacities={"eviction_summary": 2},
+        tiers={
+            t: {"max_items": n, "ttl_seconds": NEVER, "importance_threshold": 0.0}
+            for t, n in (("slow", 3), ("glacial", 2))
+        },
+    )
+    for i in range(1, 5):
+        c.create(ns, f"Old fact {i}.", id=f"s{i}", tier="slow", importance=0.9)
+        clock.advance(1)
+    c.consolidate(ns)  # (SLOW: s1 and s2 into GLACIAL, a summary of them)
+    (first,) = c.list_memories(ns, kinds=["eviction_summary"])
+    clock.advance(10)
+    c.create(ns, "New fact y.", id="y", tier="slow", importance=0.9)
+    clock.advance(1)
+    assert moves(c.consolidate(ns)) == {
+        (ns, first.id, SLOW, GONE, DELETE_CAP),
+        (ns, "s3", SLOW, GLACIAL, EVICT),
+        (ns, "s1", GLACIAL, GONE, DELETE_CAP),
+        (ns, "s2", GLACIAL, GONE, DELETE_CAP),
+    }
+    held = {m.id: (m.tier, list(m.source_memory_ids)) for m in c.list_memories(ns)}
+    assert sorted(v for v in held.values() if v[0] == GLACIAL) == [(GLACIAL, []), (GLACIAL, ["s1", "s2"])]
+    assert held["s3"] == (GLACIAL, []) and held["s4"][0] == held["y"][0] == SLOW
+    assert moves(c.consolidate(ns)) == set()
+
 
 def test_evidence_from_before_a_tier_entry_never_promotes_again(
     env: Env, monkeypatch: pytest.MonkeyPatch

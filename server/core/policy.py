@@ -406,6 +406,22 @@ class _PassState:
         if to:
             self.enter(rows)
 
+    def keep(self, row: int, t: int) -> None:
+        """``row``, whose last step leaves tier ``t``, stays in ``t``: that step is undone."""
+        for k, (rows, source, tier, why) in enumerate(self.earlier):
+            at = np.flatnonzero(rows == row) if tier == t else ()
+            if len(at):  # (it came into t this pass: that step is its last again)
+                j = int(at[0])
+                self.source[row], self.reason[row] = source[j], why[j]
+                rest = np.arange(rows.shape[0]) != j
+                self.earlier[k] = (rows[rest], source[rest], tier, why[rest])
+                self.target[row] = t
+                self.enter(np.array([row]))
+                return
+        self.target[row] = t
+        self.reason[row] = STAY
+        self.retention[row] = self.home_retention[row]
+
     def turn_back(self, rows: np.ndarray, t: int) -> None:
         """``rows``, promoted into tier ``t`` this pass, are not kept there: they are promoted one tier
         less, which for most is no move (they stay, ranked as before)."""
@@ -559,18 +575,19 @@ def _give_back_room(
 ) -> None:
     """An older summary deleted for its kind's cap from tier ``t``, where this pass stores a new
     one, made the new one's room there: the tier keeps the best of the memories it evicted for that
-    room (one that was there before the pass and went no further), and the summary leaves it out."""
-    rows = summaries.get((nid, t))
-    if rows is None or rows.shape[0] < 2:
-        return
-    stayed = rows[(state.view.tier[rows] == t) & (state.source[rows] == t)]
-    if not stayed.shape[0]:
-        return
-    best = stayed[np.argmax(state.home_retention[stayed])]
-    state.target[best] = t
-    state.reason[best] = STAY
-    state.retention[best] = state.home_retention[best]
-    summaries[(nid, t)] = rows[rows != best]
+    room (whose last step left it), and the summary leaves it out; the next tier, which had made
+    room for that memory, keeps one more of its own the same way, and so on."""
+    while t and (rows := summaries.get((nid, t))) is not None and rows.shape[0] >= 2:
+        # (its last step leaves t, and how it ranked in t is known: deleted, or there before the pass)
+        left = rows[(state.source[rows] == t) & ((state.target[rows] == 0) | (state.view.tier[rows] == t))]
+        if not left.shape[0]:
+            return
+        rank = np.where(state.target[left] == 0, state.retention[left], state.home_retention[left])
+        best = left[np.argmax(rank)]
+        went = int(state.target[best])
+        state.keep(best, t)
+        summaries[(nid, t)] = rows[rows != best]
+        t = went  # (the tier it went to made room for it too: it keeps one more in turn)
 
 
 def _delete_surplus(
