@@ -409,8 +409,8 @@ class _PassState:
     def keep(self, row: int, t: int) -> None:
         """``row``, whose last step leaves tier ``t``, stays in ``t``: that step is undone."""
         for k, (rows, source, tier, why) in enumerate(self.earlier):
-            at = np.flatnonzero(rows == row) if tier == t else ()
-            if len(at):  # (it came into t this pass: that step is its last again)
+            at = np.flatnonzero(rows == row) if tier == t else np.empty(0, np.int64)
+            if at.shape[0]:  # (it came into t this pass: that step is its last again)
                 j = int(at[0])
                 self.source[row], self.reason[row] = source[j], why[j]
                 rest = np.arange(rows.shape[0]) != j
