@@ -691,7 +691,8 @@ def plan_moves(
     """Decide each eligible row's promotion or demotion (one tier per pass) and its decayed importance.
 
     Promotion (not from FAST), first rule that holds: accesses since entering the tier >=
-    promote_access; surprise >= promote_surprise with an access since entering the tier; successes
+    promote_access; surprise >= promote_surprise with an access since entering the tier (counted,
+    not dated: an access time ahead of the clock would count after every entry); successes
     since entering the tier >= promote_success. Demotion (not from GLACIAL): idle (no access, no tier
     entry) longer than the tier's TTL; or decayed importance below the tier's threshold, after one
     TTL in the tier where the namespace's decay_grace is set (else at once). Tables are indexed
@@ -711,7 +712,7 @@ def plan_moves(
             if t > 1:
                 if access_count[i] - access_base[i] >= promote_access[k]:
                     a = PROMOTE_ACCESS
-                elif surprise[i] >= promote_surprise[k] and accessed_at[i] > tier_since[i]:
+                elif surprise[i] >= promote_surprise[k] and access_count[i] > access_base[i]:
                     a = PROMOTE_SURPRISE
                 elif success_count[i] - success_base[i] >= promote_success[k]:
                     a = PROMOTE_SUCCESS

@@ -14,7 +14,7 @@ from the kernel code:
   - otherwise decayed = decay(importance, now - created, half_life[k, t]); ineligible rows: action 0;
   - promotion (not from FAST), first rule that holds:
     1 access_count - access_base >= promote_access[k];
-    2 surprise >= promote_surprise[k] and an access since entering the tier (accessed_at > tier_since);
+    2 surprise >= promote_surprise[k] and an access since entering the tier (access_count > access_base);
     3 success_count - success_base >= promote_success[k];
   - else demotion (not from GLACIAL): 4 idle, now - max(accessed_at, tier_since) > ttl[k, t]
     ("longer than"); 5 decay, decayed < threshold[k, t] ("below") and, where decay_grace[k] (the
@@ -112,7 +112,7 @@ def ref_plan_moves(c: dict, t: dict, now: float, floor: float) -> tuple[np.ndarr
     up = act & (tier != FAST)
     down = act & (tier != GLACIAL)
     r_access = up & (c["access_count"] - c["access_base"] >= t["promote_access"][k])
-    r_surprise = up & (c["surprise"] >= t["promote_surprise"][k]) & (c["accessed_at"] > c["tier_since"])
+    r_surprise = up & (c["surprise"] >= t["promote_surprise"][k]) & (c["access_count"] > c["access_base"])
     r_success = up & (c["success_count"] - c["success_base"] >= t["promote_success"][k])
     ttl = t["ttl_seconds"][k, ti]
     last = np.maximum(c["accessed_at"], c["tier_since"])
@@ -439,13 +439,22 @@ PLAN_EDGES = [
     ("access-at-threshold", {"access_count": 13}, {}, P_ACCESS, None),
     ("access-below-threshold", {"access_count": 12}, {}, NONE, None),
     ("access-zero-threshold", {}, {"promote_access": [0]}, P_ACCESS, None),
-    ("surprise-at-threshold", {"surprise": 0.75}, {}, P_SURPRISE, None),
-    ("surprise-below-threshold", {"surprise": np.nextafter(np.float32(0.75), np.float32(0))}, {}, NONE, None),
+    ("surprise-at-threshold", {"surprise": 0.75, "access_count": 11}, {}, P_SURPRISE, None),
     (
-        "surprise-accessed-eq-tier-since",
-        {"surprise": 1.0, "accessed_at": NOW - HOUR, "tier_since": NOW - HOUR},
+        "surprise-below-threshold",
+        {"surprise": np.nextafter(np.float32(0.75), np.float32(0)), "access_count": 11},
         {},
         NONE,
+        None,
+    ),
+    ("surprise-no-access-since-entry", {"surprise": 1.0}, {}, NONE, None),
+    # (counted, not dated: an access time ahead of the clock is no access since every later entry)
+    ("surprise-access-dated-ahead", {"surprise": 1.0, "accessed_at": NOW + 24 * HOUR}, {}, NONE, None),
+    (
+        "surprise-counted-access-dated-before-entry",
+        {"surprise": 1.0, "access_count": 11, "accessed_at": NOW - 2 * HOUR, "tier_since": NOW - HOUR},
+        {},
+        P_SURPRISE,
         None,
     ),
     (
@@ -458,7 +467,13 @@ PLAN_EDGES = [
     ("success-at-threshold", {"success_count": 5}, {}, P_SUCCESS, None),
     ("success-below-threshold", {"success_count": 4}, {}, NONE, None),
     ("access-beats-surprise", {"access_count": 20, "surprise": 1.0, "success_count": 9}, {}, P_ACCESS, None),
-    ("surprise-beats-success", {"surprise": 1.0, "success_count": 9}, {}, P_SURPRISE, None),
+    (
+        "surprise-beats-success",
+        {"surprise": 1.0, "access_count": 11, "success_count": 9},
+        {},
+        P_SURPRISE,
+        None,
+    ),
     ("promote-beats-idle", {"success_count": 9, "accessed_at": NOW - 9 * HOUR}, {}, P_SUCCESS, None),
     (
         "no-promotion-from-fast",

@@ -752,6 +752,56 @@ def test_an_older_summary_deleted_from_the_tier_of_the_new_one_is_its_room(env: 
     assert held["s3"] == (GLACIAL, []) and held["s4"][0] == held["y"][0] == SLOW
     assert moves(c.consolidate(ns)) == set()
 
+    def holds(ns: str) -> dict[int, set[str]]:
+        out: dict[int, set[str]] = {}
+        for m in c.list_memories(ns):
+            out.setdefault(m.tier, set()).add(m.id if m.kind != "eviction_summary" else "summary")
+        return out
+
+    by_importance = {"retention": "importance", "importance_decay": "none", "summarize_evictions": True}
+    # every memory MEDIUM evicted came into it this pass (demoted from FAST): it keeps the best
+    ns = "room/newcomers"
+    tiers = {
+        t: {"max_items": 1000, "ttl_seconds": NEVER, "importance_threshold": 0.0} for t in ("fast", "medium")
+    }
+    tiers["fast"]["ttl_seconds"], tiers["medium"]["max_items"] = 5, 3
+    c.update_namespace_config(ns, kind_capacities={"eviction_summary": 1}, tiers=tiers, **by_importance)
+    for mid, tier, kind, imp in (("S", "medium", "eviction_summary", 0.9), ("m1", "medium", "", 0.8)):
+        c.create(ns, f"Fact {mid}.", id=mid, tier=tier, kind=kind, importance=imp)
+    for mid, imp in (("d1", 0.1), ("d2", 0.2), ("d3", 0.3)):
+        c.create(ns, f"Fact {mid}.", id=mid, tier="fast", importance=imp)
+    clock.advance(10)
+    c.consolidate(ns)  # (d1-d3 idle into MEDIUM, which evicts d1 and d2: S, the older summary, goes)
+    assert holds(ns) == {MEDIUM: {"summary", "m1", "d3"}, SLOW: {"d1", "d2"}}
+    assert moves(c.consolidate(ns)) == set()
+
+    # an older summary GLACIAL's capacity deleted is not kept back: the kind's cap counted it gone
+    ns = "room/summaries"
+    c.update_namespace_config(
+        ns,
+        delete_from_glacial=True,
+        kind_capacities={"eviction_summary": 2},
+        tiers={
+            t: {"max_items": n, "ttl_seconds": NEVER, "importance_threshold": 0.0}
+            for t, n in (("slow", 2), ("glacial", 3))
+        },
+        **by_importance,
+    )
+    for mid, tier, kind, imp in (
+        ("Sa", "glacial", "eviction_summary", 0.3),
+        ("Sb", "glacial", "eviction_summary", 0.9),
+        ("g1", "glacial", "", 0.1),
+        ("a", "slow", "", 0.2),
+        ("b", "slow", "", 0.8),
+        ("c", "slow", "", 0.85),
+    ):
+        c.create(ns, f"Fact {mid}.", id=mid, tier=tier, kind=kind, importance=imp)
+        clock.advance(1)
+    c.consolidate(ns)
+    summaries = [m for m in c.list_memories(ns) if m.kind == "eviction_summary"]
+    assert len(summaries) == 2 and not {"Sa", "Sb"} & {m.id for m in summaries}
+    assert moves(c.consolidate(ns)) == set()
+
 
 def test_evidence_from_before_a_tier_entry_never_promotes_again(
     env: Env, monkeypatch: pytest.MonkeyPatch

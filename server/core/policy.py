@@ -447,6 +447,10 @@ class _PassState:
 
     def enter(self, rows: np.ndarray) -> None:
         """Rows moving into ``target`` this pass rank there as just entered, decaying at its half-life."""
+        self.retention[rows] = self.entering(rows, self.target)
+
+    def entering(self, rows: np.ndarray, tier: np.ndarray) -> np.ndarray:
+        """How ``rows`` rank as just entered into ``tier`` (per row of the view)."""
         view, tables = self.view, self.tables
         _, _, imp = kernels.score_rows(
             rows,
@@ -454,7 +458,7 @@ class _PassState:
             importance=view.importance,
             created_at=view.created,
             last_access=view.accessed,
-            tier=self.target,
+            tier=tier,
             ns=view.ns,
             now=self.now,
             tau_seconds=self.tau_seconds,
@@ -464,7 +468,7 @@ class _PassState:
             beta=0.0,
             gamma=1.0,
         )
-        self.retention[rows] = kernels.retention_scores(
+        return kernels.retention_scores(
             ns=view.ns[rows],
             policy=tables.retention,
             decayed=imp,
@@ -566,24 +570,26 @@ def _room_for_summaries(
         headed = state.target.copy()
         _delete_surplus(state, of_kind, one, np.array([cap]), added[nid : nid + 1])
         for t in np.unique(headed[of_kind & (headed != 0) & (state.target == 0)]):
-            _give_back_room(state, summaries, int(nid), int(t))
+            _give_back_room(state, summaries, int(nid), int(t), kid)
     _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
 
 
 def _give_back_room(
-    state: _PassState, summaries: dict[tuple[int, int], np.ndarray], nid: int, t: int
+    state: _PassState, summaries: dict[tuple[int, int], np.ndarray], nid: int, t: int, kid: int
 ) -> None:
     """An older summary deleted for its kind's cap from tier ``t``, where this pass stores a new
     one, made the new one's room there: the tier keeps the best of the memories it evicted for that
     room (whose last step left it), and the summary leaves it out; the next tier, which had made
     room for that memory, keeps one more of its own the same way, and so on."""
+    view = state.view
     while t and (rows := summaries.get((nid, t))) is not None and rows.shape[0] >= 2:
-        # (its last step leaves t, and how it ranked in t is known: deleted, or there before the pass)
-        left = rows[(state.source[rows] == t) & ((state.target[rows] == 0) | (state.view.tier[rows] == t))]
+        # (its last step leaves t; not an older summary: the kind's cap counted it gone)
+        left = rows[(state.source[rows] == t) & (view.kind[rows] != kid)]
         if not left.shape[0]:
             return
-        rank = np.where(state.target[left] == 0, state.retention[left], state.home_retention[left])
-        best = left[np.argmax(rank)]
+        # how each ranked in t: as there before the pass, or as entered into t
+        entered = state.entering(left, np.full(view.tier.shape[0], t, np.int8))
+        best = left[np.argmax(np.where(view.tier[left] == t, state.home_retention[left], entered))]
         went = int(state.target[best])
         state.keep(best, t)
         summaries[(nid, t)] = rows[rows != best]
