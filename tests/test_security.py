@@ -210,6 +210,9 @@ def test_an_export_under_a_key_for_several_prefixes_is_one_snapshot_in_the_expor
     with client(running, root) as g:
         done = g.import_memories(chunks, target_namespace="restored")
         assert done.imported == 3 and done.graph_items == 9
+    # (a subtree inside another, or named twice, is read once)
+    items = list(running.engine.export("", True, within=["user:ana/p", "user:ana", "user:ana"]))
+    assert sorted(i.record.namespace for i in items if hasattr(i, "record")) == ["user:ana", "user:ana/p"]
 
 
 def test_import_needs_admin_on_every_namespace_it_writes(

@@ -73,7 +73,10 @@ def export(
         namespace=namespace,
     )
     now = st.clock()
-    parts = [(namespace, include_children)] if within is None else [(ns, True) for ns in within]
+    if within is None:
+        parts = [(namespace, include_children)]
+    else:  # (a subtree inside another is read with it, once)
+        parts = [(ns, True) for ns in sorted(set(within)) if not any(ns.startswith(p + "/") for p in within)]
     spool = Spool(st.config.data_dir, what="an export")
     try:
         with st.store.read() as txn:

@@ -568,7 +568,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             for i, chunk in enumerate(request_iterator):
                 if chunk.end:
                     if chunk.WhichOneof("chunk") is not None:
-                        raise InvalidArgument(f"chunks[{i + 1}].end", "is set on a request with no chunk")
+                        raise InvalidArgument(
+                            f"chunks[{i + 1}].end", "is set on a request that carries a chunk"
+                        )
                     return
                 yield convert.import_item_from_pb(chunk, i, engine.config)
             if first.end_marked:  # (a cancel can reach us as the stream's end: the rest is not stored)
