@@ -867,6 +867,21 @@ def test_evidence_from_before_a_tier_entry_never_promotes_again(
     c.feedback(copy, [{"id": "m"}] * 5)  # (evidence after the import still counts)
     assert moves(c.consolidate(copy)) == {(copy, "m", MEDIUM, FAST, pb.MOVE_REASON_PROMOTE_ACCESS)}
 
+    # a surprising memory whose last access is dated a day ahead (exported by a server whose clock
+    # ran ahead): the surprise rule counts accesses since the entry, it does not compare times
+    ns, ahead = "entry/surprising", "entry/ahead"
+    for space in (ns, ahead):
+        c.update_namespace_config(space, tiers=tiers)
+    c.create(ns, "A surprising fact.", id="m", tier="glacial", importance=0.5)
+    c.feedback(ns, [{"id": "m", **surprising}] * 2)
+    chunks = list(c.export_memories(ns))
+    chunks[1].memory.last_access_time.seconds = int(clock.now) + 86400
+    assert c.import_memories(chunks, target_namespace=ahead).imported == 1
+    assert twice_then_once(ahead) == [set(), set()]
+    c.feedback(ahead, [{"id": "m"}])  # (an access after the import: the surprise promotes now)
+    assert moves(c.consolidate(ahead)) == {(ahead, "m", GLACIAL, SLOW, pb.MOVE_REASON_PROMOTE_SURPRISE)}
+    assert twice_then_once(ahead) == [set(), set()]
+
 
 def test_glacial_over_capacity_reports_or_deletes(env: Env) -> None:
     c = env.c
