@@ -803,6 +803,39 @@ def test_an_older_summary_deleted_from_the_tier_of_the_new_one_is_its_room(env: 
     assert moves(c.consolidate(ns)) == set()
 
 
+def test_a_summary_of_an_evicted_summary_keeps_what_it_summarized(env: Env) -> None:
+    """An eviction summary that a later pass evicts gives the new summary every sentence it holds
+    (within the budget), not only its first; deleted from GLACIAL, it is listed by its sources
+    (it is gone), moved on, by its own id (it is in the next tier)."""
+    c, clock = env.c, env.clock
+    keep = {"retention": "importance", "importance_decay": "none", "summarize_evictions": True}
+    for tier in ("glacial", "fast"):
+        ns = f"lineage/{tier}"
+        c.update_namespace_config(
+            ns, delete_from_glacial=True, tiers={tier: {"max_items": 1, "ttl_seconds": NEVER}}, **keep
+        )
+        batches = [[("a", "Alpha is the key fact. It has detail.", 1.0), ("b", "Beta note.", 0.2)]]
+        batches += [[("c", "Gamma note.", 0.3)], [("d", "Delta note.", 0.4)]]
+        summaries = []
+        for batch in batches:
+            for mid, text, imp in batch:
+                c.create(ns, text, id=mid, tier=tier, importance=imp)
+            clock.advance(1)
+            c.consolidate(ns)
+            here = [
+                m
+                for m in c.list_memories(ns, kinds=["eviction_summary"])
+                if m.tier == pb.Tier.Value(f"TIER_{tier.upper()}")
+            ]
+            assert len(here) == 1
+            summaries.append(here[0])
+        assert summaries[-1].content == "Alpha is the key fact. Beta note. Gamma note. Delta note."
+        if tier == "glacial":
+            assert list(summaries[-1].source_memory_ids) == ["a", "b", "c", "d"]
+        else:
+            assert list(summaries[-1].source_memory_ids) == [summaries[-2].id, "d"]
+
+
 def test_evidence_from_before_a_tier_entry_never_promotes_again(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermem.server.core import upkeep
-from tiermem.server.core.policy import EVICTION_SUMMARY_KIND
+from tiermem.server.core.policy import EVICTION_SUMMARY_KIND, TIERS
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.model.condense import cut
 from tiermem.server.model.records import Record
-from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences
+from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences, sentences
 from tiermem.server.model.types import NO_VECTOR
 from tiermem.server.storage.store import Txn
 
@@ -44,14 +44,20 @@ class PendingSummary:
 
 
 def extract(recs: list[Record], max_tokens: int) -> str:
-    """The first sentence of each record, the most important first (the latest created among
-    equals), kept within ``max_tokens``, then put in creation order."""
-    order = sorted(range(len(recs)), key=lambda i: (-recs[i].importance, -recs[i].created_at))
-    chosen = fitting_sentences([r.content for r in recs], order, max_tokens)
-    if not chosen and recs:  # not one sentence fits: the most important one, cut to the budget
-        return cut(first_sentence(recs[order[0]].content), max_tokens)
-    chosen.sort(key=lambda i: (recs[i].created_at, recs[i].rid))
-    return " ".join(first_sentence(recs[i].content) for i in chosen)
+    """The first sentence of each record (every sentence of an evicted summary: what it summarized
+    goes on), the most important first (the latest created among equals), kept within
+    ``max_tokens``, then put in creation order."""
+    units = [
+        (r, s)
+        for r in recs
+        for s in (sentences(r.content) if r.kind == EVICTION_SUMMARY_KIND else [first_sentence(r.content)])
+    ]
+    order = sorted(range(len(units)), key=lambda i: (-units[i][0].importance, -units[i][0].created_at, i))
+    chosen = fitting_sentences([s for _, s in units], order, max_tokens)
+    if not chosen and units:  # not one sentence fits: the most important one, cut to the budget
+        return cut(units[order[0]][1], max_tokens)
+    chosen.sort(key=lambda i: (units[i][0].created_at, units[i][0].rid, i))
+    return " ".join(units[i][1] for i in chosen)
 
 
 def collect(
@@ -64,11 +70,21 @@ def collect(
             recs = [r for r in (st.store.get(txn, int(view.rid[row])) for row in rows) if r is not None]
             text = extract(recs, st.config.tuning.eviction_summary_tokens)
             if text:
-                ids = [r.id for r in sorted(recs, key=lambda r: (r.created_at, r.rid))][:MAX_SOURCE_IDS]
+                ids = _sources(sorted(recs, key=lambda r: (r.created_at, r.rid)), tier)
                 top = max(r.importance for r in recs)
                 covered = sum(r.token_cost for r in recs)
                 out.append(PendingSummary(recs[0].namespace, tier, text, top, ids, covered))
     return out
+
+
+def _sources(recs: list[Record], tier: int) -> list[str]:
+    """The ids a summary of ``recs`` lists: theirs; a summary GLACIAL deletes lists its own sources
+    instead (it is gone; they may not be)."""
+    ids = []
+    for r in recs:
+        gone = tier == TIERS[-1] and r.kind == EVICTION_SUMMARY_KIND
+        ids.extend(r.source_ids if gone else [r.id])
+    return list(dict.fromkeys(ids))[:MAX_SOURCE_IDS]
 
 
 def store(st: EngineState, pending: list[PendingSummary], now: float) -> int:

@@ -187,6 +187,15 @@ def first_sentence(text: str) -> str:
     return text
 
 
+def sentences(text: str) -> list[str]:
+    """``text``'s sentences, as ``first_sentence`` ends them."""
+    out, rest = [], " ".join(text.split())
+    while rest:
+        out.append(first_sentence(rest))
+        rest = rest[len(out[-1]) :].lstrip()
+    return out
+
+
 def fitting_sentences(texts: list[str], order: list[int], max_tokens: int) -> list[int]:
     """Of ``texts`` taken in ``order`` (best first), those whose first sentences fit together within
     ``max_tokens`` (a sentence and its space each); their indices, best first. An extractive summary."""
