@@ -356,3 +356,14 @@ class FreezingRelay:
                         pass
                     return
                 b.sendall(data)
+
+
+def writes_grow_the_map(c: MemoryClient, store: Any) -> None:
+    """Store 6,000 memories (about 12 MiB of records and vectors) through ``c``: they complete, and
+    ``store``'s LMDB map grew, which waits for every open read transaction of the process."""
+    before = store.map_size
+    text = "a note about the deploy " * 40
+    for b in range(60):
+        c.create_batch([{"namespace": "team:new", "content": f"{b}-{j} {text}"} for j in range(100)])
+    assert c.stats("team:new").memory_count == 6000
+    assert store.map_size > before

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from conftest import FakeClock, SlowLink
+from conftest import FakeClock, SlowLink, writes_grow_the_map
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tiermem.client import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, MemoryClient
@@ -182,13 +182,7 @@ def test_writes_go_on_while_an_export_client_stops_reading(
             try:
                 first, second = next(call), next(call)  # then nothing more is read for a while
                 assert first.HasField("header") and second.HasField("memory")
-                before = server.engine.state.store.map_size
-                for b in range(60):  # (about 12 MiB of records and vectors: the map grows)
-                    c.create_batch(
-                        [{"namespace": "team:new", "content": f"{b}-{j} {text}"} for j in range(100)]
-                    )
-                assert c.stats("team:new").memory_count == 6000
-                assert server.engine.state.store.map_size > before
+                writes_grow_the_map(c, server.engine.state.store)
                 rest = list(call)
             finally:
                 call.cancel()

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import FreezingRelay, SlowLink
+from conftest import FreezingRelay, SlowLink, writes_grow_the_map
 
 from tiermem.client import MemoryClient, TiermemError
 from tiermem.client.errors import from_rpc_error
@@ -247,13 +247,7 @@ def test_writes_go_on_while_a_new_replica_stops_reading_its_full_copy(
             try:
                 first = next(call)  # the copy has begun; then nothing more is read
                 assert first.full_copy_start and first.seq == 0
-                before = leader.engine.state.store.map_size
-                for b in range(60):  # (about 12 MiB of records and vectors: the map grows)
-                    lc.create_batch(
-                        [{"namespace": "team:new", "content": f"{b}-{j} {text}"} for j in range(100)]
-                    )
-                assert lc.stats("team:new").memory_count == 6000
-                assert leader.engine.state.store.map_size > before
+                writes_grow_the_map(lc, leader.engine.state.store)
             finally:
                 call.cancel()
                 hold.set()
