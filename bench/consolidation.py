@@ -121,7 +121,7 @@ def numpy_pass(
     can_promote = eligible & (tier > 1)
     p_access = can_promote & (v.access_count - v.access_base >= t.promote_access[ns])
     p_surprise = (
-        can_promote & ~p_access & (v.surprise >= t.promote_surprise[ns]) & (v.accessed > v.tier_since)
+        can_promote & ~p_access & (v.surprise >= t.promote_surprise[ns]) & (v.access_count > v.access_base)
     )
     p_success = can_promote & ~p_access & ~p_surprise & (v.success - v.success_base >= t.promote_success[ns])
     promoted = p_access | p_surprise | p_success

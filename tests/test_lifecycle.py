@@ -805,8 +805,10 @@ def test_an_older_summary_deleted_from_the_tier_of_the_new_one_is_its_room(env: 
 
 def test_a_summary_of_an_evicted_summary_keeps_what_it_summarized(env: Env) -> None:
     """An eviction summary that a later pass evicts gives the new summary every sentence it holds
-    (within the budget), not only its first; deleted from GLACIAL, it is listed by its sources
-    (it is gone), moved on, by its own id (it is in the next tier)."""
+    (within the budget; its first ranks with the evicted memories' first sentences, the rest after
+    them all), not only its first; deleted from GLACIAL, it is listed by its sources (it is gone),
+    moved on, by its own id (it is in the next tier). Its sentences are split in one pass: a
+    client's 64 KiB memory of that kind took seconds."""
     c, clock = env.c, env.clock
     keep = {"retention": "importance", "importance_decay": "none", "summarize_evictions": True}
     for tier in ("glacial", "fast"):
@@ -830,10 +832,25 @@ def test_a_summary_of_an_evicted_summary_keeps_what_it_summarized(env: Env) -> N
             assert len(here) == 1
             summaries.append(here[0])
         assert summaries[-1].content == "Alpha is the key fact. Beta note. Gamma note. Delta note."
+
         if tier == "glacial":
-            assert list(summaries[-1].source_memory_ids) == ["a", "b", "c", "d"]
+            # (the memories it evicted first, then what the deleted summaries listed, newest first)
+            assert list(summaries[-1].source_memory_ids) == ["d", "c", "a", "b"]
         else:
             assert list(summaries[-1].source_memory_ids) == [summaries[-2].id, "d"]
+
+    # the inherited sentences fill what the budget leaves; a long summary is split in one pass
+    ns = "lineage/budget"
+    c.update_namespace_config(ns, tiers={"fast": {"max_items": 1, "ttl_seconds": NEVER}}, **keep)
+    trivia = "A. " * 20000  # (60 KB of short sentences: each split re-read the rest, 8 s)
+    c.create(ns, "Key fact. " + trivia, id="old", kind="eviction_summary", tier="fast", importance=1.0)
+    c.create(ns, "An important new fact that matters.", id="new", tier="fast", importance=0.9)
+    started = time.monotonic()
+    c.consolidate(ns)
+    assert time.monotonic() - started < 2
+    (made,) = [m for m in c.list_memories(ns, kinds=["eviction_summary"]) if m.id != "old"]
+    assert made.content.startswith("Key fact. A. A.")  # (in creation order)
+    assert made.content.endswith("An important new fact that matters.") and made.token_cost <= 400
 
 
 def test_evidence_from_before_a_tier_entry_never_promotes_again(
@@ -914,6 +931,24 @@ def test_evidence_from_before_a_tier_entry_never_promotes_again(
     c.feedback(ahead, [{"id": "m"}])  # (an access after the import: the surprise promotes now)
     assert moves(c.consolidate(ahead)) == {(ahead, "m", GLACIAL, SLOW, pb.MOVE_REASON_PROMOTE_SURPRISE)}
     assert twice_then_once(ahead) == [set(), set()]
+
+    # imported access and tier times ahead of the clock count as now: idle demotion goes on
+    ns, idle = "entry/idle-source", "entry/idle"
+    for space in (ns, idle):
+        c.update_namespace_config(space, tiers={"slow": {"ttl_seconds": 60.0, "importance_threshold": 0.0}})
+    for mid in ("plain", "accessed", "entered"):
+        c.create(ns, f"Fact {mid}.", id=mid, tier="slow", importance=0.5)
+    chunks = list(c.export_memories(ns))
+    for ch in chunks[1:]:
+        if ch.memory.id == "accessed":
+            ch.memory.last_access_time.seconds = int(clock.now) + 365 * 86400
+        if ch.memory.id == "entered":
+            ch.memory.tier_time.seconds = int(clock.now) + 365 * 86400
+    assert c.import_memories(chunks, target_namespace=idle).imported == 3
+    clock.advance(7200)
+    assert moves(c.consolidate(idle)) == {
+        (idle, m, SLOW, GLACIAL, pb.MOVE_REASON_DEMOTE_IDLE) for m in ("plain", "accessed", "entered")
+    }
 
 
 def test_glacial_over_capacity_reports_or_deletes(env: Env) -> None:

@@ -253,6 +253,9 @@ def _memory_to_store(
     check.restored_history(field_, rec)
     # (an export carries no evidence toward leaving the tier: what it counted would promote again)
     rec.access_base, rec.success_base = rec.access_count, rec.success_count
+    # (times ahead of this server's clock, from one that ran ahead, would hold off idle demotion)
+    now = st.clock()
+    rec.accessed_at, rec.tier_since = min(rec.accessed_at, now), min(rec.tier_since, now)
     if rec.kind in CONFIRMED_KINDS:
         check_protected(st, rec.namespace, imp.confirm, f"restoring a {rec.kind}")
     model = st.embedder.model

@@ -47,16 +47,17 @@ def extract(recs: list[Record], max_tokens: int) -> str:
     """The first sentence of each record (every sentence of an evicted summary: what it summarized
     goes on), the most important first (the latest created among equals), kept within
     ``max_tokens``, then put in creation order."""
-    units = [
-        (r, s)
-        for r in recs
-        for s in (sentences(r.content) if r.kind == EVICTION_SUMMARY_KIND else [first_sentence(r.content)])
-    ]
-    order = sorted(range(len(units)), key=lambda i: (-units[i][0].importance, -units[i][0].created_at, i))
-    chosen = fitting_sentences([s for _, s in units], order, max_tokens)
+    units = [(r, first_sentence(r.content), False) for r in recs]
+    for r in recs:  # (a summary's further sentences come after every evicted memory's first)
+        if r.kind == EVICTION_SUMMARY_KIND:
+            units += [(r, s, True) for s in sentences(r.content)[1:]]
+    order = sorted(
+        range(len(units)), key=lambda i: (units[i][2], -units[i][0].importance, -units[i][0].created_at, i)
+    )
+    chosen = fitting_sentences([s for _, s, _ in units], order, max_tokens)
     if not chosen and units:  # not one sentence fits: the most important one, cut to the budget
         return cut(units[order[0]][1], max_tokens)
-    chosen.sort(key=lambda i: (units[i][0].created_at, units[i][0].rid, i))
+    chosen.sort(key=lambda i: (units[i][0].created_at, units[i][0].rid, units[i][2], i))
     return " ".join(units[i][1] for i in chosen)
 
 
@@ -79,11 +80,10 @@ def collect(
 
 def _sources(recs: list[Record], tier: int) -> list[str]:
     """The ids a summary of ``recs`` lists: theirs; a summary GLACIAL deletes lists its own sources
-    instead (it is gone; they may not be)."""
-    ids = []
-    for r in recs:
-        gone = tier == TIERS[-1] and r.kind == EVICTION_SUMMARY_KIND
-        ids.extend(r.source_ids if gone else [r.id])
+    instead (it is gone; they may not be), after the memories evicted themselves."""
+    gone = [tier == TIERS[-1] and r.kind == EVICTION_SUMMARY_KIND for r in recs]
+    ids = [r.id for r, g in zip(recs, gone, strict=True) if not g]
+    ids += [i for r, g in zip(recs, gone, strict=True) if g for i in r.source_ids]
     return list(dict.fromkeys(ids))[:MAX_SOURCE_IDS]
 
 
