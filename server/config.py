@@ -326,7 +326,7 @@ class ServerConfig:
     retention: str = "importance_weighted"
     delete_from_glacial: bool = False  # capacity eviction may delete from GLACIAL
     promote_access_count: int = 5  # accesses since entering the tier that promote
-    promote_surprise: float = 0.5  # surprise (after feedback in the tier) that promotes
+    promote_surprise: float = 0.5  # surprise that promotes, with an access since entering the tier
     promote_success_count: int = 3  # successes since entering the tier that promote
 
     # Maintenance: a background pass deletes expired memories, forgets old request ids and runs the

@@ -4427,7 +4427,7 @@ type LifecyclePolicy struct {
 	DeleteFromGlacial *bool `protobuf:"varint,3,opt,name=delete_from_glacial,json=deleteFromGlacial,proto3,oneof" json:"delete_from_glacial,omitempty"`
 	// promote_access_count: accesses since entering the tier that promote a memory; >= 1.
 	PromoteAccessCount *int64 `protobuf:"varint,4,opt,name=promote_access_count,json=promoteAccessCount,proto3,oneof" json:"promote_access_count,omitempty"`
-	// promote_surprise: a surprise score (after feedback in the tier) at or above this promotes; [0, 1].
+	// promote_surprise: a surprise score at or above this, with an access since entering the tier, promotes; [0, 1].
 	PromoteSurprise *float32 `protobuf:"fixed32,5,opt,name=promote_surprise,json=promoteSurprise,proto3,oneof" json:"promote_surprise,omitempty"`
 	// promote_success_count: successes since entering the tier that promote a memory; >= 1.
 	PromoteSuccessCount *int64 `protobuf:"varint,6,opt,name=promote_success_count,json=promoteSuccessCount,proto3,oneof" json:"promote_success_count,omitempty"`
