@@ -2,7 +2,8 @@
 progress, and their graph.
 
 An export reads everything from one LMDB read transaction: a consistent snapshot while writes go
-on, spooled and sent after the transaction closed. An import writes through the writer in batches; the batches committed before a failure stay."""
+on, spooled and sent after the transaction closed. An import writes through the writer in batches;
+the batches committed before a failure stay."""
 
 from __future__ import annotations
 
@@ -130,8 +131,8 @@ def _spooled(
 def _has_room(directory: Path) -> bool:
     """Whether the data directory's disk may take more of a spool: a spool never takes the last
     tenth of the disk, nor the last GiB, which the store's writes need."""
-    reserve = min(SPOOL_RESERVE_BYTES, spool_module.total_bytes(directory) // 10)
-    return spool_module.free_bytes(directory) - SPOOL_CHECK_BYTES > reserve
+    free, total = spool_module.disk_space(directory)
+    return free - SPOOL_CHECK_BYTES > min(SPOOL_RESERVE_BYTES, total // 10)
 
 
 def _packed(item: ExportItem) -> list[Any]:
@@ -161,6 +162,7 @@ class _Import:
     target_ns: str
     reembed_model: str
     confirm: bool
+    now: float  # (the import's time: later times it carries count as this)
     pending: list[tuple[Record, np.ndarray | None]] = field(default_factory=list)
     graph: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     scopes: dict[str, list[float]] = field(default_factory=dict)  # ns -> [importance, tokens]
@@ -195,7 +197,7 @@ def restore(
     ALREADY_EXISTS; the batches committed before it stay."""
     if target_namespace:
         check.namespace("target_namespace", target_namespace)
-    imp = _Import(header.namespace, target_namespace, header.embedder_model, confirm)
+    imp = _Import(header.namespace, target_namespace, header.embedder_model, confirm, st.clock())
     for i, item in enumerate(items):
         if isinstance(item, ExportedGraphItem):
             f = f"chunks[{i + 1}].graph_namespace"
@@ -254,8 +256,7 @@ def _memory_to_store(
     # (an export carries no evidence toward leaving the tier: what it counted would promote again)
     rec.access_base, rec.success_base = rec.access_count, rec.success_count
     # (times ahead of this server's clock, from one that ran ahead, would hold off idle demotion)
-    now = st.clock()
-    rec.accessed_at, rec.tier_since = min(rec.accessed_at, now), min(rec.tier_since, now)
+    rec.accessed_at, rec.tier_since = min(rec.accessed_at, imp.now), min(rec.tier_since, imp.now)
     if rec.kind in CONFIRMED_KINDS:
         check_protected(st, rec.namespace, imp.confirm, f"restoring a {rec.kind}")
     model = st.embedder.model

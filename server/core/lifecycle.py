@@ -272,6 +272,9 @@ def apply_moves(st: EngineState, items: list[Move], now: float) -> int:
 
     def prepare(txn: Txn) -> _MovesDone:
         done = _MovesDone()
+        # (memories enter their tier at the commit: an access committed since the plan is evidence
+        # before the entry, not since)
+        entered = max(now, st.clock())
         for rid, frm, to, reason, steps in items:
             rec = st.store.get(txn, rid)
             if rec is None or rec.tier != frm or (reason == EXPIRED and not rec.expired(now)):
@@ -287,8 +290,7 @@ def apply_moves(st: EngineState, items: list[Move], now: float) -> int:
                 done.deleted.append(rec)
                 continue
             old = Record.unpack(rec.pack())
-            # (at the commit: an access committed since the plan is evidence before the entry, not since)
-            enter_tier(rec, to, max(now, st.clock()))
+            enter_tier(rec, to, entered)
             _, rec.vk = st.alloc_ids()
             st.store.put(txn, rec)
             done.moved.append((old, rec))

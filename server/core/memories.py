@@ -333,7 +333,9 @@ def feedback(
             check.unit_interval(f"items[{i}].actual_usefulness", it.actual_usefulness)
     # (never later than now, as a search's accesses: an access in the future would count as evidence
     # since every later tier entry, promoting the memory pass after pass)
-    when = st.clock() if as_of is None else min(check.finite_time("as_of", as_of), st.clock())
+    when = st.clock()
+    if as_of is not None:
+        when = min(check.finite_time("as_of", as_of), when)
     distinct = list(dict.fromkeys(it.id for it in items))
     position = {mid: j for j, mid in enumerate(distinct)}
     # An item rates the memory when it gives a prediction or a usefulness; the other takes its default.

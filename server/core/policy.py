@@ -408,17 +408,16 @@ class _PassState:
 
     def keep(self, row: int, t: int) -> None:
         """``row``, whose last step leaves tier ``t``, stays in ``t``: that step is undone."""
-        for k, (rows, source, tier, why) in enumerate(self.earlier):
-            at = np.flatnonzero(rows == row) if tier == t else np.empty(0, np.int64)
-            if at.shape[0]:  # (it came into t this pass: that step is its last again)
-                j = int(at[0])
-                self.source[row], self.reason[row] = source[j], why[j]
-                rest = np.arange(rows.shape[0]) != j
-                self.earlier[k] = (rows[rest], source[rest], tier, why[rest])
-                self.target[row] = t
-                self.enter(np.array([row]))
-                return
         self.target[row] = t
+        for k, (rows, source, tier, why) in enumerate(self.earlier):
+            if tier != t or not (at := np.flatnonzero(rows == row)).shape[0]:
+                continue
+            j = int(at[0])  # (it came into t this pass: that step is its last again)
+            self.source[row], self.reason[row] = source[j], why[j]
+            rest = np.arange(rows.shape[0]) != j
+            self.earlier[k] = (rows[rest], source[rest], tier, why[rest])
+            self.enter(np.array([row]))
+            return
         self.reason[row] = STAY
         self.retention[row] = self.home_retention[row]
 

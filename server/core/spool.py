@@ -61,12 +61,7 @@ class Spool:
             self._file.close()
 
 
-def free_bytes(directory: Path) -> int:
-    """Bytes an unprivileged process may still write on ``directory``'s file system."""
+def disk_space(directory: Path) -> tuple[int, int]:
+    """(bytes an unprivileged process may still write, bytes in all) of ``directory``'s file system."""
     s = os.statvfs(directory)
-    return s.f_bavail * s.f_frsize
-
-
-def total_bytes(directory: Path) -> int:
-    s = os.statvfs(directory)
-    return s.f_blocks * s.f_frsize
+    return s.f_bavail * s.f_frsize, s.f_blocks * s.f_frsize

@@ -541,8 +541,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     reason="NAMESPACE_NOT_COVERED",
                     metadata={"namespace": ns, "key_id": key.id},
                 )
-            parts = [p for p in set(parts) if not any(p != q and p.startswith(q + "/") for q in parts)]
-            for item in self._engine.export(ns, True, _still_wanted(context), within=sorted(parts)):
+            for item in self._engine.export(ns, True, _still_wanted(context), within=parts):
                 yield convert.export_chunk_to_pb(item)
 
     @_rpc
