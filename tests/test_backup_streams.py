@@ -225,6 +225,45 @@ def test_an_export_cancelled_while_it_spools_stops_reading(
         assert sum(ch.HasField("memory") for ch in c.export_memories("team:a")) == 3000
 
 
+def test_a_server_stopping_while_an_export_spools_closes_lmdb_once_the_handler_left(
+    server_factory: Callable[..., RunningServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """gRPC reports a stopped server stopped once it has cancelled its calls, while their handlers
+    may still run: the engine closes LMDB only after they left. Before, an export spooling when the
+    server stopped read on from a closed environment ("ExportMemories failed: Attempt to operate on
+    closed/deleted/dropped object"). Packing is slowed to 1 ms a memory so the spool takes seconds."""
+    from tiermem.server.core import backup
+
+    server = server_factory()
+    with _client(server) as c:
+        for b in range(6):
+            c.create_batch([{"namespace": "team:a", "content": f"{b}-{j} a note"} for j in range(500)])
+    packed: list[float] = []
+    original = backup._packed
+
+    def slow(item: Any) -> Any:
+        time.sleep(0.001)
+        packed.append(time.monotonic())
+        return original(item)
+
+    monkeypatch.setattr(backup, "_packed", slow)
+    caplog.set_level(logging.WARNING)
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest())
+        assert next(call).HasField("header")
+        time.sleep(0.1)
+        server.stop(0)
+        stopped = time.monotonic()
+        with pytest.raises(grpc.RpcError):
+            list(call)
+    time.sleep(0.5)
+    assert 0 < len(packed) < 3000 and not [t for t in packed if t > stopped]  # (it stopped within a part)
+    failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not failures, failures
+
+
 def test_an_export_is_the_same_spooled_in_memory_on_disk_or_sent_from_its_transaction(
     tmp_path: Path,
 ) -> None:

@@ -1968,6 +1968,21 @@ def test_health_not_serving_after_stop(server_factory: Callable[..., RunningServ
         c.get(NS, "x")
 
 
+def test_the_handler_pool_drains_queued_calls_and_waits_for_running_ones() -> None:
+    """What a stopping server waits on before it closes LMDB: calls still queued are dropped, a
+    running one is waited for, and a drain that times out says so (it returns False)."""
+    from tiermem.server.transport.process import HandlerPool
+
+    pool = HandlerPool(1)
+    release, ran = threading.Event(), []
+    running = pool.submit(release.wait, 30)
+    queued = pool.submit(ran.append, "queued")
+    assert not pool.drain(0.2)  # (the running call holds it)
+    assert queued.cancelled() and not running.done()
+    release.set()
+    assert pool.drain(5) and running.result() is True and ran == []
+
+
 # --------------------------------------------------------------------------------------------
 # 12. Concurrency
 # --------------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from tiermem.server.transport.decoding import add_memory_service
 from tiermem.server.transport.follower import Followers
 from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.process import (
+    HANDLERS_LEAVE_SECONDS,
+    HandlerPool,
     StopSignals,
     add_health_and_reflection,
     bind,
@@ -49,6 +51,7 @@ class RunningServer:
     followers: Followers | None = None  # search followers (config.search_processes > 1)
     metrics_server: Any = None  # the Prometheus endpoint (config.metrics_port >= 0)
     servicer: MemoryServicer | None = None
+    pool: HandlerPool | None = None  # the gRPC server's handler threads
 
     @property
     def replica_follower(self) -> ReplicaFollower | None:
@@ -68,6 +71,8 @@ class RunningServer:
         if self.followers is not None:
             self.followers.stop(grace or 0.0)
         self.server.stop(grace).wait()
+        if self.pool is not None:
+            self.pool.drain(HANDLERS_LEAVE_SECONDS)
         if self.replica_follower is not None:
             self.replica_follower.stop()
         self.engine.close()
@@ -103,8 +108,10 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         return None if engine is None else engine.scope_routing(scope)
 
     secret = follower.new_secret() if leading else ""
+    pool = HandlerPool(config.max_workers)
     server = grpc_server(
         config,
+        pool,
         reuseport=leading,
         exempt=(follower.REPORT_METHOD,),
         metrics=metrics,
@@ -156,7 +163,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         metrics_server = metrics.serve(config.metrics_host, config.metrics_port)
         logger.info("metrics on http://%s:%d/metrics", config.metrics_host, metrics_server.server_port)
     set_serving(health_servicer, True)
-    return RunningServer(server, port, engine, health_servicer, followers, metrics_server, servicer)
+    return RunningServer(server, port, engine, health_servicer, followers, metrics_server, servicer, pool)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -45,6 +45,8 @@ from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER, authorize, from
 from tiermem.server.transport.decoding import checked_raw
 from tiermem.server.transport.forward import Forwarder, methods_of
 from tiermem.server.transport.process import (
+    HANDLERS_LEAVE_SECONDS,
+    HandlerPool,
     StopSignals,
     add_health_and_reflection,
     bind,
@@ -311,8 +313,13 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         report(msgpack.packb(r.to_wire()), timeout=10.0, metadata=[(SECRET_HEADER, secret)])
 
     engine = Engine(config, follower=True, access_sink=sink)
+    pool = HandlerPool(config.max_workers)
     server = grpc_server(
-        config, reuseport=True, routing_of=engine.scope_routing, stored_space=lambda m: m in engine.spaces
+        config,
+        pool,
+        reuseport=True,
+        routing_of=engine.scope_routing,
+        stored_space=lambda m: m in engine.spaces,
     )
     forwarder = Forwarder(
         channel,
@@ -344,6 +351,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         status = 3
     health_servicer.enter_graceful_shutdown()
     server.stop(config.shutdown_grace_seconds).wait()
+    pool.drain(HANDLERS_LEAVE_SECONDS)
     engine.close()
     channel.close()
     return status

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,6 +31,54 @@ from tiermem.server.transport.routing import RoutingOf, WriteGate
 from tiermem.v1 import memory_pb2
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+# How long a stopping server waits for cancelled calls to leave their handlers (a part of an
+# export's spool, a search, a write waiting on its commit: well under a second each).
+HANDLERS_LEAVE_SECONDS = 30.0
+
+
+class HandlerPool(futures.ThreadPoolExecutor):
+    """gRPC's handler threads, counted. A stopped gRPC server reports itself stopped once it has
+    cancelled its calls, while their handlers may still be running in these threads: the engine
+    closes only after they have left (an export spooling or a search reading LMDB would otherwise
+    meet a closed environment)."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix="tiermem-rpc")
+        self._busy = 0
+        self._idle = threading.Condition()
+
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> futures.Future[_T]:
+        with self._idle:
+            self._busy += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._left()
+            raise
+        future.add_done_callback(self._left)  # (also when a queued call is dropped by drain)
+        return future
+
+    def _left(self, _future: object = None) -> None:
+        with self._idle:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Once the server has stopped: drop the calls still queued, wait up to ``timeout`` s for
+        those running to leave their handlers; False if some are still there."""
+        self.shutdown(wait=False, cancel_futures=True)
+        with self._idle:
+            if self._idle.wait_for(lambda: self._busy == 0, timeout):
+                return True
+            logger.warning(
+                "%d calls still in their handlers %.0f s after the server stopped; closing all the same",
+                self._busy,
+                timeout,
+            )
+            return False
 
 
 def _model_rule(config: ServerConfig, stored_space: Callable[[str], bool] | None) -> ModelRule:
@@ -42,6 +93,7 @@ def _model_rule(config: ServerConfig, stored_space: Callable[[str], bool] | None
 
 def grpc_server(
     config: ServerConfig,
+    pool: HandlerPool,
     reuseport: bool,
     exempt: tuple[str, ...] = (),
     metrics: Metrics | None = None,
@@ -81,7 +133,7 @@ def grpc_server(
     if config.tracing:
         interceptors.insert(0, _tracing_interceptor())
     return grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tiermem-rpc"),
+        pool,
         interceptors=interceptors,
         # The interceptor sheds past max_concurrent_rpcs, keeping a share for health and stats;
         # gRPC's own cap (which refuses every method alike) only past twice that.
