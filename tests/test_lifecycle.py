@@ -64,6 +64,7 @@ DEFAULT_TIERS = {
 }
 FLOOR = 0.1
 SURPRISE_ALPHA = 0.3
+TIER_NAMES = {FAST: "fast", MEDIUM: "medium", SLOW: "slow", GLACIAL: "glacial"}
 NEVER = 1e9  # a TTL so long that idleness and decay never fire within a test
 
 
@@ -801,6 +802,69 @@ def test_an_older_summary_deleted_from_the_tier_of_the_new_one_is_its_room(env: 
     summaries = [m for m in c.list_memories(ns) if m.kind == "eviction_summary"]
     assert len(summaries) == 2 and not {"Sa", "Sb"} & {m.id for m in summaries}
     assert moves(c.consolidate(ns)) == set()
+
+
+def test_a_tier_that_evicted_to_summarize_ends_full_when_later_steps_freed_room(env: Env) -> None:
+    """Older summaries deleted for their kind's cap from several tiers in one pass, and more new
+    summaries than that cap: every tier that evicted memories of its own ends the pass at its
+    max_items, its new summary counted (GLACIAL ended below it, having deleted memories for
+    nothing), and a second pass moves nothing. Two namespaces a fuzz of random small ones found."""
+    c, clock = env.c, env.clock
+    cases = (
+        (
+            {"fast": 1, "medium": 2, "slow": 1, "glacial": 4},
+            3,
+            (
+                ("m0", "medium", 0.36), ("m1", "medium", 0.2), ("m2", "medium", 0.02),
+                ("m3S", "medium", 0.12), ("s0", "slow", 0.23), ("s1", "slow", 0.33),
+                ("g0", "glacial", 0.34), ("g1", "glacial", 0.18), ("g2", "glacial", 0.1),
+                ("g3S", "glacial", 0.86), ("g4S", "glacial", 0.47),
+            ),
+        ),
+        (
+            {"fast": 2, "medium": 2, "slow": 2, "glacial": 3},
+            2,
+            (
+                ("f0", "fast", 0.01), ("f1", "fast", 0.76), ("f2", "fast", 0.78), ("f3", "fast", 0.43),
+                ("m0", "medium", 0.09), ("m1S", "medium", 0.34), ("m2", "medium", 0.19),
+                ("s0S", "slow", 0.22),
+            ),
+        ),
+    )  # fmt: skip
+    for k, (caps, kind_cap, layout) in enumerate(cases):
+        ns = f"refill/{k}"
+        c.update_namespace_config(
+            ns,
+            retention="importance",
+            importance_decay="none",
+            summarize_evictions=True,
+            delete_from_glacial=True,
+            kind_capacities={"eviction_summary": kind_cap},
+            tiers={
+                t: {"max_items": n, "ttl_seconds": NEVER, "importance_threshold": 0.0}
+                for t, n in caps.items()
+            },
+        )
+        for mid, tier, imp in layout:
+            kind = "eviction_summary" if mid.endswith("S") else ""
+            c.create(ns, f"Fact {mid}.", id=mid, tier=tier, kind=kind, importance=imp)
+        clock.advance(10)
+        r = c.consolidate(ns)
+        held: dict[int, int] = {}
+        for m in c.list_memories(ns):
+            held[m.tier] = held.get(m.tier, 0) + 1
+        # (the tiers that evicted or deleted memories of their own, not older summaries)
+        evicted = {mv.from_tier for mv in r.moves if mv.reason in (EVICT, DELETE_CAP) and mv.id[-1] != "S"}
+        assert GLACIAL in evicted
+        assert {t: held.get(t, 0) for t in evicted} == {t: caps[TIER_NAMES[t]] for t in evicted}, ns
+        stored = [m.id for m in c.list_memories(ns, kinds=["eviction_summary"])]
+        clock.advance(1)
+        again = moves(c.consolidate(ns))
+        if len(stored) <= kind_cap:
+            assert again == set(), ns
+        else:  # (three tiers summarized under a cap of two: the next pass holds the kind to its cap)
+            assert {(mid, to) for _, mid, _, to, _ in again} <= {(mid, GONE) for mid in stored}
+            assert len(list(c.list_memories(ns, kinds=["eviction_summary"]))) == kind_cap
 
 
 def test_a_summary_of_an_evicted_summary_keeps_what_it_summarized(env: Env) -> None:

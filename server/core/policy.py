@@ -15,6 +15,7 @@ Decay (half-life and floor, or none), the heuristic rating, the caps, the named 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -566,33 +567,71 @@ def _room_for_summaries(
             continue
         of_kind = live & (view.ns == nid) & (view.kind == kid)
         one = np.zeros(live.shape[0], np.int64)
-        headed = state.target.copy()
         _delete_surplus(state, of_kind, one, np.array([cap]), added[nid : nid + 1])
-        for t in np.unique(headed[of_kind & (headed != 0) & (state.target == 0)]):
-            _give_back_room(state, summaries, int(nid), int(t), kid)
     _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
+    _refill(state, live, summaries, kinds)
 
 
-def _give_back_room(
-    state: _PassState, summaries: dict[tuple[int, int], np.ndarray], nid: int, t: int, kid: int
+def _refill(
+    state: _PassState, live: np.ndarray, summaries: dict[tuple[int, int], np.ndarray], kinds: Interner | None
 ) -> None:
-    """An older summary deleted for its kind's cap from tier ``t``, where this pass stores a new
-    one, made the new one's room there: the tier keeps the best of the memories it evicted for that
-    room (whose last step left it), and the summary leaves it out; the next tier, which had made
-    room for that memory, keeps one more of its own the same way, and so on."""
-    view = state.view
-    while t and (rows := summaries.get((nid, t))) is not None and rows.shape[0] >= 2:
-        # (its last step leaves t; not an older summary: the kind's cap counted it gone)
-        left = rows[(state.source[rows] == t) & (view.kind[rows] != kid)]
-        if not left.shape[0]:
-            return
-        # how each ranked in t: as there before the pass, or as entered into t
-        entered = state.entering(left, np.full(view.tier.shape[0], t, np.int8))
-        best = left[np.argmax(np.where(view.tier[left] == t, state.home_retention[left], entered))]
-        went = int(state.target[best])
-        state.keep(best, t)
-        summaries[(nid, t)] = rows[rows != best]
-        t = went  # (the tier it went to made room for it too: it keeps one more in turn)
+    """A tier that evicted memories to summarize them ends the pass full where it can: while it
+    holds fewer than its max_items (its new summary counted), the best memory it evicted comes back
+    (its last step undone), because a later step freed room there (an older summary deleted for
+    its kind's cap, memories deleted for the namespace's max_items, a memory the tier before kept
+    in turn). One that came back from the next tier leaves room there, refilled the same way; one
+    GLACIAL deleted comes back only where its namespace and its kind have room for it."""
+    view, tables = state.view, state.tables
+    n = tables.capacity.shape[0]
+    mine = live & (state.target != 0)
+    ns = view.ns[mine].astype(np.int64)
+    held = np.bincount(ns * 5 + state.target[mine], minlength=n * 5).reshape(n, 5)
+    in_ns = np.bincount(ns, minlength=n)
+    kinds_held: dict[tuple[int, int], int] = {}  # (counted when first asked)
+    new = Counter(nid for (nid, _), rows in summaries.items() if rows.shape[0])  # (summaries to store)
+    kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
+
+    def room_for(row: int, nid: int) -> bool:  # a deleted row counted again: its namespace and kind
+        k = int(view.kind[row])
+        caps = tables.kind_caps.get(nid, {})
+        name = next((c for c in caps if kinds is not None and kinds.get(c) == k), None)
+        if name is not None and (nid, k) not in kinds_held:
+            counted = live & (state.target != 0) & (view.ns == nid) & (view.kind == k)
+            kinds_held[nid, k] = int(np.count_nonzero(counted))
+        extra = new[nid] if k == kid else 0
+        kind_ok = name is None or kinds_held[nid, k] + extra < caps[name]
+        return kind_ok and in_ns[nid] + new[nid] < tables.max_items[nid]
+
+    changed = True
+    while changed:  # (a row brought back into a tier can make a faster tier's evictee eligible again)
+        changed = False
+        for (nid, t), rows in sorted(summaries.items()):
+            free = int(tables.capacity[nid, t] - held[nid, t] - 1)  # (-1: the tier's new summary)
+            left = rows[state.source[rows] == t] if free > 0 else rows[:0]  # (last step leaves t)
+            if not left.shape[0]:
+                continue
+            # how each ranks in t: as there before the pass, or as entered into t
+            entered = state.entering(left, np.full(view.tier.shape[0], t, np.int8))
+            ranked = left[np.argsort(-np.where(view.tier[left] == t, state.home_retention[left], entered))]
+            back = []
+            for row in ranked.tolist():
+                went = int(state.target[row])
+                if free == 0 or (not went and not room_for(row, nid)):
+                    continue
+                state.keep(row, t)
+                back.append(row)
+                free -= 1
+                held[nid, t] += 1
+                if went:
+                    held[nid, went] -= 1
+                else:
+                    in_ns[nid] += 1
+                    if (nid, int(view.kind[row])) in kinds_held:
+                        kinds_held[nid, int(view.kind[row])] += 1
+            if back:
+                summaries[(nid, t)] = rows[~np.isin(rows, back)]
+                new[nid] -= int(summaries[(nid, t)].shape[0] == 0)  # (nothing left to summarize)
+                changed = True
 
 
 def _delete_surplus(
