@@ -17,7 +17,13 @@ import pytest
 from conftest import FakeClock, SlowLink, writes_grow_the_map
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from tiermem.client import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, MemoryClient
+from tiermem.client import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    MemoryClient,
+    NotFoundError,
+)
 from tiermem.client.client import metadata_dict
 from tiermem.client.errors import from_rpc_error
 from tiermem.server.transport.app import RunningServer
@@ -343,26 +349,29 @@ _HEADER = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
 @pytest.mark.parametrize(
     "history, field",
     [
-        ({"surprise_score": float("nan")}, "memories[0].surprise_score"),
-        ({"surprise_score": 7.0}, "memories[0].surprise_score"),
-        ({"access_count": -5}, "memories[0].access_count"),
-        ({"success_count": -1}, "memories[0].success_count"),
-        ({"update_time": Timestamp(seconds=2**62)}, "memories[0].update_time"),
-        ({"last_access_time": Timestamp(seconds=-62135596801)}, "memories[0].last_access_time"),
+        ({"surprise_score": float("nan")}, "chunks[1].memory.surprise_score"),
+        ({"surprise_score": 7.0}, "chunks[1].memory.surprise_score"),
+        ({"access_count": -5}, "chunks[1].memory.access_count"),
+        ({"success_count": -1}, "chunks[1].memory.success_count"),
+        ({"update_time": Timestamp(seconds=2**62)}, "chunks[1].memory.update_time"),
+        ({"last_access_time": Timestamp(seconds=-62135596801)}, "chunks[1].memory.last_access_time"),
         (
             {"origin": pb.MemoryOrigin(namespace="a b", id="m1", tier=pb.TIER_FAST)},
-            "memories[0].origin.namespace",
+            "chunks[1].memory.origin.namespace",
         ),
-        ({"origin": pb.MemoryOrigin(namespace="p", id="\x00", tier=pb.TIER_FAST)}, "memories[0].origin.id"),
-        ({"origin": pb.MemoryOrigin(namespace="p", id="m1", tier=99)}, "memories[0].origin.tier"),
-        ({"tier_time": Timestamp(seconds=1_700_000_000, nanos=-1)}, "memories[0].tier_time"),
+        (
+            {"origin": pb.MemoryOrigin(namespace="p", id="\x00", tier=pb.TIER_FAST)},
+            "chunks[1].memory.origin.id",
+        ),
+        ({"origin": pb.MemoryOrigin(namespace="p", id="m1", tier=99)}, "chunks[1].memory.origin.tier"),
+        ({"tier_time": Timestamp(seconds=1_700_000_000, nanos=-1)}, "chunks[1].memory.tier_time"),
         (
             {
                 "origin": pb.MemoryOrigin(
                     namespace="p", id="m1", tier=pb.TIER_FAST, transfer_time=Timestamp(nanos=10**9)
                 )
             },
-            "memories[0].origin.transfer_time",
+            "chunks[1].memory.origin.transfer_time",
         ),
     ],
 )
@@ -636,11 +645,21 @@ def test_export_carries_progress_toward_the_next_reflection_and_summary(
             c.import_memories([header, bad], target_namespace="s")
         assert err.value.fields == ["chunks[1].scope.reflection_importance"]
         assert _progress(c, "s") == (0.0, 0, False, False)
-        huge = pb.ExportMemoriesResponse(scope=pb.ScopeState(namespace="p", summary_tokens=2**62))
+        negative = pb.ExportMemoriesResponse(scope=pb.ScopeState(namespace="p", summary_tokens=-1))
         with pytest.raises(InvalidArgumentError) as err:
-            c.import_memories([header, huge], target_namespace="s")
+            c.import_memories([header, negative], target_namespace="s")
         assert err.value.fields == ["chunks[1].scope.summary_tokens"]
         assert _progress(c, "s") == (0.0, 0, False, False)
+        # Past the most a scope keeps (a server whose creates counted past it exports more): kept
+        # at it, so that every export imports.
+        huge = pb.ExportMemoriesResponse(
+            scope=pb.ScopeState(namespace="p", summary_tokens=2**62, reflection_importance=1e300)
+        )
+        c.import_memories([header, huge], target_namespace="v")
+        assert _progress(c, "v")[:2] == (1e15, 2**53)
+        c.observe("v", "one more observation", importance=0.5)  # (counts past the cap)
+        c.import_memories(list(c.export_memories("v")), target_namespace="w")
+        assert _progress(c, "w")[:2] == (1e15, 2**53)
 
         # Progress at the most a scope keeps, imported twice, stays there: the namespace's stats
         # and export still work, and the export restores.
@@ -653,3 +672,87 @@ def test_export_carries_progress_toward_the_next_reflection_and_summary(
         again = list(c.export_memories("t"))
         c.import_memories(again, target_namespace="u")
         assert _progress(c, "u")[:2] == (1e15, 2**53)
+
+
+def test_an_imported_edge_needs_its_nodes_and_replacing_one_moves_its_links(client: MemoryClient) -> None:
+    """An imported edge is checked as AddGraphEdge checks one: its ends must be nodes of its
+    namespace, stored or in the import (else NOT_FOUND naming the chunk's field, and no graph item
+    of the import is stored). An imported edge whose id is stored already replaces it: the ends it
+    no longer has lose it (they listed it as their neighbour's before)."""
+    for n in ("n1", "n2", "n3"):
+        client.upsert_node("g", n)
+    edge = client.add_edge("g", "n1", "knows", "n2")
+    head = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
+
+    def edge_chunk(eid: str, source: str, target: str) -> pb.ExportMemoriesResponse:
+        e = pb.GraphEdge(id=eid, source_id=source, target_id=target, relation="met")
+        return pb.ExportMemoriesResponse(edge=e, graph_namespace="g")
+
+    node = pb.ExportMemoriesResponse(node=pb.GraphNode(id="n4"), graph_namespace="g")
+    with pytest.raises(NotFoundError) as err:
+        client.import_memories([head, node, edge_chunk("e2", "n1", "ghost")])
+    assert "chunks[2].edge.target_id" in str(err.value) and "ghost" in str(err.value)
+    assert sorted(n.id for n in client.neighbors("g", "n1").nodes) == ["n1", "n2"]
+    with pytest.raises(NotFoundError):  # (the import's node was not stored either)
+        client.neighbors("g", "n4")
+
+    # nodes imported with the edge are its ends; the stored edge is replaced, its links moved
+    client.import_memories([head, node, edge_chunk(edge.id, "n3", "n4")])
+    assert [e.id for e in client.neighbors("g", "n2").edges] == []
+    assert sorted(n.id for n in client.neighbors("g", "n2").nodes) == ["n2"]
+    (moved,) = client.neighbors("g", "n4").edges
+    assert (moved.id, moved.source_id, moved.target_id) == (edge.id, "n3", "n4")
+    assert [e.id for e in client.neighbors("g", "n1").edges] == []
+
+
+def test_an_imported_memory_without_times_was_created_at_the_import(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A memory exported without a creation time (another tool wrote the stream) was created when
+    it is imported, and its other unset times are that one: not 1970, whose recency is nothing and
+    which the next pass demotes as idle."""
+    clock = FakeClock()
+    server = server_factory(clock=clock)
+    head = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
+    with _client(server) as c:
+        bare = pb.ExportMemoriesResponse(memory=pb.Memory(id="bare", namespace="i", content="no times given"))
+        dated = pb.ExportMemoriesResponse(
+            memory=pb.Memory(
+                id="dated",
+                namespace="i",
+                content="created earlier",
+                create_time=Timestamp(seconds=int(clock.now) - 3600),
+                origin=pb.MemoryOrigin(namespace="o", id="x", tier=pb.TIER_FAST),
+            )
+        )
+        c.import_memories([head, bare, dated])
+        m = c.get("i", "bare")
+        times = (m.create_time, m.update_time, m.last_access_time, m.tier_time)
+        assert [t.seconds for t in times] == [int(clock.now)] * 4
+        d = c.get("i", "dated")
+        assert d.create_time.seconds == d.update_time.seconds == int(clock.now) - 3600
+        assert d.origin.transfer_time.seconds == int(clock.now) - 3600
+        clock.advance(60)
+        assert [mv.id for mv in c.consolidate("i").moves] == []
+
+
+def test_an_import_names_the_chunk_of_a_vector_of_another_dimension_and_of_a_repeated_id(
+    client: MemoryClient,
+) -> None:
+    """Errors of an import's memories name the chunk (``chunks[i].memory.``, chunk 0 the header),
+    as its scope and graph errors do."""
+    client.create("d", "a stored memory", embedding=[1.0, 0.0, 0.0], embedding_model="m3")
+    head = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
+    node = pb.ExportMemoriesResponse(node=pb.GraphNode(id="n"), graph_namespace="d")
+
+    def memory(mid: str, vec: list[float]) -> pb.ExportMemoriesResponse:
+        m = pb.Memory(id=mid, namespace="d", content=f"memory {mid}", embedding=vec, embedding_model="m3")
+        return pb.ExportMemoriesResponse(memory=m)
+
+    with pytest.raises(InvalidArgumentError) as err:
+        client.import_memories([head, node, memory("a", [1.0, 0.0, 0.0]), memory("b", [1.0, 0.0])])
+    assert err.value.fields == ["chunks[3].memory.embedding"]
+    with pytest.raises(AlreadyExistsError) as dup:
+        client.import_memories([head, memory("c", [0.0, 1.0, 0.0]), node, memory("c", [0.0, 0.0, 1.0])])
+    assert "chunks[3].memory.id" in str(dup.value) and "earlier chunk" in str(dup.value)
+    assert not {m.id for m in client.list_memories("d")} & {"a", "b", "c"}

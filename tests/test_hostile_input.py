@@ -634,7 +634,7 @@ def test_an_error_repeating_megabytes_of_input_still_fits_its_trailers(client: M
     header = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1, namespace="h" * (1 << 20)))
     memory = pb.ExportMemoriesResponse(memory=pb.Memory(namespace="o", id="o", content="o"))
     e = expect_invalid(
-        lambda: client.import_memories([header, memory], target_namespace="z"), "memories[0].namespace"
+        lambda: client.import_memories([header, memory], target_namespace="z"), "chunks[1].memory.namespace"
     )
     assert len(e.field_violations[0].description) < 1000
     assert [m.id for m in client.list_memories(NS)] == ["m1"] and "z" not in [
@@ -691,8 +691,8 @@ def test_imported_graph_items_without_times_do_not_break_exports(
     header = pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1, namespace=NS))
     try:
         raw_call(channel, METHODS["ImportMemories"], [header.SerializeToString(), chunk.SerializeToString()])
-    except grpc.RpcError as e:  # refusing the chunk is fine too
-        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+    except grpc.RpcError as e:  # refusing the chunk is fine too (an edge between no nodes: NOT_FOUND)
+        assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), e
     list(client.export_memories(NS))
 
 

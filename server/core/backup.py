@@ -25,7 +25,13 @@ from tiermem.server.core.spool import Spool
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import validation as check
-from tiermem.server.model.errors import AlreadyExists, DeadlineExceeded, InvalidArgument, ResourceExhausted
+from tiermem.server.model.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import (
     ExportedGraphItem,
@@ -163,8 +169,8 @@ class _Import:
     reembed_model: str
     confirm: bool
     now: float  # (the import's time: later times it carries count as this)
-    pending: list[tuple[Record, np.ndarray | None]] = field(default_factory=list)
-    graph: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    pending: list[tuple[Record, np.ndarray | None, str]] = field(default_factory=list)  # (field prefix)
+    graph: list[tuple[str, str, dict[str, Any], str]] = field(default_factory=list)  # (field prefix)
     scopes: dict[str, list[float]] = field(default_factory=dict)  # ns -> [importance, tokens]
     imported: int = 0
     reembedded: int = 0
@@ -202,7 +208,9 @@ def restore(
         if isinstance(item, ExportedGraphItem):
             f = f"chunks[{i + 1}].graph_namespace"
             ns = check.namespace(f, imp.rename(item.namespace, f))
-            imp.graph.append((item.kind, ns, _checked_graph_item(st, i, item)))
+            imp.graph.append(
+                (item.kind, ns, _checked_graph_item(st, i, item), f"chunks[{i + 1}].{item.kind}.")
+            )
         elif isinstance(item, ExportedScope):
             _add_scope(imp, i, item)
         else:
@@ -227,12 +235,11 @@ def _check_wanted(wanted: Callable[[], bool] | None) -> None:
 def _add_scope(imp: _Import, i: int, item: ExportedScope) -> None:
     field_ = f"chunks[{i + 1}].scope."  # (chunk 0 is the header)
     refl, tokens = item.reflection_importance, item.summary_tokens
-    if not (math.isfinite(refl) and 0 <= refl <= MAX_REFLECTION_IMPORTANCE):
-        raise InvalidArgument(
-            field_ + "reflection_importance", f"must be a number in [0, {MAX_REFLECTION_IMPORTANCE:g}]"
-        )
-    if not 0 <= tokens <= MAX_SUMMARY_TOKENS:
-        raise InvalidArgument(field_ + "summary_tokens", f"must be in [0, {MAX_SUMMARY_TOKENS}]")
+    # (above the caps: kept at them, as a server that counted past them exports more)
+    if not (math.isfinite(refl) and refl >= 0):
+        raise InvalidArgument(field_ + "reflection_importance", "must be a finite number, 0 or more")
+    if tokens < 0:
+        raise InvalidArgument(field_ + "summary_tokens", "must be 0 or more")
     ns = check.namespace(field_ + "namespace", imp.rename(item.namespace, field_ + "namespace"))
     got = imp.scopes.setdefault(ns, [0.0, 0])
     got[0], got[1] = _capped_progress(got[0] + refl, got[1] + tokens)
@@ -244,11 +251,13 @@ def _capped_progress(refl: float, tokens: float) -> tuple[float, int]:
 
 def _memory_to_store(
     st: EngineState, imp: _Import, i: int, item: ExportedMemory
-) -> tuple[Record, np.ndarray | None]:
+) -> tuple[Record, np.ndarray | None, str]:
     """The record renamed and checked, with its vector (re-embedded when the export's embedder
-    made it and differs from this server's; None: stored now, embedded by the maintenance pass)."""
+    made it and differs from this server's; None: stored now, embedded by the maintenance pass)
+    and the prefix of its fields' names."""
     rec, vec = item.record, item.vector
-    field_ = f"memories[{i}]."
+    field_ = f"chunks[{i + 1}].memory."  # (chunk 0 is the header)
+    _dated(rec, imp.now)
     rec.namespace = imp.rename(rec.namespace, field_ + "namespace")
     check.namespace(field_ + "namespace", rec.namespace)
     check.memory_id(field_ + "id", rec.id)
@@ -267,8 +276,20 @@ def _memory_to_store(
         except EmbedderError:
             vec = None
         rec.embedding_model = model
-        return rec, vec
-    return rec, check.vector(field_ + "embedding", vec, st.config)
+        return rec, vec, field_
+    return rec, check.vector(field_ + "embedding", vec, st.config), field_
+
+
+def _dated(rec: Record, now: float) -> None:
+    """A memory exported without a creation time (NaN: unset) was created at the import; its other
+    times, where unset, are its creation's."""
+    if math.isnan(rec.created_at):
+        rec.created_at = now
+    for name in ("updated_at", "accessed_at", "tier_since"):
+        if math.isnan(getattr(rec, name)):
+            setattr(rec, name, rec.created_at)
+    if rec.origin is not None and math.isnan(rec.origin[3]):
+        rec.origin[3] = rec.created_at
 
 
 def _flush(st: EngineState, imp: _Import) -> None:
@@ -301,12 +322,19 @@ def _checked_graph_item(st: EngineState, i: int, item: ExportedGraphItem) -> dic
     return g
 
 
-def _store_graph(st: EngineState, graph: list[tuple[str, str, dict[str, Any]]], batch: int) -> None:
+def _store_graph(st: EngineState, graph: list[tuple[str, str, dict[str, Any], str]], batch: int) -> None:
+    """Nodes and edges in commits of ``batch``, after checking, before the first, that every
+    edge's ends are nodes of its namespace, stored or imported (NOT_FOUND as AddGraphEdge)."""
+    imported = {(ns, item["id"]) for kind, ns, item, _ in graph if kind == "node"}
     for lo in range(0, len(graph), batch):
         chunk = graph[lo : lo + batch]
 
-        def prepare(txn: Txn, chunk: list[tuple[str, str, dict[str, Any]]] = chunk) -> int:
-            for kind, ns, item in chunk:
+        def prepare(
+            txn: Txn, chunk: list[tuple[str, str, dict[str, Any], str]] = chunk, first: bool = not lo
+        ) -> int:
+            if first:
+                _check_edge_ends(st, txn, graph, imported)
+            for kind, ns, item, _ in chunk:
                 if kind == "node":
                     st.store.put_node(txn, ns, item)
                 else:
@@ -314,6 +342,23 @@ def _store_graph(st: EngineState, graph: list[tuple[str, str, dict[str, Any]]], 
             return len(chunk)
 
         st.writer.submit(prepare, lambda n: n)
+
+
+def _check_edge_ends(
+    st: EngineState,
+    txn: Txn,
+    graph: list[tuple[str, str, dict[str, Any], str]],
+    imported: set[tuple[str, str]],
+) -> None:
+    for kind, ns, item, field_ in graph:
+        if kind != "edge":
+            continue
+        for end in ("source_id", "target_id"):
+            if (ns, item[end]) not in imported and st.store.get_node(txn, ns, item[end]) is None:
+                raise NotFound(
+                    f"{field_}{end}: node {item[end]!r} not found in namespace {ns!r}, nor in the import",
+                    reason="NODE_NOT_FOUND",
+                )
 
 
 def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
@@ -331,18 +376,23 @@ def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
     st.writer.submit(add, lambda _: None)
 
 
-def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]], confirm: bool) -> int:
+def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None, str]], confirm: bool) -> int:
     def prepare(txn: Txn) -> list[tuple[Record, np.ndarray]]:
         spaces = st.store.spaces(txn)
         out = []
-        for rec, vec in items:
+        for rec, vec, field_ in items:
             if rec.kind in CONFIRMED_KINDS:  # (again: a protection may have landed since)
                 check_protected(st, rec.namespace, confirm, f"restoring a {rec.kind}", txn)
             if st.store.lookup(txn, rec.namespace, rec.id) is not None:
-                raise AlreadyExists(f"memory {rec.id!r} already exists in namespace {rec.namespace!r}")
+                raise AlreadyExists(
+                    f"{field_}id: memory {rec.id!r} already exists in namespace {rec.namespace!r} "
+                    "(stored before the import, or by an earlier chunk of it)"
+                )
             if vec is not None:
                 dim = int(vec.shape[0])
-                st.claim_space(txn, "embedding", rec.embedding_model, dim, spaces.get(rec.embedding_model))
+                st.claim_space(
+                    txn, field_ + "embedding", rec.embedding_model, dim, spaces.get(rec.embedding_model)
+                )
                 spaces[rec.embedding_model] = dim
             rec.rid, rec.vk = st.alloc_ids()
             st.store.insert(txn, rec)
@@ -360,7 +410,7 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None]
         upkeep.index_new(st, out)
         return len(out)
 
-    weight = sum(len(r.content) + 4 * (0 if v is None else v.shape[0]) + 512 for r, v in items)
+    weight = sum(len(r.content) + 4 * (0 if v is None else v.shape[0]) + 512 for r, v, _ in items)
     return int(st.writer.submit(prepare, apply, weight))
 
 

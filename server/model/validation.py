@@ -69,7 +69,7 @@ def unit_interval(field: str, value: float) -> float:
 def finite_time(field: str, value: float) -> float:
     """A time a google.protobuf.Timestamp can carry (from year 1), up to about year 5138."""
     if not math.isfinite(value) or not EARLIEST_TIME <= value <= 1e11:
-        raise InvalidArgument(field, "is not a valid time")
+        raise InvalidArgument(field, "must be a time between years 1 and 5138 (stored times stop there)")
     return value
 
 

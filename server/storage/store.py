@@ -584,7 +584,13 @@ class Store(CommitLog):
         self.grows += 1
         if self.log_commits:
             self._log_graph.add((namespace, False))
-        txn.put(graph_key(namespace, b"e", edge["id"]), msgpack.packb(edge, use_bin_type=True), db=self.graph)
+        key = graph_key(namespace, b"e", edge["id"])
+        old = txn.get(key, db=self.graph)
+        if old is not None:  # (an edge replaced, by an import: the ends it no longer has lose it)
+            was = msgpack.unpackb(old, raw=False)
+            for end in {was["source_id"], was["target_id"]} - {edge["source_id"], edge["target_id"]}:
+                txn.delete(graph_key(namespace, b"a", end, edge["id"]), db=self.graph)
+        txn.put(key, msgpack.packb(edge, use_bin_type=True), db=self.graph)
         for end in (edge["source_id"], edge["target_id"]):
             txn.put(graph_key(namespace, b"a", end, edge["id"]), b"", db=self.graph)
 

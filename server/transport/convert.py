@@ -3,6 +3,7 @@ items, context packages). No logic beyond field mapping."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -297,7 +298,7 @@ def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.nd
     if spec.embedding is None:
         spec.embedding_model = ""  # (exported while its embedding was pending: embedded on import)
     spec = check_new_memory(field, spec, config)
-    created = spec.created_at if spec.created_at is not None else 0.0
+    created = spec.created_at if spec.created_at is not None else math.nan  # (unset: the import's time)
     rec = Record(
         rid=0,
         id=m.id,
@@ -325,7 +326,7 @@ def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.nd
             m.origin.namespace,
             m.origin.id,
             int(m.origin.tier),
-            ts_to_float(m.origin, "transfer_time", f"{field}origin.") or 0.0,
+            ts_to_float(m.origin, "transfer_time", f"{field}origin.") or created,
         ]
         if m.HasField("origin")
         else None,
@@ -382,7 +383,7 @@ def import_item_from_pb(chunk: pb.ImportMemoriesRequest, i: int, config: Any) ->
     validated, its history kept)."""
     which = chunk.WhichOneof("chunk")
     if which == "memory":
-        rec, vector = record_from_pb(chunk.memory, f"memories[{i}].", config)
+        rec, vector = record_from_pb(chunk.memory, f"chunks[{i + 1}].memory.", config)
         return ExportedMemory(rec, vector)
     if which == "node":
         node = node_from_pb(chunk.node, f"chunks[{i + 1}].node.")

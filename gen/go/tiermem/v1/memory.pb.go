@@ -5841,10 +5841,11 @@ type ScopeState struct {
 	// namespace is the namespace, as exported.
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// reflection_importance is the observation importance accumulated since the last reflection.
-	// An import takes 0 to 1e15 and adds it to the target's, keeping at most 1e15.
+	// An import takes any finite value of 0 or more and adds it to the target's, keeping at most
+	// 1e15 (a server that counted past it exports more).
 	ReflectionImportance float64 `protobuf:"fixed64,2,opt,name=reflection_importance,json=reflectionImportance,proto3" json:"reflection_importance,omitempty"`
 	// summary_tokens is the token cost of the memories stored since the last summary. An import
-	// takes 0 to 2^53 and adds it to the target's, keeping at most 2^53.
+	// takes 0 or more and adds it to the target's, keeping at most 2^53.
 	SummaryTokens int64 `protobuf:"varint,3,opt,name=summary_tokens,json=summaryTokens,proto3" json:"summary_tokens,omitempty"`
 }
 
