@@ -13,6 +13,7 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tiermem.server.config import ServerConfig
+from tiermem.server.embedding.base import EmbedderSettingError
 from tiermem.server.transport import logs
 from tiermem.server.transport.app import serve
 
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(config.log_level, config.log_format)
     try:
         serve(config)
+    except EmbedderSettingError as e:  # (a model missing, an extra not installed: a setting's fault)
+        p.exit(2, f"{p.prog}: error: {e}\n")
     except Exception as e:
         # An error the server raises on purpose (a TiermemError: the data directory in use, not
         # writable, damaged, of another schema version) names its cause: one line, no traceback.

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
+    except BrokenPipeError:  # (the reader went away, `| head`: nothing to report; as Python's docs do)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
+        return 1
     except (TiermemError, KeysFileError, ValueError, OSError, RuntimeError, ServerRefused) as e:
         print(f"tiermem {args.command}: {_one_line(e)}", file=sys.stderr)
         return 1

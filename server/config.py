@@ -655,6 +655,8 @@ def _read_file(path: Path, names: set[str], defaults: ServerConfig) -> dict[str,
     for k, v in data.items():
         default = getattr(defaults, k)
         if isinstance(default, tuple) and isinstance(v, list):
+            if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"setting {k} in {path}: {v!r} is not a list of numbers")
             v = tuple(float(x) for x in v)
         elif isinstance(default, Path):
             v = Path(str(v))

@@ -578,3 +578,24 @@ def test_the_image_copies_every_package_directory() -> None:
     }
     assert tops <= copied, f"the Dockerfile does not copy {sorted(tops - copied)}"
     assert tops <= allowed, f".dockerignore keeps out {sorted(tops - allowed)}"
+
+
+def test_a_reader_that_goes_away_is_no_error_report(server_factory: Factory) -> None:
+    """``tiermem namespaces | head -1``: the pipe closed under the command is not reported as a
+    failure on stderr (it said "[Errno 32] Broken pipe")."""
+    running = server_factory()
+    with connect(running) as c:
+        for i in range(3000):  # (a listing longer than a pipe's buffer)
+            c.create(f"team:{i:05d}/with/a/long/enough/name", "x")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiermem", "namespaces", "--target", addr(running)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip()
+    proc.stdout.close()  # (as head does once it has its line)
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 1 and err == "", err

@@ -1431,6 +1431,19 @@ def _ranked(exp: dict[str, tuple], part: int = 0) -> list[str]:
     return sorted(exp, key=lambda k: -exp[k][part])
 
 
+def test_a_text_search_naming_another_space_is_refused(client: MemoryClient) -> None:
+    """A text query is embedded by the server's embedder: naming another embedding space with it
+    (which only a query vector can search) is INVALID_ARGUMENT naming embedding_model, not a search
+    of the embedder's space that looks like an answer from the named one."""
+    own = client.create(NS, "the deploy failed on friday").embedding_model
+    client.create(NS, "a vector of its own", embedding=[1.0, 0.0], embedding_model="mine")
+    e = expect_invalid(lambda: client.search(NS, "deploy", embedding_model="mine"), "embedding_model")
+    assert own in str(e) and "mine" in str(e)
+    assert [h.memory.content for h in client.search(NS, "deploy", embedding_model=own, limit=1)] == [
+        "the deploy failed on friday"
+    ]
+
+
 def test_search_score_components(scored: tuple[MemoryClient, FakeClock, dict]) -> None:
     c, clock, data = scored
     rng = np.random.default_rng(60)

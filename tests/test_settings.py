@@ -41,6 +41,17 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
         ({}, "portt = 1\n", r"unknown setting portt in .*tiermem.toml"),
         ({}, 'port = "many"\n', r"setting port .* not a valid int"),
         ({}, "port = \n", r"not TOML"),
+        ({}, 'tier_max_items = [2000, 500, "x", 100]\n', r"setting tier_max_items .* not a list of numbers"),
+        (
+            {},
+            "tier_max_items = [2000, 500, [200], 100]\n",
+            r"setting tier_max_items .* not a list of numbers",
+        ),
+        (
+            {},
+            'tier_max_items = [2000, 500, "200", 100]\n',
+            r"setting tier_max_items .* not a list of numbers",
+        ),
         ({"TIERMEM_LOG_LEVEL": "verbose"}, None, r"log_level.*DEBUG"),
         ({"TIERMEM_EMBEDDER": "word2vec"}, None, r"embedder.*builtin"),
         ({"TIERMEM_PORT": "x"}, None, r"TIERMEM_PORT='x' is not a valid int"),
@@ -218,6 +229,31 @@ def test_a_port_in_use_stops_the_server_in_one_line(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "cannot listen on 127.0.0.1" in err and "CANNOT_LISTEN" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_an_embedder_that_cannot_be_set_up_stops_the_server_in_one_line(
+    tmp_path: Path, installed: bool
+) -> None:
+    """A sentence-transformers model directory that is missing, or the package not installed: exit
+    status 2 and the reason in one line, as for any other setting, before LMDB is opened (it was a
+    traceback, the data directory's LMDB created)."""
+    model = tmp_path / ("missing" if installed else "model")
+    if not installed:
+        model.mkdir()
+        blocker = tmp_path / "site" / "sentence_transformers"  # (a package that fails to import)
+        blocker.mkdir(parents=True)
+        (blocker / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = {"TIERMEM_EMBEDDER": "sentence_transformers", "TIERMEM_EMBEDDER_MODEL": str(model)}
+    if not installed:
+        env["PYTHONPATH"] = str(tmp_path / "site")
+    proc = _server(tmp_path, env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    expected = "local model directory" if installed else "needs sentence-transformers"
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "data" / "lmdb" / "data.mdb").exists()  # (its folders only)
 
 
 def test_a_declared_space_of_another_dimension_than_the_data_stops_the_server(tmp_path: Path) -> None:

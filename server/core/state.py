@@ -64,6 +64,21 @@ class EngineState:
         self.started = time.monotonic()
         data = Path(config.data_dir)
         self.index_dir = data / "indexes"
+        # (first: an embedder that cannot be set up stops the start before any data is opened)
+        self.embedder = providers.build(
+            config.embedder,
+            model=config.embedder_model,
+            url=config.embedder_url,
+            api_key_env=config.embedder_api_key_env,
+            timeout=config.embedder_timeout_seconds,
+            dimension=config.builtin_dimension,
+            builtin_model=config.builtin_model,
+            cache_size=config.embedding_cache_size,
+            batch_size=config.embedder_batch_size or None,
+            concurrency=config.embedder_concurrency,
+            breaker_failures=config.embedder_breaker_failures,
+            breaker_cooldown_seconds=config.embedder_breaker_cooldown_seconds,
+        )
         self.store = Store(
             data / "lmdb",
             map_size=config.map_size,
@@ -80,20 +95,6 @@ class EngineState:
         self.max_pending = config.tuning.follower_max_pending if following else 0
         self.follow_lock = threading.Lock()
         self.follow_error: BaseException | None = None  # why a follower stopped following, if it did
-        self.embedder = providers.build(
-            config.embedder,
-            model=config.embedder_model,
-            url=config.embedder_url,
-            api_key_env=config.embedder_api_key_env,
-            timeout=config.embedder_timeout_seconds,
-            dimension=config.builtin_dimension,
-            builtin_model=config.builtin_model,
-            cache_size=config.embedding_cache_size,
-            batch_size=config.embedder_batch_size or None,
-            concurrency=config.embedder_concurrency,
-            breaker_failures=config.embedder_breaker_failures,
-            breaker_cooldown_seconds=config.embedder_breaker_cooldown_seconds,
-        )
         self.columns = Columns(change_log=config.tuning.columns_change_log)
         self.keywords = KeywordIndex()  # postings of the rows' content, by namespace (keyword search)
         self.spaces: dict[str, Space] = {}

@@ -14,6 +14,11 @@ from typing import Protocol
 import numpy as np
 
 
+class EmbedderSettingError(ValueError):
+    """The configured embedder cannot be set up (a model directory missing, an optional package not
+    installed, settings it cannot work with): the server stops before it serves, naming it."""
+
+
 class EmbedderError(Exception):
     """The embedder could not embed (unreachable, failing, or answering nonsense)."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tiermem.server.embedding.base import Embedded, EmbedderError, one
+from tiermem.server.embedding.base import Embedded, EmbedderError, EmbedderSettingError, one
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,11 @@ def space_of(path: str) -> str:
 class SentenceTransformerEmbedder:
     def __init__(self, path: str, model: str = "", *, batch_size: int = 32) -> None:
         if not path:
-            raise ValueError("the sentence_transformers embedder needs embedder_model (a local path)")
+            raise EmbedderSettingError(
+                "the sentence_transformers embedder needs embedder_model (a local path)"
+            )
         if batch_size < 1:
-            raise ValueError("the sentence_transformers embedder needs batch_size >= 1")
+            raise EmbedderSettingError("the sentence_transformers embedder needs batch_size >= 1")
         self.path = path
         self.model = model or space_of(path)
         self.batch_size = batch_size
@@ -68,12 +70,14 @@ def _load(path: str) -> Any:
     """The model, loaded from ``path`` without network access and tried on one text (ValueError:
     the server cannot start with this embedder)."""
     if not os.path.isdir(path):
-        raise ValueError(f"the sentence_transformers embedder needs a local model directory, not {path!r}")
+        raise EmbedderSettingError(
+            f"the sentence_transformers embedder needs a local model directory, not {path!r}"
+        )
     _quiet_progress_bars()
     try:
         from sentence_transformers import SentenceTransformer  # optional extra
     except ImportError as e:
-        raise ValueError(
+        raise EmbedderSettingError(
             "the sentence_transformers embedder needs sentence-transformers "
             "(pip install 'tiermem[sentence-transformers]')"
         ) from e
@@ -81,7 +85,7 @@ def _load(path: str) -> Any:
         impl = SentenceTransformer(path, local_files_only=True)
         impl.encode(["warm-up"], show_progress_bar=False)
     except Exception as e:
-        raise ValueError(f"cannot load the sentence-transformers model at {path}: {e}") from e
+        raise EmbedderSettingError(f"cannot load the sentence-transformers model at {path}: {e}") from e
     logger.info("loaded the sentence-transformers model at %s", path)
     return impl
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tiermem.server.embedding import local
-from tiermem.server.embedding.base import Embedded, Embedder, EmbedderError, one
+from tiermem.server.embedding.base import Embedded, Embedder, EmbedderError, EmbedderSettingError, one
 from tiermem.server.embedding.hashing import HashEmbedder
 from tiermem.server.embedding.local import SentenceTransformerEmbedder
 from tiermem.server.embedding.remote import OpenAIEmbedder
@@ -147,5 +147,5 @@ def build(
     elif kind == "sentence_transformers":
         inner = SentenceTransformerEmbedder(model, batch_size=batch_size or ST_BATCH_SIZE)
     else:
-        raise ValueError(f"embedder must be builtin, openai or sentence_transformers, not {kind!r}")
+        raise EmbedderSettingError(f"embedder must be builtin, openai or sentence_transformers, not {kind!r}")
     return CachedEmbedder(inner, cache_size)

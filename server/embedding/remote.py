@@ -27,7 +27,7 @@ from email.message import Message
 
 import numpy as np
 
-from tiermem.server.embedding.base import Embedded, EmbedderError, one
+from tiermem.server.embedding.base import Embedded, EmbedderError, EmbedderSettingError, one
 from tiermem.server.embedding.breaker import CircuitBreaker
 
 logger = logging.getLogger(__name__)
@@ -70,11 +70,11 @@ class OpenAIEmbedder:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not url or not model:
-            raise ValueError("the openai embedder needs embedder_url and embedder_model")
+            raise EmbedderSettingError("the openai embedder needs embedder_url and embedder_model")
         if not timeout > 0 or (total_timeout is not None and not total_timeout > 0):
-            raise ValueError("the openai embedder needs timeouts > 0")
+            raise EmbedderSettingError("the openai embedder needs timeouts > 0")
         if batch_size < 1 or concurrency < 1 or attempts < 1:
-            raise ValueError("the openai embedder needs batch_size, concurrency and attempts >= 1")
+            raise EmbedderSettingError("the openai embedder needs batch_size, concurrency and attempts >= 1")
         self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/embeddings") else "/embeddings")
         self.model = model
         self.api_key = api_key

@@ -275,7 +275,14 @@ def query_vector(
         model = check.model("embedding_model", q.embedding_model)
         query = check.vector("query_embedding", q.embedding, cfg)
     elif q.text:  # (its size and characters checked with the rest of the query)
-        model, query = source.embedder.model, source.embedder.embed(q.text)
+        model = source.embedder.model
+        if q.embedding_model and q.embedding_model != model:  # (it would search another space)
+            raise InvalidArgument(
+                "embedding_model",
+                f"names the space of query_embedding, which is empty: query_text is embedded by the "
+                f"server's embedder, into {model!r}; send the query's vector to search {q.embedding_model!r}",
+            )
+        query = source.embedder.embed(q.text)
     elif needed:
         raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")
     else:
