@@ -729,6 +729,17 @@ def test_an_imported_memory_without_times_was_created_at_the_import(
         m = c.get("i", "bare")
         times = (m.create_time, m.update_time, m.last_access_time, m.tier_time)
         assert [t.seconds for t in times] == [int(clock.now)] * 4
+        updated_only = pb.ExportMemoriesResponse(
+            memory=pb.Memory(
+                id="updated",
+                namespace="j",
+                content="updated once",
+                update_time=Timestamp(seconds=int(clock.now) - 600),
+            )
+        )
+        c.import_memories([head, updated_only])  # (created no later than its update)
+        u = c.get("j", "updated")
+        assert u.create_time.seconds == u.update_time.seconds == int(clock.now) - 600
         d = c.get("i", "dated")
         assert d.create_time.seconds == d.update_time.seconds == int(clock.now) - 3600
         assert d.origin.transfer_time.seconds == int(clock.now) - 3600

@@ -23,6 +23,7 @@ from tiermem.client.errors import from_rpc_error
 from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
+from tiermem.v1 import memory_pb2_grpc as pb_grpc
 
 
 def _state(c: MemoryClient) -> dict[str, Any]:
@@ -597,6 +598,31 @@ def test_synchronous_acknowledgement_waits_for_a_replica(
                 assert rc.get("user:ana", m.id).content == f"confirmed write {i}"  # there when answered
             assert rc.get("user:ana", retried.id).content == "no replica yet"
             assert rc.stats().memory_count == 11
+
+
+def test_a_leader_stopping_does_not_wait_out_a_write_waiting_for_a_replica(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Once the server stopped, its replicas' feeds are cancelled and no ack can come: a write
+    still waiting for one ends then (the stop waits for the calls' handlers before it closes LMDB;
+    it waited out the ack timeout, here 20 s)."""
+    leader = server_factory(
+        tmp_path / "leader", replication=True, replica_ack="sync", replica_ack_timeout_seconds=20.0
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{leader.port}") as channel:
+        stub = pb_grpc.MemoryServiceStub(channel)
+        write = stub.CreateMemory.future(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="hi"))
+        )
+        deadline = time.monotonic() + 10
+        while leader.engine.committed_seq == 0:  # (stored, now waiting for a replica)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        began = time.monotonic()
+        leader.stop(0)
+        assert time.monotonic() - began < 5
+        with pytest.raises(grpc.RpcError):
+            write.result(timeout=10)
 
 
 @pytest.mark.parametrize("ahead", [5, 2**64 - 1 - 3])

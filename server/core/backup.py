@@ -281,10 +281,11 @@ def _memory_to_store(
 
 
 def _dated(rec: Record, now: float) -> None:
-    """A memory exported without a creation time (NaN: unset) was created at the import; its other
-    times, where unset, are its creation's."""
+    """A memory exported without a creation time (NaN: unset) was created at the import, or at the
+    earliest of its other times if before; its other times, where unset, are its creation's."""
     if math.isnan(rec.created_at):
-        rec.created_at = now
+        given = (rec.updated_at, rec.accessed_at, rec.tier_since)
+        rec.created_at = min([now, *(t for t in given if not math.isnan(t))])
     for name in ("updated_at", "accessed_at", "tier_since"):
         if math.isnan(getattr(rec, name)):
             setattr(rec, name, rec.created_at)
@@ -350,11 +351,15 @@ def _check_edge_ends(
     graph: list[tuple[str, str, dict[str, Any], str]],
     imported: set[tuple[str, str]],
 ) -> None:
+    known = set(imported)  # (and the stored ends already looked up: each is read once)
     for kind, ns, item, field_ in graph:
         if kind != "edge":
             continue
         for end in ("source_id", "target_id"):
-            if (ns, item[end]) not in imported and st.store.get_node(txn, ns, item[end]) is None:
+            if (ns, item[end]) in known:
+                continue
+            known.add((ns, item[end]))
+            if st.store.get_node(txn, ns, item[end]) is None:
                 raise NotFound(
                     f"{field_}{end}: node {item[end]!r} not found in namespace {ns!r}, nor in the import",
                     reason="NODE_NOT_FOUND",

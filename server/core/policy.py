@@ -73,6 +73,9 @@ POLICY_FIELDS = (
 DECAY_HALF_LIFE, DECAY_NONE = IMPORTANCE_DECAYS["half_life"], IMPORTANCE_DECAYS["none"]
 
 
+NO_CAP = np.iinfo(np.int64).max  # (a cap array's entry for a namespace without one)
+
+
 @dataclass(frozen=True)
 class TierSettings:
     ttl_seconds: float
@@ -390,6 +393,7 @@ class _PassState:
     source: np.ndarray = field(init=False)  # int8 per row: the tier its last step leaves
     home_retention: np.ndarray = field(init=False)  # per row: as ranked where it is
     earlier: list[tuple[np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
+    stepped: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # row: where ``earlier`` has it
 
     def __post_init__(self) -> None:
         self.source = self.view.tier.copy()
@@ -400,6 +404,8 @@ class _PassState:
         entered it this pass (demoted, evicted or promoted into it) is kept."""
         came = rows[self.view.tier[rows] != t]
         if came.shape[0]:
+            for j, row in enumerate(came.tolist()):
+                self.stepped.setdefault(row, []).append((len(self.earlier), j))
             self.earlier.append((came, self.source[came].copy(), t, self.reason[came].copy()))
         self.source[rows] = t
         self.target[rows] = to
@@ -410,13 +416,13 @@ class _PassState:
     def keep(self, row: int, t: int) -> None:
         """``row``, whose last step leaves tier ``t``, stays in ``t``: that step is undone."""
         self.target[row] = t
-        for k, (rows, source, tier, why) in enumerate(self.earlier):
-            if tier != t or not (at := np.flatnonzero(rows == row)).shape[0]:
+        for k, j in self.stepped.get(row, ()):
+            rows, source, tier, why = self.earlier[k]
+            if tier != t or rows[j] != row:
                 continue
-            j = int(at[0])  # (it came into t this pass: that step is its last again)
+            # (it came into t this pass: that step is its last again, and leaves the earlier ones)
             self.source[row], self.reason[row] = source[j], why[j]
-            rest = np.arange(rows.shape[0]) != j
-            self.earlier[k] = (rows[rest], source[rest], tier, why[rest])
+            rows[j] = -1
             self.enter(np.array([row]))
             return
         self.reason[row] = STAY
@@ -433,16 +439,17 @@ class _PassState:
 
     def steps(self, changed: np.ndarray) -> Steps:
         """The steps of the rows ``changed`` (sorted), each row's in order."""
-        at = [np.searchsorted(changed, rows) for rows, _, _, _ in self.earlier]
+        earlier = [(r[r >= 0], f[r >= 0], t, w[r >= 0]) for r, f, t, w in self.earlier]  # (-1: undone)
+        at = [np.searchsorted(changed, rows) for rows, _, _, _ in earlier]
         at.append(np.arange(changed.shape[0]))
         order = np.lexsort((np.repeat(np.arange(len(at)), [a.shape[0] for a in at]), np.concatenate(at)))
         return Steps(
             at=np.concatenate(at)[order],
-            from_tier=np.concatenate([f for _, f, _, _ in self.earlier] + [self.source[changed]])[order],
+            from_tier=np.concatenate([f for _, f, _, _ in earlier] + [self.source[changed]])[order],
             to_tier=np.concatenate(
-                [np.full(r.shape[0], t, np.int8) for r, _, t, _ in self.earlier] + [self.target[changed]]
+                [np.full(r.shape[0], t, np.int8) for r, _, t, _ in earlier] + [self.target[changed]]
             )[order],
-            reason=np.concatenate([why for _, _, _, why in self.earlier] + [self.reason[changed]])[order],
+            reason=np.concatenate([why for _, _, _, why in earlier] + [self.reason[changed]])[order],
         )
 
     def enter(self, rows: np.ndarray) -> None:
@@ -486,19 +493,23 @@ def _enforce_caps(state: _PassState, live: np.ndarray, due: np.ndarray, kinds: I
     of the rows it counts. Only namespaces with a tier due this pass."""
     ns, tables = state.view.ns, state.tables
     visited: np.ndarray = np.asarray(due.any(axis=1))
-    if (tables.max_items < np.iinfo(np.int64).max).any():
+    if (tables.max_items < NO_CAP).any():
         candidates = live & (state.target != 0) & visited[ns]
         _delete_over(state, ns.astype(np.int64), candidates, tables.max_items, tables.evict_share)
+    if kinds is None:
+        return
+    by_kind: dict[str, np.ndarray] = {}  # (a kind's cap per namespace: one pass a kind, not a namespace)
     for nid, caps in tables.kind_caps.items():
-        if nid >= visited.shape[0] or not visited[nid] or kinds is None:
-            continue
-        for kind, cap in caps.items():
-            kid = kinds.get(kind)
-            if kid < 0:
-                continue
-            candidates = live & (state.target != 0) & (ns == nid) & (state.view.kind == kid)
-            one = np.zeros(ns.shape[0], np.int64)
-            _delete_over(state, one, candidates, np.array([cap], np.int64), tables.evict_share[nid : nid + 1])
+        if nid < visited.shape[0] and visited[nid]:
+            for kind, cap in caps.items():
+                by_kind.setdefault(kind, np.full(visited.shape[0], NO_CAP, np.int64))[nid] = cap
+    for kind, cap_of in by_kind.items():
+        kid = kinds.get(kind)
+        if kid >= 0:
+            candidates = live & (state.target != 0) & (state.view.kind == kid) & (cap_of < NO_CAP)[ns]
+            _delete_over(
+                state, ns.astype(np.int64), candidates, cap_of, tables.evict_share[: cap_of.shape[0]]
+            )
 
 
 def _delete_over(
@@ -539,8 +550,12 @@ def _enforce_capacity(
         else:
             evict &= tables.delete_glacial[ns]  # (the rest stays over capacity: reported)
             state.evict(np.flatnonzero(evict), t, 0, DELETE_CAPACITY)
-        for nid in np.flatnonzero(room):
-            summaries[(int(nid), t)] = np.flatnonzero(evict & (ns == nid))
+        if room.any():  # (the evicted rows grouped by namespace once, not a whole pass each)
+            rows = np.flatnonzero(evict & room[ns].astype(bool))
+            rows = rows[np.argsort(ns[rows], kind="stable")]
+            nids, starts = np.unique(ns[rows], return_index=True)
+            for nid, part in zip(nids.tolist(), np.split(rows, starts[1:]), strict=True):
+                summaries[(nid, t)] = part
 
 
 def _over_glacial(state: _PassState, live: np.ndarray, due: np.ndarray) -> int:
@@ -561,13 +576,13 @@ def _room_for_summaries(
     view, tables = state.view, state.tables
     added = np.bincount([nid for nid, _ in summaries], minlength=tables.max_items.shape[0])
     kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
-    for nid, caps in tables.kind_caps.items():  # (first: what they delete counts in the namespace)
-        cap = caps.get(EVICTION_SUMMARY_KIND)
-        if cap is None or kid < 0 or nid >= added.shape[0] or not added[nid]:
-            continue
-        of_kind = live & (view.ns == nid) & (view.kind == kid)
-        one = np.zeros(live.shape[0], np.int64)
-        _delete_surplus(state, of_kind, one, np.array([cap]), added[nid : nid + 1])
+    # (first: what the kind's cap deletes counts in the namespace; every namespace in one pass)
+    cap_of = np.full(added.shape[0], NO_CAP, np.int64)
+    for nid, caps in tables.kind_caps.items():
+        if EVICTION_SUMMARY_KIND in caps and nid < added.shape[0] and added[nid]:
+            cap_of[nid] = caps[EVICTION_SUMMARY_KIND]
+    if kid >= 0 and (cap_of < NO_CAP).any():
+        _delete_surplus(state, live & (view.kind == kid), view.ns.astype(np.int64), cap_of, added)
     _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
     _refill(state, live, summaries, kinds)
 
@@ -587,7 +602,8 @@ def _refill(
     ns = view.ns[mine].astype(np.int64)
     held = np.bincount(ns * 5 + state.target[mine], minlength=n * 5).reshape(n, 5)
     in_ns = np.bincount(ns, minlength=n)
-    kinds_held: dict[tuple[int, int], int] = {}  # (counted when first asked)
+    nk = int(view.kind.max(initial=0)) + 1
+    kinds_held = np.bincount(ns * nk + view.kind[mine], minlength=n * nk)  # (by namespace * nk + kind)
     new = Counter(nid for (nid, _), rows in summaries.items() if rows.shape[0])  # (summaries to store)
     kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
 
@@ -595,13 +611,11 @@ def _refill(
         k = int(view.kind[row])
         caps = tables.kind_caps.get(nid, {})
         name = next((c for c in caps if kinds is not None and kinds.get(c) == k), None)
-        if name is not None and (nid, k) not in kinds_held:
-            counted = live & (state.target != 0) & (view.ns == nid) & (view.kind == k)
-            kinds_held[nid, k] = int(np.count_nonzero(counted))
         extra = new[nid] if k == kid else 0
-        kind_ok = name is None or kinds_held[nid, k] + extra < caps[name]
+        kind_ok = name is None or kinds_held[nid * nk + k] + extra < caps[name]
         return kind_ok and in_ns[nid] + new[nid] < tables.max_items[nid]
 
+    into = {t: np.full(view.tier.shape[0], t, np.int8) for t in {t for _, t in summaries}}  # (entering's)
     changed = True
     while changed:  # (a row brought back into a tier can make a faster tier's evictee eligible again)
         changed = False
@@ -611,7 +625,7 @@ def _refill(
             if not left.shape[0]:
                 continue
             # how each ranks in t: as there before the pass, or as entered into t
-            entered = state.entering(left, np.full(view.tier.shape[0], t, np.int8))
+            entered = state.entering(left, into[t])
             ranked = left[np.argsort(-np.where(view.tier[left] == t, state.home_retention[left], entered))]
             back = []
             for row in ranked.tolist():
@@ -626,8 +640,7 @@ def _refill(
                     held[nid, went] -= 1
                 else:
                     in_ns[nid] += 1
-                    if (nid, int(view.kind[row])) in kinds_held:
-                        kinds_held[nid, int(view.kind[row])] += 1
+                    kinds_held[nid * nk + int(view.kind[row])] += 1
             if back:
                 summaries[(nid, t)] = rows[~np.isin(rows, back)]
                 new[nid] -= int(summaries[(nid, t)].shape[0] == 0)  # (nothing left to summarize)

@@ -71,11 +71,23 @@ class RunningServer:
         if self.followers is not None:
             self.followers.stop(grace or 0.0)
         self.server.stop(grace).wait()
+        if self.servicer is not None and self.servicer.acks is not None:
+            self.servicer.acks.close()  # (writes waiting for a replica's ack: none can come now)
         if self.pool is not None:
             self.pool.drain(HANDLERS_LEAVE_SECONDS)
         if self.replica_follower is not None:
             self.replica_follower.stop()
         self.engine.close()
+
+
+def _attach(servicer: MemoryServicer, engine: Engine, config: ServerConfig) -> None:
+    """The engine behind the servicer, with the agent services; a replica starts following."""
+    graph = GraphMemory(engine.store, engine.writer, engine.config, engine.clock)
+    servicer.attach(engine, Assembler(engine, graph), graph)
+    if engine.is_replica:
+        servicer.replica_follower = ReplicaFollower(engine, config)
+        servicer.replica_follower.start()
+        logger.info("replica of %s, from commit %d", config.replica_of, servicer.replica_follower.applied)
 
 
 def create_server(config: ServerConfig, clock: Callable[[], float] | None = None) -> RunningServer:
@@ -136,26 +148,24 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
             raise RuntimeError(f"cannot bind {private}")
     server.start()
     followers = None
+    engine: Engine | None = None
     try:
         engine = Engine(config) if clock is None else Engine(config, clock=clock)
-        graph = GraphMemory(engine.store, engine.writer, engine.config, engine.clock)
-        servicer.attach(engine, Assembler(engine, graph), graph)
-        if engine.is_replica:
-            servicer.replica_follower = ReplicaFollower(engine, config)
-            servicer.replica_follower.start()
-            logger.info("replica of %s, from commit %d", config.replica_of, servicer.replica_follower.applied)
+        _attach(servicer, engine, config)
         if leading:
             followers = follower.Followers(
                 config, port, private, on_exit=engine.store.clear_stale_readers, secret=secret
             )
-            try:
-                followers.start()
-            except BaseException:
-                followers.stop(0.0)
-                engine.close()
-                raise
+            followers.start()
     except BaseException:
-        server.stop(None)
+        if engine is None:
+            server.stop(None)
+            raise
+        # (the port was served meanwhile: stopped as a running server stops, its engine last)
+        try:
+            RunningServer(server, port, engine, health_servicer, followers, None, servicer, pool).stop(None)
+        except Exception:
+            logger.exception("stopping after a failed start")
         raise
     metrics_server = None
     if metrics is not None:

@@ -260,7 +260,7 @@ class Followers:
             self._thread.join()
         for p in procs:
             try:
-                p.wait(grace + 30.0)
+                p.wait(grace + HANDLERS_LEAVE_SECONDS + 30.0)  # (its calls' grace, their handlers, its close)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -35,6 +35,13 @@ class ReplicaAcks:
         self._applied: dict[int, int] = {}
         self._ids = itertools.count(1)
         self._changed = threading.Condition()
+        self._closed = False
+
+    def close(self) -> None:
+        """The server stopped (its replicas' feeds too): no ack can come, writes waiting end now."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def join(self) -> int:
         with self._changed:
@@ -56,7 +63,10 @@ class ReplicaAcks:
     def wait(self, seq: int, timeout: float) -> bool:
         """Whether a replica stored commit ``seq`` (or a later one) within ``timeout`` seconds."""
         with self._changed:
-            return self._changed.wait_for(lambda: any(a >= seq for a in self._applied.values()), timeout)
+            self._changed.wait_for(
+                lambda: self._closed or any(a >= seq for a in self._applied.values()), timeout
+            )
+            return any(a >= seq for a in self._applied.values())
 
 
 def serve_changes(
