@@ -12,8 +12,7 @@ import sys
 # the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tiermem.server.config import ServerConfig
-from tiermem.server.embedding.base import EmbedderSettingError
+from tiermem.server.config import ServerConfig, UnusableSetting
 from tiermem.server.transport import logs
 from tiermem.server.transport.app import serve
 
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(config.log_level, config.log_format)
     try:
         serve(config)
-    except EmbedderSettingError as e:  # (a model missing, an extra not installed: a setting's fault)
+    except UnusableSetting as e:  # (a model missing, an extra not installed: a setting's fault)
         p.exit(2, f"{p.prog}: error: {e}\n")
     except Exception as e:
         # An error the server raises on purpose (a TiermemError: the data directory in use, not

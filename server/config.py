@@ -77,6 +77,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+class UnusableSetting(ValueError):
+    """A setting found unusable only as the server starts (a model directory missing, an optional
+    package not installed): the server stops before it serves, naming it in one line."""
+
+
 @dataclass(frozen=True)
 class Tuning:
     """Internal thresholds, grouped by the package that reads them. Not read from the environment:

@@ -394,6 +394,7 @@ class _PassState:
     home_retention: np.ndarray = field(init=False)  # per row: as ranked where it is
     earlier: list[tuple[np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
     stepped: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # row: where ``earlier`` has it
+    indexed: int = 0  # the entries of ``earlier`` that ``stepped`` covers (filled when keep needs it)
 
     def __post_init__(self) -> None:
         self.source = self.view.tier.copy()
@@ -404,8 +405,6 @@ class _PassState:
         entered it this pass (demoted, evicted or promoted into it) is kept."""
         came = rows[self.view.tier[rows] != t]
         if came.shape[0]:
-            for j, row in enumerate(came.tolist()):
-                self.stepped.setdefault(row, []).append((len(self.earlier), j))
             self.earlier.append((came, self.source[came].copy(), t, self.reason[came].copy()))
         self.source[rows] = t
         self.target[rows] = to
@@ -416,6 +415,10 @@ class _PassState:
     def keep(self, row: int, t: int) -> None:
         """``row``, whose last step leaves tier ``t``, stays in ``t``: that step is undone."""
         self.target[row] = t
+        for k in range(self.indexed, len(self.earlier)):
+            for j, r in enumerate(self.earlier[k][0].tolist()):
+                self.stepped.setdefault(r, []).append((k, j))
+        self.indexed = len(self.earlier)
         for k, j in self.stepped.get(row, ()):
             rows, source, tier, why = self.earlier[k]
             if tier != t or rows[j] != row:
@@ -576,8 +579,7 @@ def _room_for_summaries(
     view, tables = state.view, state.tables
     added = np.bincount([nid for nid, _ in summaries], minlength=tables.max_items.shape[0])
     kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
-    # (first: what the kind's cap deletes counts in the namespace; every namespace in one pass)
-    cap_of = np.full(added.shape[0], NO_CAP, np.int64)
+    cap_of = np.full(added.shape[0], NO_CAP, np.int64)  # (first: what the kind's cap deletes counts)
     for nid, caps in tables.kind_caps.items():
         if EVICTION_SUMMARY_KIND in caps and nid < added.shape[0] and added[nid]:
             cap_of[nid] = caps[EVICTION_SUMMARY_KIND]
@@ -592,24 +594,24 @@ def _refill(
 ) -> None:
     """A tier that evicted memories to summarize them ends the pass full where it can: while it
     holds fewer than its max_items (its new summary counted), the best memory it evicted comes back
-    (its last step undone), because a later step freed room there (an older summary deleted for
-    its kind's cap, memories deleted for the namespace's max_items, a memory the tier before kept
-    in turn). One that came back from the next tier leaves room there, refilled the same way; one
-    GLACIAL deleted comes back only where its namespace and its kind have room for it."""
-    view, tables = state.view, state.tables
-    n = tables.capacity.shape[0]
+    (its last step undone), as a later step freed room there (an older summary deleted for its
+    kind's cap, memories deleted for the namespace's max_items, a memory the tier before kept). One
+    back from the next tier leaves room there, refilled the same way; one GLACIAL deleted comes
+    back only where its namespace and its kind have room for it."""
+    view, tables, n = state.view, state.tables, state.tables.capacity.shape[0]
     mine = live & (state.target != 0)
     ns = view.ns[mine].astype(np.int64)
     held = np.bincount(ns * 5 + state.target[mine], minlength=n * 5).reshape(n, 5)
     in_ns = np.bincount(ns, minlength=n)
-    nk = int(view.kind.max(initial=0)) + 1
-    kinds_held = np.bincount(ns * nk + view.kind[mine], minlength=n * nk)  # (by namespace * nk + kind)
+    nk, kinds_held = int(view.kind.max(initial=0)) + 1, Counter[int]()  # (namespace * nk + kind: rows)
+    if tables.kind_caps:
+        pairs, counts = np.unique(ns * nk + view.kind[mine], return_counts=True)
+        kinds_held.update(dict(zip(pairs.tolist(), counts.tolist(), strict=True)))
     new = Counter(nid for (nid, _), rows in summaries.items() if rows.shape[0])  # (summaries to store)
     kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
 
     def room_for(row: int, nid: int) -> bool:  # a deleted row counted again: its namespace and kind
-        k = int(view.kind[row])
-        caps = tables.kind_caps.get(nid, {})
+        k, caps = int(view.kind[row]), tables.kind_caps.get(nid, {})
         name = next((c for c in caps if kinds is not None and kinds.get(c) == k), None)
         extra = new[nid] if k == kid else 0
         kind_ok = name is None or kinds_held[nid * nk + k] + extra < caps[name]

@@ -13,8 +13,10 @@ from typing import Protocol
 
 import numpy as np
 
+from tiermem.server.config import UnusableSetting
 
-class EmbedderSettingError(ValueError):
+
+class EmbedderSettingError(UnusableSetting):
     """The configured embedder cannot be set up (a model directory missing, an optional package not
     installed, settings it cannot work with): the server stops before it serves, naming it."""
 
