@@ -197,6 +197,26 @@ def test_writes_go_on_while_an_export_client_stops_reading(
     assert len({m.id for m in memories}) == 3000
 
 
+def _slow_spooling(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """3,000 memories in team:a, and each memory's packing into an export's spool slowed to 1 ms
+    (the spool takes seconds): the times they were packed at."""
+    from tiermem.server.core import backup
+
+    with _client(server) as c:
+        for b in range(6):
+            c.create_batch([{"namespace": "team:a", "content": f"{b}-{j} a note"} for j in range(500)])
+    packed: list[float] = []
+    original = backup._packed
+
+    def slow(item: Any) -> Any:
+        time.sleep(0.001)
+        packed.append(time.monotonic())
+        return original(item)
+
+    monkeypatch.setattr(backup, "_packed", slow)
+    return packed
+
+
 def test_an_export_cancelled_while_it_spools_stops_reading(
     server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,18 +226,9 @@ def test_an_export_cancelled_while_it_spools_stops_reading(
     from tiermem.server.core import backup
 
     server = server_factory()
+    original = backup._packed
+    packed = _slow_spooling(server, monkeypatch)
     with _client(server) as c:
-        for b in range(6):
-            c.create_batch([{"namespace": "team:a", "content": f"{b}-{j} a note"} for j in range(500)])
-        packed: list[float] = []
-        original = backup._packed
-
-        def slow(item: Any) -> Any:
-            time.sleep(0.001)
-            packed.append(time.monotonic())
-            return original(item)
-
-        monkeypatch.setattr(backup, "_packed", slow)
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             call = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest())
             assert next(call).HasField("header")
@@ -240,21 +251,8 @@ def test_a_server_stopping_while_an_export_spools_closes_lmdb_once_the_handler_l
     may still run: the engine closes LMDB only after they left. Before, an export spooling when the
     server stopped read on from a closed environment ("ExportMemories failed: Attempt to operate on
     closed/deleted/dropped object"). Packing is slowed to 1 ms a memory so the spool takes seconds."""
-    from tiermem.server.core import backup
-
     server = server_factory()
-    with _client(server) as c:
-        for b in range(6):
-            c.create_batch([{"namespace": "team:a", "content": f"{b}-{j} a note"} for j in range(500)])
-    packed: list[float] = []
-    original = backup._packed
-
-    def slow(item: Any) -> Any:
-        time.sleep(0.001)
-        packed.append(time.monotonic())
-        return original(item)
-
-    monkeypatch.setattr(backup, "_packed", slow)
+    packed = _slow_spooling(server, monkeypatch)
     caplog.set_level(logging.WARNING)
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         call = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest())
@@ -714,29 +712,23 @@ def test_an_imported_memory_without_times_was_created_at_the_import(
     clock = FakeClock()
     server = server_factory(clock=clock)
     head = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
-    with _client(server) as c:
-        bare = pb.ExportMemoriesResponse(memory=pb.Memory(id="bare", namespace="i", content="no times given"))
-        dated = pb.ExportMemoriesResponse(
-            memory=pb.Memory(
-                id="dated",
-                namespace="i",
-                content="created earlier",
-                create_time=Timestamp(seconds=int(clock.now) - 3600),
-                origin=pb.MemoryOrigin(namespace="o", id="x", tier=pb.TIER_FAST),
-            )
+
+    def memory(mid: str, ns: str, **fields: Any) -> pb.ExportMemoriesResponse:
+        return pb.ExportMemoriesResponse(
+            memory=pb.Memory(id=mid, namespace=ns, content=f"memory {mid}", **fields)
         )
-        c.import_memories([head, bare, dated])
+
+    with _client(server) as c:
+        bare = memory("bare", "i")
+        hour_ago, origin = (
+            Timestamp(seconds=int(clock.now) - 3600),
+            pb.MemoryOrigin(namespace="o", id="x", tier=1),
+        )
+        c.import_memories([head, bare, memory("dated", "i", create_time=hour_ago, origin=origin)])
         m = c.get("i", "bare")
         times = (m.create_time, m.update_time, m.last_access_time, m.tier_time)
         assert [t.seconds for t in times] == [int(clock.now)] * 4
-        updated_only = pb.ExportMemoriesResponse(
-            memory=pb.Memory(
-                id="updated",
-                namespace="j",
-                content="updated once",
-                update_time=Timestamp(seconds=int(clock.now) - 600),
-            )
-        )
+        updated_only = memory("updated", "j", update_time=Timestamp(seconds=int(clock.now) - 600))
         c.import_memories([head, updated_only])  # (created no later than its update)
         u = c.get("j", "updated")
         assert u.create_time.seconds == u.update_time.seconds == int(clock.now) - 600
