@@ -326,7 +326,6 @@ def _checked_graph_item(st: EngineState, i: int, item: ExportedGraphItem) -> dic
 def _store_graph(st: EngineState, graph: list[tuple[str, str, dict[str, Any], str]], batch: int) -> None:
     """Nodes and edges in commits of ``batch``, after checking, before the first, that every
     edge's ends are nodes of its namespace, stored or imported (NOT_FOUND as AddGraphEdge)."""
-    imported = {(ns, item["id"]) for kind, ns, item, _ in graph if kind == "node"}
     for lo in range(0, len(graph), batch):
         chunk = graph[lo : lo + batch]
 
@@ -334,7 +333,7 @@ def _store_graph(st: EngineState, graph: list[tuple[str, str, dict[str, Any], st
             txn: Txn, chunk: list[tuple[str, str, dict[str, Any], str]] = chunk, first: bool = not lo
         ) -> int:
             if first:
-                _check_edge_ends(st, txn, graph, imported)
+                _check_edge_ends(st, txn, graph)
             for kind, ns, item, _ in chunk:
                 if kind == "node":
                     st.store.put_node(txn, ns, item)
@@ -349,9 +348,9 @@ def _check_edge_ends(
     st: EngineState,
     txn: Txn,
     graph: list[tuple[str, str, dict[str, Any], str]],
-    imported: set[tuple[str, str]],
 ) -> None:
-    known = set(imported)  # (and the stored ends already looked up: each is read once)
+    # (the import's nodes, and the stored ends already looked up: each is read once)
+    known = {(ns, item["id"]) for kind, ns, item, _ in graph if kind == "node"}
     for kind, ns, item, field_ in graph:
         if kind != "edge":
             continue

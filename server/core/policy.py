@@ -190,6 +190,15 @@ class Tables:
         ``build``): a search passes these rather than having them checked again."""
         return kernels.score_tables(self.half_life, self.floor)
 
+    @cached_property
+    def caps_by_kind(self) -> dict[str, np.ndarray]:
+        """Each capped kind's cap per namespace id (NO_CAP where none), once: passes read it whole."""
+        out: dict[str, np.ndarray] = {}
+        for nid, caps in self.kind_caps.items():
+            for kind, cap in caps.items():
+                out.setdefault(kind, np.full(self.max_items.shape[0], NO_CAP, np.int64))[nid] = cap
+        return out
+
     @classmethod
     def build(cls, n: int, base: Policy, overrides: dict[int, Policy]) -> Tables:
         """Tables for namespace ids 0..n-1: ``base`` everywhere, ``overrides`` at their ids."""
@@ -501,18 +510,11 @@ def _enforce_caps(state: _PassState, live: np.ndarray, due: np.ndarray, kinds: I
         _delete_over(state, ns.astype(np.int64), candidates, tables.max_items, tables.evict_share)
     if kinds is None:
         return
-    by_kind: dict[str, np.ndarray] = {}  # (a kind's cap per namespace: one pass a kind, not a namespace)
-    for nid, caps in tables.kind_caps.items():
-        if nid < visited.shape[0] and visited[nid]:
-            for kind, cap in caps.items():
-                by_kind.setdefault(kind, np.full(visited.shape[0], NO_CAP, np.int64))[nid] = cap
-    for kind, cap_of in by_kind.items():
+    for kind, cap_of in tables.caps_by_kind.items():  # (one pass a kind, every namespace at once)
         kid = kinds.get(kind)
         if kid >= 0:
-            candidates = live & (state.target != 0) & (state.view.kind == kid) & (cap_of < NO_CAP)[ns]
-            _delete_over(
-                state, ns.astype(np.int64), candidates, cap_of, tables.evict_share[: cap_of.shape[0]]
-            )
+            candidates = live & (state.target != 0) & (state.view.kind == kid) & visited[ns]
+            _delete_over(state, ns.astype(np.int64), candidates, cap_of, tables.evict_share)
 
 
 def _delete_over(
@@ -579,12 +581,10 @@ def _room_for_summaries(
     view, tables = state.view, state.tables
     added = np.bincount([nid for nid, _ in summaries], minlength=tables.max_items.shape[0])
     kid = kinds.get(EVICTION_SUMMARY_KIND) if kinds is not None else -1
-    cap_of = np.full(added.shape[0], NO_CAP, np.int64)  # (first: what the kind's cap deletes counts)
-    for nid, caps in tables.kind_caps.items():
-        if EVICTION_SUMMARY_KIND in caps and nid < added.shape[0] and added[nid]:
-            cap_of[nid] = caps[EVICTION_SUMMARY_KIND]
-    if kid >= 0 and (cap_of < NO_CAP).any():
-        _delete_surplus(state, live & (view.kind == kid), view.ns.astype(np.int64), cap_of, added)
+    cap_of = tables.caps_by_kind.get(EVICTION_SUMMARY_KIND)  # (first: what the kind's cap deletes counts)
+    if kid >= 0 and cap_of is not None:  # (in the namespaces that store a summary this pass)
+        capped = np.where(added > 0, cap_of, NO_CAP)
+        _delete_surplus(state, live & (view.kind == kid), view.ns.astype(np.int64), capped, added)
     _delete_surplus(state, live, view.ns.astype(np.int64), tables.max_items, added)
     _refill(state, live, summaries, kinds)
 
