@@ -122,6 +122,65 @@ def test_a_replica_follows_the_progress_of_a_namespace_whose_memories_are_all_go
     replica.stop(0)
 
 
+def test_a_replica_catching_up_across_commits_logged_before_their_namespaces_were_drops_the_gone(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commit-log entries written by a server from before the log named the namespaces whose
+    progress changed (four fields, not five) bring a resuming replica every namespace's progress,
+    and drop the progress of the others: a namespace deleted whole in those commits has none left
+    on the replica (it kept its progress)."""
+    import lmdb
+    import msgpack
+
+    from tiermem.server.core import replication
+
+    copies: list[int] = []
+    full_copy = replication._full_copy
+
+    def counted(*args: Any) -> Any:  # (the leader's full copies, counted)
+        copies.append(1)
+        return (yield from full_copy(*args))
+
+    monkeypatch.setattr(replication, "_full_copy", counted)
+
+    def progress(c: MemoryClient) -> dict[str, tuple[float, int]]:
+        return {
+            ch.scope.namespace: (round(ch.scope.reflection_importance, 6), ch.scope.summary_tokens)
+            for ch in c.export_memories()
+            if ch.WhichOneof("chunk") == "scope"
+        }
+
+    leader = server_factory(tmp_path / "leader", replication=True)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        for ns in ("user:ana/task:1", "user:ana/task:2"):
+            for i in range(3):
+                lc.create(ns, f"an observation number {i} in {ns}", importance=0.4)
+        _eventually(lambda: progress(rc) == progress(lc) and len(progress(lc)) == 2)
+    replica.stop(0)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        lc.delete_namespace("user:ana/task:1")
+        lc.create("user:ana/task:2", "one more while the replica is down", importance=0.4)
+        wanted = progress(lc)
+    leader.stop(None)
+    env = lmdb.open(str(tmp_path / "leader" / "lmdb"), max_dbs=16)
+    with env.begin(write=True) as txn:  # (each entry as a server from before the list wrote it)
+        commits = env.open_db(b"commits", txn=txn)
+        old = [(bytes(k), msgpack.unpackb(v)) for k, v in txn.cursor(db=commits)]
+        assert old and all(len(entry) == 5 for _, entry in old)
+        for key, entry in old:
+            txn.put(key, msgpack.packb(entry[:4], use_bin_type=True), db=commits)
+    env.close()
+    copies.clear()
+    leader = server_factory(tmp_path / "leader", replication=True)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        _eventually(lambda: rc.stats().memory_count == 4 and progress(rc) == wanted)
+        assert set(progress(rc)) == {"user:ana/task:2"}
+    assert copies == []  # (it resumed from its commit: a full copy would have dropped it anyway)
+    replica.stop(0)
+
+
 def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
     server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -95,6 +95,7 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
     last one is the one that reaches ``seq``); FailedPrecondition when the commit log no longer
     reaches back."""
     settings, rids, graph, scopes = False, set(), set(), set()
+    every_scope = False  # (an entry written before the log named them: all progress is sent)
     for s in range(after + 1, seq + 1):
         entry = st.store.commit_log_entry(txn, s)
         if entry is None:  # (dropped from the log: the replica starts over with a full copy)
@@ -102,7 +103,10 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
         settings = settings or entry[0]
         rids.update(entry[1])
         graph.update(entry[2])
-        scopes.update(entry[3])
+        if entry[3] is None:
+            every_scope = True
+        else:
+            scopes.update(entry[3])
     ordered = sorted(rids)
     parts = [ordered[i : i + BATCH_RECORDS] for i in range(0, len(ordered), BATCH_RECORDS)] or [[]]
     out = Parts(st.config.data_dir)
@@ -115,7 +119,11 @@ def _changes_since(st: EngineState, txn: Txn, after: int, seq: int) -> Parts:
                 batch["graph"] = [
                     [ns, children, _graph(st, txn, ns, children)] for ns, children in sorted(graph)
                 ]
-                _add_scopes(st, txn, batch, scopes)
+                if every_scope:
+                    batch["scopes"] = _scopes(st.store.scope_states(txn))
+                    batch["scopes_whole"] = True
+                else:
+                    _add_scopes(st, txn, batch, scopes)
             out.add(_pack(st, txn, batch))
     except BaseException:
         out.close()
@@ -278,7 +286,11 @@ def _store_batch(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int]:
     _put_graph(st, txn, batch.get("graph_items", []))
     for ns, (refl, tokens, summary_rid, covered) in batch.get("scopes", []):
         st.store.put_scope_state(txn, ns, ScopeState(refl, tokens, summary_rid, covered))
-    for ns in batch.get("scopes_gone", []):
+    gone = batch.get("scopes_gone", [])
+    if batch.get("scopes_whole"):  # (every namespace's progress: any other is gone)
+        held = {ns for ns, _ in batch["scopes"]}
+        gone = [ns for ns, _ in st.store.scope_states(txn) if ns not in held]
+    for ns in gone:
         st.store.put_scope_state(txn, ns, None)
     # (written with the commit by EngineState.before_commit: a promoted replica never reuses a rid)
     st.next_rid = max(st.next_rid, int(batch.get("next_rid", 1)))

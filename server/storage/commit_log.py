@@ -85,16 +85,17 @@ class CommitLog:
 
     def commit_log_entry(
         self, txn: lmdb.Transaction, seq: int
-    ) -> tuple[bool, list[int], list[tuple[str, bool]], list[str]] | None:
+    ) -> tuple[bool, list[int], list[tuple[str, bool]], list[str] | None] | None:
         """What commit ``seq`` changed: (settings or spaces, rids written or deleted, the
         namespaces whose graph changed, each with whether its children's did, the namespaces whose
-        reflection and summary progress changed); None: not logged."""
+        reflection and summary progress changed, None if the entry predates that list); None: not
+        logged."""
         raw = txn.get(RID.pack(seq), db=self.commits)
         if raw is None:
             return None
         entry = msgpack.unpackb(raw)
         graph = [(str(ns), bool(children)) for ns, children in (entry[3] if len(entry) > 3 else [])]
-        scopes = [str(ns) for ns in (entry[4] if len(entry) > 4 else [])]
+        scopes = [str(ns) for ns in entry[4]] if len(entry) > 4 else None
         rids = np.frombuffer(entry[2], np.uint64).astype(np.int64).tolist()
         return bool(entry[1]), rids, graph, scopes
 
