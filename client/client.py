@@ -231,10 +231,10 @@ class MemoryClient(AgentMethods):
     ) -> pb.Memory:
         """Store one memory; ``fields`` are those of ``build_memory`` (tier, importance, tags, ...).
 
-        An exact duplicate (same normalized content in the namespace, no client id) reinforces the
-        existing memory and returns it, unless ``allow_duplicates``; ``dedup_similarity`` also
-        catches near duplicates by vector similarity. A preference or a summary in a protected
-        namespace needs ``confirm=True``."""
+        An exact duplicate (same normalized content and kind in the namespace, no client id)
+        reinforces the existing memory and returns it, unless ``allow_duplicates``;
+        ``dedup_similarity`` also catches near duplicates by vector similarity. A preference or a
+        summary in a protected namespace, or reinforcing a memory there, needs ``confirm=True``."""
         req = rq.create_request(
             namespace,
             content,

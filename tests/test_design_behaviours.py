@@ -214,6 +214,48 @@ def test_a_protected_namespace_takes_a_preference_or_a_summary_only_with_confirm
         assert len(list(c.list_memories(NS, kinds=["preference"]))) == 2
 
 
+def test_a_summary_copied_moved_or_updated_within_its_namespace_is_its_one_summary(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A summary replaces the namespace's current one however it gets there: renamed by a move
+    (the context still shows it, and the next summary replaces it), copied, or made one by an
+    update of its kind; a preference or a summary copied within a protected namespace needs
+    confirm like one stored there."""
+    from tiermem.client import FailedPreconditionError
+
+    def summaries() -> list[str]:
+        return [m.content for m in c.list_memories(NS, kinds=["summary"])]
+
+    def in_context() -> list[str]:
+        ctx = c.build_context([NS], token_budget=500, read_only=True)
+        return [x.text for s in ctx.sections if s.kind == "summary" for x in s.items]
+
+    with _client(server_factory()) as c:
+        c.create(NS, "an observation to summarize")
+        first = c.summarize(NS, "the first summary", source_memory_ids=[])
+        moved = c.transfer(NS, first.id, mode="move", target_id="renamed")
+        assert moved.id == "renamed" and in_context() == ["the first summary"]
+        c.summarize(NS, "the second summary", source_memory_ids=[])
+        assert summaries() == ["the second summary"] and in_context() == ["the second summary"]
+        second = next(iter(c.list_memories(NS, kinds=["summary"])))
+        copy = c.transfer(NS, second.id, mode="copy")
+        assert [m.id for m in c.list_memories(NS, kinds=["summary"])] == [copy.id]
+        note = c.create(NS, "the third summary, first stored as a note")
+        c.update(NS, note.id, kind="summary")
+        assert summaries() == ["the third summary, first stored as a note"]
+        assert in_context() == ["the third summary, first stored as a note"]
+        c.create(NS, "likes tea", kind="preference", id="p1")
+        c.update_namespace_config(NS, protected=True)
+        for kept in ("p1", note.id):
+            with pytest.raises(FailedPreconditionError) as e:
+                c.transfer(NS, kept, mode="copy")
+            assert e.value.reason == "NAMESPACE_PROTECTED"
+        assert [m.id for m in c.list_memories(NS, kinds=["preference"])] == ["p1"]
+        assert summaries() == ["the third summary, first stored as a note"]
+        c.transfer(NS, "p1", mode="copy", confirm=True)
+        assert len(list(c.list_memories(NS, kinds=["preference"]))) == 2
+
+
 def _set_policy(c: MemoryClient, ns: str, policy: object, paths: list[str], confirm: bool = False) -> object:
     """UpdateNamespaceConfig with a raw LifecyclePolicy and mask paths (the contract as any client sends it)."""
     from google.protobuf import field_mask_pb2

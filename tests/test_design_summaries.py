@@ -204,8 +204,12 @@ def test_working_memory_is_flushed_to_episodic_past_32000_tokens(
             c.create(other, f"turn {i} of the conversation", tier="fast", token_cost=8000)
         tiers = {t.tier: t for t in c.stats(ns).tiers}
         assert tiers[FAST].memory_count == 4  # 32,000 tokens: not past the limit
-        # The create that passes it moves the whole working memory, itself included, before it returns.
-        c.create(ns, "turn 4 of the conversation", tier="fast", token_cost=8000)
+        # The create that passes it moves the whole working memory, itself included, before it
+        # returns, and answers it as stored: in MEDIUM.
+        made = c.create(ns, "turn 4 of the conversation", tier="fast", token_cost=8000)
+        assert made.tier == MEDIUM
+        [stored] = [m for m in c.list_memories(ns) if m.id == made.id]
+        assert stored.tier_time == made.tier_time
         tiers = {t.tier: t for t in c.stats(ns).tiers}
         assert tiers[FAST].memory_count == 0 and tiers[MEDIUM].memory_count == 5
         assert tiers[FAST].demotions_total == 5

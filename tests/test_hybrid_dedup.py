@@ -309,6 +309,61 @@ def test_exact_duplicates_reinforce_instead_of_adding(
         assert again.deduplicated
 
 
+def test_a_duplicate_of_another_kind_is_stored_and_a_protected_namespace_is_reinforced_only_with_confirm(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Deduplication matches memories of the same kind: a summary or a reflection worded as an
+    observation is stored as itself (it was swallowed: no summary, the reflection's accumulator
+    never reset). In a protected namespace a duplicate reinforces what it duplicates only with
+    confirm, and otherwise changes nothing."""
+    from tiermem.client import FailedPreconditionError
+
+    with _client(server_factory()) as c:
+        c.create("ns", "Deploy failed on Friday.", importance=0.9)
+        c.create("ns", "ana wants short answers", importance=0.9)
+        assert c.reflection_candidates("ns").accumulated_importance == pytest.approx(1.8)
+        summary = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content="deploy failed on friday.", kind="summary")
+            )
+        )
+        reflection = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content="Ana wants short answers", kind="reflection")
+            )
+        )
+        assert not summary.deduplicated and summary.memory.kind == "summary"
+        assert not reflection.deduplicated and reflection.memory.kind == "reflection"
+        assert c.reflection_candidates("ns").accumulated_importance == 0.0
+        assert sorted(m.kind for m in c.list_memories("ns")) == [
+            "observation",
+            "observation",
+            "reflection",
+            "summary",
+        ]
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content="ANA WANTS SHORT ANSWERS", kind="reflection")
+            )
+        )
+        assert again.deduplicated and again.memory.id == reflection.memory.id  # (the same kind still is)
+
+        c.create("kept", "obs p", id="p", importance=0.1)
+        c.update_namespace_config("kept", protected=True)
+        with pytest.raises(FailedPreconditionError) as e:
+            c.create("kept", "OBS P", importance=0.9, tags=["new"])
+        assert e.value.reason == "NAMESPACE_PROTECTED" and "'p'" in str(e.value)
+        [p] = c.list_memories("kept")
+        assert (round(p.importance, 6), list(p.tags), p.access_count) == (0.1, [], 0)
+        confirmed = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="kept", content="OBS P", importance=0.9, tags=["new"]),
+                confirm=True,
+            )
+        )
+        assert confirmed.deduplicated and confirmed.memory.importance == pytest.approx(0.9)
+
+
 def test_near_duplicates_in_one_batch_and_one_commit_group(
     server_factory: Callable[..., RunningServer],
 ) -> None:

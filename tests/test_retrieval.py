@@ -25,7 +25,7 @@ import pytest
 from conftest import FakeClock
 from google.protobuf import field_mask_pb2
 
-from tiermem.client import InvalidArgumentError, MemoryClient
+from tiermem.client import InvalidArgumentError, MemoryClient, NotFoundError
 from tiermem.client.client import build_filter, build_memory, metadata_dict
 from tiermem.client.errors import from_rpc_error
 from tiermem.server.config import ServerConfig
@@ -1479,6 +1479,11 @@ def test_batch_search_errors(sdata: tuple[MemoryClient, FakeClock, dict[str, Any
     bad_limit, bad_where = sreq(SNS, np.ones(DIM), limit=-1), sreq(SNS, np.ones(DIM), where={"$and": []})
     expect_invalid(lambda: batch(good, bad_limit, bad_where), "searches[1].limit")
     expect_invalid(lambda: batch(good, bad_where, bad_limit), "searches[1].filter.where")
+    # Not only invalid arguments: a space that holds nothing is NOT_FOUND, naming the search.
+    with pytest.raises(NotFoundError) as err:
+        batch(good, sreq(SNS, np.ones(DIM), model="no-such-model"))
+    assert err.value.reason == "EMBEDDING_SPACE_NOT_FOUND"
+    assert "searches[1]: no memories in embedding space 'no-such-model'" in str(err.value)
 
 
 def test_the_searches_of_a_batch_run_side_by_side(server_factory: Callable[..., RunningServer]) -> None:

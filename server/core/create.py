@@ -77,26 +77,32 @@ def create_detailed(
     op.summary_covers = summary_covers
     weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
     outcome: CreateOutcome = st.writer.submit(op.prepare, op.apply, weight)
+    flushed = 0
     for ns in sorted(op.namespaces):
         policy = st.policy_for(ns)
         if policy.working_token_limit:  # working memory past its limit, before returning
-            _after_commit(st, ns, "flushing the working memory", partial(flush_working, st, ns))
+            flushed += _after_commit(st, ns, "flushing the working memory", partial(flush_working, st, ns))
         if policy.evict_on_create:  # the namespace's and kinds' caps, before returning
             keep = frozenset(r.rid for r in outcome.records)
             _after_commit(st, ns, "applying the caps", partial(enforce_caps, st, ns, keep))
         if outcome.due[ns].summary_kept:
             st.request_summary(ns)
+    if flushed:  # (the answer shows the memories as stored: moved to MEDIUM)
+        with st.store.read() as txn:
+            now = st.store.get_many(txn, [r.rid for r in outcome.records])
+        outcome.records = [r if n is None else n for r, n in zip(outcome.records, now, strict=True)]
     return outcome
 
 
-def _after_commit(st: EngineState, namespace: str, what: str, step: Callable[[], object]) -> None:
+def _after_commit(st: EngineState, namespace: str, what: str, step: Callable[[], int]) -> int:
     """A step a create takes once committed (the caps it crossed, without touching what it stored;
-    the working memory's flush): a failure is logged (the next pass applies the caps, the next
-    create flushes), not the caller's, whose memories are stored."""
+    the working memory's flush), and what it returned: a failure is logged (the next pass applies
+    the caps, the next create flushes), not the caller's, whose memories are stored (0)."""
     try:
-        step()
+        return step()
     except Exception:
         logger.exception("%s of %s after a create failed", what, namespace)
+        return 0
 
 
 def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) -> None:
@@ -189,6 +195,8 @@ class _CreateOp:
             if not m.id and not self.allow_duplicates:
                 dup = find_duplicate(st, txn, m, self.dedup_similarity)
                 if dup is not None:
+                    what = f"reinforcing memory {dup.id!r} (duplicated; allow_duplicates stores it instead)"
+                    check_protected(st, m.namespace, self.confirm, what, txn)
                     _reinforce(dup, m, now, st.config.max_tags)
                     st.store.put(txn, dup)
                     # An earlier item of this batch that was the same memory answers with its
@@ -321,16 +329,17 @@ class _CreateOp:
 
 
 def find_duplicate(st: EngineState, txn: Txn, m: NewMemory, min_similarity: float | None) -> Record | None:
-    """An existing memory of m's namespace with the same normalized content or, with
-    ``min_similarity``, a vector in m's space at least that similar (writer thread)."""
+    """An existing memory of m's namespace and kind with the same normalized content or, with
+    ``min_similarity``, a vector in m's space at least that similar (writer thread). (Of another
+    kind it is another memory: a summary or a reflection worded as an observation is stored.)"""
     rec = st.store.find_content(txn, m.namespace, m.content)
-    if rec is not None and not st.expired(rec):
+    if rec is not None and rec.kind == m.kind and not st.expired(rec):
         return rec
     if min_similarity is None or m.embedding.shape[0] == 0:
         return None
     best_rid, best_vk, best = _most_similar_indexed(st, m)
     found = None if best_rid < 0 or best < min_similarity else st.store.get(txn, best_rid)
-    if found is not None and (found.vk != best_vk or st.expired(found)):
+    if found is not None and (found.vk != best_vk or found.kind != m.kind or st.expired(found)):
         found = None  # (its vector, model or tier changed earlier in this group: not compared)
     # Memories created earlier in this commit group (this batch or another write queued with
     # it): not in the indexes yet. Those a failed write rolled back are gone from the txn.
@@ -338,7 +347,7 @@ def find_duplicate(st: EngineState, txn: Txn, m: NewMemory, min_similarity: floa
     for rid, vk in group.similar(m.embedding, best if found is not None else min_similarity) if group else []:
         rec = st.store.get(txn, rid)
         # (vk moves when a later write of the group changed its vector or model)
-        if rec is not None and rec.vk == vk and not st.expired(rec):
+        if rec is not None and rec.vk == vk and rec.kind == m.kind and not st.expired(rec):
             return rec
     return found
 

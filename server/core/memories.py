@@ -223,6 +223,7 @@ class _UpdateOp:
         self.st, self.namespace, self.memory_id, self.c = st, namespace, memory_id, c
         self.fields, self.confirm = fields_, confirm
         self.new_vec: np.ndarray | None = None
+        self.replaced: list[Record] = []  # (the summary an update into one replaced)
         if "embedding" in fields_ or "embedding_model" in fields_:
             if "embedding" not in fields_ or c.embedding is None:
                 raise InvalidArgument("memory.embedding", "must be set (with embedding_model) to change it")
@@ -240,6 +241,7 @@ class _UpdateOp:
 
     def prepare(self, txn: Txn) -> tuple[Record, Record, np.ndarray | None]:
         st, c, fields_, now = self.st, self.c, self.fields, self.now
+        self.replaced = []  # (a retried write prepares again)
         check_protected(st, self.namespace, self.confirm, "changing a memory", txn)
         rid = st.store.lookup(txn, self.namespace, self.memory_id)
         old = None if rid is None else st.store.get(txn, rid)
@@ -266,6 +268,12 @@ class _UpdateOp:
             check.reflection_importance(which, rec.kind, rec.importance)
         if vec is not None:
             self._store_vector(txn, rec, vec)
+        if rec.kind != old.kind and rec.kind in ("summary", "reflection"):
+            # As if stored so: a summary replaces the namespace's current one, a reflection
+            # resets the importance accumulated toward the next.
+            scopes: dict[str, ScopeState] = {}
+            self.replaced = track_scope(st, txn, scopes, rec)
+            st.store.put_scope_state(txn, rec.namespace, scopes[rec.namespace])
         self._finish(txn, old, rec, vec is not None)
         return old, rec, vec
 
@@ -293,6 +301,7 @@ class _UpdateOp:
 
     def apply(self, prepared: tuple[Record, Record, np.ndarray | None]) -> Record:
         old, rec, vec = prepared
+        upkeep.unindex(self.st, self.replaced)
         upkeep.reindex(self.st, old.vk, rec, vec)
         if rec.content != old.content:
             upkeep.post_content(self.st, self.st.columns.rows[rec.rid], rec)
@@ -435,14 +444,19 @@ def transfer(st: EngineState, namespace: str, memory_id: str, how: Transfer) -> 
         if src is None or src.expired(now):
             raise _not_found(namespace, memory_id)
         dest_id = how.target_id or (memory_id if dest_ns != namespace or how.move else uuid.uuid4().hex)
-        if src.kind in CONFIRMED_KINDS and dest_ns != namespace:  # (stored there as a create would be)
+        if src.kind in CONFIRMED_KINDS:  # (stored there as a create would be, its own namespace too)
             check_protected(st, dest_ns, how.confirm, f"storing a {src.kind}", txn)
         freed = _free_target(st, txn, dest_ns, dest_id, how, now)
         new, vec = _copy(st, txn, src, dest_ns, dest_id, how.target_tier or src.tier, now)
         if how.move:
             st.store.delete(txn, src)
             freed.append(src)
-        if dest_ns != namespace:
+        if how.move and dest_ns == namespace:  # (renamed: counted already; the summary follows it)
+            state = st.store.scope_state(txn, namespace)
+            if state.summary_rid == src.rid:
+                state.summary_rid = new.rid
+                st.store.put_scope_state(txn, namespace, state)
+        else:
             # It counts toward the target's reflection and summary as a create there would; a
             # summary replaces the target's current one.
             scopes: dict[str, ScopeState] = {}

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tiermem.server.core import access
 from tiermem.server.core.follow import catch_up
 from tiermem.server.core.state import EngineState
-from tiermem.server.model.errors import InvalidArgument
+from tiermem.server.model.errors import InvalidArgument, TiermemError
 from tiermem.server.search.query import SearchHit, SearchQuery
 from tiermem.server.search.searcher import Searcher
 
@@ -45,6 +45,9 @@ def search_many(
     for i, out in enumerate(outcomes):
         if isinstance(out, InvalidArgument):
             raise out.within(f"searches[{i}].") from None
+        if isinstance(out, TiermemError):  # (NOT_FOUND of a space, say: which search)
+            out.message = f"searches[{i}]: {out.message}"
+            raise out
         if isinstance(out, BaseException):
             raise out
         results.append(out)

@@ -266,8 +266,9 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteNamespace(self, request, context):
-        """DeleteNamespace removes every memory of a namespace (and optionally of its child scopes):
-        clearing a task or session scope when it ends is this one call.
+        """DeleteNamespace removes every memory of a namespace (and optionally of its child scopes), with
+        its graph and its progress toward the next reflection and summary: clearing a task or session
+        scope when it ends is this one call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -326,21 +327,24 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AddGraphEdge(self, request, context):
-        """AddGraphEdge links two nodes, optionally with a validity interval.
+        """AddGraphEdge links two nodes, optionally with a validity interval (NOT_FOUND NODE_NOT_FOUND
+        when an end is not in the namespace's graph).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def InvalidateGraphEdge(self, request, context):
-        """InvalidateGraphEdge ends an edge's validity: a superseded fact stays in history.
+        """InvalidateGraphEdge ends an edge's validity: a superseded fact stays in history (NOT_FOUND
+        EDGE_NOT_FOUND when there is no such edge).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetGraphNeighbors(self, request, context):
-        """GetGraphNeighbors walks a node's edges valid at as_of, breadth first, to a depth.
+        """GetGraphNeighbors walks a node's edges valid at as_of, breadth first, to a depth (NOT_FOUND
+        NODE_NOT_FOUND when the node is not in the namespace's graph).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -392,7 +396,8 @@ class MemoryServiceServicer:
         """ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
         is, then the acknowledgement of each batch it has stored; the server streams a full copy when
         the replica has none it can continue from, then every commit's changes as they happen.
-        Admin; the server must keep a commit log (replication).
+        Admin; the server must keep a commit log (replication; else FAILED_PRECONDITION
+        NOT_REPLICATING).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -400,7 +405,7 @@ class MemoryServiceServicer:
 
     def PromoteReplica(self, request, context):
         """PromoteReplica makes a replica a server of its own: it stops following and takes writes.
-        Admin; FAILED_PRECONDITION on a server that is not a replica, and on a replica that holds no
+        Admin; FAILED_PRECONDITION on a server that is not a replica (NOT_A_REPLICA), and on a replica that holds no
         complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

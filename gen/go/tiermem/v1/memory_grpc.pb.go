@@ -41,8 +41,9 @@ type MemoryServiceClient interface {
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
 	// ListNamespaces pages through the namespaces that hold memories.
 	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
-	// DeleteNamespace removes every memory of a namespace (and optionally of its child scopes):
-	// clearing a task or session scope when it ends is this one call.
+	// DeleteNamespace removes every memory of a namespace (and optionally of its child scopes), with
+	// its graph and its progress toward the next reflection and summary: clearing a task or session
+	// scope when it ends is this one call.
 	DeleteNamespace(ctx context.Context, in *DeleteNamespaceRequest, opts ...grpc.CallOption) (*DeleteNamespaceResponse, error)
 	// GetNamespaceConfig returns a namespace's settings and the lifecycle policy in effect for it.
 	GetNamespaceConfig(ctx context.Context, in *GetNamespaceConfigRequest, opts ...grpc.CallOption) (*GetNamespaceConfigResponse, error)
@@ -61,11 +62,14 @@ type MemoryServiceClient interface {
 	BuildSummary(ctx context.Context, in *BuildSummaryRequest, opts ...grpc.CallOption) (*BuildSummaryResponse, error)
 	// UpsertGraphNode creates or replaces a node of a namespace's graph (facts the agent writes).
 	UpsertGraphNode(ctx context.Context, in *UpsertGraphNodeRequest, opts ...grpc.CallOption) (*UpsertGraphNodeResponse, error)
-	// AddGraphEdge links two nodes, optionally with a validity interval.
+	// AddGraphEdge links two nodes, optionally with a validity interval (NOT_FOUND NODE_NOT_FOUND
+	// when an end is not in the namespace's graph).
 	AddGraphEdge(ctx context.Context, in *AddGraphEdgeRequest, opts ...grpc.CallOption) (*AddGraphEdgeResponse, error)
-	// InvalidateGraphEdge ends an edge's validity: a superseded fact stays in history.
+	// InvalidateGraphEdge ends an edge's validity: a superseded fact stays in history (NOT_FOUND
+	// EDGE_NOT_FOUND when there is no such edge).
 	InvalidateGraphEdge(ctx context.Context, in *InvalidateGraphEdgeRequest, opts ...grpc.CallOption) (*InvalidateGraphEdgeResponse, error)
-	// GetGraphNeighbors walks a node's edges valid at as_of, breadth first, to a depth.
+	// GetGraphNeighbors walks a node's edges valid at as_of, breadth first, to a depth (NOT_FOUND
+	// NODE_NOT_FOUND when the node is not in the namespace's graph).
 	GetGraphNeighbors(ctx context.Context, in *GetGraphNeighborsRequest, opts ...grpc.CallOption) (*GetGraphNeighborsResponse, error)
 	// BuildContext assembles a token-budgeted context package for an agent turn.
 	BuildContext(ctx context.Context, in *BuildContextRequest, opts ...grpc.CallOption) (*BuildContextResponse, error)
@@ -87,10 +91,11 @@ type MemoryServiceClient interface {
 	// ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
 	// is, then the acknowledgement of each batch it has stored; the server streams a full copy when
 	// the replica has none it can continue from, then every commit's changes as they happen.
-	// Admin; the server must keep a commit log (replication).
+	// Admin; the server must keep a commit log (replication; else FAILED_PRECONDITION
+	// NOT_REPLICATING).
 	ReplicateChanges(ctx context.Context, opts ...grpc.CallOption) (MemoryService_ReplicateChangesClient, error)
 	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
-	// Admin; FAILED_PRECONDITION on a server that is not a replica, and on a replica that holds no
+	// Admin; FAILED_PRECONDITION on a server that is not a replica (NOT_A_REPLICA), and on a replica that holds no
 	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
 	PromoteReplica(ctx context.Context, in *PromoteReplicaRequest, opts ...grpc.CallOption) (*PromoteReplicaResponse, error)
 }
@@ -462,8 +467,9 @@ type MemoryServiceServer interface {
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
 	// ListNamespaces pages through the namespaces that hold memories.
 	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
-	// DeleteNamespace removes every memory of a namespace (and optionally of its child scopes):
-	// clearing a task or session scope when it ends is this one call.
+	// DeleteNamespace removes every memory of a namespace (and optionally of its child scopes), with
+	// its graph and its progress toward the next reflection and summary: clearing a task or session
+	// scope when it ends is this one call.
 	DeleteNamespace(context.Context, *DeleteNamespaceRequest) (*DeleteNamespaceResponse, error)
 	// GetNamespaceConfig returns a namespace's settings and the lifecycle policy in effect for it.
 	GetNamespaceConfig(context.Context, *GetNamespaceConfigRequest) (*GetNamespaceConfigResponse, error)
@@ -482,11 +488,14 @@ type MemoryServiceServer interface {
 	BuildSummary(context.Context, *BuildSummaryRequest) (*BuildSummaryResponse, error)
 	// UpsertGraphNode creates or replaces a node of a namespace's graph (facts the agent writes).
 	UpsertGraphNode(context.Context, *UpsertGraphNodeRequest) (*UpsertGraphNodeResponse, error)
-	// AddGraphEdge links two nodes, optionally with a validity interval.
+	// AddGraphEdge links two nodes, optionally with a validity interval (NOT_FOUND NODE_NOT_FOUND
+	// when an end is not in the namespace's graph).
 	AddGraphEdge(context.Context, *AddGraphEdgeRequest) (*AddGraphEdgeResponse, error)
-	// InvalidateGraphEdge ends an edge's validity: a superseded fact stays in history.
+	// InvalidateGraphEdge ends an edge's validity: a superseded fact stays in history (NOT_FOUND
+	// EDGE_NOT_FOUND when there is no such edge).
 	InvalidateGraphEdge(context.Context, *InvalidateGraphEdgeRequest) (*InvalidateGraphEdgeResponse, error)
-	// GetGraphNeighbors walks a node's edges valid at as_of, breadth first, to a depth.
+	// GetGraphNeighbors walks a node's edges valid at as_of, breadth first, to a depth (NOT_FOUND
+	// NODE_NOT_FOUND when the node is not in the namespace's graph).
 	GetGraphNeighbors(context.Context, *GetGraphNeighborsRequest) (*GetGraphNeighborsResponse, error)
 	// BuildContext assembles a token-budgeted context package for an agent turn.
 	BuildContext(context.Context, *BuildContextRequest) (*BuildContextResponse, error)
@@ -508,10 +517,11 @@ type MemoryServiceServer interface {
 	// ReplicateChanges feeds a replica on another host (docs/scaling.md): the replica sends where it
 	// is, then the acknowledgement of each batch it has stored; the server streams a full copy when
 	// the replica has none it can continue from, then every commit's changes as they happen.
-	// Admin; the server must keep a commit log (replication).
+	// Admin; the server must keep a commit log (replication; else FAILED_PRECONDITION
+	// NOT_REPLICATING).
 	ReplicateChanges(MemoryService_ReplicateChangesServer) error
 	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
-	// Admin; FAILED_PRECONDITION on a server that is not a replica, and on a replica that holds no
+	// Admin; FAILED_PRECONDITION on a server that is not a replica (NOT_A_REPLICA), and on a replica that holds no
 	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
 	PromoteReplica(context.Context, *PromoteReplicaRequest) (*PromoteReplicaResponse, error)
 	mustEmbedUnimplementedMemoryServiceServer()
