@@ -244,6 +244,10 @@ def test_a_summary_copied_moved_or_updated_within_its_namespace_is_its_one_summa
         c.update(NS, note.id, kind="summary")
         assert summaries() == ["the third summary, first stored as a note"]
         assert in_context() == ["the third summary, first stored as a note"]
+        insight = c.create(NS, "an insight first stored as an observation", importance=0.9)
+        assert c.reflection_candidates(NS).accumulated_importance > 0.9
+        c.update(NS, insight.id, kind="reflection")  # (as if stored so: the accumulator resets)
+        assert c.reflection_candidates(NS).accumulated_importance == 0.0
         c.create(NS, "likes tea", kind="preference", id="p1")
         c.update_namespace_config(NS, protected=True)
         for kept in ("p1", note.id):
