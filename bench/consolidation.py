@@ -257,7 +257,7 @@ def main() -> None:
         i: base.with_overrides({"retention": 1 + i % 4, "tiers": {1: {"max_items": 200}}})
         for i in range(0, args.namespaces, 10)
     }
-    tables = Tables.build(args.namespaces, base, overrides)
+    tables = Tables.build(args.namespaces, base, [(p, np.array([i])) for i, p in overrides.items()])
     kw = {
         "now": NOW,
         "floor": 0.1,
@@ -268,7 +268,7 @@ def main() -> None:
 
     plan_pass(
         synthetic_view(1000, 10, 1),
-        Tables.build(10, base, {}),
+        Tables.build(10, base),
         **{**kw, "in_scope": np.ones(1000, bool), "due": np.ones((10, 5), bool)},
     )  # compile
     t_kernel, kplan = timed(lambda: plan_pass(view, tables, **kw), args.repeat)

@@ -45,6 +45,12 @@ class SearchCounts:
             hits, misses = self._by_namespace.get(namespace, [0, 0]) if namespace else self._total
         return hits, misses
 
+    def forget(self, namespaces: set[str]) -> None:
+        """Drop deleted namespaces' counts (the totals keep them)."""
+        with self._lock:
+            for ns in namespaces:
+                self._by_namespace.pop(ns, None)
+
     def take(self) -> tuple[dict[str, list[int]], list[int]]:
         """The counts so far (per namespace, total), leaving zero (a follower hands them over)."""
         with self._lock:
@@ -85,6 +91,7 @@ class PendingAccesses:
 
 # Kinds of lifecycle events, the columns of a totals row.
 PROMOTION, DEMOTION, EVICTION, DELETION = range(4)
+RETIRED = ""  # the namespace deleted namespaces' lifecycle totals go to: counted server-wide only
 
 
 class LifecycleTotals:
@@ -93,24 +100,47 @@ class LifecycleTotals:
     the writer thread only; read by stats."""
 
     def __init__(self, totals: dict[tuple[str, int], list[int]] | None = None) -> None:
-        self.totals: dict[tuple[str, int], list[int]] = totals or {}
+        self.totals: dict[tuple[str, int], list[int]] = {}
+        self._all = np.zeros((5, 4), np.int64)  # (their sum: the server's, read without a loop)
         self._events: deque[tuple[float, str, int, int, int]] = deque()  # (time, ns, tier, kind, n)
+        self.add(totals or {}, -np.inf)
 
     def add(self, deltas: dict[tuple[str, int], list[int]], when: float) -> None:
         for (ns, tier), d in deltas.items():
             total = self.totals.setdefault((ns, tier), [0, 0, 0, 0])
             for kind in range(4):
                 total[kind] += d[kind]
-                if d[kind] and kind < DELETION:
+                self._all[tier, kind] += d[kind]
+                if d[kind] and kind < DELETION and when > -np.inf:
                     self._events.append((when, ns, tier, kind, d[kind]))
         while self._events and self._events[0][0] < when - 3600:
             self._events.popleft()
 
+    def retire(self, namespaces: set[str]) -> None:
+        """The totals and last hour's events of deleted namespaces, moved to ``RETIRED`` (as in
+        LMDB: ``namespaces._retire_totals``)."""
+        for ns in namespaces - {RETIRED}:
+            for tier in range(5):
+                counts = self.totals.pop((ns, tier), None)
+                if counts is not None:
+                    kept = self.totals.setdefault((RETIRED, tier), [0, 0, 0, 0])
+                    kept[:] = [a + b for a, b in zip(kept, counts, strict=True)]
+        if any(e[1] in namespaces for e in list(self._events)):
+            self._events = deque(
+                (e if e[1] not in namespaces else (e[0], RETIRED, *e[2:])) for e in self._events
+            )
+
     def by_tier(self, namespace: Selection = "") -> np.ndarray:
         """tier x [promotions, demotions, evictions, deleted], ever, of the namespaces selected."""
+        if not namespace:
+            return self._all.copy()
         totals = np.zeros((5, 4), np.int64)
+        if not callable(namespace):
+            for t in range(5):
+                totals[t] += self.totals.get((namespace, t), (0, 0, 0, 0))
+            return totals
         for (ns, t), c in list(self.totals.items()):
-            if selected(namespace, ns):
+            if ns != RETIRED and namespace(ns):
                 totals[t] += c
         return totals
 
@@ -118,7 +148,7 @@ class LifecycleTotals:
         """tier x [promotions, demotions, evictions, 0] of the events at ``when`` or later."""
         recent = np.zeros((5, 4), np.int64)
         for at, ns, t, kind, n in list(self._events):
-            if at >= when and selected(namespace, ns):
+            if at >= when and selected(namespace, ns) and (ns != RETIRED or not namespace):
                 recent[t, kind] += n
         return recent
 
@@ -141,8 +171,24 @@ class SummaryCounts:
         with self._lock:
             self._by_namespace.setdefault(namespace, [0, 0, 0])[2] += 1
 
+    def forget(self, namespaces: set[str]) -> None:
+        """Deleted namespaces' figures, kept in the server's only (as ``RETIRED``'s)."""
+        with self._lock:
+            for ns in namespaces - {RETIRED}:
+                counts = self._by_namespace.pop(ns, None)
+                if counts is not None:
+                    kept = self._by_namespace.setdefault(RETIRED, [0, 0, 0])
+                    kept[:] = [a + b for a, b in zip(kept, counts, strict=True)]
+
     def figures(self, namespace: Selection = "") -> tuple[int, int, int]:
         """(stored, tokens saved, failures) of the namespaces selected."""
         with self._lock:
-            rows = [c for ns, c in self._by_namespace.items() if selected(namespace, ns)]
+            if namespace and not callable(namespace):
+                rows = [self._by_namespace.get(namespace, [0, 0, 0])]
+            else:
+                rows = [
+                    c
+                    for ns, c in self._by_namespace.items()
+                    if not namespace or (ns != RETIRED and namespace(ns))
+                ]
             return sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)

@@ -58,7 +58,11 @@ def catch_up(st: EngineState) -> int:
 def follow_settings(st: EngineState, txn: Txn) -> None:
     for model, dim in st.store.spaces(txn).items():
         st.space(model, dim)
-    st.ns_config = st.store.namespace_configs(txn)
+    before = st.ns_config
+    # (the settings that did not change stay the same objects: their policies are kept)
+    st.ns_config = {
+        ns: s if before.get(ns) != s else before[ns] for ns, s in st.store.namespace_configs(txn).items()
+    }
     st.routing = st.store.scope_routing(txn)
     for name in st.ns_config:
         st.columns.namespaces.id(name)

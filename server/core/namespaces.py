@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tiermem.server.config import TIERS
 from tiermem.server.core import upkeep
+from tiermem.server.core.counters import RETIRED
 from tiermem.server.core.lifecycle import compact_indexes
 from tiermem.server.core.overrides import check_overrides
 from tiermem.server.core.pages import decode_token, encode_token
@@ -130,32 +132,56 @@ def delete_namespace(
 ) -> int:
     """Delete every memory of ``namespace`` (and of ``namespace/...`` with include_children)."""
     check.namespace("namespace", namespace)
+    under = namespace + "/"
     for name in [
         namespace,
-        *(n for n in list(st.ns_config) if include_children and n.startswith(namespace + "/")),
+        *(n for n in (list(st.ns_config) if include_children else []) if n.startswith(under)),
     ]:
         check_protected(st, name, confirm, "clearing the namespace")
 
-    def prepare(txn: Txn) -> list[Record]:
+    def prepare(txn: Txn) -> tuple[list[Record], set[str]]:
         # Read the ids from LMDB, not the columns: this sees writes of the same commit group.
         recs = list(st.store.namespace_records(txn, namespace, include_children))
         # Every namespace it clears, including children with no memories (their graph facts go).
-        children = [
-            n for n in st.store.namespace_configs(txn) if include_children and n.startswith(namespace + "/")
-        ]
-        for ns in sorted({namespace, *children, *(r.namespace for r in recs)}):
+        children = list(st.store.namespace_configs(txn, under)) if include_children else []
+        cleared = {namespace, *children, *(r.namespace for r in recs)}
+        for ns in sorted(cleared):
             check_protected(st, ns, confirm, "clearing the namespace", txn)
         for rec in recs:
             st.store.delete(txn, rec)
         st.store.delete_graph(txn, namespace, include_children)
         for ns in {namespace, *(r.namespace for r in recs)}:
             st.store.put_scope_state(txn, ns, None)
-        return recs
+        _retire_totals(st, txn, cleared)
+        return recs, cleared
 
-    deleted: int = st.writer.submit(prepare, lambda recs: upkeep.unindex(st, recs))
+    def apply(prepared: tuple[list[Record], set[str]]) -> int:
+        recs, cleared = prepared
+        upkeep.unindex(st, recs)
+        st.lifecycle.retire(cleared)
+        st.searches.forget(cleared)
+        st.summaries.forget(cleared)
+        return len(recs)
+
+    deleted: int = st.writer.submit(prepare, apply)
     if deleted:
         compact_indexes(st)
     return deleted
+
+
+def _retire_totals(st: EngineState, txn: Txn, cleared: set[str]) -> None:
+    """The lifecycle totals of cleared namespaces go into ``RETIRED``'s, so that a deleted
+    namespace costs no stats call or start-up anything, one made again starts at zero, and the
+    server's totals ever stay whole."""
+    for ns in cleared - {RETIRED}:
+        for tier in TIERS:
+            counts = st.store.lifecycle_counter(txn, ns, tier)
+            if any(counts):
+                kept = st.store.lifecycle_counter(txn, RETIRED, tier)
+                st.store.put_lifecycle_counters(
+                    txn, RETIRED, tier, [a + b for a, b in zip(kept, counts, strict=True)]
+                )
+        st.store.delete_lifecycle_counters(txn, ns)
 
 
 def list_namespaces(

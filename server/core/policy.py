@@ -16,6 +16,7 @@ Decay (half-life and floor, or none), the heuristic rating, the caps, the named 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -200,8 +201,8 @@ class Tables:
         return out
 
     @classmethod
-    def build(cls, n: int, base: Policy, overrides: dict[int, Policy]) -> Tables:
-        """Tables for namespace ids 0..n-1: ``base`` everywhere, ``overrides`` at their ids."""
+    def build(cls, n: int, base: Policy, groups: Iterable[tuple[Policy, np.ndarray]] = ()) -> Tables:
+        """Tables for namespace ids 0..n-1: ``base`` everywhere but at each group's ids (below n), its policy."""
         n = max(1, n)
         t = cls(
             half_life=np.zeros((n, 5), np.float64),
@@ -223,12 +224,11 @@ class Tables:
             recency_basis=np.ones(n, np.int8),
         )
         t._fill(slice(None), base)
-        for i, p in overrides.items():
-            if i < n:
-                t._fill(i, p)
+        for p, ids in groups:
+            t._fill(ids[ids < n], p)
         return t
 
-    def _fill(self, i: int | slice, p: Policy) -> None:
+    def _fill(self, i: np.ndarray | slice, p: Policy) -> None:
         for tier, s in p.tiers.items():
             self.half_life[i, tier] = s.half_life_hours
             self.ttl[i, tier] = s.ttl_seconds
@@ -250,8 +250,8 @@ class Tables:
         self.evict_share[i] = p.evict_share
         self.recency_basis[i] = p.recency_basis
         caps = {k: n for k, n in p.kind_capacities.items() if n > 0}  # (0: no cap, as max_items)
-        if isinstance(i, int) and caps:  # (the server's policy has no kind caps)
-            self.kind_caps[i] = caps
+        if isinstance(i, np.ndarray) and caps:  # (the server's policy has no kind caps)
+            self.kind_caps.update(dict.fromkeys(i.tolist(), caps))
 
 
 @dataclass

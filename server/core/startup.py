@@ -19,6 +19,7 @@ from typing import IO, Any
 import numpy as np
 
 from tiermem.server.core import upkeep
+from tiermem.server.core.counters import LifecycleTotals
 from tiermem.server.core.state import EngineState
 from tiermem.server.index.columns import Columns
 from tiermem.server.index.keyword_index import KeywordIndex
@@ -125,7 +126,7 @@ def _load_once(st: EngineState) -> None:
         st.next_rid, st.next_vk = st.store.counters(txn)
         st.ns_config = st.store.namespace_configs(txn)
         st.routing = st.store.scope_routing(txn)
-        st.lifecycle.totals = st.store.lifecycle_counters(txn)
+        st.lifecycle = LifecycleTotals(st.store.lifecycle_counters(txn))
         for model, dim in st.store.spaces(txn).items():
             _check_declared(st, model, dim)
             st.space(model, dim)

@@ -24,6 +24,7 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.core.counters import LifecycleTotals, PendingAccesses, SearchCounts, SummaryCounts
 from tiermem.server.core.group_vectors import GroupVectors
 from tiermem.server.core.policy import Policy, Tables
+from tiermem.server.core.policy_cache import PolicyCache
 from tiermem.server.embedding import providers
 from tiermem.server.index import masks
 from tiermem.server.index.columns import Columns, ColumnsView
@@ -109,7 +110,7 @@ class EngineState:
         # (replaced whole, read without a lock).
         self.routing: dict[str, tuple[int, str]] = {}
         self.config_version = 0  # moves whenever a namespace's settings change
-        self._tables_cache: tuple[tuple[int, int], Tables] | None = None
+        self._policies = PolicyCache(self.base_policy)
         self._masks = masks.MaskCache()
         self.next_rid = self.next_vk = 1
         # A replica of another host's server (replication.py): it stores the leader's batches and
@@ -248,25 +249,13 @@ class EngineState:
 
     # -- lifecycle policy --------------------------------------------------------------------------
     def policy_for(self, namespace: str) -> Policy:
-        return self.policy_of(self.ns_config.get(namespace, {}))
+        return self._policies.policy_of(self.ns_config.get(namespace, {}), namespace)
 
     def policy_of(self, settings: dict[str, Any]) -> Policy:
         """The policy in effect under a namespace's stored settings."""
-        overrides = settings.get("policy")
-        return self.base_policy.with_overrides(overrides) if overrides else self.base_policy
+        return self._policies.policy_of(settings)
 
     def policy_tables(self) -> Tables:
-        """Lifecycle tables for every interned namespace, rebuilt when namespaces or settings change."""
-        key = (len(self.columns.namespaces), self.config_version)
-        cached = self._tables_cache
-        if cached is None or cached[0] != key:
-            ids = self.columns.namespaces
-            overrides = {
-                ids.get(ns): self.policy_for(ns) for ns, c in list(self.ns_config.items()) if c.get("policy")
-            }
-            cached = (
-                key,
-                Tables.build(key[0], self.base_policy, {i: p for i, p in overrides.items() if i >= 0}),
-            )
-            self._tables_cache = cached
-        return cached[1]
+        """Lifecycle tables for every interned namespace (policy_cache.py: rebuilt when settings
+        change, not when a namespace appears)."""
+        return self._policies.tables(self.columns.namespaces, lambda: self.ns_config, self.config_version)

@@ -36,6 +36,8 @@ def stats(st: EngineState, namespace: str = "", within: Callable[[str], bool] | 
     sur = np.bincount(tiers, weights=view.surprise[mask], minlength=5)
     if namespace:
         ns_count = int(namespace in st.columns.ns_counts)
+    elif within is None:
+        ns_count = len(st.columns.ns_counts)
     else:
         ns_count = sum(1 for n in list(st.columns.ns_counts) if selected(sel, n))
     totals = st.lifecycle.by_tier(sel)

@@ -473,8 +473,10 @@ class Store(CommitLog):
         return None if raw is None else np.frombuffer(raw, dtype=np.float32).copy()
 
     # -- namespace settings and lifecycle counters ----------------------------------------------
-    def namespace_configs(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
-        return {k.decode(): unpack_config(v) for k, v in self._prefixed(txn, META_NSCONF)}
+    def namespace_configs(self, txn: lmdb.Transaction, under: str = "") -> dict[str, dict[str, Any]]:
+        """The stored settings of every namespace whose name starts with ``under``."""
+        found = self._prefixed(txn, META_NSCONF + under.encode())
+        return {under + k.decode(): unpack_config(v) for k, v in found}
 
     def scope_routing(self, txn: lmdb.Transaction) -> dict[str, tuple[int, str]]:
         """Top-level scope -> (routing state, moved_to), for the scopes not simply served."""
@@ -506,11 +508,8 @@ class Store(CommitLog):
 
     def lifecycle_counters(self, txn: lmdb.Transaction) -> dict[tuple[str, int], list[int]]:
         """(namespace, tier) -> [promotions, demotions, evictions, deleted], ever."""
-        out: dict[tuple[str, int], list[int]] = {}
-        for k, v in self._prefixed(txn, META_LSTAT):
-            ns, _, tier = k.rpartition(b"\x00")
-            out[(ns.decode(), tier[0])] = list(msgpack.unpackb(v))
-        return out
+        parts = ((k.rpartition(b"\x00"), v) for k, v in self._prefixed(txn, META_LSTAT))
+        return {(ns.decode(), tier[0]): list(msgpack.unpackb(v)) for (ns, _, tier), v in parts}
 
     def lifecycle_counter(self, txn: lmdb.Transaction, namespace: str, tier: int) -> list[int]:
         """[promotions, demotions, evictions, deleted] of one namespace and tier, ever."""

@@ -1,0 +1,104 @@
+"""Many namespaces (one per session or task), through a real server: a namespace appearing keeps
+the lifecycle tables every search reads (server/core/policy_cache.py), a settings change rebuilds
+them, and each row holds the policy in effect for its namespace; a deleted namespace leaves
+nothing behind that later calls or start-ups go through, while the server's totals stay whole."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tiermem.client import MemoryClient
+from tiermem.server.core.policy import Tables
+from tiermem.server.core.state import EngineState
+from tiermem.server.transport.app import RunningServer
+
+
+def _row(st: EngineState, tables: Tables, namespace: str) -> tuple[int, int, bool]:
+    i = st.columns.namespaces.get(namespace)
+    assert i >= 0
+    return int(tables.max_items[i]), int(tables.capacity[i, 1]), bool(tables.summarize[i])
+
+
+def test_new_namespaces_keep_the_tables_and_a_settings_change_rebuilds_them(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory(tier_max_items=(50, 60, 70, 80))
+    st = running.engine.state
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        c.update_namespace_config("user:ana", preset="task_project_global", max_items=7)
+        c.create("user:ana", "configured before the others")
+        first = st.policy_tables()
+        for i in range(40):  # (sessions coming and going: no settings of their own)
+            c.create(f"user:ana/session:{i}", f"turn {i}")
+        again = st.policy_tables()
+        assert again is first  # (not rebuilt: their rows hold the server's policy already)
+        assert _row(st, again, "user:ana/session:39") == (2**63 - 1, 50, False)
+        configured = _row(st, again, "user:ana")
+        assert configured[0] == 7 and configured != _row(st, again, "user:ana/session:39")
+        assert st.policy_for("user:ana").max_items == 7
+
+        c.update_namespace_config("user:ana/session:3", max_items=3, summarize_evictions=True)
+        changed = st.policy_tables()
+        assert changed is not first
+        assert _row(st, changed, "user:ana/session:3") == (3, 50, True)
+        assert _row(st, changed, "user:ana") == configured
+        # Namespaces with equal overrides share one policy, kept until their settings change.
+        c.update_namespace_config("user:bo", max_items=3, summarize_evictions=True)
+        assert st.policy_for("user:bo") is st.policy_for("user:ana/session:3")
+        c.update_namespace_config("user:bo", max_items=4)
+        assert st.policy_for("user:bo").max_items == 4 and st.policy_for("user:ana/session:3").max_items == 3
+        assert _row(st, st.policy_tables(), "user:bo")[0] == 4
+        # The tables act: a consolidation keeps a configured namespace within its cap.
+        for i in range(6):
+            c.create("user:ana/session:3", f"another turn {i}")
+        c.consolidate("user:ana/session:3")
+        assert c.stats("user:ana/session:3").memory_count == 3
+
+
+def _totals(c: MemoryClient, namespace: str = "") -> list[tuple[int, int, int, int]]:
+    return [
+        (t.promotions_total, t.demotions_total, t.evictions_total, t.deleted_total)
+        for t in c.stats(namespace).tiers
+    ]
+
+
+def test_a_deleted_namespace_leaves_its_totals_to_the_server_only(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    running = server_factory(data)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        for ns in ("user:ana/session:1", "user:ana/session:2"):
+            c.update_namespace_config(ns, working_token_limit=10)
+            c.create(ns, f"a turn of {ns}", tier="fast", token_cost=20)  # (flushed: one demotion each)
+        c.search("user:ana/session:1", "turn", read_only=False)
+        everyone = _totals(c)
+        assert sum(t[1] for t in everyone) == 2 and sum(t[1] for t in _totals(c, "user:ana/session:1")) == 1
+        stats_before = c.stats()
+        c.delete_namespace("user:ana/session:1")
+        assert _totals(c) == everyone  # (the server's totals ever are whole)
+        assert sum(t[1] for t in _totals(c, "user:ana/session:1")) == 0
+        assert sum(t[1] for t in _totals(c, "user:ana/session:2")) == 1
+        after = c.stats()
+        assert (after.search_hits, after.search_misses) == (
+            stats_before.search_hits,
+            stats_before.search_misses,
+        )
+        assert c.stats("user:ana/session:1").search_hits == 0
+        # Made again, it starts from nothing.
+        c.update_namespace_config("user:ana/session:1", working_token_limit=10)
+        c.create("user:ana/session:1", "a new turn", tier="fast", token_cost=20)
+        assert sum(t[1] for t in _totals(c, "user:ana/session:1")) == 1
+        c.delete_namespace("user:ana/session:1")
+        everyone = _totals(c)
+    st = running.engine.state
+    with st.store.read() as txn:
+        kept = st.store.lifecycle_counters(txn)
+    assert {ns for ns, _ in kept} == {"", "user:ana/session:2"}  # (in LMDB: none of the deleted one)
+    running.stop(None)
+    running = server_factory(data)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        assert _totals(c) == everyone and sum(t[1] for t in everyone) == 3
+        assert sum(t[1] for t in _totals(c, "user:ana/session:1")) == 0
+    assert {ns for ns, _ in running.engine.state.lifecycle.totals} == {"", "user:ana/session:2"}
