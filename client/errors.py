@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from google.rpc import error_details_pb2, status_pb2
 
 
 @dataclass(frozen=True)
@@ -95,12 +94,23 @@ _BY_CODE: dict[grpc.StatusCode, type[TiermemError]] = {
 }
 
 
+def _status_sent(err: grpc.RpcError) -> status_pb2.Status | None:
+    """The google.rpc.Status the server sent with the error, if any. (grpc_status's ``from_call``
+    raises ValueError where it differs from the call's own status: a deadline that passed at both
+    ends at once, the client's gRPC reporting its own.)"""
+    trailers = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailers or ():
+        if key == "grpc-status-details-bin":
+            return status_pb2.Status.FromString(value)
+    return None
+
+
 def from_rpc_error(err: grpc.RpcError) -> TiermemError:
     """Build the matching TiermemError from a failed call, reading google.rpc.Status details."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = err.details() if hasattr(err, "details") else str(err)
     reason, metadata, violations, retry_after = "", {}, [], None
-    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
+    status = _status_sent(err)
     if status is not None:
         for detail in status.details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):

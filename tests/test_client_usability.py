@@ -614,3 +614,31 @@ def test_a_string_where_a_list_of_strings_goes_is_a_type_error(client: MemoryCli
             call()
     assert client.stats().memory_count == 0
     assert list(client.create("n:a", "x", tags=("deploy", "ci")).tags) == ["deploy", "ci"]
+
+
+def test_an_error_whose_status_differs_from_the_servers_is_still_a_tiermem_error() -> None:
+    """A deadline that passes at both ends at once: the call reports the client's own status
+    message while its trailers carry the server's google.rpc.Status. grpc_status refuses such a
+    pair (ValueError, which escaped the client's handlers); the client reads the server's details
+    and keeps the call's code. (The race is not reproducible on demand: the call's shape is built.)"""
+    from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+    from tiermem.client.errors import from_rpc_error
+
+    sent = status_pb2.Status(
+        code=code_pb2.DEADLINE_EXCEEDED, message="the export was cancelled or its deadline passed"
+    )
+    sent.details.add().Pack(error_details_pb2.ErrorInfo(domain="tiermem", reason="DEADLINE_EXCEEDED"))
+
+    class Call(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+        def details(self) -> str:
+            return "Stream removed (Deadline Exceeded)"
+
+        def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+            return (("grpc-status-details-bin", sent.SerializeToString()),)
+
+    err = from_rpc_error(Call())
+    assert isinstance(err, DeadlineExceededError) and err.reason == "DEADLINE_EXCEEDED"

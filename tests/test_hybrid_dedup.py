@@ -473,3 +473,33 @@ def test_near_duplicates_by_similarity(server_factory: Callable[..., RunningServ
         with pytest.raises(InvalidArgumentError) as info:
             c.create("ns", "x", dedup_similarity=1.5)
         assert info.value.fields == ["dedup_similarity"]
+
+
+def test_the_content_index_holds_one_entry_a_memory_whatever_its_updates(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A content update moves the memory's entry in the exact-duplicate index (the old one stayed:
+    one more entry for every update, never reclaimed); the old content no longer finds it, the
+    new one does."""
+    running = server_factory()
+    store = running.engine.state.store
+
+    def entries() -> int:
+        with store.read() as txn:
+            return int(txn.stat(store.contents)["entries"])
+
+    with _client(running) as c:
+        m = c.create("ns", "version 0 of the note")
+        for i in range(1, 11):
+            c.update("ns", m.id, content=f"version {i} of the note")
+        assert entries() == 1
+        assert not c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="version 3 of the note"))
+        ).deduplicated
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="VERSION 10 of the note"))
+        )
+        assert again.deduplicated and again.memory.id == m.id
+        assert entries() == 2
+        c.delete_namespace("ns")
+        assert entries() == 0

@@ -102,3 +102,21 @@ def test_a_deleted_namespace_leaves_its_totals_to_the_server_only(
         assert _totals(c) == everyone and sum(t[1] for t in everyone) == 3
         assert sum(t[1] for t in _totals(c, "user:ana/session:1")) == 0
     assert {ns for ns, _ in running.engine.state.lifecycle.totals} == {"", "user:ana/session:2"}
+
+
+def test_hit_counts_keep_at_most_so_many_namespaces() -> None:
+    """Searches may name any names (one that was never written misses): past the limit a new name
+    is counted in the server's figures only, while those already counted go on."""
+    from tiermem.server.core.counters import SearchCounts
+
+    counts = SearchCounts(most=3)
+    for i in range(5):
+        counts.count([f"made:up/{i}"], set(), False)
+    counts.count(["made:up/0"], {"made:up/0"}, True)
+    counts.merge({"made:up/1": [2, 0], "made:up/4": [5, 5]}, [7, 5])
+    assert counts.hits_misses("made:up/0") == (1, 1) and counts.hits_misses("made:up/1") == (2, 1)
+    assert counts.hits_misses("made:up/3") == (0, 0) and counts.hits_misses("made:up/4") == (0, 0)
+    assert counts.hits_misses() == (1 + 7, 5 + 5)
+    counts.forget({"made:up/2"})
+    counts.count(["made:up/4"], set(), False)
+    assert counts.hits_misses("made:up/4") == (0, 1)

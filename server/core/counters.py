@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from tiermem.server.storage.lifecycle_counters import RETIRED
+
 # Which namespaces a figure counts: "" every one, a name that one, a predicate those it accepts.
 Selection = str | Callable[[str], bool]
 
@@ -21,9 +23,12 @@ def selected(sel: Selection, namespace: str) -> bool:
 
 
 class SearchCounts:
-    """Hit rate: a search "hits" a namespace when it returns some of it, and "misses" it otherwise."""
+    """Hit rate: a search "hits" a namespace when it returns some of it, and "misses" it otherwise.
+    Namespaces past ``most`` are counted in the server's figures only (searches may name any
+    names: each would keep an entry)."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int = 100_000) -> None:
+        self.most = most
         self._lock = threading.Lock()
         self._by_namespace: dict[str, list[int]] = {}  # namespace -> [hits, misses]
         self._total = [0, 0]  # [searches returning something, searches returning nothing]
@@ -32,8 +37,8 @@ class SearchCounts:
         with self._lock:
             self._total[0 if any_hit else 1] += 1
             for ns in set(namespaces):
-                counts = self._by_namespace.setdefault(ns, [0, 0])
-                counts[0 if ns in found else 1] += 1
+                if (counts := self._entry(ns)) is not None:
+                    counts[0 if ns in found else 1] += 1
 
     def hits_misses(self, namespace: Selection = "") -> tuple[int, int]:
         """A namespace's [hits, misses], every search's (``""``), or the sums over the namespaces
@@ -44,6 +49,13 @@ class SearchCounts:
                 return sum(r[0] for r in rows), sum(r[1] for r in rows)
             hits, misses = self._by_namespace.get(namespace, [0, 0]) if namespace else self._total
         return hits, misses
+
+    def _entry(self, namespace: str) -> list[int] | None:
+        """The namespace's [hits, misses], made if there is room (under the lock)."""
+        counts = self._by_namespace.get(namespace)
+        if counts is None and len(self._by_namespace) < self.most:
+            counts = self._by_namespace[namespace] = [0, 0]
+        return counts
 
     def forget(self, namespaces: set[str]) -> None:
         """Drop deleted namespaces' counts (the totals keep them)."""
@@ -62,9 +74,9 @@ class SearchCounts:
         """Add counts taken elsewhere (a follower's) to these."""
         with self._lock:
             for ns, (hits, misses) in by_namespace.items():
-                counts = self._by_namespace.setdefault(str(ns), [0, 0])
-                counts[0] += int(hits)
-                counts[1] += int(misses)
+                if (counts := self._entry(str(ns))) is not None:
+                    counts[0] += int(hits)
+                    counts[1] += int(misses)
             self._total[0] += int(total[0])
             self._total[1] += int(total[1])
 
@@ -91,7 +103,6 @@ class PendingAccesses:
 
 # Kinds of lifecycle events, the columns of a totals row.
 PROMOTION, DEMOTION, EVICTION, DELETION = range(4)
-RETIRED = ""  # the namespace deleted namespaces' lifecycle totals go to: counted server-wide only
 
 
 class LifecycleTotals:
@@ -118,7 +129,7 @@ class LifecycleTotals:
 
     def retire(self, namespaces: set[str]) -> None:
         """The totals and last hour's events of deleted namespaces, moved to ``RETIRED`` (as in
-        LMDB: ``namespaces._retire_totals``)."""
+        LMDB: ``Store.retire_lifecycle_counters``)."""
         for ns in namespaces - {RETIRED}:
             for tier in range(5):
                 counts = self.totals.pop((ns, tier), None)

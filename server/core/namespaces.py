@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tiermem.server.config import TIERS
 from tiermem.server.core import upkeep
-from tiermem.server.core.counters import RETIRED
 from tiermem.server.core.lifecycle import compact_indexes
 from tiermem.server.core.overrides import check_overrides
 from tiermem.server.core.pages import decode_token, encode_token
@@ -152,7 +150,7 @@ def delete_namespace(
         st.store.delete_graph(txn, namespace, include_children)
         for ns in {namespace, *(r.namespace for r in recs)}:
             st.store.put_scope_state(txn, ns, None)
-        _retire_totals(st, txn, cleared)
+        st.store.retire_lifecycle_counters(txn, cleared)
         return recs, cleared
 
     def apply(prepared: tuple[list[Record], set[str]]) -> int:
@@ -167,21 +165,6 @@ def delete_namespace(
     if deleted:
         compact_indexes(st)
     return deleted
-
-
-def _retire_totals(st: EngineState, txn: Txn, cleared: set[str]) -> None:
-    """The lifecycle totals of cleared namespaces go into ``RETIRED``'s, so that a deleted
-    namespace costs no stats call or start-up anything, one made again starts at zero, and the
-    server's totals ever stay whole."""
-    for ns in cleared - {RETIRED}:
-        for tier in TIERS:
-            counts = st.store.lifecycle_counter(txn, ns, tier)
-            if any(counts):
-                kept = st.store.lifecycle_counter(txn, RETIRED, tier)
-                st.store.put_lifecycle_counters(
-                    txn, RETIRED, tier, [a + b for a, b in zip(kept, counts, strict=True)]
-                )
-        st.store.delete_lifecycle_counters(txn, ns)
 
 
 def list_namespaces(

@@ -47,7 +47,6 @@ from tiermem.server.storage import datafile
 from tiermem.server.storage.commit_log import CommitLog
 from tiermem.server.storage.keys import (
     META_INSTANCE,
-    META_LSTAT,
     META_NEXT_RID,
     META_NEXT_VK,
     META_NSCONF,
@@ -59,7 +58,6 @@ from tiermem.server.storage.keys import (
     content_key,
     graph_key,
     id_key,
-    lstat_key,
     namespace_prefixes,
     normalize,
     put_maybe_append,
@@ -68,6 +66,7 @@ from tiermem.server.storage.keys import (
     time_key,
     unpack_config,
 )
+from tiermem.server.storage.lifecycle_counters import LifecycleCounters
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +79,7 @@ _NEARLY_FULL = 64 * 1024 * 1024
 Txn = lmdb.Transaction
 
 
-class Store(CommitLog):
+class Store(CommitLog, LifecycleCounters):
     """Owns the LMDB environment and the encoding of every key and value in it."""
 
     def __init__(
@@ -378,8 +377,14 @@ class Store(CommitLog):
         self.put(txn, rec, new=True)
 
     def replace_content(self, txn: lmdb.Transaction, old: Record, rec: Record) -> None:
-        """Store ``rec`` whose content changed from ``old``'s."""
+        """Store ``rec`` whose content changed from ``old``'s (the old content no longer leads to it)."""
+        self._drop_content(txn, old)
         self.put(txn, rec)
+
+    def _drop_content(self, txn: lmdb.Transaction, rec: Record) -> None:
+        ckey = content_key(rec.namespace, rec.content)
+        if txn.get(ckey, db=self.contents) == rid_key(rec.rid):  # (not when another memory took it since)
+            txn.delete(ckey, db=self.contents)
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
         if self.log_commits:
@@ -409,9 +414,7 @@ class Store(CommitLog):
         ikey = id_key(rec.namespace, rec.id)
         if txn.get(ikey, db=self.ids) == key:  # (not when the id was given to another rid already)
             txn.delete(ikey, db=self.ids)
-        ckey = content_key(rec.namespace, rec.content)
-        if txn.get(ckey, db=self.contents) == key:
-            txn.delete(ckey, db=self.contents)
+        self._drop_content(txn, rec)
 
     def find_content(self, txn: lmdb.Transaction, namespace: str, content: str) -> Record | None:
         """The memory of ``namespace`` whose normalized content equals ``content``'s, if any."""
@@ -505,25 +508,6 @@ class Store(CommitLog):
             txn.put(key, msgpack.packb(config, use_bin_type=True), db=self.meta)
         else:
             txn.delete(key, db=self.meta)
-
-    def lifecycle_counters(self, txn: lmdb.Transaction) -> dict[tuple[str, int], list[int]]:
-        """(namespace, tier) -> [promotions, demotions, evictions, deleted], ever."""
-        parts = ((k.rpartition(b"\x00"), v) for k, v in self._prefixed(txn, META_LSTAT))
-        return {(ns.decode(), tier[0]): list(msgpack.unpackb(v)) for (ns, _, tier), v in parts}
-
-    def lifecycle_counter(self, txn: lmdb.Transaction, namespace: str, tier: int) -> list[int]:
-        """[promotions, demotions, evictions, deleted] of one namespace and tier, ever."""
-        raw = txn.get(lstat_key(namespace, tier), db=self.meta)
-        return list(msgpack.unpackb(raw)) if raw else [0, 0, 0, 0]
-
-    def put_lifecycle_counters(
-        self, txn: lmdb.Transaction, namespace: str, tier: int, counts: list[int]
-    ) -> None:
-        txn.put(lstat_key(namespace, tier), msgpack.packb(counts), db=self.meta)
-
-    def delete_lifecycle_counters(self, txn: lmdb.Transaction, namespace: str) -> None:
-        for tier in range(5):
-            txn.delete(lstat_key(namespace, tier), db=self.meta)
 
     def scope_state(self, txn: lmdb.Transaction, namespace: str) -> ScopeState:
         """A namespace's progress toward a reflection and a summary (all zero when none is stored)."""

@@ -1,0 +1,53 @@
+"""The store's lifecycle counters: promotions, demotions, evictions and deletions per namespace and
+tier, ever, in its ``meta`` database. ``Store`` (store.py) inherits these methods."""
+
+from __future__ import annotations
+
+import lmdb
+import msgpack
+
+from tiermem.server.config import TIERS
+from tiermem.server.storage.keys import META_LSTAT, lstat_key
+
+RETIRED = ""  # where deleted namespaces' counters go: counted in the server's totals only
+
+
+class LifecycleCounters:
+    meta: lmdb._Database
+
+    def lifecycle_counters(self, txn: lmdb.Transaction) -> dict[tuple[str, int], list[int]]:
+        """(namespace, tier) -> [promotions, demotions, evictions, deleted], ever."""
+        out: dict[tuple[str, int], list[int]] = {}
+        cur = txn.cursor(db=self.meta)
+        if cur.set_range(META_LSTAT):
+            for k, v in cur:
+                key = bytes(k)
+                if not key.startswith(META_LSTAT):
+                    break
+                ns, _, tier = key[len(META_LSTAT) :].rpartition(b"\x00")
+                out[(ns.decode(), tier[0])] = list(msgpack.unpackb(v))
+        return out
+
+    def lifecycle_counter(self, txn: lmdb.Transaction, namespace: str, tier: int) -> list[int]:
+        """[promotions, demotions, evictions, deleted] of one namespace and tier, ever."""
+        raw = txn.get(lstat_key(namespace, tier), db=self.meta)
+        return list(msgpack.unpackb(raw)) if raw else [0, 0, 0, 0]
+
+    def put_lifecycle_counters(
+        self, txn: lmdb.Transaction, namespace: str, tier: int, counts: list[int]
+    ) -> None:
+        txn.put(lstat_key(namespace, tier), msgpack.packb(counts), db=self.meta)
+
+    def retire_lifecycle_counters(self, txn: lmdb.Transaction, namespaces: set[str]) -> None:
+        """The counters of deleted namespaces added to ``RETIRED``'s and dropped: a deleted
+        namespace costs no stats call or start-up anything, one made again starts at zero, and the
+        server's totals ever stay whole."""
+        for ns in namespaces - {RETIRED}:
+            for tier in TIERS:
+                counts = self.lifecycle_counter(txn, ns, tier)
+                if any(counts):
+                    kept = self.lifecycle_counter(txn, RETIRED, tier)
+                    self.put_lifecycle_counters(
+                        txn, RETIRED, tier, [a + b for a, b in zip(kept, counts, strict=True)]
+                    )
+                    txn.delete(lstat_key(ns, tier), db=self.meta)
