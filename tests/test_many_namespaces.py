@@ -120,3 +120,40 @@ def test_hit_counts_keep_at_most_so_many_namespaces() -> None:
     counts.forget({"made:up/2"})
     counts.count(["made:up/4"], set(), False)
     assert counts.hits_misses("made:up/4") == (0, 1)
+
+
+def test_a_start_up_drops_the_rows_of_deleted_memories_once_most_rows_are_theirs(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Rows of deleted memories stay in the columns while a server runs and were restored with
+    every snapshot: with enough of them, a start-up decodes the live records instead (the deleted
+    ones' rows, keywords and names go), and the indexes' snapshots still serve the live ones."""
+    from tiermem.server.config import Tuning
+
+    def start(data: Path, dead: int) -> RunningServer:
+        return server_factory(data, tuning=Tuning(columns_rebuild_dead=dead, columns_rebuild_dead_share=0.75))
+
+    for dead, rows_after in ((40, 10), (1000, 100)):
+        data = tmp_path / f"data{dead}"
+        running = start(data, dead)
+        with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+            for i in range(100):
+                c.create(
+                    f"user:s{i}", f"session {i} talked about the {'kept' if i < 10 else 'passing'} topic {i}"
+                )
+            for i in range(10, 100):
+                c.delete_namespace(f"user:s{i}")
+        assert running.engine.state.columns.n == 100
+        running.stop(None)
+        running = start(data, dead)
+        st = running.engine.state
+        assert (st.columns.n, len(st.columns)) == (rows_after, 10)
+        if rows_after == 10:
+            assert st.columns.namespaces.get("user:s50") < 0 and len(st.columns.namespaces) == 10
+        with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+            assert c.stats().memory_count == 10
+            for i in (0, 9):
+                found = c.search([f"user:s{j}" for j in range(10)], f"topic {i} kept", limit=3)
+                assert found[0].memory.content == f"session {i} talked about the kept topic {i}"
+            assert c.search("user:s50", "passing topic 50") == []
+        running.stop(None)

@@ -162,6 +162,7 @@ def _load_rows(st: EngineState, txn: Txn, snap: tuple[dict[str, Any], int] | Non
         # a copy): it would hold memories LMDB no longer has.
         logger.warning("ignoring a columns snapshot of commit %d: LMDB is at %d", snap[1], st.store.seq)
         snap = None
+    how = "by decoding every record"
     if snap is not None:
         try:
             st.columns = _restore_columns(st, snap[0])
@@ -169,14 +170,18 @@ def _load_rows(st: EngineState, txn: Txn, snap: tuple[dict[str, Any], int] | Non
             changed = st.store.changed_since(txn, snap[1])
             for rid in changed:
                 _load_row(st, rid, st.store.get(txn, rid), unembedded)
-            return f"from a snapshot and {len(changed)} changed records"
+            dead, tuning = st.columns.n - len(st.columns), st.config.tuning
+            if dead < tuning.columns_rebuild_dead or dead < tuning.columns_rebuild_dead_share * st.columns.n:
+                return f"from a snapshot and {len(changed)} changed records"
+            # (rows are never reused while serving: here the deleted ones go, with their keywords)
+            how = f"by decoding every record ({dead:,} of the snapshot's {st.columns.n:,} rows were deleted)"
         except Exception as e:  # a damaged snapshot: decode every record instead
             logger.warning("ignoring a columns snapshot that cannot be restored: %r", e)
-            st.columns = Columns(change_log=st.config.tuning.columns_change_log)
-            st.keywords = KeywordIndex()
+        st.columns = Columns(change_log=st.config.tuning.columns_change_log)
+        st.keywords = KeywordIndex()
     for rec in st.store.iter_records(txn):
         _load_row(st, rec.rid, rec, unembedded)
-    return "by decoding every record"
+    return how
 
 
 def _restore_columns(st: EngineState, state: dict[str, Any]) -> Columns:
