@@ -99,10 +99,8 @@ class Tuning:
     indexer_quiet_seconds: float = 1.0  # no search for this long: bulk moves on every core
     indexer_bulk_min: int = 256  # fewer pending than this: moves on one thread
     columns_change_log: int = 65536  # row changes the columns remember for cached search bounds
-    # A columns snapshot with at least this many rows of deleted memories, and this share of its
-    # rows, is not restored at start-up: decoding the live records drops them (and their keywords).
-    columns_rebuild_dead: int = 16384
-    columns_rebuild_dead_share: float = 0.75
+    columns_rebuild_dead: int = 16384  # a columns snapshot with this many deleted memories' rows ...
+    columns_rebuild_dead_share: float = 0.75  # ... and this share of its rows: not restored (startup.py)
 
     # search/: candidate sets and cached prior bounds
     deeper_search_min_rows: int = (
