@@ -260,6 +260,26 @@ def test_a_summary_copied_moved_or_updated_within_its_namespace_is_its_one_summa
         assert len(list(c.list_memories(NS, kinds=["preference"]))) == 2
 
 
+def test_an_update_into_a_reflection_or_a_summary_counts_as_one_stored_then(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Its tokens were counted toward the next summary when it was created: an update into a
+    reflection does not count them again; one into a summary covers what is stored at that
+    moment, so the next extractive summary has nothing before it to quote."""
+    with _client(server_factory()) as c:
+        m = c.create(NS, "an observation worth reflecting on", importance=0.5, token_cost=100)
+        before = c.stats(NS).summary_tokens
+        c.update(NS, m.id, kind="reflection", importance=0.9)
+        assert c.stats(NS).summary_tokens == before == 100
+        a = c.create(NS, "alpha happened first.", token_cost=10)
+        c.create(NS, "beta happened second.", token_cost=10)
+        c.update(NS, a.id, kind="summary", content="summary: alpha and beta.")
+        assert c.stats(NS).summary_tokens == 0
+        assert c.build_summary(NS).text == ""
+        c.create(NS, "gamma happened third.", token_cost=10)
+        assert c.build_summary(NS).text == "gamma happened third."
+
+
 def _set_policy(c: MemoryClient, ns: str, policy: object, paths: list[str], confirm: bool = False) -> object:
     """UpdateNamespaceConfig with a raw LifecyclePolicy and mask paths (the contract as any client sends it)."""
     from google.protobuf import field_mask_pb2

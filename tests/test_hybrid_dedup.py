@@ -347,6 +347,26 @@ def test_a_duplicate_of_another_kind_is_stored_and_a_protected_namespace_is_rein
             )
         )
         assert again.deduplicated and again.memory.id == reflection.memory.id  # (the same kind still is)
+        # The reflection stored after it does not hide the observation of the same words.
+        observed = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="ana wants SHORT answers"))
+        )
+        assert observed.deduplicated and observed.memory.kind == "observation"
+        c.delete("ns", reflection.memory.id)  # (its entry went; the observation's stays)
+        assert c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="ana wants short answers"))
+        ).deduplicated
+        # A batch repeating itself in a protected namespace changes nothing stored before it.
+        c.update_namespace_config("kept2", protected=True)
+        batch = c.stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(
+                memories=[
+                    pb.Memory(namespace="kept2", content="standup at 9"),
+                    pb.Memory(namespace="kept2", content="Standup at 9"),
+                ]
+            )
+        )
+        assert list(batch.deduplicated) == [False, True] and batch.memories[0].id == batch.memories[1].id
 
         c.create("kept", "obs p", id="p", importance=0.1)
         c.update_namespace_config("kept", protected=True)
@@ -470,6 +490,19 @@ def test_near_duplicates_by_similarity(server_factory: Callable[..., RunningServ
         hit = create("near copy 2", close, 0.99)
         assert hit.deduplicated and hit.memory.id in {base.id} | {m.id for m in c.list_memories("ns")}
         assert not create("unrelated", far, 0.99).deduplicated
+        # Of the same kind only: a fact nearer than the observation is passed over for it.
+        req = pb.CreateMemoryRequest(
+            memory=pb.Memory(
+                namespace="k", content="a", kind="observation", embedding=list(v), embedding_model="m8"
+            )
+        )
+        first = c.stub.CreateMemory(req).memory
+        req.memory.content, req.memory.kind, req.memory.embedding[:] = "b", "fact", list(close)
+        req.dedup_similarity = 0.99
+        assert not c.stub.CreateMemory(req).deduplicated
+        req.memory.content, req.memory.kind = "c", "observation"
+        near = c.stub.CreateMemory(req)
+        assert near.deduplicated and near.memory.id == first.id
         with pytest.raises(InvalidArgumentError) as info:
             c.create("ns", "x", dedup_similarity=1.5)
         assert info.value.fields == ["dedup_similarity"]

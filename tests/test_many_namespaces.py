@@ -157,3 +157,69 @@ def test_a_start_up_drops_the_rows_of_deleted_memories_once_most_rows_are_theirs
                 assert found[0].memory.content == f"session {i} talked about the kept topic {i}"
             assert c.search("user:s50", "passing topic 50") == []
         running.stop(None)
+
+
+def test_policies_asked_for_while_the_tables_are_rebuilt() -> None:
+    """Creates, passes and config reads ask for namespaces' policies from other threads while a
+    search rebuilds the tables after a settings change: the rebuild must not trip over them
+    (it raised "dictionary changed size during iteration": INTERNAL)."""
+    import sys
+    import threading
+
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.core.policy import Policy
+    from tiermem.server.core.policy_cache import PolicyCache
+    from tiermem.server.index.columns import Interner
+
+    cache, names = PolicyCache(Policy.from_config(ServerConfig())), Interner()
+    settings = {f"s:{i}": {"policy": {"max_items": 10 + i % 7}} for i in range(20_000)}
+    for ns, s in settings.items():
+        names.id(ns)
+        cache.policy_of(s, ns)
+    stop, errors = threading.Event(), []
+
+    def asking() -> None:
+        i = 0
+        while not stop.is_set():
+            cache.policy_of({"policy": {"max_items": 5}}, f"w:{i}")
+            i += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    other = threading.Thread(target=asking)
+    other.start()
+    try:
+        for version in range(1, 13):
+            try:
+                tables = cache.tables(names, lambda: settings, version)
+            except RuntimeError as e:
+                errors.append(e)
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert int(tables.max_items[names.get("s:3")]) == 13
+
+
+def test_deleting_a_scope_with_its_children_retires_the_totals_of_children_left_empty(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A child scope whose memories a pass already deleted (expired) has no memories and no
+    settings left, only its lifecycle totals: deleting its parent with its children retires them."""
+    from conftest import FakeClock
+
+    clock = FakeClock()
+    running = server_factory(clock=clock)
+    st = running.engine.state
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        c.create("user:a", "the parent's memory")
+        c.create("user:a/session:1", "a short-lived turn", expire_time=clock.now + 60)
+        clock.advance(120)
+        c.consolidate("user:a/session:1")
+        assert sum(t[3] for t in _totals(c, "user:a/session:1")) == 1
+        c.delete_namespace("user:a", include_children=True)
+        assert sum(t[3] for t in _totals(c, "user:a/session:1")) == 0
+        assert sum(t[3] for t in _totals(c)) == 1
+    with st.store.read() as txn:
+        assert {ns for ns, _ in st.store.lifecycle_counters(txn)} == {""}

@@ -181,6 +181,28 @@ def test_a_replica_catching_up_across_commits_logged_before_their_namespaces_wer
     replica.stop(0)
 
 
+def test_a_replica_moves_a_memorys_duplicate_entry_with_its_content(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """As on the leader, a content update leaves one exact-duplicate entry for the memory, the
+    new content's (the old one's stayed: one entry more a replicated update)."""
+
+    def entries(running: RunningServer) -> int:
+        store = running.engine.state.store
+        with store.read() as txn:
+            return int(txn.stat(store.contents)["entries"])
+
+    leader = server_factory(tmp_path / "leader", replication=True)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        m = lc.create("ns", "version 0 of the note")
+        for i in range(1, 11):
+            lc.update("ns", m.id, content=f"version {i} of the note")
+        _eventually(_same(lc, rc))
+        assert entries(replica) == entries(leader) == 1
+    replica.stop(0)
+
+
 def test_a_write_split_into_parts_for_a_replica_is_stored_whole_or_not_at_all(
     server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

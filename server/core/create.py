@@ -190,13 +190,17 @@ class _CreateOp:
         out: list[tuple[Record, np.ndarray | None]] = []
         freed: list[Record] = []
         scopes: dict[str, ScopeState] = {}
+        made: set[int] = set()  # (a duplicate of one of these changes nothing stored before)
         for i, m in enumerate(self.memories):
             self._check_space(txn, spaces, i, m)
             if not m.id and not self.allow_duplicates:
                 dup = find_duplicate(st, txn, m, self.dedup_similarity)
                 if dup is not None:
-                    what = f"reinforcing memory {dup.id!r} (duplicated; allow_duplicates stores it instead)"
-                    check_protected(st, m.namespace, self.confirm, what, txn)
+                    if dup.rid not in made:
+                        what = (
+                            f"reinforcing memory {dup.id!r} (duplicated; allow_duplicates stores it instead)"
+                        )
+                        check_protected(st, m.namespace, self.confirm, what, txn)
                     _reinforce(dup, m, now, st.config.max_tags)
                     st.store.put(txn, dup)
                     # An earlier item of this batch that was the same memory answers with its
@@ -206,6 +210,7 @@ class _CreateOp:
                     continue
             freed += self._free_id(txn, m)
             rec = self._insert(txn, m)
+            made.add(rec.rid)
             out.append((rec, m.embedding))
             freed += track_scope(st, txn, scopes, rec, self.summary_covers)
         for ns, state in scopes.items():
@@ -332,8 +337,8 @@ def find_duplicate(st: EngineState, txn: Txn, m: NewMemory, min_similarity: floa
     """An existing memory of m's namespace and kind with the same normalized content or, with
     ``min_similarity``, a vector in m's space at least that similar (writer thread). (Of another
     kind it is another memory: a summary or a reflection worded as an observation is stored.)"""
-    rec = st.store.find_content(txn, m.namespace, m.content)
-    if rec is not None and rec.kind == m.kind and not st.expired(rec):
+    rec = st.store.find_content(txn, m.namespace, m.content, m.kind)
+    if rec is not None and not st.expired(rec):
         return rec
     if min_similarity is None or m.embedding.shape[0] == 0:
         return None
@@ -353,15 +358,16 @@ def find_duplicate(st: EngineState, txn: Txn, m: NewMemory, min_similarity: floa
 
 
 def _most_similar_indexed(st: EngineState, m: NewMemory) -> tuple[int, int, float]:
-    """(rid, vk, similarity) of the committed memory of m's namespace and space most similar to
-    m's vector, through the indexes; rid -1 when there is none."""
+    """(rid, vk, similarity) of the committed memory of m's namespace, kind and space most similar
+    to m's vector, through the indexes; rid -1 when there is none."""
     best_rid, best_vk, best = -1, -1, -np.inf
     sp = st.spaces.get(m.embedding_model)
-    nid = st.columns.namespaces.get(m.namespace)
-    if sp is None or nid < 0:
+    nid, kid = st.columns.namespaces.get(m.namespace), st.columns.kinds.get(m.kind)
+    if sp is None or nid < 0 or kid < 0:
         return best_rid, best_vk, best
     view = st.columns.view()
-    allowed = view.alive & (view.ns == nid) & (view.space == sp.id) & (view.expire > st.clock())
+    allowed = view.alive & (view.ns == nid) & (view.kind == kid) & (view.space == sp.id)
+    allowed &= view.expire > st.clock()
     for index in list(sp.indexes.values()):
         rows, sims, _ = index.search(m.embedding, 1, allowed, st.config.hnsw_ef_search)
         # A short filtered answer may miss a duplicate; that memory is then simply stored.

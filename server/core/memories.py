@@ -269,13 +269,25 @@ class _UpdateOp:
         if vec is not None:
             self._store_vector(txn, rec, vec)
         if rec.kind != old.kind and rec.kind in ("summary", "reflection"):
-            # As if stored so: a summary replaces the namespace's current one, a reflection
-            # resets the importance accumulated toward the next.
-            scopes: dict[str, ScopeState] = {}
-            self.replaced = track_scope(st, txn, scopes, rec)
-            st.store.put_scope_state(txn, rec.namespace, scopes[rec.namespace])
+            self._as_if_stored(txn, rec)
         self._finish(txn, old, rec, vec is not None)
         return old, rec, vec
+
+    def _as_if_stored(self, txn: Txn, rec: Record) -> None:
+        """A memory updated into a reflection resets the importance accumulated toward the next;
+        into a summary, it replaces the namespace's current one and covers what is stored now (its
+        own tokens were counted when it was created)."""
+        st = self.st
+        state = st.store.scope_state(txn, rec.namespace)
+        if rec.kind == "reflection":
+            state.reflection_importance = 0.0
+        else:
+            prev = st.store.get(txn, state.summary_rid) if state.summary_rid else None
+            if prev is not None and prev.namespace == rec.namespace and prev.kind == "summary":
+                st.store.delete(txn, prev)
+                self.replaced.append(prev)
+            state.summary_rid, state.summary_tokens, state.covered_rid = rec.rid, 0, st.next_rid - 1
+        st.store.put_scope_state(txn, rec.namespace, state)
 
     def _store_vector(self, txn: Txn, rec: Record, vec: np.ndarray) -> None:
         st = self.st
@@ -294,7 +306,7 @@ class _UpdateOp:
         if new_vector or rec.tier != old.tier:
             _, rec.vk = st.alloc_ids()
         rec.updated_at = now
-        if rec.content != old.content:
+        if rec.content != old.content or rec.kind != old.kind:
             st.store.replace_content(txn, old, rec)
         else:
             st.store.put(txn, rec)

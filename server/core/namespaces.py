@@ -150,7 +150,7 @@ def delete_namespace(
         st.store.delete_graph(txn, namespace, include_children)
         for ns in {namespace, *(r.namespace for r in recs)}:
             st.store.put_scope_state(txn, ns, None)
-        st.store.retire_lifecycle_counters(txn, cleared)
+        cleared = st.store.retire_lifecycle_counters(txn, cleared, under if include_children else "")
         return recs, cleared
 
     def apply(prepared: tuple[list[Record], set[str]]) -> int:

@@ -86,9 +86,13 @@ class PolicyCache:
                 p = self.policy_of(s, ns)
                 groups.setdefault(id(p), (p, []))[1].append(i)
         # Forget the namespaces whose settings went, and the policies no namespace shares any more.
-        self._policies = {ns: kept for ns, kept in self._policies.items() if settings.get(ns) is kept[0]}
-        self._shared = {k: p for k, p in self._shared.items() if id(p) in groups}
-        room = max(MIN_ROOM, 1 << max(n - 1, 0).bit_length()) if growable else n
+        # (copies: other threads add to both while this runs)
+        self._policies = {
+            ns: kept for ns, kept in list(self._policies.items()) if settings.get(ns) is kept[0]
+        }
+        self._shared = {k: p for k, p in list(self._shared.items()) if id(p) in groups}
+        # Always room beyond n: a search's view may be taken after the tables, with a namespace more.
+        room = max(MIN_ROOM, 1 << n.bit_length())
         tables = Tables.build(room, self.base, [(p, np.array(ids, np.int64)) for p, ids in groups.values()])
         return version, n, growable, tables
 

@@ -66,10 +66,11 @@ def normalize(content: str) -> str:
     return " ".join(content.casefold().split())
 
 
-def content_key(namespace: str, content: str) -> bytes:
-    return (
-        namespace.encode() + b"\x00" + hashlib.blake2b(normalize(content).encode(), digest_size=16).digest()
-    )
+def content_key(namespace: str, content: str, kind: str | None = None) -> bytes:
+    """The exact-duplicate key of a content of ``kind`` (None: a key of every kind's, as written by
+    earlier versions, still read)."""
+    text = normalize(content) if kind is None else f"{kind}\x00{normalize(content)}"
+    return namespace.encode() + b"\x00" + hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def id_key(namespace: str, memory_id: str) -> bytes:

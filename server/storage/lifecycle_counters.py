@@ -38,10 +38,22 @@ class LifecycleCounters:
     ) -> None:
         txn.put(lstat_key(namespace, tier), msgpack.packb(counts), db=self.meta)
 
-    def retire_lifecycle_counters(self, txn: lmdb.Transaction, namespaces: set[str]) -> None:
-        """The counters of deleted namespaces added to ``RETIRED``'s and dropped: a deleted
-        namespace costs no stats call or start-up anything, one made again starts at zero, and the
-        server's totals ever stay whole."""
+    def retire_lifecycle_counters(
+        self, txn: lmdb.Transaction, namespaces: set[str], under: str = ""
+    ) -> set[str]:
+        """The counters of deleted namespaces (and, with ``under``, of every namespace whose name
+        starts with it) added to ``RETIRED``'s and dropped: a deleted namespace costs no stats call
+        or start-up anything, one made again starts at zero, and the server's totals ever stay
+        whole. Returns the namespaces retired."""
+        namespaces = set(namespaces)
+        if under:
+            prefix = META_LSTAT + under.encode()
+            cur = txn.cursor(db=self.meta)
+            if cur.set_range(prefix):
+                for k in cur.iternext(values=False):
+                    if not bytes(k).startswith(prefix):
+                        break
+                    namespaces.add(bytes(k)[len(META_LSTAT) :].rpartition(b"\x00")[0].decode())
         for ns in namespaces - {RETIRED}:
             for tier in TIERS:
                 counts = self.lifecycle_counter(txn, ns, tier)
@@ -50,4 +62,5 @@ class LifecycleCounters:
                     self.put_lifecycle_counters(
                         txn, RETIRED, tier, [a + b for a, b in zip(kept, counts, strict=True)]
                     )
-                    txn.delete(lstat_key(ns, tier), db=self.meta)
+                txn.delete(lstat_key(ns, tier), db=self.meta)
+        return namespaces

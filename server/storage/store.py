@@ -370,7 +370,7 @@ class Store(CommitLog, LifecycleCounters):
         self._changed(txn, rec.rid)
         put_maybe_append(txn, rid_key(rec.rid), rec.pack(), self.records, new)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
-        txn.put(content_key(rec.namespace, rec.content), rid_key(rec.rid), db=self.contents)
+        txn.put(content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid), db=self.contents)
 
     def insert(self, txn: lmdb.Transaction, rec: Record) -> None:
         """Store a new record."""
@@ -382,9 +382,12 @@ class Store(CommitLog, LifecycleCounters):
         self.put(txn, rec)
 
     def _drop_content(self, txn: lmdb.Transaction, rec: Record) -> None:
-        ckey = content_key(rec.namespace, rec.content)
-        if txn.get(ckey, db=self.contents) == rid_key(rec.rid):  # (not when another memory took it since)
-            txn.delete(ckey, db=self.contents)
+        for ckey in (
+            content_key(rec.namespace, rec.content, rec.kind),
+            content_key(rec.namespace, rec.content),
+        ):
+            if txn.get(ckey, db=self.contents) == rid_key(rec.rid):  # (not when another memory took it since)
+                txn.delete(ckey, db=self.contents)
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
         if self.log_commits:
@@ -416,14 +419,19 @@ class Store(CommitLog, LifecycleCounters):
             txn.delete(ikey, db=self.ids)
         self._drop_content(txn, rec)
 
-    def find_content(self, txn: lmdb.Transaction, namespace: str, content: str) -> Record | None:
-        """The memory of ``namespace`` whose normalized content equals ``content``'s, if any."""
-        raw = txn.get(content_key(namespace, content), db=self.contents)
-        rec = None if raw is None else self.get(txn, rid_of(bytes(raw)))
-        # The entry may be stale (content since updated): check it still matches.
-        if rec is None or rec.namespace != namespace or normalize(rec.content) != normalize(content):
-            return None
-        return rec
+    def find_content(self, txn: lmdb.Transaction, namespace: str, content: str, kind: str) -> Record | None:
+        """The memory of ``namespace`` and ``kind`` whose normalized content equals ``content``'s, if any."""
+        for ckey in (content_key(namespace, content, kind), content_key(namespace, content)):
+            raw = txn.get(ckey, db=self.contents)
+            rec = None if raw is None else self.get(txn, rid_of(bytes(raw)))
+            # (an entry may be stale: content or kind since changed)
+            if rec is not None and (rec.namespace, rec.kind, normalize(rec.content)) == (
+                namespace,
+                kind,
+                normalize(content),
+            ):
+                return rec
+        return None
 
     def namespace_records(
         self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
