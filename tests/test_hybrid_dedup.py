@@ -246,6 +246,19 @@ def test_hybrid_needs_query_text_and_valid_options(loaded: tuple[MemoryClient, d
         assert len(got.results) > 0, strategy
 
 
+def _a_batch_repeating_itself(c: MemoryClient, namespace: str) -> None:
+    """Within one batch the second copy reinforces the first."""
+    batch = c.stub.BatchCreateMemories(
+        pb.BatchCreateMemoriesRequest(
+            memories=[
+                pb.Memory(namespace=namespace, content="standup at 9"),
+                pb.Memory(namespace=namespace, content="Standup at 9"),
+            ]
+        )
+    )
+    assert list(batch.deduplicated) == [False, True] and batch.memories[0].id == batch.memories[1].id
+
+
 def test_exact_duplicates_reinforce_instead_of_adding(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
@@ -289,16 +302,7 @@ def test_exact_duplicates_reinforce_instead_of_adding(
         assert not forced.deduplicated and forced.memory.id != first.memory.id
         named = c.create("ns", "the user prefers dark mode", id="explicit")
         assert named.id == "explicit"
-        # Within one batch the second copy reinforces the first.
-        batch = c.stub.BatchCreateMemories(
-            pb.BatchCreateMemoriesRequest(
-                memories=[
-                    pb.Memory(namespace="ns", content="standup at 9"),
-                    pb.Memory(namespace="ns", content="Standup at 9"),
-                ]
-            )
-        )
-        assert list(batch.deduplicated) == [False, True] and batch.memories[0].id == batch.memories[1].id
+        _a_batch_repeating_itself(c, "ns")
         assert c.stats("ns").memory_count == 4  # dark mode x3 (first, forced, explicit) + standup
     running.stop(0)
     running = server_factory(data_dir=tmp_path / "d")  # the content index is durable
@@ -358,15 +362,7 @@ def test_a_duplicate_of_another_kind_is_stored_and_a_protected_namespace_is_rein
         ).deduplicated
         # A batch repeating itself in a protected namespace changes nothing stored before it.
         c.update_namespace_config("kept2", protected=True)
-        batch = c.stub.BatchCreateMemories(
-            pb.BatchCreateMemoriesRequest(
-                memories=[
-                    pb.Memory(namespace="kept2", content="standup at 9"),
-                    pb.Memory(namespace="kept2", content="Standup at 9"),
-                ]
-            )
-        )
-        assert list(batch.deduplicated) == [False, True] and batch.memories[0].id == batch.memories[1].id
+        _a_batch_repeating_itself(c, "kept2")
 
         c.create("kept", "obs p", id="p", importance=0.1)
         c.update_namespace_config("kept", protected=True)

@@ -94,6 +94,23 @@ def test_a_replica_that_declares_a_space_its_leader_holds_otherwise_stores_nothi
     replica.stop(0)
 
 
+def _progress(c: MemoryClient) -> dict[str, tuple[float, int]]:
+    """Each namespace's progress toward its next reflection and summary, as its export carries it."""
+    return {
+        ch.scope.namespace: (round(ch.scope.reflection_importance, 6), ch.scope.summary_tokens)
+        for ch in c.export_memories()
+        if ch.WhichOneof("chunk") == "scope"
+    }
+
+
+def _two_scopes_followed(lc: MemoryClient, rc: MemoryClient) -> None:
+    """Observations in two task scopes at the leader, once the replica shows their progress."""
+    for ns in ("user:ana/task:1", "user:ana/task:2"):
+        for i in range(3):
+            lc.create(ns, f"an observation number {i} in {ns}", importance=0.4)
+    _eventually(lambda: _progress(rc) == _progress(lc) and len(_progress(lc)) == 2)
+
+
 def test_a_replica_follows_the_progress_of_a_namespace_whose_memories_are_all_gone(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
@@ -102,23 +119,13 @@ def test_a_replica_follows_the_progress_of_a_namespace_whose_memories_are_all_go
     whole drops its progress on the replica too (it kept it: a promoted replica then reflected
     early)."""
 
-    def progress(c: MemoryClient) -> dict[str, tuple[float, int]]:
-        return {
-            ch.scope.namespace: (round(ch.scope.reflection_importance, 6), ch.scope.summary_tokens)
-            for ch in c.export_memories()
-            if ch.WhichOneof("chunk") == "scope"
-        }
-
     leader = server_factory(tmp_path / "leader", replication=True)
     replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
-        for ns in ("user:ana/task:1", "user:ana/task:2"):
-            for i in range(3):
-                lc.create(ns, f"an observation number {i} in {ns}", importance=0.4)
-        _eventually(lambda: progress(rc) == progress(lc) and len(progress(lc)) == 2)
+        _two_scopes_followed(lc, rc)
         lc.delete_namespace("user:ana/task:1")
-        assert set(progress(lc)) == {"user:ana/task:2"}
-        _eventually(lambda: progress(rc) == progress(lc) and rc.stats().memory_count == 3)
+        assert set(_progress(lc)) == {"user:ana/task:2"}
+        _eventually(lambda: _progress(rc) == _progress(lc) and rc.stats().memory_count == 3)
     replica.stop(0)
 
 
@@ -143,25 +150,15 @@ def test_a_replica_catching_up_across_commits_logged_before_their_namespaces_wer
 
     monkeypatch.setattr(replication, "_full_copy", counted)
 
-    def progress(c: MemoryClient) -> dict[str, tuple[float, int]]:
-        return {
-            ch.scope.namespace: (round(ch.scope.reflection_importance, 6), ch.scope.summary_tokens)
-            for ch in c.export_memories()
-            if ch.WhichOneof("chunk") == "scope"
-        }
-
     leader = server_factory(tmp_path / "leader", replication=True)
     replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
-        for ns in ("user:ana/task:1", "user:ana/task:2"):
-            for i in range(3):
-                lc.create(ns, f"an observation number {i} in {ns}", importance=0.4)
-        _eventually(lambda: progress(rc) == progress(lc) and len(progress(lc)) == 2)
+        _two_scopes_followed(lc, rc)
     replica.stop(0)
     with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
         lc.delete_namespace("user:ana/task:1")
         lc.create("user:ana/task:2", "one more while the replica is down", importance=0.4)
-        wanted = progress(lc)
+        wanted = _progress(lc)
     leader.stop(None)
     env = lmdb.open(str(tmp_path / "leader" / "lmdb"), max_dbs=16)
     with env.begin(write=True) as txn:  # (each entry as a server from before the list wrote it)
@@ -175,8 +172,8 @@ def test_a_replica_catching_up_across_commits_logged_before_their_namespaces_wer
     leader = server_factory(tmp_path / "leader", replication=True)
     replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
     with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
-        _eventually(lambda: rc.stats().memory_count == 4 and progress(rc) == wanted)
-        assert set(progress(rc)) == {"user:ana/task:2"}
+        _eventually(lambda: rc.stats().memory_count == 4 and _progress(rc) == wanted)
+        assert set(_progress(rc)) == {"user:ana/task:2"}
     assert copies == []  # (it resumed from its commit: a full copy would have dropped it anyway)
     replica.stop(0)
 

@@ -3,6 +3,8 @@ tier, ever, in its ``meta`` database. ``Store`` (store.py) inherits these method
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import lmdb
 import msgpack
 
@@ -14,19 +16,12 @@ RETIRED = ""  # where deleted namespaces' counters go: counted in the server's t
 
 class LifecycleCounters:
     meta: lmdb._Database
+    _prefixed: Callable[[lmdb.Transaction, bytes], Iterator[tuple[bytes, bytes]]]  # (Store's)
 
     def lifecycle_counters(self, txn: lmdb.Transaction) -> dict[tuple[str, int], list[int]]:
         """(namespace, tier) -> [promotions, demotions, evictions, deleted], ever."""
-        out: dict[tuple[str, int], list[int]] = {}
-        cur = txn.cursor(db=self.meta)
-        if cur.set_range(META_LSTAT):
-            for k, v in cur:
-                key = bytes(k)
-                if not key.startswith(META_LSTAT):
-                    break
-                ns, _, tier = key[len(META_LSTAT) :].rpartition(b"\x00")
-                out[(ns.decode(), tier[0])] = list(msgpack.unpackb(v))
-        return out
+        parts = ((k.rpartition(b"\x00"), v) for k, v in self._prefixed(txn, META_LSTAT))
+        return {(ns.decode(), tier[0]): list(msgpack.unpackb(v)) for (ns, _, tier), v in parts}
 
     def lifecycle_counter(self, txn: lmdb.Transaction, namespace: str, tier: int) -> list[int]:
         """[promotions, demotions, evictions, deleted] of one namespace and tier, ever."""
@@ -47,13 +42,8 @@ class LifecycleCounters:
         whole. Returns the namespaces retired."""
         namespaces = set(namespaces)
         if under:
-            prefix = META_LSTAT + under.encode()
-            cur = txn.cursor(db=self.meta)
-            if cur.set_range(prefix):
-                for k in cur.iternext(values=False):
-                    if not bytes(k).startswith(prefix):
-                        break
-                    namespaces.add(bytes(k)[len(META_LSTAT) :].rpartition(b"\x00")[0].decode())
+            found = [k.rpartition(b"\x00")[0] for k, _ in self._prefixed(txn, META_LSTAT + under.encode())]
+            namespaces.update(under + rest.decode() for rest in found)
         for ns in namespaces - {RETIRED}:
             for tier in TIERS:
                 counts = self.lifecycle_counter(txn, ns, tier)
