@@ -532,3 +532,56 @@ def test_the_content_index_holds_one_entry_a_memory_whatever_its_updates(
         assert entries() == 2
         c.delete_namespace("ns")
         assert entries() == 0
+
+
+def test_a_copy_beside_a_memory_leaves_it_its_entry_and_an_old_index_is_keyed_again(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A copy stored beside a live memory of the same kind and words (allow_duplicates, a client
+    id, an import) does not take its exact-duplicate entry: deleted, it left the first unfound.
+    A data directory whose index was keyed by content alone (as earlier versions wrote it, the
+    entry held by whichever kind stored the words last) is keyed again at its next open."""
+    import hashlib
+
+    import lmdb
+
+    from tiermem.server.storage.keys import normalize
+
+    data = tmp_path / "d"
+    running = server_factory(data)
+    with _client(running) as c:
+        first = c.create("ns", "ana likes tea")
+        copy = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content="Ana likes tea"), allow_duplicates=True
+            )
+        )
+        c.delete("ns", copy.memory.id)
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="ANA likes tea"))
+        )
+        assert again.deduplicated and again.memory.id == first.id
+        c.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(namespace="ns", content="ana likes tea", kind="reflection")
+            )
+        )
+    running.stop(None)
+    env = lmdb.open(str(data / "lmdb"), max_dbs=16)
+    with env.begin(write=True) as txn:  # (as an earlier version left it: the reflection's)
+        meta, contents = (env.open_db(name, txn=txn) for name in (b"meta", b"contents"))
+        txn.delete(b"contents_by_kind", db=meta)
+        held = {bytes(k): bytes(v) for k, v in txn.cursor(db=contents)}
+        assert len(held) == 2
+        txn.drop(contents, delete=False)
+        last = max(held.values())
+        old_key = b"ns\x00" + hashlib.blake2b(normalize("ana likes tea").encode(), digest_size=16).digest()
+        txn.put(old_key, last, db=contents)
+    env.close()
+    running = server_factory(data)
+    with _client(running) as c:
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="Ana Likes Tea"))
+        )
+        assert again.deduplicated and again.memory.id == first.id
+        assert sorted(m.kind for m in c.list_memories("ns")) == ["observation", "reflection"]

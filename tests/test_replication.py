@@ -197,6 +197,12 @@ def test_a_replica_moves_a_memorys_duplicate_entry_with_its_content(
             lc.update("ns", m.id, content=f"version {i} of the note")
         _eventually(_same(lc, rc))
         assert entries(replica) == entries(leader) == 1
+        lc.update("ns", m.id, kind="fact")  # (the entry is the kind's too)
+        _eventually(lambda: rc.get("ns", m.id).kind == "fact")
+        assert entries(replica) == entries(leader) == 1
+        lc.delete("ns", m.id)
+        _eventually(lambda: rc.stats().memory_count == 0)
+        assert entries(replica) == entries(leader) == 0
     replica.stop(0)
 
 

@@ -331,7 +331,7 @@ def _store_records(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int
         if old is not None and (old.namespace, old.id) != (rec.namespace, rec.id):
             st.store.delete(txn, old)
             st.store.put(txn, rec)
-        elif old is not None and old.content != rec.content:
+        elif old is not None and (old.content, old.kind) != (rec.content, rec.kind):
             st.store.replace_content(txn, old, rec)  # (its old content no longer leads to it)
         else:
             st.store.put(txn, rec)

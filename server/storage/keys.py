@@ -11,7 +11,7 @@ One environment with named sub-databases:
 - ``vectors``:  rid -> float32 bytes of the normalized vector
 - ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
 - ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
-- ``contents``: namespace NUL blake2b(normalized content) -> rid, for exact-duplicate detection
+- ``contents``: namespace NUL blake2b(kind NUL normalized content) -> rid, for exact-duplicate detection
 - ``graph``: namespace NUL "n" NUL node id -> node; namespace NUL "e" NUL edge id -> edge;
   namespace NUL "a" NUL node id NUL edge id -> b"" (adjacency, both ends)
 - ``pending``: rid -> b"" for memories stored without a vector (the embedder failed); retried
@@ -50,6 +50,7 @@ META_REPLICA = b"replica_of"  # on a replica: [leader data's instance id, last c
 META_ROUTING = b"routing:"  # top-level scope -> [state, moved_to]: fenced or moved to another shard
 META_LSTAT = b"lstat:"
 META_SEQ = b"commit_seq"
+META_CONTENTS_BY_KIND = b"contents_by_kind"  # set once the exact-duplicate index is keyed by kind
 META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots
 
 
@@ -66,10 +67,9 @@ def normalize(content: str) -> str:
     return " ".join(content.casefold().split())
 
 
-def content_key(namespace: str, content: str, kind: str | None = None) -> bytes:
-    """The exact-duplicate key of a content of ``kind`` (None: a key of every kind's, as written by
-    earlier versions, still read)."""
-    text = normalize(content) if kind is None else f"{kind}\x00{normalize(content)}"
+def content_key(namespace: str, content: str, kind: str) -> bytes:
+    """The exact-duplicate key of a content of ``kind`` in ``namespace``."""
+    text = f"{kind}\x00{normalize(content)}"
     return namespace.encode() + b"\x00" + hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 

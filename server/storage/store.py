@@ -43,7 +43,7 @@ from tiermem.server.model.errors import StorageError
 from tiermem.server.model.locks import RWLock
 from tiermem.server.model.records import Record
 from tiermem.server.model.reports import ScopeState
-from tiermem.server.storage import datafile
+from tiermem.server.storage import datafile, upgrades
 from tiermem.server.storage.commit_log import CommitLog
 from tiermem.server.storage.keys import (
     META_INSTANCE,
@@ -174,22 +174,13 @@ class Store(CommitLog, LifecycleCounters):
         self._gate = RWLock()
         self.instance = self._check_schema()
         if not readonly:
-            self._drop_retired_postings()
+            upgrades.drop_retired_postings(self.env)
+            upgrades.key_contents_by_kind(self.env, self.meta, self.records, self.contents)
         with self.env.begin() as txn:
             self.seq = self.committed_seq(txn)  # of the last commit (writer thread only)
         self.changed_count = 0
         if not readonly:
             self.clear_stale_readers()
-
-    def _drop_retired_postings(self) -> None:
-        """Data directories written before the keyword index moved into memory hold a ``postings``
-        database nothing reads any more: free its pages once."""
-        try:
-            db = self.env.open_db(b"postings", dupsort=True, create=False)
-        except lmdb.NotFoundError:
-            return
-        with self.env.begin(write=True) as txn:
-            txn.drop(db, delete=True)
 
     def clear_stale_readers(self) -> int:
         """Free the reader slots of processes that died inside a read transaction (a follower
@@ -370,7 +361,15 @@ class Store(CommitLog, LifecycleCounters):
         self._changed(txn, rec.rid)
         put_maybe_append(txn, rid_key(rec.rid), rec.pack(), self.records, new)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
-        txn.put(content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid), db=self.contents)
+        ckey, key = content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid)
+        held = txn.get(ckey, db=self.contents)
+        # (a copy stored beside a live memory must not take its entry: deleted, it would leave it unfound)
+        if (
+            held is None
+            or held == key
+            or self._content_of(txn, held, rec.namespace, rec.kind, rec.content) is None
+        ):
+            txn.put(ckey, key, db=self.contents)
 
     def insert(self, txn: lmdb.Transaction, rec: Record) -> None:
         """Store a new record."""
@@ -382,12 +381,9 @@ class Store(CommitLog, LifecycleCounters):
         self.put(txn, rec)
 
     def _drop_content(self, txn: lmdb.Transaction, rec: Record) -> None:
-        for ckey in (
-            content_key(rec.namespace, rec.content, rec.kind),
-            content_key(rec.namespace, rec.content),
-        ):
-            if txn.get(ckey, db=self.contents) == rid_key(rec.rid):  # (not when another memory took it since)
-                txn.delete(ckey, db=self.contents)
+        ckey = content_key(rec.namespace, rec.content, rec.kind)
+        if txn.get(ckey, db=self.contents) == rid_key(rec.rid):  # (not when another memory holds it)
+            txn.delete(ckey, db=self.contents)
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
         if self.log_commits:
@@ -421,17 +417,20 @@ class Store(CommitLog, LifecycleCounters):
 
     def find_content(self, txn: lmdb.Transaction, namespace: str, content: str, kind: str) -> Record | None:
         """The memory of ``namespace`` and ``kind`` whose normalized content equals ``content``'s, if any."""
-        for ckey in (content_key(namespace, content, kind), content_key(namespace, content)):
-            raw = txn.get(ckey, db=self.contents)
-            rec = None if raw is None else self.get(txn, rid_of(bytes(raw)))
-            # (an entry may be stale: content or kind since changed)
-            if rec is not None and (rec.namespace, rec.kind, normalize(rec.content)) == (
-                namespace,
-                kind,
-                normalize(content),
-            ):
-                return rec
-        return None
+        raw = txn.get(content_key(namespace, content, kind), db=self.contents)
+        return None if raw is None else self._content_of(txn, raw, namespace, kind, content)
+
+    def _content_of(
+        self, txn: lmdb.Transaction, key: bytes | memoryview, namespace: str, kind: str, content: str
+    ) -> Record | None:
+        """The record of ``key`` if it still holds that content (an entry may be stale: changed since)."""
+        rec = self.get(txn, rid_of(bytes(key)))
+        ok = rec is not None and (rec.namespace, rec.kind, normalize(rec.content)) == (
+            namespace,
+            kind,
+            normalize(content),
+        )
+        return rec if ok else None
 
     def namespace_records(
         self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
