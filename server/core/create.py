@@ -422,11 +422,7 @@ def track_scope(
     if rec.kind == "summary":
         if covers is not None:
             _check_still_covers(st, txn, state, rec.namespace, covers)
-        prev = st.store.get(txn, state.summary_rid) if state.summary_rid else None
-        if prev is not None and prev.namespace == rec.namespace and prev.kind == "summary":
-            st.store.delete(txn, prev)
-            replaced.append(prev)
-        state.summary_rid = rec.rid
+        replaced += replace_summary(st, txn, state, rec)
         if covers is None:
             state.summary_tokens, state.covered_rid = 0, rec.rid
         else:
@@ -435,6 +431,22 @@ def track_scope(
     else:
         state.summary_tokens += rec.token_cost
     return replaced
+
+
+def replace_summary(st: EngineState, txn: Txn, state: ScopeState, rec: Record) -> list[Record]:
+    """Make ``rec`` the namespace's summary in ``state``, deleting the current one (returned, to be
+    unindexed)."""
+    prev = st.store.get(txn, state.summary_rid) if state.summary_rid else None
+    state.summary_rid = rec.rid
+    if (
+        prev is not None
+        and prev.rid != rec.rid
+        and prev.namespace == rec.namespace
+        and prev.kind == "summary"
+    ):
+        st.store.delete(txn, prev)
+        return [prev]
+    return []
 
 
 def _check_still_covers(

@@ -14,7 +14,7 @@ import numpy as np
 
 from tiermem import kernels
 from tiermem.server.core import upkeep
-from tiermem.server.core.create import scope_progress, track_scope
+from tiermem.server.core.create import replace_summary, scope_progress, track_scope
 from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.pages import decode_token, encode_token
 from tiermem.server.core.state import EngineState
@@ -282,11 +282,8 @@ class _UpdateOp:
         if rec.kind == "reflection":
             state.reflection_importance = 0.0
         else:
-            prev = st.store.get(txn, state.summary_rid) if state.summary_rid else None
-            if prev is not None and prev.namespace == rec.namespace and prev.kind == "summary":
-                st.store.delete(txn, prev)
-                self.replaced.append(prev)
-            state.summary_rid, state.summary_tokens, state.covered_rid = rec.rid, 0, st.next_rid - 1
+            self.replaced = replace_summary(st, txn, state, rec)
+            state.summary_tokens, state.covered_rid = 0, st.next_rid - 1
         st.store.put_scope_state(txn, rec.namespace, state)
 
     def _store_vector(self, txn: Txn, rec: Record, vec: np.ndarray) -> None:
@@ -306,10 +303,7 @@ class _UpdateOp:
         if new_vector or rec.tier != old.tier:
             _, rec.vk = st.alloc_ids()
         rec.updated_at = now
-        if rec.content != old.content or rec.kind != old.kind:
-            st.store.replace_content(txn, old, rec)
-        else:
-            st.store.put(txn, rec)
+        st.store.replace(txn, old, rec)
 
     def apply(self, prepared: tuple[Record, Record, np.ndarray | None]) -> Record:
         old, rec, vec = prepared

@@ -330,11 +330,11 @@ def _store_records(st: EngineState, txn: Txn, batch: dict[str, Any]) -> list[int
         old = st.store.get(txn, rid)
         if old is not None and (old.namespace, old.id) != (rec.namespace, rec.id):
             st.store.delete(txn, old)
+            old = None
+        if old is None:
             st.store.put(txn, rec)
-        elif old is not None and (old.content, old.kind) != (rec.content, rec.kind):
-            st.store.replace_content(txn, old, rec)  # (its old content no longer leads to it)
         else:
-            st.store.put(txn, rec)
+            st.store.replace(txn, old, rec)
         if raw is not None:
             st.store.put_vector(txn, rid, np.frombuffer(raw, np.float32))
         st.store.mark_pending(txn, rid, bool(pending))

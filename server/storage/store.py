@@ -375,9 +375,11 @@ class Store(CommitLog, LifecycleCounters):
         """Store a new record."""
         self.put(txn, rec, new=True)
 
-    def replace_content(self, txn: lmdb.Transaction, old: Record, rec: Record) -> None:
-        """Store ``rec`` whose content changed from ``old``'s (the old content no longer leads to it)."""
-        self._drop_content(txn, old)
+    def replace(self, txn: lmdb.Transaction, old: Record, rec: Record) -> None:
+        """Store ``rec`` over ``old`` (the same memory): old's content, if its words or kind changed,
+        no longer leads to it."""
+        if (old.content, old.kind) != (rec.content, rec.kind):
+            self._drop_content(txn, old)
         self.put(txn, rec)
 
     def _drop_content(self, txn: lmdb.Transaction, rec: Record) -> None:
