@@ -949,11 +949,11 @@ def test_weighted_strategy_tier_weights(sdata: tuple[MemoryClient, FakeClock, di
         assert all(r.score == 0.0 for r in res if r.memory.tier == 2)
         scores = [r.score for r in res]
         assert scores == sorted(scores, reverse=True)
-    # an invalid tier weight is rejected
-    bad = sreq(SNS, q, strategy=pb.SEARCH_STRATEGY_WEIGHTED, tier_weights={2: -1.0})
-    expect_invalid(lambda: raw(c, "SearchMemories", bad), "tier_weights")
-    bad = sreq(SNS, q, strategy=pb.SEARCH_STRATEGY_WEIGHTED, tier_weights={0: 1.0})
-    expect_invalid(lambda: raw(c, "SearchMemories", bad), "tier_weights")
+    # an invalid tier weight is rejected, the entry named by its position in the request
+    bad = sreq(SNS, q, strategy=pb.SEARCH_STRATEGY_WEIGHTED, tier_weights={1: 0.5, 2: -1.0})
+    expect_invalid(lambda: raw(c, "SearchMemories", bad), "tier_weights[1].weight")
+    bad = sreq(SNS, q, strategy=pb.SEARCH_STRATEGY_WEIGHTED, tier_weights={3: 1.0, 0: 1.0})
+    expect_invalid(lambda: raw(c, "SearchMemories", bad), "tier_weights[1].tier")
 
 
 def test_fast_first_strategy(sdata: tuple[MemoryClient, FakeClock, dict[str, Any]]) -> None:

@@ -340,6 +340,27 @@ def test_update_with_field_mask(server_factory: Callable[..., RunningServer]) ->
         assert c.get(NS, "u1").id == "u1"  # no longer expires
 
 
+def test_update_reads_only_the_fields_its_mask_names(client: MemoryClient) -> None:
+    """A field the update_mask leaves out is not read: a malformed value there (a metadata entry
+    without a value, a timestamp outside its spec) neither refuses the update nor changes anything.
+    Named, the same values are refused naming the field, and nothing changes."""
+    c = client
+    c.create(NS, "a memory with metadata", id="um1", metadata={"k": "v"}, topic="old")
+    m = pb.Memory(namespace=NS, id="um1", topic="new")
+    m.metadata["empty"].SetInParent()  # a Value with no kind set
+    m.expire_time.nanos = -5
+    m.create_time.seconds = -(10**15)
+    req = pb.UpdateMemoryRequest(memory=m, update_mask=field_mask_pb2.FieldMask(paths=["topic"]))
+    got = raw(c, "UpdateMemory", req).memory
+    assert got.topic == "new" and metadata_dict(got) == {"k": "v"} and not got.HasField("expire_time")
+    for path, field in (("metadata", "memory.metadata['empty']"), ("expire_time", "memory.expire_time")):
+        bad = pb.UpdateMemoryRequest(memory=m, update_mask=field_mask_pb2.FieldMask(paths=["topic", path]))
+        bad.memory.topic = "refused"
+        expect_invalid(lambda bad=bad: raw(c, "UpdateMemory", bad), field)
+    now = c.get(NS, "um1")
+    assert now.topic == "new" and metadata_dict(now) == {"k": "v"} and not now.HasField("expire_time")
+
+
 def test_update_content_reembeds_builtin_memory(client: MemoryClient) -> None:
     m = client.create(NS, "alpha beta gamma")
     client.create(NS, "completely different words here")

@@ -223,9 +223,10 @@ def _signal_weights(q: SearchQuery, config: ServerConfig, strategy: int) -> tupl
 
 def _tier_weights(q: SearchQuery, strategy: int) -> dict[int, float]:
     tier_w = dict(DEFAULT_TIER_WEIGHTS) if strategy == WEIGHTED else dict.fromkeys(TIERS, 1.0)
-    for t, w in q.tier_weights.items():
-        check.tier("tier_weights", t)
-        tier_w[t] = weight("tier_weights", w, 1.0)
+    # The request's entries in order (a tier once each), so a bad one is named by its position.
+    for i, (t, w) in enumerate(q.tier_weights.items()):
+        check.tier(f"tier_weights[{i}].tier", t)
+        tier_w[t] = weight(f"tier_weights[{i}].weight", w, 1.0)
     return tier_w
 
 

@@ -76,6 +76,30 @@ def new_memory_from_pb(m: pb.Memory, field: str) -> NewMemory:
     )
 
 
+def memory_changes_from_pb(m: pb.Memory, paths: list[str]) -> NewMemory:
+    """UpdateMemory's new values: the fields whose conversion can refuse (metadata, the timestamps)
+    are read only when ``update_mask`` names them, so a field the update leaves alone refuses
+    nothing."""
+    named = set(paths)
+    return NewMemory(
+        namespace=m.namespace,
+        content=m.content,
+        id=m.id,
+        kind=m.kind,
+        tier=int(m.tier),
+        importance=m.importance if m.HasField("importance") else None,
+        source=m.source,
+        topic=m.topic,
+        tags=list(m.tags),
+        metadata=metadata_from_pb(m.metadata, "memory.metadata") if "metadata" in named else {},
+        embedding=np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None,
+        embedding_model=m.embedding_model,
+        token_cost=m.token_cost,
+        source_ids=list(m.source_memory_ids),
+        expire_at=ts_to_float(m, "expire_time", "memory.") if "expire_time" in named else None,
+    )
+
+
 def memory_to_pb(rec: Record, vector: np.ndarray | None = None, out: pb.Memory | None = None) -> pb.Memory:
     # Every search result goes through here: empty fields are skipped (proto3 leaves them unset
     # anyway), which saves ~20% per memory.

@@ -260,11 +260,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def UpdateMemory(
         self, request: pb.UpdateMemoryRequest, context: grpc.ServicerContext
     ) -> pb.UpdateMemoryResponse:
-        m = request.memory
-        changes = convert.new_memory_from_pb(m, "memory.")
-        rec = self._engine.update(
-            m.namespace, m.id, changes, list(request.update_mask.paths), request.confirm
-        )
+        m, paths = request.memory, list(request.update_mask.paths)
+        changes = convert.memory_changes_from_pb(m, paths)
+        rec = self._engine.update(m.namespace, m.id, changes, paths, request.confirm)
         return pb.UpdateMemoryResponse(memory=convert.memory_to_pb(rec))
 
     @_rpc

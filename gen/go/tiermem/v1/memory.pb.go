@@ -1616,8 +1616,8 @@ type UpdateMemoryRequest struct {
 	// memory carries namespace and id of the memory to change and the new field values.
 	Memory *Memory `protobuf:"bytes,1,opt,name=memory,proto3" json:"memory,omitempty"`
 	// update_mask names the fields to change: content, kind, tier, importance, source, topic, tags,
-	// metadata, embedding (with embedding_model), token_cost, source_memory_ids, expire_time.
-	// Changing content without a new embedding re-embeds a memory of the server embedder's space:
+	// metadata, embedding (with embedding_model), token_cost, source_memory_ids, expire_time. Fields
+	// it does not name are neither read nor checked. Changing content without a new embedding re-embeds a memory of the server embedder's space:
 	// while that embedder fails, UNAVAILABLE EMBEDDER_UNAVAILABLE and nothing changes (retry). A kind
 	// changed to "summary" makes it the namespace's summary (the previous one is deleted); to
 	// "reflection", it resets the importance accumulated toward the next one.
