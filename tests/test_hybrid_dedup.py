@@ -534,54 +534,63 @@ def test_the_content_index_holds_one_entry_a_memory_whatever_its_updates(
         assert entries() == 0
 
 
-def test_a_copy_beside_a_memory_leaves_it_its_entry_and_an_old_index_is_keyed_again(
+def test_every_copy_is_found_by_deduplication_and_an_old_index_is_built_again(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
-    """A copy stored beside a live memory of the same kind and words (allow_duplicates, a client
-    id, an import) does not take its exact-duplicate entry: deleted, it left the first unfound.
-    A data directory whose index was keyed by content alone (as earlier versions wrote it, the
-    entry held by whichever kind stored the words last) is keyed again at its next open."""
+    """Copies of one content and kind (allow_duplicates, a client id, an import) are each in the
+    exact-duplicate index: deleting any of them leaves the others found, the oldest first. A data
+    directory an earlier version wrote (one memory a content, by words alone before that) gets the
+    index built from its records at its next open, the old one dropped."""
     import hashlib
 
     import lmdb
 
     from tiermem.server.storage.keys import normalize
 
+    def create(c: MemoryClient, content: str, **kw: object) -> pb.CreateMemoryResponse:
+        return c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content=content, **kw))
+        )
+
     data = tmp_path / "d"
     running = server_factory(data)
     with _client(running) as c:
         first = c.create("ns", "ana likes tea")
-        copy = c.stub.CreateMemory(
-            pb.CreateMemoryRequest(
-                memory=pb.Memory(namespace="ns", content="Ana likes tea"), allow_duplicates=True
-            )
-        )
-        c.delete("ns", copy.memory.id)
-        again = c.stub.CreateMemory(
-            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="ANA likes tea"))
-        )
+        copies = [
+            c.stub.CreateMemory(
+                pb.CreateMemoryRequest(
+                    memory=pb.Memory(namespace="ns", content="Ana likes tea"), allow_duplicates=True
+                )
+            ).memory.id
+            for _ in range(2)
+        ]
+        c.create("ns", "ANA LIKES TEA", id="client-copy")  # (a client id: stored beside it)
+        c.delete("ns", copies[0])
+        again = create(c, "ANA likes tea")
         assert again.deduplicated and again.memory.id == first.id
-        c.stub.CreateMemory(
-            pb.CreateMemoryRequest(
-                memory=pb.Memory(namespace="ns", content="ana likes tea", kind="reflection")
-            )
-        )
+        c.delete("ns", first.id)  # (the oldest copy left is found)
+        again = create(c, "ana  likes tea")
+        assert again.deduplicated and again.memory.id == copies[1]
+        c.delete("ns", copies[1])
+        assert create(c, "ana likes TEA").memory.id == "client-copy"
+        c.delete("ns", "client-copy")
+        assert not create(c, "ana likes tea").deduplicated  # (none left: stored)
+        reflection = create(c, "ana likes tea", kind="reflection").memory.id
     running.stop(None)
     env = lmdb.open(str(data / "lmdb"), max_dbs=16)
-    with env.begin(write=True) as txn:  # (as an earlier version left it: the reflection's)
-        meta, contents = (env.open_db(name, txn=txn) for name in (b"meta", b"contents"))
-        txn.delete(b"contents_by_kind", db=meta)
-        held = {bytes(k): bytes(v) for k, v in txn.cursor(db=contents)}
-        assert len(held) == 2
-        txn.drop(contents, delete=False)
-        last = max(held.values())
-        old_key = b"ns\x00" + hashlib.blake2b(normalize("ana likes tea").encode(), digest_size=16).digest()
-        txn.put(old_key, last, db=contents)
+    with env.begin(write=True) as txn:  # (as an earlier version left it: one entry, the reflection's)
+        meta = env.open_db(b"meta", txn=txn)
+        txn.drop(env.open_db(b"content_rids", txn=txn, dupsort=True, dupfixed=True), delete=True)
+        txn.delete(b"content_rids", db=meta)
+        old = env.open_db(b"contents", txn=txn)
+        key = b"ns\x00" + hashlib.blake2b(normalize("ana likes tea").encode(), digest_size=16).digest()
+        txn.put(key, txn.get(b"ns\x00" + reflection.encode(), db=env.open_db(b"ids", txn=txn)), db=old)
     env.close()
     running = server_factory(data)
     with _client(running) as c:
-        again = c.stub.CreateMemory(
-            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="Ana Likes Tea"))
-        )
-        assert again.deduplicated and again.memory.id == first.id
+        again = create(c, "Ana Likes Tea")
+        assert again.deduplicated and again.memory.kind == "observation"
         assert sorted(m.kind for m in c.list_memories("ns")) == ["observation", "reflection"]
+    env = running.engine.state.store.env
+    with pytest.raises(lmdb.NotFoundError):
+        env.open_db(b"contents", create=False)

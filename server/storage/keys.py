@@ -11,7 +11,9 @@ One environment with named sub-databases:
 - ``vectors``:  rid -> float32 bytes of the normalized vector
 - ``requests``: namespace NUL request_id -> msgpack {fingerprint, rids, time} for idempotent retries
 - ``request_times``: time (ms, 8-byte big-endian) + requests key, to forget old request ids
-- ``contents``: namespace NUL blake2b(kind NUL normalized content) -> rid, for exact-duplicate detection
+- ``content_rids`` (dupsort): namespace NUL blake2b(kind NUL normalized content) -> the rid of every
+  memory of those words and kind, for exact-duplicate detection (``contents``, earlier versions'
+  index of one rid a key, is replaced at open)
 - ``graph``: namespace NUL "n" NUL node id -> node; namespace NUL "e" NUL edge id -> edge;
   namespace NUL "a" NUL node id NUL edge id -> b"" (adjacency, both ends)
 - ``pending``: rid -> b"" for memories stored without a vector (the embedder failed); retried
@@ -50,7 +52,8 @@ META_REPLICA = b"replica_of"  # on a replica: [leader data's instance id, last c
 META_ROUTING = b"routing:"  # top-level scope -> [state, moved_to]: fenced or moved to another shard
 META_LSTAT = b"lstat:"
 META_SEQ = b"commit_seq"
-META_CONTENTS_BY_KIND = b"contents_by_kind"  # set once the exact-duplicate index is keyed by kind
+META_CONTENTS_BY_KIND = b"contents_by_kind"  # (earlier versions': their index keyed by kind)
+META_CONTENT_RIDS = b"content_rids"  # set once the exact-duplicate index holds every memory
 META_INSTANCE = b"instance_id"  # random id of this environment, stamped on index snapshots
 
 

@@ -153,7 +153,8 @@ class Store(CommitLog, LifecycleCounters):
         self.vectors = self.env.open_db(b"vectors")
         self.requests = self.env.open_db(b"requests")
         self.request_times = self.env.open_db(b"request_times")
-        self.contents = self.env.open_db(b"contents")
+        # Every memory under its namespace, kind and normalized words (dupsort: copies each hold one)
+        self.contents = self.env.open_db(b"content_rids", dupsort=True, dupfixed=True)
         self.pending = self.env.open_db(b"pending")
         self.graph = self.env.open_db(b"graph")
         self.changes = self.env.open_db(b"changes")
@@ -175,7 +176,7 @@ class Store(CommitLog, LifecycleCounters):
         self.instance = self._check_schema()
         if not readonly:
             upgrades.drop_retired_postings(self.env)
-            upgrades.key_contents_by_kind(self.env, self.meta, self.records, self.contents)
+            upgrades.index_every_copy(self.env, self.meta, self.records, self.contents)
         with self.env.begin() as txn:
             self.seq = self.committed_seq(txn)  # of the last commit (writer thread only)
         self.changed_count = 0
@@ -361,15 +362,8 @@ class Store(CommitLog, LifecycleCounters):
         self._changed(txn, rec.rid)
         put_maybe_append(txn, rid_key(rec.rid), rec.pack(), self.records, new)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
-        ckey, key = content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid)
-        held = txn.get(ckey, db=self.contents)
-        # (a copy stored beside a live memory must not take its entry: deleted, it would leave it unfound)
-        if (
-            held is None
-            or held == key
-            or self._content_of(txn, held, rec.namespace, rec.kind, rec.content) is None
-        ):
-            txn.put(ckey, key, db=self.contents)
+        # (a no-op when the memory is there already)
+        txn.put(content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid), db=self.contents)
 
     def insert(self, txn: lmdb.Transaction, rec: Record) -> None:
         """Store a new record."""
@@ -383,9 +377,8 @@ class Store(CommitLog, LifecycleCounters):
         self.put(txn, rec)
 
     def _drop_content(self, txn: lmdb.Transaction, rec: Record) -> None:
-        ckey = content_key(rec.namespace, rec.content, rec.kind)
-        if txn.get(ckey, db=self.contents) == rid_key(rec.rid):  # (not when another memory holds it)
-            txn.delete(ckey, db=self.contents)
+        """Take ``rec`` out of the exact-duplicate index (its copies stay)."""
+        txn.delete(content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid), db=self.contents)
 
     def mark_pending(self, txn: lmdb.Transaction, rid: int, pending: bool) -> None:
         if self.log_commits:
@@ -419,8 +412,14 @@ class Store(CommitLog, LifecycleCounters):
 
     def find_content(self, txn: lmdb.Transaction, namespace: str, content: str, kind: str) -> Record | None:
         """The memory of ``namespace`` and ``kind`` whose normalized content equals ``content``'s, if any."""
-        raw = txn.get(content_key(namespace, content, kind), db=self.contents)
-        return None if raw is None else self._content_of(txn, raw, namespace, kind, content)
+        with txn.cursor(db=self.contents) as cur:
+            if not cur.set_key(content_key(namespace, content, kind)):
+                return None
+            for raw in cur.iternext_dup(keys=False):  # (in rid order: the oldest first)
+                rec = self._content_of(txn, raw, namespace, kind, content)
+                if rec is not None:
+                    return rec
+        return None
 
     def _content_of(
         self, txn: lmdb.Transaction, key: bytes | memoryview, namespace: str, kind: str, content: str

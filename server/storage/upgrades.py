@@ -5,7 +5,7 @@ from __future__ import annotations
 import lmdb
 
 from tiermem.server.model.records import Record
-from tiermem.server.storage.keys import META_CONTENTS_BY_KIND, content_key
+from tiermem.server.storage.keys import META_CONTENT_RIDS, META_CONTENTS_BY_KIND, content_key
 
 
 def drop_retired_postings(env: lmdb.Environment) -> None:
@@ -19,19 +19,24 @@ def drop_retired_postings(env: lmdb.Environment) -> None:
         txn.drop(db, delete=True)
 
 
-def key_contents_by_kind(
+def index_every_copy(
     env: lmdb.Environment, meta: lmdb._Database, records: lmdb._Database, contents: lmdb._Database
 ) -> None:
-    """The exact-duplicate index was keyed by content alone, its entry held by whichever memory of
-    any kind stored it last: rebuild it once from the records, keyed by kind and content, each
-    entry held by the oldest memory."""
+    """Earlier versions kept one memory per namespace, kind and words in the exact-duplicate index
+    (a ``contents`` database; before that, keyed by words alone): deleting that memory left its
+    copies unfound. Build the index of every memory once from the records, and drop the old one."""
     with env.begin(write=True) as txn:
-        if txn.get(META_CONTENTS_BY_KIND, db=meta) is not None:
+        if txn.get(META_CONTENT_RIDS, db=meta) is not None:
             return
         txn.drop(contents, delete=False)
-        for key, raw in txn.cursor(db=records):  # (in rid order: the oldest first)
+        for key, raw in txn.cursor(db=records):
             rec = Record.unpack(raw)
-            txn.put(
-                content_key(rec.namespace, rec.content, rec.kind), bytes(key), db=contents, overwrite=False
-            )
-        txn.put(META_CONTENTS_BY_KIND, b"1", db=meta)
+            txn.put(content_key(rec.namespace, rec.content, rec.kind), bytes(key), db=contents)
+        txn.put(META_CONTENT_RIDS, b"1", db=meta)
+        txn.delete(META_CONTENTS_BY_KIND, db=meta)
+    try:
+        old = env.open_db(b"contents", create=False)
+    except lmdb.NotFoundError:
+        return
+    with env.begin(write=True) as txn:
+        txn.drop(old, delete=True)
