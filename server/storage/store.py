@@ -362,8 +362,10 @@ class Store(CommitLog, LifecycleCounters):
         self._changed(txn, rec.rid)
         put_maybe_append(txn, rid_key(rec.rid), rec.pack(), self.records, new)
         txn.put(id_key(rec.namespace, rec.id), rid_key(rec.rid), db=self.ids)
-        # (a no-op when the memory is there already)
-        txn.put(content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid), db=self.contents)
+        ckey, key = content_key(rec.namespace, rec.content, rec.kind), rid_key(rec.rid)
+        with txn.cursor(db=self.contents) as cur:
+            if not cur.set_key_dup(ckey, key):  # (a put of a pair already there still dirties its page)
+                cur.put(ckey, key)
 
     def insert(self, txn: lmdb.Transaction, rec: Record) -> None:
         """Store a new record."""
