@@ -152,7 +152,7 @@ class Tuning:
 
 
 # Settings checked by ServerConfig._check_limits (besides those checked with their own rule).
-_AT_LEAST_ONE = """max_message_bytes map_size max_content_bytes max_metadata_bytes max_metadata_keys max_tags
+_AT_LEAST_ONE = """max_message_bytes map_size max_map_size max_content_bytes max_metadata_bytes max_metadata_keys max_tags
     max_batch_size max_search_limit max_page_size default_page_size max_dimension promote_access_count
     promote_success_count"""
 _AT_LEAST_ZERO = """summary_token_threshold max_keyword_postings embedding_cache_size exact_search_max_rows

@@ -52,6 +52,7 @@ class FakeEmbeddings:
         self.failing = False
         self.delay = 0.0
         self.fail_next: list[int] = []  # statuses for the next requests (429 with Retry-After: 0)
+        self.lengths = False  # answer each text's vector at a length of its own (1 to 5), as some models do
         self.requests: list[dict] = []
         self.in_flight = self.max_in_flight = 0
         self.released = threading.Event()  # set on close: slow answers stop waiting
@@ -84,8 +85,9 @@ class FakeEmbeddings:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                scale = (lambda t: 1.0 + len(t) % 5) if fake.lengths else (lambda t: 1.0)
                 data = [
-                    {"index": i, "embedding": REFERENCE.embed(t).tolist()}
+                    {"index": i, "embedding": (scale(t) * REFERENCE.embed(t)).tolist()}
                     for i, t in enumerate(body["input"])
                 ][::-1]  # (out of order: the index puts them back)
                 payload = json.dumps({"object": "list", "data": data, "model": body["model"]}).encode()
@@ -162,6 +164,29 @@ def test_http_embedder_embeds_memories_and_queries(
         assert endpoint.requests[0]["path"] == "/v1/embeddings"
         assert endpoint.requests[0]["model"] == "fake-embed"
         assert endpoint.requests[0]["auth"] == "Bearer sekret"
+
+
+def test_vectors_an_endpoint_answers_at_any_length_are_stored_and_searched_at_unit_length(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """Relevance is cosine whatever length the endpoint's vectors have: a memory's own words find it
+    first at relevance 1, whether it was embedded at its create or later by the maintenance pass."""
+    endpoint.lengths = True
+    running = http_server()
+    texts = ["the giraffe escaped from the zoo", "the zebra crossing is painted", "a zebra and a giraffe"]
+    with _client(running) as c:
+        ids = [c.create("ns", t).id for t in texts[:2]]
+        endpoint.failing = True
+        ids.append(c.create("ns", texts[2]).id)  # (stored without its vector for now)
+        endpoint.failing = False
+        assert running.engine.retry_embeddings() == 1
+        for mid, text in zip(ids, texts, strict=True):
+            got = c.get("ns", mid, include_embedding=True)
+            assert got.embedding_model == "fake-embed"
+            np.testing.assert_allclose(np.array(got.embedding), REFERENCE.embed(text), atol=1e-5)
+            hits = c.search("ns", text, strategy="similarity")
+            assert hits[0].memory.id == mid and hits[0].relevance == pytest.approx(1.0, abs=1e-5)
+            assert all(h.relevance <= 1.0 + 1e-5 for h in hits)
 
 
 def test_embedding_cache_avoids_repeated_calls(

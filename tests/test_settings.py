@@ -149,6 +149,7 @@ def test_the_server_refuses_bad_settings_in_one_line(
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"default_page_size": 2000}, "default_page_size"),
         ({"map_size": 0}, "map_size"),
+        ({"max_map_size": -1}, "max_map_size"),
         ({"max_dimension": 0}, "max_dimension"),
         ({"builtin_dimension": 5000}, "builtin_dimension"),
         ({"max_keyword_postings": -1}, "max_keyword_postings"),
@@ -278,3 +279,26 @@ def test_a_declared_space_of_another_dimension_than_the_data_stops_the_server(tm
             assert [s.dimension for s in c.stats().spaces if s.embedding_model == "m8"] == [8]
     finally:
         running.stop(None)
+
+
+def test_every_setting_and_threshold_is_in_the_configuration_doc_with_its_default() -> None:
+    """docs/configuration.md lists every ServerConfig setting and every Tuning threshold (a row
+    whose first cell names it), each threshold with its default: a field added or changed
+    without its row fails here."""
+    import dataclasses
+
+    from tiermem.server.config import Tuning
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    rows: dict[str, str] = {}
+    for first, second in re.findall(r"^\| ([^|]+) \|([^|]*)\|", doc, re.M):
+        for name in re.findall(r"`([a-z_0-9]+)`", first):
+            rows[name] = second.strip()
+    settings = [f.name for f in dataclasses.fields(ServerConfig) if f.name != "tuning"]
+    assert [name for name in settings if name not in rows] == []
+    tuning = Tuning()
+    for f in dataclasses.fields(Tuning):
+        assert f.name in rows, f"Tuning.{f.name} has no row"
+        documented = re.match(r"-?[\d.]+", rows[f.name].replace(",", ""))
+        assert documented is not None, (f.name, rows[f.name])
+        assert float(documented.group()) == float(getattr(tuning, f.name)), (f.name, rows[f.name])

@@ -7,7 +7,8 @@
   in batches, with retries and a circuit breaker (``remote.py``); the API key, if any, is read from
   the environment variable named by ``embedder_api_key_env``.
 
-Failures are ``EmbedderError``s (``base.py``): the engine then stores the memory without a vector
+Vectors leave the cache at unit length, whatever length the embedder answered with (stored vectors
+are compared by inner product). Failures are ``EmbedderError``s (``base.py``): the engine then stores the memory without a vector
 (findable by keyword), and the maintenance pass retries the embedding later.
 """
 
@@ -79,7 +80,8 @@ class CachedEmbedder:
             self.misses += sum(len(at) for at in missing.values())
         if missing:
             answers = self.inner.embed_many([texts[at[0]] for at in missing.values()])
-            for (key, at), answer in zip(missing.items(), answers, strict=True):
+            for (key, at), raw in zip(missing.items(), answers, strict=True):
+                answer = raw if isinstance(raw, EmbedderError) else _unit(raw)
                 if not isinstance(answer, EmbedderError):
                     answer.setflags(write=False)
                     self._keep(key, answer)
@@ -99,6 +101,15 @@ class CachedEmbedder:
         close = getattr(self.inner, "close", None)
         if close is not None:
             close()
+
+
+def _unit(vec: np.ndarray) -> Embedded:
+    """``vec`` at unit length: stored vectors are compared by inner product (cosine), and an
+    endpoint or model may answer at any length. A zero vector has no direction: an error."""
+    norm = float(np.linalg.norm(vec))
+    if not norm > 0.0 or not np.isfinite(norm):
+        return EmbedderError("the embedder returned a vector of length 0")
+    return (vec / norm).astype(np.float32, copy=False)
 
 
 def _digest(text: str) -> bytes:
