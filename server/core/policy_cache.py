@@ -30,6 +30,10 @@ class PolicyCache:
     def __init__(self, base: Policy) -> None:
         self.base = base
         self._lock = threading.Lock()  # (one rebuild at a time: the others wait for its tables)
+        # Held to change or copy the two dicts below: a copy made while another thread adds to
+        # them can fail ("dictionary changed size during iteration") whenever the copy lets the
+        # GIL go, as a collection it triggers may.
+        self._entries = threading.Lock()
         self._policies: dict[str, tuple[dict[str, Any], Policy]] = {}  # namespace: (settings, policy)
         self._shared: dict[str, Policy] = {}  # the overrides' canonical form: their policy
         # (settings version, namespaces then, whether a namespace interned later needs a rebuild, tables)
@@ -50,10 +54,11 @@ class PolicyCache:
         policy = self._shared.get(key) if key else None
         if policy is None:
             policy = self.base.with_overrides(overrides)
+        with self._entries:
             if key:
-                self._shared[key] = policy
-        if namespace:
-            self._policies[namespace] = (settings, policy)
+                policy = self._shared.setdefault(key, policy)
+            if namespace:
+                self._policies[namespace] = (settings, policy)
         return policy
 
     def tables(
@@ -86,11 +91,9 @@ class PolicyCache:
                 p = self.policy_of(s, ns)
                 groups.setdefault(id(p), (p, []))[1].append(i)
         # Forget the namespaces whose settings went, and the policies no namespace shares any more.
-        # (copies: other threads add to both while this runs)
-        self._policies = {
-            ns: kept for ns, kept in list(self._policies.items()) if settings.get(ns) is kept[0]
-        }
-        self._shared = {k: p for k, p in list(self._shared.items()) if id(p) in groups}
+        with self._entries:
+            self._policies = {ns: kept for ns, kept in self._policies.items() if settings.get(ns) is kept[0]}
+            self._shared = {k: p for k, p in self._shared.items() if id(p) in groups}
         # Always room beyond n: a search's view may be taken after the tables, with a namespace more.
         room = max(MIN_ROOM, 1 << n.bit_length())
         tables = Tables.build(room, self.base, [(p, np.array(ids, np.int64)) for p, ids in groups.values()])
