@@ -352,6 +352,25 @@ def test_demotion_by_idleness_from_last_access_or_tier_entry(env: Env) -> None:
     assert tiers_of(c, ns) == {"idle": MEDIUM, "touched": MEDIUM, "entered": MEDIUM}
 
 
+def test_a_create_time_ahead_of_the_clock_does_not_hold_off_idle_demotion(env: Env) -> None:
+    """A memory created with a create_time ahead of the server's clock (a client's clock running
+    ahead) keeps that create_time, but entered its tier and was last accessed now, as an imported
+    memory's future times count: idle past the TTL, it is demoted like any other."""
+    c, clock = env.c, env.clock
+    ns = "future"
+    ahead = c.create(
+        ns, "from a clock five hours ahead", id="ahead", tier="fast", create_time=clock.now + 5 * 3600
+    )
+    c.create(ns, "from this clock", id="now", tier="fast")
+    assert ts(ahead.create_time) == clock.now + 5 * 3600
+    assert ts(ahead.tier_time) == ts(ahead.last_access_time) == ts(ahead.update_time) == clock.now
+    clock.advance(DEFAULT_TIERS[FAST][0] + 1)
+    assert moves(c.consolidate(ns)) == {
+        (ns, "ahead", FAST, MEDIUM, D_IDLE),
+        (ns, "now", FAST, MEDIUM, D_IDLE),
+    }
+
+
 def test_demotion_by_decay_after_one_ttl_in_the_tier(env: Env) -> None:
     c, clock = env.c, env.clock
     ns, other = "decay/fast-forget", "decay/default"

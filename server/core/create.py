@@ -296,6 +296,8 @@ class _CreateOp:
         st = self.st
         rid, vk = st.alloc_ids()
         created = self.now if m.created_at is None else m.created_at
+        # (a create_time ahead of this clock would hold off idle demotion until then: as an import's)
+        entered = min(created, self.now)
         rec = Record(
             rid=rid,
             id=m.id or uuid.uuid4().hex,
@@ -310,9 +312,9 @@ class _CreateOp:
             metadata=m.metadata,
             embedding_model=m.embedding_model,
             created_at=created,
-            updated_at=created,
-            accessed_at=created,
-            tier_since=created,
+            updated_at=entered,
+            accessed_at=entered,
+            tier_since=entered,
             token_cost=m.token_cost or estimate_tokens(m.content),
             source_ids=list(m.source_ids),
             expire_at=m.expire_at,

@@ -832,7 +832,9 @@ type Memory struct {
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// update_time is when the memory last changed. Output only.
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	// last_access_time is when feedback last reported an access (create_time until then). Output only.
+	// last_access_time is when the memory was last accessed: reported by feedback, or returned by a
+	// search or context assembly that was not read_only (create_time until then, or the time of the
+	// create when create_time was ahead of the server's clock). Output only.
 	LastAccessTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_access_time,json=lastAccessTime,proto3" json:"last_access_time,omitempty"`
 	// access_count counts reported accesses. Output only.
 	AccessCount int64 `protobuf:"varint,16,opt,name=access_count,json=accessCount,proto3" json:"access_count,omitempty"`
