@@ -759,3 +759,23 @@ def test_an_import_names_the_chunk_of_a_vector_of_another_dimension_and_of_a_rep
         client.import_memories([head, memory("c", [0.0, 1.0, 0.0]), node, memory("c", [0.0, 0.0, 1.0])])
     assert "chunks[3].memory.id" in str(dup.value) and "earlier chunk" in str(dup.value)
     assert not {m.id for m in client.list_memories("d")} & {"a", "b", "c"}
+
+
+def test_an_import_takes_an_id_only_an_expired_memory_holds(client: MemoryClient) -> None:
+    """An expired memory's id is free for a new one, as for a create: an import storing that id
+    replaces the expired memory (not swept yet) instead of refusing ALREADY_EXISTS; an id a live
+    memory holds is still refused."""
+    client.create("q", "an expired memory", id="e1", expire_time=978307200.0)  # (2001: expired at once)
+    client.create("q", "a live memory", id="live")
+    head = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
+
+    def memory(mid: str) -> pb.ExportMemoriesResponse:
+        return pb.ExportMemoriesResponse(memory=pb.Memory(id=mid, namespace="q", content=f"imported {mid}"))
+
+    assert client.import_memories([head, memory("e1")]).imported == 1
+    assert client.get("q", "e1").content == "imported e1"
+    assert sorted(m.id for m in client.list_memories("q")) == ["e1", "live"]
+    assert client.stats("q").memory_count == 2
+    with pytest.raises(AlreadyExistsError):
+        client.import_memories([head, memory("live")])
+    assert client.get("q", "live").content == "a live memory"

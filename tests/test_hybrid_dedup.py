@@ -594,3 +594,31 @@ def test_every_copy_is_found_by_deduplication_and_an_old_index_is_built_again(
     env = running.engine.state.store.env
     with pytest.raises(lmdb.NotFoundError):
         env.open_db(b"contents", create=False)
+
+
+def test_an_expired_copy_does_not_hide_a_live_one_from_deduplication(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """An expired memory (not swept yet) of the same words and kind is passed over: a later create
+    reinforces the oldest live copy, in separate calls and within one batch."""
+    running = server_factory()
+    with _client(running) as c:
+
+        def create(content: str, **kw: object) -> pb.CreateMemoryResponse:
+            m = pb.Memory(namespace="r", content=content, **kw)  # type: ignore[arg-type]
+            return c.stub.CreateMemory(pb.CreateMemoryRequest(memory=m))
+
+        gone = pb.Memory(namespace="r", content="ping")
+        gone.expire_time.FromSeconds(978307200)  # (2001: expired at once)
+        c.stub.CreateMemory(pb.CreateMemoryRequest(memory=gone))
+        live = create("ping")
+        assert not live.deduplicated
+        again = create("PING")
+        assert again.deduplicated and again.memory.id == live.memory.id
+        batch = c.stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(
+                memories=[pb.Memory(namespace="r", content="ping ") for _ in range(2)]
+            )
+        )
+        assert [m.id for m in batch.memories] == [live.memory.id] * 2
+        assert [m.id for m in c.list_memories("r")] == [live.memory.id]

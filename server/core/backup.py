@@ -381,13 +381,21 @@ def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
 
 
 def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None, str]], confirm: bool) -> int:
+    freed: list[Record] = []  # (expired memories whose ids the import takes)
+
     def prepare(txn: Txn) -> list[tuple[Record, np.ndarray]]:
         spaces = st.store.spaces(txn)
+        freed.clear()  # (a retried attempt starts again)
         out = []
         for rec, vec, field_ in items:
             if rec.kind in CONFIRMED_KINDS:  # (again: a protection may have landed since)
                 check_protected(st, rec.namespace, confirm, f"restoring a {rec.kind}", txn)
-            if st.store.lookup(txn, rec.namespace, rec.id) is not None:
+            old_rid = st.store.lookup(txn, rec.namespace, rec.id)
+            old = None if old_rid is None else st.store.get(txn, old_rid)
+            if old is not None and st.expired(old):  # (an expired memory's id is free, as for a create)
+                st.store.delete(txn, old)
+                freed.append(old)
+            elif old_rid is not None:
                 raise AlreadyExists(
                     f"{field_}id: memory {rec.id!r} already exists in namespace {rec.namespace!r} "
                     "(stored before the import, or by an earlier chunk of it)"
@@ -412,6 +420,7 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None,
 
     def apply(out: list[tuple[Record, np.ndarray]]) -> int:
         upkeep.index_new(st, out)
+        upkeep.unindex(st, freed)
         return len(out)
 
     weight = sum(len(r.content) + 4 * (0 if v is None else v.shape[0]) + 512 for r, v, _ in items)

@@ -339,8 +339,8 @@ def find_duplicate(st: EngineState, txn: Txn, m: NewMemory, min_similarity: floa
     """An existing memory of m's namespace and kind with the same normalized content or, with
     ``min_similarity``, a vector in m's space at least that similar (writer thread). (Of another
     kind it is another memory: a summary or a reflection worded as an observation is stored.)"""
-    rec = st.store.find_content(txn, m.namespace, m.content, m.kind)
-    if rec is not None and not st.expired(rec):
+    rec = st.store.find_content(txn, m.namespace, m.content, m.kind, usable=lambda r: not st.expired(r))
+    if rec is not None:
         return rec
     if min_similarity is None or m.embedding.shape[0] == 0:
         return None

@@ -412,14 +412,22 @@ class Store(CommitLog, LifecycleCounters):
             txn.delete(ikey, db=self.ids)
         self._drop_content(txn, rec)
 
-    def find_content(self, txn: lmdb.Transaction, namespace: str, content: str, kind: str) -> Record | None:
-        """The memory of ``namespace`` and ``kind`` whose normalized content equals ``content``'s, if any."""
+    def find_content(
+        self,
+        txn: lmdb.Transaction,
+        namespace: str,
+        content: str,
+        kind: str,
+        usable: Callable[[Record], bool] = lambda rec: True,
+    ) -> Record | None:
+        """The oldest ``usable`` memory of ``namespace`` and ``kind`` whose normalized content equals
+        ``content``'s, if any."""
         with txn.cursor(db=self.contents) as cur:
             if not cur.set_key(content_key(namespace, content, kind)):
                 return None
             for raw in cur.iternext_dup(keys=False):  # (in rid order: the oldest first)
                 rec = self._content_of(txn, raw, namespace, kind, content)
-                if rec is not None:
+                if rec is not None and usable(rec):
                     return rec
         return None
 
