@@ -1464,7 +1464,7 @@ def test_batch_search_errors(sdata: tuple[MemoryClient, FakeClock, dict[str, Any
     expect_invalid(lambda: batch(good, sreq(SNS, np.ones(DIM), limit=-1)), "searches[1].limit")
     expect_invalid(
         lambda: batch(sreq(SNS, np.ones(DIM), tier_weights={3: float("nan")}), good),
-        "searches[0].tier_weights",
+        "searches[0].tier_weights[0].weight",
     )
     expect_invalid(
         lambda: batch(good, sreq(SNS, np.ones(DIM), include_ancestors=True, scope_weights=[1, -1])),
