@@ -45,8 +45,9 @@ def _fused(sim, kw, rec, imp, w_sim, w_kw, alpha, beta, gamma):  # pragma: no co
         norm = np.zeros(4)
         for p in range(4):
             x = parts[p]
-            if x.shape[0] and spans[p] > 0 and x[i] == x[i]:
-                norm[p] = (x[i] - lows[p]) / spans[p]
+            if x.shape[0] and x[i] == x[i]:
+                # (a signal equal for every candidate says nothing of their order: the middle)
+                norm[p] = (x[i] - lows[p]) / spans[p] if spans[p] > 0 else 0.5
         rel = (w_sim * norm[0] + w_kw * norm[1]) / total if total > 0 else 0.0
         relevance[i] = rel
         score[i] = alpha * rel + beta * norm[2] + gamma * norm[3]
@@ -65,7 +66,7 @@ def fused_scores(
     gamma: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(score, relevance) of each candidate from its similarity, keyword score, recency and importance,
-    each min-max normalized over the candidates (NaN and a constant signal count as 0); a signal given
+    each min-max normalized over the candidates (NaN counts as 0, a signal equal for all as 0.5); a signal given
     as None, or with weight 0, is not part of relevance."""
     n = rec.shape[0]
     empty = np.empty(0, np.float32)

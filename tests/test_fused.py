@@ -20,13 +20,15 @@ def weights_of(w: FusedWeights) -> tuple[float, float, float, float, float]:
 
 
 def normalized(values: np.ndarray) -> np.ndarray:
-    """Reference: min-max to [0, 1] over the candidates (all 0 when equal); NaN counts as the minimum."""
+    """Reference: min-max to [0, 1] over the candidates (all 0.5 when equal); NaN counts as 0."""
     v = np.nan_to_num(values.astype(np.float64), nan=-np.inf)
     finite = np.isfinite(v)
     out = np.zeros(values.shape[0], np.float64)
     if finite.any() and v[finite].max() > v[finite].min():
         lo, hi = v[finite].min(), v[finite].max()
         out[finite] = (v[finite] - lo) / (hi - lo)
+    elif finite.any():
+        out[finite] = 0.5
     return out
 
 
@@ -51,7 +53,7 @@ def test_fused_kernel_matches_the_reference(seed: int) -> None:
     if n > 4:
         sim[3] = np.nan  # a NaN counts as the minimum
         kw[: n // 2] = 0.0  # keyword rows that did not match
-        rec[:] = rec[0]  # a constant signal normalizes to 0
+        rec[:] = rec[0]  # a constant signal normalizes to 0.5
     for w in (FusedWeights(), FusedWeights(0.7, 0.3, 0.0, 1.0, 0.0), FusedWeights(1.0, 0.1, 0.1, 0.0, 1.0)):
         for s, k in ((sim, kw), (None, kw), (sim, None)):
             got = fused_scores(s, k, rec, imp, w)
@@ -84,7 +86,8 @@ def order(sim, kw, rec, imp, w=W):
 
 def test_normalized_spans_zero_to_one_and_handles_ties_and_nan() -> None:
     np.testing.assert_allclose(normalized(np.array([0.2, 0.4, 0.3], np.float32)), [0.0, 1.0, 0.5], atol=1e-6)
-    assert normalized(np.array([0.7, 0.7], np.float32)).tolist() == [0.0, 0.0]
+    assert normalized(np.array([0.7, 0.7], np.float32)).tolist() == [0.5, 0.5]
+    assert normalized(np.array([0.7, np.nan], np.float32)).tolist() == [0.5, 0.0]
     assert normalized(np.array([np.nan, 1.0, 3.0], np.float32)).tolist() == [0.0, 0.0, 1.0]
     assert normalized(np.array([], np.float32)).shape == (0,)
 

@@ -846,7 +846,20 @@ def _check_explanation(res: list[pb.SearchResult], strategy: int, abg: tuple[flo
 
 
 def _minmax(x: np.ndarray) -> np.ndarray:
-    return (x - x.min()) / (x.max() - x.min()) if x.max() > x.min() else np.zeros_like(x)
+    return (x - x.min()) / (x.max() - x.min()) if x.max() > x.min() else np.full_like(x, 0.5)
+
+
+def test_a_lone_fused_result_scores_the_middle_of_each_signal(
+    sdata: tuple[MemoryClient, FakeClock, dict[str, Any]],
+) -> None:
+    """A signal equal for every candidate says nothing of their order and normalizes to 0.5: a
+    search with one candidate scores it 0.5 (alpha + beta + gamma), not 0, whatever it carries."""
+    c = sdata[0]
+    c.create("lone", "the only memory here", embedding=list(np.eye(DIM)[0]), embedding_model=MODEL)
+    for q in (np.eye(DIM)[0], np.eye(DIM)[1]):
+        [hit] = search(c, "lone", q, explain=True)
+        assert hit.score == pytest.approx(0.5 * (1.0 + 0.1 + 0.1), abs=1e-6)
+        assert hit.relevance == pytest.approx(float(q[0]), abs=1e-6)  # (the raw cosine)
 
 
 def test_fused_is_the_default(sdata: tuple[MemoryClient, FakeClock, dict[str, Any]]) -> None:
