@@ -79,6 +79,26 @@ def test_reflection_is_due_past_the_threshold_and_reset_by_a_reflection(
         assert reflection.id in {r.memory.id for r in c.search("agent:1", "agent observing")}
 
 
+def test_clearing_a_scope_with_its_children_clears_the_progress_of_children_left_empty(
+    client: MemoryClient,
+) -> None:
+    """DeleteNamespace with include_children clears every child's progress toward a reflection and
+    a summary, also a child whose memories had all gone before (deleted, or moved up to the
+    parent): its next observation starts from zero."""
+    c = client
+    task = "u/proj/task"
+    ids = [c.observe(task, f"task event {i}", importance=1.0).memory.id for i in range(4)]
+    c.transfer(task, ids[0], mode="move", target_namespace="u/proj")
+    for mid in ids[1:]:
+        c.delete(task, mid)
+    assert c.stats(task).reflection_importance == pytest.approx(4.0) and c.stats(task).summary_tokens > 0
+    c.delete_namespace("u", include_children=True)
+    st = c.stats(task)
+    assert (st.reflection_importance, st.summary_tokens) == (0.0, 0)
+    assert c.observe(task, "the first event of a new task", importance=1.0).memory.id
+    assert c.stats(task).reflection_importance == pytest.approx(1.0)
+
+
 def test_summary_due_replacement_and_extractive_summary(server_factory: Callable[..., RunningServer]) -> None:
     clock = FakeClock()
     with _client(server_factory(summary_token_threshold=40, clock=clock)) as c:

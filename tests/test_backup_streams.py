@@ -702,6 +702,13 @@ def test_an_imported_edge_needs_its_nodes_and_replacing_one_moves_its_links(clie
     assert (moved.id, moved.source_id, moved.target_id) == (edge.id, "n3", "n4")
     assert [e.id for e in client.neighbors("g", "n1").edges] == []
 
+    # an edge without a relation is refused, as AddGraphEdge refuses one, and nothing is stored
+    blank = pb.GraphEdge(id="e3", source_id="n1", target_id="n2")
+    with pytest.raises(InvalidArgumentError) as bad:
+        client.import_memories([head, pb.ExportMemoriesResponse(edge=blank, graph_namespace="g")])
+    assert bad.value.fields == ["chunks[1].edge.relation"]
+    assert [e.id for e in client.neighbors("g", "n1").edges] == []
+
 
 def test_an_imported_memory_without_times_was_created_at_the_import(
     server_factory: Callable[..., RunningServer],

@@ -142,13 +142,15 @@ def delete_namespace(
         recs = list(st.store.namespace_records(txn, namespace, include_children))
         # Every namespace it clears, including children with no memories (their graph facts go).
         children = list(st.store.namespace_configs(txn, under)) if include_children else []
-        cleared = {namespace, *children, *(r.namespace for r in recs)}
+        # (and children whose memories had all gone already: their progress is stored still)
+        progress = [ns for ns, _ in st.store.scope_states(txn, namespace, include_children)]
+        cleared = {namespace, *children, *progress, *(r.namespace for r in recs)}
         for ns in sorted(cleared):
             check_protected(st, ns, confirm, "clearing the namespace", txn)
         for rec in recs:
             st.store.delete(txn, rec)
         st.store.delete_graph(txn, namespace, include_children)
-        for ns in {namespace, *(r.namespace for r in recs)}:
+        for ns in {namespace, *progress, *(r.namespace for r in recs)}:
             st.store.put_scope_state(txn, ns, None)
         cleared = st.store.retire_lifecycle_counters(txn, cleared, under if include_children else "")
         return recs, cleared
