@@ -786,3 +786,30 @@ def test_an_import_takes_an_id_only_an_expired_memory_holds(client: MemoryClient
     with pytest.raises(AlreadyExistsError):
         client.import_memories([head, memory("live")])
     assert client.get("q", "live").content == "a live memory"
+
+
+def test_an_imported_summary_leaves_its_namespace_one_summary(client: MemoryClient) -> None:
+    """A namespace keeps one summary when one is imported too: the newer by create time, the
+    restored one or the namespace's own, is its summary, and the other is deleted (an older
+    restored one counts as imported, replaced in the same commit)."""
+    c = client
+    c.create("s", "what happened today")
+    own = c.summarize("s", "The namespace's own summary.", source_memory_ids=[])
+    head = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
+
+    def summary(mid: str, text: str, when: float) -> pb.ExportMemoriesResponse:
+        m = pb.Memory(id=mid, namespace="s", content=text, kind="summary")
+        m.create_time.FromSeconds(int(when))
+        return pb.ExportMemoriesResponse(memory=m)
+
+    created = own.create_time.seconds
+    assert c.import_memories([head, summary("old", "An older summary.", created - 3600)]).imported == 1
+    assert [m.id for m in c.list_memories("s", kinds=["summary"])] == [own.id]
+    assert c.import_memories([head, summary("new", "A newer summary.", created + 1)]).imported == 1
+    assert [m.id for m in c.list_memories("s", kinds=["summary"])] == ["new"]
+    ctx = c.build_context(["s"], token_budget=100, read_only=True)
+    assert [i.text for s in ctx.sections if s.kind == "summary" for i in s.items] == ["A newer summary."]
+    two = [summary("a", "First of two.", created + 2), summary("b", "Second of two.", created + 3)]
+    assert c.import_memories([head, *two[::-1]]).imported == 2  # (out of time order)
+    assert [m.id for m in c.list_memories("s", kinds=["summary"])] == ["b"]
+    assert c.stats("s").memory_count == 2

@@ -20,6 +20,7 @@ import numpy as np
 from tiermem import __version__
 from tiermem.server.core import spool as spool_module
 from tiermem.server.core import upkeep
+from tiermem.server.core.create import replace_summary
 from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.spool import Spool
 from tiermem.server.core.state import EngineState
@@ -383,11 +384,14 @@ def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
 
 
 def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None, str]], confirm: bool) -> int:
-    freed: list[Record] = []  # (expired memories whose ids the import takes)
+    freed: list[Record] = []  # (expired memories whose ids the import takes; replaced summaries)
+    superseded = 0  # (restored summaries older than their namespace's: stored and replaced at once)
 
     def prepare(txn: Txn) -> list[tuple[Record, np.ndarray]]:
         spaces = st.store.spaces(txn)
+        nonlocal superseded
         freed.clear()  # (a retried attempt starts again)
+        superseded = 0
         out = []
         for rec, vec, field_ in items:
             if rec.kind in CONFIRMED_KINDS:  # (again: a protection may have landed since)
@@ -411,7 +415,11 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None,
             rec.rid, rec.vk = st.alloc_ids()
             st.store.insert(txn, rec)
             if rec.kind == "summary":
-                _make_current_summary(st, txn, rec)
+                gone = _make_current_summary(st, txn, rec)
+                if any(g is rec for g in gone):  # (older than the namespace's: replaced at once)
+                    superseded += 1
+                    continue
+                freed.extend(gone)
             if vec is None:
                 st.store.mark_pending(txn, rec.rid, True)
                 vec = NO_VECTOR
@@ -422,19 +430,24 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None,
 
     def apply(out: list[tuple[Record, np.ndarray]]) -> int:
         upkeep.index_new(st, out)
-        upkeep.unindex(st, freed)
-        return len(out)
+        upkeep.unindex(st, freed)  # (after indexing: a summary replaced by a later one is in both)
+        return len(out) + superseded
 
     weight = sum(len(r.content) + 4 * (0 if v is None else v.shape[0]) + 512 for r, v, _ in items)
     return int(st.writer.submit(prepare, apply, weight))
 
 
-def _make_current_summary(st: EngineState, txn: Txn, rec: Record) -> None:
-    """The latest restored summary is the scope's current one."""
+def _make_current_summary(st: EngineState, txn: Txn, rec: Record) -> list[Record]:
+    """A namespace keeps one summary, however one arrives: the newer of the restored one and the
+    namespace's current one (by create time: restored records get ids in export order, not time
+    order) is its summary, the other is deleted (returned, to be unindexed). What the summary
+    covers is left as it was, so a summary the server builds next reads them all again."""
     state = st.store.scope_state(txn, rec.namespace)
     current = st.store.get(txn, state.summary_rid) if state.summary_rid else None
-    if current is None or current.created_at <= rec.created_at:
-        # Restored records get ids in export order, not time order: what the summary covers is
-        # left as it was, so a summary the server builds next reads them all again.
-        state.summary_tokens, state.summary_rid = 0, rec.rid
-        st.store.put_scope_state(txn, rec.namespace, state)
+    if current is not None and current.kind == "summary" and current.created_at > rec.created_at:
+        st.store.delete(txn, rec)
+        return [rec]
+    gone = replace_summary(st, txn, state, rec)
+    state.summary_tokens = 0
+    st.store.put_scope_state(txn, rec.namespace, state)
+    return gone
