@@ -218,6 +218,11 @@ def test_memories_stored_while_the_embedder_fails_are_kept_and_embedded_later(
         with pytest.raises(UnavailableError) as info:
             c.update("ns", ok.id, content="new text")
         assert info.value.reason == "EMBEDDER_UNAVAILABLE"
+        # A memory of another space keeps its vector: its content changes without the embedder.
+        own = c.create("ns", "brought its own vector", embedding=[1.0, 0.0, 0.0], embedding_model="own-3")
+        assert c.update("ns", own.id, content="its words changed").content == "its words changed"
+        kept = c.get("ns", own.id, include_embedding=True)
+        assert (kept.embedding_model, list(kept.embedding)) == ("own-3", [1.0, 0.0, 0.0])
         assert running.engine.retry_embeddings() == 0  # still failing
     running.stop(0)
 

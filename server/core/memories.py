@@ -230,13 +230,12 @@ class _UpdateOp:
             self.new_vec = check.vector("memory.embedding", c.embedding, st.config)
             check.model("memory.embedding_model", c.embedding_model)
         self.content_vec = None
+        self.embed_error: EmbedderError | None = None  # (raised only for a memory of its space)
         if "content" in fields_ and self.new_vec is None:
             try:
                 self.content_vec = st.embedder.embed(c.content)
             except EmbedderError as e:
-                raise Unavailable(
-                    f"the embedder failed, retry later: {e}", reason="EMBEDDER_UNAVAILABLE"
-                ) from e
+                self.embed_error = e
         self.now = st.clock()
 
     def prepare(self, txn: Txn) -> tuple[Record, Record, np.ndarray | None]:
@@ -252,6 +251,10 @@ class _UpdateOp:
         if "content" in fields_:
             rec.content = c.content
             if vec is None and old.embedding_model == st.embedder.model:
+                if self.embed_error is not None:
+                    raise Unavailable(
+                        f"the embedder failed, retry later: {self.embed_error}", reason="EMBEDDER_UNAVAILABLE"
+                    )
                 vec = self.content_vec  # built-in vectors follow their content
             if "token_cost" not in fields_:
                 rec.token_cost = estimate_tokens(c.content)
