@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -73,7 +73,7 @@ def consolidate(
     with st.pass_lock:
         t0 = time.perf_counter()
         now = st.clock()
-        view = st.columns.view()
+        view = _planned_view(st)
         plan = _plan(st, view, namespace, scheduled, now)
         rids = view.rid[plan.rows]
         report = ConsolidationReport(
@@ -105,7 +105,7 @@ def enforce_caps(st: EngineState, namespace: str, keep: frozenset[int] = frozens
         return 0
     with st.pass_lock:
         now = st.clock()
-        view = st.columns.view()
+        view = _planned_view(st)
         in_scope = view.alive & (view.ns == nid)
         if not _over_caps(st, view, in_scope, policy.max_items, policy.kind_capacities):
             return 0
@@ -138,6 +138,15 @@ def flush_working(st: EngineState, namespace: str) -> int:
             return 0
         items = [Move(rid, TIER_FAST, TIER_MEDIUM, FLUSH_WORKING) for rid in rids.tolist()]
         return len(items) - _apply_in_commits(st, items, st.clock())
+
+
+def _planned_view(st: EngineState) -> ColumnsView:
+    """The columns a plan reads, its tiers copied: the writer changes a row's tier in place while
+    the plan reads them several times, and a plan mixing two tiers of one memory could move it
+    from the tier it entered by a decision about the tier it left (an update lost) or name no
+    tier at all. A move from a tier the memory has left since is skipped when applied."""
+    view = st.columns.view()
+    return replace(view, tier=view.tier.copy())
 
 
 def _working_rows(st: EngineState, nid: int, limit: int) -> np.ndarray | None:

@@ -5173,7 +5173,8 @@ type ConsolidateMemoriesResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// moves lists the steps of the moves, up to max_reported_moves; the counts below count steps.
+	// moves lists the steps of the planned moves, up to max_reported_moves; the counts below count
+	// planned steps, those of memories skipped (see skipped) included.
 	Moves []*TierMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
 	// promoted counts promotions.
 	Promoted int64 `protobuf:"varint,2,opt,name=promoted,proto3" json:"promoted,omitempty"`
