@@ -1655,53 +1655,55 @@ def test_a_transfer_stores_as_a_create_in_the_target_would(env: Env) -> None:
     assert after.reflection_importance == pytest.approx(before.reflection_importance + 0.9)
 
 
+def _updates_racing_passes(c: MemoryClient, ns: str, ids: list[str]) -> tuple[list[Any], list[Any]]:
+    """Eight threads update ``ids`` to GLACIAL while a ninth runs three passes over ``ns``: (what
+    failed, the moves the passes reported)."""
+    import threading
+
+    start, errors, reported = threading.Barrier(9), [], []
+
+    def update(part: list[str]) -> None:
+        start.wait()
+        for mid in part:
+            if c.update(ns, mid, tier="glacial").tier != GLACIAL:
+                errors.append(mid)
+
+    def consolidate() -> None:
+        start.wait()
+        for _ in range(3):
+            try:
+                reported.extend(c.consolidate(ns).moves)
+            except Exception as e:  # (collected: the caller asserts there are none)
+                errors.append(e)
+
+    threads = [threading.Thread(target=update, args=(ids[k::8],)) for k in range(8)]
+    threads.append(threading.Thread(target=consolidate))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors, reported
+
+
 def test_a_pass_racing_tier_updates_never_moves_a_memory_by_a_tier_it_left(
     server_factory: Callable[..., RunningServer],
 ) -> None:
     """Passes planned while updates move memories to GLACIAL: every acknowledged update stays (a
     move planned from the tier a memory left is skipped, not applied from the tier it entered),
     the passes never fail, and every move they report is a real step between two tiers."""
-    import threading
-
     clock = FakeClock()
     running = server_factory(clock=clock)
     with connect(running) as c:
         for rnd in range(4):
             ns = f"race/{rnd}"
-            made = c.stub.BatchCreateMemories(
-                pb.BatchCreateMemoriesRequest(
-                    memories=[
-                        pb.Memory(
-                            namespace=ns, content=f"idle memory {rnd} {i}", tier=pb.TIER_FAST, importance=0.9
-                        )
-                        for i in range(300)
-                    ]
-                )
-            )
+            memories = [
+                pb.Memory(namespace=ns, content=f"idle memory {rnd} {i}", tier=pb.TIER_FAST, importance=0.9)
+                for i in range(300)
+            ]
+            made = c.stub.BatchCreateMemories(pb.BatchCreateMemoriesRequest(memories=memories))
             ids = [m.id for m in made.memories]
             clock.advance(61)  # idle past FAST's TTL: a pass demotes them
-            start, errors, reported = threading.Barrier(9), [], []
-
-            def update(part: list[str], ns: str = ns) -> None:
-                start.wait()
-                for mid in part:
-                    if c.update(ns, mid, tier="glacial").tier != GLACIAL:
-                        errors.append(mid)
-
-            def consolidate(ns: str = ns) -> None:
-                start.wait()
-                for _ in range(3):
-                    try:
-                        reported.extend(c.consolidate(ns).moves)
-                    except Exception as e:  # noqa: BLE001 (collected: asserted below)
-                        errors.append(e)
-
-            threads = [threading.Thread(target=update, args=(ids[k::8],)) for k in range(8)]
-            threads.append(threading.Thread(target=consolidate))
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            errors, reported = _updates_racing_passes(c, ns, ids)
             assert errors == []
             assert {m.id: m.tier for m in c.list_memories(ns)} == dict.fromkeys(ids, GLACIAL)
             assert all(m.reason != 0 and m.from_tier != m.to_tier for m in reported)
