@@ -53,6 +53,7 @@ class FakeEmbeddings:
         self.delay = 0.0
         self.fail_next: list[int] = []  # statuses for the next requests (429 with Retry-After: 0)
         self.lengths = False  # answer each text's vector at a length of its own (1 to 5), as some models do
+        self.zero_for: set[str] = set()  # texts answered with a vector of length 0
         self.requests: list[dict] = []
         self.in_flight = self.max_in_flight = 0
         self.released = threading.Event()  # set on close: slow answers stop waiting
@@ -85,7 +86,8 @@ class FakeEmbeddings:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                scale = (lambda t: 1.0 + len(t) % 5) if fake.lengths else (lambda t: 1.0)
+                lengths = fake.lengths
+                scale = lambda t: 0.0 if t in fake.zero_for else (1.0 + len(t) % 5) if lengths else 1.0  # noqa: E731
                 data = [
                     {"index": i, "embedding": (scale(t) * REFERENCE.embed(t)).tolist()}
                     for i, t in enumerate(body["input"])
@@ -187,6 +189,28 @@ def test_vectors_an_endpoint_answers_at_any_length_are_stored_and_searched_at_un
             hits = c.search("ns", text, strategy="similarity")
             assert hits[0].memory.id == mid and hits[0].relevance == pytest.approx(1.0, abs=1e-5)
             assert all(h.relevance <= 1.0 + 1e-5 for h in hits)
+
+
+def test_a_text_the_endpoint_gives_no_direction_is_kept_and_does_not_hold_up_the_others(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """A vector of length 0 from the endpoint is no failure of the embedder: the memory is stored
+    (found by keywords), and memories waiting for their embedding behind one such text get theirs."""
+    endpoint.zero_for = {"zebra crossing ???", "!!!"}
+    running = http_server()
+    with _client(running) as c:
+        c.create("ns", "lunch was pizza")
+        kept = c.create("ns", "zebra crossing ???")
+        found = {h.memory.id: h.explanation for h in c.search("ns", "zebra", limit=3, explain=True)}
+        assert found[kept.id].keyword_rank == 1 and found[kept.id].vector_rank > 0  # (its vector: no help)
+        endpoint.failing = True
+        waiting = [c.create("ns", "!!!").id, c.create("ns", "the memory behind it").id]
+        endpoint.failing = False
+        assert running.engine.retry_embeddings() == 1  # (the second: the first has no direction)
+        got = c.get("ns", waiting[1], include_embedding=True)
+        np.testing.assert_allclose(
+            np.array(got.embedding), REFERENCE.embed("the memory behind it"), atol=1e-5
+        )
 
 
 def test_embedding_cache_avoids_repeated_calls(

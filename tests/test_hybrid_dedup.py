@@ -591,9 +591,26 @@ def test_every_copy_is_found_by_deduplication_and_an_old_index_is_built_again(
         again = create(c, "Ana Likes Tea")
         assert again.deduplicated and again.memory.kind == "observation"
         assert sorted(m.kind for m in c.list_memories("ns")) == ["observation", "reflection"]
-    env = running.engine.state.store.env
     with pytest.raises(lmdb.NotFoundError):
-        env.open_db(b"contents", create=False)
+        running.engine.state.store.env.open_db(b"contents", create=False)
+    # Opened by an earlier version again, which sets its flag and stores memories only in its own
+    # index (here: this index emptied): the next open builds this one again.
+    with _client(running) as c:
+        later = c.create("ns", "bo likes coffee").id
+    running.stop(None)
+    env = lmdb.open(str(data / "lmdb"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn)
+        txn.put(b"contents_by_kind", b"1", db=meta)
+        txn.drop(env.open_db(b"content_rids", txn=txn, dupsort=True, dupfixed=True), delete=False)
+        env.open_db(b"contents", txn=txn)
+    env.close()
+    running = server_factory(data)
+    with _client(running) as c:
+        again = create(c, "BO likes coffee")
+        assert again.deduplicated and again.memory.id == later
+    with pytest.raises(lmdb.NotFoundError):
+        running.engine.state.store.env.open_db(b"contents", create=False)
 
 
 def test_an_expired_copy_does_not_hide_a_live_one_from_deduplication(

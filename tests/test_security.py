@@ -21,6 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from google.protobuf import field_mask_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tiermem._values import set_metadata
@@ -1122,6 +1123,12 @@ def test_a_tenant_key_names_only_shared_embedding_models_and_its_own(
         own = a.create("user:ana", "ana's fact", embedding=v3, embedding_model="user:ana/m3")
         assert [h.memory.id for h in a.search("user:ana", v3, embedding_model="user:ana/m3")] == [own.id]
         _refused_model(lambda: a.update("user:ana", own.id, embedding=v3, embedding_model="m3"))
+        # (a vector the update_mask does not name is not read: neither stored nor held to the rule)
+        untouched = pb.Memory(namespace="user:ana", id=own.id, topic="t", embedding=v3, embedding_model="m3")
+        mask = field_mask_pb2.FieldMask(paths=["topic"])
+        a.stub.UpdateMemory(pb.UpdateMemoryRequest(memory=untouched, update_mask=mask), timeout=30)
+        got = a.get("user:ana", own.id, include_embedding=True)
+        assert (got.topic, got.embedding_model) == ("t", "user:ana/m3")
         # ... which no other tenant may name, whatever its dimension (no dimension error tells it exists)
         for vec in (v3, v5):
             _refused_model(

@@ -444,7 +444,12 @@ def _make_current_summary(st: EngineState, txn: Txn, rec: Record) -> list[Record
     covers is left as it was, so a summary the server builds next reads them all again."""
     state = st.store.scope_state(txn, rec.namespace)
     current = st.store.get(txn, state.summary_rid) if state.summary_rid else None
-    if current is not None and current.kind == "summary" and current.created_at > rec.created_at:
+    if (
+        current is not None
+        and current.kind == "summary"
+        and not st.expired(current)
+        and current.created_at > rec.created_at
+    ):
         st.store.delete(txn, rec)
         return [rec]
     gone = replace_summary(st, txn, state, rec)

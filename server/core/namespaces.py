@@ -74,10 +74,11 @@ def update_namespace_config(
 
     def apply(settings: dict[str, Any]) -> dict[str, Any]:
         st.columns.namespaces.id(namespace)  # tables get a row for it
+        # A new dict, not this one changed: other threads copy and iterate it without a lock.
+        configs = {ns: s for ns, s in st.ns_config.items() if ns != namespace}
         if settings:
-            st.ns_config[namespace] = settings
-        else:
-            st.ns_config.pop(namespace, None)
+            configs[namespace] = settings
+        st.ns_config = configs
         st.config_version += 1
         return settings
 

@@ -124,9 +124,12 @@ def retry_embeddings(st: EngineState, limit: int = 256) -> int:
     for rec in recs:
         try:
             vec = check.vector("embedding", st.embedder.embed(rec.content), st.config)
-        except (EmbedderError, InvalidArgument) as e:
+        except EmbedderError as e:
             logger.warning("embedding still failing (%d waiting): %s", len(recs) - done, e)
             break
+        except InvalidArgument as e:  # (this text's vector, not the embedder: the others go on)
+            logger.warning("memory %s of %r has no usable vector: %s", rec.id, rec.namespace, e)
+            continue
         done += _attach_vector(st, rec.rid, vec)
     return done
 

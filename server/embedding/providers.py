@@ -8,7 +8,7 @@
   the environment variable named by ``embedder_api_key_env``.
 
 Vectors leave the cache at unit length, whatever length the embedder answered with (stored vectors
-are compared by inner product). Failures are ``EmbedderError``s (``base.py``): the engine then stores the memory without a vector
+are compared by inner product; one of length 0 stays as it came). Failures are ``EmbedderError``s (``base.py``): the engine then stores the memory without a vector
 (findable by keyword), and the maintenance pass retries the embedding later.
 """
 
@@ -27,6 +27,7 @@ from tiermem.server.embedding.base import Embedded, Embedder, EmbedderError, Emb
 from tiermem.server.embedding.hashing import HashEmbedder
 from tiermem.server.embedding.local import SentenceTransformerEmbedder
 from tiermem.server.embedding.remote import OpenAIEmbedder
+from tiermem.server.model import validation as check
 
 __all__ = [
     "CachedEmbedder",
@@ -103,13 +104,12 @@ class CachedEmbedder:
             close()
 
 
-def _unit(vec: np.ndarray) -> Embedded:
+def _unit(vec: np.ndarray) -> np.ndarray:
     """``vec`` at unit length: stored vectors are compared by inner product (cosine), and an
-    endpoint or model may answer at any length. A zero vector has no direction: an error."""
-    norm = float(np.linalg.norm(vec))
-    if not norm > 0.0 or not np.isfinite(norm):
-        return EmbedderError("the embedder returned a vector of length 0")
-    return (vec / norm).astype(np.float32, copy=False)
+    endpoint or model may answer at any length. One without a direction (length 0) stays as it
+    came: it matches nothing by similarity."""
+    out = check.unit(np.asarray(vec, np.float32))
+    return vec if out is None else out
 
 
 def _digest(text: str) -> bytes:

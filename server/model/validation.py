@@ -163,10 +163,18 @@ def vector(field: str, values: Any, config: ServerConfig) -> np.ndarray:
         )
     if not np.all(np.isfinite(vec)):
         raise InvalidArgument(field, "must not contain NaN or Inf")
+    out = unit(vec)
+    if out is None:
+        raise InvalidArgument(field, "must have a non-zero norm")
+    return out
+
+
+def unit(vec: np.ndarray) -> np.ndarray | None:
+    """``vec`` (float32) at unit length; None when it has no direction (a zero or non-finite norm)."""
     wide = vec.astype(np.float64)  # (in float32 a norm past its range, or of subnormals, divides wrongly)
     norm = float(np.linalg.norm(wide))
     if not norm > 0.0 or not math.isfinite(norm):
-        raise InvalidArgument(field, "must have a non-zero norm")
+        return None
     if abs(norm - 1.0) < 1e-6:
         return vec  # already unit length: normalizing again would only move the last bits
     return (wide / norm).astype(np.float32)

@@ -29,9 +29,18 @@ def index_every_copy(
 ) -> None:
     """Earlier versions kept one memory per namespace, kind and words in the exact-duplicate index
     (a ``contents`` database; before that, keyed by words alone): deleting that memory left its
-    copies unfound. Build the index of every memory once from the records, and drop the old one."""
+    copies unfound. Build the index of every memory from the records, and drop the old one, in one
+    transaction: once, and again if an earlier version wrote to the directory since (it sets its
+    own flag again, and its memories are missing here)."""
+    try:
+        old: lmdb._Database | None = env.open_db(b"contents", create=False)
+    except lmdb.NotFoundError:
+        old = None
     with env.begin(write=True) as txn:
-        if txn.get(META_CONTENT_RIDS, db=meta) is not None:
+        built = txn.get(META_CONTENT_RIDS, db=meta) is not None
+        if built and txn.get(META_CONTENTS_BY_KIND, db=meta) is None:
+            if old is not None:  # (left by a build that stopped before its drop: earlier code)
+                txn.drop(old, delete=True)
             return
         t0 = time.perf_counter()
         txn.drop(contents, delete=False)
@@ -42,11 +51,7 @@ def index_every_copy(
             n += 1
         txn.put(META_CONTENT_RIDS, b"1", db=meta)
         txn.delete(META_CONTENTS_BY_KIND, db=meta)
-    if n:  # (once, at the first open of a directory an earlier version wrote)
+        if old is not None:
+            txn.drop(old, delete=True)
+    if n:  # (at the first open of a directory an earlier version wrote)
         logger.info("exact-duplicate index built from %d records in %.2f s", n, time.perf_counter() - t0)
-    try:
-        old = env.open_db(b"contents", create=False)
-    except lmdb.NotFoundError:
-        return
-    with env.begin(write=True) as txn:
-        txn.drop(old, delete=True)

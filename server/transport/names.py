@@ -88,7 +88,9 @@ def import_chunk_models(r: Any) -> list[str]:
 MODELS: dict[str, Callable[[Any], list[str]]] = {
     "CreateMemory": lambda r: _vector_model(r.memory),
     "BatchCreateMemories": lambda r: [m for x in r.memories for m in _vector_model(x)],
-    "UpdateMemory": lambda r: _vector_model(r.memory),
+    "UpdateMemory": lambda r: (
+        _vector_model(r.memory) if {"embedding", "embedding_model"} & set(r.update_mask.paths) else []
+    ),
     "SearchMemories": _query_model,
     "BatchSearchMemories": lambda r: [m for s in r.searches for m in _query_model(s)],
 }
