@@ -55,32 +55,19 @@ def metadata_from_pb(values: Any, field: str) -> dict[str, Any]:
 
 
 def new_memory_from_pb(m: pb.Memory, field: str) -> NewMemory:
-    return NewMemory(
-        namespace=m.namespace,
-        content=m.content,
-        id=m.id,
-        kind=m.kind,
-        tier=int(m.tier),
-        importance=m.importance if m.HasField("importance") else None,
-        source=m.source,
-        topic=m.topic,
-        tags=list(m.tags),
-        metadata=metadata_from_pb(m.metadata, f"{field}metadata"),
-        embedding=np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None,
-        embedding_model=m.embedding_model,
-        created_at=ts_to_float(m, "create_time", field),
-        token_cost=m.token_cost,
-        source_ids=list(m.source_memory_ids),
-        expire_at=ts_to_float(m, "expire_time", field),
-        questions=list(m.questions),
-    )
+    return _memory_from_pb(m, field, None)
 
 
 def memory_changes_from_pb(m: pb.Memory, paths: list[str]) -> NewMemory:
     """UpdateMemory's new values: the fields whose conversion can refuse (metadata, the timestamps)
     are read only when ``update_mask`` names them, so a field the update leaves alone refuses
-    nothing."""
-    named = set(paths)
+    nothing (create_time is never updated)."""
+    return _memory_from_pb(m, "memory.", set(paths))
+
+
+def _memory_from_pb(m: pb.Memory, field: str, named: set[str] | None) -> NewMemory:
+    """``m`` as a NewMemory; ``named``: only these of the refusable fields are read (None: all)."""
+    every, named = named is None, named or set()
     return NewMemory(
         namespace=m.namespace,
         content=m.content,
@@ -91,12 +78,14 @@ def memory_changes_from_pb(m: pb.Memory, paths: list[str]) -> NewMemory:
         source=m.source,
         topic=m.topic,
         tags=list(m.tags),
-        metadata=metadata_from_pb(m.metadata, "memory.metadata") if "metadata" in named else {},
+        metadata=metadata_from_pb(m.metadata, f"{field}metadata") if every or "metadata" in named else {},
         embedding=np.asarray(m.embedding, dtype=np.float32) if len(m.embedding) else None,
         embedding_model=m.embedding_model,
+        created_at=ts_to_float(m, "create_time", field) if every else None,
         token_cost=m.token_cost,
         source_ids=list(m.source_memory_ids),
-        expire_at=ts_to_float(m, "expire_time", "memory.") if "expire_time" in named else None,
+        expire_at=ts_to_float(m, "expire_time", field) if every or "expire_time" in named else None,
+        questions=list(m.questions),
     )
 
 
