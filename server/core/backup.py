@@ -20,7 +20,7 @@ import numpy as np
 from tiermem import __version__
 from tiermem.server.core import spool as spool_module
 from tiermem.server.core import upkeep
-from tiermem.server.core.create import replace_summary
+from tiermem.server.core.create import free_id, replace_summary
 from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.spool import Spool
 from tiermem.server.core.state import EngineState
@@ -388,7 +388,7 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None,
     superseded = 0  # (restored summaries older than their namespace's: stored and replaced at once)
 
     def prepare(txn: Txn) -> list[tuple[Record, np.ndarray]]:
-        spaces = st.store.spaces(txn)
+        spaces, now = st.store.spaces(txn), st.clock()
         nonlocal superseded
         freed.clear()  # (a retried attempt starts again)
         superseded = 0
@@ -396,16 +396,12 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None,
         for rec, vec, field_ in items:
             if rec.kind in CONFIRMED_KINDS:  # (again: a protection may have landed since)
                 check_protected(st, rec.namespace, confirm, f"restoring a {rec.kind}", txn)
-            old_rid = st.store.lookup(txn, rec.namespace, rec.id)
-            old = None if old_rid is None else st.store.get(txn, old_rid)
-            if old is not None and st.expired(old):  # (an expired memory's id is free, as for a create)
-                st.store.delete(txn, old)
-                freed.append(old)
-            elif old_rid is not None:
+            try:  # (an expired memory's id is free, as for a create)
+                freed.extend(free_id(st, txn, rec.namespace, rec.id, now))
+            except AlreadyExists as e:
                 raise AlreadyExists(
-                    f"{field_}id: memory {rec.id!r} already exists in namespace {rec.namespace!r} "
-                    "(stored before the import, or by an earlier chunk of it)"
-                )
+                    f"{field_}id: {e} (stored before the import, or by an earlier chunk of it)"
+                ) from None
             if vec is not None:
                 dim = int(vec.shape[0])
                 st.claim_space(

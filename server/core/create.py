@@ -280,17 +280,7 @@ class _CreateOp:
 
     def _free_id(self, txn: Txn, m: NewMemory) -> list[Record]:
         """ALREADY_EXISTS when m's client id is taken; an expired memory frees it (returned)."""
-        if not m.id:
-            return []
-        st = self.st
-        old_rid = st.store.lookup(txn, m.namespace, m.id)
-        old = None if old_rid is None else st.store.get(txn, old_rid)
-        if old is None:
-            return []
-        if not old.expired(self.now):
-            raise AlreadyExists(f"memory {m.id!r} already exists in namespace {m.namespace!r}")
-        st.store.delete(txn, old)
-        return [old]
+        return free_id(self.st, txn, m.namespace, m.id, self.now) if m.id else []
 
     def _insert(self, txn: Txn, m: NewMemory) -> Record:
         st = self.st
@@ -333,6 +323,19 @@ class _CreateOp:
         else:
             st.store.mark_pending(txn, rid, True)
         return rec
+
+
+def free_id(st: EngineState, txn: Txn, namespace: str, memory_id: str, now: float) -> list[Record]:
+    """ALREADY_EXISTS when a live memory holds ``memory_id`` in ``namespace``; an expired one frees
+    it: deleted here, and returned (to be unindexed)."""
+    old_rid = st.store.lookup(txn, namespace, memory_id)
+    old = None if old_rid is None else st.store.get(txn, old_rid)
+    if old is None:
+        return []
+    if not old.expired(now):
+        raise AlreadyExists(f"memory {memory_id!r} already exists in namespace {namespace!r}")
+    st.store.delete(txn, old)
+    return [old]
 
 
 def find_duplicate(st: EngineState, txn: Txn, m: NewMemory, min_similarity: float | None) -> Record | None:

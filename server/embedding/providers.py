@@ -8,8 +8,9 @@
   the environment variable named by ``embedder_api_key_env``.
 
 Vectors leave the cache at unit length, whatever length the embedder answered with (stored vectors
-are compared by inner product; one of length 0 stays as it came). Failures are ``EmbedderError``s (``base.py``): the engine then stores the memory without a vector
-(findable by keyword), and the maintenance pass retries the embedding later.
+are compared by inner product; one of length 0 stays as it came). Failures are ``EmbedderError``s
+(``base.py``): the engine then stores the memory without a vector (findable by keyword), and the
+maintenance pass retries the embedding later.
 """
 
 from __future__ import annotations
@@ -81,9 +82,9 @@ class CachedEmbedder:
             self.misses += sum(len(at) for at in missing.values())
         if missing:
             answers = self.inner.embed_many([texts[at[0]] for at in missing.values()])
-            for (key, at), raw in zip(missing.items(), answers, strict=True):
-                answer = raw if isinstance(raw, EmbedderError) else _unit(raw)
+            for (key, at), answer in zip(missing.items(), answers, strict=True):
                 if not isinstance(answer, EmbedderError):
+                    answer = _unit(answer)
                     answer.setflags(write=False)
                     self._keep(key, answer)
                 for i in at:
