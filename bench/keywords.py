@@ -54,8 +54,9 @@ def _timed(index: KeywordIndex, qs: list[str], allowed: np.ndarray, probes: list
 
 
 def _postings(index: KeywordIndex, q: str) -> int:
-    ids = (index._key_ids.get((0, t)) for t in keyword_terms(q))  # (a benchmark may look inside)
-    return int(sum(index._df[k] for k in ids if k is not None))
+    keys = index._keys  # (a benchmark may look inside)
+    ids = (keys.ids.get((0, t)) for t in keyword_terms(q))
+    return int(sum(keys.df[k] for k in ids if k is not None))
 
 
 def build_index(texts: list[str]) -> tuple[KeywordIndex, float, float]:

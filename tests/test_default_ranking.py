@@ -14,6 +14,7 @@ from conftest import FakeClock
 from tiermem.client import MemoryClient
 from tiermem.server.config import ServerConfig, Tuning
 from tiermem.server.core.engine import Engine
+from tiermem.server.index.keyword_index import RENUMBER_MIN
 from tiermem.server.model.records import NewMemory
 from tiermem.server.search.query import FUSED, SearchQuery
 from tiermem.server.storage import snapshots
@@ -182,6 +183,57 @@ def test_keyword_index_compacts_after_deletes(tmp_path: Path) -> None:
         assert _keyword_hits(e, "gamma delta") == hits
     finally:
         e.close()
+
+
+def test_deleted_sessions_words_are_forgotten_and_searches_unchanged(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Session namespaces come and go: once deleted, their words leave the keyword index at the
+    compaction DeleteNamespace starts (held until then, they grew with every word ever stored). The
+    project's searches answer the same, and again after a restart from the snapshot."""
+    data = tmp_path / "words"
+    running = server_factory(data_dir=data, clock=FakeClock(), tuning=Tuning(compact_min_entries=8))
+    c = _client(running)
+    facts = ["Ana lives in Paris", "Ana moved to Berlin in May", "the cluster upgrade is planned", *FILLER]
+    for text in facts:
+        c.create(NS, text)
+    for s in range(60):
+        rows = [
+            {
+                "namespace": f"{NS}/task-{s}",
+                "content": " ".join(f"t{s}n{i}w{j}" for j in range(12)) + " Paris",
+            }
+            for i in range(20)
+        ]
+        c.create_batch(rows)
+    queries = ["where does Ana live", "Berlin", "cluster upgrade", "Paris", "football pizza"]
+
+    def answers() -> list[list[tuple[str, float]]]:
+        return [[(r.memory.content, r.score) for r in c.search(NS, q, read_only=True)] for q in queries]
+
+    before = answers()
+    found = c.search(f"{NS}/task-3", "t3n5w2", read_only=True)
+    assert found and "t3n5w2" in found[0].memory.content.split()
+    words = len(running.engine.state.keywords)
+    for s in range(60):
+        assert c.delete_namespace(f"{NS}/task-{s}") == 20
+    left = len(running.engine.state.keywords)  # the project's words, and at most a few thousand unused
+    assert left <= RENUMBER_MIN + 64 and left < words / 3
+    assert c.search(f"{NS}/task-3", "t3n5w2", read_only=True) == []
+    assert answers() == before
+    c.create(f"{NS}/task-99", "a new session about Paris and Lisbon")
+    assert [r.memory.content for r in c.search(f"{NS}/task-99", "Lisbon", read_only=True)] == [
+        "a new session about Paris and Lisbon"
+    ]
+    c.close()
+    running.engine.snapshot()
+    running.stop(0)
+    c = _client(server_factory(data_dir=data, clock=FakeClock(), tuning=Tuning(compact_min_entries=8)))
+    assert answers() == before
+    assert [r.memory.content for r in c.search(f"{NS}/task-99", "Lisbon", read_only=True)] == [
+        "a new session about Paris and Lisbon"
+    ]
+    c.close()
 
 
 def test_keywords_find_memories_no_vector_search_can(server_factory: Callable[..., RunningServer]) -> None:

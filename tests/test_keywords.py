@@ -216,6 +216,113 @@ def test_index_finds_replaces_and_compacts() -> None:
     assert sorted(after, key=lambda r: (after[r], r)) == sorted(before, key=lambda r: (before[r], r))
 
 
+def _sessions(index: KeywordIndex, sessions: int, rows_each: int, first_row: int = 0) -> dict[int, int]:
+    """Rows of session namespaces 1.. (each row's words its own: ``s{ns}r{row}w{j}``), plus a shared
+    word; returns row -> namespace id."""
+    held = {}
+    row = first_row
+    for ns in range(1, sessions + 1):
+        for _ in range(rows_each):
+            index.add(row, ns, " ".join(f"s{ns}r{row}w{j}" for j in range(12)) + " shared")
+            held[row] = ns
+            row += 1
+    return held
+
+
+def test_a_compaction_forgets_the_words_of_deleted_memories() -> None:
+    """Keys (namespace, word) left without a live posting go at a compaction, once there are many:
+    the index does not hold every word of every session that ever lived. The live rows' answers
+    stay the same, before and after a snapshot, and later posts are found."""
+    index = KeywordIndex(delta_size=256)
+    project = ["Ana lives in Paris", "Ana moved to Berlin", "the cluster upgrade plan", "budget for spring"]
+    for row, text in enumerate(project):
+        index.add(row, 0, text + " shared")
+    held = _sessions(index, sessions=40, rows_each=20, first_row=len(project))
+    n = len(project) + len(held)
+    assert len(index) >= 40 * 20 * 12
+    alive = np.ones(n, np.bool_)
+    keep = {ns for ns in range(1, 41) if ns % 10 == 0}  # four sessions stay
+    for row, ns in held.items():
+        if ns not in keep:
+            index.remove(row)
+            alive[row] = False
+    queries = ["Ana Paris", "Berlin upgrade", "shared", "budget spring cluster"]
+    queries += [f"s{ns}r{row}w3 s{ns}r{row}w7" for row, ns in held.items() if row % 37 == 0]
+    spaces = [[0], [0, *sorted(keep)], list(range(41))]
+    before = {(q, i): _search_in(index, ns, q, alive) for q in queries for i, ns in enumerate(spaces)}
+    index.compact(alive)
+    live_keys = len({t for text in project for t in keyword_terms(text + " shared")})
+    live_keys += len(keep) * (20 * 12 + 1)  # each row's own words, and its session's "shared"
+    assert len(index) == live_keys
+    for (q, i), found in before.items():
+        assert _search_in(index, spaces[i], q, alive) == pytest.approx(found), q
+    restored = KeywordIndex.restore(index.state())
+    assert len(restored) == live_keys
+    for (q, i), found in before.items():
+        assert _search_in(restored, spaces[i], q, alive) == pytest.approx(found), q
+    for ix in (index, restored):  # posts after the renumbering: new keys, and old ones met again
+        ix.add(n, 0, "Ana moved to Lisbon")
+        ix.add(n + 1, 50, "a new session about Paris")
+    alive = np.append(alive, [True, True])
+    for ix in (index, restored):
+        assert set(_search_in(ix, [0], "Lisbon Ana", alive)) == {0, 1, n}
+        assert set(_search_in(ix, [50], "Paris", alive)) == {n + 1}
+        assert set(_search_in(ix, [0, 50], "Paris", alive)) == {0, n + 1}
+    assert _search_in(index, [0, 50], "Ana Paris", alive) == pytest.approx(
+        _search_in(restored, [0, 50], "Ana Paris", alive)
+    )
+
+
+def test_a_compaction_keeps_the_keys_while_few_went() -> None:
+    index = KeywordIndex()
+    _sessions(index, sessions=4, rows_each=20)
+    alive = np.ones(80, np.bool_)
+    alive[:20] = False
+    for row in range(20):
+        index.remove(row)
+    keys = len(index)
+    index.compact(alive)
+    assert len(index) == keys  # 240 unused keys of 1,040: not worth numbering again
+
+
+def test_a_search_over_a_renumbering_reads_one_numbering() -> None:
+    """A compaction numbers the keys again while searches run: a search that started before it reads
+    the old postings by the old numbering, one after it the new by the new; neither mixes them (a
+    key id of one numbering read in postings of the other finds another word's rows)."""
+    answers: list[dict[int, float]] = []
+    alive = np.ones(0, np.bool_)
+
+    class Hooked(KeywordIndex):
+        armed = False
+
+        def __setattr__(self, name: str, value: object) -> None:
+            if Hooked.armed and name in ("_keys", "_view"):  # a search between the two assignments
+                answers.append(_search_in(self, [0, 1, 2], "alpha beta", alive))
+            object.__setattr__(self, name, value)
+            if Hooked.armed and name in ("_keys", "_view"):
+                answers.append(_search_in(self, [0, 1, 2], "alpha beta", alive))
+
+    index = Hooked(delta_size=256)
+    held = _sessions(index, sessions=30, rows_each=20)
+    n = len(held)
+    index.add(n, 0, "alpha beta gamma")
+    index.add(n + 1, 0, "beta delta")
+    alive = np.zeros(n + 2, np.bool_)
+    alive[n:] = True
+    for row in held:
+        index.remove(row)
+    expected = _search_in(index, [0, 1, 2], "alpha beta", alive)
+    assert set(expected) == {n, n + 1}
+    keys = len(index)
+    Hooked.armed = True
+    index.compact(alive)
+    Hooked.armed = False
+    assert len(index) < keys // 10  # it did number them again
+    assert len(answers) >= 8
+    for found in answers:
+        assert found == pytest.approx(expected)
+
+
 def test_snapshot_round_trip_keeps_every_answer_and_allows_appends() -> None:
     rng = np.random.default_rng(5)
     vocab = [f"word{i}" for i in range(50)]
@@ -258,7 +365,7 @@ def test_every_posting_of_a_content_carries_its_one_length_in_every_source() -> 
     post(300, 200)  # longer than the delta: a segment of its own
 
     def check(ix: KeywordIndex) -> None:
-        segments, delta, _ = ix._view
+        segments, delta, _, _ = ix._view
         n = delta.filled
         sources = [(s.rows, s.gens, s.lens) for s in segments]
         sources.append((delta.rows[:n], delta.gens[:n], delta.lens[:n]))
@@ -577,7 +684,7 @@ def test_segments_without_stale_postings_skip_the_generation_check() -> None:
         text = " ".join(rng.choice(vocab, size=5))
         for index in (segmented, flat):
             index.add(row, 0, text)
-    segments, _, stamps = segmented._view
+    segments, _, stamps, _ = segmented._view
     assert len(segments) > 1 and all(s == segmented._replaced for s in stamps)  # read unchecked
     answers_agree()
     for index in (segmented, flat):

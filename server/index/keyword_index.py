@@ -15,6 +15,7 @@ count readers were given, and a full delta is replaced, never overwritten.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,18 @@ def _resorted(seg: kernels.Postings) -> kernels.Postings:
     return _segment(np.repeat(seg.keys, np.diff(seg.starts)), seg.rows, seg.tfs, seg.gens, seg.lens)
 
 
+class _Keys:
+    """The (namespace id, term) -> key id numbering and each key's document frequency. Ids are dense
+    (``list(ids)[i]`` has id i); a compaction that drops many unused keys numbers the rest again in a
+    new ``_Keys``, published in the same view as the postings numbered by it."""
+
+    __slots__ = ("df", "ids")
+
+    def __init__(self, ids: dict[tuple[int, str], int], df: np.ndarray) -> None:
+        self.ids = ids
+        self.df = df  # (grown by the writer: replaced whole, read once by a search)
+
+
 class KeywordIndex:
     """Postings keyed by (namespace id, term), so a search reads only its namespaces' postings. New
     postings go to a small unsorted delta; a full delta becomes a sorted segment, and segments of
@@ -52,23 +65,24 @@ class KeywordIndex:
 
     def __init__(self, delta_size: int = 2048) -> None:
         self.delta_size = delta_size  # postings in the delta: every search scans it
-        self._key_ids: dict[tuple[int, str], int] = {}
         # Per key, the rows whose current content holds it and that were not removed: the document
-        # frequency behind idf. Kept exact through each row's keys (``_fwd``, appended; a row's
-        # entries are ``_row_fwd[row]`` and the ``_row_nkeys[row]`` after), so the answers do not
-        # depend on what merges or a restart dropped.
-        self._df = np.zeros(1024, np.int64)
+        # frequency behind idf (``_keys.df``). Kept exact through each row's keys (``_fwd``, appended;
+        # a row's entries are ``_row_fwd[row]`` and the ``_row_nkeys[row]`` after), so the answers do
+        # not depend on what merges or a restart dropped.
+        self._keys = _Keys({}, np.zeros(1024, np.int64))
         self._fwd = np.zeros(4096, np.int32)
         self._fwd_used = 0
         self._row_fwd = np.zeros(1024, np.int64)
         self._row_nkeys = np.zeros(1024, np.int32)
-        # What readers see, swapped as one: the sorted segments, the delta, and each segment's stamp:
-        # the count of replaced contents when it was built holding no stale posting (-1: it may hold
-        # some). While that count has not moved, its postings need no generation check.
-        self._view: tuple[tuple[kernels.Postings, ...], kernels.Appended, tuple[int, ...]] = (
+        # What readers see, swapped as one: the sorted segments, the delta, each segment's stamp (the
+        # count of replaced contents when it was built holding no stale posting, -1: it may hold
+        # some; while that count has not moved, its postings need no generation check), and the key
+        # numbering they are keyed by.
+        self._view: tuple[tuple[kernels.Postings, ...], kernels.Appended, tuple[int, ...], _Keys] = (
             (),
             self._new_delta(),
             (),
+            self._keys,
         )
         self._replaced = 0  # contents replaced so far (a row posted again with other content)
         self._gen = np.zeros(1024, np.int32)  # per row: its content generation (0: never posted)
@@ -85,11 +99,11 @@ class KeywordIndex:
         self._ns_rows = np.zeros(16, np.int64)
 
     def __len__(self) -> int:
-        return len(self._key_ids)
+        return len(self._keys.ids)
 
     @property
     def postings_count(self) -> int:
-        segments, delta, _ = self._view
+        segments, delta, _, _ = self._view
         return sum(seg.size for seg in segments) + delta.filled
 
     def _new_delta(self) -> kernels.Appended:
@@ -128,7 +142,7 @@ class KeywordIndex:
         self.posted_rows += 1
         terms, length = keyword_terms_and_length(text)
         self._count_length(row, namespace, length, replacing=gen > 1)
-        ids = self._key_ids
+        ids = self._keys.ids
         keys = [ids.setdefault((namespace, t), len(ids)) for t in terms]
         self._count_keys(row, keys)  # (before readers can see the postings)
         n = len(keys)
@@ -144,7 +158,7 @@ class KeywordIndex:
 
     def _publish(self, row: int, keys: list[int], tfs: np.ndarray, gen: int, length: int) -> None:
         """The postings of a row's new content into the view, then its generation."""
-        segments, d, stamps = self._view
+        segments, d, stamps, numbering = self._view
         n = len(keys)
         if n > self.delta_size:  # a long text: its postings make a segment of their own (merged later:
             # a merge now would drop them, as the row's generation is not published yet)
@@ -155,7 +169,12 @@ class KeywordIndex:
                 np.full(n, gen, np.int32),
                 np.full(n, length, np.uint16),
             )
-            self._view = ((*segments, own), d, (*stamps, -1))  # (checked: its row's generation is not
+            self._view = (
+                (*segments, own),
+                d,
+                (*stamps, -1),
+                numbering,
+            )  # (checked: its row's generation is not
             # published yet, so its postings do not count until it is)
         else:
             end = d.filled + n
@@ -164,7 +183,12 @@ class KeywordIndex:
             d.tfs[d.filled : end] = tfs
             d.gens[d.filled : end] = gen
             d.lens[d.filled : end] = length
-            self._view = (segments, d._replace(filled=end), stamps)  # slots beyond what was filled: unseen
+            self._view = (
+                segments,
+                d._replace(filled=end),
+                stamps,
+                numbering,
+            )  # slots beyond what was filled: unseen
         self._gen[row] = gen  # published last: the new postings count from here on
 
     def _current(self, rows: np.ndarray, gens: np.ndarray) -> np.ndarray:
@@ -173,15 +197,16 @@ class KeywordIndex:
         return (rows < n) & (gens == self._gen[np.minimum(rows, n - 1)])
 
     def _count_keys(self, row: int, keys: list[int]) -> None:
-        if len(self._key_ids) > self._df.shape[0]:
-            self._df = _grown(self._df, 2 * len(self._key_ids))
+        numbering = self._keys
+        if len(numbering.ids) > numbering.df.shape[0]:
+            numbering.df = _grown(numbering.df, 2 * len(numbering.ids))
         n, used = len(keys), self._fwd_used
         if used + n > self._fwd.shape[0]:
             self._fwd = _grown(self._fwd, max(used + n, 2 * self._fwd.shape[0]))
         self._fwd[used : used + n] = keys
         self._row_fwd[row], self._row_nkeys[row] = used, n
         self._fwd_used = used + n
-        self._df[keys] += 1
+        numbering.df[keys] += 1
 
     def _row_keys(self, row: int) -> np.ndarray:
         start = self._row_fwd[row]
@@ -204,7 +229,7 @@ class KeywordIndex:
             ns = self._row_ns[row]
             self._ns_words[ns] -= self._row_words[row]
             self._ns_rows[ns] -= 1
-            self._df[self._row_keys(row)] -= 1
+            self._keys.df[self._row_keys(row)] -= 1
             self._row_ns[row] = -1
 
     def average_length(self, namespaces: list[int]) -> float:
@@ -221,7 +246,7 @@ class KeywordIndex:
 
     def _flush(self) -> None:
         """Turn the delta into a segment; merge segments of similar size."""
-        old, d, stamps = self._view
+        old, d, stamps, numbering = self._view
         segments = list(zip(old, stamps, strict=True))
         if d.filled:
             n = d.filled
@@ -230,7 +255,12 @@ class KeywordIndex:
             fresh = _segment(d.keys[:n][keep], rows[keep], d.tfs[:n][keep], gens[keep], d.lens[:n][keep])
             segments.append((fresh, self._replaced))
         merged = self._merged(segments)
-        self._view = (tuple(seg for seg, _ in merged), self._new_delta(), tuple(st for _, st in merged))
+        self._view = (
+            tuple(seg for seg, _ in merged),
+            self._new_delta(),
+            tuple(st for _, st in merged),
+            numbering,
+        )
         kernels.forget_packed()  # (segments merged away are not kept alive for a search)
 
     def _merged(self, segments: list[tuple[kernels.Postings, int]]) -> list[tuple[kernels.Postings, int]]:
@@ -266,15 +296,17 @@ class KeywordIndex:
         self._ns_rows = np.bincount(self._row_ns[live], minlength=size).astype(np.int64)
         self._flush()
         if self._view[0]:
-            self._view = ((self._merge(list(self._view[0]), alive),), self._view[1], (self._replaced,))
+            merged = self._merge(list(self._view[0]), alive)
+            self._view = ((merged,), self._view[1], (self._replaced,), self._view[3])
             kernels.forget_packed()
+        self._renumber()
         self._recount(live)
         return before - self.postings_count
 
     def _recount(self, live: np.ndarray) -> None:
         """Each row's keys and the document frequencies again from the postings of the ``live`` rows'
         current contents (after a compaction, which drops the keys of the others; or a restore)."""
-        segments, d, _ = self._view
+        segments, d, _, _ = self._view
         parts = [(np.repeat(s.keys, np.diff(s.starts)), s.rows, s.gens) for s in segments]
         parts.append((d.keys[: d.filled], d.rows[: d.filled], d.gens[: d.filled]))
         keys, rows, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
@@ -289,7 +321,26 @@ class KeywordIndex:
         counts = counts[:size]
         self._row_nkeys = counts.astype(np.int32)
         self._row_fwd = (np.cumsum(counts) - counts).astype(np.int64)
-        self._df = np.bincount(keys, minlength=max(1024, len(self._key_ids))).astype(np.int64)
+        self._keys.df = np.bincount(keys, minlength=max(1024, len(self._keys.ids))).astype(np.int64)
+
+    def _renumber(self) -> None:
+        """After a compaction left the postings of live rows only, in at most one segment and an
+        empty delta: once many keys have none left (the words of deleted memories and namespaces),
+        the rest are numbered again and the others forgotten, so the key names held do not grow with
+        every word ever posted. Searches under way keep the numbering of their view."""
+        segments, delta, stamps, _ = self._view
+        old = self._keys.ids
+        kept = segments[0].keys if segments else _NO_KEYS  # (ascending: new ids keep the old order)
+        if len(old) - kept.shape[0] < max(RENUMBER_MIN, RENUMBER_SHARE * len(old)):
+            return
+        names, df = list(old), self._keys.df
+        counts = np.zeros(max(1024, kept.shape[0]), np.int64)
+        counts[: kept.shape[0]] = df[np.minimum(kept, df.shape[0] - 1)] * (kept < df.shape[0])
+        numbering = _Keys({names[k]: i for i, k in enumerate(kept.tolist())}, counts)
+        renumbered = tuple(seg._replace(keys=np.arange(kept.shape[0], dtype=np.int32)) for seg in segments)
+        self._keys = numbering
+        self._view = (renumbered, delta, stamps, numbering)
+        kernels.forget_packed()
 
     # -- readers ---------------------------------------------------------------------------------
     def bm25(
@@ -315,39 +366,47 @@ class KeywordIndex:
     ) -> kernels.Sums:
         """The keyword pass of ``bm25`` (its sums, to collect at most ``depth`` best of, when >= 0): the
         postings are read in place, as the view stands when the search starts."""
-        found = sorted(
-            (k, i)
-            for i, t in enumerate(terms)
-            for ns in namespaces
-            if (k := self._key_ids.get((ns, t))) is not None
-        )
-        wanted = np.array([k for k, _ in found], np.int32)
-        df = [0] * len(terms)  # a term's memories in the namespaces
-        counts = self._df  # (a key the writer is adding may not have its count yet)
-        for k, i in found:
-            df[i] += int(counts[k]) if k < counts.shape[0] else 0
         rows, words = self._totals(namespaces)
-        weights = [0.0 if d > max_postings else kernels.term_idf(rows, d) for d in df]  # (a term in
-        # that many memories says almost nothing)
-        by_key = np.array([weights[i] for _, i in found], np.float64)
+
+        def plan(numbering: _Keys) -> tuple[np.ndarray, np.ndarray]:
+            """(The terms' keys in the namespaces, sorted; each key's idf) by one key numbering."""
+            found = sorted(
+                (k, i)
+                for i, t in enumerate(terms)
+                for ns in namespaces
+                if (k := numbering.ids.get((ns, t))) is not None
+            )
+            df = [0] * len(terms)  # a term's memories in the namespaces
+            counts = numbering.df  # (a key the writer is adding may not have its count yet)
+            for k, i in found:
+                df[i] += int(counts[k]) if k < counts.shape[0] else 0
+            weights = [0.0 if d > max_postings else kernels.term_idf(rows, d) for d in df]  # (a term
+            # in that many memories says almost nothing)
+            wanted = np.array([k for k, _ in found], np.int32)
+            return wanted, np.array([weights[i] for _, i in found], np.float64)
+
         avgdl = max(1.0, words / rows if rows > 0 else 0.0)
-        return self._pass(wanted, by_key, allowed, avgdl, depth, allowed_bits)
+        return self._pass(plan, allowed, avgdl, depth, allowed_bits)
 
     def _pass(
         self,
-        wanted: np.ndarray,
-        weights: np.ndarray,
+        plan: Callable[[_Keys], tuple[np.ndarray, np.ndarray]],
         allowed: np.ndarray,
         avgdl: float,
         depth: int,
         bits: np.ndarray | None = None,
         tries: int = 8,
     ) -> kernels.Sums:
-        """The pass over the view as it stands, again while a row's generation moved meanwhile."""
+        """The pass over the view as it stands, again while a row's generation moved meanwhile; the
+        terms' keys and weights from ``plan`` by the view's own key numbering."""
+        planned: tuple[_Keys | None, np.ndarray, np.ndarray] = (None, _NO_KEYS, _NO_WEIGHTS)
         for attempt in range(tries):
             last = attempt == tries - 1
             bumps = self._bumps
-            segments, delta, stamps = self._view
+            segments, delta, stamps, numbering = self._view
+            if planned[0] is not numbering:
+                planned = (numbering, *plan(numbering))
+            _, wanted, weights = planned
             # (generations as new as the view, or newer; the last try, kept even if one moved
             # meanwhile, reads a copy: its pass and read-out then see the same ones)
             gen = self._gen if not last else self._gen.copy()
@@ -375,7 +434,7 @@ class KeywordIndex:
             left = tries - 1 - attempt
             out.recheck(
                 lambda: self._unmoved(bumps),
-                lambda: self._pass(wanted, weights, allowed, avgdl, depth, bits, left),
+                lambda: self._pass(plan, allowed, avgdl, depth, bits, left),
             )
         return out
 
@@ -387,7 +446,7 @@ class KeywordIndex:
     def state(self) -> dict[str, Any]:
         """The postings as they stand (segments and a copy of the delta), with the key names, for the
         columns snapshot. Changes nothing: it runs between two commit groups."""
-        segments, d, _ = self._view
+        segments, d, _, _ = self._view
         n = d.filled
         delta = (
             d.keys[:n].copy(),
@@ -399,7 +458,7 @@ class KeywordIndex:
         )
         return {
             "tokenizer": TOKENIZER,
-            "keys": list(self._key_ids),
+            "keys": list(self._keys.ids),
             "segments": [seg.arrays for seg in segments],
             "delta": delta,  # keys per posting, unsorted (starts unused)
             "row_gen": self._gen.copy(),
@@ -420,7 +479,7 @@ class KeywordIndex:
         if state.get("tokenizer", "lower+snowball-english") != TOKENIZER:
             raise ValueError(f"keyword postings of tokenizer {state.get('tokenizer')!r}, not {TOKENIZER!r}")
         index = cls()
-        index._key_ids = {(int(ns), term): i for i, (ns, term) in enumerate(state["keys"])}
+        index._keys.ids = {(int(ns), term): i for i, (ns, term) in enumerate(state["keys"])}
         index._gen = np.array(state["row_gen"], np.int32)
         index._row_hash = state["row_hash"]
         index.posted_rows = int(state["posted_rows"])
@@ -444,7 +503,7 @@ class KeywordIndex:
         kept = tuple(seg for seg in segments if seg.size)
         # (a snapshot may hold stale postings: such a segment's generations are checked)
         stamps = tuple(0 if index._current(seg.rows, seg.gens).all() else -1 for seg in kept)
-        index._view = (kept, index._view[1], stamps)
+        index._view = (kept, index._view[1], stamps, index._keys)
         size = index._gen.shape[0]
         index._row_fwd, index._row_nkeys = np.zeros(size, np.int64), np.zeros(size, np.int32)
         index._recount((index._gen > 0) & (index._row_ns[:size] >= 0))
@@ -455,6 +514,10 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
+_NO_KEYS = np.zeros(0, np.int32)
+_NO_WEIGHTS = np.zeros(0, np.float64)
+RENUMBER_MIN = 4096  # keys without a posting left before a compaction numbers the rest again ...
+RENUMBER_SHARE = 0.25  # ... and at least this share of all keys (each costs a Python dict's entry)
 LENGTH_MAX = 65_535  # a posting's length in words is kept in 16 bits (BM25 barely moves beyond)
 
 
