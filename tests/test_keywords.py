@@ -273,6 +273,43 @@ def test_a_compaction_forgets_the_words_of_deleted_memories() -> None:
     )
 
 
+def test_a_compaction_that_fails_leaves_the_index_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The maintenance pass logs a failed compaction and carries on: the index must still agree with
+    itself (each row's keys in the numbering searches use), so later removes count right."""
+    index = KeywordIndex(delta_size=256)
+    held = _sessions(index, sessions=30, rows_each=20)
+    n = len(held)
+    index.add(n, 0, "alpha beta")
+    index.add(n + 1, 0, "alpha gamma")
+    alive = np.zeros(n + 2, np.bool_)
+    alive[n:] = True
+    for row in held:
+        index.remove(row)
+    keys = len(index)
+
+    def fail(*args: object) -> None:
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(kw_kernels, "keys_by_row", fail)
+    with pytest.raises(MemoryError):
+        index.compact(alive)
+    monkeypatch.undo()
+    assert len(index) == keys  # nothing renumbered
+    index.remove(n)  # counted by the row's own keys: alpha is in one memory now, beta in none
+    alive[n] = False
+    index.add(n + 2, 0, "beta delta")
+    alive = np.append(alive, True)
+    expected = {n + 1: _search(index, "alpha", alive)[n + 1], n + 2: _search(index, "beta", alive)[n + 2]}
+    fresh = KeywordIndex()
+    fresh.add(n + 1, 0, "alpha gamma")
+    fresh.add(n + 2, 0, "beta delta")
+    assert _search(fresh, "alpha", alive)[n + 1] == pytest.approx(expected[n + 1])
+    assert _search(fresh, "beta", alive)[n + 2] == pytest.approx(expected[n + 2])
+    index.compact(alive)
+    assert len(index) == 4  # alpha, gamma, beta, delta
+    assert _search(index, "alpha beta", alive) == pytest.approx(_search(fresh, "alpha beta", alive))
+
+
 def test_a_compaction_keeps_the_keys_while_few_went() -> None:
     index = KeywordIndex()
     _sessions(index, sessions=4, rows_each=20)

@@ -299,14 +299,22 @@ class KeywordIndex:
             merged = self._merge(list(self._view[0]), alive)
             self._view = ((merged,), self._view[1], (self._replaced,), self._view[3])
             kernels.forget_packed()
-        self._renumber()
-        self._recount(live)
+        self._recount(live, *self._renumbered())
         return before - self.postings_count
 
-    def _recount(self, live: np.ndarray) -> None:
+    def _recount(
+        self,
+        live: np.ndarray,
+        segments: tuple[kernels.Postings, ...] | None = None,
+        numbering: _Keys | None = None,
+    ) -> None:
         """Each row's keys and the document frequencies again from the postings of the ``live`` rows'
-        current contents (after a compaction, which drops the keys of the others; or a restore)."""
-        segments, d, _, _ = self._view
+        current contents (after a compaction, which drops the keys of the others; or a restore);
+        then ``segments`` and their ``numbering`` (when given) published with them. Nothing changes
+        until all is computed: a failure leaves the index as it was."""
+        old_segments, d, stamps, old_numbering = self._view
+        segments = old_segments if segments is None else segments
+        numbering = old_numbering if numbering is None else numbering
         parts = [(np.repeat(s.keys, np.diff(s.starts)), s.rows, s.gens) for s in segments]
         parts.append((d.keys[: d.filled], d.rows[: d.filled], d.gens[: d.filled]))
         keys, rows, gens = (np.concatenate(column) for column in zip(*parts, strict=True))
@@ -314,33 +322,37 @@ class KeywordIndex:
         current = self._current(rows, gens) & live[np.minimum(rows, n - 1)]
         keys, rows = keys[current], rows[current]
         size = self._row_nkeys.shape[0]
-        self._fwd, counts = kernels.keys_by_row(
+        fwd, counts = kernels.keys_by_row(
             np.ascontiguousarray(keys, np.int32), np.ascontiguousarray(rows, np.int32), size
         )
-        self._fwd_used = int(self._fwd.shape[0])
         counts = counts[:size]
-        self._row_nkeys = counts.astype(np.int32)
-        self._row_fwd = (np.cumsum(counts) - counts).astype(np.int64)
-        self._keys.df = np.bincount(keys, minlength=max(1024, len(self._keys.ids))).astype(np.int64)
+        df = np.bincount(keys, minlength=max(1024, len(numbering.ids))).astype(np.int64)
+        row_fwd = (np.cumsum(counts) - counts).astype(np.int64)
+        self._fwd, self._fwd_used = fwd, int(fwd.shape[0])
+        self._row_nkeys, self._row_fwd = counts.astype(np.int32), row_fwd
+        numbering.df = df  # (before a search can read it in the view below)
+        self._keys = numbering
+        if segments is not old_segments or numbering is not old_numbering:
+            self._view = (segments, d, stamps, numbering)
+            kernels.forget_packed()
 
-    def _renumber(self) -> None:
+    def _renumbered(self) -> tuple[tuple[kernels.Postings, ...], _Keys]:
         """After a compaction left the postings of live rows only, in at most one segment and an
         empty delta: once many keys have none left (the words of deleted memories and namespaces),
-        the rest are numbered again and the others forgotten, so the key names held do not grow with
-        every word ever posted. Searches under way keep the numbering of their view."""
-        segments, delta, stamps, _ = self._view
-        old = self._keys.ids
+        the rest numbered again (the segments and a numbering without the others, to publish), so
+        the key names held do not grow with every word ever posted; else the view's own."""
+        segments, delta, _, numbering = self._view
+        assert len(segments) <= 1 and delta.filled == 0, "a compaction's view"
+        old = numbering.ids
         kept = segments[0].keys if segments else _NO_KEYS  # (ascending: new ids keep the old order)
         if len(old) - kept.shape[0] < max(RENUMBER_MIN, RENUMBER_SHARE * len(old)):
-            return
-        names, df = list(old), self._keys.df
-        counts = np.zeros(max(1024, kept.shape[0]), np.int64)
-        counts[: kept.shape[0]] = df[np.minimum(kept, df.shape[0] - 1)] * (kept < df.shape[0])
-        numbering = _Keys({names[k]: i for i, k in enumerate(kept.tolist())}, counts)
-        renumbered = tuple(seg._replace(keys=np.arange(kept.shape[0], dtype=np.int32)) for seg in segments)
-        self._keys = numbering
-        self._view = (renumbered, delta, stamps, numbering)
-        kernels.forget_packed()
+            return segments, numbering
+        names = list(old)
+        renumbered = _Keys({names[k]: i for i, k in enumerate(kept.tolist())}, numbering.df)
+        # (searches under way keep the numbering of their view; the df is replaced before it is shown)
+        return tuple(
+            seg._replace(keys=np.arange(kept.shape[0], dtype=np.int32)) for seg in segments
+        ), renumbered
 
     # -- readers ---------------------------------------------------------------------------------
     def bm25(
