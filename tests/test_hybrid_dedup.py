@@ -613,6 +613,59 @@ def test_every_copy_is_found_by_deduplication_and_an_old_index_is_built_again(
         running.engine.state.store.env.open_db(b"contents", create=False)
 
 
+def test_an_upgrade_at_open_grows_a_map_with_no_room_left(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A directory that grew past ``map_size`` while serving opens with a map of exactly the pages
+    in use. The one-time build of the exact-duplicate index at its first open by this version needs
+    more: the map grows (up to ``max_map_size``) instead of the start-up failing; beyond
+    ``max_map_size`` the start-up fails with a message naming it, having built nothing."""
+    import lmdb
+
+    from tiermem.server.model.errors import StorageError
+
+    data = tmp_path / "d"
+    running = server_factory(data)
+    with _client(running) as c:
+        for i in range(0, 3000, 500):
+            c.create_batch(
+                [{"namespace": "ns", "content": f"note {j} about the launch"} for j in range(i, i + 500)]
+            )
+    running.stop(None)
+    env = lmdb.open(str(data / "lmdb"), max_dbs=16, map_size=1 << 30)
+    with env.begin(write=True) as txn:  # (as an earlier version left it, then its pages filled)
+        meta = env.open_db(b"meta", txn=txn)
+        txn.drop(env.open_db(b"content_rids", txn=txn, dupsort=True, dupfixed=True), delete=True)
+        txn.delete(b"content_rids", db=meta)
+        env.open_db(b"contents", txn=txn)
+    for i in range(3):  # (the pages the drop freed become reusable, and the filler takes them)
+        with env.begin(write=True) as txn:
+            txn.put(b"aged", bytes(i))
+    with env.begin(write=True) as txn:
+        filler = env.open_db(b"filler", txn=txn)
+        for i in range(4000):
+            txn.put(i.to_bytes(4, "big"), bytes(1000), db=filler)
+    in_use = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    env.close()
+    with pytest.raises(StorageError, match="max_map_size"):
+        server_factory(data, map_size=1 << 20, max_map_size=in_use)
+    env = lmdb.open(str(data / "lmdb"), max_dbs=16, map_size=1 << 30)
+    with env.begin() as txn:  # (the build wrote nothing: the old index stands, the new one is empty)
+        assert txn.stat(env.open_db(b"contents", txn=txn, create=False))["entries"] == 0
+        assert txn.stat(env.open_db(b"content_rids", txn=txn, create=False, dupsort=True))["entries"] == 0
+        assert txn.get(b"content_rids", db=env.open_db(b"meta", txn=txn, create=False)) is None
+    env.close()
+    running = server_factory(data, map_size=1 << 20, max_map_size=1 << 30)
+    with _client(running) as c:
+        again = c.stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=pb.Memory(namespace="ns", content="Note 7 about the LAUNCH"))
+        )
+        assert again.deduplicated
+        assert sum(1 for _ in c.list_memories("ns", page_size=1000)) == 3000
+    with pytest.raises(lmdb.NotFoundError):
+        running.engine.state.store.env.open_db(b"contents", create=False)
+
+
 def test_an_expired_copy_does_not_hide_a_live_one_from_deduplication(
     server_factory: Callable[..., RunningServer],
 ) -> None:

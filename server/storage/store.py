@@ -133,7 +133,7 @@ class Store(CommitLog, LifecycleCounters):
                 raise datafile.not_writable(path, OSError(e.code, os.strerror(e.code))) from None
             raise StorageError(f"cannot open LMDB at {path}: {e}") from e
         try:
-            self._open_databases()
+            upgrades.with_room(self.env, max_map_size, self._open_databases)
         except BaseException:
             self.close()
             raise

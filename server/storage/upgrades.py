@@ -4,13 +4,34 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import lmdb
 
+from tiermem.server.model.errors import StorageError
 from tiermem.server.model.records import Record
 from tiermem.server.storage.keys import META_CONTENT_RIDS, META_CONTENTS_BY_KIND, content_key
 
 logger = logging.getLogger(__name__)
+
+
+def with_room(env: lmdb.Environment, max_map_size: int, open_databases: Callable[[], None]) -> None:
+    """``open_databases()`` (its new databases and one-time changes write), the map doubled up to
+    ``max_map_size`` while they need more room than it has: a directory that grew past the
+    configured ``map_size`` while serving opens with no room to spare, and a write at open would
+    otherwise fail the start-up. Each write is one transaction, so a try that ran out wrote nothing."""
+    while True:
+        try:
+            open_databases()
+            return
+        except lmdb.MapFullError as e:
+            size = int(env.info()["map_size"])
+            if size >= max_map_size:
+                raise StorageError(
+                    f"the data directory needs more than max_map_size ({max_map_size} bytes) to open"
+                ) from e
+            env.set_mapsize(min(2 * size, max_map_size))
+            logger.warning("LMDB map grown at open from %d to %d bytes", size, int(env.info()["map_size"]))
 
 
 def drop_retired_postings(env: lmdb.Environment) -> None:
