@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -481,6 +482,54 @@ def test_an_answer_that_cannot_fit_is_refused_before_the_work(client: MemoryClie
         client.search_many(searches)
     assert e.value.reason == "RESPONSE_TOO_LARGE" and time.monotonic() - t0 < 5
     assert len(client.search_many(searches[:1])) == 1  # one fits
+
+
+def test_what_fits_an_answer_does_not_tell_of_another_tenants_space(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Whether a tenant's searches and pages with their vectors fit a message depends on its own
+    memories only: another tenant's wider embedding space (which the tenant may not even learn
+    exists) changes neither the answers nor where a page ends."""
+    keys_file = tmp_path / "keys"
+    a = add_key(keys_file, ["tenant-a"], "write")
+    b = add_key(keys_file, ["tenant-b"], "write")
+    running = server_factory(api_keys=str(keys_file), max_message_bytes=100_000)
+    rng = np.random.default_rng(3)
+
+    def answers(c: MemoryClient) -> tuple[list[int], list[int]]:
+        found = [len(c.search("tenant-a/notes", "launch", limit=10, include_embedding=True, read_only=True))]
+        found += [
+            len(
+                c.search_many(
+                    [
+                        {
+                            "namespaces": ["tenant-a/notes"],
+                            "query": "launch",
+                            "limit": 10,
+                            "include_embedding": True,
+                        }
+                    ]
+                )[0]
+            )
+        ]
+        page = c.stub.ListMemories(
+            pb.ListMemoriesRequest(namespace="tenant-a/notes", page_size=50, include_embedding=True),
+            timeout=30,
+        )
+        return found, [len(page.memories), int(bool(page.next_page_token))]
+
+    with client(running, a) as ca, client(running, b) as cb:
+        for i in range(20):
+            ca.create(
+                "tenant-a/notes",
+                f"launch note {i}",
+                embedding=rng.normal(size=8),
+                embedding_model="tenant-a/small",
+            )
+        before = answers(ca)
+        assert before == ([10, 10], [20, 0])
+        cb.create("tenant-b/x", "wide", embedding=rng.normal(size=3000), embedding_model="tenant-b/wide")
+        assert answers(ca) == before
 
 
 def test_an_answer_over_the_message_limit_is_refused_and_counts_no_access(

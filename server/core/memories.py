@@ -117,14 +117,12 @@ def list_memories(
         rids = rids[rids > decode_token("page_token", page_token, int)]
     out: list[Record] = []
     pos, room = 0, max_bytes
-    widest = max((sp.dim for sp in list(st.spaces.values())), default=0) if with_vectors and max_bytes else 0
-    vector = 4 * widest + 16 if widest else 0
     with st.store.read() as txn:
         while len(out) < size and pos < rids.shape[0]:
             rec = st.store.get(txn, int(rids[pos]))
             if rec is not None and rec.namespace == namespace:
-                if max_bytes:
-                    room -= rec.answer_bytes() + vector
+                if max_bytes:  # (a vector by its own space's width: not another tenant's widest)
+                    room -= rec.answer_bytes() + (_vector_bytes(st, rec) if with_vectors else 0)
                     if out and room < 0:
                         break
                 out.append(rec)
@@ -133,6 +131,12 @@ def list_memories(
     if out and pos < rids.shape[0]:  # (newest first: continue after the last row looked at)
         token = encode_token([float(created[pos - 1]), int(rids[pos - 1])] if newest_first else out[-1].rid)
     return out, token
+
+
+def _vector_bytes(st: EngineState, rec: Record) -> int:
+    """What a memory's vector adds to an answer, at most (0: it has none)."""
+    sp = st.spaces.get(rec.embedding_model) if rec.embedding_model else None
+    return 4 * sp.dim + 16 if sp is not None else 0
 
 
 def _timeline_position(token: str) -> tuple[float, int]:

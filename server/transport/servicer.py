@@ -302,14 +302,15 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     def _check_fits(self, searches: Any) -> None:
         """RESOURCE_EXHAUSTED, before any work, when the answers could not fit one message: each hit
-        with its vector takes 4 bytes a dimension (the query's, else the widest space's)."""
+        with its vector takes 4 bytes a dimension of the query's vector. (A text query's hits are
+        measured once found: sizing them by the widest space would tell a key that another
+        tenant's space exists, and how wide it is.)"""
         eng = self._engine
         least = 0
         for s in searches:
             if s.include_embedding:  # (the common search without vectors costs nothing here)
                 limit = min(max(s.limit, 0) or 10, eng.config.max_search_limit)  # (as query.py takes it)
-                dim = len(s.query_embedding) or max((sp.dim for sp in list(eng.spaces.values())), default=0)
-                least += limit * 4 * dim
+                least += limit * 4 * len(s.query_embedding)
         if least > eng.config.max_message_bytes:
             raise ResponseTooLarge(
                 f"the answer would take at least {least} bytes, over the {eng.config.max_message_bytes}"
