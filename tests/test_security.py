@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -993,18 +994,76 @@ def test_a_revoked_key_ends_the_streams_it_opened(
             )
             sent.append(f"early{i}")
         _revoke(keys_file, importer)
-        _revoked(running, importer)
-        for i in range(2):
+        for i in range(400):  # (sending all along, never idle: each chunk is looked at as it comes)
             sent.append(f"late{i}")
             yield pb.ExportMemoriesResponse(
                 memory=pb.Memory(id=f"late{i}", namespace="user:ana", content="x")
             )
+            time.sleep(0.05)
 
     with client(running, importer) as c, pytest.raises(UnauthenticatedError):
         c.import_memories(chunks(), target_namespace="user:ana/restored")
     assert "late0" in sent
     with client(running, root) as g:
         assert [m.id for m in g.list_memories("user:ana/restored")] == []
+
+
+def test_a_revoked_key_ends_its_streams_while_they_idle(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """An import that sends nothing after its header, and a replica's feed while the leader has
+    nothing to send, end with UNAUTHENTICATED once their key is revoked, as busy streams do."""
+    importer = add_key(keys_file, ["user:ana"], "admin")
+    replica = add_key(keys_file, [""], "admin")
+    running = server_factory(api_keys=str(keys_file), replication=True)
+    with client(running, replica) as r:
+        r.create("user:ana", "before")
+    quiet = threading.Event()
+    ended: dict[str, tuple[float, grpc.StatusCode]] = {}
+
+    def idle_import() -> Iterator[pb.ImportMemoriesRequest]:
+        yield pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1))
+        quiet.wait(30)
+
+    def idle_acks() -> Iterator[pb.ReplicateChangesRequest]:
+        yield pb.ReplicateChangesRequest(instance_id="", applied_seq=0)
+        quiet.wait(30)
+
+    def run(name: str, token: str, call: Callable[[Any], Any]) -> None:
+        try:
+            result = call(client(running, token).stub)
+            for _ in result if name == "feed" else ():
+                pass
+        except grpc.RpcError as e:
+            ended[name] = (time.monotonic(), e.code())
+
+    threads = [
+        threading.Thread(
+            target=run, args=("import", importer, lambda stub: stub.ImportMemories(idle_import(), timeout=30))
+        ),
+        threading.Thread(
+            target=run, args=("feed", replica, lambda stub: stub.ReplicateChanges(idle_acks(), timeout=30))
+        ),
+    ]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(1.5)  # (both open and waiting)
+        assert ended == {}
+        _revoke(keys_file, importer)
+        _revoke(keys_file, replica)
+        revoked = time.monotonic()
+        for t in threads:
+            t.join(15)
+        assert {name: code for name, (_, code) in ended.items()} == {
+            "import": grpc.StatusCode.UNAUTHENTICATED,
+            "feed": grpc.StatusCode.UNAUTHENTICATED,
+        }
+        assert all(at - revoked < 10 for at, _ in ended.values())  # (the file is read once a second)
+    finally:
+        quiet.set()
+        for t in threads:
+            t.join(10)
 
 
 def test_the_private_socket_of_search_followers_needs_their_secret(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hmac
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -51,11 +53,20 @@ _route: contextvars.ContextVar[tuple[str | None, bool, routing.RoutingOf | None]
 )
 # The embedding models the call's key may name (security/models.py).
 _model_rule: contextvars.ContextVar[ModelRule | None] = contextvars.ContextVar("tiermem_models", default=None)
+_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tiermem_call", default=None)
 
 
 def caller() -> ApiKey | None:
     """The API key of the call being served (None: the server has no keys, or no call)."""
     return _caller.get()
+
+
+def key_still_valid() -> None:
+    """Unauthenticated (raised) once the key of the call being served was revoked: for a stream
+    that waits with nothing to send, so that it ends as one that sends would."""
+    call = _call.get()
+    if call is not None:
+        call.key_still_valid()
 
 
 def _need(key: ApiKey, role: str, namespaces: Iterable[str], what: str) -> None:
@@ -407,9 +418,11 @@ class _Call:
                 token = _caller.set(key)
                 routed = _route.set((self.route, self.owner.sharded, self.owner.routing_of))
                 ruled = _model_rule.set(self.owner.models)
+                serving = _call.set(self)
                 try:
                     yield key
                 finally:
+                    _call.reset(serving)
                     _model_rule.reset(ruled)
                     _route.reset(routed)
                     _caller.reset(token)
@@ -542,9 +555,52 @@ def _checked(requests: Iterator[Any], key: ApiKey | None, call: _Call) -> Iterat
         yield r
 
 
+def _read_ahead(requests: Iterator[Any], call: _Call) -> Iterator[Any]:
+    """A client stream's messages read on a thread of their own (two ahead at most), so that while
+    its caller sends nothing the call's key is still looked at: a revoked key ends an idle import
+    as it ends one that sends. The reader ends with the call."""
+    box: queue.Queue[Any] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    end = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            with contextlib.suppress(queue.Full):
+                box.put(item, timeout=KEY_RECHECK_SECONDS)
+                return True
+        return False
+
+    def read() -> None:
+        try:
+            for r in requests:
+                if not put(r):
+                    return
+            put(end)
+        except BaseException as e:  # (the call ended, or a message could not be read: the handler's)
+            put(e)
+
+    threading.Thread(target=read, name="tiermem-stream-reader", daemon=True).start()
+    try:
+        while True:
+            try:
+                item = box.get(timeout=KEY_RECHECK_SECONDS)
+            except queue.Empty:
+                call.key_still_valid()
+                continue
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
 def _stream_in(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         with call.serving(context) as key:
+            if call.token is not None:  # (a keyed call: its key is looked at while it idles)
+                requests = _read_ahead(requests, call)
             result = inner(_checked(requests, key, call), context)
             call.confirm(context)
             return result

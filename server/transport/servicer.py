@@ -34,7 +34,7 @@ from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG
 from tiermem.server.search.query import SearchQuery
 from tiermem.server.search.searcher import SearchHit, SearchHits
 from tiermem.server.transport import convert
-from tiermem.server.transport.auth import caller
+from tiermem.server.transport.auth import caller, key_still_valid
 from tiermem.server.transport.replication import ReplicaAcks, ReplicaFollower, serve_changes
 from tiermem.server.transport.routing import WriteGate
 from tiermem.server.transport.status import to_status
@@ -430,7 +430,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 "this server feeds no replicas: start it with replication", "NOT_REPLICATING"
             )
         with self._stream_slot():
-            wanted = _still_wanted(context) or (lambda: True)
+            still = _still_wanted(context) or (lambda: True)
+
+            def wanted() -> bool:  # (an idle feed looks at its key as it waits: a revoked one ends it)
+                key_still_valid()
+                return still()
+
             yield from serve_changes(self._engine, first, requests, wanted, self.acks)
 
     @_rpc
