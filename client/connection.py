@@ -256,10 +256,18 @@ def one_stub(stubs: list[Any]) -> Any:
     return stubs[0] if len(stubs) == 1 else Spread(stubs)
 
 
+MAX_TIMEOUT = 1e9  # seconds (about 31 years): gRPC fails a call at once past about 1e10
+
+
 def check_timeout(timeout: float | None) -> None:
-    """ValueError unless ``timeout`` is None (no deadline) or a positive number of seconds."""
-    if timeout is not None and not timeout > 0:  # (NaN too)
-        raise ValueError(f"timeout must be a positive number of seconds (None: no deadline), not {timeout!r}")
+    """ValueError unless ``timeout`` is None (no deadline) or a positive number of seconds, at most
+    ``MAX_TIMEOUT`` (a larger one, infinity included, would make every call fail at once and
+    ``wait_ready`` wait for ever)."""
+    if timeout is not None and not 0 < timeout <= MAX_TIMEOUT:  # (NaN too)
+        raise ValueError(
+            f"timeout must be a positive number of seconds up to {MAX_TIMEOUT:g} (None: no deadline),"
+            f" not {timeout!r}"
+        )
 
 
 class Attempts:

@@ -34,7 +34,7 @@ from typing import Any
 
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import backup, check_path, restore
-from tiermem.client.connection import client_certificate
+from tiermem.client.connection import MAX_TIMEOUT, client_certificate
 from tiermem.client.shards import Shards, end_move, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
 
@@ -252,7 +252,7 @@ def _connection_options(target: bool = True) -> argparse.ArgumentParser:
     conn.add_argument("--tls-key", type=Path, metavar="FILE", help="the key of --tls-cert (PEM)")
     conn.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help=f"how long to wait for the server, and each call's deadline (default {DEFAULT_TIMEOUT:g}); "
@@ -272,9 +272,20 @@ def _keys_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """A --timeout: a positive number of seconds, at most MAX_TIMEOUT (else a usage error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= MAX_TIMEOUT:  # (NaN too)
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds up to {MAX_TIMEOUT:g}, not {text}"
+        )
+    return value
+
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be positive, not {args.timeout:g}")
     tls: Any = str(args.tls_ca) if args.tls_ca is not None else bool(args.tls)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")

@@ -351,6 +351,9 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     for args in (["backup", "--target", "127.0.0.1:1"], ["stats"], ["frobnicate"], []):
         out = tiermem(*args)
         assert out.returncode == 2 and "usage: tiermem" in out.stderr, args
+    for bad in ("0", "-1", "nan", "inf", "1e10", "soon"):  # (inf and 1e10 waited for ever)
+        out = tiermem("health", "--target", "127.0.0.1:1", "--timeout", bad)
+        assert out.returncode == 2 and "argument --timeout" in out.stderr, bad
     out = tiermem("restore", "--target", "127.0.0.1:1", str(tmp_path / "missing.tmb"))
     assert "missing.tmb: no such file" in one_error_line(out)
     out = tiermem("restore", "--target", "127.0.0.1:1", str(tmp_path))  # a directory is not missing

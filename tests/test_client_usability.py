@@ -179,7 +179,7 @@ def test_a_call_to_a_server_that_is_not_there_says_so_when_its_deadline_passes()
 
 
 def test_a_timeout_that_is_not_a_positive_number_is_refused_before_any_call() -> None:
-    for bad in (0, -1, float("nan")):
+    for bad in (0, -1, float("nan"), float("inf"), 1e10):  # (inf and 1e10: every call failed at once)
         with pytest.raises(ValueError, match="timeout must be a positive number"):
             MemoryClient("127.0.0.1:1", timeout=bad)
         with MemoryClient("127.0.0.1:1") as c, pytest.raises(ValueError, match="timeout must be a positive"):
