@@ -122,6 +122,28 @@ def test_hit_counts_keep_at_most_so_many_namespaces() -> None:
     assert counts.hits_misses("made:up/4") == (0, 1)
 
 
+def test_made_up_names_cannot_keep_real_namespaces_from_being_counted(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """One tenant searching thousands of names it never wrote filled the table every tenant's hit
+    counts share: another tenant's new namespace then counted nothing. Once full, the names that
+    hold no memory make room."""
+    running = server_factory()
+    running.engine.state.searches.most = 50  # (the server's table, made small)
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        c.create("tenant-a/real", "a memory of tenant a")
+        c.search("tenant-a/real", "memory", read_only=True)
+        for i in range(0, 200, 20):
+            c.search_many(
+                [{"namespaces": [f"tenant-a/made-up-{i + j}"], "query": "memory"} for j in range(20)]
+            )
+        c.create("tenant-b/new", "a memory of tenant b")
+        for _ in range(3):
+            assert c.search("tenant-b/new", "memory", read_only=True)
+        assert (c.stats("tenant-b/new").search_hits, c.stats("tenant-a/real").search_hits) == (3, 1)
+        assert c.stats().search_misses == 200  # (the server's own figures count them all)
+
+
 def test_a_start_up_drops_the_rows_of_deleted_memories_once_most_rows_are_theirs(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

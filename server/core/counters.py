@@ -25,10 +25,13 @@ def selected(sel: Selection, namespace: str) -> bool:
 class SearchCounts:
     """Hit rate: a search "hits" a namespace when it returns some of it, and "misses" it otherwise.
     Namespaces past ``most`` are counted in the server's figures only (searches may name any
-    names: each would keep an entry)."""
+    names: each would keep an entry). Once full, the entries of namespaces ``holds`` says hold no
+    memory (names searched but never written, or emptied) make room: searches of made-up names
+    cannot keep other namespaces' searches from being counted."""
 
-    def __init__(self, most: int = 100_000) -> None:
+    def __init__(self, most: int = 100_000, holds: Callable[[str], bool] | None = None) -> None:
         self.most = most
+        self.holds = holds
         self._lock = threading.Lock()
         self._by_namespace: dict[str, list[int]] = {}  # namespace -> [hits, misses]
         self._total = [0, 0]  # [searches returning something, searches returning nothing]
@@ -53,6 +56,9 @@ class SearchCounts:
     def _entry(self, namespace: str) -> list[int] | None:
         """The namespace's [hits, misses], made if there is room (under the lock)."""
         counts = self._by_namespace.get(namespace)
+        if counts is None and len(self._by_namespace) >= self.most and self.holds is not None:
+            holds = self.holds
+            self._by_namespace = {ns: c for ns, c in self._by_namespace.items() if holds(ns)}
         if counts is None and len(self._by_namespace) < self.most:
             counts = self._by_namespace[namespace] = [0, 0]
         return counts

@@ -123,7 +123,7 @@ class EngineState:
         self.lifecycle = LifecycleTotals()
         self.pass_lock = threading.Lock()  # one lifecycle pass at a time
         self.last_run = np.full((0, 5), -np.inf)  # last scheduled pass per (namespace id, tier)
-        self.searches = SearchCounts()
+        self.searches = SearchCounts(holds=lambda ns: ns in self.columns.ns_counts)
         self.accesses = PendingAccesses()
         self.summaries = SummaryCounts()
         # Namespaces whose kept summary is due, and those whose last one failed (summarizer.py).
