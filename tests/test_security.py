@@ -417,6 +417,32 @@ def _held_imports(c: MemoryClient, n: int) -> tuple[threading.Event, list[thread
     return release, threads
 
 
+def test_one_key_cannot_hold_every_stream(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """Exports and imports share half the handler threads (4 of 8): one key holds 3 at most, so
+    another tenant can still back up its memories while the first holds its streams open."""
+    a = add_key(keys_file, ["tenant-a"], "admin")
+    b = add_key(keys_file, ["tenant-b"], "admin")
+    running = server_factory(api_keys=str(keys_file), max_workers=8)
+    with client(running, a) as ca, client(running, b) as cb:
+        cb.create("tenant-b/notes", "a memory of b")
+        release, threads = _held_imports(ca, 3)
+        try:
+            with pytest.raises(ResourceExhaustedError) as e:
+                list(ca.export_memories("tenant-a"))
+            assert e.value.reason == "TOO_MANY_STREAMS" and "this API key" in str(e.value)
+            chunks = list(cb.export_memories("tenant-b/notes"))  # the slot kept for other keys
+            assert [c.memory.content for c in chunks if c.WhichOneof("chunk") == "memory"] == [
+                "a memory of b"
+            ]
+        finally:
+            release.set()
+            for t in threads:
+                t.join(10)
+        assert len(list(ca.export_memories("tenant-a"))) == 1  # (the header: its slots are free again)
+
+
 def test_health_and_stats_keep_a_share_when_the_server_is_full(
     server_factory: Callable[..., RunningServer],
 ) -> None:

@@ -137,6 +137,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.graph: GraphMemory | None = None
         self._streams: threading.BoundedSemaphore | None = None
         self._streams_lock = threading.Lock()
+        self._key_streams: dict[str, int] = {}  # API key id -> its streams running
         if engine is not None:
             self.attach(engine, assembler, graph)
 
@@ -148,21 +149,39 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     @contextlib.contextmanager
     def _stream_slot(self) -> Iterator[None]:
         """A streaming export or import holds a handler thread for as long as it runs: at most half
-        of them may be streams, so unary calls always find a thread (RESOURCE_EXHAUSTED beyond)."""
+        of them may be streams, so unary calls always find a thread, and one API key holds all
+        but one of those at most, so one tenant's streams cannot shut out every other tenant's
+        (RESOURCE_EXHAUSTED beyond)."""
         workers = self._engine.config.max_workers
+        slots = max(1, workers // 2)
+        key = caller()
         with self._streams_lock:
             if self._streams is None:
-                self._streams = threading.BoundedSemaphore(max(1, workers // 2))
+                self._streams = threading.BoundedSemaphore(slots)
             gate = self._streams
-        if not gate.acquire(blocking=False):
-            raise ResourceExhausted(
-                f"at most {max(1, workers // 2)} export/import streams run at once "
-                f"(max_workers={workers}); retry when one finishes",
-                reason="TOO_MANY_STREAMS",
-            )
+            held = self._key_streams.get(key.id, 0) if key is not None else 0
+            if key is not None and held >= max(1, slots - 1):
+                raise ResourceExhausted(
+                    f"this API key runs {held} export/import streams already, the most one key may"
+                    " (one is kept for other keys); retry when one finishes",
+                    reason="TOO_MANY_STREAMS",
+                )
+            if not gate.acquire(blocking=False):
+                raise ResourceExhausted(
+                    f"at most {slots} export/import streams run at once "
+                    f"(max_workers={workers}); retry when one finishes",
+                    reason="TOO_MANY_STREAMS",
+                )
+            if key is not None:
+                self._key_streams[key.id] = held + 1
         try:
             yield
         finally:
+            with self._streams_lock:
+                if key is not None:
+                    left = self._key_streams.pop(key.id) - 1
+                    if left:
+                        self._key_streams[key.id] = left
             gate.release()
 
     @property
