@@ -229,6 +229,20 @@ def _sessions(index: KeywordIndex, sessions: int, rows_each: int, first_row: int
     return held
 
 
+def _two_left(index: KeywordIndex, first: str, second: str) -> tuple[int, np.ndarray]:
+    """30 sessions of 20 rows posted and removed, then two live rows of ``first`` and ``second``
+    after them: (the first live row, the rows' alive flags)."""
+    held = _sessions(index, sessions=30, rows_each=20)
+    n = len(held)
+    index.add(n, 0, first)
+    index.add(n + 1, 0, second)
+    alive = np.zeros(n + 2, np.bool_)
+    alive[n:] = True
+    for row in held:
+        index.remove(row)
+    return n, alive
+
+
 def test_a_compaction_forgets_the_words_of_deleted_memories() -> None:
     """Keys (namespace, word) left without a live posting go at a compaction, once there are many:
     the index does not hold every word of every session that ever lived. The live rows' answers
@@ -277,14 +291,7 @@ def test_a_compaction_that_fails_leaves_the_index_as_it_was(monkeypatch: pytest.
     """The maintenance pass logs a failed compaction and carries on: the index must still agree with
     itself (each row's keys in the numbering searches use), so later removes count right."""
     index = KeywordIndex(delta_size=256)
-    held = _sessions(index, sessions=30, rows_each=20)
-    n = len(held)
-    index.add(n, 0, "alpha beta")
-    index.add(n + 1, 0, "alpha gamma")
-    alive = np.zeros(n + 2, np.bool_)
-    alive[n:] = True
-    for row in held:
-        index.remove(row)
+    n, alive = _two_left(index, "alpha beta", "alpha gamma")
     keys = len(index)
 
     def fail(*args: object) -> None:
@@ -340,14 +347,7 @@ def test_a_search_over_a_renumbering_reads_one_numbering() -> None:
                 answers.append(_search_in(self, [0, 1, 2], "alpha beta", alive))
 
     index = Hooked(delta_size=256)
-    held = _sessions(index, sessions=30, rows_each=20)
-    n = len(held)
-    index.add(n, 0, "alpha beta gamma")
-    index.add(n + 1, 0, "beta delta")
-    alive = np.zeros(n + 2, np.bool_)
-    alive[n:] = True
-    for row in held:
-        index.remove(row)
+    n, alive = _two_left(index, "alpha beta gamma", "beta delta")
     expected = _search_in(index, [0, 1, 2], "alpha beta", alive)
     assert set(expected) == {n, n + 1}
     keys = len(index)
