@@ -5,6 +5,7 @@ the writer thread, followers' reports and stats read and change them concurrentl
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -22,16 +23,21 @@ def selected(sel: Selection, namespace: str) -> bool:
     return not sel or namespace == sel
 
 
+PRUNE_SECONDS = 10.0  # a full table of hit counts drops the names holding no memory at most this often
+
+
 class SearchCounts:
     """Hit rate: a search "hits" a namespace when it returns some of it, and "misses" it otherwise.
     Namespaces past ``most`` are counted in the server's figures only (searches may name any
     names: each would keep an entry). Once full, the entries of namespaces ``holds`` says hold no
-    memory (names searched but never written, or emptied) make room: searches of made-up names
-    cannot keep other namespaces' searches from being counted."""
+    memory (names searched but never written, or emptied) make room for a name that holds some:
+    searches of made-up names cannot keep other namespaces' searches from being counted."""
 
     def __init__(self, most: int = 100_000, holds: Callable[[str], bool] | None = None) -> None:
         self.most = most
         self.holds = holds
+        self._pruned = -PRUNE_SECONDS  # when the table was last pruned (time.monotonic) ...
+        self._freed = True  # ... and whether that made room
         self._lock = threading.Lock()
         self._by_namespace: dict[str, list[int]] = {}  # namespace -> [hits, misses]
         self._total = [0, 0]  # [searches returning something, searches returning nothing]
@@ -56,9 +62,15 @@ class SearchCounts:
     def _entry(self, namespace: str) -> list[int] | None:
         """The namespace's [hits, misses], made if there is room (under the lock)."""
         counts = self._by_namespace.get(namespace)
-        if counts is None and len(self._by_namespace) >= self.most and self.holds is not None:
-            holds = self.holds
-            self._by_namespace = {ns: c for ns, c in self._by_namespace.items() if holds(ns)}
+        full = len(self._by_namespace) >= self.most
+        holds = self.holds
+        if counts is None and full and holds is not None and holds(namespace):
+            # (a pass over the table, for a name holding memories: again at once while the last
+            # one freed room, else not for every such name)
+            now = time.monotonic()
+            if self._freed or now - self._pruned >= PRUNE_SECONDS:
+                self._by_namespace = {ns: c for ns, c in self._by_namespace.items() if holds(ns)}
+                self._pruned, self._freed = now, len(self._by_namespace) < self.most
         if counts is None and len(self._by_namespace) < self.most:
             counts = self._by_namespace[namespace] = [0, 0]
         return counts

@@ -502,7 +502,9 @@ def _wrap(handler: Any, call: _Call) -> Any:
         )
     if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(
-            _stream_in(handler.stream_unary, call), handler.request_deserializer, handler.response_serializer
+            _stream_in(handler.stream_unary, call, decoded=handler.request_deserializer is not None),
+            handler.request_deserializer,
+            handler.response_serializer,
         )
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(
@@ -596,10 +598,13 @@ def _read_ahead(requests: Iterator[Any], call: _Call) -> Iterator[Any]:
         stop.set()
 
 
-def _stream_in(inner: Callable[..., Any], call: _Call) -> Callable[..., Any]:
+def _stream_in(inner: Callable[..., Any], call: _Call, decoded: bool = True) -> Callable[..., Any]:
+    """``decoded``: the handler reads messages (not a follower's forwarder, which passes raw bytes
+    on to the leader from a thread of gRPC's own: the leader looks at the key)."""
+
     def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         with call.serving(context) as key:
-            if call.token is not None:  # (a keyed call: its key is looked at while it idles)
+            if call.token is not None and decoded:  # (a keyed call: its key is looked at while it idles)
                 requests = _read_ahead(requests, call)
             result = inner(_checked(requests, key, call), context)
             call.confirm(context)
