@@ -410,7 +410,10 @@ def _plain(value: Any) -> Any:
 
 def _backup(args: argparse.Namespace) -> int:
     with _ready(args) as client:
-        summary = backup(client, args.file, args.namespace, args.include_children)
+        try:
+            summary = backup(client, args.file, args.namespace, args.include_children)
+        except TiermemError as e:  # (as restore's: the line names the file too)
+            raise ServerRefused(f"{args.file}: {_one_line(e)}") from None
     _print_json(dataclasses.asdict(summary))
     return 0
 

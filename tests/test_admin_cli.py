@@ -304,6 +304,7 @@ def test_a_failed_backup_leaves_the_previous_file(server_factory: Factory, tmp_p
     out = tiermem("backup", "--target", addr(running), str(path))  # no key: refused
     line = one_error_line(out)
     assert "UNAUTHENTICATED" in line and "API_KEY_MISSING" in line
+    assert line.startswith(f"tiermem backup: {path}: ")  # (the line names the file, as restore's)
     assert path.read_bytes() == b"the previous backup"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "keep.tmb", "keys.jsonl"]
 
