@@ -67,7 +67,7 @@ def _abort(name: str, e: Exception, context: grpc.ServicerContext) -> None:
         status = to_status(e)
     elif isinstance(e, grpc.RpcError) and not context.is_active():
         logger.info("%s: the caller cancelled the call", name)
-        return
+        raise e  # (gRPC's own error, known to it: nothing to answer, and no response to make)
     else:
         logger.error("%s failed", name, exc_info=e)
         status = to_status(TiermemError(f"internal error: {type(e).__name__}"))
