@@ -24,17 +24,18 @@ A failure prints one line on stderr and exits 1; a usage error exits 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import backup, check_path, restore
-from tiermem.client.connection import MAX_TIMEOUT, client_certificate
+from tiermem.client.connection import check_timeout, client_certificate
 from tiermem.client.shards import Shards, end_move, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
 
@@ -273,15 +274,15 @@ def _keys_add(args: argparse.Namespace) -> int:
 
 
 def _seconds(text: str) -> float:
-    """A --timeout: a positive number of seconds, at most MAX_TIMEOUT (else a usage error)."""
+    """A --timeout, by the clients' own rule (``check_timeout``): else a usage error."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= MAX_TIMEOUT:  # (NaN too)
-        raise argparse.ArgumentTypeError(
-            f"must be a positive number of seconds up to {MAX_TIMEOUT:g}, not {text}"
-        )
+    try:
+        check_timeout(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return value
 
 
@@ -408,23 +409,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def _naming(file: Path) -> Iterator[None]:
+    """A server's refusal of a backup or restore, its line naming the file too."""
+    try:
+        yield
+    except TiermemError as e:
+        raise ServerRefused(f"{file}: {_one_line(e)}") from None
+
+
 def _backup(args: argparse.Namespace) -> int:
-    with _ready(args) as client:
-        try:
-            summary = backup(client, args.file, args.namespace, args.include_children)
-        except TiermemError as e:  # (as restore's: the line names the file too)
-            raise ServerRefused(f"{args.file}: {_one_line(e)}") from None
+    with _ready(args) as client, _naming(args.file):
+        summary = backup(client, args.file, args.namespace, args.include_children)
     _print_json(dataclasses.asdict(summary))
     return 0
 
 
 def _restore(args: argparse.Namespace) -> int:
     check_path(args.file)  # before connecting: a typo is not a server problem
-    with _ready(args) as client:
-        try:
-            response = restore(client, args.file, args.target_namespace, confirm=args.confirm)
-        except TiermemError as e:  # (the server's refusal: the line names the file too)
-            raise ServerRefused(f"{args.file}: {_one_line(e)}") from None
+    with _ready(args) as client, _naming(args.file):
+        response = restore(client, args.file, args.target_namespace, confirm=args.confirm)
     _print_json(to_python(response))
     return 0
 
