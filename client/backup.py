@@ -55,7 +55,7 @@ _END = 0xFFFFFFFF  # the length that opens the trailer instead of a record
 _DIGEST_BYTES = 32
 _TRAILER_BYTES = _U32.size + _U64.size + _DIGEST_BYTES
 _HEAD_BYTES = len(MAGIC) + _U32.size
-_CHUNK_KINDS = ("header", "memory", "scope", "node", "edge")
+_CHUNK_KINDS = ("header", "settings", "memory", "scope", "node", "edge")
 
 
 class BackupFileError(ValueError):
@@ -80,6 +80,7 @@ class BackupSummary:
     server_version: str
     export_time: float
     messages: int
+    settings: int
     memories: int
     scopes: int
     nodes: int
@@ -251,6 +252,7 @@ def _summary(
         server_version=header.server_version,
         export_time=timestamp_seconds(header.export_time),
         messages=sum(tally.values()),
+        settings=tally["settings"],
         memories=tally["memory"],
         scopes=tally["scope"],
         nodes=tally["node"],

@@ -680,8 +680,9 @@ class MemoryClient(AgentMethods):
         timeout: float | None = None,
         call_metadata: CallMetadata | None = None,
     ) -> Iterator[pb.ExportMemoriesResponse]:
-        """Stream a consistent snapshot: the header chunk, then every memory with its vector, the
-        namespaces' progress toward a reflection and a summary, and the graph. No deadline unless
+        """Stream a consistent snapshot: the header chunk, the namespaces' settings, then every
+        memory with its vector, the namespaces' progress toward a reflection and a summary, and
+        the graph. No deadline unless
         ``timeout`` (for the whole stream): a large export takes a while."""
         req = rq.export_request(namespace, include_children=include_children)
         yield from self._call(self.stub.ExportMemories, req, timeout, call_metadata, stream=True)
@@ -696,8 +697,10 @@ class MemoryClient(AgentMethods):
         call_metadata: CallMetadata | None = None,
     ) -> pb.ImportMemoriesResponse:
         """Restore the chunks of an export (e.g. ``export_memories``' output, possibly saved and
-        read back), optionally under another namespace. ``confirm``: restoring preferences and
-        summaries into a protected namespace is intended. No deadline unless ``timeout``."""
+        read back), optionally under another namespace. The namespaces' settings are set last
+        (protection added, never removed; a policy replaces the namespace's own). ``confirm``:
+        restoring preferences and summaries into a protected namespace, or a policy over a
+        protected namespace's own, is intended. No deadline unless ``timeout``."""
         failure: list[Exception] = []  # (gRPC reports requests that fail without their exception)
 
         def requests() -> Iterator[pb.ImportMemoriesRequest]:

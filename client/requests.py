@@ -287,6 +287,8 @@ def import_request(
         req.memory.CopyFrom(chunk.memory)
     elif which == "scope":
         req.scope.CopyFrom(chunk.scope)
+    elif which == "settings":
+        req.settings.CopyFrom(chunk.settings)
     elif which == "node":
         req.node.CopyFrom(chunk.node)
         req.graph_namespace = chunk.graph_namespace

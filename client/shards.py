@@ -9,9 +9,9 @@ A move, with ``switch`` the caller's way to point the proxy at the target:
 2. fence: the source refuses the scope's writes (UNAVAILABLE, SCOPE_FENCED, with retry info:
    clients make them again), so what it holds no longer changes;
 3. catch up: export again and bring the target to exactly that: memories created or changed
-   meanwhile imported, those deleted meanwhile deleted, the graph and the namespaces' reflection
-   and summary progress written, their settings copied; then both sides are compared memory by
-   memory;
+   meanwhile imported, those deleted meanwhile deleted, the graph, the namespaces' settings and
+   their reflection and summary progress written (all in the export); then both sides are
+   compared memory by memory;
 4. switch: ``switch()`` routes the scope to the target;
 5. retire: the source answers every call of the scope with UNAVAILABLE SCOPE_MOVED (so a client
    whose proxy has not switched yet retries instead of reading an empty scope) and deletes it.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +131,9 @@ def move_scope(
     try:
         step("copy")
         first = _export(source, scope, route)
-        report.copied = _import(target, [c for c in first if c.WhichOneof("chunk") != "scope"], route)
+        # (progress and settings at the catch-up only: an undone copy leaves no settings behind)
+        copy = [c for c in first if c.WhichOneof("chunk") not in ("scope", "settings")]
+        report.copied = _import(target, copy, route)
         step("fence")
         fencing = True  # (from here a failure lifts the fence: the call may have set it and failed after)
         source.set_scope_routing(scope, "fenced", moved_to=moved_to, call_metadata=route)
@@ -139,7 +141,6 @@ def move_scope(
         step("catch up")
         final = _export(source, scope, route)
         report.caught_up, report.deleted = _catch_up(target, final, route)
-        _copy_settings(source, target, final, route)
         report.memories = _verify(source, target, scope, route)
         _still_this_move(source, target, scope, route, move_id)
     except BaseException as failure:
@@ -360,25 +361,6 @@ def _catch_up(
     ]  # the header, the new and changed memories, the scopes' progress and the graph (idempotent)
     imported = _import(target, chunks, route)
     return imported, len([k for k in stale if k not in wanted])
-
-
-def _copy_settings(
-    source: MemoryClient,
-    target: MemoryClient,
-    final: Iterable[pb.ExportMemoriesResponse],
-    route: list[tuple[str, str]],
-) -> None:
-    """Each moved namespace's stored settings (protection, policy overrides), set at the target."""
-    names = {c.memory.namespace for c in final if c.WhichOneof("chunk") == "memory"}
-    for ns in sorted(names):
-        stored = source.get_namespace_config(ns, call_metadata=route).config
-        paths = [f"policy.{f.name}" for f, _ in stored.policy.ListFields()]
-        if stored.protected:
-            paths.append("protected")
-        if paths:
-            request = pb.UpdateNamespaceConfigRequest(config=stored, confirm=True)
-            request.update_mask.paths.extend(paths)
-            target.stub.UpdateNamespaceConfig(request, timeout=target.timeout, metadata=route)
 
 
 def _verify(source: MemoryClient, target: MemoryClient, scope: str, route: list[tuple[str, str]]) -> int:

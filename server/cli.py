@@ -105,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--confirm",
         action="store_true",
-        help="restore preferences and summaries into protected namespaces too (refused without it)",
+        help="restore preferences and summaries into protected namespaces, and policies over a "
+        "protected namespace's own (refused without it)",
     )
     r.set_defaults(run=_restore)
 

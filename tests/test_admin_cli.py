@@ -132,7 +132,10 @@ def test_backup_and_restore_through_the_cli_carry_everything(server_factory: Fac
     source = server_factory(data_dir=tmp_path / "source")
     with connect(source) as c:
         fill(c)
+        c.update_namespace_config("p", protected=True, max_items=40)
+        c.update_namespace_config("p/c", promote_access_count=5)
         before = state(c)
+        settings = {ns: c.get_namespace_config(ns).config for ns in ("p", "p/c")}
     assert len(before["memories"]["p"]) == 13  # 12 and the observation
     assert any(v[7] for v in before["memories"]["p"].values())  # vectors are compared
     assert before["progress"]["p"][0] > 0 and before["progress"]["p"][1] > 0
@@ -144,7 +147,7 @@ def test_backup_and_restore_through_the_cli_carry_everything(server_factory: Fac
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["memories"] == 16 and summary["nodes"] == 2 and summary["edges"] == 1
-    assert summary["scopes"] >= 2 and summary["namespace"] == ""
+    assert summary["scopes"] >= 2 and summary["namespace"] == "" and summary["settings"] == 2
     assert summary["size_bytes"] == file.stat().st_size and file.read_bytes().startswith(MAGIC)
     assert file.stat().st_mode & 0o077 == 0  # the owner's only: it holds every memory
     assert [p.name for p in file.parent.iterdir()] == ["all.tmb"]  # no temporary file left
@@ -154,8 +157,9 @@ def test_backup_and_restore_through_the_cli_carry_everything(server_factory: Fac
         assert list(c.list_namespaces()) == []
         out = tiermem("restore", "--target", addr(target), str(file))
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout) == {"imported": 16, "graph_items": 3, "reembedded": 0}
+        assert json.loads(out.stdout) == {"imported": 16, "graph_items": 3, "reembedded": 0, "settings": 2}
         assert state(c) == before
+        assert {ns: c.get_namespace_config(ns).config for ns in settings} == settings
 
     # One namespace and its children, restored elsewhere.
     part = tmp_path / "p.tmb"
@@ -169,6 +173,8 @@ def test_backup_and_restore_through_the_cli_carry_everything(server_factory: Fac
         assert memories(c, "q/c") == before["memories"]["p/c"]
         assert progress(c, "q") == before["progress"]["p"]
         assert graph(c, "q") == before["graph"]
+        restored = c.get_namespace_config("q").config
+        assert restored.protected and restored.policy == settings["p"].policy
 
 
 def test_restoring_a_preference_into_a_protected_namespace_needs_confirm(

@@ -291,6 +291,23 @@ def test_a_protected_scope_moves_back_to_a_shard_that_kept_its_settings(
         assert sorted(m.kind for m in a.list_memories("ten")) == ["observation", "preference"]
 
 
+def test_a_move_takes_the_settings_of_every_namespace_of_the_scope(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Protection and policies move with the scope, those of namespaces without memories too."""
+    from tiermem.client.shards import move_scope
+
+    source = server_factory(tmp_path / "a")
+    target = server_factory(tmp_path / "b")
+    with MemoryClient(f"127.0.0.1:{source.port}") as a, MemoryClient(f"127.0.0.1:{target.port}") as b:
+        a.create("ten", "a note")
+        a.update_namespace_config("ten", protected=True, max_items=30)
+        a.update_namespace_config("ten/empty", promote_access_count=6)
+        want = {ns: a.get_namespace_config(ns).config for ns in ("ten", "ten/empty")}
+        assert move_scope("ten", a, b, lambda: None).memories == 1
+        assert {ns: b.get_namespace_config(ns).config for ns in want} == want
+
+
 def test_a_scopes_routing_state_is_read_in_every_state_and_a_receiving_scope_is_served(
     server: RunningServer,
 ) -> None:

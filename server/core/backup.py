@@ -1,5 +1,5 @@
-"""Export and import of memories with their vectors, their namespaces' reflection and summary
-progress, and their graph.
+"""Export and import of memories with their vectors, their namespaces' settings and reflection
+and summary progress, and their graph.
 
 An export reads everything from one LMDB read transaction: a consistent snapshot while writes go
 on, spooled and sent after the transaction closed. An import writes through the writer in batches;
@@ -21,7 +21,8 @@ from tiermem import __version__
 from tiermem.server.core import spool as spool_module
 from tiermem.server.core import upkeep
 from tiermem.server.core.create import free_id, replace_summary
-from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
+from tiermem.server.core.namespaces import CONFIRMED_KINDS, SettingsChange, check_protected, store_settings
+from tiermem.server.core.overrides import check_overrides
 from tiermem.server.core.spool import Spool
 from tiermem.server.core.state import EngineState
 from tiermem.server.embedding.providers import EmbedderError
@@ -38,6 +39,7 @@ from tiermem.server.model.reports import (
     ExportedGraphItem,
     ExportedMemory,
     ExportedScope,
+    ExportedSettings,
     ExportHeader,
     ExportItem,
     ImportResult,
@@ -61,10 +63,11 @@ def export(
     wanted: Callable[[], bool] | None = None,
     within: list[str] | None = None,
 ) -> Iterator[ExportHeader | ExportItem]:
-    """Yield the header, then every unexpired memory of the namespace (or all; with ``within``,
-    of those namespaces and their children instead, the header naming ``namespace``) with its vector,
-    then the scope state of each namespace with progress toward a reflection or summary, then
-    its graph (nodes before the edges using them).
+    """Yield the header, then the stored settings of each namespace that has any, then every
+    unexpired memory of the namespace (or all; with ``within``, of those namespaces and their
+    children instead, the header naming ``namespace``) with its vector, then the scope state of
+    each namespace with progress toward a reflection or summary, then its graph (nodes before the
+    edges using them).
 
     Everything is read from one read transaction, spooled, and sent after it closed: a client
     that reads slowly or stops holds no transaction (nor the map growth and the reuse of freed
@@ -100,7 +103,14 @@ def export(
 
 
 def _snapshot(st: EngineState, txn: Txn, parts: list[tuple[str, bool]], now: float) -> Iterator[ExportItem]:
-    """What ``txn`` holds of each (namespace, with its children): memories, progress, graph."""
+    """What ``txn`` holds of each (namespace, with its children): settings, memories, progress,
+    graph."""
+    for namespace, children in parts:
+        for ns, settings in sorted(st.store.namespace_configs(txn, namespace).items()):
+            if settings and (
+                ns == namespace or not namespace or (children and ns.startswith(namespace + "/"))
+            ):
+                yield ExportedSettings(ns, settings)
     for namespace, children in parts:
         for rec in st.store.namespace_records(txn, namespace, children):
             if not rec.expired(now):
@@ -148,6 +158,8 @@ def _packed(item: ExportItem) -> list[Any]:
         return [0, item.record.pack(), vec]
     if isinstance(item, ExportedScope):
         return [1, item.namespace, item.reflection_importance, item.summary_tokens]
+    if isinstance(item, ExportedSettings):
+        return [3, item.namespace, item.settings]
     return [2, item.kind, item.namespace, item.item]
 
 
@@ -157,6 +169,8 @@ def _unpacked(packed: list[Any]) -> ExportItem:
         return ExportedMemory(Record.unpack(packed[1]), vec)
     if packed[0] == 1:
         return ExportedScope(packed[1], packed[2], packed[3])
+    if packed[0] == 3:
+        return ExportedSettings(packed[1], packed[2])
     return ExportedGraphItem(packed[1], packed[2], packed[3])
 
 
@@ -173,6 +187,7 @@ class _Import:
     pending: list[tuple[Record, np.ndarray | None, str]] = field(default_factory=list)  # (field prefix)
     graph: list[tuple[str, str, dict[str, Any], str]] = field(default_factory=list)  # (field prefix)
     scopes: dict[str, list[float]] = field(default_factory=dict)  # ns -> [importance, tokens]
+    settings: dict[str, SettingsChange] = field(default_factory=dict)  # (set last)
     imported: int = 0
     reembedded: int = 0
 
@@ -199,7 +214,8 @@ def restore(
 ) -> ImportResult:
     """Store exported memories (ids, times, counters and tiers kept), in commits of ``batch``,
     then the exported graph, then the namespaces' progress toward a reflection and a summary,
-    added to what the namespaces here have accumulated already. Memories the exporting server
+    added to what the namespaces here have accumulated already, then the namespaces' settings
+    (last: a protection does not hold off the import's own memories). Memories the exporting server
     embedded are re-embedded when this server's embedder differs. An id that exists already is
     ALREADY_EXISTS; the batches committed before it stay."""
     if target_namespace:
@@ -214,6 +230,8 @@ def restore(
             )
         elif isinstance(item, ExportedScope):
             _add_scope(imp, i, item)
+        elif isinstance(item, ExportedSettings):
+            _add_settings(st, imp, i, item)
         else:
             imp.pending.append(_memory_to_store(st, imp, i, item))
             if len(imp.pending) >= batch:
@@ -223,7 +241,14 @@ def restore(
     _flush(st, imp)
     _store_graph(st, imp.graph, batch)
     _add_progress(st, imp.scopes)
-    return ImportResult(imported=imp.imported, reembedded=imp.reembedded, graph_items=len(imp.graph))
+    if imp.settings:
+        store_settings(st, list(imp.settings.values()))
+    return ImportResult(
+        imported=imp.imported,
+        reembedded=imp.reembedded,
+        graph_items=len(imp.graph),
+        settings=len(imp.settings),
+    )
 
 
 def _check_wanted(wanted: Callable[[], bool] | None) -> None:
@@ -244,6 +269,22 @@ def _add_scope(imp: _Import, i: int, item: ExportedScope) -> None:
     ns = check.namespace(field_ + "namespace", imp.rename(item.namespace, field_ + "namespace"))
     got = imp.scopes.setdefault(ns, [0.0, 0])
     got[0], got[1] = _capped_progress(got[0] + refl, got[1] + tokens)
+
+
+def _add_settings(st: EngineState, imp: _Import, i: int, item: ExportedSettings) -> None:
+    """A namespace's exported settings, checked now (before the memories after them are stored) and
+    set at the end: protection added, never removed; a policy replacing the namespace's overrides."""
+    field_ = f"chunks[{i + 1}].settings."
+    ns = check.namespace(field_ + "namespace", imp.rename(item.namespace, field_ + "namespace"))
+    if ns in imp.settings:
+        raise InvalidArgument(field_ + "namespace", f"the import sets namespace {ns!r}'s settings twice")
+    protected, policy = bool(item.settings.get("protected")), item.settings.get("policy") or {}
+    fields_ = {"protected"} if protected else set()
+    if policy:
+        fields_.add("policy")
+    change = SettingsChange(ns, protected, check_overrides(policy, field_ + "policy."), fields_, imp.confirm)
+    change.merged(st.ns_config.get(ns, {}))  # (a protected namespace's policy needs confirm)
+    imp.settings[ns] = change
 
 
 def _capped_progress(refl: float, tokens: float) -> tuple[float, int]:

@@ -62,31 +62,38 @@ def update_namespace_config(
             raise InvalidArgument(
                 "update_mask", f"{f!r} cannot be updated; updatable: {', '.join(sorted(allowed))}"
             )
-    change = _SettingsChange(namespace, protected, check_overrides(policy), fields_, confirm)
+    change = SettingsChange(namespace, protected, check_overrides(policy), fields_, confirm)
     change.merged(st.ns_config.get(namespace, {}))  # fail fast, before queueing
+    result = store_settings(st, [change])[namespace]
+    return dict(result), st.policy_of(result)
 
-    def prepare(txn: Txn) -> dict[str, Any]:
+
+def store_settings(st: EngineState, changes: list[SettingsChange]) -> dict[str, dict[str, Any]]:
+    """Apply ``changes`` (one a namespace) in one commit; each namespace's settings after it."""
+
+    def prepare(txn: Txn) -> dict[str, dict[str, Any]]:
         # Merged with what the transaction sees, not the settings in memory: those lag the
         # writes queued ahead in the same commit group, whose changes would otherwise be lost.
-        stored = change.merged(st.store.namespace_config(txn, namespace))
-        st.store.put_namespace_config(txn, namespace, stored)
-        return stored
+        out = {}
+        for change in changes:
+            out[change.namespace] = change.merged(st.store.namespace_config(txn, change.namespace))
+            st.store.put_namespace_config(txn, change.namespace, out[change.namespace])
+        return out
 
-    def apply(settings: dict[str, Any]) -> dict[str, Any]:
-        st.columns.namespaces.id(namespace)  # tables get a row for it
+    def apply(settings: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for namespace in settings:
+            st.columns.namespaces.id(namespace)  # tables get a row for it
         # A new dict, not this one changed: other threads copy and iterate it without a lock.
-        configs = {ns: s for ns, s in st.ns_config.items() if ns != namespace}
-        if settings:
-            configs[namespace] = settings
+        configs = {ns: s for ns, s in st.ns_config.items() if ns not in settings}
+        configs.update((ns, s) for ns, s in settings.items() if s)
         st.ns_config = configs
         st.config_version += 1
         return settings
 
-    result = st.writer.submit(prepare, apply)
-    return dict(result), st.policy_of(result)
+    return dict(st.writer.submit(prepare, apply))
 
 
-class _SettingsChange:
+class SettingsChange:
     """The masked fields of a settings update, applied to the settings stored before it."""
 
     def __init__(

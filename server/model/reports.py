@@ -148,7 +148,13 @@ class ExportedGraphItem:
     item: dict[str, Any]
 
 
-ExportItem = ExportedMemory | ExportedScope | ExportedGraphItem
+@dataclass
+class ExportedSettings:
+    namespace: str
+    settings: dict[str, Any]  # stored form: "protected" (True) and/or "policy" (overrides)
+
+
+ExportItem = ExportedMemory | ExportedScope | ExportedGraphItem | ExportedSettings
 
 
 @dataclass
@@ -156,6 +162,7 @@ class ImportResult:
     imported: int  # memories stored
     reembedded: int  # of them, embedded again by this server's embedder
     graph_items: int  # nodes and edges stored
+    settings: int = 0  # namespaces whose settings were set
 
 
 @dataclass

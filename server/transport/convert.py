@@ -19,6 +19,7 @@ from tiermem.server.model.reports import (
     ExportedGraphItem,
     ExportedMemory,
     ExportedScope,
+    ExportedSettings,
     ExportHeader,
     ExportItem,
     ScopeProgress,
@@ -226,15 +227,16 @@ _ENUM_FIELDS = tuple(f.name for f in pb.LifecyclePolicy.DESCRIPTOR.fields if f.e
 _TOP_FIELDS = tuple(f for f in POLICY_FIELDS if f not in (*_ENUM_FIELDS, "preset", "kind_capacities"))
 
 
-def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
-    """A LifecyclePolicy message as stored overrides (only the fields that are set)."""
+def policy_overrides_from_pb(p: pb.LifecyclePolicy, prefix: str = "config.policy.") -> dict[str, Any]:
+    """A LifecyclePolicy message as stored overrides (only the fields that are set); ``prefix``
+    names its fields in errors."""
     out: dict[str, Any] = {}
     tiers: dict[int, dict[str, Any]] = {}
     for i, tp in enumerate(p.tiers):
         if tp.tier == pb.TIER_UNSPECIFIED:
-            raise InvalidArgument(f"config.policy.tiers[{i}].tier", "is required")
+            raise InvalidArgument(f"{prefix}tiers[{i}].tier", "is required")
         if int(tp.tier) in tiers:
-            raise InvalidArgument(f"config.policy.tiers[{i}].tier", "appears twice")
+            raise InvalidArgument(f"{prefix}tiers[{i}].tier", "appears twice")
         tiers[int(tp.tier)] = {f: getattr(tp, f) for f in TIER_FIELDS if tp.HasField(f)}
     if tiers:
         out["tiers"] = tiers
@@ -247,17 +249,17 @@ def policy_overrides_from_pb(p: pb.LifecyclePolicy) -> dict[str, Any]:
     if p.preset:
         out["preset"] = p.preset
     if p.kind_capacities:
-        out["kind_capacities"] = _kind_capacities_from_pb(p.kind_capacities)
+        out["kind_capacities"] = _kind_capacities_from_pb(p.kind_capacities, prefix)
     return out
 
 
-def _kind_capacities_from_pb(caps: Any) -> dict[str, int]:
+def _kind_capacities_from_pb(caps: Any, prefix: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for i, c in enumerate(caps):
         if not c.kind:
-            raise InvalidArgument(f"config.policy.kind_capacities[{i}].kind", "is required")
+            raise InvalidArgument(f"{prefix}kind_capacities[{i}].kind", "is required")
         if c.kind in out:
-            raise InvalidArgument(f"config.policy.kind_capacities[{i}].kind", "appears twice")
+            raise InvalidArgument(f"{prefix}kind_capacities[{i}].kind", "appears twice")
         out[c.kind] = int(c.max_items)
     return out
 
@@ -379,6 +381,12 @@ def export_chunk_to_pb(item: ExportHeader | ExportItem) -> pb.ExportMemoriesResp
         return pb.ExportMemoriesResponse(header=header_to_pb(item))
     if isinstance(item, ExportedMemory):
         return pb.ExportMemoriesResponse(memory=memory_to_pb(item.record, item.vector))
+    if isinstance(item, ExportedSettings):
+        settings = pb.NamespaceConfig(
+            namespace=item.namespace, protected=bool(item.settings.get("protected"))
+        )
+        overrides_to_pb(item.settings.get("policy") or {}, settings.policy)
+        return pb.ExportMemoriesResponse(settings=settings)
     if isinstance(item, ExportedScope):
         scope = pb.ScopeState(
             namespace=item.namespace,
@@ -412,8 +420,12 @@ def import_item_from_pb(chunk: pb.ImportMemoriesRequest, i: int, config: Any) ->
     if which == "scope":
         s = chunk.scope
         return ExportedScope(s.namespace, s.reflection_importance, s.summary_tokens)
+    if which == "settings":
+        cfg = chunk.settings
+        policy = policy_overrides_from_pb(cfg.policy, f"chunks[{i + 1}].settings.policy.")
+        return ExportedSettings(cfg.namespace, {"protected": cfg.protected, "policy": policy})
     raise InvalidArgument(
-        f"chunks[{i + 1}]", "after the header, chunks are memories, scope states or graph items"
+        f"chunks[{i + 1}]", "after the header, chunks are settings, memories, scope states or graph items"
     )
 
 

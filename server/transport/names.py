@@ -33,6 +33,8 @@ def import_chunk(r: Any, target: str) -> list[str]:
         return [r.memory.namespace]
     if chunk == "scope":
         return [r.scope.namespace]
+    if chunk == "settings":
+        return [r.settings.namespace]
     if chunk in ("node", "edge"):
         return [r.graph_namespace]
     return []

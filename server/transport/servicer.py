@@ -605,9 +605,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         result = engine.restore(
             header, items(), first.target_namespace, confirm=first.confirm, wanted=_still_wanted(context)
         )
-        return pb.ImportMemoriesResponse(
-            imported=result.imported, reembedded=result.reembedded, graph_items=result.graph_items
-        )
+        return pb.ImportMemoriesResponse(**vars(result))  # (the same fields)
 
     @_rpc
     def GetReflectionCandidates(

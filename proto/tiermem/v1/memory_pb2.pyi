@@ -945,20 +945,22 @@ class ExportHeader(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., server_version: _Optional[str] = ..., export_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., embedder_model: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class ExportMemoriesResponse(_message.Message):
-    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace")
+    __slots__ = ("header", "memory", "node", "edge", "scope", "settings", "graph_namespace")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     EDGE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     header: ExportHeader
     memory: Memory
     node: GraphNode
     edge: GraphEdge
     scope: ScopeState
+    settings: NamespaceConfig
     graph_namespace: str
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., settings: _Optional[_Union[NamespaceConfig, _Mapping]] = ..., graph_namespace: _Optional[str] = ...) -> None: ...
 
 class ScopeState(_message.Message):
     __slots__ = ("namespace", "reflection_importance", "summary_tokens")
@@ -971,12 +973,13 @@ class ScopeState(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., reflection_importance: _Optional[float] = ..., summary_tokens: _Optional[int] = ...) -> None: ...
 
 class ImportMemoriesRequest(_message.Message):
-    __slots__ = ("header", "memory", "node", "edge", "scope", "graph_namespace", "target_namespace", "confirm", "end_marked", "end")
+    __slots__ = ("header", "memory", "node", "edge", "scope", "settings", "graph_namespace", "target_namespace", "confirm", "end_marked", "end")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     EDGE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     GRAPH_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TARGET_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_FIELD_NUMBER: _ClassVar[int]
@@ -987,22 +990,25 @@ class ImportMemoriesRequest(_message.Message):
     node: GraphNode
     edge: GraphEdge
     scope: ScopeState
+    settings: NamespaceConfig
     graph_namespace: str
     target_namespace: str
     confirm: bool
     end_marked: bool
     end: bool
-    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ..., confirm: _Optional[bool] = ..., end_marked: _Optional[bool] = ..., end: _Optional[bool] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ExportHeader, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., node: _Optional[_Union[GraphNode, _Mapping]] = ..., edge: _Optional[_Union[GraphEdge, _Mapping]] = ..., scope: _Optional[_Union[ScopeState, _Mapping]] = ..., settings: _Optional[_Union[NamespaceConfig, _Mapping]] = ..., graph_namespace: _Optional[str] = ..., target_namespace: _Optional[str] = ..., confirm: _Optional[bool] = ..., end_marked: _Optional[bool] = ..., end: _Optional[bool] = ...) -> None: ...
 
 class ImportMemoriesResponse(_message.Message):
-    __slots__ = ("imported", "graph_items", "reembedded")
+    __slots__ = ("imported", "graph_items", "reembedded", "settings")
     IMPORTED_FIELD_NUMBER: _ClassVar[int]
     GRAPH_ITEMS_FIELD_NUMBER: _ClassVar[int]
     REEMBEDDED_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     imported: int
     graph_items: int
     reembedded: int
-    def __init__(self, imported: _Optional[int] = ..., graph_items: _Optional[int] = ..., reembedded: _Optional[int] = ...) -> None: ...
+    settings: int
+    def __init__(self, imported: _Optional[int] = ..., graph_items: _Optional[int] = ..., reembedded: _Optional[int] = ..., settings: _Optional[int] = ...) -> None: ...
 
 class GetReflectionCandidatesRequest(_message.Message):
     __slots__ = ("namespace", "limit")
