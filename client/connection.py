@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import socket
 import ssl
 import time
@@ -110,6 +111,26 @@ def check_connections(connections: int, channel: object) -> None:
         raise ValueError("connections must be >= 1, and 1 with a channel of your own")
 
 
+_PEM = {
+    "certificate": re.compile(rb"-----BEGIN CERTIFICATE-----"),
+    "private key": re.compile(rb"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----"),
+}
+
+
+def check_pem(what: str, data: bytes, kind: str = "certificate") -> bytes:
+    """``data`` if it holds a PEM ``kind`` ("certificate" or "private key"), else ValueError naming
+    ``what``: gRPC would only log its refusal and fail every call as if the server were down."""
+    if not _PEM[kind].search(data):
+        raise ValueError(f"{what}: holds no PEM {kind} (-----BEGIN ...-----)")
+    return data
+
+
+def check_target(target: str) -> str:
+    if not target.strip():
+        raise ValueError("target is empty: give the server's host:port")
+    return target
+
+
 def credentials(tls: bool | str | bytes | grpc.ChannelCredentials | None) -> grpc.ChannelCredentials | None:
     """The channel credentials ``tls`` means (None: no TLS): True trusts the system's certificate
     authorities, a path or PEM bytes that CA certificate, credentials are taken as they are."""
@@ -120,16 +141,23 @@ def credentials(tls: bool | str | bytes | grpc.ChannelCredentials | None) -> grp
     if tls is True:
         return grpc.ssl_channel_credentials()
     pem = tls if isinstance(tls, bytes) else Path(tls).read_bytes()
-    return grpc.ssl_channel_credentials(root_certificates=pem)
+    return grpc.ssl_channel_credentials(root_certificates=check_pem(f"tls {tls!r:.60}", pem))
 
 
 def client_certificate(root: bytes | None, key: bytes, chain: bytes) -> grpc.ChannelCredentials:
     """TLS credentials presenting a client certificate (mutual TLS), trusting ``root`` (None: the
     system's certificate authorities): what ``tls=`` takes."""
-    return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+    if root is not None:
+        check_pem("root", root)
+    return grpc.ssl_channel_credentials(
+        root_certificates=root,
+        private_key=check_pem("key", key, "private key"),
+        certificate_chain=check_pem("chain", chain),
+    )
 
 
 def open_channel(target: str, options: list[tuple[str, Any]], tls: Any) -> grpc.Channel:
+    check_target(target)
     creds = credentials(tls)
     if creds is None:
         return grpc.insecure_channel(target, options=options)
@@ -150,6 +178,7 @@ def open_aio_channel(
 ) -> grpc.aio.Channel:
     """A grpc.aio channel (of the running event loop) adding ``api_key`` to every call, if there is
     one, and with the ``more`` interceptors."""
+    check_target(target)
     creds = credentials(tls)
     interceptors: list[grpc.aio.ClientInterceptor] = (
         [cls(api_key) for cls in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)]

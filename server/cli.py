@@ -35,7 +35,7 @@ from typing import Any
 
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import backup, check_path, restore
-from tiermem.client.connection import check_timeout, client_certificate
+from tiermem.client.connection import check_pem, check_timeout, client_certificate
 from tiermem.client.shards import Shards, end_move, move_scope
 from tiermem.server.security.keys import ROLES, KeysFileError, add_key
 
@@ -288,16 +288,17 @@ def _seconds(text: str) -> float:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    tls: Any = str(args.tls_ca) if args.tls_ca is not None else bool(args.tls)
+    ca = None if args.tls_ca is None else check_pem(f"--tls-ca {args.tls_ca}", args.tls_ca.read_bytes())
+    tls: Any = ca if ca is not None else bool(args.tls)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     if args.tls_cert is not None:
         if not tls:
             raise ValueError("--tls-cert needs --tls or --tls-ca")
         tls = client_certificate(
-            args.tls_ca.read_bytes() if args.tls_ca is not None else None,
-            args.tls_key.read_bytes(),
-            args.tls_cert.read_bytes(),
+            ca,
+            check_pem(f"--tls-key {args.tls_key}", args.tls_key.read_bytes(), "private key"),
+            check_pem(f"--tls-cert {args.tls_cert}", args.tls_cert.read_bytes()),
         )
     return {"timeout": args.timeout, "api_key": args.api_key, "tls": tls}
 

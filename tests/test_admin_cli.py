@@ -15,6 +15,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -457,6 +458,24 @@ def test_tls_with_a_ca_file(server_factory: Factory, tmp_path: Path) -> None:
     )
     out = tiermem("stats", "--target", addr(running), "--tls-ca", str(tmp_path / "nope.crt"))
     assert "nope.crt" in one_error_line(out)
+
+
+def test_a_target_or_a_pem_file_that_cannot_work_is_refused_at_once(tmp_path: Path) -> None:
+    """Not after a 30 s wait for a server, with gRPC's own log lines: one line naming the flag."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    started = time.monotonic()
+    assert "target is empty" in one_error_line(tiermem("stats", "--target", ""))
+    ca = one_error_line(tiermem("stats", "--target", "127.0.0.1:1", "--tls-ca", str(junk)))
+    assert f"--tls-ca {junk}: holds no PEM certificate" in ca
+    pair = ("--tls-cert", str(junk), "--tls-key", str(junk))
+    key = one_error_line(tiermem("stats", "--target", "127.0.0.1:1", "--tls", *pair))
+    assert f"--tls-key {junk}: holds no PEM private key" in key
+    assert time.monotonic() - started < 25  # (each waited 30 s for a server before)
+    with pytest.raises(ValueError, match="target is empty"):
+        MemoryClient(" ")
+    with pytest.raises(ValueError, match="holds no PEM certificate"):
+        MemoryClient("127.0.0.1:1", tls=b"junk")
 
 
 def test_mutual_tls_with_a_client_certificate(server_factory: Factory, tmp_path: Path) -> None:
