@@ -112,6 +112,7 @@ def test_stdio_tools_remember_recall_context_reflect_forget(
                 kind="preference",
                 tags=["billing"],
                 metadata={"ticket": 1432, "urgent": True},
+                tier="slow",
             )
             assert pref["namespace"] == NAMESPACE and pref["kind"] == "preference" and pref["id"]
             event = await _call(s, "remember", content="The nightly report job failed with a DB timeout")
@@ -123,6 +124,7 @@ def test_stdio_tools_remember_recall_context_reflect_forget(
             assert top["memory"]["id"] == pref["id"]
             assert {"score", "relevance", "recency", "importance"} <= set(top)
             assert top["memory"]["tags"] == ["billing"]
+            assert top["memory"]["tier"] == "slow"  # (spelled as remember takes it)
             assert top["memory"]["metadata"] == {"ticket": 1432, "urgent": True}
             assert isinstance(top["memory"]["create_time"], float)
             assert "embedding" not in top["memory"]

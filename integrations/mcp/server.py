@@ -145,6 +145,8 @@ def _plain_memory(memory: Any) -> dict[str, Any]:
         if k == "embedding" or v is None or v == "" or v == [] or v == {}:
             continue
         plain[k] = round(v, 6) if k in _FLOAT32 else v
+    if isinstance(plain.get("tier"), str):  # (as remember takes it: "slow", not "TIER_SLOW")
+        plain["tier"] = plain["tier"].removeprefix("TIER_").lower()
     return plain
 
 
