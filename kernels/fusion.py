@@ -29,6 +29,19 @@ def _minmax(x):  # pragma: no cover
 
 
 @_kernel
+def _unit(x):  # pragma: no cover
+    """``x`` (float64) min-max normalized, as float32 (NaN kept; all equal: all 0)."""
+    lo, hi = _minmax(x)
+    out = np.zeros(x.shape[0], np.float32)
+    for i in range(x.shape[0]):
+        if x[i] != x[i]:
+            out[i] = np.nan
+        elif hi > lo:
+            out[i] = (x[i] - lo) / (hi - lo)
+    return out
+
+
+@_kernel
 def _fused(sim, kw, rec, imp, w_sim, w_kw, alpha, beta, gamma):  # pragma: no cover
     n = rec.shape[0]
     parts = (sim, kw, rec, imp)
@@ -151,18 +164,29 @@ def _fused_rank(
     rel = np.concatenate((v_sims, k_sims[new]))
     kw = np.concatenate((probed, k_scores[new]))
     combined = np.empty(m, np.float32)  # (score_rows writes one; the fused score replaces it)
-    rec = np.empty(m, np.float32)
-    imp = np.empty(m, np.float32)
+    # Normalized from float64: memories stored seconds apart differ in recency and decayed
+    # importance by less than float32 resolves, and rounding alone would decide their order.
+    rec64 = np.empty(m)
+    imp64 = np.empty(m)
     _score_rows(
         rows, rel, importance, created_at, last_access, tier, ns, now, tau_seconds, half_life_hours, floor,
-        1.0, 0.0, 0.0, combined, rec, imp,
+        1.0, 0.0, 0.0, combined, rec64, imp64,
     )  # fmt: skip
     none = np.empty(0, np.float32)
     ws = w_sim if use_sim and w_sim > 0.0 else 0.0
     wk = w_kw if use_kw and w_kw > 0.0 else 0.0
     score, _ = _fused(
-        rel if ws > 0.0 else none, kw if wk > 0.0 else none, rec, imp, ws, wk, alpha, beta, gamma
+        rel if ws > 0.0 else none,
+        kw if wk > 0.0 else none,
+        _unit(rec64),
+        _unit(imp64),
+        ws,
+        wk,
+        alpha,
+        beta,
+        gamma,
     )
+    rec, imp = rec64.astype(np.float32), imp64.astype(np.float32)
     v_rank = np.zeros(m, np.int64)
     for i in range(nv):
         v_rank[i] = i + 1

@@ -165,8 +165,8 @@ def two_rows(f32: np.ndarray) -> dict[str, object]:
     }
 
 
-def reference_rec_imp(rows, cols, now, tau, hl, floor):
-    """Recency and decayed importance of ``rows`` in plain NumPy (float64, rounded to float32)."""
+def reference_rec_imp(rows, cols, now, tau, hl, floor, dtype=np.float32):
+    """Recency and decayed importance of ``rows`` in plain NumPy (float64, rounded to ``dtype``)."""
     age = np.maximum(now - cols["created_at"][rows], 0.0) / 3600.0
     half = hl[cols["ns"][rows], cols["tier"][rows]]
     decays = (half > 0) & np.isfinite(half)
@@ -175,7 +175,7 @@ def reference_rec_imp(rows, cols, now, tau, hl, floor):
         decayed = np.where(decays, imp * 0.5 ** (age / np.where(decays, half, 1.0)), imp)
     decayed = np.where(decays, np.maximum(decayed, floor[cols["ns"][rows]] * imp), imp)
     rec = np.exp(-np.maximum(now - cols["last_access"][rows], 0.0) / tau)
-    return rec.astype(np.float32), decayed.astype(np.float32)
+    return rec.astype(dtype), decayed.astype(dtype)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -207,7 +207,9 @@ def test_fused_rank_matches_numpy(seed: int) -> None:
             kw = np.concatenate([probed, k_scores[new]])
             at = {int(r): i + 1 for i, r in enumerate(k_rows.tolist())}
             rec, imp = reference_rec_imp(rows, cols, now, tau, hl, floor)
-            score, _ = reference_fused(rel if use_sim else None, kw if use_kw else None, rec, imp, w)
+            # (normalized from float64, not from the float32 recency and importance returned)
+            rec64, imp64 = reference_rec_imp(rows, cols, now, tau, hl, floor, np.float64)
+            score, _ = reference_fused(rel if use_sim else None, kw if use_kw else None, rec64, imp64, w)
             np.testing.assert_array_equal(got.rows, rows)
             np.testing.assert_array_equal(got.rel, rel)
             np.testing.assert_array_equal(got.keyword_score, kw)
@@ -216,17 +218,40 @@ def test_fused_rank_matches_numpy(seed: int) -> None:
             np.testing.assert_allclose(got.rec, rec, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(got.imp, imp, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(got.score, score, atol=1e-5)
-            # bit for bit what the separate calls gave before (the same answers, ties included)
+            # bit for bit the recency and importance the scoring kernel gives
             _, s_rec, s_imp = kernels.score_rows(
                 rows, rel, alpha=1.0, beta=0.0, gamma=0.0, now=now, tau_seconds=tau,
                 half_life_hours=hl, floor=floor, **cols,
             )  # fmt: skip
-            s_score, _ = fusion.fused_scores(
-                rel if use_sim else None, kw if use_kw else None, s_rec, s_imp, *weights_of(w)
-            )
             np.testing.assert_array_equal(got.rec, s_rec)
             np.testing.assert_array_equal(got.imp, s_imp)
-            np.testing.assert_array_equal(got.score, s_score)
+
+
+def test_memories_stored_seconds_apart_rank_by_time_whenever_searched() -> None:
+    """Equally relevant memories stored a second apart, a month later: their recency and decayed
+    importance differ by less than float32 resolves. The newest ranks first, and the scores are
+    the same whenever the search runs (rounding decided the order, and changed with the clock)."""
+    t0, n = 1.7e9, 12
+    cols = {
+        "importance": np.full(n, 0.3, np.float32),
+        "created_at": t0 + np.arange(n, dtype=np.float64),
+        "last_access": t0 + np.arange(n, dtype=np.float64),
+        "tier": np.full(n, 3, np.int8),
+    }
+    rows = np.arange(n, dtype=np.int64)
+    same = np.full(n, 0.5, np.float32)
+    hl = np.full(5, 24.0 * 30)
+    seen = []
+    for later in np.linspace(30 * 86400.0, 30 * 86400.0 + 3.7, 9):
+        got = fusion.fused_rank(
+            rows, same, rows[:0], same[:0], same[:0], same, use_sim=True, use_kw=True,
+            now=t0 + later, tau_seconds=86400.0 * 7, half_life_hours=hl, floor=0.0, w_sim=0.5, w_kw=0.5,
+            alpha=1.0, beta=0.1, gamma=0.1, **cols,
+        )  # fmt: skip
+        assert list(np.argsort(-got.score, kind="stable")) == list(range(n - 1, -1, -1))
+        seen.append(got.score)
+    for score in seen[1:]:
+        np.testing.assert_allclose(score, seen[0], atol=1e-6)
 
 
 def test_fused_rank_checks_its_inputs() -> None:
