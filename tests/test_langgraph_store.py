@@ -35,7 +35,7 @@ from langgraph.store.memory import InMemoryStore
 from test_client_usability import Delay, RecordMetadata, front_server
 
 from tiermem.client import InvalidArgumentError, MemoryClient, TiermemError, metadata_dict
-from tiermem.langgraph import TiermemStore
+from tiermem.langgraph import ForeignMemoryError, TiermemStore
 from tiermem.langgraph import filters as lg_filters
 from tiermem.langgraph import keys as lg_keys
 from tiermem.langgraph import newest as lg_newest
@@ -314,6 +314,25 @@ def test_search_with_query_limit_offset_and_filter(store: TiermemStore) -> None:
     assert [it.key for it in found] == ["four", "three"]
 
 
+def test_pages_of_a_query_search_are_slices_of_one_ranking(store: TiermemStore) -> None:
+    """Whatever the page size: no item twice, none skipped, the same scores (the ranking's signals
+    are normalized over what it ranks, which must not depend on the page)."""
+    words = ["purple", "elephant", "violet", "giant", "grey", "animal", "paint", "circus"]
+    for i in range(24):
+        text = " ".join(words[j % len(words)] for j in range(i % 5, i % 5 + 2 + i % 3))
+        store.put(("users", f"u{i % 3}"), f"k{i}", {"text": f"{text} note {i}"})
+    query = "purple elephant"
+    whole = [(it.key, it.score) for it in store.search(("users",), query=query, limit=24)]
+    assert len(whole) == 24
+    for size in (2, 3, 5):
+        paged = [
+            (it.key, it.score)
+            for offset in range(0, 24, size)
+            for it in store.search(("users",), query=query, limit=size, offset=offset)
+        ]
+        assert paged == whole, size
+
+
 def test_search_without_query_lists_newest_first(store: TiermemStore) -> None:
     keys = []
     for i in range(12):
@@ -487,6 +506,36 @@ def test_other_memories_in_the_namespaces_are_not_items(store: TiermemStore, raw
     assert store.get(("users", "ana"), "obs") is None
     assert [it.key for it in store.search(("users",), query="cats")] == ["k"]
     assert [it.key for it in store.search(("users",))] == ["k"]
+
+
+def test_a_put_or_delete_leaves_memories_that_are_no_items_as_they_are(
+    store: TiermemStore, raw: MemoryClient, target: str, make: Callable[..., TiermemStore]
+) -> None:
+    """A memory of another kind under a key's id is no item: a put refuses to turn it into one, a
+    delete leaves it; two stores of different kinds on one prefix keep their own items."""
+    ns = f"{PREFIX}/users/ana"
+    raw.create(ns, "a fact stored by other means", id="note1", kind="fact")
+    raw.create(ns, "a preference", id="note2", kind="preference")
+    with pytest.raises(ForeignMemoryError, match="'fact'"):
+        store.put(("users", "ana"), "note1", {"text": "replaced?"})
+    store.delete(("users", "ana"), "note2")
+    assert (raw.get(ns, "note1").kind, raw.get(ns, "note1").content) == (
+        "fact",
+        "a fact stored by other means",
+    )
+    assert raw.get(ns, "note2").kind == "preference"
+    assert store.get(("users", "ana"), "note1") is None
+    with make(target, namespace_prefix=PREFIX, kind="other_item") as other:
+        other.put(("users", "ana"), "profile", {"v": "other's"})
+        with pytest.raises(ForeignMemoryError):
+            store.put(("users", "ana"), "profile", {"v": "mine"})
+        store.delete(("users", "ana"), "profile")
+        got = other.get(("users", "ana"), "profile")
+        assert got is not None and got.value == {"v": "other's"}
+    store.put(("users", "ana"), "mine", {"v": 1})
+    store.put(("users", "ana"), "mine", {"v": 2})  # (its own items are replaced as before)
+    got = store.get(("users", "ana"), "mine")
+    assert got is not None and got.value == {"v": 2}
 
 
 def test_index_false_and_index_fields(store: TiermemStore, raw: MemoryClient) -> None:

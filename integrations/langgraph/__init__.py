@@ -7,7 +7,7 @@ metadata (``values``), filters tiermem ``where`` filters checked again in the cl
 its limits."""
 
 try:
-    from .store import TiermemStore
+    from .store import ForeignMemoryError, TiermemStore
 except ModuleNotFoundError as e:  # (LangGraph is an extra: say which)
     if (e.name or "").split(".")[0] != "langgraph":
         raise
@@ -15,4 +15,4 @@ except ModuleNotFoundError as e:  # (LangGraph is an extra: say which)
         "tiermem.langgraph needs LangGraph: pip install 'tiermem[langgraph]'", name=e.name
     ) from e
 
-__all__ = ["TiermemStore"]
+__all__ = ["ForeignMemoryError", "TiermemStore"]

@@ -68,6 +68,9 @@ DEFAULT_KIND = "langgraph_item"
 # tiermem's limits: results of one search (max_search_limit), namespaces of one search, searches of
 # one BatchSearchMemories, page size (max_page_size), memories of one batch create (max_batch_size).
 MAX_RESULTS = 1000
+# How deep a query search ranks when offset + limit is within it: tiermem's ranking normalizes its
+# signals over what it ranks, so pages of one depth are slices of one ranking (beyond: MAX_RESULTS).
+RANKED_DEPTH = 100
 NAMESPACES_PER_SEARCH = 64
 SEARCHES_PER_CALL = 100
 MAX_PAGE = 1000
@@ -75,6 +78,18 @@ MAX_BATCH = 1000
 _UNINDEXED = {f"metadata.{values.UNINDEXED}": {"$ne": True}}
 
 T = TypeVar("T")
+
+
+class ForeignMemoryError(ValueError):
+    """A put whose key is the id of a tiermem memory of another kind (not an item of this store),
+    stored in the namespace by other means: the put changes nothing."""
+
+    def __init__(self, namespace: str, memory_id: str, kind: str, own: str) -> None:
+        super().__init__(
+            f"namespace {namespace!r} holds a memory of kind {kind!r} under id {memory_id!r}: it is no "
+            f"item of this store (kind {own!r}), and a put does not replace it"
+        )
+        self.namespace, self.memory_id, self.kind = namespace, memory_id, kind
 
 
 def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
@@ -406,8 +421,12 @@ class TiermemStore(BaseStore):
             yield All([self._write(memory) for memory in chunk])
 
     def _delete(self, op: PutOp) -> Steps[None]:
+        """Delete the item; a memory of another kind under its id is no item, and stays."""
+        path, memory_id = self._path(op.namespace), keys.memory_id(op.key)
         try:
-            yield Call.to("delete", self._path(op.namespace), keys.memory_id(op.key))
+            memory = yield Call.to("get", path, memory_id)
+            if memory.kind == self.kind:
+                yield Call.to("delete", path, memory_id)
         except NotFoundError:
             pass
         except InvalidArgumentError as e:
@@ -433,8 +452,10 @@ class TiermemStore(BaseStore):
         """Create the memory, or replace the one stored under its id. Deletes and other puts racing
         this one may keep changing which it finds: it tries again, 9 times; if a delete still
         removed the memory between its create (ALREADY_EXISTS) and its update (NOT_FOUND), it
-        leaves it deleted, the put being ordered just before that delete (which did come after it)."""
-        changes = {name: memory[name] for name in ("content", "kind", "metadata", "expire_time")}
+        leaves it deleted, the put being ordered just before that delete (which did come after it).
+        A memory of another kind under the id is no item of this store: the put fails
+        (``ForeignMemoryError``) and leaves it as it is."""
+        changes = {name: memory[name] for name in ("content", "metadata", "expire_time")}
         for _ in range(9):
             try:
                 yield Call.to("create", **memory)
@@ -442,6 +463,9 @@ class TiermemStore(BaseStore):
             except AlreadyExistsError:  # put before, or meanwhile
                 pass
             try:
+                held = yield Call.to("get", memory["namespace"], memory["id"])
+                if held.kind != self.kind:
+                    raise ForeignMemoryError(memory["namespace"], memory["id"], held.kind, self.kind)
                 yield Call.to("update", memory["namespace"], memory["id"], **changes)
                 return
             except NotFoundError:  # deleted meanwhile
@@ -478,13 +502,14 @@ class TiermemStore(BaseStore):
     def _ranked(
         self, spaces: dict[str, tuple[str, ...]], op: SearchOp
     ) -> Steps[list[tuple[Memory, SearchItem]]]:
-        """The items best for ``op.query`` by tiermem's ranking, from ``op.offset`` on. A filter the
-        server applies only in part is made up by asking for more until enough pass (at most
-        ``MAX_RESULTS``: the deepest a query search reaches)."""
+        """The items best for ``op.query`` by tiermem's ranking, from ``op.offset`` on: cut from the
+        best ``RANKED_DEPTH`` (or ``MAX_RESULTS``, the deepest a query search reaches, for a page
+        ending beyond), whatever the page. A filter the server applies only in part is made up by
+        ranking ``MAX_RESULTS`` when too few of the first pass."""
         assert op.query
         needed = op.offset + op.limit
-        where, complete = filters.where(op.filter, extra=[_UNINDEXED])
-        fetch = min(MAX_RESULTS, needed if complete else max(2 * needed, 50))
+        where, _ = filters.where(op.filter, extra=[_UNINDEXED])
+        fetch = RANKED_DEPTH if needed <= RANKED_DEPTH else MAX_RESULTS
         while True:
             hits = yield from self._search_memories(list(spaces), op.query, fetch, where)
             kept = []
@@ -494,7 +519,7 @@ class TiermemStore(BaseStore):
                     kept.append((memory, item))
             if len(kept) >= needed or len(hits) < fetch or fetch >= MAX_RESULTS:
                 return kept[op.offset : needed]
-            fetch = min(MAX_RESULTS, 4 * fetch)
+            fetch = MAX_RESULTS
 
     def _search_memories(
         self, paths: list[str], query: str, limit: int, where: Mapping[str, Any] | None
