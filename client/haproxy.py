@@ -107,6 +107,14 @@ def pinned_shard(admin_socket: str | Path, map_file: str | Path, scope: str) -> 
     return None if backend is None else backend.removeprefix(backend_of(""))
 
 
+def check_map(admin_socket: str | Path, map_file: str | Path) -> None:
+    """RuntimeError unless the running HAProxy has the map ``map_file`` (by the path its
+    configuration names) and the file's directory can take the new version written beside it."""
+    _shown_map(admin_socket, map_file)
+    if not os.access(Path(map_file).parent, os.W_OK):
+        raise RuntimeError(f"cannot write beside the map {map_file}: its directory is not writable")
+
+
 def _shown_map(admin_socket: str | Path, map_file: str | Path) -> dict[str, str]:
     """The running HAProxy's map: key -> value (``show map`` lines are "<entry> <key> <value>")."""
     shown = _runtime(admin_socket, f"show map {map_file}")

@@ -162,7 +162,18 @@ def move_scope(
                     failure.add_note(note)
         raise
     step("switch")
-    switch()
+    try:
+        switch()
+    except BaseException as failure:
+        note = (
+            f"the move of {scope!r} stopped at its switch, the source fenced and the target holding "
+            "the copy: end it with `tiermem shard end-move` (end_move), which finishes the move if the "
+            "proxy switched and undoes it if not"
+        )
+        logger.error("%s", note)
+        if hasattr(failure, "add_note"):  # (Python 3.11+)
+            failure.add_note(note)
+        raise
     target.set_scope_routing(scope, "serving", call_metadata=route)
     step("retire")
     source.set_scope_routing(scope, "moved", moved_to=moved_to, purge=True, call_metadata=route)

@@ -308,6 +308,11 @@ def _connect(args: argparse.Namespace, target: str | None = None) -> MemoryClien
 
 
 def _shard_move(args: argparse.Namespace) -> int:
+    # Before anything moves: a switch that cannot be made would strand the scope behind its fence.
+    if args.source == args.dest:
+        raise ValueError("--from and --to are the same shard")
+    haproxy.check_shard_address(args.haproxy_socket, args.to_shard, args.dest)
+    haproxy.check_map(args.haproxy_socket, args.haproxy_map)
     with _connect(args, args.source) as source, _connect(args, args.dest) as dest:
         report = move_scope(
             args.scope,
@@ -345,6 +350,8 @@ def _shard_end_move(args: argparse.Namespace) -> int:
 
 
 def _shard_promote(args: argparse.Namespace) -> int:
+    if args.haproxy_socket is not None:  # (before promoting: a shard HAProxy lacks could not switch)
+        haproxy.shard_address(args.haproxy_socket, args.shard)
     with _connect(args, args.replica) as replica:
         promoted = replica.promote_replica()
     if args.haproxy_socket is not None:
@@ -366,6 +373,10 @@ def _shard_list(args: argparse.Namespace) -> dict[str, str]:
     bad = [f"{name}{eq}{addr}" for name, eq, addr in pairs if not (name and eq and addr)]
     if bad:
         raise ValueError(f"--shard takes NAME=HOST:PORT, not {bad[0]!r}")
+    names = [name for name, _, _ in pairs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--shard names {twice[0]!r} twice: each shard needs a name of its own")
     return {name: addr for name, _, addr in pairs}
 
 

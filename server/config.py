@@ -361,18 +361,16 @@ class ServerConfig:
 
         need(self.replica_ack in ("async", "sync"), "replica_ack", "must be async or sync")
         need(self.replica_ack == "async" or self.replication, "replica_ack", "sync needs replication")
-        need(self.replica_ack_timeout_seconds > 0, "replica_ack_timeout_seconds", "must be > 0")
+        ack = self.replica_ack_timeout_seconds  # (at most a day: a longer wait overflows thread timers)
+        need(0 < ack <= 86400, "replica_ack_timeout_seconds", "must be a number > 0 and at most 86400")
         need(
             not (self.replica_of and self.search_processes > 1),
             "replica_of",
             "a replica serves in one process",
         )
         for name in ("alpha", "beta", "gamma", "fused_beta", "fused_gamma"):
-            need(
-                math.isfinite(getattr(self, name)) and getattr(self, name) >= 0,
-                name,
-                "must be a finite number >= 0",
-            )
+            weight = getattr(self, name)
+            need(math.isfinite(weight) and weight >= 0, name, "must be a finite number >= 0")
         # Search bounds assume decayed importance never exceeds the base importance.
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
         self._check_tuning(need)
@@ -552,7 +550,7 @@ class ServerConfig:
             )
         need(bool(self.tls_cert) == bool(self.tls_key), "tls_key", "tls_cert and tls_key go together")
         need(not self.tls_client_ca or bool(self.tls_cert), "tls_client_ca", "needs tls_cert and tls_key")
-        for name in ("api_keys", "tls_cert", "tls_key", "tls_client_ca"):
+        for name in ("api_keys", "tls_cert", "tls_key", "tls_client_ca", "replica_tls_ca"):
             path = getattr(self, name)
             need(not path or os.path.isfile(path), name, f"{path!r} is not a readable file")
         exposed = not is_loopback(self.host)

@@ -253,13 +253,24 @@ def test_tenants_on_shards_behind_haproxy(cluster: Cluster) -> None:
         stop.set()
         writer.join()
         assert cluster.replica is not None
-        promoted = subprocess.run(
-            [sys.executable, "-m", "tiermem", "shard", "promote", "--replica", cluster.replica.target,
-             "--shard", "c", "--haproxy-socket", str(cluster.admin_socket)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+
+        def promote(shard: str) -> subprocess.CompletedProcess[str]:
+            assert cluster.replica is not None
+            return subprocess.run(
+                [sys.executable, "-m", "tiermem", "shard", "promote", "--replica", cluster.replica.target,
+                 "--shard", shard, "--haproxy-socket", str(cluster.admin_socket)],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+
+        # A shard HAProxy does not know is refused before the replica is promoted.
+        typo = promote("cc")
+        assert typo.returncode == 1 and "HAProxy has no shard 'cc'" in typo.stderr
+        promoted = promote("c")
         assert promoted.returncode == 0, promoted.stderr
         assert json.loads(promoted.stdout)["switched"] is True
+        again = promote("c")  # (a retry, as after a lost answer: the same promotion, switched again)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["applied_seq"] == json.loads(promoted.stdout)["applied_seq"]
         assert sum(1 for t in on_c for k in ledger.acked[t] if "session:live" in k[0]) > 5
         _check_exactly_once(c, ledger, tenants)  # (c's tenants now answered by the promoted replica)
         m = c.create(on_c[0], "written after the takeover")
@@ -283,6 +294,28 @@ def test_the_shard_command_moves_a_tenant_and_lists_every_shard(cluster: Cluster
             return subprocess.run(
                 [sys.executable, "-m", "tiermem", *args], capture_output=True, text=True, timeout=120
             )
+
+        # What would strand the scope behind its fence is refused before anything moves: a
+        # --to-shard HAProxy sends elsewhere, a map path HAProxy does not know, --from as --to.
+        move = ["shard", "move", "--scope", tenant, "--from", addresses[source]]
+        hap = ["--haproxy-socket", str(cluster.admin_socket)]
+        for args, says in (
+            (["--to", addresses[target], "--to-shard", source, *hap, "--haproxy-map", str(cluster.map_file)],
+             f"HAProxy sends shard {source!r} to"),
+            (["--to", addresses[target], "--to-shard", target, *hap, "--haproxy-map", "routes.map"],
+             "HAProxy has no map routes.map"),
+            (["--to", addresses[source], "--to-shard", source, *hap, "--haproxy-map", str(cluster.map_file)],
+             "--from and --to are the same shard"),
+        ):  # fmt: skip
+            refused = tiermem(*move, *args)
+            assert refused.returncode == 1 and says in refused.stderr, refused.stderr
+        assert shards.locate(tenant) == [source] and cluster.map_file.read_text() == ""
+        with MemoryClient(addresses[source], sharded=True) as s:
+            assert s.get_scope_routing(tenant).routing == 0
+        dup = tiermem(
+            "shard", "namespaces", f"--shard=x={addresses[source]}", f"--shard=x={addresses[target]}"
+        )
+        assert dup.returncode == 1 and "--shard names 'x' twice" in dup.stderr
 
         moved = tiermem(
             "shard", "move", "--scope", tenant, "--from", addresses[source], "--to", addresses[target],

@@ -631,6 +631,16 @@ def test_a_replica_copies_its_leader_serves_reads_refuses_writes_and_takes_over(
             assert promoted.leader_instance_id == leader.engine.instance_id
             assert promoted.memory_count == 49
             assert _state(rc) == held
+            # A retry (its answer lost, or a failover command run again) gets the same answer.
+            again = rc.promote_replica(leader_instance_id=leader.engine.instance_id)
+            assert (again.leader_instance_id, again.applied_seq, again.memory_count) == (
+                promoted.leader_instance_id,
+                promoted.applied_seq,
+                49,
+            )
+            with pytest.raises(TiermemError) as wrong:
+                rc.promote_replica(leader_instance_id="not-its-leader")
+            assert wrong.value.reason == "REPLICA_OF_ANOTHER"
             m = rc.create("user:ana/project:x", "written after the promotion")
             assert rc.get("user:ana/project:x", m.id).content == "written after the promotion"
             assert m.id not in {k[1] for k in held if isinstance(k, tuple)}

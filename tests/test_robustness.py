@@ -743,6 +743,20 @@ def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
         ({"TIERMEM_SNAPSHOT_INTERVAL_SECONDS": "-1"}, "snapshot_interval_seconds"),
         ({"TIERMEM_MALLOC_MMAP_THRESHOLD": "-1"}, "malloc_mmap_threshold"),
         ({"TIERMEM_SEARCH_PROCESSES": "-1"}, "search_processes"),
+        # (an endless wait overflowed the thread timers on every synchronous write, after storing it)
+        (
+            {"TIERMEM_REPLICATION": "1", "TIERMEM_REPLICA_ACK_TIMEOUT_SECONDS": "inf"},
+            "replica_ack_timeout_seconds",
+        ),
+        (
+            {"TIERMEM_REPLICATION": "1", "TIERMEM_REPLICA_ACK_TIMEOUT_SECONDS": "1e12"},
+            "replica_ack_timeout_seconds",
+        ),
+        # (a missing CA file made a replica log a traceback every second, while reporting SERVING)
+        (
+            {"TIERMEM_REPLICA_OF": "127.0.0.1:1", "TIERMEM_REPLICA_TLS_CA": "/nonexistent/ca.pem"},
+            "replica_tls_ca",
+        ),
     ],
 )
 def test_invalid_settings_are_refused_with_their_name(

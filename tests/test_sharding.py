@@ -429,6 +429,26 @@ def test_end_move_undoes_or_finishes_a_killed_move_and_refuses_what_is_not_one(
         assert held(src, "user:eve") == ["eve is served here"] and state(src, "user:eve") == 0
 
 
+def test_a_move_whose_switch_fails_says_how_to_end_it(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    from tiermem.client.shards import end_move, move_scope
+
+    a, b = server_factory(tmp_path / "a"), server_factory(tmp_path / "b")
+    with _plain(a.port) as src, _plain(b.port) as dst:
+        src.create("user:ana", "ana deploys on fridays")
+
+        def switch() -> None:
+            raise RuntimeError("HAProxy has no map routes.map")
+
+        with pytest.raises(RuntimeError) as info:
+            move_scope("user:ana", src, dst, switch)
+        assert any("tiermem shard end-move" in note for note in info.value.__notes__)
+        assert src.get_scope_routing("user:ana").routing == pb.SCOPE_ROUTING_FENCED
+        assert end_move("user:ana", src, dst, switched=False).ended == "undone"
+        src.create("user:ana", "the source takes the tenant's writes again")
+
+
 def test_a_move_whose_target_goes_down_fails_within_the_clients_timeout(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

@@ -204,9 +204,16 @@ class Engine:
         is checked, ``stop_following`` ends the call to the leader (no batch is stored after it).
         Returns (that data's id, its last commit stored here, memories held)."""
         st = self.state
+        instance, seq = replication.position(st)
+        if not st.replica and instance.startswith(replication.PROMOTED):
+            # (promoted already: a retry, as after its answer was lost, gets the same answer)
+            instance = instance.removeprefix(replication.PROMOTED)
+            if leader_instance and leader_instance != instance:
+                raise FailedPrecondition(f"this server was promoted from {instance}", "REPLICA_OF_ANOTHER")
+            with st.store.read() as txn:
+                return instance, seq, st.store.record_count(txn)
         if not st.replica:
             raise FailedPrecondition("this server is not a replica", "NOT_A_REPLICA")
-        instance, seq = replication.position(st)
         if st.replica_copying:  # (it would serve part of its leader's data as the whole)
             raise FailedPrecondition(
                 "this replica holds no complete copy of its leader yet (none began, or one is under way)",

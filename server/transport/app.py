@@ -149,7 +149,11 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     server.start()
     followers = None
     engine: Engine | None = None
+    metrics_server = None
     try:
+        if metrics is not None:  # (before the engine opens: a port in use fails the start at once)
+            metrics.attach(lambda: servicer.engine)
+            metrics_server = _serve_metrics(metrics, config)
         engine = Engine(config) if clock is None else Engine(config, clock=clock)
         _attach(servicer, engine, config)
         if leading:
@@ -159,19 +163,14 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
             followers.start()
     except BaseException:
         if engine is None:
-            server.stop(None)
-            raise
-        # (the port was served meanwhile: stopped as a running server stops, its engine last)
-        try:
-            RunningServer(server, port, engine, health_servicer, followers, None, servicer, pool).stop(None)
-        except Exception:
-            logger.exception("stopping after a failed start")
+            _stop_unloaded(server, metrics_server)
+        else:  # (the port was served meanwhile: stopped as a running server stops, its engine last)
+            _stop_loaded(
+                RunningServer(
+                    server, port, engine, health_servicer, followers, metrics_server, servicer, pool
+                )
+            )
         raise
-    metrics_server = None
-    if metrics is not None:
-        metrics.attach(lambda: servicer.engine)
-        metrics_server = metrics.serve(config.metrics_host, config.metrics_port)
-        logger.info("metrics on http://%s:%d/metrics", config.metrics_host, metrics_server.server_port)
     set_serving(health_servicer, True)
     return RunningServer(server, port, engine, health_servicer, followers, metrics_server, servicer, pool)
 
@@ -201,6 +200,29 @@ def _stored_space(servicer: MemoryServicer) -> Callable[[str], bool]:
         return engine is not None and model in engine.spaces
 
     return stored
+
+
+def _stop_unloaded(server: grpc.Server, metrics_server: Any) -> None:
+    if metrics_server is not None:
+        metrics_server.shutdown()
+        metrics_server.server_close()
+    server.stop(None)
+
+
+def _stop_loaded(running: RunningServer) -> None:
+    try:
+        running.stop(None)
+    except Exception:
+        logger.exception("stopping after a failed start")
+
+
+def _serve_metrics(metrics: Metrics, config: ServerConfig) -> Any:
+    try:
+        served = metrics.serve(config.metrics_host, config.metrics_port)
+    except OSError as e:
+        raise _cannot_bind(config.metrics_host, config.metrics_port, f"metrics: {e.strerror or e}") from None
+    logger.info("metrics on http://%s:%d/metrics", config.metrics_host, served.server_port)
+    return served
 
 
 def _cannot_bind(host: str, port: int, why: str) -> FailedPrecondition:

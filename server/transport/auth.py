@@ -265,13 +265,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
             key = self.keys.lookup(token) if token else None
             if key is None:
                 missing = token is None
-                return _refusal(
+                return self._counted_refusal(
+                    method,
                     Unauthenticated(
                         "this server needs an API key: metadata authorization: Bearer <token>"
                         if missing
                         else "the API key is not valid (unknown or revoked)",
                         "API_KEY_MISSING" if missing else "API_KEY_INVALID",
-                    )
+                    ),
                 )
         name = method[len(SERVICE) :] if method.startswith(SERVICE) else ""
         opening = OPENING.get(name)
@@ -279,7 +280,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             try:
                 opening(key)
             except PermissionDenied as e:
-                return self._keyed_refusal(method, e, key.id)
+                return self._counted_refusal(method, e, key.id)
         call = _Call(self, method, RULES.get(name), key)
         call.token = token
         call.name = name
@@ -287,13 +288,15 @@ class AuthInterceptor(grpc.ServerInterceptor):
         call.route = routing.route_of(details.invocation_metadata)
         call.lease = self.admission.enter(call.monitoring)
         if call.lease is None:
-            return _refusal(
-                ResourceExhausted("the server is at its limit of calls in flight", "SERVER_BUSY"), 0.1
-            )
+            busy = ResourceExhausted("the server is at its limit of calls in flight", "SERVER_BUSY")
+            return self._counted_refusal(method, busy, key.id if key is not None else "", 0.1)
         return _wrap(handler, call)
 
-    def _keyed_refusal(self, method: str, err: TiermemError, key_id: str) -> Any:
-        """``_refusal``, counted and logged as the calls a key makes are."""
+    def _counted_refusal(
+        self, method: str, err: TiermemError, key_id: str = "", retry_after: float | None = None
+    ) -> Any:
+        """``_refusal``, counted and logged as answered calls are (refusals are what operators
+        watch for: bad keys, a server at its limit)."""
         metrics = self.metrics
 
         def record(context: grpc.ServicerContext) -> None:
@@ -301,7 +304,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 metrics.observe(method, err.status, 0.0)
             logs.access(method, err.status, 0.0, context, key_id)
 
-        return _refusal(err, record=record)
+        return _refusal(err, retry_after, record)
 
 
 def _refusal(

@@ -96,7 +96,8 @@ type MemoryServiceClient interface {
 	ReplicateChanges(ctx context.Context, opts ...grpc.CallOption) (MemoryService_ReplicateChangesClient, error)
 	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
 	// Admin; FAILED_PRECONDITION on a server that is not a replica (NOT_A_REPLICA), and on a replica that holds no
-	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
+	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way). A
+	// replica promoted already answers again as its promotion did (a retry is safe).
 	PromoteReplica(ctx context.Context, in *PromoteReplicaRequest, opts ...grpc.CallOption) (*PromoteReplicaResponse, error)
 }
 
@@ -522,7 +523,8 @@ type MemoryServiceServer interface {
 	ReplicateChanges(MemoryService_ReplicateChangesServer) error
 	// PromoteReplica makes a replica a server of its own: it stops following and takes writes.
 	// Admin; FAILED_PRECONDITION on a server that is not a replica (NOT_A_REPLICA), and on a replica that holds no
-	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way).
+	// complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way). A
+	// replica promoted already answers again as its promotion did (a retry is safe).
 	PromoteReplica(context.Context, *PromoteReplicaRequest) (*PromoteReplicaResponse, error)
 	mustEmbedUnimplementedMemoryServiceServer()
 }
