@@ -67,6 +67,35 @@ def _write_some(c: MemoryClient, start: int, n: int) -> list[pb.Memory]:
     ]
 
 
+def test_a_replica_says_when_it_cannot_reach_its_leader_and_when_it_does_again(
+    server_factory: Callable[..., RunningServer],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its call waits for the leader in silence (reads answer REPLICA_COPYING meanwhile): the
+    replica logs the wait."""
+    from tiermem.server.transport import replication
+
+    monkeypatch.setattr(replication, "UNREACHED_WARNING_SECONDS", (1.0, 60.0))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed again: nothing listens there)
+    caplog.set_level("INFO", logger="tiermem")
+    server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{port}")
+    _eventually(lambda: f"cannot reach its leader 127.0.0.1:{port}" in caplog.text)
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.transport.app import create_server
+
+    leader = create_server(
+        ServerConfig(host="127.0.0.1", port=port, data_dir=tmp_path / "leader", replication=True)
+    )
+    try:
+        _eventually(lambda: f"reached its leader 127.0.0.1:{port} again" in caplog.text)
+    finally:
+        leader.stop(0)
+
+
 def test_a_replica_that_declares_a_space_its_leader_holds_otherwise_stores_nothing_of_it(
     server_factory: Callable[..., RunningServer], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -683,6 +712,14 @@ def test_synchronous_acknowledgement_waits_for_a_replica(
             "UNAVAILABLE",
             "REPLICA_NOT_CONFIRMED",
         )
+    # Through the client's own channel (its retry policy retries UNAVAILABLE): answered as it
+    # is, once, not retried until the client's deadline (each retry waited out the timeout again).
+    with MemoryClient(f"127.0.0.1:{leader.port}", timeout=20) as lc:
+        started = time.monotonic()
+        with pytest.raises(TiermemError) as unconfirmed:
+            lc.create("user:ana", "no replica yet", request_id="r1")
+        assert unconfirmed.value.reason == "REPLICA_NOT_CONFIRMED" and time.monotonic() - started < 6
+    with MemoryClient(channel=grpc.insecure_channel(f"127.0.0.1:{leader.port}"), timeout=10) as lc:
         replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
         with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
             _eventually(lambda: rc.stats().memory_count == 1)
@@ -692,6 +729,21 @@ def test_synchronous_acknowledgement_waits_for_a_replica(
                 assert rc.get("user:ana", m.id).content == f"confirmed write {i}"  # there when answered
             assert rc.get("user:ana", retried.id).content == "no replica yet"
             assert rc.stats().memory_count == 11
+
+
+def test_an_idle_leader_stops_without_waiting_out_its_grace_for_its_replica(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A replica's feed never ends by itself: it ends once caught up and alone in the handlers."""
+    leader = server_factory(tmp_path / "leader", replication=True, replica_ack="sync")
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc, MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        for i in range(5):
+            lc.create("user:ana", f"confirmed {i}")
+        assert rc.stats().memory_count == 5
+    started = time.monotonic()
+    leader.stop(10.0)
+    assert time.monotonic() - started < 3.0
 
 
 def test_a_leader_stopping_does_not_wait_out_a_write_waiting_for_a_replica(

@@ -179,9 +179,9 @@ class Engine:
         return self.state.store.seq
 
     def replication_feed(
-        self, instance: str, after: int, wanted: Callable[[], bool]
+        self, instance: str, after: int, wanted: Callable[[], bool], done: Callable[[], bool] = lambda: False
     ) -> Iterator[tuple[int, bool, bytes]]:
-        return replication.feed(self.state, instance, after, wanted)
+        return replication.feed(self.state, instance, after, wanted, done)
 
     def replica_position(self) -> tuple[str, int]:
         return replication.position(self.state)

@@ -52,10 +52,14 @@ class Parts(Spool):
 
 # -- the leader's side --------------------------------------------------------------------------
 def feed(
-    st: EngineState, instance: str, after: int, wanted: Callable[[], bool]
+    st: EngineState,
+    instance: str,
+    after: int,
+    wanted: Callable[[], bool],
+    done: Callable[[], bool] = lambda: False,
 ) -> Iterator[tuple[int, bool, bytes]]:
     """(commit reached or 0 within a split batch, full_copy_start, batch) for a replica at commit
-    ``after`` of data ``instance``, until ``wanted()`` is false."""
+    ``after`` of data ``instance``, until ``wanted()`` is false, or ``done()`` once caught up."""
     if not st.store.log_commits:
         raise FailedPrecondition(
             "this server keeps no commit log: start it with replication", "NOT_REPLICATING"
@@ -82,6 +86,8 @@ def feed(
                 seq = st.store.committed_seq(txn)
                 parts = None if seq == after else _changes_since(st, txn, after, seq)
             if parts is None:
+                if done():
+                    return
                 time.sleep(POLL_SECONDS)
                 continue
             yield from _sent(parts, seq)

@@ -36,7 +36,7 @@ from tiermem.server.security.limits import Admission, KeyLimits
 from tiermem.server.security.models import ModelRule
 from tiermem.server.transport import logs, names, routing
 from tiermem.server.transport.metrics import Metrics
-from tiermem.server.transport.status import to_status
+from tiermem.server.transport.status import final, to_status
 
 SERVICE = "/tiermem.v1.MemoryService/"
 # The per-run secret a leader's search followers present on its private Unix socket (follower.py):
@@ -487,8 +487,8 @@ class _Call:
         if self.owner.after_write is not None and self.name in routing.WRITES:
             try:
                 self.owner.after_write()
-            except TiermemError as e:
-                _abort(context, e)
+            except TiermemError as e:  # (stored: the client's retry policy is not to make it again)
+                context.abort_with_status(final(to_status(e)))
 
     def check_or_abort(self, key: ApiKey | None, request: Any, context: grpc.ServicerContext) -> None:
         try:

@@ -60,6 +60,11 @@ class HandlerPool(futures.ThreadPoolExecutor):
         future.add_done_callback(self._left)  # (also when a queued call is dropped by drain)
         return future
 
+    @property
+    def busy(self) -> int:
+        """Calls in (or queued for) a handler."""
+        return self._busy
+
     def _left(self, _future: object = None) -> None:
         with self._idle:
             self._busy -= 1

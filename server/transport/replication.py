@@ -13,6 +13,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -36,6 +37,15 @@ class ReplicaAcks:
         self._ids = itertools.count(1)
         self._changed = threading.Condition()
         self._closed = False
+        self._stopping: Callable[[], int] | None = None  # (the calls in handlers, once stopping)
+
+    def end_when_idle(self, calls_in_handlers: Callable[[], int]) -> None:
+        """The server is stopping: a feed caught up ends once only the feeds are left in handlers
+        (the writes before it acknowledged; an idle replica does not hold the stop to its grace)."""
+        self._stopping = calls_in_handlers
+
+    def ending(self) -> bool:
+        return self._stopping is not None and self._stopping() <= len(self._applied)
 
     def close(self) -> None:
         """The server stopped (its replicas' feeds too): no ack can come, writes waiting end now."""
@@ -90,7 +100,8 @@ def serve_changes(
 
     threading.Thread(target=read_acks, name="tiermem-replica-acks", daemon=True).start()
     try:
-        for seq, start, payload in engine.replication_feed(first.instance_id, first.applied_seq, wanted):
+        feed = engine.replication_feed(first.instance_id, first.applied_seq, wanted, acks.ending)
+        for seq, start, payload in feed:
             yield pb.ReplicateChangesResponse(
                 instance_id=engine.instance_id, seq=seq, full_copy_start=start, changes=payload
             )
@@ -114,6 +125,7 @@ def confirm_write(engine: Engine, acks: ReplicaAcks, timeout: float) -> None:
 
 
 REFUSED_BATCH_PAUSE = 30.0  # seconds before a replica asks again for a batch it could not store
+UNREACHED_WARNING_SECONDS = (10.0, 60.0)  # a leader out of reach is logged after 10 s, then each minute
 
 
 class ReplicaFollower:
@@ -163,7 +175,8 @@ class ReplicaFollower:
             wait = pause
             try:
                 with self._channel() as channel:
-                    self._follow(pb_grpc.MemoryServiceStub(channel), metadata)
+                    if self._reach(channel):
+                        self._follow(pb_grpc.MemoryServiceStub(channel), metadata)
                 pause = 0.1
             except grpc.RpcError as e:
                 if not self._stop.is_set():
@@ -181,6 +194,32 @@ class ReplicaFollower:
             self.connected.clear()
             self._stop.wait(wait)
             pause = min(2 * pause, 2.0)
+
+    def _reach(self, channel: grpc.Channel) -> bool:
+        """Wait until the leader takes a connection (False: stopped first), logging while it does not:
+        the call itself waits for it in silence, and reads answer REPLICA_COPYING meanwhile."""
+        began = time.monotonic()
+        first, every = UNREACHED_WARNING_SECONDS
+        warned = 0.0
+        ready = grpc.channel_ready_future(channel)
+        try:
+            while not self._stop.is_set():
+                try:
+                    ready.result(timeout=0.5)
+                except grpc.FutureTimeoutError:
+                    waited = time.monotonic() - began
+                    if waited >= first and (not warned or waited - warned >= every):
+                        warned = waited
+                        logger.warning(
+                            "replica: cannot reach its leader %s for %.0f s", self.config.replica_of, waited
+                        )
+                    continue
+                if warned:
+                    logger.info("replica: reached its leader %s again", self.config.replica_of)
+                return True
+            return False
+        finally:
+            ready.cancel()
 
     def _follow(self, stub: pb_grpc.MemoryServiceStub, metadata: list[tuple[str, str]]) -> None:
         instance, applied = self.engine.replica_position()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -36,6 +38,23 @@ STATUS_CODES: dict[str, tuple[grpc.StatusCode, int]] = {
     "PERMISSION_DENIED": (grpc.StatusCode.PERMISSION_DENIED, code_pb2.PERMISSION_DENIED),
     "INTERNAL": (grpc.StatusCode.INTERNAL, code_pb2.INTERNAL),
 }
+
+
+class _Status(NamedTuple):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+class Status(_Status, grpc.Status):
+    """A status with trailers of our own beside its details."""
+
+
+def final(status: grpc.Status) -> grpc.Status:
+    """``status`` with gRPC's retry pushback set to never: a client's retry policy does not make the
+    call again (a write stored here whose retry would only wait out the same timeout again)."""
+    trailers = (*status.trailing_metadata, ("grpc-retry-pushback-ms", "-1"))
+    return Status(status.code, status.details, trailers)
 
 
 def to_status(err: TiermemError, retry_after: float | None = None) -> grpc.Status:
