@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# Refusals only a change of settings mends (exit status 2, which the systemd unit does not restart
+# after): a promoted replica's directory started as a replica again.
+_SETTING_REASONS = frozenset({"REPLICA_PROMOTED"})
+
+
 def main(argv: list[str] | None = None) -> None:
     p = _parser()
     args = p.parse_args(argv)
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(reason, str) or not hasattr(e, "status"):
             raise
         print(f"tiermem-server: cannot start: {e} [{reason}]", file=sys.stderr, flush=True)
-        sys.exit(1)
+        sys.exit(2 if reason in _SETTING_REASONS else 1)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,12 @@ def _add_shard(sub: Any, conn: argparse.ArgumentParser) -> None:
     ):
         a = actions.add_parser(name, parents=[conn], help=what)
         a.add_argument(
-            "--shard", action="append", required=True, metavar="NAME=ADDR", help="a shard; repeat for each"
+            "--shard",
+            action="append",
+            required=True,
+            type=_shard_pair,
+            metavar="NAME=ADDR",
+            help="a shard; repeat for each",
         )
         if name == "namespaces":
             a.add_argument("--prefix", default="", metavar="P", help="only namespaces starting with this")
@@ -368,16 +373,21 @@ def _shard_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard_pair(text: str) -> tuple[str, str]:
+    """A --shard NAME=HOST:PORT, else a usage error."""
+    name, eq, addr = text.partition("=")
+    if not (name and eq and addr):
+        raise argparse.ArgumentTypeError(f"takes NAME=HOST:PORT, not {text!r}")
+    return name, addr
+
+
 def _shard_list(args: argparse.Namespace) -> dict[str, str]:
-    pairs = [item.partition("=") for item in args.shard]
-    bad = [f"{name}{eq}{addr}" for name, eq, addr in pairs if not (name and eq and addr)]
-    if bad:
-        raise ValueError(f"--shard takes NAME=HOST:PORT, not {bad[0]!r}")
-    names = [name for name, _, _ in pairs]
+    pairs = args.shard
+    names = [name for name, _ in pairs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"--shard names {twice[0]!r} twice: each shard needs a name of its own")
-    return {name: addr for name, _, addr in pairs}
+    return dict(pairs)
 
 
 def _shard_namespaces(args: argparse.Namespace) -> int:

@@ -356,7 +356,13 @@ def test_stats_namespaces_and_health(server_factory: Factory, tmp_path: Path) ->
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
-    for args in (["backup", "--target", "127.0.0.1:1"], ["stats"], ["frobnicate"], []):
+    for args in (
+        ["backup", "--target", "127.0.0.1:1"],
+        ["stats"],
+        ["frobnicate"],
+        [],
+        ["shard", "namespaces", "--shard", "a"],  # (NAME=HOST:PORT)
+    ):
         out = tiermem(*args)
         assert out.returncode == 2 and "usage: tiermem" in out.stderr, args
     for bad in ("0", "-1", "nan", "inf", "1e10", "soon"):  # (inf and 1e10 waited for ever)

@@ -677,6 +677,13 @@ def test_a_replica_copies_its_leader_serves_reads_refuses_writes_and_takes_over(
     # Started again as a replica, promoted data refuses: following a leader would replace it.
     with pytest.raises(Exception, match="promoted from a replica"):
         server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    # ... with exit status 2, a setting's fault, which the systemd unit does not restart after.
+    started = subprocess.run(
+        [sys.executable, "-m", "tiermem.server", "--data-dir", str(tmp_path / "replica"), "--port", "0",
+         "--replica-of", f"127.0.0.1:{leader.port}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert started.returncode == 2 and "[REPLICA_PROMOTED]" in started.stderr, started.stderr
 
 
 def test_a_restarted_replica_continues_from_its_last_commit(
