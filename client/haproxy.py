@@ -28,7 +28,8 @@ def backend_of(shard: str) -> str:
 def config(shards: Mapping[str, str], listen: str, map_file: str | Path, admin_socket: str | Path) -> str:
     """An haproxy.cfg routing gRPC on ``listen`` ("127.0.0.1:50051") to ``shards`` (name ->
     "host:port", plain HTTP/2), with the moved scopes of ``map_file`` and the runtime API on
-    ``admin_socket`` (what ``set_route`` talks to)."""
+    ``admin_socket`` (what ``set_route`` talks to). HAProxy starts only once ``map_file`` exists
+    (empty at first)."""
     hashed = "\n".join(f"    server {name} {address} proto h2" for name, address in shards.items())
     pinned = "\n".join(
         f"backend {backend_of(name)}\n    server {name} {address} proto h2\n"
