@@ -1008,7 +1008,8 @@ def test_evidence_from_before_a_tier_entry_never_promotes_again(
     c.create(ns, "A surprising fact.", id="m", tier="glacial", importance=0.5)
     c.feedback(ns, [{"id": "m", **surprising}] * 2)
     chunks = list(c.export_memories(ns))
-    chunks[1].memory.last_access_time.seconds = int(clock.now) + 86400
+    memory = next(ch.memory for ch in chunks if ch.WhichOneof("chunk") == "memory")
+    memory.last_access_time.seconds = int(clock.now) + 86400
     assert c.import_memories(chunks, target_namespace=ahead).imported == 1
     assert twice_then_once(ahead) == [set(), set()]
     c.feedback(ahead, [{"id": "m"}])  # (an access after the import: the surprise promotes now)
