@@ -57,7 +57,10 @@ def timestamp(value: TimeLike) -> Timestamp:
 
 
 def seconds(value: TimeLike) -> float:
-    return value.timestamp() if isinstance(value, dt.datetime) else float(value)
+    """Epoch seconds; a naive datetime is UTC, as everywhere in the client (not local time)."""
+    if isinstance(value, dt.datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
+    return float(value)
 
 
 def _set_query(

@@ -293,6 +293,30 @@ def test_timeline_combines_where_with_since_and_until(server_factory: Callable[.
         assert ids(c.timeline(NS, since=T0, until=T0 + 4, kinds=["note"], page_size=1)) == ["e3", "e1"]
 
 
+def test_a_naive_datetime_is_utc_in_timeline_as_everywhere(
+    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a local time zone that is not UTC: timeline's bounds read it as list_memories' do."""
+    import datetime as dt
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        running = server_factory()
+        with connect(running.port) as c:
+            base = dt.datetime(2026, 3, 1, 12, 0)  # (naive)
+            for h in range(8):
+                c.create(NS, f"hour {h}", id=f"h{h}", create_time=base + dt.timedelta(hours=h))
+            since, until = base, base + dt.timedelta(hours=3)
+            listed = [m.id for m in c.list_memories(NS, created_after=since, created_before=until)]
+            assert sorted(listed) == ["h0", "h1", "h2"]
+            assert sorted(m.id for m in c.timeline(NS, since=since, until=until)) == sorted(listed)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
 # --------------------------------------------------------------------------------------------
 # 4. per-call timeout and metadata, misspelled arguments
 # --------------------------------------------------------------------------------------------
