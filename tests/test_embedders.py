@@ -585,6 +585,28 @@ def test_a_text_search_with_the_endpoint_down_falls_back_to_keywords_and_says_so
         assert both.responses[0].results[0].memory.id == target.id
 
 
+def test_recency_and_importance_with_text_rank_the_same_with_the_endpoint_down(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """They take no similarity: the text is not embedded, so a dead embedder changes nothing (it
+    fell back to a keyword ranking: only the keyword matches, not by recency)."""
+    with _client(http_server()) as c:
+        for i in range(4):  # (an hour apart: recency tells them apart)
+            content = f"report {i}" if i % 2 else f"note {i}"
+            c.create("ns", content, importance=0.2 * (i + 1), create_time=time.time() - (4 - i) * 3600)
+        strategies = (pb.SEARCH_STRATEGY_RECENCY, pb.SEARCH_STRATEGY_IMPORTANCE)
+
+        def ranked(strategy: int, text: str) -> tuple[list[str], bool]:
+            req = pb.SearchMemoriesRequest(namespaces=["ns"], query_text=text, strategy=strategy)
+            resp = c.stub.SearchMemories(req)
+            return [r.memory.content for r in resp.results], resp.keyword_only
+
+        up = [ranked(s, "report") for s in strategies]
+        assert up[0] == (["report 3", "note 2", "report 1", "note 0"], False)
+        endpoint.failing = True  # (and texts the embedder's cache does not hold)
+        assert [ranked(s, f"the {s} report") for s in strategies] == up
+
+
 def test_bad_hybrid_options_are_refused_whether_or_not_the_embedder_answers(
     http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
 ) -> None:

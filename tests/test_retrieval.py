@@ -1492,6 +1492,15 @@ def test_batch_search_errors(sdata: tuple[MemoryClient, FakeClock, dict[str, Any
     bad_limit, bad_where = sreq(SNS, np.ones(DIM), limit=-1), sreq(SNS, np.ones(DIM), where={"$and": []})
     expect_invalid(lambda: batch(good, bad_limit, bad_where), "searches[1].limit")
     expect_invalid(lambda: batch(good, bad_where, bad_limit), "searches[1].filter.where")
+    # ... also when the later one is refused as it is read (a tier weighted twice), earlier ones as
+    # they run (a negative limit, a space that holds nothing)
+    twice = sreq(SNS, np.ones(DIM))
+    twice.tier_weights.add(tier=3, weight=1.0)
+    twice.tier_weights.add(tier=3, weight=2.0)
+    expect_invalid(lambda: batch(good, bad_limit, twice), "searches[1].limit")
+    expect_invalid(lambda: batch(good, twice, bad_limit), "searches[1].tier_weights[1].tier")
+    with pytest.raises(NotFoundError):
+        batch(good, sreq(SNS, np.ones(DIM), model="no-such-model"), twice)
     # Not only invalid arguments: a space that holds nothing is NOT_FOUND, naming the search.
     with pytest.raises(NotFoundError) as err:
         batch(good, sreq(SNS, np.ones(DIM), model="no-such-model"))

@@ -283,6 +283,9 @@ def query_vector(
                 f"names the space of query_embedding, which is empty: query_text is embedded by the "
                 f"server's embedder, into {model!r}; send the query's vector to search {q.embedding_model!r}",
             )
+        if not needed:  # (not embedded, so a failing embedder changes nothing: the text names the space)
+            sp = source.spaces.get(model)
+            return (None, sp) if sp is not None else (np.zeros(0, np.float32), None)
         query = source.embedder.embed(q.text)
     elif needed:
         raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")

@@ -4,6 +4,7 @@ items, context packages). No logic beyond field mapping."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -158,6 +159,20 @@ def tier_weights_from_pb(entries: Any) -> dict[int, float]:
             raise InvalidArgument(f"tier_weights[{i}].tier", "names a tier an earlier entry named")
         out[int(tw.tier)] = tw.weight
     return out
+
+
+def searches_from_pb(
+    searches: Sequence[pb.SearchMemoriesRequest],
+) -> tuple[list[tuple[SearchQuery, bool]], InvalidArgument | None]:
+    """A batch's searches (with their include_embedding) up to the first that cannot be converted,
+    and its error (named as ``searches[i]``; None: all were)."""
+    out: list[tuple[SearchQuery, bool]] = []
+    for i, r in enumerate(searches):
+        try:
+            out.append((search_from_pb(r), r.include_embedding))
+        except InvalidArgument as e:
+            return out, e.within(f"searches[{i}].")
+    return out, None
 
 
 def search_from_pb(r: pb.SearchMemoriesRequest) -> SearchQuery:

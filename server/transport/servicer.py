@@ -31,7 +31,6 @@ from tiermem.server.model.reports import (
     ExportItem,
 )
 from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG
-from tiermem.server.search.query import SearchQuery
 from tiermem.server.search.searcher import SearchHit, SearchHits
 from tiermem.server.transport import convert
 from tiermem.server.transport.auth import caller, key_still_valid
@@ -85,14 +84,6 @@ def _rpc_stream(method: F) -> F:
             _abort(method.__name__, e, context)
 
     return wrapper  # type: ignore[return-value]
-
-
-def _search_query(request: pb.SearchMemoriesRequest, i: int) -> SearchQuery:
-    """The ``i``-th search of a batch, its conversion errors named under ``searches[i].``."""
-    try:
-        return convert.search_from_pb(request)
-    except InvalidArgument as e:
-        raise e.within(f"searches[{i}].") from None
 
 
 def _still_wanted(context: grpc.ServicerContext | None) -> Callable[[], bool] | None:
@@ -385,8 +376,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if not 1 <= len(request.searches) <= 100:
             raise InvalidArgument("searches", "must hold 1 to 100 searches")
         self._check_fits(request.searches)
-        queries = [(_search_query(s, i), s.include_embedding) for i, s in enumerate(request.searches)]
+        queries, malformed = convert.searches_from_pb(request.searches)
         results = self._engine.search_many(queries, _still_wanted(context), record=False)
+        if malformed is not None:  # (after those before it: the first failing search is the error)
+            raise malformed
         resp = pb.BatchSearchMemoriesResponse()
         for search, hits in zip(request.searches, results, strict=True):
             out = resp.responses.add()
