@@ -42,6 +42,14 @@ PER_TIER = (
     "half_life_hours",
 )
 
+# Per-tier settings beyond finite and >= 0: what UpdateNamespaceConfig takes for the same fields.
+_TIER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "tier_ttl_seconds": (lambda v: v > 0, "> 0"),
+    "half_life_hours": (lambda v: v > 0, "> 0"),
+    "tier_importance_threshold": (lambda v: v <= 1, "in [0, 1]"),
+    "tier_max_items": (lambda v: v == int(v) <= 2**53, "that are whole numbers up to 2^53"),
+}
+
 RETENTION_POLICIES = {
     "importance_weighted": 1,
     "recency": 2,
@@ -374,22 +382,13 @@ class ServerConfig:
         # Search bounds assume decayed importance never exceeds the base importance.
         need(0.0 <= self.importance_floor <= 1.0, "importance_floor", "must be in [0, 1]")
         self._check_tuning(need)
-        need(
-            self.importance_decay in IMPORTANCE_DECAYS,
-            "importance_decay",
-            f"must be one of {sorted(IMPORTANCE_DECAYS)}",
-        )
-        need(
-            self.importance_heuristic in IMPORTANCE_HEURISTICS,
-            "importance_heuristic",
-            f"must be one of {sorted(IMPORTANCE_HEURISTICS)}",
-        )
-        need(self.recency_basis in RECENCY_BASES, "recency_basis", f"must be one of {sorted(RECENCY_BASES)}")
-        need(
-            self.summary_strategy in SUMMARY_STRATEGIES,
-            "summary_strategy",
-            f"must be one of {sorted(SUMMARY_STRATEGIES)}",
-        )
+        for name, choices in (
+            ("importance_decay", IMPORTANCE_DECAYS),
+            ("importance_heuristic", IMPORTANCE_HEURISTICS),
+            ("recency_basis", RECENCY_BASES),
+            ("summary_strategy", SUMMARY_STRATEGIES),
+        ):
+            need(getattr(self, name) in choices, name, f"must be one of {sorted(choices)}")
         need(self.summary_max_tokens >= 1, "summary_max_tokens", "must be >= 1")
         need(self.working_token_limit >= 0, "working_token_limit", "must be >= 0 (0: never)")
         for name in ("default_predicted_relevance", "default_actual_usefulness"):
@@ -495,6 +494,8 @@ class ServerConfig:
                 name,
                 "needs 4 finite values >= 0, for FAST, MEDIUM, SLOW and GLACIAL (or 5, the first 0, unused)",
             )
+            ok, rule = _TIER_RULES.get(name, (lambda v: True, ""))
+            need(all(ok(v) for v in values[1:]), name, f"needs values {rule}, as a namespace's policy")
         need(
             self.retention in RETENTION_POLICIES, "retention", f"must be one of {sorted(RETENTION_POLICIES)}"
         )

@@ -752,6 +752,13 @@ def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
             {"TIERMEM_REPLICATION": "1", "TIERMEM_REPLICA_ACK_TIMEOUT_SECONDS": "1e12"},
             "replica_ack_timeout_seconds",
         ),
+        # (per-tier server defaults are held to a namespace policy's bounds: a huge capacity started,
+        # then every search failed with INTERNAL; a half-life of 0 turned decay off)
+        ({"TIERMEM_TIER_MAX_ITEMS": "1e30,500,200,100"}, "tier_max_items"),
+        ({"TIERMEM_TIER_MAX_ITEMS": "1.5,500,200,100"}, "tier_max_items"),
+        ({"TIERMEM_HALF_LIFE_HOURS": "0,24,168,720"}, "half_life_hours"),
+        ({"TIERMEM_TIER_TTL_SECONDS": "0,3600,86400,604800"}, "tier_ttl_seconds"),
+        ({"TIERMEM_TIER_IMPORTANCE_THRESHOLD": "2,0.1,0.1,0"}, "tier_importance_threshold"),
         # (a missing CA file made a replica log a traceback every second, while reporting SERVING)
         (
             {"TIERMEM_REPLICA_OF": "127.0.0.1:1", "TIERMEM_REPLICA_TLS_CA": "/nonexistent/ca.pem"},
