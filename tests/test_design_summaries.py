@@ -376,3 +376,26 @@ def test_a_summary_built_before_a_deletion_is_not_stored(
             )
         assert e.value.reason == "SUMMARY_STALE"
         assert list(c.list_memories(ns)) == [] and len(ids) == 3
+
+
+def test_a_summary_due_before_a_restart_or_a_policy_change_is_kept_without_another_create(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A create requests its namespace's summary in memory only: after a restart, or a policy that
+    turns auto_summarize on over tokens already counted, no create may come (an agent whose session
+    ended), and the namespace stayed due with no summary."""
+    data = tmp_path / "data"
+    running = server_factory(data_dir=data, summary_token_threshold=50)
+    with _client(running) as c:
+        for i in range(12):
+            c.create("due:later", event(i))
+            c.create("due:now", event(i))
+        assert c.stats("due:now").summary_due and summaries(c, "due:now") == []
+        c.update_namespace_config("due:now", auto_summarize=True)  # (over the tokens counted)
+        assert wait_for_summary(c, "due:now").source == "tiermem:summarizer"
+    running.stop(5)
+    # Started again with the server keeping every summary: the one due is kept at the start.
+    running = server_factory(data_dir=data, summary_token_threshold=50, auto_summarize=True)
+    with _client(running) as c:
+        assert wait_for_summary(c, "due:later").source == "tiermem:summarizer"
+        assert not c.stats("due:later").summary_due

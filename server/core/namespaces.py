@@ -88,6 +88,8 @@ def store_settings(st: EngineState, changes: list[SettingsChange]) -> dict[str, 
         configs.update((ns, s) for ns, s in settings.items() if s)
         st.ns_config = configs
         st.config_version += 1
+        for namespace in settings:  # (a policy can make its summary due: the summarizer checks)
+            st.request_summary(namespace)
         return settings
 
     return dict(st.writer.submit(prepare, apply))

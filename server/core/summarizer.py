@@ -21,7 +21,7 @@ import logging
 import numpy as np
 
 from tiermem.server.config import SUMMARY_STRATEGIES
-from tiermem.server.core.create import SummaryCovers, create_detailed, scope_progress
+from tiermem.server.core.create import SummaryCovers, create_detailed, due_of, scope_progress
 from tiermem.server.core.evictions import EVICTION_SUMMARY_KIND
 from tiermem.server.core.state import EngineState
 from tiermem.server.model.condense import Piece, hierarchical, rolling, sentences, sources
@@ -38,7 +38,9 @@ HIERARCHICAL = SUMMARY_STRATEGIES["hierarchical"]
 
 
 def loop(st: EngineState) -> None:
-    """Keep the summaries of the namespaces requested (``EngineState.request_summary``) until stop."""
+    """Keep the summaries of the namespaces requested (``EngineState.request_summary``) until stop,
+    those due already first."""
+    request_due(st)
     while not st.stop.is_set():
         st.summaries_wake.wait(1.0)
         st.summaries_wake.clear()
@@ -48,6 +50,18 @@ def loop(st: EngineState) -> None:
             if st.stop.is_set():
                 return
             keep(st, ns)
+
+
+def request_due(st: EngineState) -> int:
+    """Request every summary the server keeps that is due now: a create requests its own, but in
+    memory only (a crash loses it), and a summary can be due from before (a restart, a policy that
+    turned auto_summarize on or lowered the threshold) with no create to request it."""
+    with st.store.read() as txn:
+        states = st.store.scope_states(txn)
+    due = [ns for ns, state in states if due_of(st, ns, state).summary_kept]
+    for ns in due:
+        st.request_summary(ns)
+    return len(due)
 
 
 def retry_failed(st: EngineState) -> None:
