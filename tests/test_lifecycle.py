@@ -1656,6 +1656,27 @@ def test_a_transfer_stores_as_a_create_in_the_target_would(env: Env) -> None:
     assert after.reflection_importance == pytest.approx(before.reflection_importance + 0.9)
 
 
+def test_a_transfer_keeps_the_targets_caps_and_working_memory_as_a_create_would(env: Env) -> None:
+    """A namespace capped on create, and one whose working memory flushes past its limit: memories
+    transferred there count at once (they stayed over the cap until the next create or pass)."""
+    c = env.c
+    proj = "tp/project"
+    c.update_namespace_config(proj, preset="task_project_global", max_items=3)
+    for i in range(3):
+        c.create(proj, f"project note {i}", importance=0.5)
+    for i in range(3):
+        env.clock.advance(1)
+        c.create("tp/project/task:1", f"task finding {i}", id=f"t{i}", importance=0.9)
+        moved = c.transfer("tp/project/task:1", f"t{i}", mode="move", target_namespace=proj)
+        assert c.stats(proj).memory_count == 3 and c.get(proj, moved.id).content == f"task finding {i}"
+    c.update_namespace_config("tp/working", working_token_limit=10)
+    for i in range(4):
+        c.create("tp/src", f"working memory item number {i}", id=f"w{i}", tier="fast", importance=0.9)
+        c.transfer("tp/src", f"w{i}", mode="copy", target_namespace="tp/working")
+    fast = [m for m in c.list_memories("tp/working") if m.tier == FAST]
+    assert sum(m.token_cost for m in fast) <= 10
+
+
 def _updates_racing_passes(c: MemoryClient, ns: str, ids: list[str]) -> tuple[list[Any], list[Any]]:
     """Eight threads update ``ids`` to GLACIAL while a ninth runs three passes over ``ns``: (what
     failed, the moves the passes reported)."""

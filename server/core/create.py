@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
@@ -77,14 +77,8 @@ def create_detailed(
     op.summary_covers = summary_covers
     weight = sum(len(m.content) + 4 * m.embedding.shape[0] + 512 for m in memories)
     outcome: CreateOutcome = st.writer.submit(op.prepare, op.apply, weight)
-    flushed = 0
+    flushed = settle(st, op.namespaces, frozenset(r.rid for r in outcome.records))
     for ns in sorted(op.namespaces):
-        policy = st.policy_for(ns)
-        if policy.working_token_limit:  # working memory past its limit, before returning
-            flushed += _after_commit(st, ns, "flushing the working memory", partial(flush_working, st, ns))
-        if policy.evict_on_create:  # the namespace's and kinds' caps, before returning
-            keep = frozenset(r.rid for r in outcome.records)
-            _after_commit(st, ns, "applying the caps", partial(enforce_caps, st, ns, keep))
         if outcome.due[ns].summary_kept:
             st.request_summary(ns)
     if flushed:  # (the answer shows the memories as stored: moved to MEDIUM)
@@ -92,6 +86,20 @@ def create_detailed(
             now = st.store.get_many(txn, [r.rid for r in outcome.records])
         outcome.records = [r if n is None else n for r, n in zip(outcome.records, now, strict=True)]
     return outcome
+
+
+def settle(st: EngineState, namespaces: Iterable[str], keep: frozenset[int]) -> int:
+    """What a write that stored memories into ``namespaces`` does once committed, before it answers:
+    the working memory's flush past its limit, and the namespace's and kinds' caps (not evicting
+    ``keep``, the rows it stored). The memories flushed."""
+    flushed = 0
+    for ns in sorted(set(namespaces)):
+        policy = st.policy_for(ns)
+        if policy.working_token_limit:
+            flushed += _after_commit(st, ns, "flushing the working memory", partial(flush_working, st, ns))
+        if policy.evict_on_create:
+            _after_commit(st, ns, "applying the caps", partial(enforce_caps, st, ns, keep))
+    return flushed
 
 
 def _after_commit(st: EngineState, namespace: str, what: str, step: Callable[[], int]) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tiermem import kernels
 from tiermem.server.core import upkeep
-from tiermem.server.core.create import replace_summary, scope_progress, track_scope
+from tiermem.server.core.create import replace_summary, scope_progress, settle, track_scope
 from tiermem.server.core.namespaces import CONFIRMED_KINDS, check_protected
 from tiermem.server.core.pages import decode_token, encode_token
 from tiermem.server.core.state import EngineState
@@ -483,8 +483,18 @@ def transfer(st: EngineState, namespace: str, memory_id: str, how: Transfer) -> 
         upkeep.index_new(st, [(new, vec)])
         return new
 
-    result: Record = st.writer.submit(prepare, apply)
-    return result
+    return _settled(st, st.writer.submit(prepare, apply))
+
+
+def _settled(st: EngineState, rec: Record) -> Record:
+    """A memory transferred as a create into its namespace: that working memory's flush and caps,
+    the summary it made due; the memory as it is after them."""
+    if settle(st, [rec.namespace], frozenset([rec.rid])):
+        with st.store.read() as txn:
+            rec = st.store.get(txn, rec.rid) or rec
+    if scope_progress(st, rec.namespace).summary_due and st.policy_for(rec.namespace).auto_summarize:
+        st.request_summary(rec.namespace)
+    return rec
 
 
 def _free_target(
