@@ -399,3 +399,19 @@ def test_a_summary_due_before_a_restart_or_a_policy_change_is_kept_without_anoth
     with _client(running) as c:
         assert wait_for_summary(c, "due:later").source == "tiermem:summarizer"
         assert not c.stats("due:later").summary_due
+
+
+def test_a_summary_level_that_fits_its_budget_is_kept_and_sentences_do_not_run_together() -> None:
+    """The fit is the joined text's (each sentence was counted a token more, so 13 sentences of 88
+    tokens did not fit 100 and were condensed again to 2); pieces without an end mark get one, so
+    a summary does not read as one run-on sentence (nor does the next summary, which splits it)."""
+    from tiermem.server.model.condense import Piece, hierarchical, rolling
+    from tiermem.server.model.text import estimate_tokens, sentences
+
+    pieces = [Piece(f"Note {i:03d} was filed.", 0.5) for i in range(126)]  # 24 bytes: 6 tokens
+    text, depth, quoted = hierarchical(pieces, 100)
+    assert (depth, len(quoted)) == (1, 13) and estimate_tokens(text) <= 100
+    plain = [Piece("deploy failed on staging", 0.9), Piece("rollback done by ana", 0.5), Piece("Done!", 0.1)]
+    for summary in (rolling(plain, 100)[0], hierarchical(plain, 100)[0]):
+        assert summary == "deploy failed on staging. rollback done by ana. Done!"
+        assert sentences(summary) == ["deploy failed on staging.", "rollback done by ana.", "Done!"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences
+from tiermem.server.model.text import as_sentence, estimate_tokens, first_sentence, fitting_sentences
 
 CHUNK = 10  # pieces condensed into one at each level of a hierarchical summary
 
@@ -41,7 +41,7 @@ def rolling(pieces: list[Piece], max_tokens: int) -> tuple[str, list[int]]:
     chosen = sorted(fitting_sentences(texts, order, max_tokens))
     if not chosen:  # not one sentence fits: the best one, cut to the budget
         return cut(first_sentence(texts[order[0]]), max_tokens), [order[0]]
-    return " ".join(first_sentence(texts[i]) for i in chosen), chosen
+    return " ".join(as_sentence(first_sentence(texts[i])) for i in chosen), chosen
 
 
 def hierarchical(pieces: list[Piece], max_tokens: int) -> tuple[str, int, list[int]]:
@@ -49,7 +49,7 @@ def hierarchical(pieces: list[Piece], max_tokens: int) -> tuple[str, int, list[i
     each run of CHUNK in time order is condensed to its most important sentence (the latest among
     equals), with the run's highest importance. Returns the summary, how many levels it took and
     the indices of the pieces it quotes, in time order."""
-    level = [(Piece(first_sentence(p.text), p.importance), i) for i, p in enumerate(pieces)]
+    level = [(Piece(as_sentence(first_sentence(p.text)), p.importance), i) for i, p in enumerate(pieces)]
     depth = 0
     while len(level) > 1 and _tokens([p for p, _ in level]) > max_tokens:
         level = [_best(level[lo : lo + CHUNK]) for lo in range(0, len(level), CHUNK)]
@@ -74,7 +74,8 @@ def sources(n: int, quoted: list[int], cap: int) -> list[int]:
 
 
 def _tokens(level: list[Piece]) -> int:
-    return sum(estimate_tokens(p.text) + 1 for p in level)
+    """The tokens of the level joined, as the summary would be."""
+    return estimate_tokens(" ".join(p.text for p in level))
 
 
 def cut(text: str, max_tokens: int) -> str:

@@ -187,6 +187,12 @@ def first_sentence(text: str) -> str:
     return text
 
 
+def as_sentence(text: str) -> str:
+    """``text`` ended as a sentence: a '.' added unless it ends with '.', '!' or '?' (joined to the
+    next one, it would otherwise run on into it, and read back as one sentence)."""
+    return text if not text or text[-1] in ".!?" else text + "."
+
+
 def sentences(text: str) -> list[str]:
     """``text``'s sentences, as ``first_sentence`` ends them (one pass: a memory may be 64 KiB)."""
     text = " ".join(text.split())
