@@ -3271,7 +3271,9 @@ type GetStatsResponse struct {
 
 	// memory_count is the number of live, unexpired memories counted.
 	MemoryCount int64 `protobuf:"varint,1,opt,name=memory_count,json=memoryCount,proto3" json:"memory_count,omitempty"`
-	// namespace_count is the number of namespaces counted.
+	// namespace_count is the number of namespaces counted: those holding memories, expired ones
+	// until the next sweep (as ListNamespaces lists them), while memory_count counts only those not
+	// expired.
 	NamespaceCount int64 `protobuf:"varint,2,opt,name=namespace_count,json=namespaceCount,proto3" json:"namespace_count,omitempty"`
 	// tiers has one entry per tier, fastest first.
 	Tiers []*TierStats `protobuf:"bytes,3,rep,name=tiers,proto3" json:"tiers,omitempty"`
