@@ -2150,6 +2150,8 @@ type SearchMemoriesRequest struct {
 	// recency_tau_seconds is the recency time constant; default 86400 (one day), must be > 0.
 	RecencyTauSeconds *float64 `protobuf:"fixed64,11,opt,name=recency_tau_seconds,json=recencyTauSeconds,proto3,oneof" json:"recency_tau_seconds,omitempty"`
 	// as_of is the time the ranking is computed at (default: now), for agents on their own clock.
+	// It moves the ranking's clock only: memories created after it are searched too, with recency 1
+	// (filter create_time to leave them out).
 	AsOf *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 	// include_embedding returns the stored vectors too.
 	IncludeEmbedding bool `protobuf:"varint,13,opt,name=include_embedding,json=includeEmbedding,proto3" json:"include_embedding,omitempty"`
