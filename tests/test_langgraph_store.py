@@ -197,6 +197,15 @@ def test_awkward_keys_and_namespaces_round_trip(store: TiermemStore) -> None:
     assert sorted(store.list_namespaces(limit=100)) == sorted(AWKWARD_NAMESPACES)
 
 
+def test_a_key_past_what_the_metadata_holds_is_refused_naming_the_key(store: TiermemStore) -> None:
+    longest = "k" * lg_values.MAX_KEY_BYTES
+    store.put(("users",), longest, {"v": 1})
+    got = store.get(("users",), longest)
+    assert got is not None and got.key == longest
+    with pytest.raises(ValueError, match="a key is at most"):  # (it said the metadata was too large)
+        store.put(("users",), longest + "k", {"v": 2})
+
+
 def test_field_names_no_label_may_hold_are_stored_and_filtered(store: TiermemStore) -> None:
     """A value's field whose name tiermem refuses as a metadata key (a control character, a
     zero-width space, a line separator) is kept in the value, not mirrored, and still filters."""

@@ -49,6 +49,7 @@ MAX_LABEL_BYTES = 256  # a metadata key
 EXACT_INT = 2**53  # numbers travel as doubles: larger integers would compare rounded
 MAX_DEPTH = 256  # levels of objects and arrays in a value (JSON decoding recurses once a level)
 MAX_TTL_MINUTES = 1e8  # about 190 years
+MAX_KEY_BYTES = 15 * 1024  # a key is kept in the metadata (langgraph.key): 1 KiB of its 16 left to the rest
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,9 @@ def check_put(key: str, value: Any, ttl: Any) -> None:
     type) naming what is wrong, before anything is written."""
     if not isinstance(key, str):
         raise TypeError(f"a key is a str, not {type(key).__name__}")
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if size > MAX_KEY_BYTES:
+        raise ValueError(f"a key is at most {MAX_KEY_BYTES} bytes of UTF-8 (it is kept in the metadata), not {size}")
     if not storable(key) and key_of(id_of_key(key)) is None:
         raise ValueError(
             "a key holding a lone surrogate (not valid Unicode text) must be short enough for its memory id to spell it"
