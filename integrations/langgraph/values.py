@@ -193,7 +193,9 @@ def check_put(key: str, value: Any, ttl: Any) -> None:
         raise TypeError(f"a key is a str, not {type(key).__name__}")
     size = len(key.encode("utf-8", "surrogatepass"))
     if size > MAX_KEY_BYTES:
-        raise ValueError(f"a key is at most {MAX_KEY_BYTES} bytes of UTF-8 (it is kept in the metadata), not {size}")
+        raise ValueError(
+            f"a key is at most {MAX_KEY_BYTES} bytes of UTF-8 (it is kept in the metadata), not {size}"
+        )
     if not storable(key) and key_of(id_of_key(key)) is None:
         raise ValueError(
             "a key holding a lone surrogate (not valid Unicode text) must be short enough for its memory id to spell it"
