@@ -1508,6 +1508,31 @@ def test_batch_search_errors(sdata: tuple[MemoryClient, FakeClock, dict[str, Any
     assert "searches[1]: no memories in embedding space 'no-such-model'" in str(err.value)
 
 
+def test_a_filter_value_no_memory_could_hold_is_refused(
+    sdata: tuple[MemoryClient, FakeClock, dict[str, Any]],
+) -> None:
+    """Checked as a create checks the same field (it matched nothing, silently)."""
+    c, _clock, _data = sdata
+    for field, value, named in (
+        ("tags_any", [""], "filter.tags_any[0]"),
+        ("tags_all", ["ok", "x" * 200], "filter.tags_all[1]"),
+        ("source", "s" * 10_000, "filter.source"),
+        ("topic", "bad\x00topic", "filter.topic"),
+    ):
+        req = sreq(SNS, np.ones(DIM), limit=3)
+        if isinstance(value, list):
+            getattr(req.filter, field).extend(value)
+        else:
+            setattr(req.filter, field, value)
+        expect_invalid(lambda req=req: raw(c, "SearchMemories", req), named)
+        listed = pb.ListMemoriesRequest(namespace=SNS)
+        if isinstance(value, list):
+            getattr(listed.filter, field).extend(value)
+        else:
+            setattr(listed.filter, field, value)
+        expect_invalid(lambda listed=listed: raw(c, "ListMemories", listed), named)
+
+
 def test_the_searches_of_a_batch_run_side_by_side(server_factory: Callable[..., RunningServer]) -> None:
     """A BatchSearchMemories call runs its searches on search_concurrency threads at once: two of
     them meet at a barrier (one after the other, the first would wait there until it broke)."""

@@ -191,6 +191,13 @@ def check_filter(flt: Filter, max_where_bytes: int, prefix: str = "filter.") -> 
         check.tier(f"{prefix}tiers[{i}]", t)
     for i, k in enumerate(flt.kinds):
         check.kind(f"{prefix}kinds[{i}]", k)
+    for name in ("tags_any", "tags_all"):  # (as a create checks them: one it refuses matches nothing)
+        for i, t in enumerate(getattr(flt, name)):
+            if not t:
+                raise InvalidArgument(f"{prefix}{name}[{i}]", "must not be empty")
+            check.label(f"{prefix}{name}[{i}]", t, check.MAX_TAG)
+    check.text(f"{prefix}source", flt.source)
+    check.text(f"{prefix}topic", flt.topic)
     if flt.where and flt.compiled is None:
         check.text(f"{prefix}where", flt.where, max_where_bytes)
         flt.compiled = compile_where(flt.where)
