@@ -25,6 +25,7 @@ killed or could not undo itself: finish it if the proxy had switched, else undo 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -35,6 +36,7 @@ from typing import Any
 from tiermem.v1 import memory_pb2 as pb
 
 from .client import MemoryClient
+from .errors import NotFoundError
 from .routing import ROUTE_HEADER
 
 logger = logging.getLogger(__name__)
@@ -365,7 +367,8 @@ def _catch_up(
     wanted = {_key(c.memory): c.memory for c in final if c.WhichOneof("chunk") == "memory"}
     stale = [k for k, m in at_target.items() if k not in wanted or _version(m) != _version(wanted[k])]
     for ns, id_ in stale:
-        target.delete(ns, id_, confirm=True, call_metadata=route)
+        with contextlib.suppress(NotFoundError):  # (expired since it was listed: gone all the same)
+            target.delete(ns, id_, confirm=True, call_metadata=route)
     missing = {k for k in wanted if k not in at_target or k in stale}
     chunks = [
         c for c in final if c.WhichOneof("chunk") != "memory" or _key(c.memory) in missing

@@ -1600,6 +1600,8 @@ def test_expired_memories_are_hidden(server_factory: Callable[..., RunningServer
         expect_not_found(lambda: c.get(NS, "tmp"))
         assert visible() == ({"perm"}, {"perm"})
         expect_not_found(lambda: c.update(NS, "tmp", importance=0.9))
+        expect_not_found(lambda: c.delete(NS, "tmp"))  # (as every read: it was answered OK)
+        expect_not_found(lambda: c.delete(NS, "past"))
         # search with an old as_of still does not resurrect it: expiry follows the server clock
         assert ids_of(c.search(NS, emb, embedding_model=MODEL, as_of=T0)) == ["perm"]
 

@@ -331,7 +331,7 @@ def delete(st: EngineState, namespace: str, memory_id: str, confirm: bool = Fals
         check_protected(st, namespace, confirm, "deleting a memory", txn)
         rid = st.store.lookup(txn, namespace, memory_id)
         rec = None if rid is None else st.store.get(txn, rid)
-        if rec is None:
+        if rec is None or st.expired(rec):  # (gone for every read already: the sweep removes it)
             raise _not_found(namespace, memory_id)
         st.store.delete(txn, rec)
         return [rec]

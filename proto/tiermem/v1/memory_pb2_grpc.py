@@ -217,7 +217,8 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteMemory(self, request, context):
-        """DeleteMemory removes a memory and its vector; it is never returned or searchable again.
+        """DeleteMemory removes a memory and its vector; it is never returned or searchable again. A
+        memory past its expire_time is NOT_FOUND, as for every read (the expiry sweep removes it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

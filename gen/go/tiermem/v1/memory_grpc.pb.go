@@ -27,7 +27,8 @@ type MemoryServiceClient interface {
 	GetMemory(ctx context.Context, in *GetMemoryRequest, opts ...grpc.CallOption) (*GetMemoryResponse, error)
 	// UpdateMemory changes the fields named in update_mask.
 	UpdateMemory(ctx context.Context, in *UpdateMemoryRequest, opts ...grpc.CallOption) (*UpdateMemoryResponse, error)
-	// DeleteMemory removes a memory and its vector; it is never returned or searchable again.
+	// DeleteMemory removes a memory and its vector; it is never returned or searchable again. A
+	// memory past its expire_time is NOT_FOUND, as for every read (the expiry sweep removes it).
 	DeleteMemory(ctx context.Context, in *DeleteMemoryRequest, opts ...grpc.CallOption) (*DeleteMemoryResponse, error)
 	// ListMemories pages through a namespace in the order its memories were stored.
 	ListMemories(ctx context.Context, in *ListMemoriesRequest, opts ...grpc.CallOption) (*ListMemoriesResponse, error)
@@ -454,7 +455,8 @@ type MemoryServiceServer interface {
 	GetMemory(context.Context, *GetMemoryRequest) (*GetMemoryResponse, error)
 	// UpdateMemory changes the fields named in update_mask.
 	UpdateMemory(context.Context, *UpdateMemoryRequest) (*UpdateMemoryResponse, error)
-	// DeleteMemory removes a memory and its vector; it is never returned or searchable again.
+	// DeleteMemory removes a memory and its vector; it is never returned or searchable again. A
+	// memory past its expire_time is NOT_FOUND, as for every read (the expiry sweep removes it).
 	DeleteMemory(context.Context, *DeleteMemoryRequest) (*DeleteMemoryResponse, error)
 	// ListMemories pages through a namespace in the order its memories were stored.
 	ListMemories(context.Context, *ListMemoriesRequest) (*ListMemoriesResponse, error)
