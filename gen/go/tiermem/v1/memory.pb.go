@@ -5,7 +5,8 @@
 // dimension); memories stored without a vector are embedded by the server's built-in embedder.
 //
 // Errors travel as google.rpc.Status: an ErrorInfo (domain "tiermem", a stable `reason` such as
-// MEMORY_NOT_FOUND) and, for bad input, a BadRequest whose field violations name the offending field.
+// MEMORY_NOT_FOUND) and, for bad input, a BadRequest whose field violations name the offending field
+// (reason INVALID_FIELD; a request that does not decode is MALFORMED_REQUEST, with no BadRequest).
 // Clients match on `reason`, never on the message text. Timestamps sent must fall between the years
 // 1 and 5138 (INVALID_ARGUMENT otherwise).
 
