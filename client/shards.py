@@ -9,9 +9,9 @@ A move, with ``switch`` the caller's way to point the proxy at the target:
 2. fence: the source refuses the scope's writes (UNAVAILABLE, SCOPE_FENCED, with retry info:
    clients make them again), so what it holds no longer changes;
 3. catch up: export again and bring the target to exactly that: memories created or changed
-   meanwhile imported, those deleted meanwhile deleted, the graph, the namespaces' settings and
-   their reflection and summary progress written (all in the export); then both sides are
-   compared memory by memory;
+   meanwhile imported, those deleted meanwhile deleted, the graph and the namespaces' reflection
+   and summary progress written (all in the export); then both sides are compared memory by
+   memory, and the namespaces' settings (in the export too) set at the target;
 4. switch: ``switch()`` routes the scope to the target;
 5. retire: the source answers every call of the scope with UNAVAILABLE SCOPE_MOVED (so a client
    whose proxy has not switched yet retries instead of reading an empty scope) and deletes it.
@@ -133,7 +133,7 @@ def move_scope(
     try:
         step("copy")
         first = _export(source, scope, route)
-        # (progress and settings at the catch-up only: an undone copy leaves no settings behind)
+        # (progress at the catch-up, settings last: an undone copy leaves no settings behind)
         copy = [c for c in first if c.WhichOneof("chunk") not in ("scope", "settings")]
         report.copied = _import(target, copy, route)
         step("fence")
@@ -145,6 +145,9 @@ def move_scope(
         report.caught_up, report.deleted = _catch_up(target, final, route)
         report.memories = _verify(source, target, scope, route)
         _still_this_move(source, target, scope, route, move_id)
+        settings = [c for c in final if c.WhichOneof("chunk") == "settings"]
+        if settings:  # (after every check: from here only a failed switch leaves them at the target)
+            _import(target, [final[0], *settings], route)
     except BaseException as failure:
         # Each undo is tried even if the other fails (a source that died cannot be unfenced, but the
         # target's copy, never routed to before the switch, still goes); what failed is noted.
@@ -371,7 +374,10 @@ def _catch_up(
             target.delete(ns, id_, confirm=True, call_metadata=route)
     missing = {k for k in wanted if k not in at_target or k in stale}
     chunks = [
-        c for c in final if c.WhichOneof("chunk") != "memory" or _key(c.memory) in missing
+        c
+        for c in final
+        if c.WhichOneof("chunk") != "settings"
+        and (c.WhichOneof("chunk") != "memory" or _key(c.memory) in missing)
     ]  # the header, the new and changed memories, the scopes' progress and the graph (idempotent)
     imported = _import(target, chunks, route)
     return imported, len([k for k in stale if k not in wanted])

@@ -607,6 +607,21 @@ def test_recency_and_importance_with_text_rank_the_same_with_the_endpoint_down(
         assert [ranked(s, f"the {s} report") for s in strategies] == up
 
 
+def test_a_fused_search_with_alpha_0_still_finds_by_similarity(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """Only a ranking no similarity enters (RECENCY, IMPORTANCE) leaves its text unembedded: under
+    FUSED with alpha 0 the most similar memories are still candidates."""
+    with _client(http_server()) as c:
+        c.create("ns", "the quarterly deployment runbook", importance=0.9)
+        c.create("ns", "unrelated grocery list", importance=0.1)
+        req = pb.SearchMemoriesRequest(
+            namespaces=["ns"], query_text="quarterly deployment runbook", alpha=0.0, limit=10
+        )
+        got = [r.memory.content for r in c.stub.SearchMemories(req).results]
+        assert sorted(got) == ["the quarterly deployment runbook", "unrelated grocery list"]
+
+
 def test_bad_hybrid_options_are_refused_whether_or_not_the_embedder_answers(
     http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
 ) -> None:

@@ -753,6 +753,41 @@ def test_an_idle_leader_stops_without_waiting_out_its_grace_for_its_replica(
     assert time.monotonic() - started < 3.0
 
 
+def test_promotions_overlapping_give_one_answer_and_one_set_of_writers(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A retry sent while the first promotion is still stopping its follower (the client's deadline
+    passed) waits for it, then answers the same: it read the promoted position as a replica's and
+    stored it promoted twice, starting the writer loops again."""
+    from tiermem.server.core import replication
+
+    leader = server_factory(tmp_path / "leader", replication=True)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        lc.create("ns", "hello")
+    _eventually(lambda: not replica.engine.replica_copying and replica.engine.replica_position()[1] > 0)
+    follower = replica.replica_follower
+    assert follower is not None
+
+    def slow_stop() -> None:
+        follower.stop()
+        time.sleep(0.5)  # (a follower slow to let go)
+
+    answers: list[tuple[str, int, int]] = []
+    calls = [
+        threading.Thread(target=lambda: answers.append(replica.engine.promote("", slow_stop)))
+        for _ in range(2)
+    ]
+    calls[0].start()
+    time.sleep(0.1)
+    calls[1].start()
+    for t in calls:
+        t.join()
+    assert answers[0] == answers[1] and not answers[0][0].startswith(replication.PROMOTED)
+    names = [t.name for t in replica.engine._background._threads]
+    assert names.count("tiermem-summarizer") == 1
+
+
 def test_a_leader_stopping_does_not_wait_out_a_write_waiting_for_a_replica(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

@@ -429,6 +429,27 @@ def test_end_move_undoes_or_finishes_a_killed_move_and_refuses_what_is_not_one(
         assert held(src, "user:eve") == ["eve is served here"] and state(src, "user:eve") == 0
 
 
+def test_a_move_undone_after_its_catch_up_leaves_no_settings_at_the_target(
+    server_factory: Callable[..., RunningServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiermem.client import shards
+
+    a, b = server_factory(tmp_path / "a"), server_factory(tmp_path / "b")
+    with _plain(a.port) as src, _plain(b.port) as dst:
+        src.create("ten", "a note")
+        src.update_namespace_config("ten", protected=True, max_items=30)
+
+        def differs(*args: object) -> int:
+            raise RuntimeError("the copy differs")
+
+        monkeypatch.setattr(shards, "_verify", differs)
+        with pytest.raises(RuntimeError, match="differs"):
+            shards.move_scope("ten", src, dst, lambda: None)
+        cfg = dst.get_namespace_config("ten").config
+        assert not cfg.protected and not cfg.policy.HasField("max_items")
+        assert list(dst.list_memories("ten")) == []
+
+
 def test_a_move_whose_switch_fails_says_how_to_end_it(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ durable before the call returns; the columns and the vector indexes mirror it (s
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -101,6 +102,7 @@ class Engine:
         # (storage/datafile.py): a deleted LOCK file lets no second writer in.
         self._dir_lock: IO[str] | None = startup.lock_data_dir(data) if not follower else None
         self._closed = False
+        self._promoting = threading.Lock()  # (a retry overlapping a promotion waits for its answer)
         try:
             self._open(config, clock, follower, access_sink)
         except BaseException:
@@ -203,6 +205,10 @@ class Engine:
         restart). ``leader_instance``, when given, must be the data this replica copies; once it
         is checked, ``stop_following`` ends the call to the leader (no batch is stored after it).
         Returns (that data's id, its last commit stored here, memories held)."""
+        with self._promoting:
+            return self._promote(leader_instance, stop_following)
+
+    def _promote(self, leader_instance: str, stop_following: Callable[[], None]) -> tuple[str, int, int]:
         st = self.state
         instance, seq = replication.position(st)
         if not st.replica and instance.startswith(replication.PROMOTED):

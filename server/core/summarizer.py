@@ -40,7 +40,10 @@ HIERARCHICAL = SUMMARY_STRATEGIES["hierarchical"]
 def loop(st: EngineState) -> None:
     """Keep the summaries of the namespaces requested (``EngineState.request_summary``) until stop,
     those due already first."""
-    request_due(st)
+    try:
+        request_due(st)
+    except Exception:  # (the loop goes on: creates request theirs)
+        logger.exception("finding the summaries due at the start failed")
     while not st.stop.is_set():
         st.summaries_wake.wait(1.0)
         st.summaries_wake.clear()

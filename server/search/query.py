@@ -266,11 +266,12 @@ def check_hybrid(q: SearchQuery, reciprocal: bool = True) -> Hybrid:
 
 
 def query_vector(
-    q: SearchQuery, source: SearchSource, needed: bool
+    q: SearchQuery, source: SearchSource, needed: bool, text_unused: bool = False
 ) -> tuple[np.ndarray | None, Space | None]:
     """The query vector and its space; (None, None) when the ordering needs no query. The space is
     None with a vector when the embedder's own space, or a declared one, holds nothing yet (no
-    results)."""
+    results). ``text_unused``: a ranking no similarity enters (RECENCY, IMPORTANCE, no hybrid):
+    the text is not embedded, only named the space."""
     cfg = source.config
     if q.embedding is not None:
         model = check.model("embedding_model", q.embedding_model)
@@ -283,7 +284,7 @@ def query_vector(
                 f"names the space of query_embedding, which is empty: query_text is embedded by the "
                 f"server's embedder, into {model!r}; send the query's vector to search {q.embedding_model!r}",
             )
-        if not needed:  # (not embedded, so a failing embedder changes nothing: the text names the space)
+        if text_unused:  # (not embedded, so a failing embedder changes nothing: the text names the space)
             sp = source.spaces.get(model)
             return (None, sp) if sp is not None else (np.zeros(0, np.float32), None)
         query = source.embedder.embed(q.text)

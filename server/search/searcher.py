@@ -204,7 +204,10 @@ class Searcher:
             hybrid = check_hybrid(q, reciprocal=checked.strategy != FUSED)
         keyword_only = False
         try:
-            query, sp = query_vector(q, self.source, needed=checked.alpha > 0 or q.min_similarity is not None)
+            unused = checked.strategy in (RECENCY, IMPORTANCE) and hybrid is None and q.min_similarity is None
+            query, sp = query_vector(
+                q, self.source, checked.alpha > 0 or q.min_similarity is not None, unused
+            )
         except EmbedderError as e:
             if not q.text:
                 raise

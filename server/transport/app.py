@@ -70,10 +70,11 @@ class RunningServer:
             self.metrics_server.server_close()
         if self.followers is not None:
             self.followers.stop(grace or 0.0)
+        stopped = self.server.stop(grace)  # (new calls refused from here: none is left uncounted)
         pool, acks = self.pool, self.servicer.acks if self.servicer is not None else None
         if acks is not None and pool is not None:
             acks.end_when_idle(lambda: pool.busy)
-        self.server.stop(grace).wait()
+        stopped.wait()
         if self.servicer is not None and self.servicer.acks is not None:
             self.servicer.acks.close()  # (writes waiting for a replica's ack: none can come now)
         if self.pool is not None:

@@ -408,7 +408,8 @@ class MemoryServiceServicer:
         """PromoteReplica makes a replica a server of its own: it stops following and takes writes.
         Admin; FAILED_PRECONDITION on a server that is not a replica (NOT_A_REPLICA), and on a replica that holds no
         complete copy of its leader yet (REPLICA_INCOMPLETE: none began, or one is under way). A
-        replica promoted already answers again as its promotion did (a retry is safe).
+        replica promoted already answers with the same leader_instance_id and applied_seq (and its
+        memory_count now): a retry is safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
