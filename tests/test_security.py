@@ -101,6 +101,22 @@ def test_calls_need_a_known_key_but_health_does_not(
         assert [n.name for n in ana.list_namespaces()] == ["user:ana"]
 
 
+def test_what_a_key_covers_matches_its_definition() -> None:
+    """covers (one tuple startswith: stats under a key ask it of every namespace) against the rule
+    as written: the prefix itself, or below it at a '/', or everything for an empty prefix."""
+    import itertools
+
+    from tiermem.server.security.keys import ApiKey
+
+    parts = ["a", "ab", "a/b", "a/bc", "b", "a/b/c", ""]
+    for n in range(1, 4):
+        for prefixes in itertools.combinations(parts, n):
+            key = ApiKey("k", tuple(prefixes), "read")
+            for ns in ["a", "ab", "a/b", "a/bc", "a/b/c", "ab/c", "b/a", "c", "a/"]:
+                want = any(p == "" or ns == p or ns.startswith(p + "/") for p in prefixes)
+                assert key.covers(ns) == want, (prefixes, ns)
+
+
 def test_a_key_covers_its_prefix_and_the_namespaces_below_never_a_longer_name(
     server_factory: Callable[..., RunningServer], keys_file: Path
 ) -> None:

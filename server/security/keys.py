@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -48,7 +49,16 @@ class ApiKey:
         return "" in self.namespaces
 
     def covers(self, namespace: str) -> bool:
-        return any(p == "" or namespace == p or namespace.startswith(p + "/") for p in self.namespaces)
+        # (asked of every namespace by a key's stats: one startswith of a tuple, not a loop)
+        return namespace in self._exact or namespace.startswith(self._below)
+
+    @functools.cached_property
+    def _exact(self) -> frozenset[str]:
+        return frozenset(self.namespaces)
+
+    @functools.cached_property
+    def _below(self) -> tuple[str, ...]:
+        return ("",) if self.everything else tuple(p + "/" for p in self.namespaces)
 
     def covers_tree(self, prefix: str) -> bool:
         """Whether every namespace at or below ``prefix`` ("" for all) is covered."""
