@@ -723,6 +723,8 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
     ("update_create_time_path", lambda c: c.update(NS, E, create_time=T0), "update_mask", None),
     ("update_empty_mask", lambda c: _update_raw(c, []), "update_mask", None),
     ("update_empty_content", lambda c: c.update(NS, E, content=""), "memory.content", None),
+    ("update_blank_content", lambda c: c.update(NS, E, content=" \n\t "), "memory.content", None),
+    ("create_blank_content", lambda c: c.create(NS, "   "), "memory.content", None),
     (
         "update_too_many_tags",
         lambda c: c.update(NS, E, tags=[f"t{i}" for i in range(33)]),

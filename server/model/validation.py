@@ -219,8 +219,8 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     namespace(f"{prefix}namespace", m.namespace)
     if m.id:
         memory_id(f"{prefix}id", m.id)
-    if not m.content:
-        raise InvalidArgument(f"{prefix}content", "is required")
+    if not m.content.strip():  # (white space alone: nothing to find it by, a blank line in a context)
+        raise InvalidArgument(f"{prefix}content", "is required (white space alone is no content)")
     text(f"{prefix}content", m.content, config.max_content_bytes)
     m.kind = kind(f"{prefix}kind", m.kind) if m.kind else config.default_kind
     m.tier = tier(f"{prefix}tier", m.tier) if m.tier else config.default_tier

@@ -1142,7 +1142,7 @@ type CreateMemoryRequest struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// memory is the memory to store; namespace and content are required.
+	// memory is the memory to store; namespace and content (more than white space) are required.
 	Memory *Memory `protobuf:"bytes,1,opt,name=memory,proto3" json:"memory,omitempty"`
 	// request_id makes the call idempotent: a retry with the same request_id in the same namespace,
 	// within the server's request_id_ttl_seconds (default 86400), returns the first result. Up to
