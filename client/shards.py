@@ -26,20 +26,22 @@ killed or could not undo itself: finish it if the proxy had switched, else undo 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tiermem.v1 import memory_pb2 as pb
 
 from .client import MemoryClient
-from .errors import NotFoundError
+from .errors import NotFoundError, TiermemError
 from .routing import ROUTE_HEADER
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Shards:
@@ -69,17 +71,35 @@ class Shards:
 
     def list_namespaces(self, prefix: str = "") -> list[tuple[str, pb.NamespaceInfo]]:
         """(shard, namespace) of every namespace holding memories on any shard, in name order."""
-        found = [(name, ns) for name, c in self.clients.items() for ns in c.list_namespaces(prefix)]
+        found = [
+            (name, ns)
+            for name, c in self.clients.items()
+            for ns in _of_shard(name, functools.partial(_listed, c, prefix))
+        ]
         return sorted(found, key=lambda pair: (pair[1].name, pair[0]))
 
     def stats(self) -> dict[str, Any]:
         """Each shard's server-wide figures, and the memories and namespaces of all of them."""
-        per_shard = {name: c.stats() for name, c in self.clients.items()}
+        per_shard = {name: _of_shard(name, c.stats) for name, c in self.clients.items()}
         return {
             "memory_count": sum(s.memory_count for s in per_shard.values()),
             "namespace_count": sum(s.namespace_count for s in per_shard.values()),
             "shards": per_shard,
         }
+
+
+def _listed(client: MemoryClient, prefix: str) -> list[pb.NamespaceInfo]:
+    return list(client.list_namespaces(prefix))
+
+
+def _of_shard(name: str, call: Callable[[], T]) -> T:
+    """``call()``; a failure names the shard it came from (its message names only an address)."""
+    try:
+        return call()
+    except TiermemError as e:
+        if hasattr(e, "add_note"):  # (Python 3.11+)
+            e.add_note(f"(shard {name!r})")
+        raise
 
 
 @dataclass

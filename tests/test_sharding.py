@@ -3,6 +3,7 @@ metadata names the one top-level scope of every namespace they name (docs/scalin
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -448,6 +449,19 @@ def test_a_move_undone_after_its_catch_up_leaves_no_settings_at_the_target(
         cfg = dst.get_namespace_config("ten").config
         assert not cfg.protected and not cfg.policy.HasField("max_items")
         assert list(dst.list_memories("ten")) == []
+
+
+def test_a_shard_that_does_not_answer_is_named_in_the_error(server: RunningServer) -> None:
+    from tiermem.client.shards import Shards
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"  # (closed again: nothing listens there)
+    with Shards({"a": f"127.0.0.1:{server.port}", "b": gone}, timeout=1) as shards:
+        for call in (shards.stats, shards.list_namespaces):
+            with pytest.raises(TiermemError) as err:
+                call()
+            assert "(shard 'b')" in getattr(err.value, "__notes__", []), err.value
 
 
 def test_a_move_whose_switch_fails_says_how_to_end_it(
