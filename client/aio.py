@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -43,6 +42,7 @@ from .connection import (
     last_error,
     one_stub,
     open_aio_channel,
+    ready_deadline,
     with_tls_hint,
 )
 from .errors import DeadlineExceededError, TiermemError, from_rpc_error, unreached
@@ -259,7 +259,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         """Wait until the server reports SERVING on every connection, as ``MemoryClient.wait_ready``
         does; after ``timeout`` (None: the client's) raise UnavailableError saying what it last saw."""
         timeout = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout  # for all the connections together
+        deadline = ready_deadline(timeout)  # for all the connections together
         for health in self._healths:
             seen = Readiness(deadline, timeout)
             while True:
@@ -270,7 +270,10 @@ class AsyncMemoryClient(AsyncAgentMethods):
                 try:
                     with self._closing_fails():
                         response = await health.Check(
-                            HEALTH_REQUEST, timeout=left, metadata=call_metadata, wait_for_ready=True
+                            HEALTH_REQUEST,
+                            timeout=seen.check_timeout(),
+                            metadata=call_metadata,
+                            wait_for_ready=True,
                         )
                 except grpc.RpcError as e:
                     seen.failed(e)

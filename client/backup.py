@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from tiermem._values import timestamp_seconds
 from tiermem.v1 import memory_pb2 as pb
@@ -66,6 +66,9 @@ class BackupFileError(ValueError):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.path, self.problem), self.__dict__
 
 
 @dataclass(frozen=True)

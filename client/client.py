@@ -48,6 +48,7 @@ from .connection import (
     last_error,
     one_stub,
     open_channel,
+    ready_deadline,
     with_tls_hint,
     with_token,
 )
@@ -192,7 +193,7 @@ class MemoryClient(AgentMethods):
         cannot be reached. After ``timeout`` (None: the client's) raise UnavailableError saying
         what it last saw."""
         timeout = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout  # for all the connections together
+        deadline = ready_deadline(timeout)  # for all the connections together
         for health in self._healths:
             self._wait_serving(health, Readiness(deadline, timeout), call_metadata)
 
@@ -206,7 +207,7 @@ class MemoryClient(AgentMethods):
                 raise seen.not_ready(with_tls_hint(why, self._plain_target))
             try:
                 response = health.Check(
-                    HEALTH_REQUEST, timeout=left, metadata=call_metadata, wait_for_ready=True
+                    HEALTH_REQUEST, timeout=seen.check_timeout(), metadata=call_metadata, wait_for_ready=True
                 )
             except grpc.RpcError as e:
                 seen.failed(e)

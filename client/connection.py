@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import socket
 import ssl
@@ -370,11 +371,20 @@ def last_error(err: grpc.RpcError) -> str:
     return f"last error {_code(err).name}: {err.details() if hasattr(err, 'details') else err}"
 
 
+CHECK_SECONDS = 30.0  # the longest one health check waits: a wait without a deadline asks again
+
+
+def ready_deadline(timeout: float | None) -> float:
+    """When ``wait_ready(timeout)`` gives up (``timeout`` checked as a client's; None: never)."""
+    check_timeout(timeout)
+    return math.inf if timeout is None else time.monotonic() + timeout
+
+
 class Readiness:
     """What ``wait_ready`` saw of one connection's health: ``Check`` answers and failures, the
     pause before asking again, and the error to raise once ``timeout`` (seconds) has passed."""
 
-    def __init__(self, deadline: float, timeout: float) -> None:
+    def __init__(self, deadline: float, timeout: float | None) -> None:
         self.deadline, self.timeout = deadline, timeout
         self.last = ""
         self.answered = False
@@ -382,6 +392,10 @@ class Readiness:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def check_timeout(self) -> float:
+        """The deadline of the next health check: what is left, at most ``CHECK_SECONDS``."""
+        return min(self.left(), CHECK_SECONDS)
 
     def failed(self, err: grpc.RpcError) -> None:
         if _code(err) != grpc.StatusCode.DEADLINE_EXCEEDED or not self.last:  # time ran out: keep the cause
@@ -406,5 +420,5 @@ class Readiness:
         last = unreachable or self.last
         return UnavailableError(
             grpc.StatusCode.UNAVAILABLE,
-            f"server not ready after {self.timeout:g} s: {last or 'no answer'}",
+            f"server not ready after {self.timeout or 0:g} s: {last or 'no answer'}",
         )

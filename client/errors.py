@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -39,6 +40,18 @@ class TiermemError(Exception):
     def fields(self) -> list[str]:
         """Names of the invalid request fields."""
         return [v.field for v in self.field_violations]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (pickled whole, as raised in a worker process; the default passes the text as ``code``)
+        details = (
+            self.code,
+            self.message,
+            self.reason,
+            self.field_violations,
+            self.metadata,
+            self.retry_after,
+        )
+        return type(self), details, self.__dict__
 
 
 class InvalidArgumentError(TiermemError):

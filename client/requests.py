@@ -24,6 +24,7 @@ from .messages import (
     build_memory,
     check_names,
     search_request,
+    strings,
     tier_value,
     timestamp,
     within,
@@ -185,6 +186,8 @@ def update_namespace_config_request(
     policy: Mapping[str, Any],
 ) -> pb.UpdateNamespaceConfigRequest:
     """``policy``: the policy fields, None where not given (``policy_arguments``)."""
+    if protected is not None and not isinstance(protected, bool):  # ("no" would protect it)
+        raise TypeError(f"protected must be True, False or None, not {type(protected).__name__}")
     cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(protected))
     paths = ["protected"] if protected is not None else []
     if reset_policy:
@@ -342,7 +345,7 @@ def reflect_request(
         source_memory_ids=source_memory_ids,
         **fields,
     )
-    m.questions.extend(questions)
+    m.questions.extend(strings("questions", questions))
     return pb.CreateMemoryRequest(memory=m, request_id=uuid.uuid4().hex)
 
 
@@ -380,7 +383,7 @@ def upsert_node_request(
     properties: Mapping[str, Any] | None = None,
     memory_ids: Iterable[str] = (),
 ) -> pb.UpsertGraphNodeRequest:
-    node = pb.GraphNode(id=node_id, label=label, memory_ids=list(memory_ids))
+    node = pb.GraphNode(id=node_id, label=label, memory_ids=strings("memory_ids", memory_ids))
     if properties:
         set_metadata(node.properties, properties)
     return pb.UpsertGraphNodeRequest(namespace=namespace, node=node)
@@ -398,7 +401,10 @@ def add_edge_request(
     invalid_from: TimeLike | None = None,
 ) -> pb.AddGraphEdgeRequest:
     edge = pb.GraphEdge(
-        source_id=source_id, target_id=target_id, relation=relation, memory_ids=list(memory_ids)
+        source_id=source_id,
+        target_id=target_id,
+        relation=relation,
+        memory_ids=strings("memory_ids", memory_ids),
     )
     if properties:
         set_metadata(edge.properties, properties)
@@ -456,6 +462,8 @@ def build_context_request(
         read_only=read_only,
         summarize_overflow=summarize_overflow,
     )
+    if isinstance(scopes, str | bytes | Mapping):  # (a str would be a scope per character)
+        raise TypeError(f"scopes must be a list of namespaces or scope dicts, not {type(scopes).__name__}")
     fields = pb.ContextScope.DESCRIPTOR.fields_by_name
     for n, scope in enumerate(scopes):
         if not isinstance(scope, str):

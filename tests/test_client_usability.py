@@ -666,3 +666,65 @@ def test_an_error_whose_status_differs_from_the_servers_is_still_a_tiermem_error
 
     err = from_rpc_error(Call())
     assert isinstance(err, DeadlineExceededError) and err.reason == "DEADLINE_EXCEEDED"
+
+
+def test_a_str_where_a_list_goes_and_a_str_for_protected_are_type_errors(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Not taken apart into characters (a scope, a question, a memory id per character), nor
+    truthy "no" protecting a namespace: a TypeError before any call."""
+    running = server_factory()
+    with connect(running.port) as c:
+        for call in (
+            lambda: c.build_context("user:ana", token_budget=100),
+            lambda: c.reflect(NS, "an insight", source_memory_ids=[], questions="why?"),
+            lambda: c.upsert_node(NS, "n1", memory_ids="a94e5"),
+            lambda: c.add_edge(NS, "n1", "knows", "n2", memory_ids="a94e5"),
+            lambda: c.update_namespace_config(NS, protected="no"),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(TypeError):
+                call()
+        assert not c.get_namespace_config(NS).config.protected
+        assert list(c.list_memories(NS)) == []
+
+
+def test_errors_pickle_and_copy_whole(server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """As an error raised in a worker process reaches its parent: class, code, reason, fields."""
+    import copy
+    import pickle
+
+    from tiermem.client import InvalidArgumentError, NotFoundError
+    from tiermem.client.backup import BackupFileError
+
+    running = server_factory()
+    with connect(running.port) as c:
+        caught = []
+        for call in (lambda: c.get(NS, "missing"), lambda: c.create(NS, "x", importance=2.0)):
+            with pytest.raises((NotFoundError, InvalidArgumentError)) as err:
+                call()
+            caught.append(err.value)
+    for e in caught:
+        e.add_note("seen in a worker")
+        for again in (pickle.loads(pickle.dumps(e)), copy.copy(e)):
+            assert type(again) is type(e) and str(again) == str(e)
+            assert (again.code, again.reason, again.fields, again.__notes__) == (
+                e.code,
+                e.reason,
+                e.fields,
+                ["seen in a worker"],
+            )
+    bad = BackupFileError(tmp_path / "x.tmb", "checksum mismatch")
+    again = pickle.loads(pickle.dumps(bad))
+    assert (again.path, again.problem, str(again)) == (bad.path, bad.problem, str(bad))
+
+
+def test_wait_ready_without_a_deadline_returns_and_an_endless_one_is_refused(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory()
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=None) as c:
+        c.wait_ready()  # (no deadline: it raised a TypeError)
+        for endless in (float("inf"), 1e10):
+            with pytest.raises(ValueError, match="timeout"):
+                c.wait_ready(endless)  # (it never returned)
+        c.wait_ready(5)
