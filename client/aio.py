@@ -39,6 +39,7 @@ from .connection import (
     channel_options,
     check_connections,
     check_timeout,
+    client_closed,
     last_error,
     one_stub,
     open_aio_channel,
@@ -178,6 +179,8 @@ class AsyncMemoryClient(AsyncAgentMethods):
         """Make one unary call, as ``MemoryClient._call`` does: within ``timeout`` (None: the
         client's), with ``call_metadata``, waiting for the connection, made again while the server
         says it did not run it (starting or stopping)."""
+        if self._closing:  # (grpc.aio's own error for a closed channel is a UsageError)
+            raise client_closed()
         attempts = Attempts(self.timeout if timeout is None else timeout, again=True)
         while True:
             try:
@@ -204,6 +207,8 @@ class AsyncMemoryClient(AsyncAgentMethods):
         """The responses of a streaming call (no deadline unless ``timeout``), failing with
         TiermemError; a call that fails before its first response is made again as ``_call``'s are.
         A stream left unread is cancelled."""
+        if self._closing:
+            raise client_closed()
         attempts = Attempts(timeout, again=True)
         while True:
             call = method(request, timeout=attempts.left(), metadata=call_metadata, wait_for_ready=True)
@@ -259,6 +264,8 @@ class AsyncMemoryClient(AsyncAgentMethods):
         """Wait until the server reports SERVING on every connection, as ``MemoryClient.wait_ready``
         does; after ``timeout`` (None: the client's) raise UnavailableError saying what it last saw."""
         timeout = self.timeout if timeout is None else timeout
+        if self._closing:
+            raise client_closed()
         deadline = ready_deadline(timeout)  # for all the connections together
         for health in self._healths:
             seen = Readiness(deadline, timeout)

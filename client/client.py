@@ -45,6 +45,7 @@ from .connection import (
     channel_options,
     check_connections,
     check_timeout,
+    client_closed,
     last_error,
     one_stub,
     open_channel,
@@ -139,9 +140,11 @@ class MemoryClient(AgentMethods):
         self.channel = self.channels[0]
         self.stub: pb_grpc.MemoryServiceStub = one_stub([pb_grpc.MemoryServiceStub(c) for c in self.channels])
         self._healths = [health_pb2_grpc.HealthStub(c) for c in self.channels]
+        self._closed = False
 
     def close(self) -> None:
         if self._own_channel:
+            self._closed = True
             for c in self.channels:
                 c.close()
 
@@ -167,6 +170,8 @@ class MemoryClient(AgentMethods):
         response is a stream, returned as an iterator (which fails with TiermemError too)."""
         if timeout is None and not stream:
             timeout = self.timeout
+        if self._closed:  # (gRPC's own error for a closed channel is a bare ValueError)
+            raise client_closed()
         attempts = Attempts(timeout, again=isinstance(request, Message))
         while True:
             try:
@@ -193,6 +198,8 @@ class MemoryClient(AgentMethods):
         cannot be reached. After ``timeout`` (None: the client's) raise UnavailableError saying
         what it last saw."""
         timeout = self.timeout if timeout is None else timeout
+        if self._closed:
+            raise client_closed()
         deadline = ready_deadline(timeout)  # for all the connections together
         for health in self._healths:
             self._wait_serving(health, Readiness(deadline, timeout), call_metadata)

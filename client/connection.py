@@ -371,6 +371,11 @@ def last_error(err: grpc.RpcError) -> str:
     return f"last error {_code(err).name}: {err.details() if hasattr(err, 'details') else err}"
 
 
+def client_closed() -> TiermemError:
+    """The error of a call made on a closed client (as of one under way when it closed)."""
+    return TiermemError(grpc.StatusCode.CANCELLED, "the client is closed")
+
+
 CHECK_SECONDS = 30.0  # the longest one health check waits: a wait without a deadline asks again
 
 

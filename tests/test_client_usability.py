@@ -728,3 +728,35 @@ def test_wait_ready_without_a_deadline_returns_and_an_endless_one_is_refused(
             with pytest.raises(ValueError, match="timeout"):
                 c.wait_ready(endless)  # (it never returned)
         c.wait_ready(5)
+
+
+def test_a_closed_client_says_so_the_same_way_sync_and_async(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A TiermemError CANCELLED, as for a call under way when it closed (gRPC's own errors were a
+    ValueError in one client and a UsageError in the other)."""
+    import asyncio
+
+    from tiermem.client import AsyncMemoryClient, TiermemError
+
+    running = server_factory()
+    c = MemoryClient(f"127.0.0.1:{running.port}")
+    c.close()
+    for call in (lambda: c.get(NS, "x"), lambda: list(c.list_memories(NS)), c.wait_ready):
+        with pytest.raises(TiermemError) as err:
+            call()
+        assert err.value.code == grpc.StatusCode.CANCELLED and "closed" in err.value.message
+
+    async def closed_async() -> None:
+        a = AsyncMemoryClient(f"127.0.0.1:{running.port}")
+        await a.close()
+        for make in (lambda: a.get(NS, "x"), a.wait_ready):
+            with pytest.raises(TiermemError) as err:
+                await make()
+            assert err.value.code == grpc.StatusCode.CANCELLED
+        with pytest.raises(TiermemError):
+            [m async for m in a.list_memories(NS)]
+        with pytest.raises(TiermemError):
+            [m async for m in a.export_memories(NS)]
+
+    asyncio.run(closed_async())
