@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from tiermem._values import set_metadata, set_timestamp
 from tiermem.v1 import memory_pb2 as pb
 
-TimeLike = dt.datetime | float | int
+TimeLike = dt.datetime | float | int | Timestamp  # (a Timestamp as the server's answers hold them)
 
 
 def tier_value(tier: int | str | None) -> int:
@@ -49,7 +49,9 @@ def strategy_value(strategy: int | str | None) -> int:
 
 def timestamp(value: TimeLike) -> Timestamp:
     ts = Timestamp()
-    if isinstance(value, dt.datetime):
+    if isinstance(value, Timestamp):
+        ts.CopyFrom(value)
+    elif isinstance(value, dt.datetime):
         ts.FromDatetime(value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc))
     else:
         set_timestamp(ts, float(value))
@@ -58,6 +60,8 @@ def timestamp(value: TimeLike) -> Timestamp:
 
 def seconds(value: TimeLike) -> float:
     """Epoch seconds; a naive datetime is UTC, as everywhere in the client (not local time)."""
+    if isinstance(value, Timestamp):
+        return value.seconds + value.nanos / 1e9
     if isinstance(value, dt.datetime):
         return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
     return float(value)
@@ -182,7 +186,7 @@ def build_filter(
     where: str | Mapping[str, Any] | None = None,
 ) -> pb.MemoryFilter:
     f = pb.MemoryFilter(
-        tiers=[tier_value(t) for t in tiers],  # type: ignore[misc,unused-ignore]
+        tiers=[tier_value(t) for t in strings("tiers", tiers)],  # type: ignore[misc,arg-type,unused-ignore]
         kinds=strings("kinds", kinds),
         tags_any=strings("tags_any", tags_any),
         tags_all=strings("tags_all", tags_all),

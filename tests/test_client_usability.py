@@ -760,3 +760,19 @@ def test_a_closed_client_says_so_the_same_way_sync_and_async(
             [m async for m in a.export_memories(NS)]
 
     asyncio.run(closed_async())
+
+
+def test_a_servers_timestamp_goes_back_as_a_time_and_tiers_must_be_a_list(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    running = server_factory()
+    with connect(running.port) as c:
+        first = c.create(NS, "first", create_time=T0)
+        c.create(NS, "second", create_time=T0 + 60)
+        later = [m.content for m in c.timeline(NS, since=first.create_time)]  # (a TypeError before)
+        assert later == ["second", "first"]
+        assert [m.content for m in c.timeline(NS, until=first.create_time)] == []
+        again = c.create(NS, "third", create_time=first.create_time)
+        assert again.create_time == first.create_time
+        with pytest.raises(TypeError, match="tiers must be a list"):
+            c.search(NS, "first", tiers="fast")  # (it said: unknown tier 'f')
