@@ -14,6 +14,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tiermem.server.config_rules import AT_LEAST_ONE, AT_LEAST_ZERO, AT_MOST, TIER_RULES
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -41,14 +43,6 @@ PER_TIER = (
     "tier_cadence_seconds",
     "half_life_hours",
 )
-
-# Per-tier settings beyond finite and >= 0: what UpdateNamespaceConfig takes for the same fields.
-_TIER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
-    "tier_ttl_seconds": (lambda v: v > 0, "> 0"),
-    "half_life_hours": (lambda v: v > 0, "> 0"),
-    "tier_importance_threshold": (lambda v: v <= 1, "in [0, 1]"),
-    "tier_max_items": (lambda v: v == int(v) <= 2**53, "that are whole numbers up to 2^53"),
-}
 
 RETENTION_POLICIES = {
     "importance_weighted": 1,
@@ -157,15 +151,6 @@ class Tuning:
     # storage/: the commit log followers read
     commit_log_seconds: float = 600.0  # commit-log entries are dropped once this old
     commit_log_prune_every: int = 256  # commits between two looks for old commit-log entries
-
-
-# Settings checked by ServerConfig._check_limits (besides those checked with their own rule).
-_AT_LEAST_ONE = """max_message_bytes map_size max_map_size max_content_bytes max_metadata_bytes max_metadata_keys max_tags
-    max_batch_size max_search_limit max_page_size default_page_size max_dimension promote_access_count
-    promote_success_count"""
-_AT_LEAST_ZERO = """summary_token_threshold max_keyword_postings embedding_cache_size exact_search_max_rows
-    snapshot_min_changes reflection_threshold shutdown_grace_seconds request_id_ttl_seconds
-    embedder_timeout_seconds"""
 
 
 @dataclass(frozen=True)
@@ -458,9 +443,11 @@ class ServerConfig:
             "metrics_port",
             "must be in [-1, 65535] (-1: none, 0: any free port)",
         )
-        for name in _AT_LEAST_ONE.split():
+        for name, most in AT_MOST.items():  # (larger ones start, then overflow a timer or a C int)
+            need(getattr(self, name) <= most, name, f"must be at most {most:g}")
+        for name in AT_LEAST_ONE.split():
             need(getattr(self, name) >= 1, name, "must be >= 1")
-        for name in _AT_LEAST_ZERO.split():
+        for name in AT_LEAST_ZERO.split():
             value = getattr(self, name)
             need(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
         need(self.default_page_size <= self.max_page_size, "default_page_size", "must be <= max_page_size")
@@ -494,7 +481,7 @@ class ServerConfig:
                 name,
                 "needs 4 finite values >= 0, for FAST, MEDIUM, SLOW and GLACIAL (or 5, the first 0, unused)",
             )
-            ok, rule = _TIER_RULES.get(name, (lambda v: True, ""))
+            ok, rule = TIER_RULES.get(name, (lambda v: True, ""))
             need(all(ok(v) for v in values[1:]), name, f"needs values {rule}, as a namespace's policy")
         need(
             self.retention in RETENTION_POLICIES, "retention", f"must be one of {sorted(RETENTION_POLICIES)}"

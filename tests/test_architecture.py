@@ -13,7 +13,8 @@ FOLDERS = {"server": "tiermem.server", "client": "tiermem.client", "kernels": "t
 
 # Which layers of tiermem.server each layer may import (itself included). config and model are the floor.
 LAYERS: dict[str, set[str]] = {
-    "config": set(),
+    "config_rules": set(),
+    "config": {"config_rules"},
     "model": {"config"},
     "storage": {"model", "config"},
     "index": {"model", "config"},

@@ -759,6 +759,13 @@ def test_streams_never_take_every_handler_thread(tmp_path: Path) -> None:
         ({"TIERMEM_HALF_LIFE_HOURS": "0,24,168,720"}, "half_life_hours"),
         ({"TIERMEM_TIER_TTL_SECONDS": "0,3600,86400,604800"}, "tier_ttl_seconds"),
         ({"TIERMEM_TIER_IMPORTANCE_THRESHOLD": "2,0.1,0.1,0"}, "tier_importance_threshold"),
+        # (past what gRPC keeps in a C int, LMDB maps, or thread timers wait: started, then a
+        # traceback at start, or a background thread dead while the server ran on)
+        ({"TIERMEM_MAX_MESSAGE_BYTES": "2147483648"}, "max_message_bytes"),
+        ({"TIERMEM_MAP_SIZE": str(2**70)}, "map_size"),
+        ({"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "inf"}, "maintenance_interval_seconds"),
+        ({"TIERMEM_ACCESS_FLUSH_SECONDS": "inf"}, "access_flush_seconds"),
+        ({"TIERMEM_SHUTDOWN_GRACE_SECONDS": "1e12"}, "shutdown_grace_seconds"),
         # (a missing CA file made a replica log a traceback every second, while reporting SERVING)
         (
             {"TIERMEM_REPLICA_OF": "127.0.0.1:1", "TIERMEM_REPLICA_TLS_CA": "/nonexistent/ca.pem"},

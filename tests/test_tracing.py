@@ -53,3 +53,35 @@ def test_no_spans_unless_asked(server_factory: Callable[..., RunningServer]) -> 
     with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
         c.create("untraced", "a memory")
     assert not [s for s in EXPORTER.get_finished_spans() if s.name.startswith("/tiermem.v1")]
+
+
+def test_a_call_is_one_span_when_gRPC_is_instrumented_already(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """What ``opentelemetry-instrument`` does (it instruments grpc.server): tracing adds no second
+    interceptor, which traced every call twice."""
+    from opentelemetry.instrumentation.grpc import GrpcInstrumentorServer
+
+    instrumentor = GrpcInstrumentorServer()
+    instrumentor.instrument()
+    try:
+        running = server_factory(tracing=True)
+        EXPORTER.clear()
+        with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+            c.create("traced", "a memory traced once")
+        names = [s.name for s in EXPORTER.get_finished_spans()]
+        assert names.count("/tiermem.v1.MemoryService/CreateMemory") == 1, names
+    finally:
+        instrumentor.uninstrument()
+
+
+def test_tracing_without_opentelemetry_is_an_unusable_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One line and exit status 2 at start (a traceback and status 1 before)."""
+    import sys
+
+    from tiermem.server.config import UnusableSetting
+    from tiermem.server.transport import process
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.instrumentation.grpc", None)  # (not installed)
+    with pytest.raises(UnusableSetting, match="tracing=True needs OpenTelemetry"):
+        process._tracing_interceptor()

@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tiermem.client.connection import KEEPALIVE_OPTIONS
-from tiermem.server.config import ServerConfig
+from tiermem.server.config import ServerConfig, UnusableSetting
 from tiermem.server.embedding import providers
 from tiermem.server.security.keys import KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
@@ -135,8 +135,9 @@ def grpc_server(
         models=_model_rule(config, stored_space) if keys is not None else None,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
-    if config.tracing:
-        interceptors.insert(0, _tracing_interceptor())
+    tracing = _tracing_interceptor() if config.tracing else None
+    if tracing is not None:
+        interceptors.insert(0, tracing)
     return grpc.server(
         pool,
         interceptors=interceptors,
@@ -159,14 +160,20 @@ def grpc_server(
     )
 
 
-def _tracing_interceptor() -> grpc.ServerInterceptor:
+def _tracing_interceptor() -> grpc.ServerInterceptor | None:
     """OpenTelemetry's gRPC server interceptor over the global tracer provider (configured by the
     operator: ``opentelemetry-instrument``, or the SDK in an embedding process): a span a call,
-    joined to the caller's trace when it sends one (``traceparent``)."""
+    joined to the caller's trace when it sends one (``traceparent``). None when gRPC's servers are
+    instrumented already (``opentelemetry-instrument`` does it): a second would trace each call twice."""
     try:
-        from opentelemetry.instrumentation.grpc import server_interceptor
+        from opentelemetry.instrumentation.grpc import GrpcInstrumentorServer, server_interceptor
     except ImportError:
-        raise ValueError("setting tracing=True needs OpenTelemetry: pip install 'tiermem[tracing]'") from None
+        raise UnusableSetting(
+            "setting tracing=True needs OpenTelemetry: pip install 'tiermem[tracing]'"
+        ) from None
+    if GrpcInstrumentorServer().is_instrumented_by_opentelemetry:
+        logger.info("tracing: gRPC's servers are instrumented already; no second interceptor")
+        return None
     return server_interceptor()
 
 
