@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tiermem.server.config_rules import AT_LEAST_ONE, AT_LEAST_ZERO, AT_MOST, TIER_RULES
+from tiermem.server.config_rules import AT_LEAST_ONE, AT_LEAST_ZERO, AT_MOST, TIER_RULES, tls_fault
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -541,6 +541,13 @@ class ServerConfig:
         for name in ("api_keys", "tls_cert", "tls_key", "tls_client_ca", "replica_tls_ca"):
             path = getattr(self, name)
             need(not path or os.path.isfile(path), name, f"{path!r} is not a readable file")
+        # (gRPC would refuse them only at the bind, reported as a port that cannot be listened on)
+        for name, files in (
+            ("tls_cert", self.tls_cert and (self.tls_cert, self.tls_key)),
+            ("tls_client_ca", self.tls_client_ca),
+        ):
+            fault = tls_fault(files) if files else ""
+            need(not fault, name, f"{files!r} do not load: {fault}")
         exposed = not is_loopback(self.host)
         need(
             self.insecure or not exposed or (bool(self.tls_cert) and bool(self.api_keys)),

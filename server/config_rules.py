@@ -1,7 +1,9 @@
-"""The bounds of settings that share a rule, read by ``ServerConfig``'s checks (config.py)."""
+"""The bounds of settings that share a rule, and the TLS files' check, read by ``ServerConfig``'s
+checks (config.py)."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 
 AT_LEAST_ONE = """max_message_bytes map_size max_map_size max_content_bytes max_metadata_bytes max_metadata_keys max_tags
@@ -38,3 +40,16 @@ TIER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "tier_importance_threshold": (lambda v: v <= 1, "in [0, 1]"),
     "tier_max_items": (lambda v: v == int(v) <= 2**53, "that are whole numbers up to 2^53"),
 }
+
+
+def tls_fault(files: str | tuple[str, str]) -> str:
+    """Why a certificate with its key, or a CA file, does not load ('' when it does)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        if isinstance(files, tuple):
+            context.load_cert_chain(files[0], files[1], password=lambda: b"")  # (no prompt)
+        else:
+            context.load_verify_locations(files)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        return str(e) or type(e).__name__
+    return ""

@@ -634,3 +634,30 @@ def test_a_reader_that_goes_away_is_no_error_report(server_factory: Factory) -> 
     err = proc.stderr.read()
     proc.stderr.close()
     assert proc.wait(timeout=60) == 1 and err == "", err
+
+
+def test_tls_files_that_do_not_load_stop_the_server_naming_the_setting(tmp_path: Path) -> None:
+    """Exit status 2 and one line naming the setting (it was status 1 and 'the port is in use',
+    after gRPC's log lines): not PEM, a key of another certificate, a CA file that is no CA."""
+    from tiermem.server.config import ServerConfig
+
+    pki, other = _pki(tmp_path), _pki(tmp_path / "other") if (tmp_path / "other").mkdir() is None else None
+    assert other is not None
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    for settings, named in (
+        ({"tls_cert": str(junk), "tls_key": str(pki["key"])}, "tls_cert"),
+        ({"tls_cert": str(pki["crt"]), "tls_key": str(other["key"])}, "tls_cert"),
+        (
+            {"tls_cert": str(pki["crt"]), "tls_key": str(pki["key"]), "tls_client_ca": str(junk)},
+            "tls_client_ca",
+        ),
+    ):
+        with pytest.raises(ValueError, match=f"setting {named}="):
+            ServerConfig(data_dir=tmp_path / "d", **settings)
+    out = subprocess.run(
+        [sys.executable, "-m", "tiermem.server", "--data-dir", str(tmp_path / "d"), "--port", "0",
+         "--tls-cert", str(pki["crt"]), "--tls-key", str(other["key"])],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "tls_cert" in out.stderr and not (tmp_path / "d").exists(), out.stderr
