@@ -54,6 +54,7 @@ class FakeEmbeddings:
         self.fail_next: list[int] = []  # statuses for the next requests (429 with Retry-After: 0)
         self.lengths = False  # answer each text's vector at a length of its own (1 to 5), as some models do
         self.zero_for: set[str] = set()  # texts answered with a vector of length 0
+        self.doubled = False  # answer vectors twice as long (the model behind the name changed)
         self.requests: list[dict] = []
         self.in_flight = self.max_in_flight = 0
         self.released = threading.Event()  # set on close: slow answers stop waiting
@@ -89,7 +90,10 @@ class FakeEmbeddings:
                 lengths = fake.lengths
                 scale = lambda t: 0.0 if t in fake.zero_for else (1.0 + len(t) % 5) if lengths else 1.0  # noqa: E731
                 data = [
-                    {"index": i, "embedding": (scale(t) * REFERENCE.embed(t)).tolist()}
+                    {
+                        "index": i,
+                        "embedding": (scale(t) * REFERENCE.embed(t)).tolist() * (2 if fake.doubled else 1),
+                    }
                     for i, t in enumerate(body["input"])
                 ][::-1]  # (out of order: the index puts them back)
                 payload = json.dumps({"object": "list", "data": data, "model": body["model"]}).encode()
@@ -620,6 +624,30 @@ def test_a_fused_search_with_alpha_0_still_finds_by_similarity(
         )
         got = [r.memory.content for r in c.stub.SearchMemories(req).results]
         assert sorted(got) == ["the quarterly deployment runbook", "unrelated grocery list"]
+
+
+def test_an_endpoint_answering_another_dimension_is_an_embedder_failure(
+    http_server: Callable[..., RunningServer], endpoint: FakeEmbeddings
+) -> None:
+    """A model swapped under the same name: creates are stored without their vector (embedded once
+    the endpoint answers in its space again), text searches fall back to keywords. They were
+    INVALID_ARGUMENT naming an embedding the client never sent."""
+    running = http_server()
+    with _client(running) as c:
+        first = c.create("ns", "the XJ-42 incident report")
+        endpoint.doubled = True
+        resp = c.observe("ns", "the XJ-42 pump was replaced")
+        assert resp.embedding_pending
+        batch = c.create_batch([{"namespace": "ns", "content": "a batch note about the pump"}])
+        assert len(batch) == 1
+        found = c.stub.SearchMemories(pb.SearchMemoriesRequest(namespaces=["ns"], query_text="XJ-42 pump"))
+        assert found.keyword_only and {r.memory.id for r in found.results} >= {resp.memory.id}
+        assert running.engine.retry_embeddings() == 0  # (still another dimension: left pending)
+        endpoint.doubled = False
+        assert running.engine.retry_embeddings() == 2
+        assert len(c.get("ns", resp.memory.id, include_embedding=True).embedding) == len(
+            c.get("ns", first.id, include_embedding=True).embedding
+        )
 
 
 def test_bad_hybrid_options_are_refused_whether_or_not_the_embedder_answers(

@@ -154,6 +154,20 @@ class EngineState:
             self.spaces[model] = sp
         return sp
 
+    def embedder_misfit(self, vec: np.ndarray, text: str) -> str:
+        """Why the vector the server's embedder made of ``text`` does not fit its space ('' when it
+        does; else it leaves the embedder's cache): an endpoint whose model changed under the same
+        name answers vectors of another dimension."""
+        model = self.embedder.model
+        sp = self.spaces.get(model)
+        dim = sp.dim if sp is not None else self.fixed_spaces.get(model)
+        if dim is None or int(vec.shape[0]) == dim:
+            return ""
+        forget = getattr(self.embedder, "forget", None)
+        if forget is not None:
+            forget(text)
+        return f"the embedder answered a vector of dimension {vec.shape[0]}, but space {model!r} has dimension {dim}"
+
     def claim_space(self, txn: Txn, field: str, model: str, dim: int, stored: int | None) -> None:
         """INVALID_ARGUMENT (naming ``field``) unless a vector of ``dim`` fits space ``model``
         (``stored``: its dimension, None when new, which then stores it). A declared space and the

@@ -91,6 +91,11 @@ class CachedEmbedder:
                     out[i] = answer
         return [x for x in out if x is not None]
 
+    def forget(self, text: str) -> None:
+        """Drop ``text``'s cached vector (one that turned out unusable: asked again next time)."""
+        with self._lock:
+            self._cache.pop(_digest(text), None)
+
     def _keep(self, key: bytes, vec: np.ndarray) -> None:
         if self.size <= 0:
             return
