@@ -658,8 +658,8 @@ def _read_file(path: Path, names: set[str], defaults: ServerConfig) -> dict[str,
             if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
                 raise ValueError(f"setting {k} in {path}: {v!r} is not a list of numbers")
             v = tuple(float(x) for x in v)
-        elif isinstance(default, Path):
-            v = Path(str(v))
+        elif isinstance(default, Path) and isinstance(v, str):  # (5 or [..] would be a directory's name)
+            v = Path(v)
         elif isinstance(default, float) and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
         if type(v) is not type(default):

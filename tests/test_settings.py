@@ -52,6 +52,8 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
             'tier_max_items = [2000, 500, "200", 100]\n',
             r"setting tier_max_items .* not a list of numbers",
         ),
+        ({}, "data_dir = 5\n", r"setting data_dir .* not a valid"),  # (a directory named 5 before)
+        ({}, 'data_dir = ["a", "b"]\n', r"setting data_dir .* not a valid"),
         ({"TIERMEM_LOG_LEVEL": "verbose"}, None, r"log_level.*DEBUG"),
         ({"TIERMEM_EMBEDDER": "word2vec"}, None, r"embedder.*builtin"),
         ({"TIERMEM_PORT": "x"}, None, r"TIERMEM_PORT='x' is not a valid int"),
