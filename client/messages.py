@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from tiermem._values import set_metadata, set_timestamp
+from tiermem._values import set_metadata, set_timestamp, timestamp_seconds
 from tiermem.v1 import memory_pb2 as pb
 
 TimeLike = dt.datetime | float | int | Timestamp  # (a Timestamp as the server's answers hold them)
@@ -61,7 +61,7 @@ def timestamp(value: TimeLike) -> Timestamp:
 def seconds(value: TimeLike) -> float:
     """Epoch seconds; a naive datetime is UTC, as everywhere in the client (not local time)."""
     if isinstance(value, Timestamp):
-        return value.seconds + value.nanos / 1e9
+        return timestamp_seconds(value)
     if isinstance(value, dt.datetime):
         return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
     return float(value)

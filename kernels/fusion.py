@@ -29,19 +29,6 @@ def _minmax(x):  # pragma: no cover
 
 
 @_kernel
-def _unit(x):  # pragma: no cover
-    """``x`` (float64) min-max normalized, as float32 (NaN kept; all equal: all 0)."""
-    lo, hi = _minmax(x)
-    out = np.zeros(x.shape[0], np.float32)
-    for i in range(x.shape[0]):
-        if x[i] != x[i]:
-            out[i] = np.nan
-        elif hi > lo:
-            out[i] = (x[i] - lo) / (hi - lo)
-    return out
-
-
-@_kernel
 def _fused(sim, kw, rec, imp, w_sim, w_kw, alpha, beta, gamma):  # pragma: no cover
     n = rec.shape[0]
     parts = (sim, kw, rec, imp)
@@ -172,14 +159,14 @@ def _fused_rank(
         rows, rel, importance, created_at, last_access, tier, ns, now, tau_seconds, half_life_hours, floor,
         1.0, 0.0, 0.0, combined, rec64, imp64,
     )  # fmt: skip
-    none = np.empty(0, np.float32)
+    none = np.empty(0)
     ws = w_sim if use_sim and w_sim > 0.0 else 0.0
     wk = w_kw if use_kw and w_kw > 0.0 else 0.0
-    score, _ = _fused(
-        rel if ws > 0.0 else none,
-        kw if wk > 0.0 else none,
-        _unit(rec64),
-        _unit(imp64),
+    score, _ = _fused(  # (every signal as float64: one dtype for the kernel's tuple of them)
+        rel.astype(np.float64) if ws > 0.0 else none,
+        kw.astype(np.float64) if wk > 0.0 else none,
+        rec64,
+        imp64,
         ws,
         wk,
         alpha,

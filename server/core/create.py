@@ -138,8 +138,6 @@ def _check_and_embed(st: EngineState, memories: list[NewMemory], batch: bool) ->
     failed: dict[str, int] = {}
     for m, vec in zip(unembedded, st.embedder.embed_many([m.content for m in unembedded]), strict=True):
         m.embedding_model = st.embedder.model
-        if not isinstance(vec, EmbedderError) and (misfit := st.embedder_misfit(vec, m.content)):
-            vec = EmbedderError(misfit)  # (the endpoint's model changed: as any failure of it)
         if isinstance(vec, EmbedderError):
             failed[str(vec)] = failed.get(str(vec), 0) + 1
             vec = NO_VECTOR

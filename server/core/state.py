@@ -104,6 +104,7 @@ class EngineState:
         self.fixed_spaces = dict(config.declared_spaces)
         if config.embedder == "builtin":
             self.fixed_spaces[config.builtin_model] = config.builtin_dimension
+        self.embedder.dimension = self._embedder_dimension
         self.base_policy = Policy.from_config(config)
         self.ns_config: dict[str, dict[str, Any]] = {}  # namespace -> {"protected", "policy" overrides}
         # Top-level scope -> (routing state, moved_to) for scopes fenced or moved to another shard
@@ -154,19 +155,10 @@ class EngineState:
             self.spaces[model] = sp
         return sp
 
-    def embedder_misfit(self, vec: np.ndarray, text: str) -> str:
-        """Why the vector the server's embedder made of ``text`` does not fit its space ('' when it
-        does; else it leaves the embedder's cache): an endpoint whose model changed under the same
-        name answers vectors of another dimension."""
-        model = self.embedder.model
-        sp = self.spaces.get(model)
-        dim = sp.dim if sp is not None else self.fixed_spaces.get(model)
-        if dim is None or int(vec.shape[0]) == dim:
-            return ""
-        forget = getattr(self.embedder, "forget", None)
-        if forget is not None:
-            forget(text)
-        return f"the embedder answered a vector of dimension {vec.shape[0]}, but space {model!r} has dimension {dim}"
+    def _embedder_dimension(self) -> int | None:
+        """The dimension of the server embedder's space (None: it has none yet)."""
+        sp = self.spaces.get(self.embedder.model)
+        return sp.dim if sp is not None else self.fixed_spaces.get(self.embedder.model)
 
     def claim_space(self, txn: Txn, field: str, model: str, dim: int, stored: int | None) -> None:
         """INVALID_ARGUMENT (naming ``field``) unless a vector of ``dim`` fits space ``model``

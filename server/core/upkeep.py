@@ -124,8 +124,6 @@ def retry_embeddings(st: EngineState, limit: int = 256) -> int:
     for rec in recs:
         try:
             vec = check.vector("embedding", st.embedder.embed(rec.content), st.config)
-            if misfit := st.embedder_misfit(vec, rec.content):
-                raise EmbedderError(misfit)
         except EmbedderError as e:
             logger.warning("embedding still failing (%d waiting): %s", len(recs) - done, e)
             break

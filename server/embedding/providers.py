@@ -19,7 +19,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -61,6 +61,9 @@ class CachedEmbedder:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        # The dimension of the embedder's space, once it has one (None: any): an answer of another
+        # (an endpoint whose model changed under the same name) is a failure, and not kept.
+        self.dimension: Callable[[], int | None] = lambda: None
 
     def embed(self, text: str) -> np.ndarray:
         return one(self.embed_many([text])[0])
@@ -82,7 +85,13 @@ class CachedEmbedder:
             self.misses += sum(len(at) for at in missing.values())
         if missing:
             answers = self.inner.embed_many([texts[at[0]] for at in missing.values()])
+            dim = self.dimension()
             for (key, at), answer in zip(missing.items(), answers, strict=True):
+                if not isinstance(answer, EmbedderError) and dim is not None and len(answer) != dim:
+                    answer = EmbedderError(
+                        f"the embedder answered a vector of dimension {len(answer)}, but space "
+                        f"{self.model!r} has dimension {dim}"
+                    )
                 if not isinstance(answer, EmbedderError):
                     answer = _unit(answer)
                     answer.setflags(write=False)
@@ -90,11 +99,6 @@ class CachedEmbedder:
                 for i in at:
                     out[i] = answer
         return [x for x in out if x is not None]
-
-    def forget(self, text: str) -> None:
-        """Drop ``text``'s cached vector (one that turned out unusable: asked again next time)."""
-        with self._lock:
-            self._cache.pop(_digest(text), None)
 
     def _keep(self, key: bytes, vec: np.ndarray) -> None:
         if self.size <= 0:

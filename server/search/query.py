@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tiermem.server.config import TIERS, ServerConfig
-from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import InvalidArgument, NotFound
 from tiermem.server.model.records import Record
@@ -289,13 +288,6 @@ def query_vector(
             sp = source.spaces.get(model)
             return (None, sp) if sp is not None else (np.zeros(0, np.float32), None)
         query = source.embedder.embed(q.text)
-        sp = source.spaces.get(model)
-        known = sp.dim if sp is not None else cfg.declared_spaces.get(model)
-        if known is not None and query.shape[0] != known:  # (the endpoint's model changed: it failed)
-            forget = getattr(source.embedder, "forget", None)
-            if forget is not None:
-                forget(q.text)
-            raise EmbedderError(f"the embedder answered a vector of dimension {query.shape[0]}, not {known}")
     elif needed:
         raise InvalidArgument("query_embedding", "a query_embedding or a query_text is required")
     else:

@@ -315,11 +315,17 @@ def policy_to_pb(policy: Policy, out: pb.LifecyclePolicy) -> None:
 
 
 def namespace_config_to_pb(namespace: str, stored: dict[str, Any], effective: Policy) -> tuple[Any, Any]:
-    cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(stored.get("protected")))
-    overrides_to_pb(stored.get("policy") or {}, cfg.policy)
+    cfg = _stored_config_to_pb(namespace, stored)
     eff = pb.LifecyclePolicy()
     policy_to_pb(effective, eff)
     return cfg, eff
+
+
+def _stored_config_to_pb(namespace: str, stored: dict[str, Any]) -> pb.NamespaceConfig:
+    """A namespace's stored settings (protection, policy overrides) as its NamespaceConfig."""
+    cfg = pb.NamespaceConfig(namespace=namespace, protected=bool(stored.get("protected")))
+    overrides_to_pb(stored.get("policy") or {}, cfg.policy)
+    return cfg
 
 
 def record_from_pb(m: pb.Memory, field: str, config: Any) -> tuple[Record, np.ndarray | None]:
@@ -397,11 +403,7 @@ def export_chunk_to_pb(item: ExportHeader | ExportItem) -> pb.ExportMemoriesResp
     if isinstance(item, ExportedMemory):
         return pb.ExportMemoriesResponse(memory=memory_to_pb(item.record, item.vector))
     if isinstance(item, ExportedSettings):
-        settings = pb.NamespaceConfig(
-            namespace=item.namespace, protected=bool(item.settings.get("protected"))
-        )
-        overrides_to_pb(item.settings.get("policy") or {}, settings.policy)
-        return pb.ExportMemoriesResponse(settings=settings)
+        return pb.ExportMemoriesResponse(settings=_stored_config_to_pb(item.namespace, item.settings))
     if isinstance(item, ExportedScope):
         scope = pb.ScopeState(
             namespace=item.namespace,
