@@ -661,3 +661,72 @@ def test_tls_files_that_do_not_load_stop_the_server_naming_the_setting(tmp_path:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and "tls_cert" in out.stderr and not (tmp_path / "d").exists(), out.stderr
+
+
+def test_the_systemd_unit_waits_for_the_server_to_say_ready() -> None:
+    unit = _unit((ROOT / "deploy" / "tiermem.service").read_text())
+    assert unit["Type"] == ["notify"] and unit["NotifyAccess"] == ["main"]
+    assert float(unit["TimeoutStartSec"][0].rstrip("s")) >= 60
+
+
+def test_the_server_tells_systemd_ready_once_serving_and_stopping_at_sigterm(tmp_path: Path) -> None:
+    """sd_notify over a real unix datagram socket, as systemd listens under Type=notify: READY=1
+    arrives when health already answers SERVING (the port comes with it), STOPPING=1 at SIGTERM."""
+    import signal
+    import socket
+    import tempfile
+    import threading
+
+    import grpc
+    from conftest import spawn_server
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    sock_dir = Path(tempfile.mkdtemp(dir="/tmp"))  # (a unix socket's path is at most 107 bytes)
+    path = sock_dir / "notify"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(path))
+    listener.settimeout(120)
+    got: list[tuple[str, str]] = []
+
+    def listen() -> None:
+        msg = listener.recv(4096).decode()
+        port = re.search(r"STATUS=serving on 127\.0\.0\.1:(\d+)", msg)
+        status = "no port"
+        if port:
+            with grpc.insecure_channel(f"127.0.0.1:{port.group(1)}") as ch:
+                answer = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+        got.append((msg, status))
+
+    t = threading.Thread(target=listen, daemon=True)
+    t.start()
+    proc = spawn_server(tmp_path / "data", env={"NOTIFY_SOCKET": str(path)})
+    try:
+        t.join(60)
+        assert got and got[0][0].startswith("READY=1\n") and got[0][1] == "SERVING", got
+        assert f":{proc.port}" in got[0][0]
+        proc.proc.send_signal(signal.SIGTERM)
+        assert listener.recv(4096) == b"STOPPING=1"
+        assert proc.proc.wait(60) == 0
+    finally:
+        proc.close()
+        listener.close()
+        path.unlink()
+        sock_dir.rmdir()
+
+
+def test_notify_reaches_an_abstract_socket_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from tiermem.server.transport.sdnotify import notify
+
+    name = f"tiermem-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind("\0" + name)
+        listener.settimeout(5)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+        assert notify("READY=1") and listener.recv(64) == b"READY=1"
+    monkeypatch.setenv("NOTIFY_SOCKET", "/nonexistent/notify")  # (systemd gone: logged, not raised)
+    assert not notify("STOPPING=1")
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert not notify("READY=1")

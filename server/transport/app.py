@@ -37,6 +37,7 @@ from tiermem.server.transport.process import (
 from tiermem.server.transport.replication import ReplicaAcks, ReplicaFollower
 from tiermem.server.transport.replication import confirm_write as confirm_write_on_replica
 from tiermem.server.transport.routing import WriteGate
+from tiermem.server.transport.sdnotify import notify
 from tiermem.server.transport.servicer import MemoryServicer
 
 logger = logging.getLogger(__name__)
@@ -253,8 +254,10 @@ def serve(config: ServerConfig) -> None:
     logger.info("gc: %d objects alive after start-up frozen", freeze_startup_objects())
     logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())
     print(f"tiermem listening on {config.host}:{running.port}", flush=True)
+    notify(f"READY=1\nSTATUS=serving on {config.host}:{running.port}")
     signum = stops.wait()
     logger.info("signal %d: shutting down", signum)
+    notify("STOPPING=1")
     running.stop(config.shutdown_grace_seconds)
     logger.info("stopped")
     sys.stdout.flush()
