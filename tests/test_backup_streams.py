@@ -242,6 +242,45 @@ def test_an_export_cancelled_while_it_spools_stops_reading(
         assert sum(ch.HasField("memory") for ch in c.export_memories("team:a")) == 3000
 
 
+def test_a_cancelled_export_is_counted_cancelled_not_a_deadline_passed(
+    server_factory: Callable[..., RunningServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export a client cancels while it spools is counted (and logged) CANCELLED; one whose
+    deadline passes, DEADLINE_EXCEEDED."""
+    import re
+    import urllib.request
+
+    server = server_factory(metrics_port=0)
+    _slow_spooling(server, monkeypatch)
+
+    def counted() -> dict[str, float]:
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        got = re.findall(r'tiermem_rpc_total\{code="(\w+)",method="ExportMemories"\} (\S+)', text)
+        return {code: float(n) for code, n in got}
+
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest())
+        assert next(call).HasField("header")
+        time.sleep(0.1)
+        call.cancel()
+        for _ in range(100):  # (the handler leaves within a spool part)
+            if counted():
+                break
+            time.sleep(0.05)
+        assert counted() == {"CANCELLED": 1.0}
+        late = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest(), timeout=0.5)
+        with pytest.raises(grpc.RpcError) as e:
+            list(late)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for _ in range(100):
+            if len(counted()) == 2:
+                break
+            time.sleep(0.05)
+        assert counted() == {"CANCELLED": 1.0, "DEADLINE_EXCEEDED": 1.0}
+
+
 def test_a_server_stopping_while_an_export_spools_closes_lmdb_once_the_handler_left(
     server_factory: Callable[..., RunningServer],
     monkeypatch: pytest.MonkeyPatch,

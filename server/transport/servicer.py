@@ -18,6 +18,7 @@ from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.agent.summaries import build_summary
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     PermissionDenied,
@@ -60,17 +61,25 @@ def _rpc(method: F) -> F:
 
 def _abort(name: str, e: Exception, context: grpc.ServicerContext) -> None:
     """End the call with ``e`` as its status: a domain error as it is, anything else as INTERNAL
-    (logged), but for an RpcError of a call its caller cancelled (reading its stream): nobody is
-    left to answer."""
+    (logged); a call its caller cancelled as CANCELLED (nobody is left to answer)."""
+    if isinstance(e, (DeadlineExceeded, grpc.RpcError)) and _cancelled(context):
+        logger.info("%s: the caller cancelled the call", name)
+        # (counted and logged as CANCELLED: the stop a cancel caused is no deadline passing)
+        context.abort(grpc.StatusCode.CANCELLED, "the caller cancelled the call")
     if isinstance(e, TiermemError):
         status = to_status(e)
     elif isinstance(e, grpc.RpcError) and not context.is_active():
-        logger.info("%s: the caller cancelled the call", name)
         raise e  # (gRPC's own error, known to it: nothing to answer, and no response to make)
     else:
         logger.error("%s failed", name, exc_info=e)
         status = to_status(TiermemError(f"internal error: {type(e).__name__}"))
     context.abort_with_status(status)
+
+
+def _cancelled(context: grpc.ServicerContext) -> bool:
+    """The call ended before its deadline: its caller cancelled it (or went away)."""
+    left = context.time_remaining()
+    return not context.is_active() and (left is None or left > 0)
 
 
 def _rpc_stream(method: F) -> F:
