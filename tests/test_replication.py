@@ -942,3 +942,50 @@ def test_a_replica_without_a_copy_answers_no_reads(
             rc.search("user:ana", "anything")
         assert (refused.value.code.name, refused.value.reason) == ("UNAVAILABLE", "REPLICA_COPYING")
         assert rc.stats().memory_count == 0  # (server-wide figures name no namespace)
+
+
+def test_replication_is_watched_through_metrics(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """The leader exports its last commit, its replicas connected and how many commits the
+    furthest has not confirmed; a replica whether it is fed and the leader's commit it stored:
+    connected as soon as its call is fed, before any change comes, and not once the leader is gone."""
+    import urllib.request
+
+    def scrape(running: RunningServer) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{running.metrics_port}/metrics", timeout=10) as r:
+            lines = r.read().decode().splitlines()
+        return {
+            name: float(value)
+            for name, _, value in (line.partition(" ") for line in lines)
+            if name.startswith(("tiermem_replica", "tiermem_commit_seq"))
+        }
+
+    leader = server_factory(tmp_path / "leader", replication=True, metrics_port=0)
+    assert scrape(leader)["tiermem_replicas_connected"] == 0
+    assert "tiermem_replica_commits_behind" not in scrape(leader)  # (no replica: nothing to be behind)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        _write_some(lc, 0, 10)
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}", metrics_port=0)
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+        seq = scrape(leader)["tiermem_commit_seq"]
+        _eventually(lambda: scrape(leader).get("tiermem_replica_commits_behind") == 0)
+        assert seq > 0 and scrape(leader)["tiermem_replicas_connected"] == 1
+        got = scrape(replica)
+        assert got["tiermem_replica_connected"] == 1 and got["tiermem_replica_applied_seq"] == seq
+        assert got["tiermem_replica_full_copies_total"] == 1 and "tiermem_commit_seq" not in got
+        replica.stop(0)
+        _eventually(lambda: scrape(leader)["tiermem_replicas_connected"] == 0)
+        _write_some(lc, 10, 3)  # (while it is down)
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}", metrics_port=0)
+    _eventually(
+        lambda: scrape(replica)["tiermem_replica_applied_seq"] == scrape(leader)["tiermem_commit_seq"]
+    )
+    replica.stop(0)
+    # Started again caught up, the leader idle: connected before any change comes.
+    replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}", metrics_port=0)
+    _eventually(lambda: scrape(replica)["tiermem_replica_connected"] == 1)
+    assert scrape(replica)["tiermem_replica_full_copies_total"] == 0  # (it continued from its commit)
+    leader.stop(0)
+    _eventually(lambda: scrape(replica)["tiermem_replica_connected"] == 0)

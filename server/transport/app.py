@@ -157,7 +157,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
     metrics_server = None
     try:
         if metrics is not None:  # (before the engine opens: a port in use fails the start at once)
-            metrics.attach(lambda: servicer.engine)
+            metrics.attach(lambda: servicer.engine, lambda: (servicer.acks, servicer.replica_follower))
             metrics_server = _serve_metrics(metrics, config)
         engine = Engine(config) if clock is None else Engine(config, clock=clock)
         _attach(servicer, engine, config)

@@ -1,7 +1,8 @@
 """Prometheus metrics on ``metrics_port`` (``/metrics``): per-RPC counts by status code and latency
 histograms (recorded by the interceptor), and, read from the engine at each scrape, the writer's
 queue depth and commit groups, pending vectors per embedding space, LMDB map use, memories per tier
-and the lifecycle's moves. One registry per server (several may run in one process: tests).
+and the lifecycle's moves; with replication, the replicas connected and how far behind the
+furthest is, or on a replica whether it follows its leader and the commit it stored. One registry per server (several may run in one process: tests).
 Search followers are other processes: their own calls are not counted here."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from tiermem.server.config import TIER_NAMES, TIERS
 from tiermem.server.core.engine import Engine
+from tiermem.server.transport.replication import ReplicaAcks, ReplicaFollower
 
 # Latency buckets, seconds: searches take about a millisecond, exports seconds.
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -40,10 +42,17 @@ class Metrics:
             registry=self.registry,
         )
         self._engine: Callable[[], Engine | None] = lambda: None
+        self._replication: Callable[[], Replication] = lambda: (None, None)
         self.registry.register(_EngineCollector(lambda: self._engine()))
+        self.registry.register(_ReplicationCollector(lambda: self._engine(), lambda: self._replication()))
 
-    def attach(self, engine: Callable[[], Engine | None]) -> None:
+    def attach(
+        self, engine: Callable[[], Engine | None], replication: Callable[[], Replication] | None = None
+    ) -> None:
+        """Read ``engine()`` and ``replication()`` (the leader's acks, a replica's follower) at scrapes."""
         self._engine = engine
+        if replication is not None:
+            self._replication = replication
 
     def observe(self, method: str, code: str, seconds: float) -> None:
         name = method.rsplit("/", 1)[-1]
@@ -54,6 +63,50 @@ class Metrics:
         """Start the HTTP endpoint; returns its server (``.server_port``, ``.shutdown()``)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server
+
+
+Replication = tuple[ReplicaAcks | None, ReplicaFollower | None]
+
+
+class _ReplicationCollector(Collector):
+    def __init__(self, engine: Callable[[], Engine | None], replication: Callable[[], Replication]) -> None:
+        self._engine, self._replication = engine, replication
+
+    def collect(self) -> Iterator[Any]:
+        eng = self._engine()
+        acks, follower = self._replication()
+        if eng is None:
+            return
+        if acks is not None:
+            yield GaugeMetricFamily(
+                "tiermem_commit_seq", "The last commit's sequence number", value=eng.committed_seq
+            )
+            count, furthest = acks.figures()
+            yield GaugeMetricFamily(
+                "tiermem_replicas_connected", "Replicas following this server", value=count
+            )
+            if count:  # (commits no replica has stored yet: what a failover now would lose)
+                yield GaugeMetricFamily(
+                    "tiermem_replica_commits_behind",
+                    "Commits the furthest replica has not confirmed",
+                    value=max(eng.committed_seq - furthest, 0),
+                )
+        if follower is not None and eng.is_replica:  # (a promoted replica follows no one)
+            yield GaugeMetricFamily(
+                "tiermem_replica_connected",
+                "1 while this replica receives its leader's changes, else 0",
+                value=int(follower.connected.is_set()),
+            )
+            yield GaugeMetricFamily(
+                "tiermem_replica_applied_seq",
+                "The leader's last commit this replica stored (the leader's tiermem_commit_seq)",
+                value=follower.applied,
+            )
+            yield CounterMetricFamily(
+                "tiermem_replica_full_copies",
+                "Full copies received from the leader",
+                value=follower.full_copies,
+            )
 
 
 class _EngineCollector(Collector):

@@ -70,6 +70,11 @@ class ReplicaAcks:
                 self._applied[replica] = max(self._applied[replica], seq)
                 self._changed.notify_all()
 
+    def figures(self) -> tuple[int, int]:
+        """The replicas connected, and the last commit the furthest of them stored (-1: none)."""
+        with self._changed:
+            return len(self._applied), max(self._applied.values(), default=-1)
+
     def wait(self, seq: int, timeout: float) -> bool:
         """Whether a replica stored commit ``seq`` (or a later one) within ``timeout`` seconds."""
         with self._changed:
@@ -235,11 +240,13 @@ class ReplicaFollower:
             if self._stop.is_set():
                 call.cancel()
             self._call = call
+        call.initial_metadata()  # (sent once the leader feeds this call: connected, if it still runs)
+        if not call.done():
+            self.connected.set()
         parts = self.engine.replica_parts()  # of a split backlog, stored with its last part at once
         copying = False  # (a full copy's parts are stored as they come: reads wait for its end)
         try:
             for batch in call:
-                self.connected.set()
                 self.full_copies += batch.full_copy_start
                 copying = (copying or batch.full_copy_start) and not batch.seq
                 parts.add(batch.changes)

@@ -107,9 +107,7 @@ def _still_wanted(context: grpc.ServicerContext | None) -> Callable[[], bool] | 
     return wanted
 
 
-# Most bytes the server adds to a stored memory's answer: its id, four times, tier, importance,
-# kind, counters, token cost, an embedder's model name, and the memory's framing.
-_SET_BY_SERVER = 768
+_SET_BY_SERVER = 768  # most bytes an answer adds to a stored memory (id, times, counters, framing)
 
 
 def _tell_fallback(hits: list[SearchHit], resp: pb.SearchMemoriesResponse) -> None:
@@ -451,6 +449,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 "this server feeds no replicas: start it with replication", "NOT_REPLICATING"
             )
         with self._stream_slot():
+            context.send_initial_metadata(())  # (the replica knows it is fed, before any change comes)
             still = _still_wanted(context) or (lambda: True)
 
             def wanted() -> bool:  # (an idle feed looks at its key as it waits: a revoked one ends it)
