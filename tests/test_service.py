@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -503,6 +504,30 @@ def test_request_id_retry_after_delete_is_not_found(client: MemoryClient) -> Non
         client.create(NS, "short-lived", request_id="r-del")
     assert info.value.reason == "REQUEST_RESULT_DELETED"
     assert client.stats().memory_count == 0  # the retry did not store it again
+
+
+def test_request_id_retry_after_the_memory_expired_is_not_found(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A memory past its expire_time is deleted for every read, before the sweep removes it: a
+    retry of its create says so (it returned the expired memory)."""
+    clock = FakeClock()
+    running = server_factory(clock=clock)
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        expires = datetime.fromtimestamp(T0 + 10, tz=timezone.utc)
+        c.create(NS, "short-lived", request_id="r-exp", expire_time=expires)
+        batch = [{"namespace": NS, "content": f"b{i}", "expire_time": expires} for i in range(2)]
+        c.create_batch(batch, request_id="rb-exp")
+        assert c.create(NS, "short-lived", request_id="r-exp", expire_time=expires).content == "short-lived"
+        clock.advance(11)
+        for retry in (
+            lambda: c.create(NS, "short-lived", request_id="r-exp", expire_time=expires),
+            lambda: c.create_batch(batch, request_id="rb-exp"),
+        ):
+            with pytest.raises(NotFoundError) as info:
+                retry()
+            assert info.value.reason == "REQUEST_RESULT_DELETED"
+        assert c.stats().memory_count == 0
 
 
 def test_batch_request_id_retry_after_partial_delete_is_not_found(client: MemoryClient) -> None:

@@ -260,7 +260,8 @@ class _CreateOp:
                 reason="REQUEST_ID_REUSED",
             )
         replayed = [st.store.get(txn, rid) for rid in prior["rids"]]
-        records = [r for r in replayed if r is not None]
+        # (an expired memory is deleted for every read, before the sweep removes it)
+        records = [r for r in replayed if r is not None and not r.expired(self.now)]
         if len(records) != len(replayed):
             raise NotFound(
                 f"memories created by request_id {self.request_id!r} were deleted since",
