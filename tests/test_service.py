@@ -2242,3 +2242,52 @@ def test_client_search_options_reach_the_server(server_factory: Callable[..., Ru
         c.search(child, "rust borrow")
         running.engine.flush_access()  # (access_flush_seconds=0: recorded when flushed)
         assert c.get(child, "c2").access_count == before + 1
+
+
+def test_range_bounds_take_any_timestamp_and_held_times_stop_at_5138(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A filter's or a summary window's bound may be any Timestamp (year 9999 excludes nothing);
+    a time a memory holds, or a search's as_of, is refused past year 5138 with one message, as
+    before year 1."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    running = server_factory()
+    y9999, y6000 = Timestamp(seconds=253402300799), Timestamp(seconds=127_000_000_000)
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        m = c.create(
+            NS, "the deploy moved to friday. it waits for the freeze", embedding=V, embedding_model=MODEL
+        )
+        window = pb.MemoryFilter(created_after=Timestamp(seconds=-62135596800), created_before=y9999)
+        listed = raw(c, "ListMemories", pb.ListMemoriesRequest(namespace=NS, filter=window))
+        assert [x.id for x in listed.memories] == [m.id]
+        found = raw(
+            c,
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                namespaces=[NS], query_embedding=V, embedding_model=MODEL, filter=window
+            ),
+        )
+        assert [h.memory.id for h in found.results] == [m.id]
+        summary = raw(
+            c, "BuildSummary", pb.BuildSummaryRequest(namespace=NS, max_tokens=50, created_before=y9999)
+        )
+        assert list(summary.source_memory_ids) == [m.id]
+        refused = [
+            ("memory.create_time", "CreateMemory", pb.CreateMemoryRequest(memory=pb.Memory(namespace=NS, content="x", create_time=y6000))),
+            ("memory.create_time", "CreateMemory", pb.CreateMemoryRequest(memory=pb.Memory(namespace=NS, content="x", create_time=Timestamp(seconds=-62135596801)))),
+            ("memory.expire_time", "CreateMemory", pb.CreateMemoryRequest(memory=pb.Memory(namespace=NS, content="x", expire_time=y9999))),
+            ("as_of", "SearchMemories", pb.SearchMemoriesRequest(namespaces=[NS], query_text="x", as_of=y6000)),
+        ]  # fmt: skip
+        for field_, method, request in refused:
+            with pytest.raises(InvalidArgumentError) as e:
+                raw(c, method, request)
+            assert e.value.fields == [field_] and "between years 1 and 5138" in str(e.value), (
+                field_,
+                e.value,
+            )
+        past = pb.MemoryFilter(created_before=Timestamp(seconds=253402300800))  # (year 10000: no Timestamp)
+        with pytest.raises(InvalidArgumentError) as e:
+            raw(c, "ListMemories", pb.ListMemoriesRequest(namespace=NS, filter=past))
+        assert e.value.fields == ["filter.created_before"] and "years 1 and 9999" in str(e.value)
+        assert c.stats().memory_count == 1

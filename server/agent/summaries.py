@@ -3,6 +3,7 @@ memory since the namespace's last summary, best first, within a token budget. Re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from tiermem.server.model import validation as check
 from tiermem.server.model.condense import sources
+from tiermem.server.model.errors import InvalidArgument
 from tiermem.server.model.text import estimate_tokens, first_sentence, fitting_sentences
 from tiermem.server.model.types import Filter
 
@@ -34,8 +36,8 @@ def build_summary(
     0.3 * rank in time, kept within max_tokens, then put back in time order (by creation)."""
     check.namespace("namespace", namespace)
     for name, t in (("created_after", after), ("created_before", before)):
-        if t is not None:
-            check.finite_time(name, t)
+        if t is not None and not math.isfinite(t):  # (a bound past every stored time excludes none)
+            raise InvalidArgument(name, "must be a finite time")
     ranged = after is not None or before is not None
     flt = engine.check_filter(Filter(created_after=after, created_before=before), prefix="")
     view = engine.columns.view()

@@ -66,10 +66,14 @@ def unit_interval(field: str, value: float) -> float:
     return float(value)
 
 
+LATEST_TIME = 1e11  # about year 5138: the times a memory holds, a search's as_of and graph times
+TIME_RANGE = "must be a time between years 1 and 5138 (stored times stop there)"
+
+
 def finite_time(field: str, value: float) -> float:
     """A time a google.protobuf.Timestamp can carry (from year 1), up to about year 5138."""
-    if not math.isfinite(value) or not EARLIEST_TIME <= value <= 1e11:
-        raise InvalidArgument(field, "must be a time between years 1 and 5138 (stored times stop there)")
+    if not math.isfinite(value) or not EARLIEST_TIME <= value <= LATEST_TIME:
+        raise InvalidArgument(field, TIME_RANGE)
     return value
 
 

@@ -27,7 +27,7 @@ from tiermem.server.model.reports import (
     StatsReport,
 )
 from tiermem.server.model.types import FeedbackItem, Filter
-from tiermem.server.model.validation import EARLIEST_TIME, LATEST_TIMESTAMP
+from tiermem.server.model.validation import EARLIEST_TIME, LATEST_TIME, LATEST_TIMESTAMP, TIME_RANGE
 from tiermem.server.model.validation import new_memory as check_new_memory
 from tiermem.server.search.query import DEFAULT_RRF_K, FUSED, SearchHit, SearchQuery
 from tiermem.v1 import memory_pb2 as pb
@@ -35,16 +35,18 @@ from tiermem.v1 import memory_pb2 as pb
 _INT32_MAX = 2**31 - 1
 
 
-def ts_to_float(msg: Any, name: str, prefix: str = "") -> float | None:
+def ts_to_float(msg: Any, name: str, prefix: str = "", bound: bool = False) -> float | None:
     """``msg.<name>`` in seconds (None when unset); INVALID_ARGUMENT naming ``<prefix><name>`` for a
-    Timestamp outside its own spec (nanos outside [0, 1e9) would shift the time the other way)."""
+    Timestamp outside its own spec (nanos outside [0, 1e9) would shift the time the other way) or,
+    unless it is a ``bound`` of a range (a filter's, a summary's window: any Timestamp), past the
+    times a memory holds."""
     if not msg.HasField(name):
         return None
     ts = getattr(msg, name)
     if not 0 <= ts.nanos <= 999_999_999:
         raise InvalidArgument(f"{prefix}{name}", f"nanos must be in [0, 999999999], got {ts.nanos}")
-    if not EARLIEST_TIME <= ts.seconds <= LATEST_TIMESTAMP:
-        raise InvalidArgument(f"{prefix}{name}", "must be between years 1 and 9999")
+    if not EARLIEST_TIME <= ts.seconds <= (LATEST_TIMESTAMP if bound else LATEST_TIME):
+        raise InvalidArgument(f"{prefix}{name}", "must be between years 1 and 9999" if bound else TIME_RANGE)
     return timestamp_seconds(ts)
 
 
@@ -141,8 +143,8 @@ def filter_from_pb(f: pb.MemoryFilter, prefix: str = "filter.") -> Filter:
         tags_all=list(f.tags_all),
         source=f.source,
         topic=f.topic,
-        created_after=ts_to_float(f, "created_after", prefix),
-        created_before=ts_to_float(f, "created_before", prefix),
+        created_after=ts_to_float(f, "created_after", prefix, bound=True),
+        created_before=ts_to_float(f, "created_before", prefix, bound=True),
         where=f.where,
     )
 

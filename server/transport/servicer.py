@@ -630,8 +630,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             self._engine,
             request.namespace,
             request.max_tokens or 500,
-            convert.ts_to_float(request, "created_after"),
-            convert.ts_to_float(request, "created_before"),
+            convert.ts_to_float(request, "created_after", bound=True),
+            convert.ts_to_float(request, "created_before", bound=True),
         )
         return pb.BuildSummaryResponse(
             text=summary.text, source_memory_ids=summary.source_ids, token_count=summary.tokens
