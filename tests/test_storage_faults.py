@@ -110,13 +110,15 @@ class _Output:
         return "".join(self.lines)
 
 
-def _spawn(data_dir: Path, fsize_limit: int | None = None) -> tuple[subprocess.Popen[str], _Output]:
+def _spawn(
+    data_dir: Path, fsize_limit: int | None = None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], _Output]:
     proc = subprocess.Popen(
         _server_command(data_dir, fsize_limit),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **_ENV, "TIERMEM_SNAPSHOT_INTERVAL_SECONDS": "0"},
+        env={**os.environ, **_ENV, "TIERMEM_SNAPSHOT_INTERVAL_SECONDS": "0", **(env or {})},
     )
     out = _Output(proc)
     deadline = time.monotonic() + 120
@@ -302,6 +304,34 @@ def test_a_file_size_limit_is_a_full_disk(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_background_passes_on_a_full_disk_log_one_line_not_a_traceback_each(tmp_path: Path) -> None:
+    """A full disk is a state the server is in: a maintenance pass whose moves it cannot store
+    says so in one WARNING line when it begins (and once a minute while it lasts), not an ERROR
+    with its traceback every pass."""
+    env = {
+        "TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0.2",
+        "TIERMEM_DEFAULT_TIER": "1",
+        "TIERMEM_TIER_TTL_SECONDS": "2,3600,86400,604800",  # (FAST memories move down after 2 s)
+        "TIERMEM_TIER_CADENCE_SECONDS": "0,0.2,60,600,3600",  # (FAST looked at every pass)
+    }
+    proc, out = _spawn(tmp_path / "data", fsize_limit=3 * 1024 * 1024, env=env)
+    try:
+        with _client(f"127.0.0.1:{out.port_number}") as c:
+            acked, err = _fill(c, _vecs(2000, seed=4), 20_000)
+            assert err.reason == "STORAGE_FULL" and len(acked) > 50
+            time.sleep(4)  # (the TTL, then about ten passes that cannot store their moves)
+            assert c.get("ns", f"m{acked[0]}").tier == 1
+        assert _stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.text()
+    assert "Traceback" not in text and " ERROR " not in text, text
+    passes = [line for line in text.splitlines() if "maintenance pass failed" in line]
+    assert len(passes) == 1 and "STORAGE_FULL" in passes[0], text
 
 
 # -- 3: a full LMDB map ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from tiermem.server.core.create import SummaryCovers, create_detailed, due_of, s
 from tiermem.server.core.evictions import EVICTION_SUMMARY_KIND
 from tiermem.server.core.state import EngineState
 from tiermem.server.model.condense import Piece, hierarchical, rolling, sentences, sources
-from tiermem.server.model.errors import FailedPrecondition
+from tiermem.server.model.errors import FailedPrecondition, TiermemError
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.text import estimate_tokens
 
@@ -85,8 +85,15 @@ def keep(st: EngineState, namespace: str) -> bool:
             raise
         st.request_summary(namespace)  # (another summary, or a deletion, came first: build again)
         return False
-    except Exception:
-        logger.exception("keeping the summary of %s failed; the previous one stays", namespace)
+    except Exception as e:
+        # (a refusal, such as a full disk, is a state, not a fault: one line, no traceback)
+        logger.log(
+            logging.WARNING if isinstance(e, TiermemError) else logging.ERROR,
+            "keeping the summary of %s failed; the previous one stays: %s",
+            namespace,
+            e,
+            exc_info=None if isinstance(e, TiermemError) else e,
+        )
         st.summaries.failed(namespace)
         with st.summaries_lock:
             st.summaries_failed.add(namespace)
