@@ -527,6 +527,26 @@ def test_an_answer_that_cannot_fit_is_refused_before_the_work(client: MemoryClie
     assert len(client.search_many(searches[:1])) == 1  # one fits
 
 
+def test_a_batch_over_its_count_and_its_answer_is_refused_for_its_count(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A batch past max_batch_size whose answer would also not fit is told to send fewer memories
+    (INVALID_ARGUMENT memories, BATCH_TOO_LARGE), the first thing to change, whatever else it
+    holds; nothing is stored."""
+    running = server_factory(max_batch_size=10, max_message_bytes=200_000)
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        big = [{"namespace": "ns", "content": "x" * 15_000} for _ in range(11)]  # (an answer past 200 KB)
+        bad = [*big[:10], {"namespace": "ns", "content": "y", "importance": 2.0}]  # (an 11th, bad, too)
+        for items in (big, bad):
+            with pytest.raises(InvalidArgumentError) as e:
+                c.create_batch(items)
+            assert e.value.fields == ["memories"] and e.value.reason == "BATCH_TOO_LARGE", e.value
+        with pytest.raises(ResourceExhaustedError) as answer:
+            c.create_batch(big[:10][:-1] + [{"namespace": "ns", "content": "z" * 60_000}])
+        assert answer.value.reason == "RESPONSE_TOO_LARGE"
+        assert c.stats().memory_count == 0
+
+
 def test_what_fits_an_answer_does_not_tell_of_another_tenants_space(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

@@ -31,7 +31,7 @@ from tiermem.server.model.records import Record
 from tiermem.server.model.reports import (
     ExportItem,
 )
-from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG
+from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG, batch
 from tiermem.server.search.searcher import SearchHit, SearchHits
 from tiermem.server.transport import convert
 from tiermem.server.transport.auth import caller, key_still_valid
@@ -227,6 +227,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def BatchCreateMemories(
         self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.BatchCreateMemoriesResponse:
+        batch("memories", request.memories, self._engine.config.max_batch_size)  # (first: what to change)
         specs = [convert.new_memory_from_pb(m, f"memories[{i}].") for i, m in enumerate(request.memories)]
         self._check_batch_answer_fits(request)
         out = self._engine.create_detailed(
