@@ -535,14 +535,15 @@ def test_a_batch_over_its_count_and_its_answer_is_refused_for_its_count(
     holds; nothing is stored."""
     running = server_factory(max_batch_size=10, max_message_bytes=200_000)
     with MemoryClient(f"127.0.0.1:{running.port}") as c:
-        big = [{"namespace": "ns", "content": "x" * 15_000} for _ in range(11)]  # (an answer past 200 KB)
+        # (a request under 200 KB whose answer, with what the server adds to each memory, is over)
+        big = [{"namespace": "ns", "content": "x" * 17_700} for _ in range(11)]
         bad = [*big[:10], {"namespace": "ns", "content": "y", "importance": 2.0}]  # (an 11th, bad, too)
         for items in (big, bad):
             with pytest.raises(InvalidArgumentError) as e:
                 c.create_batch(items)
             assert e.value.fields == ["memories"] and e.value.reason == "BATCH_TOO_LARGE", e.value
         with pytest.raises(ResourceExhaustedError) as answer:
-            c.create_batch(big[:10][:-1] + [{"namespace": "ns", "content": "z" * 60_000}])
+            c.create_batch(big[:9] + [{"namespace": "ns", "content": "z" * 35_000}])
         assert answer.value.reason == "RESPONSE_TOO_LARGE"
         assert c.stats().memory_count == 0
 
