@@ -334,6 +334,47 @@ def test_background_passes_on_a_full_disk_log_one_line_not_a_traceback_each(tmp_
     assert len(passes) == 1 and "STORAGE_FULL" in passes[0], text
 
 
+def test_a_namespace_is_cleared_on_a_disk_with_no_room_left(tmp_path: Path) -> None:
+    """Clearing a namespace is how an operator frees a full disk: one commit deleting all of its
+    memories needs pages the disk no longer has (it was STORAGE_FULL, while deletes one by one
+    went through); in commits of fewer memories it frees them all, and creates fit again."""
+    vecs = _vecs(2000, seed=6)
+    proc, out = _spawn(tmp_path / "data", fsize_limit=3 * 1024 * 1024)
+    try:
+        with _client(f"127.0.0.1:{out.port_number}") as c:
+            acked, err = _fill(c, vecs, 4_000)
+            assert err.reason == "STORAGE_FULL" and len(acked) > 100
+            c.create(
+                "keep", "another tenant's memory", id="k", embedding=vecs[-1].tolist(), embedding_model=MODEL
+            )
+            assert c.delete_namespace("ns") == len(acked)
+            assert c.stats("ns").memory_count == 0 and list(c.list_memories("ns")) == []
+            c.create(
+                "ns",
+                "room again " + "z" * 4_000,
+                id="again",
+                embedding=vecs[-2].tolist(),
+                embedding_model=MODEL,
+            )
+            assert [m.id for m in c.list_memories("keep")] == ["k"]
+        assert _stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in out.text(), out.text()
+    proc, out = _spawn(tmp_path / "data")
+    try:
+        with _client(f"127.0.0.1:{out.port_number}") as c:
+            assert [m.id for m in c.list_memories("ns")] == ["again"]
+            assert _finds_itself(c, "keep", "k", vecs[-1])
+        assert _stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # -- 3: a full LMDB map ----------------------------------------------------------------------------
 
 

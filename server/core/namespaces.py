@@ -6,6 +6,7 @@ lags writes queued in the same commit group, so every write re-checks against it
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from tiermem.server.core.pages import decode_token, encode_token
 from tiermem.server.core.policy import POLICY_FIELDS, Policy
 from tiermem.server.core.state import EngineState
 from tiermem.server.model import validation as check
-from tiermem.server.model.errors import FailedPrecondition, InvalidArgument
+from tiermem.server.model.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from tiermem.server.model.records import Record
 from tiermem.server.storage.store import Txn
 
@@ -173,10 +174,51 @@ def delete_namespace(
         st.summaries.forget(cleared)
         return len(recs)
 
-    deleted: int = st.writer.submit(prepare, apply)
+    try:
+        deleted: int = st.writer.submit(prepare, apply)
+    except ResourceExhausted as e:
+        if e.reason != "STORAGE_FULL":
+            raise
+        # A disk with no room left: one commit freeing the whole namespace needs new pages it
+        # frees only once committed; commits of fewer memories each free room for the next.
+        deleted = _delete_in_parts(st, namespace, include_children, confirm)
+        deleted += st.writer.submit(prepare, apply)
     if deleted:
         compact_indexes(st)
     return deleted
+
+
+def _delete_in_parts(st: EngineState, namespace: str, include_children: bool, confirm: bool) -> int:
+    """Delete the namespace's memories in commits of at most PART_RECORDS, fewer after a commit
+    the disk refuses (down to one memory a commit); how many were deleted."""
+    part, deleted = PART_RECORDS, 0
+
+    def prepare(txn: Txn) -> list[Record]:
+        recs = list(itertools.islice(st.store.namespace_records(txn, namespace, include_children), part))
+        for ns in sorted({namespace, *(r.namespace for r in recs)}):
+            check_protected(st, ns, confirm, "clearing the namespace", txn)
+        for rec in recs:
+            st.store.delete(txn, rec)
+        return recs
+
+    def apply(recs: list[Record]) -> int:
+        upkeep.unindex(st, recs)
+        return len(recs)
+
+    while True:
+        try:
+            done = st.writer.submit(prepare, apply)
+        except ResourceExhausted as e:
+            if e.reason != "STORAGE_FULL" or part == 1:
+                raise
+            part = max(1, part // 4)
+            continue
+        if not done:
+            return deleted
+        deleted += done
+
+
+PART_RECORDS = 256  # memories a commit deletes when a namespace is cleared on a full disk
 
 
 def list_namespaces(
