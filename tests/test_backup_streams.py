@@ -830,6 +830,27 @@ def test_an_import_takes_an_id_only_an_expired_memory_holds(client: MemoryClient
     assert client.get("q", "live").content == "a live memory"
 
 
+def test_an_imported_memory_already_past_its_expire_time_is_neither_stored_nor_counted(
+    client: MemoryClient,
+) -> None:
+    """A memory that expired since its export is deleted for every read: the import checks it,
+    then stores and counts only the live ones (it counted one it could never return)."""
+    head = pb.ExportMemoriesResponse(header=pb.ExportHeader(format_version=1))
+    gone = Timestamp(seconds=978307200)  # (2001)
+
+    def memory(mid: str, **fields: Any) -> pb.ExportMemoriesResponse:
+        return pb.ExportMemoriesResponse(
+            memory=pb.Memory(id=mid, namespace="x", content=f"imported {mid}", **fields)
+        )
+
+    done = client.import_memories([head, memory("live"), memory("gone", expire_time=gone)])
+    assert done.imported == 1 and [m.id for m in client.list_memories("x")] == ["live"]
+    assert client.stats("x").memory_count == 1
+    with pytest.raises(InvalidArgumentError) as bad:  # (checked all the same)
+        client.import_memories([head, memory("bad", expire_time=gone, importance=2.0)])
+    assert bad.value.fields == ["chunks[1].memory.importance"]
+
+
 def test_an_imported_summary_leaves_its_namespace_one_summary(client: MemoryClient) -> None:
     """A namespace keeps one summary when one is imported too: the newer by create time, the
     restored one or the namespace's own, is its summary, and the other is deleted (an older

@@ -232,8 +232,8 @@ def restore(
             _add_scope(imp, i, item)
         elif isinstance(item, ExportedSettings):
             _add_settings(st, imp, i, item)
-        else:
-            imp.pending.append(_memory_to_store(st, imp, i, item))
+        elif (stored := _memory_to_store(st, imp, i, item)) is not None:
+            imp.pending.append(stored)
             if len(imp.pending) >= batch:
                 _check_wanted(wanted)
                 _flush(st, imp)
@@ -293,10 +293,11 @@ def _capped_progress(refl: float, tokens: float) -> tuple[float, int]:
 
 def _memory_to_store(
     st: EngineState, imp: _Import, i: int, item: ExportedMemory
-) -> tuple[Record, np.ndarray | None, str]:
+) -> tuple[Record, np.ndarray | None, str] | None:
     """The record renamed and checked, with its vector (re-embedded when the export's embedder
     made it and differs from this server's; None: stored now, embedded by the maintenance pass)
-    and the prefix of its fields' names."""
+    and the prefix of its fields' names; None for a memory past its expire_time (deleted for every
+    read: not stored, nor counted)."""
     rec, vec = item.record, item.vector
     field_ = f"chunks[{i + 1}].memory."  # (chunk 0 is the header)
     _dated(rec, imp.now)
@@ -310,6 +311,8 @@ def _memory_to_store(
     rec.accessed_at, rec.tier_since = min(rec.accessed_at, imp.now), min(rec.tier_since, imp.now)
     if rec.kind in CONFIRMED_KINDS:
         check_protected(st, rec.namespace, imp.confirm, f"restoring a {rec.kind}")
+    if rec.expired(imp.now):
+        return None
     model = st.embedder.model
     if (rec.embedding_model == imp.reembed_model and imp.reembed_model != model) or vec is None:
         try:

@@ -6149,7 +6149,7 @@ type ImportMemoriesResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// imported counts memories stored.
+	// imported counts memories stored (not those past their expire_time: checked, not stored).
 	Imported int64 `protobuf:"varint,1,opt,name=imported,proto3" json:"imported,omitempty"`
 	// graph_items counts graph nodes and edges stored.
 	GraphItems int64 `protobuf:"varint,3,opt,name=graph_items,json=graphItems,proto3" json:"graph_items,omitempty"`
