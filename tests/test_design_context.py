@@ -240,3 +240,19 @@ def test_only_the_recent_and_semantic_memories_count_as_accessed(
     assert all(c.get(TASK, i).access_count == 1 for i in recent)
     assert all(c.get(PROJECT, i).access_count == 0 for i in important)  # the fill by importance
     c.close()
+
+
+def test_a_bad_query_text_is_refused_whether_or_not_a_scope_searches(
+    mem: tuple[MemoryClient, FakeClock],
+) -> None:
+    """The query text is checked as a search's always: a scope with ``semantic_k`` 0 does not let a
+    text a search would refuse through (the same request failed only when a scope searched)."""
+    from tiermem.client import InvalidArgumentError
+
+    c, _ = mem
+    c.create(TASK, "a memory of the task")
+    for scopes in ([{"namespace": TASK, "semantic_k": 0}], [{"namespace": TASK}]):
+        with pytest.raises(InvalidArgumentError) as e:
+            c.build_context(scopes, token_budget=100, query="bad\x00text", read_only=True)
+        assert e.value.fields == ["query_text"]
+    assert c.build_context([{"namespace": TASK, "semantic_k": 0}], token_budget=100, query="fine").sections

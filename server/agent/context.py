@@ -128,6 +128,8 @@ class Assembler:
     ) -> ContextPackage:
         """``record`` false: the caller calls ``record_accesses`` once it sends the package."""
         shares = _shares(scopes, budget, head_tail)
+        # (checked as a search's, whether or not a scope searches: the same request fails alike)
+        check.text("query_text", query_text, self.engine.config.max_content_bytes)
         package = _Package(head_tail)
         carry = 0
         steps = _Steps(graph_facts, summarize_overflow)
