@@ -543,7 +543,7 @@ def test_a_batch_over_its_count_and_its_answer_is_refused_for_its_count(
                 c.create_batch(items)
             assert e.value.fields == ["memories"] and e.value.reason == "BATCH_TOO_LARGE", e.value
         with pytest.raises(ResourceExhaustedError) as answer:
-            c.create_batch(big[:9] + [{"namespace": "ns", "content": "z" * 35_000}])
+            c.create_batch([*big[:9], {"namespace": "ns", "content": "z" * 35_000}])
         assert answer.value.reason == "RESPONSE_TOO_LARGE"
         assert c.stats().memory_count == 0
 
