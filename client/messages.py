@@ -8,6 +8,7 @@ import datetime as dt
 import difflib
 import inspect
 import json
+import operator
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,7 +30,15 @@ def tier_value(tier: int | str | None) -> int:
             return int(pb.Tier.Value(name if name.startswith("TIER_") else f"TIER_{name}"))
         except ValueError:
             raise ValueError(f"unknown tier {tier!r}") from None
-    return int(tier)
+    return _enum_number(tier, "tier")
+
+
+def _enum_number(value: Any, what: str) -> int:
+    """An enum's number as given: an int (a NumPy integer too), never a float or a bool, which
+    ``int()`` would round or take (tier=1.7 was FAST)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what} must be a name or an int, not {type(value).__name__} {value!r}")
+    return operator.index(value)
 
 
 def strategy_value(strategy: int | str | None) -> int:
@@ -44,7 +53,7 @@ def strategy_value(strategy: int | str | None) -> int:
             return int(pb.SearchStrategy.Value(full))
         except ValueError:
             raise ValueError(f"unknown search strategy {strategy!r}") from None
-    return int(strategy)
+    return _enum_number(strategy, "strategy")
 
 
 def timestamp(value: TimeLike) -> Timestamp:
@@ -122,6 +131,18 @@ def strings(name: str, values: Iterable[str]) -> list[str]:
     if isinstance(values, str | bytes | Mapping):
         raise TypeError(f"{name} must be a list of strings, not {type(values).__name__}")
     return list(values)
+
+
+def dicts(name: str, values: Iterable[Any], *allowed: type) -> list[Any]:
+    """A list argument of dicts (or of the ``allowed`` messages) as a list; a single dict, or an
+    entry of another type, is a TypeError naming it (a dict was taken apart into its keys)."""
+    if isinstance(values, str | bytes | Mapping):
+        raise TypeError(f"{name} must be a list of dicts, not {type(values).__name__}")
+    out = list(values)
+    for i, v in enumerate(out):
+        if not isinstance(v, (Mapping, *allowed)):
+            raise TypeError(f"{name}[{i}] must be a dict, not {type(v).__name__}")
+    return out
 
 
 def build_memory(

@@ -23,6 +23,7 @@ from .messages import (
     build_filter,
     build_memory,
     check_names,
+    dicts,
     search_request,
     strings,
     tier_value,
@@ -60,7 +61,7 @@ def create_batch_request(
     memories: Iterable[pb.Memory | Mapping[str, Any]], *, request_id: str = "", confirm: bool = False
 ) -> pb.BatchCreateMemoriesRequest:
     msgs: list[pb.Memory] = []
-    for i, m in enumerate(memories):
+    for i, m in enumerate(dicts("memories", memories, pb.Memory)):
         if not isinstance(m, pb.Memory):
             check_names("create_batch", m, MEMORY_FIELDS | {"namespace", "content"}, f" in memories[{i}]")
             m = build_memory(**m)
@@ -127,7 +128,7 @@ def search_memories_request(
 
 def search_many_request(searches: Sequence[Mapping[str, Any]]) -> pb.BatchSearchMemoriesRequest:
     req = pb.BatchSearchMemoriesRequest()
-    for i, search in enumerate(searches):
+    for i, search in enumerate(dicts("searches", searches)):
         check_names("search_many", search, SEARCH_ARGS, f" in searches[{i}]")
         if "namespaces" not in search:
             raise TypeError(f"search_many() searches[{i}] has no 'namespaces'")
@@ -139,7 +140,7 @@ def feedback_request(
     namespace: str, items: Iterable[Mapping[str, Any]], *, as_of: TimeLike | None = None
 ) -> pb.RecordFeedbackRequest:
     fields = pb.Feedback.DESCRIPTOR.fields_by_name
-    for n, item in enumerate(items := list(items)):
+    for n, item in enumerate(items := dicts("items", items)):
         check_names("feedback", item, fields, f" in items[{n}]")
     req = pb.RecordFeedbackRequest(namespace=namespace, items=[pb.Feedback(**dict(i)) for i in items])
     if as_of is not None:

@@ -776,3 +776,44 @@ def test_a_servers_timestamp_goes_back_as_a_time_and_tiers_must_be_a_list(
         assert again.create_time == first.create_time
         with pytest.raises(TypeError, match="tiers must be a list"):
             c.search(NS, "first", tiers="fast")  # (it said: unknown tier 'f')
+
+
+def test_a_tier_or_strategy_is_a_name_or_an_int_never_a_float_or_a_bool(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """``tier=1.7`` was taken as FAST (``int()`` rounds it down) and ``tier=True`` as FAST too: a
+    TypeError before any call now; names, ints and NumPy ints are taken as before."""
+    import numpy as np
+
+    running = server_factory()
+    with connect(running.port) as c:
+        for bad in ({"tier": 1.7}, {"tier": True}):
+            with pytest.raises(TypeError, match="tier must be a name or an int"):
+                c.create(NS, "x", **bad)
+        with pytest.raises(TypeError, match="strategy must be a name or an int"):
+            c.search(NS, "x", strategy=4.0)
+        with pytest.raises(TypeError, match="tier must be a name or an int"):
+            c.search(NS, "x", tiers=[2.5])
+        assert c.stats().memory_count == 0
+        assert c.create(NS, "fast", tier="fast").tier == 1
+        assert c.create(NS, "medium", tier=np.int64(2)).tier == 2
+        assert c.create(NS, "slow", tier=3).tier == 3
+        assert [h.memory.content for h in c.search(NS, "slow", strategy=4, tiers=[3])] == ["slow"]
+
+
+def test_a_dict_where_a_list_of_dicts_goes_is_a_type_error(client: MemoryClient) -> None:
+    """``create_batch({...})`` iterated the dict's keys and failed on a str with a message about
+    its argument names; one dict, or an entry that is not one, is a TypeError naming the list."""
+    one = {"namespace": NS, "content": "x"}
+    with pytest.raises(TypeError, match="memories must be a list of dicts, not dict"):
+        client.create_batch(one)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"memories\[1\] must be a dict, not str"):
+        client.create_batch([one, "y"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="searches must be a list of dicts"):
+        client.search_many({"namespaces": [NS], "query": "x"})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"items\[0\] must be a dict"):
+        client.feedback(NS, ["an-id"])  # type: ignore[list-item]
+    assert client.stats().memory_count == 0
+    from tiermem.client.client import build_memory
+
+    assert len(client.create_batch([one, build_memory(NS, "y")])) == 2
