@@ -479,15 +479,20 @@ class MemoryClient(AgentMethods):
         call_metadata: CallMetadata | None = None,
     ) -> Iterator[pb.NamespaceInfo]:
         """Every namespace holding memories whose name begins with ``prefix`` (a string prefix:
-        ``team`` lists ``team-b`` too), page by page (``timeout`` is per page)."""
-        token = ""
+        ``team`` lists ``team-b`` too), page by page (``timeout`` is per page). Its arguments
+        are checked at the call, as ``list_memories``' are, not when the first page is read."""
+        req = rq.list_namespaces_request(prefix, page_size=page_size, page_token="")
+        return self._namespace_pages(req, timeout, call_metadata)
+
+    def _namespace_pages(
+        self, req: pb.ListNamespacesRequest, timeout: float | None, call_metadata: CallMetadata | None
+    ) -> Iterator[pb.NamespaceInfo]:
         while True:
-            req = rq.list_namespaces_request(prefix, page_size=page_size, page_token=token)
             resp = self._call(self.stub.ListNamespaces, req, timeout, call_metadata)
             yield from resp.namespaces
-            token = resp.next_page_token
-            if not token:
+            if not resp.next_page_token:
                 return
+            req.page_token = resp.next_page_token
 
     def delete_namespace(
         self,

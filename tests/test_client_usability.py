@@ -817,3 +817,15 @@ def test_a_dict_where_a_list_of_dicts_goes_is_a_type_error(client: MemoryClient)
     from tiermem.client.client import build_memory
 
     assert len(client.create_batch([one, build_memory(NS, "y")])) == 2
+
+
+def test_list_namespaces_checks_its_arguments_at_the_call(client: MemoryClient) -> None:
+    """As ``list_memories`` does: a bad argument raises where the call is written, not where its
+    first page happens to be read; the pages then come as before."""
+    with pytest.raises(TypeError):
+        client.list_namespaces(prefix=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        client.list_namespaces(page_size="ten")  # type: ignore[arg-type]
+    for i in range(5):
+        client.create(f"{NS}-{i}", "x")
+    assert [n.name for n in client.list_namespaces(NS, page_size=2)] == [f"{NS}-{i}" for i in range(5)]
