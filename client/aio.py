@@ -39,6 +39,7 @@ from .connection import (
     channel_options,
     check_connections,
     check_timeout,
+    checked_metadata,
     client_closed,
     last_error,
     one_stub,
@@ -181,6 +182,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         says it did not run it (starting or stopping)."""
         if self._closing:  # (grpc.aio's own error for a closed channel is a UsageError)
             raise client_closed()
+        call_metadata = checked_metadata(call_metadata)
         attempts = Attempts(self.timeout if timeout is None else timeout, again=True)
         while True:
             try:
@@ -209,6 +211,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         A stream left unread is cancelled."""
         if self._closing:
             raise client_closed()
+        call_metadata = checked_metadata(call_metadata)
         attempts = Attempts(timeout, again=True)
         while True:
             call = method(request, timeout=attempts.left(), metadata=call_metadata, wait_for_ready=True)
@@ -235,6 +238,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         """A call streaming ``requests`` (not made again: they are consumed), with no deadline
         unless ``timeout``. Requests that fail fail the call as in ``MemoryClient``: TiermemError
         UNKNOWN, caused by their exception."""
+        call_metadata = checked_metadata(call_metadata)
         try:
             with self._closing_fails():
                 return await method(requests, timeout=timeout, metadata=call_metadata, wait_for_ready=True)
@@ -266,6 +270,7 @@ class AsyncMemoryClient(AsyncAgentMethods):
         timeout = self.timeout if timeout is None else timeout
         if self._closing:
             raise client_closed()
+        call_metadata = checked_metadata(call_metadata)
         deadline = ready_deadline(timeout)  # for all the connections together
         for health in self._healths:
             seen = Readiness(deadline, timeout)

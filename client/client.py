@@ -45,6 +45,7 @@ from .connection import (
     channel_options,
     check_connections,
     check_timeout,
+    checked_metadata,
     client_closed,
     last_error,
     one_stub,
@@ -172,6 +173,7 @@ class MemoryClient(AgentMethods):
             timeout = self.timeout
         if self._closed:  # (gRPC's own error for a closed channel is a bare ValueError)
             raise client_closed()
+        call_metadata = checked_metadata(call_metadata)
         attempts = Attempts(timeout, again=isinstance(request, Message))
         while True:
             try:
@@ -200,6 +202,7 @@ class MemoryClient(AgentMethods):
         timeout = self.timeout if timeout is None else timeout
         if self._closed:
             raise client_closed()
+        call_metadata = checked_metadata(call_metadata)
         deadline = ready_deadline(timeout)  # for all the connections together
         for health in self._healths:
             self._wait_serving(health, Readiness(deadline, timeout), call_metadata)

@@ -12,7 +12,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,39 @@ from grpc_health.v1 import health_pb2
 from .errors import TLS_HINT, TiermemError, UnavailableError
 
 CallMetadata = Sequence[tuple[str, str]]
+
+_METADATA_KEY = re.compile(r"[0-9a-z_.-]+")
+
+
+def checked_metadata(call_metadata: CallMetadata | None) -> list[tuple[str, Any]] | None:
+    """``call_metadata`` as gRPC takes it: keys lower-cased (header names are case-insensitive;
+    gRPC refused "X-Trace" as INTERNAL), and a key or value it would refuse a ValueError (a
+    TypeError for the wrong type) naming it, before any call."""
+    if call_metadata is None:
+        return None
+    if isinstance(call_metadata, str | bytes | Mapping):
+        raise TypeError(
+            f"call_metadata must be a list of (key, value) pairs, not {type(call_metadata).__name__}"
+        )
+    out = []
+    for pair in call_metadata:
+        if not (isinstance(pair, tuple | list) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise TypeError(f"call_metadata holds {pair!r}: each entry is a (key, value) pair, the key a str")
+        key, value = pair[0].lower(), pair[1]
+        if not _METADATA_KEY.fullmatch(key) or key.startswith("grpc-"):
+            raise ValueError(f"call_metadata key {pair[0]!r}: letters, digits, '-', '_' and '.', not grpc-")
+        if key.endswith("-bin"):
+            if not isinstance(value, bytes):
+                raise TypeError(f"call_metadata {key!r}: a -bin key's value is bytes")
+        elif not isinstance(value, str):
+            raise TypeError(f"call_metadata {key!r}: the value is a str (bytes under a key ending -bin)")
+        elif not (value.isascii() and value.isprintable()):
+            raise ValueError(
+                f"call_metadata {key!r}: the value is printable ASCII (encode others under -bin)"
+            )
+        out.append((key, value))
+    return out
+
 
 _RETRY_CONFIG = json.dumps(
     {

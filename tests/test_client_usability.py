@@ -9,6 +9,7 @@ a given state, a small gRPC server in the test: the standard health servicer alo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -23,7 +24,7 @@ import pytest
 from conftest import FakeClock
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tiermem.client import DeadlineExceededError, MemoryClient, UnavailableError
+from tiermem.client import AsyncMemoryClient, DeadlineExceededError, MemoryClient, UnavailableError
 from tiermem.server.config import ServerConfig
 from tiermem.server.transport.app import RunningServer, create_server
 from tiermem.server.transport.servicer import MemoryServicer
@@ -368,6 +369,41 @@ def test_call_metadata_reaches_the_server(server_factory: Callable[..., RunningS
         assert by_method[name]["x-request-origin"] == "agent-7", name
         assert by_method[name]["x-tenant"] == "ana", name
     assert "x-tenant" not in by_method["GetMemory"]
+
+
+def test_call_metadata_gRPC_would_refuse_is_told_before_any_call(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """gRPC's client refused an upper-case key, an empty one, or a value with a newline as INTERNAL
+    "Invalid metadata"; keys are lower-cased now (header names are case-insensitive), and what
+    gRPC cannot send is a ValueError or TypeError naming it, in both clients."""
+    running = server_factory()
+    recorder = RecordMetadata()
+    bad: list[tuple[Any, type[Exception], str]] = [
+        ([("", "a")], ValueError, "key ''"),
+        ([("x-ok", "a\nb")], ValueError, "printable ASCII"),
+        ([("x-ok", "é")], ValueError, "printable ASCII"),
+        ([("x-data-bin", "text")], TypeError, "bytes"),
+        ([("grpc-timeout", "1S")], ValueError, "not grpc-"),
+        ({"x-a": "b"}, TypeError, "list of"),
+        ([("x-a",)], TypeError, "pair"),
+    ]
+    with front_server(running, (recorder,)) as (port, _), MemoryClient(f"127.0.0.1:{port}") as c:
+        c.stats(call_metadata=[("X-Trace-Id", "t-1"), ("x-data-bin", b"\x00\xff")])
+        for md, error, message in bad:
+            with pytest.raises(error, match=message):
+                c.stats(call_metadata=md)
+
+        async def async_calls() -> None:
+            async with AsyncMemoryClient(f"127.0.0.1:{port}") as ac:
+                await ac.stats(call_metadata=[("X-Async", "yes")])
+                with pytest.raises(ValueError, match="printable ASCII"):
+                    await ac.stats(call_metadata=[("x-ok", "a\nb")])
+
+        asyncio.run(async_calls())
+    seen = [pairs for name, pairs in recorder.seen if name == "GetStats"]
+    assert seen[0]["x-trace-id"] == "t-1" and seen[0]["x-data-bin"] == b"\x00\xff"
+    assert seen[1]["x-async"] == "yes" and len(seen) == 2
 
 
 @pytest.mark.parametrize(
