@@ -732,6 +732,7 @@ def test_an_imported_edge_needs_its_nodes_and_replacing_one_moves_its_links(clie
     with pytest.raises(NotFoundError) as err:
         client.import_memories([head, node, edge_chunk("e2", "n1", "ghost")])
     assert "chunks[2].edge.target_id" in str(err.value) and "ghost" in str(err.value)
+    assert err.value.metadata["field"] == "chunks[2].edge.target_id"  # (the chunk, not only in the text)
     assert sorted(n.id for n in client.neighbors("g", "n1").nodes) == ["n1", "n2"]
     with pytest.raises(NotFoundError):  # (the import's node was not stored either)
         client.neighbors("g", "n4")
@@ -807,6 +808,7 @@ def test_an_import_names_the_chunk_of_a_vector_of_another_dimension_and_of_a_rep
     with pytest.raises(AlreadyExistsError) as dup:
         client.import_memories([head, memory("c", [0.0, 1.0, 0.0]), node, memory("c", [0.0, 0.0, 1.0])])
     assert "chunks[3].memory.id" in str(dup.value) and "earlier chunk" in str(dup.value)
+    assert dup.value.metadata["field"] == "chunks[3].memory.id"
     assert not {m.id for m in client.list_memories("d")} & {"a", "b", "c"}
 
 

@@ -406,10 +406,12 @@ def _check_edge_ends(
                 continue
             known.add((ns, item[end]))
             if st.store.get_node(txn, ns, item[end]) is None:
-                raise NotFound(
+                missing = NotFound(
                     f"{field_}{end}: node {item[end]!r} not found in namespace {ns!r}, nor in the import",
                     reason="NODE_NOT_FOUND",
                 )
+                missing.metadata["field"] = f"{field_}{end}"
+                raise missing
 
 
 def _add_progress(st: EngineState, scopes: dict[str, list[float]]) -> None:
@@ -443,9 +445,11 @@ def _restore_batch(st: EngineState, items: list[tuple[Record, np.ndarray | None,
             try:  # (an expired memory's id is free, as for a create)
                 freed.extend(free_id(st, txn, rec.namespace, rec.id, now))
             except AlreadyExists as e:
-                raise AlreadyExists(
+                taken = AlreadyExists(
                     f"{field_}id: {e} (stored before the import, or by an earlier chunk of it)"
-                ) from None
+                )
+                taken.metadata["field"] = f"{field_}id"  # (the chunk, for clients that read ErrorInfo)
+                raise taken from None
             if vec is not None:
                 dim = int(vec.shape[0])
                 st.claim_space(
