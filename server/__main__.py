@@ -11,6 +11,9 @@ import sys
 # and the gRPC threads beside them (faster batch ingest: docs/perf-log.md). An explicit setting in
 # the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# gRPC's own log lines (one a failed TLS handshake, at INFO) are not in the server's format and can
+# flood it: only its errors, unless the environment asks for more.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from tiermem.server.config import ServerConfig, UnusableSetting
 from tiermem.server.transport import logs

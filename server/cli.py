@@ -33,6 +33,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+# gRPC's own log lines (a failed TLS handshake at INFO, one a retry) would follow the command's one
+# line of error on stderr: only its errors, unless the environment asks for more.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from tiermem.client import MemoryClient, TiermemError, haproxy, to_python
 from tiermem.client.backup import backup, check_path, restore
 from tiermem.client.connection import check_pem, check_timeout, client_certificate
@@ -56,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (TiermemError, KeysFileError, ValueError, OSError, RuntimeError, ServerRefused) as e:
         print(f"tiermem {args.command}: {_one_line(e)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
+
+
+class UsageError(ValueError):
+    """Options that do not go together: a usage error (exit status 2), as argparse's own."""
 
 
 def _one_line(e: BaseException) -> str:
@@ -296,10 +304,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     ca = None if args.tls_ca is None else check_pem(f"--tls-ca {args.tls_ca}", args.tls_ca.read_bytes())
     tls: Any = ca if ca is not None else bool(args.tls)
     if (args.tls_cert is None) != (args.tls_key is None):
-        raise ValueError("--tls-cert and --tls-key go together")
+        raise UsageError("--tls-cert and --tls-key go together")
     if args.tls_cert is not None:
         if not tls:
-            raise ValueError("--tls-cert needs --tls or --tls-ca")
+            raise UsageError("--tls-cert needs --tls or --tls-ca")
         tls = client_certificate(
             ca,
             check_pem(f"--tls-key {args.tls_key}", args.tls_key.read_bytes(), "private key"),
@@ -469,7 +477,14 @@ def _namespaces(args: argparse.Namespace) -> int:
 
 
 def _health(args: argparse.Namespace) -> int:
-    with _connect(args) as client:
+    try:
+        client = _connect(args)
+    except UsageError:
+        raise
+    except (ValueError, OSError):  # (a TLS file that cannot be read: not serving, as documented)
+        print("NOT_SERVING")
+        raise
+    with client:
         try:
             client.wait_ready(args.timeout)
         except TiermemError as e:

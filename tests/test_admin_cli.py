@@ -6,6 +6,7 @@ reading them, since no image is built here."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import ipaddress
@@ -494,7 +495,7 @@ def test_mutual_tls_with_a_client_certificate(server_factory: Factory, tmp_path:
     out = tiermem("health", *target)  # no client certificate: no connection
     assert (out.returncode, out.stdout) == (1, "NOT_SERVING\n")
     out = tiermem("stats", *target, "--tls-cert", str(pki["crt"]))
-    assert "--tls-cert and --tls-key go together" in one_error_line(out)
+    assert out.returncode == 2 and out.stderr == "tiermem stats: --tls-cert and --tls-key go together\n"
 
 
 def test_keys_add_still_works_as_python_m_tiermem(tmp_path: Path) -> None:
@@ -689,7 +690,8 @@ def test_the_server_tells_systemd_ready_once_serving_and_stopping_at_sigterm(tmp
     got: list[tuple[str, str]] = []
 
     def listen() -> None:
-        msg = listener.recv(4096).decode()
+        while (msg := listener.recv(4096).decode()).startswith("STATUS="):
+            got.append((msg, "before READY"))
         port = re.search(r"STATUS=serving on 127\.0\.0\.1:(\d+)", msg)
         status = "no port"
         if port:
@@ -703,8 +705,9 @@ def test_the_server_tells_systemd_ready_once_serving_and_stopping_at_sigterm(tmp
     proc = spawn_server(tmp_path / "data", env={"NOTIFY_SOCKET": str(path)})
     try:
         t.join(60)
-        assert got and got[0][0].startswith("READY=1\n") and got[0][1] == "SERVING", got
-        assert f":{proc.port}" in got[0][0]
+        assert got[0] == ("STATUS=loading the data and the kernels", "before READY"), got
+        assert got[-1][0].startswith("READY=1\n") and got[-1][1] == "SERVING", got
+        assert f":{proc.port}" in got[-1][0] and len(got) == 2
         proc.proc.send_signal(signal.SIGTERM)
         assert listener.recv(4096) == b"STOPPING=1"
         assert proc.proc.wait(60) == 0
@@ -730,3 +733,74 @@ def test_notify_reaches_an_abstract_socket_and_never_raises(monkeypatch: pytest.
     assert not notify("STOPPING=1")
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not notify("READY=1")
+
+
+def test_a_stop_asked_for_during_the_start_up_is_never_told_ready(tmp_path: Path) -> None:
+    """SIGTERM while the server loads (slowed here by 3 s before its engine opens): it finishes
+    the start-up, then stops; systemd hears STOPPING=1, never READY=1 (it heard READY=1, then at
+    once STOPPING=1), and the exit status is 0."""
+    import signal
+    import socket
+    import tempfile
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time\n"
+        "import tiermem.server.core.engine as engine\n"
+        "_init = engine.Engine.__init__\n"
+        "def _slow(self, *a, **k):\n"
+        "    time.sleep(3)\n"
+        "    _init(self, *a, **k)\n"
+        "engine.Engine.__init__ = _slow\n"
+    )
+    sock_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    path = sock_dir / "notify"
+    env = {
+        **os.environ,
+        "NOTIFY_SOCKET": str(path),
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+    }
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(path))
+        listener.settimeout(60)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tiermem.server", "--port", "0", "--data-dir", str(tmp_path / "data")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+        try:
+            assert listener.recv(4096).startswith(b"STATUS=")  # (loading: its handlers are in place)
+            proc.send_signal(signal.SIGTERM)
+            told = [listener.recv(4096)]
+            assert proc.wait(60) == 0
+            listener.settimeout(0.5)
+            with contextlib.suppress(TimeoutError):
+                told.append(listener.recv(4096))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+            path.unlink()
+            sock_dir.rmdir()
+    assert told == [b"STOPPING=1"], told
+
+
+def test_tls_options_that_do_not_go_together_are_usage_errors_and_grpc_stays_quiet(
+    server_factory: Factory, tmp_path: Path
+) -> None:
+    """``--tls-cert`` without ``--tls-key`` (or without TLS) is a usage error, exit status 2 (it was
+    1); health with a CA file it cannot read prints NOT_SERVING, as for any failure; and a TLS
+    handshake a plaintext server fails leaves one line on stderr (gRPC's own INFO lines, one a
+    retry, came before it)."""
+    running = server_factory()
+    cert = tmp_path / "c.pem"
+    cert.write_text("not read")
+    for args in (["--tls-cert", str(cert)], ["--tls-cert", str(cert), "--tls-key", str(cert)]):
+        out = tiermem("health", "--target", addr(running), *args)
+        assert out.returncode == 2 and out.stdout == "", (args, out)
+        assert len(out.stderr.splitlines()) == 1 and "--tls" in out.stderr, out.stderr
+    out = tiermem("health", "--target", addr(running), "--tls-ca", str(tmp_path / "missing.crt"))
+    assert (out.returncode, out.stdout) == (1, "NOT_SERVING\n") and "missing.crt" in one_error_line(out)
+    out = tiermem("health", "--target", addr(running), "--tls", "--timeout", "2")
+    assert (out.returncode, out.stdout) == (1, "NOT_SERVING\n")
+    assert one_error_line(out).startswith("tiermem health: "), out.stderr

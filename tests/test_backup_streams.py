@@ -281,6 +281,55 @@ def test_a_cancelled_export_is_counted_cancelled_not_a_deadline_passed(
         assert counted() == {"CANCELLED": 1.0, "DEADLINE_EXCEEDED": 1.0}
 
 
+def test_calls_that_end_unanswered_are_counted_for_why_they_ended(
+    server_factory: Callable[..., RunningServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The access line (and the count) of a call that ended before it was answered: an import
+    whose client stalls past its deadline DEADLINE_EXCEEDED (its client's cancel at the deadline
+    reaches the server first: it was CANCELLED, or OK), an export cancelled while it is sent
+    CANCELLED (it was OK), an export the server's stop cut short UNAVAILABLE (it was CANCELLED:
+    no client cancelled it)."""
+    server = server_factory()
+    caplog.set_level(logging.DEBUG, logger="tiermem.access")
+
+    def codes(method: str) -> list[str]:
+        time.sleep(0.3)  # (the handler's end, logged after the client saw it)
+        return [r.code for r in caplog.records if r.name == "tiermem.access" and r.method.endswith(method)]
+
+    head = pb.ImportMemoriesRequest(header=pb.ExportHeader(format_version=1))
+
+    def stalled() -> Iterator[pb.ImportMemoriesRequest]:
+        yield head
+        time.sleep(1.5)
+
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}", options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        stub = pb_grpc.MemoryServiceStub(channel)
+        for timeout in (1.0, 0.3):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ImportMemories(stalled(), timeout=timeout)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert codes("/ImportMemories") == ["DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED"]
+        with _client(server) as c:  # (an export far past a stream's window: its sends wait)
+            for b in range(6):
+                c.create_batch(
+                    [{"namespace": "a", "content": f"{b}-{j} " + "a note " * 120} for j in range(500)]
+                )
+        call = stub.ExportMemories(pb.ExportMemoriesRequest())
+        assert next(call).HasField("header") and next(call).HasField("memory")
+        call.cancel()
+        assert codes("/ExportMemories") == ["CANCELLED"]
+    _slow_spooling(server, monkeypatch)
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = pb_grpc.MemoryServiceStub(channel).ExportMemories(pb.ExportMemoriesRequest())
+        assert next(call).HasField("header")
+        server.stop(0)
+        with pytest.raises(grpc.RpcError):
+            list(call)
+    assert codes("/ExportMemories") == ["CANCELLED", "UNAVAILABLE"]
+
+
 def test_a_server_stopping_while_an_export_spools_closes_lmdb_once_the_handler_left(
     server_factory: Callable[..., RunningServer],
     monkeypatch: pytest.MonkeyPatch,

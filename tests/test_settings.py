@@ -216,6 +216,57 @@ def test_json_logs_carry_request_ids_and_an_access_line(tmp_path: Path) -> None:
     assert missing and missing[0]["code"] == "NOT_FOUND" and missing[0]["request_id"]
 
 
+def test_json_logs_of_refused_calls_and_of_search_followers(tmp_path: Path) -> None:
+    """Under ``--log-format json`` every line is one JSON object, search followers' too (theirs
+    name the process), and a call refused before its handler (an unknown key) carries the
+    caller's request id in its access line as an answered call's does."""
+    from tiermem.server.security.keys import add_key
+
+    token = add_key(tmp_path / "keys.jsonl", [""], "admin")
+    proc = _server(
+        tmp_path,
+        "--log-format", "json", "--log-level", "DEBUG", "--search-processes", "2",
+        "--api-keys", str(tmp_path / "keys.jsonl"),
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        port = next(
+            int(m.group(1)) for line in proc.stdout if (m := re.search(r"listening on [^:]+:(\d+)", line))
+        )
+        for i in range(8):  # (connections of their own: the kernel spreads them over both processes)
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.channel_id", i)]) as ch:
+                stub = pb_grpc.MemoryServiceStub(ch)
+                stub.SearchMemories(
+                    pb.SearchMemoriesRequest(namespaces=["logs"], query_text="hello"),
+                    metadata=[("authorization", f"Bearer {token}"), ("x-request-id", f"s-{i}")],
+                    timeout=60,
+                )
+                if i == 0:
+                    with pytest.raises(grpc.RpcError):
+                        stub.GetStats(
+                            pb.GetStatsRequest(),
+                            metadata=[("authorization", "Bearer tm_nobody_x"), ("x-request-id", "refused-7")],
+                            timeout=60,
+                        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+        reader.join(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    records = [json.loads(line) for line in lines if line.strip()]  # every line is one JSON object
+    access = [r for r in records if r["logger"] == "tiermem.access"]
+    refused = [r for r in access if r["method"].endswith("/GetStats")]
+    assert refused and refused[0]["code"] == "UNAUTHENTICATED" and refused[0]["request_id"] == "refused-7"
+    searches = [r for r in access if r["method"].endswith("/SearchMemories")]
+    assert sorted(r["request_id"] for r in searches) == [f"s-{i}" for i in range(8)]
+    assert any(r.get("process", "").startswith("follower ") for r in records), records
+
+
 def test_per_tier_settings_take_the_four_tiers_alone() -> None:
     """FAST, MEDIUM, SLOW, GLACIAL, as the docs' table lists them; the internal form (index 0
     unused first) still works."""
@@ -304,3 +355,21 @@ def test_every_setting_and_threshold_is_in_the_configuration_doc_with_its_defaul
         documented = re.match(r"-?[\d.]+", rows[f.name].replace(",", ""))
         assert documented is not None, (f.name, rows[f.name])
         assert float(documented.group()) == float(getattr(tuning, f.name)), (f.name, rows[f.name])
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"id": "abc", "token": "tm_abc_x"}', "not json at all", '{"id": "a", "sha256": "00", "role": "admin"}'],
+)
+def test_a_malformed_keys_file_stops_the_start_in_one_line_with_status_2(tmp_path: Path, line: str) -> None:
+    """A keys file the server cannot use is a setting's fault, as a missing one is: one line naming
+    the file and its line, exit status 2, which the systemd unit does not restart after (it was a
+    traceback and exit status 1: restarted every 5 s, forever)."""
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(line + "\n")
+    proc = _server(tmp_path, "--api-keys", str(keys))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert "Traceback" not in err and len(errors) == 1 and f"{keys}:1" in errors[0], err
+    assert not (tmp_path / "data" / "lmdb" / "data.mdb").exists()  # (refused before the data opened)

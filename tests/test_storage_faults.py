@@ -342,11 +342,11 @@ def test_a_namespace_is_cleared_on_a_disk_with_no_room_left(tmp_path: Path) -> N
     proc, out = _spawn(tmp_path / "data", fsize_limit=3 * 1024 * 1024)
     try:
         with _client(f"127.0.0.1:{out.port_number}") as c:
-            acked, err = _fill(c, vecs, 4_000)
-            assert err.reason == "STORAGE_FULL" and len(acked) > 100
             c.create(
                 "keep", "another tenant's memory", id="k", embedding=vecs[-1].tolist(), embedding_model=MODEL
             )
+            acked, err = _fill(c, vecs, 4_000)
+            assert err.reason == "STORAGE_FULL" and len(acked) > 100
             assert c.delete_namespace("ns") == len(acked)
             assert c.stats("ns").memory_count == 0 and list(c.list_memories("ns")) == []
             c.create(

@@ -17,11 +17,11 @@ from functools import partial
 from typing import Any
 
 from tiermem.server.core import access, lifecycle, summarizer, upkeep
+from tiermem.server.core.failures import Failures
 from tiermem.server.core.follow import follow_loop
 from tiermem.server.core.state import EngineState
 from tiermem.server.index.spaces import Index, Space
 from tiermem.server.index.vector_index import VectorIndex
-from tiermem.server.model.errors import TiermemError
 from tiermem.server.storage import snapshots
 
 logger = logging.getLogger(__name__)
@@ -173,28 +173,6 @@ class Snapshots:
                 logger.exception("periodic snapshot failed")
 
 
-class Failures:
-    """A loop's failures in its log: a refusal (a full disk or map) is a state the server is in,
-    logged in one line when it begins and once a minute while it lasts; anything else is a fault,
-    logged with its traceback each time."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self._last: tuple[str, float] | None = None  # (the refusal's reason, when it was logged)
-
-    def failed(self, e: Exception) -> None:
-        if not isinstance(e, TiermemError):
-            logger.error("%s failed", self.what, exc_info=e)
-            return
-        now = time.monotonic()
-        if self._last is None or self._last[0] != e.reason or now - self._last[1] >= REPEAT_SECONDS:
-            logger.warning("%s failed, tried again at the next pass: %s [%s]", self.what, e, e.reason)
-            self._last = (e.reason, now)
-
-
-REPEAT_SECONDS = 60.0  # a refusal that lasts is logged again this often
-
-
 def flush_loop(st: EngineState) -> None:
     failures = Failures("recording search accesses")
     while not st.stop.wait(st.config.access_flush_seconds):
@@ -202,6 +180,8 @@ def flush_loop(st: EngineState) -> None:
             access.flush_access(st)
         except Exception as e:
             failures.failed(e)
+        else:
+            failures.succeeded()
 
 
 def maintenance_loop(st: EngineState) -> None:
@@ -219,6 +199,8 @@ def maintenance_loop(st: EngineState) -> None:
                 logger.info("lifecycle pass: %s", summary)
         except Exception as e:
             failures.failed(e)
+        else:
+            failures.succeeded()
 
 
 class BackgroundThreads:

@@ -23,9 +23,10 @@ import numpy as np
 from tiermem.server.config import SUMMARY_STRATEGIES
 from tiermem.server.core.create import SummaryCovers, create_detailed, due_of, scope_progress
 from tiermem.server.core.evictions import EVICTION_SUMMARY_KIND
+from tiermem.server.core.failures import Failures
 from tiermem.server.core.state import EngineState
 from tiermem.server.model.condense import Piece, hierarchical, rolling, sentences, sources
-from tiermem.server.model.errors import FailedPrecondition, TiermemError
+from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.model.records import NewMemory, Record
 from tiermem.server.model.text import estimate_tokens
 
@@ -75,25 +76,23 @@ def retry_failed(st: EngineState) -> None:
         st.request_summary(ns)
 
 
+FAILURES = Failures("keeping a summary")  # (its log lines: a full disk is said once a minute)
+
+
 def keep(st: EngineState, namespace: str) -> bool:
     """Build and store the namespace's summary if it is due and the policy keeps one; whether one
     was stored. A failure is logged and counted, and the namespace kept for a retry."""
     try:
-        return _keep(st, namespace)
+        kept = _keep(st, namespace)
+        FAILURES.succeeded()
+        return kept
     except FailedPrecondition as e:
         if e.reason != "SUMMARY_STALE":
             raise
         st.request_summary(namespace)  # (another summary, or a deletion, came first: build again)
         return False
     except Exception as e:
-        # (a refusal, such as a full disk, is a state, not a fault: one line, no traceback)
-        logger.log(
-            logging.WARNING if isinstance(e, TiermemError) else logging.ERROR,
-            "keeping the summary of %s failed; the previous one stays: %s",
-            namespace,
-            e,
-            exc_info=None if isinstance(e, TiermemError) else e,
-        )
+        FAILURES.failed(e, f"of {namespace}; the previous one stays")
         st.summaries.failed(namespace)
         with st.summaries_lock:
             st.summaries_failed.add(namespace)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -258,7 +259,7 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     return m
 
 
-def batch(field: str, items: list[Any], limit: int) -> None:
+def batch(field: str, items: Sequence[Any], limit: int) -> None:
     if not items:
         raise InvalidArgument(field, "must not be empty")
     if len(items) > limit:

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiermem.server.config import UnusableSetting
+
 logger = logging.getLogger(__name__)
 
 ROLES = {"read": 1, "write": 2, "admin": 3}
@@ -69,8 +71,9 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class KeysFileError(ValueError):
-    """The keys file cannot be read or holds a malformed line (its path and line named)."""
+class KeysFileError(UnusableSetting):
+    """The keys file cannot be read or holds a malformed line (its path and line named): at
+    start-up a setting's fault, named in one line (exit status 2: a restart would not mend it)."""
 
 
 def parse(path: Path) -> dict[str, ApiKey]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class _Op:
 
 
 _STOP = object()
+REFUSED_LOG_SECONDS = 60.0  # a refusal for want of room that lasts is logged again this often
 
 
 class _OpFailed(Exception):
@@ -100,6 +102,7 @@ class Writer:
         self.groups_committed = 0
         self.apply_failures = 0  # committed writes whose in-memory apply failed (columns snapshots skip then)
         self._refusing = False  # storage full: writes that store anything are refused (logged once)
+        self._refused_logged: float | None = None  # when a refused commit was last logged
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 
@@ -171,7 +174,10 @@ class Writer:
         try:
             self._write_group(group)
         except ResourceExhausted as e:  # full storage: nothing of the group was committed
-            logger.warning("commit of %d write operations refused: %s", len(group), e)
+            now = time.monotonic()  # (logged when it begins and once a minute: a state, not news)
+            if self._refused_logged is None or now - self._refused_logged >= REFUSED_LOG_SECONDS:
+                logger.warning("commit of %d write operations refused: %s", len(group), e)
+                self._refused_logged = now
             for op in group:
                 op.future.set_exception(e)
             return
@@ -182,6 +188,9 @@ class Writer:
                 op.future.set_exception(err)
             return
         self.groups_committed += 1
+        if self._refused_logged is not None:
+            logger.warning("a commit went through again after commits were refused for want of room")
+            self._refused_logged = None
         for op in group:
             if op.error is not None:
                 op.future.set_exception(op.error)

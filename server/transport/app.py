@@ -71,6 +71,8 @@ class RunningServer:
             self.metrics_server.server_close()
         if self.followers is not None:
             self.followers.stop(grace or 0.0)
+        if self.servicer is not None:
+            self.servicer.stopping = True  # (the calls still running when grace ends are cancelled)
         stopped = self.server.stop(grace)  # (new calls refused from here: none is left uncounted)
         pool, acks = self.pool, self.servicer.acks if self.servicer is not None else None
         if acks is not None and pool is not None:
@@ -139,6 +141,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         after_write=confirm_write if config.replica_ack == "sync" else None,
         private_secret=secret,
         stored_space=_stored_space(servicer),
+        stopping=lambda: servicer.stopping,
     )
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
@@ -250,11 +253,13 @@ def serve(config: ServerConfig) -> None:
             config.host,
             " and ".join(w for w, ok in (("TLS", config.tls_cert), ("API keys", config.api_keys)) if not ok),
         )
+    notify("STATUS=loading the data and the kernels")
     running = create_server(config)
     logger.info("gc: %d objects alive after start-up frozen", freeze_startup_objects())
     logger.info("tiermem serving on %s:%d, data in %s", config.host, running.port, config.data_dir.resolve())
     print(f"tiermem listening on {config.host}:{running.port}", flush=True)
-    notify(f"READY=1\nSTATUS=serving on {config.host}:{running.port}")
+    if not stops.got:  # (a stop asked for during the start-up: never ready, stopping at once)
+        notify(f"READY=1\nSTATUS=serving on {config.host}:{running.port}")
     signum = stops.wait()
     logger.info("signal %d: shutting down", signum)
     notify("STOPPING=1")

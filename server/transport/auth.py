@@ -238,8 +238,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
         replica_copying: Callable[[], bool] | None = None,
         private_secret: str = "",
         models: ModelRule | None = None,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.models = models  # the embedding models a key may name (with keys)
+        self.stopping = stopping  # the server is stopping: the calls it cancels count UNAVAILABLE
         self.private_secret = private_secret  # required of calls over a Unix socket (a leader's private one)
         self.keys, self.admission, self.limits, self.exempt = keys, admission, limits, exempt
         self.metrics = metrics
@@ -302,7 +304,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         def record(context: grpc.ServicerContext) -> None:
             if metrics is not None:
                 metrics.observe(method, err.status, 0.0)
-            logs.access(method, err.status, 0.0, context, key_id)
+            rid = logs.set_request_id(logs.request_id_of(context))  # (the caller's, as answered calls')
+            try:
+                logs.access(method, err.status, 0.0, context, key_id)
+            finally:
+                logs.reset_request_id(rid)
 
         return _refusal(err, retry_after, record)
 
@@ -413,7 +419,7 @@ class _Call:
         """Around a handler: its request id, admission, key and limits, the caller's key in
         ``caller()``, and the access line at the end."""
         rid = logs.set_request_id(logs.request_id_of(context))
-        started = time.perf_counter()
+        started, left = time.perf_counter(), context.time_remaining()
         key: ApiKey | None = None
         try:
             key = self.enter(context)
@@ -434,7 +440,8 @@ class _Call:
                 if self.writing and self.owner.gate is not None:
                     self.owner.gate.leave(self.writing)
         finally:
-            code, seconds = logs.code_of(context), time.perf_counter() - started
+            code = logs.code_of(context, left, self.owner.stopping())
+            seconds = time.perf_counter() - started
             if self.owner.metrics is not None:
                 self.owner.metrics.observe(self.method, code, seconds)
             logs.access(self.method, code, seconds, context, key.id if key is not None else "")

@@ -41,6 +41,7 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import TiermemError
 from tiermem.server.model.reports import FollowerReport
+from tiermem.server.transport import logs
 from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER, authorize, from_private_socket
 from tiermem.server.transport.decoding import checked_raw
 from tiermem.server.transport.forward import Forwarder, methods_of
@@ -366,10 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True, help="the port the leader serves")
     args = p.parse_args(argv)
     config = ServerConfig.from_json(os.environ["TIERMEM_FOLLOWER_CONFIG"])
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s follower {os.getpid()} %(name)s: %(message)s",
-    )
+    logs.configure(config.log_level, config.log_format, f"follower {os.getpid()}")  # (as the leader's)
     sys.exit(run(config, args.leader, args.port, args.leader_pid))
 
 

@@ -40,7 +40,12 @@ class _RequestId(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, request_id, and the exception."""
+    """One JSON object a line: time, level, logger, message, request_id, and the exception (and
+    ``process``, when a search follower logs)."""
+
+    def __init__(self, process: str = "") -> None:
+        super().__init__()
+        self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -50,6 +55,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.process:
+            out["process"] = self.process
         rid = getattr(record, "request_id", "")
         if rid:
             out["request_id"] = rid
@@ -61,20 +68,48 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
-def configure(level: str, fmt: str) -> None:
-    """The root logger's level and format (``text`` or ``json``), with request ids on every record."""
+def configure(level: str, fmt: str, process: str = "") -> None:
+    """The root logger's level and format (``text`` or ``json``), with request ids on every record;
+    ``process`` names the process in each line (a search follower's: "follower 1234")."""
     handler = logging.StreamHandler()
     handler.addFilter(_RequestId())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    text = TEXT_FORMAT.replace("%(name)s", f"{process} %(name)s") if process else TEXT_FORMAT
+    handler.setFormatter(JsonFormatter(process) if fmt == "json" else logging.Formatter(text))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
 
 
-def code_of(context: grpc.ServicerContext) -> str:
-    """The status code a finished call answered with."""
+def code_of(context: grpc.ServicerContext, left_at_start: float | None = None, stopping: bool = False) -> str:
+    """The status code a finished call answered with; for one that ended before its handler
+    answered (no longer active), why it ended (``ended_early``)."""
     code = context.code() if hasattr(context, "code") else None
-    return code.name if isinstance(code, grpc.StatusCode) else "OK"
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return "OK" if context.is_active() else ended_early(context, left_at_start, stopping)
+
+
+# (a client's cancel at its deadline reaches the server a little before the server's own timer)
+CANCEL_MARGIN_SECONDS = 1.0
+
+
+def ended_early(context: grpc.ServicerContext, left_at_start: float | None, stopping: bool) -> str:
+    """Why a call ended before its handler answered: UNAVAILABLE when the server is stopping (it
+    cancels the calls left), CANCELLED when its caller went away well before its deadline, else
+    DEADLINE_EXCEEDED. ``left_at_start``: the call's time left when its handler began."""
+    if stopping:
+        return "UNAVAILABLE"
+    left = context.time_remaining()
+    if left is None or left > max(CANCEL_MARGIN_SECONDS, 0.05 * (left_at_start or 0.0)):
+        return "CANCELLED"
+    return "DEADLINE_EXCEEDED"
+
+
+ENDED = {
+    "UNAVAILABLE": "the server is stopping",
+    "CANCELLED": "the caller cancelled the call",
+    "DEADLINE_EXCEEDED": "the call's deadline passed",
+}
 
 
 def access(method: str, name: str, seconds: float, context: grpc.ServicerContext, key_id: str) -> None:

@@ -109,6 +109,7 @@ def grpc_server(
     replica_copying: Callable[[], bool] | None = None,
     private_secret: str = "",
     stored_space: Callable[[str], bool] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
     admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
@@ -133,6 +134,7 @@ def grpc_server(
         replica_copying=replica_copying,
         private_secret=private_secret,
         models=_model_rule(config, stored_space) if keys is not None else None,
+        stopping=stopping,
     )
     interceptors: list[grpc.ServerInterceptor] = [interceptor]
     tracing = _tracing_interceptor() if config.tracing else None

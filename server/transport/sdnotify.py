@@ -25,6 +25,6 @@ def notify(state: str) -> bool:
             sock.connect(addr)
             sock.sendall(state.encode())
     except OSError as e:
-        logger.warning("cannot tell systemd %s through NOTIFY_SOCKET %r: %s", state, addr, e)
+        logger.warning("cannot tell systemd %r through NOTIFY_SOCKET %r: %s", state, addr, e)
         return False
     return True

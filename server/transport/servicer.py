@@ -33,7 +33,7 @@ from tiermem.server.model.reports import (
 )
 from tiermem.server.model.validation import MAX_LINKED_IDS, MAX_TAG, batch
 from tiermem.server.search.searcher import SearchHit, SearchHits
-from tiermem.server.transport import convert
+from tiermem.server.transport import convert, logs
 from tiermem.server.transport.auth import caller, key_still_valid
 from tiermem.server.transport.replication import ReplicaAcks, ReplicaFollower, serve_changes
 from tiermem.server.transport.routing import WriteGate
@@ -51,35 +51,32 @@ def _rpc(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        left = context.time_remaining()
         try:
             return method(self, request, context)
         except Exception as e:
-            _abort(method.__name__, e, context)
+            _abort(method.__name__, e, context, left, self.stopping)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _abort(name: str, e: Exception, context: grpc.ServicerContext) -> None:
+def _abort(
+    name: str, e: Exception, context: grpc.ServicerContext, left: float | None, stopping: bool
+) -> None:
     """End the call with ``e`` as its status: a domain error as it is, anything else as INTERNAL
-    (logged); a call its caller cancelled as CANCELLED (nobody is left to answer)."""
-    if isinstance(e, (DeadlineExceeded, grpc.RpcError)) and _cancelled(context):
-        logger.info("%s: the caller cancelled the call", name)
-        # (counted and logged as CANCELLED: the stop a cancel caused is no deadline passing)
-        context.abort(grpc.StatusCode.CANCELLED, "the caller cancelled the call")
+    (logged); one that ended meanwhile (nobody is left to answer) as why it ended, so that it is
+    counted so: its caller cancelled, its deadline passed, the server stopping (``left``: the time
+    it had when its handler began)."""
+    if isinstance(e, (DeadlineExceeded, grpc.RpcError)) and not context.is_active():
+        code = logs.ended_early(context, left, stopping)
+        logger.info("%s: %s", name, logs.ENDED[code])
+        context.abort(getattr(grpc.StatusCode, code), logs.ENDED[code])
     if isinstance(e, TiermemError):
         status = to_status(e)
-    elif isinstance(e, grpc.RpcError) and not context.is_active():
-        raise e  # (gRPC's own error, known to it: nothing to answer, and no response to make)
     else:
         logger.error("%s failed", name, exc_info=e)
         status = to_status(TiermemError(f"internal error: {type(e).__name__}"))
     context.abort_with_status(status)
-
-
-def _cancelled(context: grpc.ServicerContext) -> bool:
-    """The call ended before its deadline: its caller cancelled it (or went away)."""
-    left = context.time_remaining()
-    return not context.is_active() and (left is None or left > 0)
 
 
 def _rpc_stream(method: F) -> F:
@@ -87,10 +84,11 @@ def _rpc_stream(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: MemoryServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        left = context.time_remaining()
         try:
             yield from method(self, request, context)
         except Exception as e:
-            _abort(method.__name__, e, context)
+            _abort(method.__name__, e, context, left, self.stopping)
 
     return wrapper  # type: ignore[return-value]
 
@@ -131,6 +129,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.gate: WriteGate | None = None  # the write calls in flight per scope (fences wait for them)
         self.acks: ReplicaAcks | None = None  # with replication: what each replica has stored
         self.replica_follower: ReplicaFollower | None = None  # on a replica: its call to the leader
+        self.stopping = False  # set as the server stops: the calls it cancels end UNAVAILABLE
         self.assembler: Assembler | None = None
         self.graph: GraphMemory | None = None
         self._streams: threading.BoundedSemaphore | None = None

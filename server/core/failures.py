@@ -1,0 +1,39 @@
+"""How the background loops log their failures: a refusal (a full disk or map) is a state the server
+is in, said in one line when it begins, once a minute while it lasts and when it ends; anything
+else is a fault, logged with its traceback each time."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tiermem.server.model.errors import TiermemError
+
+logger = logging.getLogger(__name__)
+
+REPEAT_SECONDS = 60.0  # a refusal that lasts is logged again this often
+
+
+class Failures:
+    """The failures of one kind of background work (``what``: "maintenance pass")."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._last: tuple[str, float] | None = None  # (the refusal's reason, when it was logged)
+
+    def failed(self, e: Exception, about: str = "") -> None:
+        """Log ``e`` (``about``: what it failed on, named in the line)."""
+        on = f" ({about})" if about else ""
+        if not isinstance(e, TiermemError):
+            logger.error("%s failed%s", self.what, on, exc_info=e)
+            return
+        now = time.monotonic()
+        if self._last is None or self._last[0] != e.reason or now - self._last[1] >= REPEAT_SECONDS:
+            logger.warning("%s failed%s, tried again later: %s [%s]", self.what, on, e, e.reason)
+            self._last = (e.reason, now)
+
+    def succeeded(self) -> None:
+        """The work went through: a refusal that comes back is logged when it begins again."""
+        if self._last is not None:
+            logger.info("%s works again", self.what)
+            self._last = None
