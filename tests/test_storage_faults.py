@@ -332,6 +332,8 @@ def test_background_passes_on_a_full_disk_log_one_line_not_a_traceback_each(tmp_
     assert "Traceback" not in text and " ERROR " not in text, text
     passes = [line for line in text.splitlines() if "maintenance pass failed" in line]
     assert len(passes) == 1 and "STORAGE_FULL" in passes[0], text
+    refused = [line for line in text.splitlines() if "write operations refused" in line]
+    assert len(refused) == 1, text  # (the writer's own line, likewise: the create that found it full)
 
 
 def test_a_namespace_is_cleared_on_a_disk_with_no_room_left(tmp_path: Path) -> None:

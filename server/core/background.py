@@ -180,8 +180,6 @@ def flush_loop(st: EngineState) -> None:
             access.flush_access(st)
         except Exception as e:
             failures.failed(e)
-        else:
-            failures.succeeded()
 
 
 def maintenance_loop(st: EngineState) -> None:
@@ -199,8 +197,6 @@ def maintenance_loop(st: EngineState) -> None:
                 logger.info("lifecycle pass: %s", summary)
         except Exception as e:
             failures.failed(e)
-        else:
-            failures.succeeded()
 
 
 class BackgroundThreads:

@@ -1,6 +1,7 @@
 """How the background loops log their failures: a refusal (a full disk or map) is a state the server
-is in, said in one line when it begins, once a minute while it lasts and when it ends; anything
-else is a fault, logged with its traceback each time."""
+is in, said in one line when it begins and once a minute while it lasts (small writes may go
+through in between: a success does not end it); anything else is a fault, logged with its
+traceback each time."""
 
 from __future__ import annotations
 
@@ -31,9 +32,3 @@ class Failures:
         if self._last is None or self._last[0] != e.reason or now - self._last[1] >= REPEAT_SECONDS:
             logger.warning("%s failed%s, tried again later: %s [%s]", self.what, on, e, e.reason)
             self._last = (e.reason, now)
-
-    def succeeded(self) -> None:
-        """The work went through: a refusal that comes back is logged when it begins again."""
-        if self._last is not None:
-            logger.info("%s works again", self.what)
-            self._last = None

@@ -83,9 +83,7 @@ def keep(st: EngineState, namespace: str) -> bool:
     """Build and store the namespace's summary if it is due and the policy keeps one; whether one
     was stored. A failure is logged and counted, and the namespace kept for a retry."""
     try:
-        kept = _keep(st, namespace)
-        FAILURES.succeeded()
-        return kept
+        return _keep(st, namespace)
     except FailedPrecondition as e:
         if e.reason != "SUMMARY_STALE":
             raise

@@ -174,7 +174,9 @@ class Writer:
         try:
             self._write_group(group)
         except ResourceExhausted as e:  # full storage: nothing of the group was committed
-            now = time.monotonic()  # (logged when it begins and once a minute: a state, not news)
+            # (logged once a minute while it lasts: a state, not news; small commits may go through
+            # in between, so a success does not end it)
+            now = time.monotonic()
             if self._refused_logged is None or now - self._refused_logged >= REFUSED_LOG_SECONDS:
                 logger.warning("commit of %d write operations refused: %s", len(group), e)
                 self._refused_logged = now
@@ -188,9 +190,6 @@ class Writer:
                 op.future.set_exception(err)
             return
         self.groups_committed += 1
-        if self._refused_logged is not None:
-            logger.warning("a commit went through again after commits were refused for want of room")
-            self._refused_logged = None
         for op in group:
             if op.error is not None:
                 op.future.set_exception(op.error)
