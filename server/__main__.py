@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+
+# Until ``serve`` installs the server's own handlers, half a second of imports later, a stop ends
+# the process at once, with status 0 and no traceback from an import: nothing is open yet.
+signal.signal(signal.SIGTERM, lambda _signum, _frame: os._exit(0))
+signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(0))
 
 # Before anything loads FAISS's OpenMP runtime (libgomp reads this once): its worker threads sleep
 # between parallel regions instead of spinning, so the indexer's bulk adds leave CPU to the writer
@@ -15,9 +21,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # flood it: only its errors, unless the environment asks for more.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from tiermem.server.config import ServerConfig, UnusableSetting
-from tiermem.server.transport import logs
-from tiermem.server.transport.app import serve
+# (imported after the handlers and the environment above: E402 is meant)
+from tiermem.server.config import ServerConfig, UnusableSetting  # noqa: E402
+from tiermem.server.transport import logs  # noqa: E402
+from tiermem.server.transport.app import serve  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:

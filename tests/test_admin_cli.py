@@ -13,6 +13,7 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -804,3 +805,34 @@ def test_tls_options_that_do_not_go_together_are_usage_errors_and_grpc_stays_qui
     out = tiermem("health", "--target", addr(running), "--tls", "--timeout", "2")
     assert (out.returncode, out.stdout) == (1, "NOT_SERVING\n")
     assert one_error_line(out).startswith("tiermem health: "), out.stderr
+
+
+def test_a_stop_while_the_server_imports_exits_0_quietly(tmp_path: Path) -> None:
+    """SIGTERM or SIGINT in the half second of imports before the server's own handlers are in
+    place: exit status 0 and nothing printed (it was killed by the signal, status -15, or a
+    KeyboardInterrupt traceback from inside an import). Sent as soon as the process catches
+    SIGTERM, read from /proc."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tiermem.server", "--port", "0", "--data-dir", str(tmp_path / "data")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # (SigCgt: the signals it catches, bit n-1 for n)
+                caught = next(
+                    int(line.split()[1], 16)
+                    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                    if line.startswith("SigCgt:")
+                )
+                if caught >> (signal.SIGTERM - 1) & 1:
+                    break
+                time.sleep(0.001)
+            proc.send_signal(signum)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert (proc.returncode, out) == (0, ""), (signum, proc.returncode, out)
+    assert not (tmp_path / "data").exists()  # (stopped before it opened anything)
