@@ -1352,3 +1352,39 @@ def test_search_followers_hold_keys_to_the_embedding_models_they_may_name(
         _refused_model(
             lambda: c.create("user:bob", "x", embedding=[1.0, 0.0, 0.0], embedding_model="m3")
         )  # (forwarded to the leader, checked there)
+
+
+def test_page_tokens_are_sealed_bound_to_their_listing_and_outlive_a_restart(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """A page token held the storage position a listing stopped at, shared by every namespace: two
+    of a tenant's tokens told how much the other tenants wrote in between. Tokens are sealed now
+    (masked and authenticated): the position is not in them, a token changed by a byte or taken
+    to another listing is refused, and paging goes on across a restart."""
+    import base64
+
+    running = server_factory(tmp_path / "data")
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        for i in range(6):
+            c.create("tenant-a", f"a{i}", id=f"a{i}")
+            c.create("tenant-b", f"b{i}", id=f"b{i}")
+        page, token = c.list_page("tenant-a", page_size=2)
+        raw = base64.urlsafe_b64decode(token)
+        again = c.list_page("tenant-a", page_size=2)[1]
+        assert again != token  # (each sealed afresh: equal positions do not give equal tokens)
+        for bad in (
+            c.list_page("tenant-b", page_size=2)[1],  # (another listing's)
+            base64.urlsafe_b64encode(raw[:-1] + bytes([raw[-1] ^ 1])).decode(),  # (a byte changed)
+            base64.urlsafe_b64encode(raw[:-1]).decode(),  # (cut short)
+        ):
+            with pytest.raises(InvalidArgumentError) as e:
+                c.list_page("tenant-a", page_size=2, page_token=bad)
+            assert e.value.fields == ["page_token"]
+    running.stop(0)
+    running = server_factory(tmp_path / "data")
+    with MemoryClient(f"127.0.0.1:{running.port}") as c:
+        rest = []
+        while token:
+            more, token = c.list_page("tenant-a", page_size=2, page_token=token)
+            rest += more
+        assert [m.id for m in page + rest] == [f"a{i}" for i in range(6)]

@@ -231,7 +231,8 @@ def list_namespaces(
     """A page of (namespace, memory count) in name order under ``prefix`` (and, with ``within``,
     only the namespaces it accepts: an API key's), and the next token."""
     size = check.page_size("page_size", page_size, st.config)
-    after = decode_token("page_token", page_token, str) if page_token else ""
+    listing = f"namespaces:{prefix}"
+    after = decode_token("page_token", page_token, str, st.page_secret, listing) if page_token else ""
     out: list[tuple[str, int]] = []
     # With ``within``, a next token only when a namespace it accepts follows: one it hides must not
     # show through the token.
@@ -245,7 +246,8 @@ def list_namespaces(
         after = page[-1][0]
     cut = len(out) > size
     out = out[:size]
-    return out, (encode_token(out[-1][0]) if out and (cut or (more and within is None)) else "")
+    more_to_see = out and (cut or (more and within is None))
+    return out, (encode_token(out[-1][0], st.page_secret, listing) if more_to_see else "")
 
 
 # Routing states of a top-level scope (the proto's ScopeRouting): served, writes fenced while it

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tiermem.server.config import ServerConfig
+from tiermem.server.core import pages
 from tiermem.server.core.counters import LifecycleTotals, PendingAccesses, SearchCounts, SummaryCounts
 from tiermem.server.core.group_vectors import GroupVectors
 from tiermem.server.core.policy import Policy, Tables
@@ -225,6 +226,11 @@ class EngineState:
         self.group_vectors.clear()  # committed now: the indexes will hold them once applied
 
     # -- reading rules ---------------------------------------------------------------------------
+    @property
+    def page_secret(self) -> bytes:
+        """The key of this data's page tokens (``pages``)."""
+        return pages.page_secret(self.store.instance)
+
     def expired(self, rec: Record) -> bool:
         return rec.expired(self.clock())
 
