@@ -248,6 +248,32 @@ def test_keywords_find_memories_no_vector_search_can(server_factory: Callable[..
     assert c.search(NS, "kubernetes upgrade", read_only=True, strategy="comprehensive") == []
 
 
+def test_a_memory_without_a_vector_in_the_querys_space_is_not_lifted_by_negative_cosines(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A keyword match with no vector in the query's space (embedded in another space, or not
+    yet) has no similarity: it sits at the bottom of the normalized range. It counted as a cosine
+    of 0, which stands above every negative cosine among the candidates: there it ranked first
+    over a memory with the same words and a real similarity, newer as well."""
+    clock = FakeClock()
+    c = _client(server_factory(clock=clock))
+    q = np.eye(8)[0]
+    elsewhere = c.create(NS, "kafka consumer lag")  # (the built-in embedder's space, not "m")
+    clock.advance(60)
+    against = c.create(NS, "kafka consumer lag", embedding=-q, embedding_model="m", allow_duplicates=True)
+    clock.advance(60)
+    c.create(NS, "the quarterly budget", embedding=0.6 * q + 0.8 * np.eye(8)[1], embedding_model="m")
+    found = c.search(NS, q.tolist(), embedding_model="m", keywords="kafka consumer lag", read_only=True)
+    order = [r.memory.id for r in found]
+    assert order.index(against.id) < order.index(elsewhere.id), [(r.memory.content, r.score) for r in found]
+    gone = next(r for r in found if r.memory.id == elsewhere.id)
+    assert gone.relevance == 0.0  # (reported as before)
+    floor = c.search(
+        NS, q.tolist(), embedding_model="m", keywords="kafka", read_only=True, min_similarity=0.1
+    )
+    assert elsewhere.id not in [r.memory.id for r in floor]  # (a floor drops it, as a cosine of 0)
+
+
 def test_the_default_without_relevance_orders_by_recency_and_importance(
     ranked: tuple[MemoryClient, FakeClock],
 ) -> None:
