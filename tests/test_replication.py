@@ -20,6 +20,7 @@ from conftest import FreezingRelay, SlowLink, writes_grow_the_map
 
 from tiermem.client import MemoryClient, TiermemError
 from tiermem.client.errors import from_rpc_error
+from tiermem.server.core.state import PROMOTED
 from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
@@ -759,7 +760,6 @@ def test_promotions_overlapping_give_one_answer_and_one_set_of_writers(
     """A retry sent while the first promotion is still stopping its follower (the client's deadline
     passed) waits for it, then answers the same: it read the promoted position as a replica's and
     stored it promoted twice, starting the writer loops again."""
-    from tiermem.server.core import replication
 
     leader = server_factory(tmp_path / "leader", replication=True)
     replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
@@ -783,7 +783,7 @@ def test_promotions_overlapping_give_one_answer_and_one_set_of_writers(
     calls[1].start()
     for t in calls:
         t.join()
-    assert answers[0] == answers[1] and not answers[0][0].startswith(replication.PROMOTED)
+    assert answers[0] == answers[1] and not answers[0][0].startswith(PROMOTED)
     names = [t.name for t in replica.engine._background._threads]
     assert names.count("tiermem-summarizer") == 1
 
@@ -989,3 +989,24 @@ def test_replication_is_watched_through_metrics(
     assert scrape(replica)["tiermem_replica_full_copies_total"] == 0  # (it continued from its commit)
     leader.stop(0)
     _eventually(lambda: scrape(replica)["tiermem_replica_connected"] == 0)
+
+
+def test_a_listing_goes_on_across_a_replica_and_a_failover(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """Page tokens are sealed with the leader data's key: a page read on the leader goes on at its
+    replica (a proxy may send the next call there), and at the replica once promoted."""
+    leader = server_factory(tmp_path / "leader", replication=True)
+    with MemoryClient(f"127.0.0.1:{leader.port}") as lc:
+        for i in range(6):
+            lc.create("tenant-a", f"a{i}", id=f"a{i}")
+        replica = server_factory(tmp_path / "replica", replica_of=f"127.0.0.1:{leader.port}")
+        with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+            _eventually(_same(lc, rc))
+            first, token = lc.list_page("tenant-a", page_size=2)
+            second, token = rc.list_page("tenant-a", page_size=2, page_token=token)
+    leader.stop(0)
+    with MemoryClient(f"127.0.0.1:{replica.port}") as rc:
+        rc.promote_replica()
+        third, end = rc.list_page("tenant-a", page_size=2, page_token=token)
+        assert end == "" and [m.id for m in first + second + third] == [f"a{i}" for i in range(6)]

@@ -715,3 +715,34 @@ def test_a_data_dir_that_cannot_be_created_is_refused_with_one_line(tmp_path: Pa
     with _read_only(parent):
         code, output = _start_fails(parent / "data")
     _one_line_error(code, output, str(parent), "not writable")
+
+
+def test_background_failures_tell_each_fault_and_a_refusal_once_a_minute_per_cause(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A refusal for want of room is a state: one WARNING line when it begins, again when its cause
+    changes (a full map, then a full disk); any other failure, a domain error too, is a fault told
+    each time with its traceback (it was rate-limited as a refusal)."""
+    from tiermem.server.core.failures import Failures
+    from tiermem.server.model.errors import ResourceExhausted, TiermemError
+
+    def refusal(resource: str) -> ResourceExhausted:
+        e = ResourceExhausted(f"the {resource} is full")
+        e.metadata["resource"] = resource
+        return e
+
+    failures = Failures("a pass")
+    with caplog.at_level(logging.WARNING, logger="tiermem.server.core.failures"):
+        for e in (refusal("disk"), refusal("disk"), refusal("map"), refusal("map")):
+            failures.failed(e)
+        for _ in range(2):
+            try:
+                raise TiermemError("write failed: an I/O error")
+            except TiermemError as e:
+                failures.failed(e)
+    lines = [(r.levelno, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert [(level, text.split(": ")[1]) for level, text, _ in lines[:2]] == [
+        (logging.WARNING, "the disk is full [STORAGE_FULL]"),
+        (logging.WARNING, "the map is full [STORAGE_FULL]"),
+    ]
+    assert [(level, tb) for level, _, tb in lines[2:]] == [(logging.ERROR, True)] * 2

@@ -51,7 +51,7 @@ from tiermem.server.core import (
 from tiermem.server.core import stats as stats_module
 from tiermem.server.core.background import BackgroundThreads, Snapshots
 from tiermem.server.core.policy import Policy, Tables
-from tiermem.server.core.state import AccessSink, EngineState
+from tiermem.server.core.state import PROMOTED, AccessSink, EngineState
 from tiermem.server.embedding.providers import Embedder
 from tiermem.server.index.columns import Columns, ColumnsView
 from tiermem.server.index.spaces import Space
@@ -147,7 +147,7 @@ class Engine:
         startup.load(st)
         if st.replica:
             leader, applied = replication.position(st)
-            if leader.startswith(replication.PROMOTED):
+            if leader.startswith(PROMOTED):
                 raise FailedPrecondition(
                     "this data directory was promoted from a replica: start it without replica_of",
                     "REPLICA_PROMOTED",
@@ -211,9 +211,9 @@ class Engine:
     def _promote(self, leader_instance: str, stop_following: Callable[[], None]) -> tuple[str, int, int]:
         st = self.state
         instance, seq = replication.position(st)
-        if not st.replica and instance.startswith(replication.PROMOTED):
+        if not st.replica and instance.startswith(PROMOTED):
             # (promoted already: a retry, as after its answer was lost, gets the same answer)
-            instance = instance.removeprefix(replication.PROMOTED)
+            instance = instance.removeprefix(PROMOTED)
             if leader_instance and leader_instance != instance:
                 raise FailedPrecondition(f"this server was promoted from {instance}", "REPLICA_OF_ANOTHER")
             with st.store.read() as txn:
@@ -238,7 +238,7 @@ class Engine:
                 "copy, and follows no more until it is restarted",
                 "REPLICA_INCOMPLETE",
             )
-        marker = replication.PROMOTED + instance
+        marker = PROMOTED + instance
         st.writer.submit(lambda txn: st.store.put_replica_position(txn, marker, seq), lambda _: None)
         st.replica = False
         self._background.start_writers()

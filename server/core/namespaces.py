@@ -148,6 +148,8 @@ def delete_namespace(
     ]:
         check_protected(st, name, confirm, "clearing the namespace")
 
+    parted: set[str] = set()
+
     def prepare(txn: Txn) -> tuple[list[Record], set[str]]:
         # Read the ids from LMDB, not the columns: this sees writes of the same commit group.
         recs = list(st.store.namespace_records(txn, namespace, include_children))
@@ -155,7 +157,8 @@ def delete_namespace(
         children = list(st.store.namespace_configs(txn, under)) if include_children else []
         # (and children whose memories had all gone already: their progress is stored still)
         progress = [ns for ns, _ in st.store.scope_states(txn, namespace, include_children)]
-        cleared = {namespace, *children, *progress, *(r.namespace for r in recs)}
+        # (with the namespaces of memories deleted in parts before, on a full disk)
+        cleared = {namespace, *children, *progress, *parted, *(r.namespace for r in recs)}
         for ns in sorted(cleared):
             check_protected(st, ns, confirm, "clearing the namespace", txn)
         for rec in recs:
@@ -181,16 +184,19 @@ def delete_namespace(
             raise
         # A disk with no room left: one commit freeing the whole namespace needs new pages it
         # frees only once committed; commits of fewer memories each free room for the next.
-        deleted = _delete_in_parts(st, namespace, include_children, confirm)
+        deleted = _delete_in_parts(st, namespace, include_children, confirm, parted)
         deleted += st.writer.submit(prepare, apply)
     if deleted:
         compact_indexes(st)
     return deleted
 
 
-def _delete_in_parts(st: EngineState, namespace: str, include_children: bool, confirm: bool) -> int:
+def _delete_in_parts(
+    st: EngineState, namespace: str, include_children: bool, confirm: bool, parted: set[str]
+) -> int:
     """Delete the namespace's memories in commits of at most PART_RECORDS, fewer after a commit
-    the disk refuses (down to one memory a commit); how many were deleted."""
+    the disk refuses (down to one memory a commit); how many were deleted. ``parted`` gathers the
+    namespaces of the memories deleted (cleared with the rest at the end)."""
     part, deleted = PART_RECORDS, 0
 
     def prepare(txn: Txn) -> list[Record]:
@@ -203,6 +209,7 @@ def _delete_in_parts(st: EngineState, namespace: str, include_children: bool, co
 
     def apply(recs: list[Record]) -> int:
         upkeep.unindex(st, recs)
+        parted.update(r.namespace for r in recs)
         return len(recs)
 
     while True:

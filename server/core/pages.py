@@ -3,9 +3,11 @@
 A token holds where a listing stopped, which is a storage position shared by every namespace: in
 the clear, two tokens a tenant got would tell how much the others wrote in between. So a token is
 sealed: its value masked by a keystream and authenticated by a MAC, both keyed by a secret derived
-from the data's instance id (the same after a restart, and on a replica that took over), and bound
+from the data's instance id (the same after a restart), and bound
 to the listing it continues (its namespace or prefix): a token forged, changed or taken from
-another listing is refused."""
+another listing is refused. The key is the leader data's: the instance a replica copies, kept once
+it is promoted, so a listing goes on across a replica and a failover. (The instance id is shown only
+to calls that may read everything, and in the data directory.)"""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import msgpack
 
 from tiermem.server.model.errors import InvalidArgument
 
-_NONCE, _TAG = 8, 16
+_NONCE, _TAG = 16, 16
 
 
 def page_secret(instance: str) -> bytes:
@@ -39,7 +41,8 @@ def _keystream(secret: bytes, nonce: bytes, n: int) -> bytes:
 
 
 def _tag(secret: bytes, listing: str, nonce: bytes, sealed: bytes) -> bytes:
-    data = listing.encode() + b"\0" + nonce + sealed
+    name = listing.encode()
+    data = len(name).to_bytes(4, "big") + name + nonce + sealed  # (length first: no two listings alike)
     return hashlib.blake2b(data, key=secret, digest_size=_TAG, person=b"tiermem-tag").digest()
 
 

@@ -33,7 +33,6 @@ from tiermem.server.model.reports import ScopeState
 from tiermem.server.storage.store import Txn
 
 FORMAT = 1
-PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:<leader instance>"
 BATCH_RECORDS = 512  # memories a batch carries at most (a backlog is split)
 BATCH_GRAPH = 2048  # graph items a batch of a full copy carries at most
 POLL_SECONDS = 0.01  # how often the feed looks for new commits

@@ -42,6 +42,7 @@ from tiermem.server.storage.store import Store, Txn
 from tiermem.server.storage.writer import Writer
 
 AccessSink = Callable[[FollowerReport], None]
+PROMOTED = "promoted:"  # the replica position of a promoted replica: "promoted:<leader instance>"
 
 
 class EngineState:
@@ -228,8 +229,11 @@ class EngineState:
     # -- reading rules ---------------------------------------------------------------------------
     @property
     def page_secret(self) -> bytes:
-        """The key of this data's page tokens (``pages``)."""
-        return pages.page_secret(self.store.instance)
+        """The key of this data's page tokens (``pages``): its leader's data's on a replica, promoted
+        or not, so that tokens go on working across replicas and a failover."""
+        with self.store.read() as txn:
+            leader, _ = self.store.replica_position(txn)
+        return pages.page_secret(leader.removeprefix(PROMOTED) or self.store.instance)
 
     def expired(self, rec: Record) -> bool:
         return rec.expired(self.clock())

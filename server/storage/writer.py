@@ -102,7 +102,7 @@ class Writer:
         self.groups_committed = 0
         self.apply_failures = 0  # committed writes whose in-memory apply failed (columns snapshots skip then)
         self._refusing = False  # storage full: writes that store anything are refused (logged once)
-        self._refused_logged: float | None = None  # when a refused commit was last logged
+        self._refused_logged: tuple[str, float] | None = None  # (why, when) a refused commit was last logged
         self._thread = threading.Thread(target=self._run, name="tiermem-writer", daemon=True)
         self._thread.start()
 
@@ -177,9 +177,11 @@ class Writer:
             # (logged once a minute while it lasts: a state, not news; small commits may go through
             # in between, so a success does not end it)
             now = time.monotonic()
-            if self._refused_logged is None or now - self._refused_logged >= REFUSED_LOG_SECONDS:
+            why = e.metadata.get("resource", "")  # (a map full, a disk full: each told when it begins)
+            last = self._refused_logged
+            if last is None or last[0] != why or now - last[1] >= REFUSED_LOG_SECONDS:
                 logger.warning("commit of %d write operations refused: %s", len(group), e)
-                self._refused_logged = now
+                self._refused_logged = (why, now)
             for op in group:
                 op.future.set_exception(e)
             return

@@ -314,6 +314,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         report(msgpack.packb(r.to_wire()), timeout=10.0, metadata=[(SECRET_HEADER, secret)])
 
     engine = Engine(config, follower=True, access_sink=sink)
+    servicer = MemoryServicer(engine)
     pool = HandlerPool(config.max_workers)
     server = grpc_server(
         config,
@@ -321,6 +322,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         reuseport=True,
         routing_of=engine.scope_routing,
         stored_space=lambda m: m in engine.spaces,
+        stopping=lambda: servicer.stopping,
     )
     forwarder = Forwarder(
         channel,
@@ -332,9 +334,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     )
     server.add_generic_rpc_handlers((forwarder,))
     # A follower's servicer answers searches only (everything else is forwarded): no agent services.
-    server.add_generic_rpc_handlers(
-        (checked_raw(_local_searches(MemoryServicer(engine), engine, forwarder)),)
-    )
+    server.add_generic_rpc_handlers((checked_raw(_local_searches(servicer, engine, forwarder)),))
     health_servicer = add_health_and_reflection(server, serving=True)  # loaded before it binds
     if bind(server, f"{config.host}:{port}", config) != port:
         raise RuntimeError(f"cannot bind {config.host}:{port}")
@@ -351,6 +351,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         logger.error("search follower stops: %r", engine.follow_error)
         status = 3
     health_servicer.enter_graceful_shutdown()
+    servicer.stopping = True  # (the calls its stop cuts short are counted UNAVAILABLE)
     server.stop(config.shutdown_grace_seconds).wait()
     pool.drain(HANDLERS_LEAVE_SECONDS)
     engine.close()
