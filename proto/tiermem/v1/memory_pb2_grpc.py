@@ -269,9 +269,9 @@ class MemoryServiceServicer:
     def DeleteNamespace(self, request, context):
         """DeleteNamespace removes every memory of a namespace (and optionally of its child scopes), with
         its graph and its progress toward the next reflection and summary: clearing a task or session
-        scope when it ends is this one call. It is one commit, but on a disk with no room left, where
-        that commit is refused, the memories go in smaller commits first (calling it again after a
-        crash finishes it).
+        scope when it ends is this one call. It is one commit, but on a full disk that refuses that
+        commit, the memories go in smaller commits first, then the rest (not atomic then: calling it
+        again after a failure or a crash finishes it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -44,9 +44,9 @@ type MemoryServiceClient interface {
 	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
 	// DeleteNamespace removes every memory of a namespace (and optionally of its child scopes), with
 	// its graph and its progress toward the next reflection and summary: clearing a task or session
-	// scope when it ends is this one call. It is one commit, but on a disk with no room left, where
-	// that commit is refused, the memories go in smaller commits first (calling it again after a
-	// crash finishes it).
+	// scope when it ends is this one call. It is one commit, but on a full disk that refuses that
+	// commit, the memories go in smaller commits first, then the rest (not atomic then: calling it
+	// again after a failure or a crash finishes it).
 	DeleteNamespace(ctx context.Context, in *DeleteNamespaceRequest, opts ...grpc.CallOption) (*DeleteNamespaceResponse, error)
 	// GetNamespaceConfig returns a namespace's settings and the lifecycle policy in effect for it.
 	GetNamespaceConfig(ctx context.Context, in *GetNamespaceConfigRequest, opts ...grpc.CallOption) (*GetNamespaceConfigResponse, error)
@@ -475,9 +475,9 @@ type MemoryServiceServer interface {
 	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
 	// DeleteNamespace removes every memory of a namespace (and optionally of its child scopes), with
 	// its graph and its progress toward the next reflection and summary: clearing a task or session
-	// scope when it ends is this one call. It is one commit, but on a disk with no room left, where
-	// that commit is refused, the memories go in smaller commits first (calling it again after a
-	// crash finishes it).
+	// scope when it ends is this one call. It is one commit, but on a full disk that refuses that
+	// commit, the memories go in smaller commits first, then the rest (not atomic then: calling it
+	// again after a failure or a crash finishes it).
 	DeleteNamespace(context.Context, *DeleteNamespaceRequest) (*DeleteNamespaceResponse, error)
 	// GetNamespaceConfig returns a namespace's settings and the lifecycle policy in effect for it.
 	GetNamespaceConfig(context.Context, *GetNamespaceConfigRequest) (*GetNamespaceConfigResponse, error)
