@@ -1,7 +1,7 @@
-"""How the background loops log their failures: a refusal for want of room (a full disk or map) is a state the server
-is in, said in one line when it begins and once a minute while it lasts (small writes may go
-through in between: a success does not end it); anything else is a fault, logged with its
-traceback each time."""
+"""How the background loops log their failures: a refusal for want of room (a full disk or map) is
+a state the server is in, said in one line when it begins (or its cause changes) and once a minute
+while it lasts (small writes may go through in between: a success does not end it); anything else
+is a fault, logged with its traceback each time."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Failures:
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self._last: tuple[str, float] | None = None  # (the refusal's reason, when it was logged)
+        self._last: tuple[str, float] | None = None  # (the refusal's cause, when it was logged)
 
     def failed(self, e: Exception, about: str = "") -> None:
         """Log ``e`` (``about``: what it failed on, named in the line)."""

@@ -105,18 +105,17 @@ def list_memories(
     mask, _ = st.allowed_rows(view, [namespace], flt, st.clock())
     rows = np.flatnonzero(mask)
     rids = view.rid[rows]  # rows are in arrival (rid) order
+    secret = st.page_secret if page_token else b""  # (read once, when a token needs it: from LMDB)
     if newest_first:
         created = view.created[rows]
         order = np.lexsort((rids, created))[::-1]
         rids, created = rids[order], created[order]
         if page_token:
-            at, after = _timeline_position(st, namespace, page_token)
+            at, after = _timeline_position(secret, namespace, page_token)
             keep = (created < at) | ((created == at) & (rids < after))
             rids, created = rids[keep], created[keep]
     elif page_token:
-        rids = rids[
-            rids > decode_token("page_token", page_token, int, st.page_secret, f"memories:{namespace}")
-        ]
+        rids = rids[rids > decode_token("page_token", page_token, int, secret, f"memories:{namespace}")]
     out: list[Record] = []
     pos, room = 0, max_bytes
     with st.store.read() as txn:
@@ -132,9 +131,8 @@ def list_memories(
     token = ""
     if out and pos < rids.shape[0]:  # (newest first: continue after the last row looked at)
         value = [float(created[pos - 1]), int(rids[pos - 1])] if newest_first else out[-1].rid
-        token = encode_token(
-            value, st.page_secret, f"{'timeline' if newest_first else 'memories'}:{namespace}"
-        )
+        listing = f"{'timeline' if newest_first else 'memories'}:{namespace}"
+        token = encode_token(value, secret or st.page_secret, listing)
     return out, token
 
 
@@ -144,9 +142,9 @@ def _vector_bytes(st: EngineState, rec: Record) -> int:
     return 4 * sp.dim + 16 if sp is not None else 0
 
 
-def _timeline_position(st: EngineState, namespace: str, token: str) -> tuple[float, int]:
+def _timeline_position(secret: bytes, namespace: str, token: str) -> tuple[float, int]:
     """(creation time, rid) of the last row a newest-first page looked at."""
-    value = decode_token("page_token", token, list, st.page_secret, f"timeline:{namespace}")
+    value = decode_token("page_token", token, list, secret, f"timeline:{namespace}")
     if len(value) != 2 or not isinstance(value[0], float) or type(value[1]) is not int:
         raise InvalidArgument("page_token", "is not a token this server issued")
     return value[0], value[1]

@@ -56,10 +56,10 @@ def rank_fused(
     min_similarity: float | None,
 ) -> Ranked:
     """The fused ranking of the candidates: ``vector``, the rows found by similarity (best first; the
-        keyword scores probed for them), and the ``depth`` best keyword matches, those the vector list
-        lacks with their similarity looked up (none when they have no vector in the query's space: the
-    bottom of the normalized range, reported as relevance 0). Every
-        candidate is scored once, for its recency and importance, in one kernel call (``fused_rank``)."""
+    keyword scores probed for them), and the ``depth`` best keyword matches, those the vector list
+    lacks with their similarity looked up (none when they have no vector in the query's space: the
+    bottom of the normalized range, reported as relevance 0). Every candidate is scored once, for
+    its recency and importance, in one kernel call (``fused_rank``)."""
     v_rows = _NO_ROWS if vector is None else vector.rows
     use_sim = vector is not None and vector.sims is not None
     v_sims = vector.sims if vector is not None and vector.sims is not None else _zeros(v_rows.shape[0])
