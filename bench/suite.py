@@ -671,15 +671,21 @@ class Suite:
                         parts.append(rss_parts(pid))
                 anon = sum(x.get("RssAnon", 0) for x in parts)
                 rss = sum(x.get("VmRSS", 0) for x in parts)
+                # Growth as for one process (``memory``): less what each process held on the empty
+                # data directory (a follower's own start-up holds about what the leader's did).
+                growth = anon - len(parts) * self.results["memory"]["anon_before_bytes"]
                 self.results["memory"] |= {
                     "followers_anon_bytes": anon,
+                    "followers_anon_growth_bytes": growth,
                     "followers_rss_bytes": rss,
                     "followers": n,
                 }
                 self.figures["fol_anon_ratio"] = anon / self.args.n / per_vec
+                self.figures["fol_anon_growth_ratio"] = growth / self.args.n / per_vec
                 print(
                     f"[followers] {len(pids)} processes: anonymous {anon / 2**20:.1f} MiB "
-                    f"({anon / self.args.n:,.0f} B/memory), RSS {rss / 2**20:.1f} MiB",
+                    f"({anon / self.args.n:,.0f} B/memory; growth {growth / self.args.n:,.0f} B/memory), "
+                    f"RSS {rss / 2**20:.1f} MiB",
                     flush=True,
                 )
             name = f"{procs} process{'es' if procs > 1 else ''}, {self.args.connections} connections per load process, round {rnd}: "

@@ -136,6 +136,12 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
     per_core = [r for r in results["ratios"] if "server CPU" in r["name"]]
     assert len(per_core) == 3 and all(r["value"] is None and r["meets"] is None for r in per_core)
     assert results["memory"]["anon_after_bytes"] > 0 and results["memory"]["file_after_bytes"] > 0
+    # The followers' memory: all processes' anonymous RSS, and its growth less each process's start.
+    mem = results["memory"]
+    assert mem["followers"] == 2 and mem["followers_anon_bytes"] > 0 and mem["anon_before_bytes"] > 0
+    assert mem["followers_anon_growth_bytes"] == mem["followers_anon_bytes"] - 2 * mem["anon_before_bytes"]
+    (grown,) = [r for r in results["ratios"] if "growth of all" in r["name"]]
+    assert grown["value"] == pytest.approx(mem["followers_anon_growth_bytes"] / 600 / (32 * 4 + 32 * 2 * 4))
     filtered = {r["name"] for r in rows if r["phase"] == "filtered_search"}
     assert any("10%" in n for n in filtered) and any("1%" in n for n in filtered)
 

@@ -1805,6 +1805,34 @@ def test_search_hit_rate(server_factory: Callable[..., RunningServer]) -> None:
         assert (sn.search_hits, sn.search_misses, sn.hit_rate) == (0, 0, 0.0)
 
 
+def test_a_metadata_value_changed_to_an_equal_one_of_another_kind_is_filtered_as_the_new_kind(
+    server_factory: Callable[..., Any], tmp_path: Path
+) -> None:
+    """1 == 1.0 == True in Python, but a filter tells a number from a boolean: an update from 1 to
+    true (or to 1.0) must reach the filters, before and after a restart from the snapshot."""
+    running = server_factory(data_dir=tmp_path / "d")
+    with connect(running) as c:
+        one = c.create("kinds", "flag one", metadata={"flag": 1}).id
+        other = c.create("kinds", "flag other", metadata={"flag": 1}).id
+        c.update("kinds", one, metadata={"flag": True})
+        c.update("kinds", other, metadata={"flag": 1.5})
+        c.update("kinds", other, metadata={"flag": 1})
+
+        def found(where: dict[str, Any]) -> list[str]:
+            listed = sorted(m.id for m in c.list_memories("kinds", where=where))
+            searched = sorted(h.memory.id for h in c.search("kinds", "flag", where=where, limit=10))
+            assert listed == searched
+            return listed
+
+        assert found({"metadata.flag": True}) == [one]
+        assert found({"metadata.flag": 1}) == [other]
+    running.stop()
+    running = server_factory(data_dir=tmp_path / "d")
+    with connect(running) as c:
+        assert [m.id for m in c.list_memories("kinds", where={"metadata.flag": True})] == [one]
+        assert [m.id for m in c.list_memories("kinds", where={"metadata.flag": 1})] == [other]
+
+
 def test_metadata_integers_past_2_53_compare_exactly(server_factory: Callable[..., Any]) -> None:
     """int64 metadata (nanosecond times, snowflake ids) past what float64 holds exactly: two such
     values a few apart were equal to every filter (compared as floats)."""

@@ -716,7 +716,7 @@ def test_metadata_filters_on_a_view_older_than_the_metadata_arrays(tmp_path: Pat
             later.append(m)
         eng.create(later)
         assert eng.columns.view().n > old.n
-        by_row = {row: eng.columns._row_meta.get(row, {}).get("v") for row in range(eng.columns.view().n)}
+        by_row = {row: eng.columns.metadata["v"].get(row) for row in range(eng.columns.view().n)}
         cases = [
             ({"$lt": 8}, lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v < 8),
             ({"$ne": "x"}, lambda v: not (isinstance(v, str) and v == "x")),

@@ -8,6 +8,8 @@ under it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import logging
 import os
@@ -103,7 +105,9 @@ def load(st: EngineState) -> None:
     """Fill the columns and indexes from the snapshots and LMDB."""
     for _ in range(8):
         try:
-            return _load_once(st)
+            _load_once(st)
+            _release_freed_heap()
+            return
         except _SnapshotReplaced:  # a follower: the leader wrote a newer snapshot meanwhile
             continue
     raise StorageError("the columns snapshot kept changing while this follower loaded")
@@ -141,6 +145,19 @@ def _load_once(st: EngineState) -> None:
         time.monotonic() - t0,
         how,
     )
+
+
+def _release_freed_heap() -> None:
+    """Hand the heap the load freed (the decoded snapshot, read buffers) back to the system:
+    glibc keeps freed pages below its heap's top for reuse, which a serving process may never
+    need again."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc: nothing to ask
+        return
+    if trim is not None:
+        trim(0)
 
 
 def _check_declared(st: EngineState, model: str, dim: int) -> None:

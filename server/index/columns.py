@@ -20,6 +20,10 @@ from tiermem.server.model.records import Record
 
 _CHANGE_LOG = Tuning().columns_change_log
 EXACT_INT = 2**53  # float64 holds every integer up to this exactly, not all past it
+# Distinct tag and metadata-key tuples shared between rows (one object each instead of one a row);
+# beyond this many, a row keeps its own (keys unique to each memory must not grow a table forever).
+KEYSETS_MAX = 4096
+_ABSENT = object()
 
 
 def exact_float(v: Any) -> bool:
@@ -142,7 +146,8 @@ class Columns:
         self.metadata: dict[str, dict[int, Any]] = {}  # key -> {row: value} of live records
         self._meta_version: dict[str, int] = {}  # bumped whenever a key's values change
         self._meta_arrays: dict[str, tuple[int, MetadataArrays]] = {}
-        self._row_meta: dict[int, dict[str, Any]] = {}
+        self._row_meta: dict[int, tuple[str, ...]] = {}  # row -> its metadata keys (values: ``metadata``)
+        self._keysets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.max_importance = 0.0  # the highest importance any row has had (never lowered): a bound
         self.changes = 0  # rows refreshed by ``set`` so far (search.PriorBounds: how stale its bounds are)
         # The rows of the last ``change_log_size`` refreshes, entry i at _change_log[i % size]; each
@@ -259,23 +264,12 @@ class Columns:
         a["tier_since"][row] = rec.tier_since or rec.created_at
         a["updated"][row] = rec.updated_at
         a["tokens"][row] = min(rec.token_cost, np.iinfo(np.int32).max)
-        old_meta = self._row_meta.get(row, {})
-        if old_meta != rec.metadata:
-            for k in old_meta:
-                if k not in rec.metadata:
-                    self._drop_meta(k, row)
-            for k, v in rec.metadata.items():
-                self.metadata.setdefault(k, {})[row] = v
-                self._meta_version[k] = self._meta_version.get(k, 0) + 1
-            if rec.metadata:
-                self._row_meta[row] = dict(rec.metadata)
-            else:
-                self._row_meta.pop(row, None)
+        self._set_meta(row, rec.metadata)
         a["vk"][row] = rec.vk
         a["access_base"][row] = rec.access_base
         a["success_base"][row] = rec.success_base
         old = self._row_tags.get(row, ())
-        new = tuple(rec.tags)
+        new = self._shared(tuple(rec.tags))
         if old != new:
             for t in old:
                 rows = self.tags.get(t)
@@ -291,6 +285,39 @@ class Columns:
         gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
         self.epoch += 1
 
+    def _shared(self, keys: tuple[str, ...]) -> tuple[str, ...]:
+        got = self._keysets.get(keys)
+        if got is None:
+            if len(self._keysets) >= KEYSETS_MAX:
+                return keys
+            self._keysets[keys] = got = keys
+        return got
+
+    def _set_meta(self, row: int, meta: dict[str, Any]) -> None:
+        old = self._row_meta.get(row, ())
+        for k in old:
+            if k not in meta:
+                self._drop_meta(k, row)
+        for k, v in meta.items():
+            rows = self.metadata.setdefault(k, {})
+            was = rows.get(row, _ABSENT)
+            # (by type too: 1 == True == 1.0, but filters tell a number from a boolean)
+            if was is _ABSENT or type(was) is not type(v) or was != v:
+                rows[row] = v
+                self._meta_version[k] = self._meta_version.get(k, 0) + 1
+        keys = tuple(meta)
+        if keys != old:
+            if keys:
+                self._row_meta[row] = self._shared(keys)
+            else:
+                self._row_meta.pop(row, None)
+
+    def _row_meta_dicts(self) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for row, keys in self._row_meta.items():
+            out[row] = {k: self.metadata[k][row] for k in keys}
+        return out
+
     # -- snapshots (writer thread: nothing changes while the state is copied) --------------------
     def state(self) -> dict[str, Any]:
         """A copy of everything the rows hold, for ``restore`` (see engine.Engine.snapshot)."""
@@ -304,7 +331,7 @@ class Columns:
                 name: list(getattr(self, name).names) for name in ("namespaces", "kinds", "sources", "topics")
             },
             "row_tags": dict(self._row_tags),
-            "row_meta": {r: dict(m) for r, m in self._row_meta.items()},
+            "row_meta": self._row_meta_dicts(),
             "max_importance": self.max_importance,
             "earliest_expire": self.earliest_expire,
         }
@@ -330,14 +357,15 @@ class Columns:
         counts = np.bincount(cols._arrays["ns"][rows], minlength=len(ns_names))
         cols.ns_counts = {ns_names[i]: int(c) for i, c in enumerate(counts.tolist()) if c}
         cols._ns_sorted = sorted(cols.ns_counts)
-        cols._row_tags = dict(state["row_tags"])
+        cols._row_tags = {row: cols._shared(tuple(tags)) for row, tags in state["row_tags"].items()}
         for row, tags in cols._row_tags.items():
             for t in tags:
                 cols.tags.setdefault(t, set()).add(row)
-        cols._row_meta = dict(state["row_meta"])
-        for row, meta in cols._row_meta.items():
-            for k, v in meta.items():
-                cols.metadata.setdefault(k, {})[row] = v
+        # (rows as new objects, not the decoded ones: the decoded tree is freed whole, not kept in
+        # pieces scattered over the heap's pages)
+        metas = state["row_meta"]
+        for row, meta in zip(np.fromiter(metas, np.int64, len(metas)).tolist(), metas.values(), strict=True):
+            cols._set_meta(row, meta)
         cols.max_importance = float(state["max_importance"])
         cols.earliest_expire = float(state["earliest_expire"])
         cols._view = cols._make_view()
@@ -388,7 +416,7 @@ class Columns:
         row = self.rows.pop(rid)
         self._arrays["alive"][row] = False
         self.epoch += 1
-        for k in self._row_meta.pop(row, {}):
+        for k in self._row_meta.pop(row, ()):
             self._drop_meta(k, row)
         for t in self._row_tags.pop(row, ()):
             rows = self.tags.get(t)
