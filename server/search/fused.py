@@ -20,7 +20,7 @@ import numpy as np
 from tiermem import kernels
 from tiermem.kernels import fusion
 from tiermem.server.search.keywords import KeywordScores
-from tiermem.server.search.ranking import Ranked, Scored, Scorer, in_space
+from tiermem.server.search.ranking import Ranked, Scored, Scorer
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,10 @@ def rank_fused(
 ) -> Ranked:
     """The fused ranking of the candidates: ``vector``, the rows found by similarity (best first; the
     keyword scores probed for them), and the ``depth`` best keyword matches, those the vector list
-    lacks with their similarity looked up (none when they have no vector in the query's space: the
-    bottom of the normalized range, reported as relevance 0). Every candidate is scored once, for
-    its recency and importance, in one kernel call (``fused_rank``)."""
+    lacks with their similarity looked up (NaN when they have no vector in the query's space: the
+    bottom of the normalized range, reported as relevance 0; ``keywords.sims`` has them so too).
+    Every candidate is scored once, for its recency and importance, in one kernel call
+    (``fused_rank``)."""
     v_rows = _NO_ROWS if vector is None else vector.rows
     use_sim = vector is not None and vector.sims is not None
     v_sims = vector.sims if vector is not None and vector.sims is not None else _zeros(v_rows.shape[0])
@@ -67,19 +68,24 @@ def rank_fused(
         k_rows, k_sims, k_scores, probed = _NO_ROWS, _zeros(0), _zeros(0), _zeros(v_rows.shape[0])
     else:
         k_rows, k_scores, probed = keywords.rows[:depth], keywords.scores[:depth], keywords.probed
-        # (those of rows the vector list holds go unread)
-        k_sims = scorer.relevance(k_rows) if keywords.sims is None else keywords.sims[:depth]
-        if use_sim and scorer.space is not None:
-            # A row without a vector in the query's space has no similarity: NaN, the bottom of the
-            # normalized range (as 0 it stood above every negative cosine among the candidates).
-            k_sims = np.where(in_space(scorer.view.vpos[k_rows], scorer.space.id), k_sims, np.float32(np.nan))
+        # A row without a vector in the query's space has no similarity: NaN, the bottom of the
+        # normalized range (as 0 it stood above every negative cosine among the candidates). (Those
+        # of rows the vector list holds go unread.)
+        k_sims = scorer.relevance(k_rows, np.nan) if keywords.sims is None else keywords.sims[:depth]
+    nan_sims = use_sim and scorer.space is not None
+    vectorless = np.isnan(k_sims)
+    vectorless_any = bool(vectorless.any())
+    if vectorless_any and not nan_sims:  # (no similarity to rank by: 0, as before the NaN)
+        k_sims = np.where(vectorless, np.float32(0.0), k_sims)
     w = weights
     f = fusion.fused_rank(
         v_rows, v_sims, k_rows, k_sims, k_scores, probed, use_sim=use_sim, use_kw=keywords is not None,
         w_sim=w.vector, w_kw=w.keyword, alpha=w.alpha, beta=w.beta, gamma=w.gamma, **scorer.columns,
     )  # fmt: skip
     score = f.score if row_w is None else f.score * row_w[f.rows]
-    rel = np.nan_to_num(f.rel, nan=0.0)  # (a row without a vector reports relevance 0)
+    rel = f.rel
+    if vectorless_any and nan_sims:  # (a row without a vector reports relevance 0)
+        rel = np.where(np.isnan(rel), np.float32(0.0), rel)
     if min_similarity is not None:
         score = np.where(rel < min_similarity, np.float32(np.nan), score)
     ranked = Scored(f.rows, rel, f.score, f.rec, f.imp)  # (the fused score before weights)

@@ -175,15 +175,15 @@ class Scorer:
         assert self.space is not None and self.query is not None
         return similarities(self.view, self.space, rows, self.query)
 
-    def relevance(self, rows: np.ndarray) -> np.ndarray:
-        """Similarity of each of ``rows`` with the query; 0 for a row without a vector in its space
-        (a keyword hit not embedded yet), or when the ranking has no query vector."""
+    def relevance(self, rows: np.ndarray, vectorless: float = 0.0) -> np.ndarray:
+        """Similarity of each of ``rows`` with the query; ``vectorless`` for a row without a vector
+        in its space (a keyword hit not embedded yet), or when the ranking has no query vector."""
         if self.query is None or self.space is None:
-            return np.zeros(rows.shape[0], np.float32)
+            return np.full(rows.shape[0], vectorless, np.float32)
         kept, sims = self.similarities(rows)
         if sims.shape[0] == rows.shape[0]:  # (every row kept)
             return sims
-        out = np.zeros(rows.shape[0], np.float32)
+        out = np.full(rows.shape[0], vectorless, np.float32)
         out[kept] = sims
         return out
 

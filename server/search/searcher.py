@@ -421,7 +421,7 @@ class Searcher:
                 self.source, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, depth
             )
             rows, scores, probe = sums.best(depth)
-            sims = scorer.relevance(rows)  # (while the vector search may still run)
+            sims = scorer.relevance(rows, np.nan)  # (while the vector search may still run)
         finally:
             vector = pending.result()  # (the helper is done before this search lets the indexes go)
         assert vector is not None  # (only a cancelled job answers None, and its Future is nobody's)
