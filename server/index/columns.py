@@ -357,13 +357,18 @@ class Columns:
         counts = np.bincount(cols._arrays["ns"][rows], minlength=len(ns_names))
         cols.ns_counts = {ns_names[i]: int(c) for i, c in enumerate(counts.tolist()) if c}
         cols._ns_sorted = sorted(cols.ns_counts)
-        cols._row_tags = {row: cols._shared(tuple(tags)) for row, tags in state["row_tags"].items()}
+        # (rows as new objects, not the decoded ones: the decoded tree is freed whole, not kept in
+        # pieces scattered over the heap's pages)
+        tagged, metas = state["row_tags"], state["row_meta"]
+        cols._row_tags = {
+            row: cols._shared(tuple(tags))
+            for row, tags in zip(
+                np.fromiter(tagged, np.int64, len(tagged)).tolist(), tagged.values(), strict=True
+            )
+        }
         for row, tags in cols._row_tags.items():
             for t in tags:
                 cols.tags.setdefault(t, set()).add(row)
-        # (rows as new objects, not the decoded ones: the decoded tree is freed whole, not kept in
-        # pieces scattered over the heap's pages)
-        metas = state["row_meta"]
         for row, meta in zip(np.fromiter(metas, np.int64, len(metas)).tolist(), metas.values(), strict=True):
             cols._set_meta(row, meta)
         cols.max_importance = float(state["max_importance"])
