@@ -1809,28 +1809,38 @@ def test_a_metadata_value_changed_to_an_equal_one_of_another_kind_is_filtered_as
     server_factory: Callable[..., Any], tmp_path: Path
 ) -> None:
     """1 == 1.0 == True in Python, but a filter tells a number from a boolean: an update from 1 to
-    true (or to 1.0) must reach the filters, before and after a restart from the snapshot."""
-    running = server_factory(data_dir=tmp_path / "d")
+    true (or to 1.0) must reach the filters (whose value arrays were already built), while serving,
+    after a restart from a snapshot taken after it, and replayed onto a snapshot taken before it."""
+
+    def found(c: MemoryClient, where: dict[str, Any]) -> list[str]:
+        listed = sorted(m.id for m in c.list_memories("kinds", where=where))
+        searched = sorted(h.memory.id for h in c.search("kinds", "flag", where=where, limit=10))
+        assert listed == searched
+        return listed
+
+    data = tmp_path / "d"
+    running = server_factory(data_dir=data)
     with connect(running) as c:
         one = c.create("kinds", "flag one", metadata={"flag": 1}).id
         other = c.create("kinds", "flag other", metadata={"flag": 1}).id
+        assert found(c, {"metadata.flag": 1}) == sorted([one, other])  # (the filters' arrays built)
+        assert found(c, {"metadata.flag": True}) == []
+    running.stop()  # a snapshot holding 1 for both
+    running = server_factory(data_dir=data, snapshot_on_shutdown=False)
+    with connect(running) as c:
+        assert found(c, {"metadata.flag": 1}) == sorted([one, other])
         c.update("kinds", one, metadata={"flag": True})
         c.update("kinds", other, metadata={"flag": 1.5})
         c.update("kinds", other, metadata={"flag": 1})
-
-        def found(where: dict[str, Any]) -> list[str]:
-            listed = sorted(m.id for m in c.list_memories("kinds", where=where))
-            searched = sorted(h.memory.id for h in c.search("kinds", "flag", where=where, limit=10))
-            assert listed == searched
-            return listed
-
-        assert found({"metadata.flag": True}) == [one]
-        assert found({"metadata.flag": 1}) == [other]
-    running.stop()
-    running = server_factory(data_dir=tmp_path / "d")
-    with connect(running) as c:
-        assert [m.id for m in c.list_memories("kinds", where={"metadata.flag": True})] == [one]
-        assert [m.id for m in c.list_memories("kinds", where={"metadata.flag": 1})] == [other]
+        assert found(c, {"metadata.flag": True}) == [one]
+        assert found(c, {"metadata.flag": 1}) == [other]
+    running.stop()  # no snapshot: the next start replays the updates onto the one before them
+    for start in ("the updates replayed onto the older snapshot", "a snapshot holding the updates"):
+        running = server_factory(data_dir=data)
+        with connect(running) as c:
+            assert found(c, {"metadata.flag": True}) == [one], start
+            assert found(c, {"metadata.flag": 1}) == [other], start
+        running.stop()  # (the first writes the snapshot the second starts from)
 
 
 def test_metadata_integers_past_2_53_compare_exactly(server_factory: Callable[..., Any]) -> None:

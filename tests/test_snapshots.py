@@ -738,3 +738,71 @@ def test_metadata_filters_on_a_view_older_than_the_metadata_arrays(tmp_path: Pat
             assert (mask == expected).all(), cond
     finally:
         eng.close()
+
+
+def test_columns_keep_each_rows_metadata_and_tags_through_changes_removals_and_a_restore() -> None:
+    """Rows share their metadata keys and tags (up to KEYSETS_MAX distinct sets each, past it a row
+    keeps its own): whatever they share, each row's values (of their kind), and tags, are what
+    its last record said, through changes, removals and ``state`` / ``restore``; and the common
+    keys stay shared after a restore however many distinct tag sets came before them."""
+    from conftest import make_record
+
+    from tiermem.server.index.columns import KEYSETS_MAX, Columns
+
+    cols = Columns(capacity=8)
+    want: dict[int, tuple[dict[str, Any], list[str]]] = {}
+
+    def put(rid: int, meta: dict[str, Any], tags: list[str]) -> None:
+        rec = make_record(rid)
+        rec.metadata, rec.tags = meta, tags
+        if rid in cols.rows:
+            cols.set(cols.rows[rid], rec, -1, -1)
+        else:
+            cols.add(rec, -1)
+        want[rid] = (dict(meta), list(tags))
+
+    n = 3 * KEYSETS_MAX + 300
+    for rid in range(1, n + 1):  # every third row with a key of its own: more sets than are shared
+        meta = {f"own{rid}": rid} if rid % 3 == 0 else {"bucket": rid % 5, "flag": rid % 2}
+        put(rid, meta, [f"t{rid % 4}"] + ([f"u{rid}"] if rid % 2 == 0 else []))
+    assert len(cols._shared_keys) == len(cols._shared_tags) == KEYSETS_MAX
+    long_keys = {"k" * 200: 1, "j" * 100: 2}  # (past KEYSET_CHARS: kept, not shared)
+    put(n + 1, long_keys, [])
+    assert cols._row_meta[cols.rows[n + 1]] == tuple(long_keys)
+    for rid in range(1, 400):
+        meta, tags = want[rid]
+        if rid % 3 == 1:  # an equal value of another kind, and a key added
+            put(rid, {**meta, "flag": bool(meta["flag"]), "bucket": float(meta["bucket"]), "new": "x"}, tags)
+        elif rid % 3 == 2:  # a key dropped, the tags cleared
+            put(rid, {"bucket": meta["bucket"]}, [])
+        else:  # a key of its own dropped for a shared one
+            put(rid, {"bucket": 7}, tags[:1])
+    gone = [rid for rid in range(5, n, 11)]
+    gone_rows = [cols.rows[rid] for rid in gone]
+    for rid in gone:
+        cols.remove(rid, "ns")
+        del want[rid]
+
+    def seen(c: Columns) -> dict[int, tuple[dict[str, tuple[type, Any]], list[str]]]:
+        return {
+            rid: (
+                {k: (type(v[row]), v[row]) for k, v in c.metadata.items() if row in v},
+                sorted(t for t, rows in c.tags.items() if row in rows),
+            )
+            for rid, row in c.rows.items()
+        }
+
+    expected = {rid: ({k: (type(v), v) for k, v in m.items()}, sorted(t)) for rid, (m, t) in want.items()}
+    assert seen(cols) == expected
+    assert all(f"own{rid}" not in cols.metadata for rid in gone if rid % 3 == 0)
+    assert not any(row in values for values in cols.metadata.values() for row in gone_rows)
+    assert not any(row in rows for rows in cols.tags.values() for row in gone_rows)
+    flags = cols.metadata_arrays("flag")
+    rids = cols.column("rid")
+    bools = {int(rids[r]) for r, v in zip(flags.rows[0], flags.values[0], strict=True) if v}
+    assert bools == {rid for rid, (m, _) in want.items() if m.get("flag") is True}
+    restored = Columns.restore(cols.state())
+    assert seen(restored) == expected
+    # Shared after a restore too, however many tag sets came first: one tuple for the common keys.
+    common = [keys for keys in restored._row_meta.values() if keys == ("bucket", "flag")]
+    assert len(common) > 1000 and len({id(keys) for keys in common}) == 1

@@ -20,9 +20,11 @@ from tiermem.server.model.records import Record
 
 _CHANGE_LOG = Tuning().columns_change_log
 EXACT_INT = 2**53  # float64 holds every integer up to this exactly, not all past it
-# Distinct tag and metadata-key tuples shared between rows (one object each instead of one a row);
-# beyond this many, a row keeps its own (keys unique to each memory must not grow a table forever).
+# Distinct metadata-key (and tag) tuples shared between rows: one object each instead of one a row.
+# Beyond this many a table, or this long, a row keeps its own: sets unique to each memory gain
+# nothing from sharing, and a table keeps the sets of deleted memories (bounded so).
 KEYSETS_MAX = 4096
+KEYSET_CHARS = 256
 _ABSENT = object()
 
 
@@ -56,6 +58,16 @@ _SPEC: dict[str, tuple[type, float | int | bool]] = {
     "vk": (np.int64, 0),  # the record's vector key (maps the row to its HNSW snapshot entry)
     "tokens": (np.int32, 0),  # the record's estimated tokens (token_cost)
 }
+
+
+def _shared(table: dict[tuple[str, ...], tuple[str, ...]], keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The tuple equal to ``keys`` that ``table`` shares, entered if there is room."""
+    got = table.get(keys)
+    if got is None:
+        if len(table) >= KEYSETS_MAX or sum(map(len, keys)) > KEYSET_CHARS:
+            return keys
+        table[keys] = got = keys
+    return got
 
 
 class Interner:
@@ -147,7 +159,8 @@ class Columns:
         self._meta_version: dict[str, int] = {}  # bumped whenever a key's values change
         self._meta_arrays: dict[str, tuple[int, MetadataArrays]] = {}
         self._row_meta: dict[int, tuple[str, ...]] = {}  # row -> its metadata keys (values: ``metadata``)
-        self._keysets: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._shared_keys: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._shared_tags: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.max_importance = 0.0  # the highest importance any row has had (never lowered): a bound
         self.changes = 0  # rows refreshed by ``set`` so far (search.PriorBounds: how stale its bounds are)
         # The rows of the last ``change_log_size`` refreshes, entry i at _change_log[i % size]; each
@@ -269,7 +282,7 @@ class Columns:
         a["access_base"][row] = rec.access_base
         a["success_base"][row] = rec.success_base
         old = self._row_tags.get(row, ())
-        new = self._shared(tuple(rec.tags))
+        new = _shared(self._shared_tags, tuple(rec.tags))
         if old != new:
             for t in old:
                 rows = self.tags.get(t)
@@ -284,14 +297,6 @@ class Columns:
             self.earliest_expire = float(rec.expire_at)
         gen[row] += 1  # ... sees it move again, so bounds computed from half-written fields are discarded
         self.epoch += 1
-
-    def _shared(self, keys: tuple[str, ...]) -> tuple[str, ...]:
-        got = self._keysets.get(keys)
-        if got is None:
-            if len(self._keysets) >= KEYSETS_MAX:
-                return keys
-            self._keysets[keys] = got = keys
-        return got
 
     def _set_meta(self, row: int, meta: dict[str, Any]) -> None:
         old = self._row_meta.get(row, ())
@@ -308,7 +313,7 @@ class Columns:
         keys = tuple(meta)
         if keys != old:
             if keys:
-                self._row_meta[row] = self._shared(keys)
+                self._row_meta[row] = _shared(self._shared_keys, keys)
             else:
                 self._row_meta.pop(row, None)
 
@@ -361,7 +366,7 @@ class Columns:
         # pieces scattered over the heap's pages)
         tagged, metas = state["row_tags"], state["row_meta"]
         cols._row_tags = {
-            row: cols._shared(tuple(tags))
+            row: _shared(cols._shared_tags, tuple(tags))
             for row, tags in zip(
                 np.fromiter(tagged, np.int64, len(tagged)).tolist(), tagged.values(), strict=True
             )
@@ -369,8 +374,12 @@ class Columns:
         for row, tags in cols._row_tags.items():
             for t in tags:
                 cols.tags.setdefault(t, set()).add(row)
+        values, keys_of, table = cols.metadata, cols._row_meta, cols._shared_keys
         for row, meta in zip(np.fromiter(metas, np.int64, len(metas)).tolist(), metas.values(), strict=True):
-            cols._set_meta(row, meta)
+            if meta:  # (new columns: nothing to compare with or drop, no version to move)
+                for k, v in meta.items():
+                    values.setdefault(k, {})[row] = v
+                keys_of[row] = _shared(table, tuple(meta))
         cols.max_importance = float(state["max_importance"])
         cols.earliest_expire = float(state["earliest_expire"])
         cols._view = cols._make_view()
@@ -410,12 +419,14 @@ class Columns:
         return arrays
 
     def _drop_meta(self, key: str, row: int) -> None:
-        self._meta_version[key] = self._meta_version.get(key, 0) + 1
         rows = self.metadata.get(key)
         if rows is not None:
             rows.pop(row, None)
             if not rows:
                 del self.metadata[key]
+        # (after the value went: a reader that sees the new version cannot have read it, and
+        # cache arrays holding it under that version)
+        self._meta_version[key] = self._meta_version.get(key, 0) + 1
 
     def remove(self, rid: int, namespace: str) -> int:
         row = self.rows.pop(rid)
