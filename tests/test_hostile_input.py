@@ -522,6 +522,24 @@ def test_filter_numbers_beyond_any_float_are_invalid_argument(counted: MemoryCli
     expect_invalid(lambda: _searched(counted, where), "filter.where")
 
 
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        ('{"metadata.n": 1, "metadata.n": 2}', "metadata.n"),
+        ('{"importance": {"$gt": 0.2, "$gt": 0.9}}', "$gt"),
+        ('{"$or": [{"kind": "fact"}, {"tags": "x", "tags": "y"}]}', "tags"),
+    ],
+)
+def test_a_where_key_given_twice_in_one_object_is_invalid_argument(
+    counted: MemoryClient, where: str, key: str
+) -> None:
+    """JSON parsers keep the last of two equal keys: a filter with two conditions on one field
+    would silently apply one of them."""
+    e = expect_invalid(lambda: counted.list_page(NS, where=where), "filter.where")
+    assert f"names {key!r} twice" in e.message, e.message
+    expect_invalid(lambda: _searched(counted, where), "filter.where")
+
+
 def _nested(levels: int, kind: str) -> str:
     if kind == "not":
         return '{"$not": ' * (levels - 1) + '{"kind": "fact"}' + "}" * (levels - 1)

@@ -81,13 +81,35 @@ def compile_where(text: str) -> Mask | None:
             f"nests arrays and objects more than {MAX_NESTING} levels deep (a filter: {MAX_DEPTH} at most)",
         )
     try:
-        tree = json.loads(text)
+        tree = json.loads(text, object_pairs_hook=_object)
+    except _DuplicateKey as e:
+        raise InvalidArgument(
+            FIELD, f"names {_show(e.key)} twice in one object (JSON would keep only the last)"
+        ) from None
     except json.JSONDecodeError as e:
         raise InvalidArgument(FIELD, f"is not valid JSON: {e.msg} at position {e.pos}") from None
     except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4300 digits
         raise InvalidArgument(FIELD, f"is not valid JSON: {_short(str(e))}") from None
     counter = [0]
     return _node(tree, "", 0, counter)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a key given twice is refused: of two conditions on one field only the last
+    would count, silently."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
 
 
 def _nesting(text: str) -> int:
