@@ -692,3 +692,32 @@ def test_an_expired_copy_does_not_hide_a_live_one_from_deduplication(
         )
         assert [m.id for m in batch.memories] == [live.memory.id] * 2
         assert [m.id for m in c.list_memories("r")] == [live.memory.id]
+
+
+def test_a_duplicate_whose_tags_would_pass_the_limit_is_refused_and_changes_nothing(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Reinforcing merges the duplicate's tags into the memory's: past max_tags the merge was cut
+    and the caller's new tags were lost without a word. It is INVALID_ARGUMENT on the duplicate's
+    tags now, and nothing of the create (or of its batch) is stored."""
+    c = _client(server_factory(max_tags=8))
+    first = c.create("ns", "the deploy runbook lives in the wiki", tags=[f"t{i}" for i in range(6)])
+    merged = c.create("ns", "The deploy runbook lives in the WIKI", tags=["t0", "new1", "new2"])
+    assert merged.id == first.id and list(merged.tags) == [*(f"t{i}" for i in range(6)), "new1", "new2"]
+    with pytest.raises(InvalidArgumentError) as refused:
+        c.create("ns", "the deploy runbook lives in the wiki", tags=["new3"])
+    assert refused.value.fields == ["memory.tags"] and refused.value.reason == "FIELD_TOO_LARGE"
+    assert "9 tags, the limit is 8" in refused.value.message
+    with pytest.raises(InvalidArgumentError) as refused:
+        c.create_batch(
+            [
+                {"namespace": "ns", "content": "a fresh memory of the batch"},
+                {"namespace": "ns", "content": "the deploy runbook lives in the wiki", "tags": ["a", "b"]},
+            ]
+        )
+    assert refused.value.fields == ["memories[1].tags"]
+    kept = c.get("ns", first.id)
+    assert list(kept.tags) == list(merged.tags) and kept.access_count == merged.access_count == 1
+    assert [m.content for m in c.list_memories("ns")] == [first.content]
+    again = c.create("ns", "the deploy runbook lives in the wiki", tags=["new2"])  # (within the limit)
+    assert again.id == first.id and again.access_count == 2

@@ -209,7 +209,13 @@ class _CreateOp:
                             f"reinforcing memory {dup.id!r} (duplicated; allow_duplicates stores it instead)"
                         )
                         check_protected(st, m.namespace, self.confirm, what, txn)
-                    _reinforce(dup, m, now, st.config.max_tags)
+                    _reinforce(
+                        dup,
+                        m,
+                        now,
+                        st.config.max_tags,
+                        f"memories[{i}].tags" if self.batch else "memory.tags",
+                    )
                     st.store.put(txn, dup)
                     # An earlier item of this batch that was the same memory answers with its
                     # state now too (its vector, if new, is still indexed from that item).
@@ -391,12 +397,23 @@ def _most_similar_indexed(st: EngineState, m: NewMemory) -> tuple[int, int, floa
     return best_rid, best_vk, best
 
 
-def _reinforce(rec: Record, dup: NewMemory, now: float, max_tags: int) -> None:
-    """A duplicate of ``rec`` was stored again: it counts as an access and can only gain."""
+def _reinforce(rec: Record, dup: NewMemory, now: float, max_tags: int, field: str) -> None:
+    """A duplicate of ``rec`` was stored again: it counts as an access and can only gain.
+    INVALID_ARGUMENT (nothing changed) when the tags merged would pass ``max_tags``: cut, the
+    caller's new tags would be lost without a word."""
+    tags = list(dict.fromkeys([*rec.tags, *dup.tags]))
+    if len(tags) > max_tags:
+        raise InvalidArgument(
+            field,
+            f"merged into the memory this duplicates ({rec.id!r}, {len(rec.tags)} tags) would make "
+            f"{len(tags)} tags, the limit is {max_tags}: update that memory's tags, or store this "
+            "one apart (allow_duplicates)",
+            reason="FIELD_TOO_LARGE",
+        )
     rec.importance = max(rec.importance, float(dup.importance or 0.0))
     rec.access_count += 1
     rec.accessed_at = max(rec.accessed_at, now)
-    rec.tags = list(dict.fromkeys([*rec.tags, *dup.tags]))[:max_tags]
+    rec.tags = tags
     rec.updated_at = now
 
 

@@ -1158,9 +1158,11 @@ type CreateMemoryRequest struct {
 	// allow_duplicates stores the memory even when an identical one exists. By default a memory
 	// without a client id whose normalized content (case-folded, whitespace collapsed) equals one of
 	// the same kind in its namespace reinforces that memory instead: importance raised to the larger,
-	// one more access, tags merged; the response returns it with deduplicated set. In a protected
-	// namespace reinforcing needs confirm (else FAILED_PRECONDITION NAMESPACE_PROTECTED, nothing
-	// changed), unless the memory reinforced came earlier in the same batch.
+	// one more access, tags merged; the response returns it with deduplicated set. Tags that merged
+	// would pass max_tags are INVALID_ARGUMENT FIELD_TOO_LARGE on the duplicate's tags, nothing
+	// changed. In a protected namespace reinforcing needs confirm (else FAILED_PRECONDITION
+	// NAMESPACE_PROTECTED, nothing changed), unless the memory reinforced came earlier in the same
+	// batch.
 	AllowDuplicates bool `protobuf:"varint,4,opt,name=allow_duplicates,json=allowDuplicates,proto3" json:"allow_duplicates,omitempty"`
 	// confirm must be true to store a preference, or a summary (which replaces the previous one), in a
 	// protected namespace (else FAILED_PRECONDITION).
