@@ -540,6 +540,18 @@ def test_a_where_key_given_twice_in_one_object_is_invalid_argument(
     expect_invalid(lambda: _searched(counted, where), "filter.where")
 
 
+@pytest.mark.parametrize("where", ['{"tags": []}', '{"tags": {"$all": []}}', '{"$or": [{"tags": []}]}'])
+def test_all_of_no_tags_is_invalid_argument(counted: MemoryClient, where: str) -> None:
+    """Every memory has all of no tags: a list built empty by a client would let every memory
+    through. ($in of none matches nothing, $nin of none everything: those stay.)"""
+    e = expect_invalid(lambda: counted.list_page(NS, where=where), "filter.where")
+    assert "leave the condition out" in e.message, e.message
+    expect_invalid(lambda: _searched(counted, where), "filter.where")
+    assert _listed(counted, {"tags": {"$in": []}}) == []
+    every = sorted(m.id for m in counted.list_memories(NS))
+    assert every and _listed(counted, {"tags": {"$nin": []}}) == every
+
+
 def _nested(levels: int, kind: str) -> str:
     if kind == "not":
         return '{"$not": ' * (levels - 1) + '{"kind": "fact"}' + "}" * (levels - 1)

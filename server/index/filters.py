@@ -9,7 +9,7 @@
 
 - ``{field: value}`` means ``{field: {"$eq": value}}``.
 - ``tags``: ``{"tags": "x"}`` has tag x; ``{"tags": ["x", "y"]}`` has both (as ``$all``); ``$in`` any
-  of; ``$all`` all of; ``$nin`` none of; ``$ne`` not x.
+  of; ``$all`` all of (not of an empty list); ``$nin`` none of; ``$ne`` not x.
 - ``tier``: 1-4 or a name ("FAST", "TIER_FAST").
 - times: epoch seconds or an RFC 3339 string ("2026-11-21T10:00:00Z").
 - ``metadata.<key>``: compares with values of the same type (numbers with numbers, strings with
@@ -340,6 +340,8 @@ def _tags(op: str, arg: Any, path: str) -> Mask:
     if op == "$eq" and isinstance(arg, list):
         op = "$all"  # {"tags": ["a", "b"]}: has these tags, every one of them
     values = _listed(op, arg, path)
+    if op == "$all" and not values:  # (a list built from nothing would let every memory through)
+        raise _fail(path, "all of no tags holds for every memory: leave the condition out instead")
     for a in values:
         if not isinstance(a, str):
             raise _fail(path, f"tags are strings, got {_show(a)}")
