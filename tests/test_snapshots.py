@@ -806,3 +806,30 @@ def test_columns_keep_each_rows_metadata_and_tags_through_changes_removals_and_a
     # Shared after a restore too, however many tag sets came first: one tuple for the common keys.
     common = [keys for keys in restored._row_meta.values() if keys == ("bucket", "flag")]
     assert len(common) > 1000 and len({id(keys) for keys in common}) == 1
+
+
+def test_a_filter_built_while_a_metadata_key_is_dropped_does_not_keep_the_dropped_value() -> None:
+    """A reader's metadata arrays built between the writer's steps of dropping a key from a row
+    (another thread, in the server) must not stay cached with the row in them: the key's version
+    moves after the value left, so arrays built before that are built again."""
+    from conftest import make_record
+
+    from tiermem.server.index.columns import Columns
+
+    cols = Columns(capacity=8)
+    for rid in (1, 2):
+        rec = make_record(rid)
+        rec.metadata = {"k": 5}
+        cols.add(rec, -1)
+    assert cols.metadata_arrays("k").rows[1].tolist() == [0, 1]
+
+    class ReadMidway(dict):  # type: ignore[type-arg]
+        def pop(self, *args: Any) -> Any:
+            cols.metadata_arrays("k")  # a search's filter, between the writer's steps
+            return super().pop(*args)
+
+    cols.metadata["k"] = ReadMidway(cols.metadata["k"])
+    dropped = make_record(1)
+    dropped.metadata = {"other": 1}
+    cols.set(cols.rows[1], dropped, -1, -1)
+    assert cols.metadata_arrays("k").rows[1].tolist() == [1]
