@@ -164,16 +164,23 @@ def _one_line_error(code: int, output: str, *words: str) -> str:
 
 
 def _fill(
-    c: MemoryClient, vecs: np.ndarray, content_bytes: int, first: int = 0
+    c: MemoryClient, vecs: np.ndarray, content_bytes: int, first: int = 0, create_time: float | None = None
 ) -> tuple[list[int], ResourceExhaustedError]:
-    """Create memories m<i> (i from ``first``, content of ``content_bytes``) until storage is full;
-    returns the i of those acknowledged and the error of the first refused."""
+    """Create memories m<i> (i from ``first``, content of ``content_bytes``, created at
+    ``create_time`` if given) until storage is full; returns the i of those acknowledged and the
+    error of the first refused."""
     acked: list[int] = []
+    at = {} if create_time is None else {"create_time": create_time}
     for i in range(first, len(vecs)):
         v = vecs[i]
         try:
             c.create(
-                "ns", f"m{i} " + "x" * content_bytes, id=f"m{i}", embedding=v.tolist(), embedding_model=MODEL
+                "ns",
+                f"m{i} " + "x" * content_bytes,
+                id=f"m{i}",
+                embedding=v.tolist(),
+                embedding_model=MODEL,
+                **at,
             )
         except ResourceExhaustedError as e:
             return acked, e
@@ -313,15 +320,18 @@ def test_background_passes_on_a_full_disk_log_one_line_not_a_traceback_each(tmp_
     env = {
         "TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0.2",
         "TIERMEM_DEFAULT_TIER": "1",
-        "TIERMEM_TIER_TTL_SECONDS": "2,3600,86400,604800",  # (FAST memories move down after 2 s)
+        "TIERMEM_TIER_TTL_SECONDS": "3,3600,86400,604800",  # (FAST memories move down after 3 s)
         "TIERMEM_TIER_CADENCE_SECONDS": "0,0.2,60,600,3600",  # (FAST looked at every pass)
     }
     proc, out = _spawn(tmp_path / "data", fsize_limit=3 * 1024 * 1024, env=env)
     try:
         with _client(f"127.0.0.1:{out.port_number}") as c:
-            acked, err = _fill(c, _vecs(2000, seed=4), 20_000)
+            # All created at one time, so all of them are due to move down in the same pass: one
+            # commit too large for what the full disk has left (moved a few at a time, as they
+            # were stored, the first few could fit in the pages LMDB frees as it goes).
+            acked, err = _fill(c, _vecs(2000, seed=4), 20_000, create_time=time.time())
             assert err.reason == "STORAGE_FULL" and len(acked) > 50
-            time.sleep(4)  # (the TTL, then about ten passes that cannot store their moves)
+            time.sleep(5)  # (the TTL, then about ten passes that cannot store their moves)
             assert c.get("ns", f"m{acked[0]}").tier == 1
         assert _stop(proc) == 0
     finally:
