@@ -9,7 +9,6 @@ under it."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -150,13 +149,9 @@ def _load_once(st: EngineState) -> None:
 def _release_freed_heap() -> None:
     """Hand the heap the load freed (the decoded snapshot, read buffers) back to the system:
     glibc keeps freed pages below its heap's top for reuse, which a serving process may never
-    need again."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc: nothing to ask
-        return
-    if trim is not None:
+    need again. (The process's own symbols, as elsewhere: ``find_library`` would run ldconfig.)"""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:  # (None: not glibc, nothing to ask)
         trim(0)
 
 

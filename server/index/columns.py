@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,12 @@ def _shared(table: dict[tuple[str, ...], tuple[str, ...]], keys: tuple[str, ...]
             return keys
         table[keys] = got = keys
     return got
+
+
+def _by_new_rows(by_row: dict[int, Any]) -> Iterator[tuple[int, Any]]:
+    """The (row, value) pairs of a decoded snapshot's map, the rows as new objects: kept, the decoded
+    ones would hold pieces of the decoded tree, freed otherwise, scattered over the heap's pages."""
+    return zip(np.fromiter(by_row, np.int64, len(by_row)).tolist(), by_row.values(), strict=True)
 
 
 class Interner:
@@ -362,20 +369,14 @@ class Columns:
         counts = np.bincount(cols._arrays["ns"][rows], minlength=len(ns_names))
         cols.ns_counts = {ns_names[i]: int(c) for i, c in enumerate(counts.tolist()) if c}
         cols._ns_sorted = sorted(cols.ns_counts)
-        # (rows as new objects, not the decoded ones: the decoded tree is freed whole, not kept in
-        # pieces scattered over the heap's pages)
-        tagged, metas = state["row_tags"], state["row_meta"]
         cols._row_tags = {
-            row: _shared(cols._shared_tags, tuple(tags))
-            for row, tags in zip(
-                np.fromiter(tagged, np.int64, len(tagged)).tolist(), tagged.values(), strict=True
-            )
+            row: _shared(cols._shared_tags, tuple(tags)) for row, tags in _by_new_rows(state["row_tags"])
         }
         for row, tags in cols._row_tags.items():
             for t in tags:
                 cols.tags.setdefault(t, set()).add(row)
         values, keys_of, table = cols.metadata, cols._row_meta, cols._shared_keys
-        for row, meta in zip(np.fromiter(metas, np.int64, len(metas)).tolist(), metas.values(), strict=True):
+        for row, meta in _by_new_rows(state["row_meta"]):
             if meta:  # (new columns: nothing to compare with or drop, no version to move)
                 for k, v in meta.items():
                     values.setdefault(k, {})[row] = v
