@@ -286,8 +286,8 @@ def test_a_helper_thread_takes_a_spare_turn_only() -> None:
 
 
 def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pass(tmp_path: Path) -> None:
-    """A fused search over many rows runs its vector search on a helper thread while its keyword pass
-    reads its best here (``Tuning.beside_min_rows``, when a core is spare): the same hits and scores
+    """A fused search of HNSW runs its vector search on a helper thread while its keyword pass reads
+    its best here (by default; ``Tuning.beside_min_rows``, when a core is spare): the same hits and scores
     as one after the other. The helper reads the indexes under the search's hold, so searches go on
     while the indexer takes their write lock again and again."""
     import threading
@@ -317,7 +317,7 @@ def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pas
         e.create(batch, batch=True)
     finally:
         e.close()  # (both below start from its snapshots: the same postings, the same graph)
-    e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=1), **small)
+    e = _engine(data, FakeClock(), **small)  # (by default: every search of HNSW, a core spare)
     try:
         assert helpers() == 0
         beside = answers(e)
