@@ -22,7 +22,8 @@ from tiermem.server.core.engine import Engine
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.text import keyword_terms
 from tiermem.server.model.types import Filter
-from tiermem.server.search.query import FUSED, SearchQuery
+from tiermem.server.search.candidates import CandidateSearch
+from tiermem.server.search.query import COMPREHENSIVE, FUSED, SIMILARITY, SearchQuery
 from tiermem.server.search.searcher import Turns
 
 NS = "team:search"
@@ -285,6 +286,44 @@ def test_a_helper_thread_takes_a_spare_turn_only() -> None:
         assert not none  # (one core: no helper)
 
 
+def test_no_helper_thread_while_a_ranking_waits_for_its_turn() -> None:
+    """Under a load that fills the turns a ranking's helper would only take a core from the next
+    ranking: while one is on its way to a turn (here: its turn's slot free, its deadline being
+    asked), no helper is had; once it runs, and after, the count is as before. A ranking that gave
+    up (its deadline passed) counts as neither."""
+    import threading
+
+    from tiermem.server.model.errors import DeadlineExceeded
+
+    turns = Turns(2)
+    with turns.take():
+        asked, go = threading.Event(), threading.Event()
+
+        def wanted() -> bool:  # (called with the slot taken, before the ranking runs)
+            asked.set()
+            return go.wait(5)
+
+        def second() -> None:
+            with turns.take(wanted):
+                pass
+
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        assert asked.wait(5)
+        refused = turns.claim()
+        assert not refused  # one ranking runs, one is about to: no core spare
+        go.set()
+        t.join(5)
+        assert not t.is_alive()
+        spare = turns.claim()
+        assert spare  # the second came and went: one ranking, one core spare
+        turns.release()
+        with pytest.raises(DeadlineExceeded), turns.take(lambda: False):
+            pass
+        assert (turns._busy, turns._waiting) == (1, 0)
+    assert (turns._busy, turns._waiting) == (0, 0)
+
+
 def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pass(tmp_path: Path) -> None:
     """A fused search of HNSW runs its vector search on a helper thread while its keyword pass reads
     its best here (by default; ``Tuning.beside_min_rows``, when a core is spare): the same hits and scores
@@ -368,6 +407,76 @@ def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pas
         e.close()
 
 
+@pytest.mark.parametrize("strategy", [SIMILARITY, COMPREHENSIVE])
+def test_hybrid_searches_rank_alike_with_their_candidate_search_beside_the_keyword_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: int
+) -> None:
+    """Hybrid on a weighted-sum strategy runs its candidate search on a helper thread while its
+    keyword pass runs here, by default, when it searches HNSW and a core is spare: the same hits,
+    scores and ranks as one after the other. A candidate search failing on the helper fails the
+    search with its error and leaves no turn, hold or scratch behind."""
+    import threading
+
+    rng = np.random.default_rng(31)
+    data = tmp_path / "data"
+    batch = [_memory(i, rng) for i in range(600)]
+    for i, m in enumerate(batch):  # a rare word in some, a common one in most
+        extra = (" zebra" if i % 7 == 0 else "") + (" deploy" if i % 3 else "")
+        batch[i] = replace(m, content=m.content + extra)
+    small = {"exact_search_max_rows": 64, "search_concurrency": 2}  # (HNSW at this size)
+
+    def answers(e: Engine) -> list[list[tuple[str, float, int, int]]]:
+        qrng = np.random.default_rng(32)
+        out = []
+        for j in range(12):
+            text = "zebra deploy " + WORDS[j % len(WORDS)]
+            q = SearchQuery(
+                **{**_query(qrng, text=text, strategy=strategy).__dict__, "hybrid": True, "limit": 10}
+            )
+            out.append([(h.record.id, h.score, h.vector_rank, h.keyword_rank) for h in e.search(q)])
+        return out
+
+    def helpers() -> int:
+        return sum(t.name.startswith("tiermem-beside") for t in threading.enumerate())
+
+    e = _engine(data, FakeClock(), **small)
+    try:
+        e.create(batch, batch=True)
+    finally:
+        e.close()  # (both below start from its snapshots: the same postings, the same graph)
+    e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=0), **small)
+    try:
+        in_line = answers(e)
+        assert helpers() == 0
+    finally:
+        e.close()
+    e = _engine(data, FakeClock(), **small)
+    try:
+        beside = answers(e)
+        assert helpers() == 1  # (the candidate searches did run beside)
+        with monkeypatch.context() as m:
+
+            def fails(*a: object) -> None:
+                raise RuntimeError("the helper's candidate search failed")
+
+            m.setattr(CandidateSearch, "run", fails)
+            q = SearchQuery(
+                **{**_query(rng, text="zebra deploy", strategy=strategy).__dict__, "hybrid": True}
+            )
+            with pytest.raises(RuntimeError, match="candidate search failed"):
+                e.search(q)
+        _settled(e)
+        assert answers(e) == beside
+    finally:
+        e.close()
+    assert [[h[0] for h in a] for a in beside] == [[h[0] for h in a] for a in in_line]
+    assert [[h[2:] for h in a] for a in beside] == [[h[2:] for h in a] for a in in_line]
+    for a, b in zip(beside, in_line, strict=True):
+        np.testing.assert_allclose([h[1] for h in a], [h[1] for h in b], rtol=1e-6)
+    assert all(len(a) == 10 for a in beside)
+    assert any(h[3] > 0 for a in beside for h in a)  # (keywords ranked some of them)
+
+
 def _beside_engine(data: Path, rng: np.random.Generator) -> Engine:
     small = {"exact_search_max_rows": 64, "search_concurrency": 2}  # (HNSW at this size)
     e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=1), **small)
@@ -377,7 +486,7 @@ def _beside_engine(data: Path, rng: np.random.Generator) -> Engine:
 
 def _settled(e: Engine) -> None:
     """No turn, helper, index read or dirty keyword scratch left behind by the searches before."""
-    assert e.searcher.turns._busy == 0
+    assert e.searcher.turns._busy == 0 and e.searcher.turns._waiting == 0
     assert all(ix._lock._readers == 0 for sp in e.spaces.values() for ix in sp.indexes.values())
     assert not any(scratch.acc.any() for scratch in kw_kernels._free)
 

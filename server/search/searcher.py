@@ -55,7 +55,7 @@ from tiermem.server.search.query import (
     check_query,
     query_vector,
 )
-from tiermem.server.search.ranking import Ranked, Scorer, collect_hits, row_weights
+from tiermem.server.search.ranking import Ranked, Scored, Scorer, collect_hits, row_weights
 from tiermem.server.search.source import PolicyTables, SearchSource
 
 __all__ = [
@@ -101,13 +101,15 @@ class Turns:
         self.size = size
         self._slots = threading.BoundedSemaphore(size)
         self._busy = 0  # rankings and their helpers running
+        self._waiting = 0  # rankings waiting for a turn
         self._count = threading.Lock()
 
     def claim(self) -> bool:
         """Take a core for a ranking's helper thread if one is spare (fewer rankings and helpers
-        run than there are turns); ``release`` gives it back."""
+        run, or wait for a turn, than there are turns); ``release`` gives it back. A ranking
+        waiting means the load fills the turns: a helper would only take its core."""
         with self._count:
-            got = self._busy < self.size
+            got = self._busy + self._waiting < self.size
             self._busy += got
         return got
 
@@ -118,18 +120,31 @@ class Turns:
     @contextmanager
     def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
         """Hold a turn; ``wanted`` is asked once it is taken: False raises DeadlineExceeded."""
-        with self._slots:
+        with self._count:
+            self._waiting += 1
+        got = False
+        try:
+            self._slots.acquire()
+            got = True
             if wanted is not None and not wanted():
                 raise DeadlineExceeded(
                     "the caller's deadline passed or it went away while the search waited for its turn"
                 )
+        except BaseException:
             with self._count:
-                self._busy += 1
-            try:
-                yield
-            finally:
-                with self._count:
-                    self._busy -= 1
+                self._waiting -= 1
+            if got:
+                self._slots.release()
+            raise
+        with self._count:  # (waiting to running in one step: no moment counts as a spare core)
+            self._waiting -= 1
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._count:
+                self._busy -= 1
+            self._slots.release()
 
 
 class _Lent(Generic[T]):
@@ -316,6 +331,7 @@ class Searcher:
                     include_embedding,
                 )
             scorer = Scorer(view, sp, query, a, row_w, tables, src.columns.namespaces)
+            pending: Future[Scored | None] | None = None  # the candidate search on a helper thread
             fused_limit = similarity_depth(a.limit) if a.hybrid else a.limit  # (each list fused this deep)
             if query is not None and sp is None:  # nothing in the query's space: keywords alone find rows
                 scored = scorer(np.empty(0, np.int64))
@@ -329,11 +345,22 @@ class Searcher:
                 search = CandidateSearch(
                     src, self.priors, self._observer, scorer, ranking, self._tiers_beside
                 )
-                scored = search.run(mask, count)
+                if by_keywords and self._beside_helps(count):  # (its keyword pass runs here meanwhile)
+                    pending = self._lend_holding(lambda: search.run(mask, count), holding)
+                if pending is None:
+                    scored = search.run(mask, count)
             if a.hybrid is not None:
-                keywords = bm25(
-                    src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, fused_limit
-                )
+                if pending is not None:
+                    time.sleep(0)  # (the GIL given up once: the helper reaches its search now, see _both)
+                try:
+                    keywords = bm25(
+                        src, view, keyword_mask, keyword_count, list(a.scope_w), a.hybrid.text, fused_limit
+                    )
+                finally:
+                    if pending is not None:  # (done before this search lets the indexes go)
+                        helped = pending.result()
+                        assert helped is not None  # (only a cancelled job answers None)
+                        scored = helped
                 ranked = fuse(keywords, a.hybrid, scored, fused_limit, scorer)
             else:
                 ranked = Ranked(scored, scored.score)
@@ -384,8 +411,8 @@ class Searcher:
         return rank_fused(vector, keywords, depth, scorer, weights, row_w, a.min_similarity)
 
     def _beside_helps(self, count: int) -> bool:
-        """Whether a fused search over ``count`` rows gains by its vector search and keyword pass
-        running at once, on two cores: both long (below, the handoff costs what the overlap saves)."""
+        """Whether a search with keywords over ``count`` rows (fused, or hybrid on a weighted sum)
+        runs its vector search on a helper thread beside its keyword pass: when it searches HNSW."""
         min_rows = self.source.config.tuning.beside_min_rows
         return 0 < min_rows <= count and count > self.source.config.exact_search_max_rows
 
@@ -404,13 +431,9 @@ class Searcher:
         assert a.hybrid is not None
         mask, count, keyword_mask, keyword_count = allowed
 
-        def most_similar() -> Candidates:
-            with ExitStack() as lent:
-                for index in holding:  # (this search's thread holds them for reading until it has these)
-                    lent.enter_context(index.lent())
-                return self._most_similar(scorer, mask, count, depth)
-
-        pending = self._lend(most_similar)  # (first: the keyword pass's set-up overlaps it)
+        pending = self._lend_holding(  # (first: the keyword pass's set-up overlaps it)
+            lambda: self._most_similar(scorer, mask, count, depth), holding
+        )
         if pending is None:
             return None
         # The GIL given up once: the helper reaches the GIL-free HNSW search now, not only once the
@@ -426,6 +449,18 @@ class Searcher:
             vector = pending.result()  # (the helper is done before this search lets the indexes go)
         assert vector is not None  # (only a cancelled job answers None, and its Future is nobody's)
         return vector, KeywordScores(rows, scores, probe(vector.rows), sims)
+
+    def _lend_holding(self, job: Callable[[], T], holding: list[Index]) -> Future[T | None] | None:
+        """``_lend`` of ``job``, which reads the indexes this search's thread holds (``holding``) under
+        its hold: the caller waits for the Future before it lets them go."""
+
+        def lent_job() -> T:
+            with ExitStack() as lent:
+                for index in holding:  # (this search's thread holds them for reading until it has these)
+                    lent.enter_context(index.lent())
+                return job()
+
+        return self._lend(lent_job)
 
     def _lend(self, job: Callable[[], T]) -> Future[T | None] | None:
         """``job`` on a helper thread holding a spare core until it ends (``Beside.submit``);
