@@ -120,9 +120,9 @@ class Tuning:
     # A ranking searches each tier's HNSW of at least this many entries beside the largest one, on
     # a helper thread, when a core is spare (0: never; search/candidates.py)
     tiers_beside_min_entries: int = 4096
-    # A fused search with text over this many allowed rows or more (and an HNSW search: over
-    # exact_search_max_rows) runs its keyword pass beside its HNSW search when a core is spare
-    # (0: never; 1: every such search, a shorter wait at low load from 8,000 rows up)
+    # A fused search with text, or hybrid on a weighted sum, over this many allowed rows or more
+    # (and an HNSW search: over exact_search_max_rows) runs its keyword pass beside its vector
+    # (candidate) search when a core is spare (0: never; 1: every such search)
     beside_min_rows: int = 1
 
     # core/: writes, followers, compaction, deduplication

@@ -22,6 +22,7 @@ from tiermem.server.core.engine import Engine
 from tiermem.server.model.records import NewMemory
 from tiermem.server.model.text import keyword_terms
 from tiermem.server.model.types import Filter
+from tiermem.server.search import searcher as searcher_module
 from tiermem.server.search.candidates import CandidateSearch
 from tiermem.server.search.query import COMPREHENSIVE, FUSED, SIMILARITY, SearchQuery
 from tiermem.server.search.searcher import Turns
@@ -466,6 +467,24 @@ def test_hybrid_searches_rank_alike_with_their_candidate_search_beside_the_keywo
             with pytest.raises(RuntimeError, match="candidate search failed"):
                 e.search(q)
         _settled(e)
+        real_run, finished = CandidateSearch.run, []
+
+        def slow_run(self: CandidateSearch, *a: object) -> object:  # (still searching when bm25 fails)
+            time.sleep(0.2)
+            out = real_run(self, *a)  # type: ignore[arg-type]
+            finished.append(threading.current_thread().name)
+            return out
+
+        def bm25_fails(*a: object, **kw: object) -> None:
+            raise ValueError("the keyword pass failed")
+
+        with monkeypatch.context() as m:
+            m.setattr(CandidateSearch, "run", slow_run)
+            m.setattr(searcher_module, "bm25", bm25_fails)
+            with pytest.raises(ValueError, match="keyword pass failed"):
+                e.search(q)
+            assert len(finished) == 1 and finished[0].startswith("tiermem-beside")  # (waited for)
+        _settled(e)
         assert answers(e) == beside
     finally:
         e.close()
@@ -475,6 +494,59 @@ def test_hybrid_searches_rank_alike_with_their_candidate_search_beside_the_keywo
         np.testing.assert_allclose([h[1] for h in a], [h[1] for h in b], rtol=1e-6)
     assert all(len(a) == 10 for a in beside)
     assert any(h[3] > 0 for a in beside for h in a)  # (keywords ranked some of them)
+
+
+def test_a_search_interrupted_while_its_helper_runs_keeps_its_holds_until_the_helper_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedded engine searching on the main thread gets KeyboardInterrupt while its helper still
+    searches: the interrupt is raised once the helper is done, so the indexes it reads stay held
+    (a writer cannot change them under it), and nothing is left behind."""
+    import signal
+    import threading
+
+    rng = np.random.default_rng(9)
+    e = _beside_engine(tmp_path / "data", rng)
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    indexes = [ix for sp in e.spaces.values() for ix in sp.indexes.values()]
+    seen: list[list[int]] = []
+    real_similar = e.searcher._most_similar
+    real_run = CandidateSearch.run
+
+    def slow(real: Callable[..., object], *a: object) -> object:
+        time.sleep(0.6)  # (the interrupt comes at 0.2 s)
+        seen.append([ix._lock._readers for ix in indexes])
+        return real(*a)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for strategy, target, name, patched in (
+            (FUSED, e.searcher, "_most_similar", lambda *a: slow(real_similar, *a)),
+            (SIMILARITY, CandidateSearch, "run", lambda self, *a: slow(real_run, self, *a)),
+        ):
+            q = SearchQuery(
+                **{**_query(rng, text="deploy budget", strategy=strategy).__dict__, "hybrid": True}
+            )
+            want = [(h.record.id, h.score) for h in e.search(q)]
+            with monkeypatch.context() as m:
+                m.setattr(target, name, patched)
+                timer = threading.Timer(
+                    0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
+                )
+                timer.start()
+                try:
+                    with pytest.raises(KeyboardInterrupt):
+                        e.search(q)
+                finally:
+                    timer.join()
+            assert len(seen) == 1 and all(r >= 1 for r in seen.pop())  # (held while the helper read)
+            _settled(e)
+            assert all(ix._lock._readers == 0 for ix in indexes)
+            assert [(h.record.id, h.score) for h in e.search(q)] == want
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        e.close()
 
 
 def _beside_engine(data: Path, rng: np.random.Generator) -> Engine:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, wait
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,6 +30,31 @@ from tiermem.server.search.observer import SearchObserver
 from tiermem.server.search.query import RankingParams
 from tiermem.server.search.ranking import Scored, Scorer, concat_scored, in_space
 from tiermem.server.search.source import SearchSource
+
+T = TypeVar("T")
+
+
+def wait_out(pending: Future[Any]) -> None:
+    """Wait for ``pending`` to end, whatever it ended with; an interrupt meanwhile (see
+    ``outlast``) is raised once it has."""
+    with suppress(Exception):  # (the job's own error: the caller raises its own)
+        outlast(pending)
+
+
+def outlast(pending: Future[T]) -> T:
+    """``pending``'s result, waited for through an interrupt too (KeyboardInterrupt on the main
+    thread of an embedded engine), which is raised once the job is done: a helper's job reads what
+    its caller holds, and the caller lets go of it as soon as this returns."""
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            wait([pending])
+            break
+        except BaseException as e:  # (the job still runs: wait on, raise this after)
+            interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
+    return pending.result()
 
 
 @dataclass(frozen=True)
@@ -124,10 +150,10 @@ def _searched(
                 answers[i] = search(index, counts[i])
     except BaseException:
         if pending is not None:
-            wait([pending])  # (the holds it borrows end with the caller's)
+            wait_out(pending)  # (the holds it borrows end with the caller's)
         raise
     if pending is not None:
-        for i, answer in zip(helped, pending.result(), strict=True):
+        for i, answer in zip(helped, outlast(pending), strict=True):
             answers[i] = answer
     return answers
 

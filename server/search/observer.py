@@ -1,6 +1,7 @@
 """``SearchObserver``: told about the steps of a ranking worth counting. The default ignores them;
 tests give a searcher their own (``Searcher.observer``) to count the steps and to act between them.
-Called on the searching thread, possibly from several searches at once."""
+Called on the searching thread or its helper (a candidate or vector search run beside the
+keyword pass), possibly from several searches at once."""
 
 from __future__ import annotations
 

@@ -32,7 +32,14 @@ from tiermem.server.index.spaces import Index, Space
 from tiermem.server.model.errors import DeadlineExceeded
 from tiermem.server.model.types import Filter
 from tiermem.server.search.bounds import PriorBounds
-from tiermem.server.search.candidates import Beside, CandidateSearch, ann, by_similarity, similarity_depth
+from tiermem.server.search.candidates import (
+    Beside,
+    CandidateSearch,
+    ann,
+    by_similarity,
+    outlast,
+    similarity_depth,
+)
 from tiermem.server.search.fused import Candidates, FusedWeights, rank_fused
 from tiermem.server.search.keywords import KeywordScores, bm25, fuse, keyword_pass
 from tiermem.server.search.observer import SearchObserver
@@ -358,7 +365,7 @@ class Searcher:
                     )
                 finally:
                     if pending is not None:  # (done before this search lets the indexes go)
-                        helped = pending.result()
+                        helped = outlast(pending)
                         assert helped is not None  # (only a cancelled job answers None)
                         scored = helped
                 ranked = fuse(keywords, a.hybrid, scored, fused_limit, scorer)
@@ -446,7 +453,7 @@ class Searcher:
             rows, scores, probe = sums.best(depth)
             sims = scorer.relevance(rows, np.nan)  # (while the vector search may still run)
         finally:
-            vector = pending.result()  # (the helper is done before this search lets the indexes go)
+            vector = outlast(pending)  # (the helper is done before this search lets the indexes go)
         assert vector is not None  # (only a cancelled job answers None, and its Future is nobody's)
         return vector, KeywordScores(rows, scores, probe(vector.rows), sims)
 
