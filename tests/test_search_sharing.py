@@ -26,6 +26,7 @@ from tiermem.server.search import searcher as searcher_module
 from tiermem.server.search.candidates import CandidateSearch
 from tiermem.server.search.query import COMPREHENSIVE, FUSED, SIMILARITY, SearchQuery
 from tiermem.server.search.searcher import Turns
+from tiermem.server.transport.app import RunningServer
 
 NS = "team:search"
 DIM = 8
@@ -323,6 +324,64 @@ def test_no_helper_thread_while_a_ranking_waits_for_its_turn() -> None:
             pass
         assert (turns._busy, turns._waiting) == (1, 0)
     assert (turns._busy, turns._waiting) == (0, 0)
+
+
+def test_a_helper_only_while_the_process_serves_about_one_call_at_a_time(tmp_path: Path) -> None:
+    """With the transport's count of calls in flight (``Searcher.calls``), a search has a helper
+    only while recent searches found about one call in flight (their own): two at once take the
+    cores already. The same answers either way."""
+    rng = np.random.default_rng(41)
+    e = _beside_engine(tmp_path / "data", rng)
+    claims: list[bool] = []
+    real_claim = e.searcher.turns.claim
+
+    def claim(calls: int = 0) -> bool:
+        got = real_claim(calls)
+        claims.append(got)
+        return got
+
+    e.searcher.turns.claim = claim  # type: ignore[method-assign]
+    q = _query(rng, text="deploy budget", strategy=FUSED)
+    try:
+        alone = [[(h.record.id, h.score) for h in e.search(q)] for _ in range(3)]
+        assert claims == [True] * 3  # (no count: the turns decide)
+        claims.clear()
+        e.searcher.calls = lambda: 2  # two calls in flight
+        busy = [[(h.record.id, h.score) for h in e.search(q)] for _ in range(20)]
+        assert not any(claims)  # two calls: no turn spare for a helper ...
+        assert 0 < len(claims) <= 8  # ... and once the running mean passed 1.25, none asked for
+        claims.clear()
+        e.searcher.calls = lambda: 1  # this search's call alone
+        later = [[(h.record.id, h.score) for h in e.search(q)] for _ in range(20)]
+        assert 5 <= len(claims) <= 12 and all(claims)  # (asked again once the mean came back)
+        assert all(a == alone[0] for a in alone + busy + later)
+        _settled(e)
+    finally:
+        e.close()
+
+
+def test_a_served_search_finds_its_own_call_in_flight(server_factory: Callable[..., RunningServer]) -> None:
+    """Through a real server the searcher's count of calls in flight is the handlers': a search
+    finds its own call there (and a helper's rule then sees one call at a time); idle, none."""
+    from tiermem.client import MemoryClient
+
+    running = server_factory()
+    searcher = running.engine.searcher
+    real, seen = searcher.calls, []
+
+    def calls() -> int:
+        seen.append(real())
+        return seen[-1]
+
+    searcher.calls = calls
+    with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
+        c.create(NS, "a note about the deploy budget", id="m1")
+        c.search(NS, "deploy budget", read_only=True)
+    assert seen == [1]
+    deadline = time.monotonic() + 5
+    while real() != 0 and time.monotonic() < deadline:  # (the last call leaves its handler)
+        time.sleep(0.01)
+    assert real() == 0
 
 
 def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pass(tmp_path: Path) -> None:

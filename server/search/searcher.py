@@ -109,20 +109,25 @@ class Turns:
         self._slots = threading.BoundedSemaphore(size)
         self._busy = 0  # rankings and their helpers running
         self._waiting = 0  # rankings waiting for a turn
+        self._helpers = 0  # of those running, helpers
         self._count = threading.Lock()
 
-    def claim(self) -> bool:
+    def claim(self, calls: int = 0) -> bool:
         """Take a core for a ranking's helper thread if one is spare (fewer rankings and helpers
-        run, or wait for a turn, than there are turns); ``release`` gives it back. A ranking
-        waiting means the load fills the turns: a helper would only take its core."""
+        run, or wait for a turn, than there are turns; and fewer ``calls`` in flight in the
+        process, when the caller knows them, and helpers); ``release`` gives it back. A ranking
+        waiting, or a call on its way to or from one, means the load fills the cores: a helper
+        would only take one from the next search."""
         with self._count:
-            got = self._busy + self._waiting < self.size
+            got = max(self._busy + self._waiting, calls + self._helpers) < self.size
             self._busy += got
+            self._helpers += got
         return got
 
     def release(self) -> None:
         with self._count:
             self._busy -= 1
+            self._helpers -= 1
 
     @contextmanager
     def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
@@ -187,6 +192,14 @@ class _Lent(Generic[T]):
             self._release()
 
 
+def _no_calls() -> int:
+    return 0
+
+
+RECENT_CALLS_WEIGHT = 0.125  # of the latest search in the running mean of calls in flight
+ONE_CALL_AT_A_TIME = 1.25  # that mean, at most, for a search to have a helper
+
+
 class Searcher:
     """Ranks the memories of ``source`` (the engine) for search queries."""
 
@@ -201,6 +214,13 @@ class Searcher:
             max(1, self.turns.size - 1), thread_name_prefix="tiermem-beside"
         )
         self._beside_lock = threading.Lock()
+        # The calls in flight in the serving process, this search's own included (the transport's
+        # count of calls in its handlers, when it sets one; 0: not known, the turns decide alone),
+        # and their mean as recent searches found them: a helper is had only while the process
+        # serves about one call at a time (with its clients on the same cores, a helper's extra
+        # work cost searches a second from two calls at once up)
+        self.calls: Callable[[], int] = _no_calls
+        self._recent_calls = 0.0
         # Several tiers' HNSW searches of one ranking at once, on a spare core (candidates.ann)
         self._tiers_beside = Beside(self._lend, source.config.tuning.tiers_beside_min_entries)
 
@@ -218,6 +238,7 @@ class Searcher:
     ) -> SearchHits:
         """Rank memories for ``q``. ``wanted``, when given, is asked once the search has its turn:
         False (the caller's deadline passed while it waited, or it went away) skips the ranking."""
+        self._recent_calls += (self.calls() - self._recent_calls) * RECENT_CALLS_WEIGHT
         checked = check_query(q, self.source.config, self.source.check_filter)
         hybrid = None
         if q.hybrid or (checked.strategy == FUSED and q.text):
@@ -473,7 +494,9 @@ class Searcher:
         """``job`` on a helper thread holding a spare core until it ends (``Beside.submit``);
         None when no core is spare or the searcher closed: the caller runs it in line."""
         with self._beside_lock:
-            if self._beside is None or not self.turns.claim():
+            if self._recent_calls > ONE_CALL_AT_A_TIME:
+                return None
+            if self._beside is None or not self.turns.claim(self.calls()):
                 return None
             lent = _Lent(job, self.turns.release)
             try:

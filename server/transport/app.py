@@ -87,6 +87,17 @@ class RunningServer:
         self.engine.close()
 
 
+def _calls_in(pool: HandlerPool, servicer: MemoryServicer) -> Callable[[], int]:
+    """The calls in the handlers but the replicas' streams (each holds a handler while it is
+    connected, without a core's work): what a search asks before it lends a core to a helper."""
+
+    def calls() -> int:
+        acks = servicer.acks
+        return max(0, pool.running() - (acks.figures()[0] if acks is not None else 0))
+
+    return calls
+
+
 def _attach(servicer: MemoryServicer, engine: Engine, config: ServerConfig) -> None:
     """The engine behind the servicer, with the agent services; a replica starts following."""
     graph = GraphMemory(engine.store, engine.writer, engine.config, engine.clock)
@@ -163,6 +174,8 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
             metrics.attach(lambda: servicer.engine, lambda: (servicer.acks, servicer.replica_follower))
             metrics_server = _serve_metrics(metrics, config)
         engine = Engine(config) if clock is None else Engine(config, clock=clock)
+        # (a search's helper only while no other call is in)
+        engine.searcher.calls = _calls_in(pool, servicer)
         _attach(servicer, engine, config)
         if leading:
             followers = follower.Followers(

@@ -316,6 +316,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     engine = Engine(config, follower=True, access_sink=sink)
     servicer = MemoryServicer(engine)
     pool = HandlerPool(config.max_workers)
+    engine.searcher.calls = pool.running  # (a search's helper only while no other call is in)
     server = grpc_server(
         config,
         pool,
