@@ -326,12 +326,20 @@ def test_no_helper_thread_while_a_ranking_waits_for_its_turn() -> None:
     assert (turns._busy, turns._waiting) == (0, 0)
 
 
-def test_a_helper_only_while_the_process_serves_about_one_call_at_a_time(tmp_path: Path) -> None:
+def test_a_helper_only_while_the_process_serves_about_one_call_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the transport's count of calls in flight (``Searcher.calls``), a search has a helper
     only while recent searches found about one call in flight (their own): two at once take the
-    cores already. The same answers either way."""
+    cores already. After an idle spell the count found then counts whole. The same answers."""
+    import types
+
     rng = np.random.default_rng(41)
     e = _beside_engine(tmp_path / "data", rng)
+    clock = [1000.0]  # (the searcher's monotonic time, moved by the test alone)
+    monkeypatch.setattr(
+        searcher_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep)
+    )
     claims: list[bool] = []
     real_claim = e.searcher.turns.claim
 
@@ -342,19 +350,34 @@ def test_a_helper_only_while_the_process_serves_about_one_call_at_a_time(tmp_pat
 
     e.searcher.turns.claim = claim  # type: ignore[method-assign]
     q = _query(rng, text="deploy budget", strategy=FUSED)
+
+    def searches(n: int) -> list[list[tuple[str, float]]]:
+        out = []
+        for _ in range(n):
+            clock[0] += 0.002  # (searches 2 ms apart: the latest weighs 1/8)
+            out.append([(h.record.id, h.score) for h in e.search(q)])
+        return out
+
     try:
-        alone = [[(h.record.id, h.score) for h in e.search(q)] for _ in range(3)]
+        alone = searches(3)
         assert claims == [True] * 3  # (no count: the turns decide)
         claims.clear()
         e.searcher.calls = lambda: 2  # two calls in flight
-        busy = [[(h.record.id, h.score) for h in e.search(q)] for _ in range(20)]
+        busy = searches(20)
         assert not any(claims)  # two calls: no turn spare for a helper ...
-        assert 0 < len(claims) <= 8  # ... and once the running mean passed 1.25, none asked for
+        assert len(claims) == 7  # ... and once the running mean passed 1.25, none asked for
         claims.clear()
         e.searcher.calls = lambda: 1  # this search's call alone
-        later = [[(h.record.id, h.score) for h in e.search(q)] for _ in range(20)]
+        later = searches(20)
         assert 5 <= len(claims) <= 12 and all(claims)  # (asked again once the mean came back)
-        assert all(a == alone[0] for a in alone + busy + later)
+        e.searcher.calls = lambda: 2
+        searches(20)
+        claims.clear()
+        e.searcher.calls = lambda: 1
+        clock[0] += 1.0  # a second idle
+        after_idle = searches(1)
+        assert claims == [True]  # (the count after the idle spell counts whole)
+        assert all(a == alone[0] for a in alone + busy + later + after_idle)
         _settled(e)
     finally:
         e.close()
@@ -373,15 +396,19 @@ def test_a_served_search_finds_its_own_call_in_flight(server_factory: Callable[.
         seen.append(real())
         return seen[-1]
 
-    searcher.calls = calls
+    def idle() -> bool:  # (a call leaves the count once its response is on its way)
+        deadline = time.monotonic() + 5
+        while real() != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real() == 0
+
     with MemoryClient(f"127.0.0.1:{running.port}", timeout=30) as c:
         c.create(NS, "a note about the deploy budget", id="m1")
+        assert idle()
+        searcher.calls = calls
         c.search(NS, "deploy budget", read_only=True)
     assert seen == [1]
-    deadline = time.monotonic() + 5
-    while real() != 0 and time.monotonic() < deadline:  # (the last call leaves its handler)
-        time.sleep(0.01)
-    assert real() == 0
+    assert idle()
 
 
 def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pass(tmp_path: Path) -> None:
@@ -617,7 +644,8 @@ def _beside_engine(data: Path, rng: np.random.Generator) -> Engine:
 
 def _settled(e: Engine) -> None:
     """No turn, helper, index read or dirty keyword scratch left behind by the searches before."""
-    assert e.searcher.turns._busy == 0 and e.searcher.turns._waiting == 0
+    turns = e.searcher.turns
+    assert turns._busy == 0 and turns._waiting == 0 and turns._helpers == 0
     assert all(ix._lock._readers == 0 for sp in e.spaces.values() for ix in sp.indexes.values())
     assert not any(scratch.acc.any() for scratch in kw_kernels._free)
 

@@ -14,6 +14,7 @@ ranking holds its space's indexes for reading from its first lookup to its last.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -196,8 +197,9 @@ def _no_calls() -> int:
     return 0
 
 
-RECENT_CALLS_WEIGHT = 0.125  # of the latest search in the running mean of calls in flight
-ONE_CALL_AT_A_TIME = 1.25  # that mean, at most, for a search to have a helper
+RECENT_CALLS_WEIGHT = 0.125  # of the latest search in the running mean of calls in flight, at least
+RECENT_CALLS_SECONDS = 0.05  # ... and more the longer since the search before (all of it after idling)
+A_TURN_FREE = 0.75  # a search has a helper while that mean is at most the turns less this (2: 1.25)
 
 
 class Searcher:
@@ -221,6 +223,7 @@ class Searcher:
         # work cost searches a second from two calls at once up)
         self.calls: Callable[[], int] = _no_calls
         self._recent_calls = 0.0
+        self._calls_noted = 0.0  # (monotonic time of the mean's last update)
         # Several tiers' HNSW searches of one ranking at once, on a spare core (candidates.ann)
         self._tiers_beside = Beside(self._lend, source.config.tuning.tiers_beside_min_entries)
 
@@ -238,7 +241,7 @@ class Searcher:
     ) -> SearchHits:
         """Rank memories for ``q``. ``wanted``, when given, is asked once the search has its turn:
         False (the caller's deadline passed while it waited, or it went away) skips the ranking."""
-        self._recent_calls += (self.calls() - self._recent_calls) * RECENT_CALLS_WEIGHT
+        self._note_calls()
         checked = check_query(q, self.source.config, self.source.check_filter)
         hybrid = None
         if q.hybrid or (checked.strategy == FUSED and q.text):
@@ -478,6 +481,16 @@ class Searcher:
         assert vector is not None  # (only a cancelled job answers None, and its Future is nobody's)
         return vector, KeywordScores(rows, scores, probe(vector.rows), sims)
 
+    def _note_calls(self) -> None:
+        """The calls in flight into their running mean: by a weight growing with the time since
+        the last search, so a server idle after a busy spell finds a core spare again at once."""
+        calls, now = self.calls(), time.monotonic()
+        mean, weight = self._recent_calls, RECENT_CALLS_WEIGHT
+        idle = now - self._calls_noted
+        if idle > 0:
+            weight = max(weight, -math.expm1(-idle / RECENT_CALLS_SECONDS))
+        self._recent_calls, self._calls_noted = mean + (calls - mean) * weight, now
+
     def _lend_holding(self, job: Callable[[], T], holding: list[Index]) -> Future[T | None] | None:
         """``_lend`` of ``job``, which reads the indexes this search's thread holds (``holding``) under
         its hold: the caller waits for the Future before it lets them go."""
@@ -494,16 +507,18 @@ class Searcher:
         """``job`` on a helper thread holding a spare core until it ends (``Beside.submit``);
         None when no core is spare or the searcher closed: the caller runs it in line."""
         with self._beside_lock:
-            if self._recent_calls > ONE_CALL_AT_A_TIME:
+            if self._recent_calls > self.turns.size - A_TURN_FREE:
                 return None
             if self._beside is None or not self.turns.claim(self.calls()):
                 return None
             lent = _Lent(job, self.turns.release)
             try:
                 return self._beside.submit(lent.run)
-            except RuntimeError:  # no thread could be started (it may be queued: see _Lent)
+            except BaseException as e:  # no thread could be started (it may be queued: see _Lent)
                 lent.cancel()
-                return None
+                if isinstance(e, RuntimeError):
+                    return None
+                raise
 
     def close(self) -> None:
         """Stop the helper threads; later searches run in line."""

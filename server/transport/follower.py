@@ -268,9 +268,33 @@ class Followers:
 
 
 # -- the follower process -----------------------------------------------------------------------------
-def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forwarder) -> grpc.GenericRpcHandler:
-    """The searches a follower ranks itself; once it has stopped following (it is about to exit
-    and be replaced), the leader answers them instead, so no search fails meanwhile."""
+class _Serving:
+    """The searches a follower is serving itself, counted: what each asks before it lends a core
+    to a helper (``Searcher.calls``). Forwarded calls do not count: a stream (a replica's, an
+    export) holds a handler here for as long as it lasts, without a core's work."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        return self._n
+
+    def enter(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._n -= 1
+
+
+def _local_searches(
+    servicer: MemoryServicer, engine: Engine, forwarder: Forwarder, serving: _Serving
+) -> grpc.GenericRpcHandler:
+    """The searches a follower ranks itself (counted in ``serving``); once it has stopped following
+    (it is about to exit and be replaced), the leader answers them instead, so no search fails
+    meanwhile."""
 
     def handler(name: str) -> grpc.RpcMethodHandler:
         request_type = getattr(pb, f"{name}Request")
@@ -279,6 +303,13 @@ def _local_searches(servicer: MemoryServicer, engine: Engine, forwarder: Forward
         def serve(raw: bytes, context: grpc.ServicerContext) -> bytes:
             if engine.follow_error is not None:
                 return bytes(forward(raw, context))
+            serving.enter()
+            try:
+                return ranked(raw, context)
+            finally:
+                serving.leave()
+
+        def ranked(raw: bytes, context: grpc.ServicerContext) -> bytes:
             try:
                 request = request_type.FromString(raw)
             except DecodeError:
@@ -316,7 +347,8 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     engine = Engine(config, follower=True, access_sink=sink)
     servicer = MemoryServicer(engine)
     pool = HandlerPool(config.max_workers)
-    engine.searcher.calls = pool.running  # (a search's helper only while no other call is in)
+    serving = _Serving()
+    engine.searcher.calls = serving  # (a search's helper only while no other search is in)
     server = grpc_server(
         config,
         pool,
@@ -335,7 +367,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
     )
     server.add_generic_rpc_handlers((forwarder,))
     # A follower's servicer answers searches only (everything else is forwarded): no agent services.
-    server.add_generic_rpc_handlers((checked_raw(_local_searches(servicer, engine, forwarder)),))
+    server.add_generic_rpc_handlers((checked_raw(_local_searches(servicer, engine, forwarder, serving)),))
     health_servicer = add_health_and_reflection(server, serving=True)  # loaded before it binds
     if bind(server, f"{config.host}:{port}", config) != port:
         raise RuntimeError(f"cannot bind {config.host}:{port}")
