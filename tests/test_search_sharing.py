@@ -434,9 +434,6 @@ def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pas
             out.append([(h.record.id, h.score, h.vector_rank, h.keyword_rank) for h in e.search(q)])
         return out
 
-    def helpers() -> int:
-        return sum(t.name.startswith("tiermem-beside") for t in threading.enumerate())
-
     small = {"exact_search_max_rows": 64, "search_concurrency": 2}  # (HNSW at this size)
     e = _engine(data, FakeClock(), **small)
     try:
@@ -445,23 +442,19 @@ def test_fused_searches_rank_alike_with_the_vector_search_beside_the_keyword_pas
         e.close()  # (both below start from its snapshots: the same postings, the same graph)
     e = _engine(data, FakeClock(), **small)  # (by default: every search of HNSW, a core spare)
     try:
-        assert helpers() == 0
+        assert _helpers() == 0
         beside = answers(e)
-        assert helpers() == 1  # (the searches did run beside)
+        assert _helpers() == 1  # (the searches did run beside)
     finally:
         e.close()
-    assert helpers() == 0  # stopped with the engine
+    assert _helpers() == 0  # stopped with the engine
     e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=0), **small)
     try:
         in_line = answers(e)
-        assert helpers() == 0
+        assert _helpers() == 0
     finally:
         e.close()
-    assert [[h[0] for h in a] for a in beside] == [[h[0] for h in a] for a in in_line]
-    assert [[h[2:] for h in a] for a in beside] == [[h[2:] for h in a] for a in in_line]
-    for a, b in zip(beside, in_line, strict=True):
-        np.testing.assert_allclose([h[1] for h in a], [h[1] for h in b], rtol=1e-6)
-    assert all(len(a) == 10 for a in beside)
+    _assert_alike(beside, in_line)
 
     e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=1), **small)
     stop = threading.Event()
@@ -523,9 +516,6 @@ def test_hybrid_searches_rank_alike_with_their_candidate_search_beside_the_keywo
             out.append([(h.record.id, h.score, h.vector_rank, h.keyword_rank) for h in e.search(q)])
         return out
 
-    def helpers() -> int:
-        return sum(t.name.startswith("tiermem-beside") for t in threading.enumerate())
-
     e = _engine(data, FakeClock(), **small)
     try:
         e.create(batch, batch=True)
@@ -534,13 +524,13 @@ def test_hybrid_searches_rank_alike_with_their_candidate_search_beside_the_keywo
     e = _engine(data, FakeClock(), tuning=Tuning(beside_min_rows=0), **small)
     try:
         in_line = answers(e)
-        assert helpers() == 0
+        assert _helpers() == 0
     finally:
         e.close()
     e = _engine(data, FakeClock(), **small)
     try:
         beside = answers(e)
-        assert helpers() == 1  # (the candidate searches did run beside)
+        assert _helpers() == 1  # (the candidate searches did run beside)
         with monkeypatch.context() as m:
 
             def fails(*a: object) -> None:
@@ -574,11 +564,7 @@ def test_hybrid_searches_rank_alike_with_their_candidate_search_beside_the_keywo
         assert answers(e) == beside
     finally:
         e.close()
-    assert [[h[0] for h in a] for a in beside] == [[h[0] for h in a] for a in in_line]
-    assert [[h[2:] for h in a] for a in beside] == [[h[2:] for h in a] for a in in_line]
-    for a, b in zip(beside, in_line, strict=True):
-        np.testing.assert_allclose([h[1] for h in a], [h[1] for h in b], rtol=1e-6)
-    assert all(len(a) == 10 for a in beside)
+    _assert_alike(beside, in_line)
     assert any(h[3] > 0 for a in beside for h in a)  # (keywords ranked some of them)
 
 
@@ -633,6 +619,24 @@ def test_a_search_interrupted_while_its_helper_runs_keeps_its_holds_until_the_he
     finally:
         signal.signal(signal.SIGINT, previous)
         e.close()
+
+
+def _helpers() -> int:
+    """The searchers' helper threads alive in this process."""
+    import threading
+
+    return sum(t.name.startswith("tiermem-beside") for t in threading.enumerate())
+
+
+def _assert_alike(
+    beside: list[list[tuple[str, float, int, int]]], in_line: list[list[tuple[str, float, int, int]]]
+) -> None:
+    """The same hits, ranks and scores (to float32 rounding), ten each, beside and in line."""
+    assert [[h[0] for h in a] for a in beside] == [[h[0] for h in a] for a in in_line]
+    assert [[h[2:] for h in a] for a in beside] == [[h[2:] for h in a] for a in in_line]
+    for a, b in zip(beside, in_line, strict=True):
+        np.testing.assert_allclose([h[1] for h in a], [h[1] for h in b], rtol=1e-6)
+    assert all(len(a) == 10 for a in beside)
 
 
 def _beside_engine(data: Path, rng: np.random.Generator) -> Engine:

@@ -507,9 +507,11 @@ class Searcher:
         """``job`` on a helper thread holding a spare core until it ends (``Beside.submit``);
         None when no core is spare or the searcher closed: the caller runs it in line."""
         with self._beside_lock:
-            if self._recent_calls > self.turns.size - A_TURN_FREE:
-                return None
-            if self._beside is None or not self.turns.claim(self.calls()):
+            if (
+                self._beside is None
+                or self._recent_calls > self.turns.size - A_TURN_FREE
+                or not self.turns.claim(self.calls())
+            ):
                 return None
             lent = _Lent(job, self.turns.release)
             try:

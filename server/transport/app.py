@@ -93,7 +93,7 @@ def _calls_in(pool: HandlerPool, servicer: MemoryServicer) -> Callable[[], int]:
 
     def calls() -> int:
         acks = servicer.acks
-        return max(0, pool.running() - (acks.figures()[0] if acks is not None else 0))
+        return max(0, pool.busy - (acks.figures()[0] if acks is not None else 0))
 
     return calls
 

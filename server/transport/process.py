@@ -65,10 +65,6 @@ class HandlerPool(futures.ThreadPoolExecutor):
         """Calls in (or queued for) a handler."""
         return self._busy
 
-    def running(self) -> int:
-        """``busy``, as a function (the searcher asks it before it lends a core to a search)."""
-        return self._busy
-
     def _left(self, _future: object = None) -> None:
         with self._idle:
             self._busy -= 1
