@@ -208,6 +208,34 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             None,
         )
     )
+    # How far threads take one process's ranking (the GIL runs one thread's Python at a time), and the
+    # most that ranking and the empty RPC allow together: the server's rate against both.
+    out.append(
+        ratio(
+            f"engine alone, in process, no RPC: default with text from {hi} threads / from 1 thread (ops/s)",
+            _div(f.get("alone_text_hi_ops"), f.get("alone_text_c1_ops")),
+            "context (how far threads take one process's ranking: the cores' count if nothing held it back)",
+            None,
+        )
+    )
+    alone_ops, empty_ops = f.get("alone_text_hi_ops"), f.get("empty_hi_ops")
+    composed = 1.0 / (1.0 / alone_ops + 1.0 / empty_ops) if alone_ops and empty_ops else None
+    out.append(
+        ratio(
+            f"composed text limit 1/(1/engine alone c{hi} + 1/empty-RPC c{hi}) / Chroma search c{hi} (ops/s)",
+            _div(composed, f.get("chroma_search_hi_ops")),
+            "context (below 2: one process cannot reach 2x Chroma even with nothing lost between the two)",
+            None,
+        )
+    )
+    out.append(
+        ratio(
+            f"default with text c{hi} / that composed limit (ops/s)",
+            _div(f.get("fused_text_hi_ops"), composed),
+            "context (what one server process reaches of the two costs added)",
+            None,
+        )
+    )
     ge(
         f"default with text c{hi} / Chroma search c{hi} (ops/s)",
         f.get("fused_text_hi_ops"),

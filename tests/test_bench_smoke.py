@@ -125,9 +125,20 @@ def test_bench_suite_smoke(tmp_path: Path) -> None:
         for at in ("c1", "hi"):
             assert all(figures[f"alone_{kind}_{at}_{m}"] > 0 for m in ("p50", "p99", "ops")), (kind, at)
             assert len(figures[f"alone_{kind}_{at}_p50_rounds"]) == 2
-    alone_p99, alone_chroma = (r for r in results["ratios"] if r["name"].startswith("engine alone"))
+    alone_p99, alone_chroma, alone_threads = (
+        r for r in results["ratios"] if r["name"].startswith("engine alone")
+    )
     assert alone_p99["value"] == pytest.approx(figures["alone_text_c1_p99"]) and alone_p99["meets"] is None
     assert alone_chroma["value"] is None  # (no Chroma in this run)
+    threads = figures["alone_text_hi_ops"] / figures["alone_text_c1_ops"]
+    assert alone_threads["value"] == pytest.approx(threads) and alone_threads["meets"] is None
+    # The most the engine alone and the empty RPC allow together, and what the server reached of it.
+    limit = 1 / (1 / figures["alone_text_hi_ops"] + 1 / figures["empty_hi_ops"])
+    by_chroma, reached = (
+        r for r in results["ratios"] if "composed text limit" in r["name"] or "that composed" in r["name"]
+    )
+    assert by_chroma["value"] is None and by_chroma["meets"] is None  # (no Chroma in this run)
+    assert reached["value"] == pytest.approx(figures["fused_text_hi_ops"] / limit) and reached["value"] > 0
     # The server's CPU over each load through it: cores used and CPU a call, in rows and figures.
     served = [r for r in rows if r["phase"] in ("empty_rpc", "search", "followers")]
     assert served and all(r["server_cores"] > 0 and r["server_cpu_ms_per_op"] > 0 for r in served)
