@@ -218,8 +218,7 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             None,
         )
     )
-    alone_ops, empty_ops = f.get("alone_text_hi_ops"), f.get("empty_hi_ops")
-    composed = 1.0 / (1.0 / alone_ops + 1.0 / empty_ops) if alone_ops and empty_ops else None
+    composed = f.get("composed_text_limit")
     out.append(
         ratio(
             f"composed text limit 1/(1/engine alone c{hi} + 1/empty-RPC c{hi}) / Chroma search c{hi} (ops/s)",

@@ -456,6 +456,11 @@ class Suite:
         copy = self.tmp / "alone-data"
         self.engine_alone_rows(copy, "alone", "alone", "")
         shutil.rmtree(copy, ignore_errors=True)
+        # One process's text searches composed as composed_search_limit composes FAISS's: the
+        # ranking alone plus the empty RPC.
+        r, e = self.figures.get("empty_hi_ops"), self.figures.get("alone_text_hi_ops")
+        if r and e:
+            self.figures["composed_text_limit"] = 1 / (1 / r + 1 / e)
 
     # -- phases ----------------------------------------------------------------------------------------
 
