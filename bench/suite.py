@@ -86,6 +86,7 @@ from typing import Any
 
 import numpy as np
 from alone import engine_alone
+from bare import BareServer
 from common import (
     SLOW,
     Progress,
@@ -455,12 +456,47 @@ class Suite:
         threads, in alternating rounds; what the ranking takes with no RPC around it."""
         copy = self.tmp / "alone-data"
         self.engine_alone_rows(copy, "alone", "alone", "")
+        self.bare(copy)
         shutil.rmtree(copy, ignore_errors=True)
-        # One process's text searches composed as composed_search_limit composes FAISS's: the
-        # ranking alone plus the empty RPC.
-        r, e = self.figures.get("empty_hi_ops"), self.figures.get("alone_text_hi_ops")
-        if r and e:
-            self.figures["composed_text_limit"] = 1 / (1 / r + 1 / e)
+
+    def bare(self, data_dir: Path) -> None:
+        """The same similarity and text searches at --concurrency through a bare grpcio server
+        around the engine (``bench/bare.py``) on ``data_dir``, in alternating rounds: what one
+        process of grpcio and this engine serves with nothing of tiermem's transport around them.
+        Figures ``bare_<sim|text>_hi_ops``."""
+        rounds, seconds = self.args.rounds, self.args.round_seconds
+        kinds = [
+            ("sim", "similarity strategy", {"strategy": SIMILARITY}),
+            ("text", "default, vector + text", {"texts": self.data.query_texts}),
+        ]
+        procs, threads = self.shape(self.hi)
+        outs: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in kinds}
+        with BareServer(data_dir) as bare:
+            pool = LoadPool(bare.target, self.args.procs)
+            try:
+                for rnd in range(rounds):
+                    for key, name, data in kinds if rnd % 2 == 0 else kinds[::-1]:
+                        print(
+                            f"[alone] bare gRPC server, {name}, round {rnd + 1} of {rounds} ...", flush=True
+                        )
+                        cpu0 = cpu_of([bare.pid])
+                        out = pool.run(
+                            "search",
+                            procs,
+                            threads,
+                            seconds,
+                            tag=f"bare{key}{rnd}",
+                            model=self.data.model,
+                            queries=self.data.queries,
+                            **data,
+                        )
+                        outs[key].append(out | {"server_cpu_s": cpu_of([bare.pid]) - cpu0})
+            finally:
+                pool.close()
+        for key, name, _ in kinds:
+            name = f"SearchMemories k={K} {name}, bare grpcio server around the engine"
+            row = self._row("alone", name, "search", self.hi, outs[key])
+            self.figures[f"bare_{key}_hi_ops"] = row["ops_per_s"]
 
     # -- phases ----------------------------------------------------------------------------------------
 

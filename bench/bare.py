@@ -1,0 +1,119 @@
+"""One process's bound through gRPC: a bare grpcio server around the engine.
+
+``SearchMemories`` served by grpcio's own server (the same handler threads as tiermem's) around
+``Engine.search``, with nothing of tiermem's transport: no interceptor (admission, keys, limits,
+metrics), no servicer. A call's request is parsed and converted, ranked, and its hits converted
+into the answer, as the server does. Beside the server's own rate on the same memories this says
+what one Python process of this stack (grpcio and this engine) can serve at all, and what the
+server's transport costs of it. The suite runs it on the copy of its memories the engine alone
+uses; from the command line, on any data directory no server holds (prints its port, serves until
+SIGTERM):
+
+    python bench/bare.py --data DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+SERVICE = "tiermem.v1.MemoryService"
+
+
+def serve(data_dir: Path) -> None:
+    """Open the engine on ``data_dir``, print the bound port, serve until SIGTERM or SIGINT."""
+    import grpc
+
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.transport import convert
+    from tiermem.server.transport.process import freeze_startup_objects, tune_malloc
+    from tiermem.v1 import memory_pb2 as pb
+
+    # As for the suite's server: the lifecycle off; nothing is written, so no snapshots either.
+    env = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
+    config = ServerConfig.from_env(env=env, data_dir=data_dir, snapshot_interval_seconds=0)
+    tune_malloc(config.malloc_mmap_threshold)
+    engine = Engine(config)
+
+    def search(raw: bytes, context: Any) -> bytes:
+        request = pb.SearchMemoriesRequest.FromString(raw)
+        hits = engine.search(convert.search_from_pb(request), request.include_embedding, record=False)
+        resp = pb.SearchMemoriesResponse()
+        for hit in hits:
+            convert.hit_to_pb(hit, resp.results.add(), request.explain)
+        return resp.SerializeToString()
+
+    handlers = [
+        grpc.method_handlers_generic_handler(
+            SERVICE, {"SearchMemories": grpc.unary_unary_rpc_method_handler(search)}
+        )
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(config.max_workers), handlers=handlers)
+    port = server.add_insecure_port("127.0.0.1:0")
+    freeze_startup_objects()
+    server.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(port, flush=True)
+    stop.wait()
+    server.stop(0).wait()
+    engine.close()
+
+
+class BareServer:
+    """``serve`` in a process of its own (``with BareServer(dir) as bare: ... bare.target``)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen[str] | None = None
+        self.target = ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __enter__(self) -> BareServer:
+        env = dict(os.environ)
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as the server's own start sets it)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--data", str(self.data_dir)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.strip().isdigit():
+            self.proc.kill()
+            raise RuntimeError(f"bare server did not start (exit {self.proc.wait()})")
+        self.target = f"127.0.0.1:{int(line)}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True, help="a data directory no server holds")
+    serve(p.parse_args().data)
+
+
+if __name__ == "__main__":
+    main()
