@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -1178,6 +1179,64 @@ def test_a_call_a_follower_forwarded_is_counted_against_its_key_once(
         with pytest.raises(ResourceExhaustedError) as e:
             c.create("user:ana", "one too many")
         assert e.value.reason == "KEY_RATE_LIMITED"
+
+
+def test_a_keys_rate_is_counted_once_across_the_leader_and_its_followers(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """With search followers a key's calls draw on one bucket whichever process they reach (each
+    process used to give a key its whole burst: twice the rate through two processes)."""
+    probe = add_key(keys_file, ["user:ana"], "read")
+    reader = add_key(keys_file, ["user:ana"], "read")
+    burst = 40
+    running = server_factory(
+        search_processes=2, api_keys=str(keys_file), key_burst=burst, key_rate_per_second=0.001
+    )
+    assert running.followers is not None
+    (fpid,) = running.followers.pids()
+    channels: dict[int, grpc.Channel] = {}  # process -> a connection the kernel gave it
+    for _ in range(burst):  # (the probe key's own burst: 2 of 40 connections miss one process ~never)
+        ch = grpc.insecure_channel(
+            f"127.0.0.1:{running.port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        req = pb.SearchMemoriesRequest(namespaces=["user:ana"], query_text="probe", read_only=True)
+        _, call = MemoryClient(channel=ch, timeout=30, api_key=probe).stub.SearchMemories.with_call(req)
+        pid = int(dict(call.trailing_metadata())["tiermem-search-process"])
+        if pid in channels:
+            ch.close()
+        else:
+            channels[pid] = ch
+        if len(channels) == 2:
+            break
+    assert set(channels) == {os.getpid(), fpid}
+    lead = MemoryClient(channel=channels[os.getpid()], timeout=30, api_key=reader)
+    follow = MemoryClient(channel=channels[fpid], timeout=30, api_key=reader)
+    for _ in range(burst // 2):
+        lead.search("user:ana", "anything")
+        follow.search("user:ana", "anything")
+    for c in (follow, lead):  # (the burst is spent, half in each process)
+        with pytest.raises(ResourceExhaustedError) as e:
+            c.search("user:ana", "anything")
+        assert e.value.reason == "KEY_RATE_LIMITED"
+    other = MemoryClient(channel=channels[fpid], timeout=30, api_key=probe)
+    assert other.search("user:ana", "anything") == []  # (another key's bucket is its own)
+    for ch in channels.values():
+        ch.close()
+
+
+def test_key_limits_count_a_key_in_process_once_the_shared_table_is_full() -> None:
+    from tiermem.server.security.limits import KeyLimits
+    from tiermem.server.security.shared_rates import SLOTS, SharedRates, TableFull
+
+    table = SharedRates.create()
+    for i in range(SLOTS):
+        assert table.take(f"key-{i}", 1.0, 5, 0.0) is None
+    with pytest.raises(TableFull):
+        table.take("one more", 1.0, 5, 0.0)
+    limits = KeyLimits(0, 0.001, 2, shared=table)
+    assert limits.enter("one more") is None and limits.enter("one more") is None
+    assert limits.enter("one more") is not None  # (its burst of 2, counted here)
+    assert limits.enter("key-7") is None  # (a key with a slot is counted in the table)
 
 
 def test_a_search_at_a_future_as_of_records_its_accesses_now(

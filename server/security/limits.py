@@ -8,6 +8,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tiermem.server.security.shared_rates import SharedRates, TableFull
+
 
 class Admission:
     """At most ``total`` calls admitted and not yet finished, of which monitoring calls may take the
@@ -57,11 +59,14 @@ class _Bucket:
 
 
 class KeyLimits:
-    """Per key: at most ``concurrency`` calls in flight (0: no cap) and ``rate`` calls a second on
-    average with bursts of ``burst`` (rate 0: no cap)."""
+    """Per key: at most ``concurrency`` calls in flight in this process (0: no cap) and ``rate``
+    calls a second on average with bursts of ``burst`` (rate 0: no cap), counted in ``shared`` when
+    several processes serve the port (a key's rate is the same whichever process its calls reach),
+    else here."""
 
-    def __init__(self, concurrency: int, rate: float, burst: int) -> None:
+    def __init__(self, concurrency: int, rate: float, burst: int, shared: SharedRates | None = None) -> None:
         self.concurrency, self.rate, self.burst = concurrency, rate, max(1, burst)
+        self.shared = shared
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {}
 
@@ -76,13 +81,24 @@ class KeyLimits:
             if self.concurrency and b.in_flight >= self.concurrency:
                 return 0.05  # (a call in flight ends soon: a short wait)
             if self.rate > 0:
-                b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
-                b.at = now
-                if b.tokens < 1.0:
-                    return (1.0 - b.tokens) / self.rate
-                b.tokens -= 1.0
+                wait = self._take(key_id, b, now)
+                if wait is not None:
+                    return wait
             b.in_flight += 1
             return None
+
+    def _take(self, key_id: str, b: _Bucket, now: float) -> float | None:
+        if self.shared is not None:
+            try:
+                return self.shared.take(key_id, self.rate, self.burst, now)
+            except TableFull:
+                pass  # (more keys than the table's slots: this one is counted here alone)
+        b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
+        b.at = now
+        if b.tokens < 1.0:
+            return (1.0 - b.tokens) / self.rate
+        b.tokens -= 1.0
+        return None
 
     def leave(self, key_id: str) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ from tiermem.server.agent.graph import GraphMemory
 from tiermem.server.config import ServerConfig, is_loopback
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import FailedPrecondition
+from tiermem.server.security.shared_rates import SharedRates
 from tiermem.server.transport import follower
 from tiermem.server.transport.decoding import add_memory_service
 from tiermem.server.transport.follower import Followers
@@ -138,6 +139,8 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         return None if engine is None else engine.scope_routing(scope)
 
     secret = follower.new_secret() if leading else ""
+    # (with followers a key's rate is counted once, in a table they inherit)
+    rates = SharedRates.create() if leading and config.api_keys and config.key_rate_per_second > 0 else None
     pool = HandlerPool(config.max_workers)
     server = grpc_server(
         config,
@@ -153,6 +156,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         private_secret=secret,
         stored_space=_stored_space(servicer),
         stopping=lambda: servicer.stopping,
+        rates=rates,
     )
     add_memory_service(servicer, server)
     health_servicer = add_health_and_reflection(server, serving=False)
@@ -179,7 +183,7 @@ def create_server(config: ServerConfig, clock: Callable[[], float] | None = None
         _attach(servicer, engine, config)
         if leading:
             followers = follower.Followers(
-                config, port, private, on_exit=engine.store.clear_stale_readers, secret=secret
+                config, port, private, on_exit=engine.store.clear_stale_readers, secret=secret, rates=rates
             )
             followers.start()
     except BaseException:

@@ -41,6 +41,8 @@ from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import TiermemError
 from tiermem.server.model.reports import FollowerReport
+from tiermem.server.security.shared_rates import FD_ENV as RATES_FD_ENV
+from tiermem.server.security.shared_rates import SharedRates
 from tiermem.server.transport import logs
 from tiermem.server.transport.auth import PRIVATE_SECRET_HEADER, authorize, from_private_socket
 from tiermem.server.transport.decoding import checked_raw
@@ -132,8 +134,10 @@ class Followers:
         leader: str,
         on_exit: Callable[[], Any] = lambda: None,
         secret: str = "",
+        rates: SharedRates | None = None,
     ) -> None:
         self.secret = secret
+        self.rates = rates  # (each follower inherits the table, so a key's rate is counted once)
         self.config = config
         self.port = port
         self.leader = leader
@@ -163,7 +167,10 @@ class Followers:
                 str(self.port),
             ]
             env = dict(os.environ, TIERMEM_FOLLOWER_CONFIG=self.config.to_json(), **{SECRET_ENV: self.secret})
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+            fds: tuple[int, ...] = ()
+            if self.rates is not None:
+                env[RATES_FD_ENV], fds = str(self.rates.fd), (self.rates.fd,)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, pass_fds=fds)
             self._procs[i], self._started[i] = proc, time.monotonic()
             return proc
 
@@ -356,6 +363,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         routing_of=engine.scope_routing,
         stored_space=lambda m: m in engine.spaces,
         stopping=lambda: servicer.stopping,
+        rates=SharedRates.inherited(),
     )
     forwarder = Forwarder(
         channel,

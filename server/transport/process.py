@@ -25,6 +25,7 @@ from tiermem.server.embedding import providers
 from tiermem.server.security.keys import KeyRing
 from tiermem.server.security.limits import Admission, KeyLimits
 from tiermem.server.security.models import ModelRule
+from tiermem.server.security.shared_rates import SharedRates
 from tiermem.server.transport.auth import AuthInterceptor
 from tiermem.server.transport.metrics import Metrics
 from tiermem.server.transport.routing import RoutingOf, WriteGate
@@ -110,9 +111,11 @@ def grpc_server(
     private_secret: str = "",
     stored_space: Callable[[str], bool] | None = None,
     stopping: Callable[[], bool] = lambda: False,
+    rates: SharedRates | None = None,
 ) -> grpc.Server:
     """A gRPC server with the configured handler threads, message sizes and the interceptor that
-    admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py)."""
+    admits, authenticates and authorizes every call but the ``exempt`` methods (auth.py); ``rates``:
+    the keys' rates shared with the other processes serving the port (search followers)."""
     keys = KeyRing(Path(config.api_keys)) if config.api_keys else None
     interceptor = AuthInterceptor(
         keys,
@@ -123,6 +126,7 @@ def grpc_server(
             config.key_max_concurrent_rpcs or max(1, config.max_workers // 2),
             config.key_rate_per_second,
             config.key_burst,
+            rates,
         ),
         exempt,
         metrics,
