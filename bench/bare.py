@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import selectors
 import signal
 import subprocess
 import sys
-import threading
+import time
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 SERVICE = "tiermem.v1.MemoryService"
+START_TIMEOUT = 600.0  # (loading 1,000,000 memories takes seconds; a hung start must not hang the suite)
 
 
-def serve(data_dir: Path) -> None:
-    """Open the engine on ``data_dir``, print the bound port, serve until SIGTERM or SIGINT."""
+def serve(data_dir: Path, parent: int = 0) -> None:
+    """Open the engine on ``data_dir``, print the bound port, serve until SIGTERM or SIGINT, or
+    until process ``parent`` (when given) is gone."""
     import grpc
 
     from tiermem.server.config import ServerConfig
@@ -60,11 +63,12 @@ def serve(data_dir: Path) -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     freeze_startup_objects()
     server.start()
-    stop = threading.Event()
+    stopped: list[int] = []  # (a handler that took a lock could deadlock the thread it interrupts)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _: stopped.append(signum))
     print(port, flush=True)
-    stop.wait()
+    while not stopped and not (parent and os.getppid() != parent):  # (nor once the suite is gone)
+        time.sleep(0.2)
     server.stop(0).wait()
     engine.close()
 
@@ -86,18 +90,29 @@ class BareServer:
         env = dict(os.environ)
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as the server's own start sets it)
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--data", str(self.data_dir)],
+            [sys.executable, __file__, "--data", str(self.data_dir), "--parent", str(os.getpid())],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
         )
-        assert self.proc.stdout is not None
+        try:
+            self.target = f"127.0.0.1:{self._port()}"
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _port(self, timeout: float = START_TIMEOUT) -> int:
+        """The port the server prints once it serves; RuntimeError if it exits or takes too long."""
+        assert self.proc is not None and self.proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                raise RuntimeError(f"bare server not serving after {timeout:.0f} s")
         line = self.proc.stdout.readline()
         if not line.strip().isdigit():
-            self.proc.kill()
             raise RuntimeError(f"bare server did not start (exit {self.proc.wait()})")
-        self.target = f"127.0.0.1:{int(line)}"
-        return self
+        return int(line)
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
@@ -107,12 +122,16 @@ class BareServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="a data directory no server holds")
-    serve(p.parse_args().data)
+    p.add_argument("--parent", type=int, default=0, help="stop once this process is gone")
+    args = p.parse_args()
+    serve(args.data, args.parent)
 
 
 if __name__ == "__main__":

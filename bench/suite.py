@@ -455,9 +455,11 @@ class Suite:
         the server gone: the same similarity and text searches from 1 thread and from --concurrency
         threads, in alternating rounds; what the ranking takes with no RPC around it."""
         copy = self.tmp / "alone-data"
-        self.engine_alone_rows(copy, "alone", "alone", "")
-        self.bare(copy)
-        shutil.rmtree(copy, ignore_errors=True)
+        try:
+            self.engine_alone_rows(copy, "alone", "alone", "")
+            self.bare(copy)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
 
     def bare(self, data_dir: Path) -> None:
         """The same similarity and text searches at --concurrency through a bare grpcio server

@@ -1224,6 +1224,43 @@ def test_a_keys_rate_is_counted_once_across_the_leader_and_its_followers(
         ch.close()
 
 
+_TAKER = """
+import sys, time
+from tiermem.server.security.shared_rates import SharedRates
+table = SharedRates.inherited()
+start, tries, burst = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+while time.monotonic() < start:
+    pass
+print(sum(table.take("hot", 1e-9, burst) is None for _ in range(tries)))
+"""
+
+
+def test_processes_sharing_the_rate_table_get_a_keys_burst_once_between_them() -> None:
+    """Processes that inherited the table (as followers do) take one key's tokens at the same
+    moment: they get its burst between them and not one call more, since the file lock keeps
+    their read-modify-write of the bucket apart."""
+    from tiermem.server.security.shared_rates import FD_ENV, SharedRates
+
+    table = SharedRates.create()
+    burst, tries, procs = 1500, 1000, 4
+    start = time.monotonic() + 2.0  # (all of them started and spinning by then)
+    env = dict(os.environ, **{FD_ENV: str(table.fd)})
+    takers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TAKER, repr(start), str(tries), str(burst)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            pass_fds=(table.fd,),
+        )
+        for _ in range(procs)
+    ]
+    got = [int(p.communicate(timeout=60)[0]) for p in takers]
+    assert all(p.returncode == 0 for p in takers)
+    assert sum(got) == burst, got
+    assert table.take("hot", 1e-9, burst) is not None
+
+
 def test_key_limits_count_a_key_in_process_once_the_shared_table_is_full() -> None:
     from tiermem.server.security.limits import KeyLimits
     from tiermem.server.security.shared_rates import SLOTS, SharedRates, TableFull

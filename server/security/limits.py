@@ -90,7 +90,7 @@ class KeyLimits:
     def _take(self, key_id: str, b: _Bucket, now: float) -> float | None:
         if self.shared is not None:
             try:
-                return self.shared.take(key_id, self.rate, self.burst, now)
+                return self.shared.take(key_id, self.rate, self.burst)  # (its clock read there)
             except TableFull:
                 pass  # (more keys than the table's slots: this one is counted here alone)
         b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)

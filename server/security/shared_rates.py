@@ -9,9 +9,12 @@ import fcntl
 import hashlib
 import mmap
 import os
+import stat
 import struct
 import tempfile
 import threading
+import time
+import weakref
 
 # A bucket: the key's hash (0: a free slot), its tokens, and when they were counted (the system's
 # monotonic clock, which every process on the machine reads alike).
@@ -33,10 +36,13 @@ class SharedRates:
     that has it. ``create`` makes a new table (the leader); ``inherited`` opens the one a follower
     was handed."""
 
+    SIZE = _SLOT.size * SLOTS
+
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._map = mmap.mmap(fd, _SLOT.size * SLOTS)
+        self._map = mmap.mmap(fd, self.SIZE)
         self._lock = threading.Lock()  # (a file lock keeps other processes out, not our threads)
+        weakref.finalize(self, os.close, fd)  # (the map holds its own; the table lives as its server)
 
     @classmethod
     def create(cls) -> SharedRates:
@@ -45,28 +51,44 @@ class SharedRates:
         except (AttributeError, OSError):  # (no memfd: an unlinked temporary file does the same)
             with tempfile.TemporaryFile() as f:
                 fd = os.dup(f.fileno())
-        os.ftruncate(fd, _SLOT.size * SLOTS)  # (zeros: every slot free)
-        return cls(fd)
+        try:
+            os.ftruncate(fd, cls.SIZE)  # (zeros: every slot free)
+            return cls(fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     @classmethod
-    def inherited(cls) -> SharedRates | None:
-        fd = os.environ.get(FD_ENV)
-        return cls(int(fd)) if fd else None
+    def inherited(cls) -> SharedRates:
+        """The table whose descriptor the leader handed this process (``FD_ENV``)."""
+        value = os.environ.get(FD_ENV, "")
+        try:
+            fd = int(value)
+            st = os.fstat(fd)
+        except (ValueError, OSError) as e:
+            raise RuntimeError(f"{FD_ENV}={value!r}: not the key rate table's descriptor ({e})") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != cls.SIZE:
+            raise RuntimeError(f"{FD_ENV}={value!r}: not the key rate table ({st.st_size} bytes)")
+        return cls(fd)
 
-    def take(self, key_id: str, rate: float, burst: int, now: float) -> float | None:
+    def take(self, key_id: str, rate: float, burst: int, now: float | None = None) -> float | None:
         """One call of ``key_id`` at ``rate`` a second with bursts of ``burst``: None when it may go
-        ahead (a token taken), else the seconds until one would be there. Raises ``TableFull``."""
+        ahead (a token taken), else the seconds until one would be there. Raises ``TableFull``.
+        ``now`` (the monotonic clock) is read once the table is locked, unless given."""
         h = _hash(key_id)
         with self._lock:
             fcntl.lockf(self.fd, fcntl.LOCK_EX)
             try:
                 at = self._find(h)
                 held, tokens, then = _SLOT.unpack_from(self._map, at)
-                tokens = (
-                    float(burst) if held == 0 else min(float(burst), tokens + max(0.0, now - then) * rate)
-                )
+                now = time.monotonic() if now is None else now
+                if held == 0:
+                    tokens, then = float(burst), now
+                # (never back in time: a time read before a wait for the lock credits nothing twice)
+                stamp = max(now, then)
+                tokens = min(float(burst), tokens + (stamp - then) * rate)
                 wait = None if tokens >= 1.0 else (1.0 - tokens) / rate
-                _SLOT.pack_into(self._map, at, h, tokens - 1.0 if wait is None else tokens, now)
+                _SLOT.pack_into(self._map, at, h, tokens - 1.0 if wait is None else tokens, stamp)
                 return wait
             finally:
                 fcntl.lockf(self.fd, fcntl.LOCK_UN)

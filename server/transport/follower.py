@@ -167,6 +167,7 @@ class Followers:
                 str(self.port),
             ]
             env = dict(os.environ, TIERMEM_FOLLOWER_CONFIG=self.config.to_json(), **{SECRET_ENV: self.secret})
+            env.pop(RATES_FD_ENV, None)  # (none but the one this leader hands over)
             fds: tuple[int, ...] = ()
             if self.rates is not None:
                 env[RATES_FD_ENV], fds = str(self.rates.fd), (self.rates.fd,)
@@ -363,7 +364,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         routing_of=engine.scope_routing,
         stored_space=lambda m: m in engine.spaces,
         stopping=lambda: servicer.stopping,
-        rates=SharedRates.inherited(),
+        rates=SharedRates.inherited() if config.api_keys and config.key_rate_per_second > 0 else None,
     )
     forwarder = Forwarder(
         channel,
