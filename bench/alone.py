@@ -74,6 +74,16 @@ def _load(engine: Any, qs: list[Any], threads: int, seconds: float) -> np.ndarra
     return np.array([x for xs in lat for x in xs])
 
 
+def open_engine(data_dir: Path) -> Any:
+    """An ``Engine`` on ``data_dir`` as the suite's searches see it: the lifecycle off, as for the
+    suite's server; no snapshots, since nothing is written meanwhile."""
+    from tiermem.server.config import ServerConfig
+    from tiermem.server.core.engine import Engine
+
+    env = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
+    return Engine(ServerConfig.from_env(env=env, data_dir=data_dir, snapshot_interval_seconds=0))
+
+
 def engine_alone(
     data_dir: Path,
     queries: np.ndarray,
@@ -85,12 +95,7 @@ def engine_alone(
 ) -> dict[str, dict[str, Any]]:
     """``{"<kind>_c1" | "<kind>_hi": summary}`` of each kind from 1 thread and from ``threads``,
     their rounds taken together (``seconds`` a round), with each round's p50 (``p50_rounds``)."""
-    from tiermem.server.config import ServerConfig
-    from tiermem.server.core.engine import Engine
-
-    # The lifecycle off, as for the suite's server; no snapshots: nothing is written meanwhile.
-    env = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
-    engine = Engine(ServerConfig.from_env(env=env, data_dir=data_dir, snapshot_interval_seconds=0))
+    engine = open_engine(data_dir)
     try:
         qs = {kind: _queries(kind, queries, texts, model) for kind in KINDS}
         for kind in KINDS:  # (warm: the first searches compile and fault pages in)

@@ -33,18 +33,15 @@ def serve(data_dir: Path, parent: int = 0) -> None:
     """Open the engine on ``data_dir``, print the bound port, serve until SIGTERM or SIGINT, or
     until process ``parent`` (when given) is gone."""
     import grpc
+    from alone import open_engine
 
-    from tiermem.server.config import ServerConfig
-    from tiermem.server.core.engine import Engine
     from tiermem.server.transport import convert
     from tiermem.server.transport.process import freeze_startup_objects, tune_malloc
     from tiermem.v1 import memory_pb2 as pb
 
-    # As for the suite's server: the lifecycle off; nothing is written, so no snapshots either.
-    env = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
-    config = ServerConfig.from_env(env=env, data_dir=data_dir, snapshot_interval_seconds=0)
+    engine = open_engine(data_dir)
+    config = engine.config
     tune_malloc(config.malloc_mmap_threshold)
-    engine = Engine(config)
 
     def search(raw: bytes, context: Any) -> bytes:
         request = pb.SearchMemoriesRequest.FromString(raw)
@@ -81,10 +78,10 @@ class BareServer:
         self.proc: subprocess.Popen[str] | None = None
         self.target = ""
 
-    @property
-    def pid(self) -> int:
+    def pids(self) -> list[int]:
+        """Its process (as ``suite.Server.pids``, so the suite's loads time it alike)."""
         assert self.proc is not None
-        return self.proc.pid
+        return [self.proc.pid]
 
     def __enter__(self) -> BareServer:
         env = dict(os.environ)

@@ -471,33 +471,29 @@ class Suite:
             ("sim", "similarity strategy", {"strategy": SIMILARITY}),
             ("text", "default, vector + text", {"texts": self.data.query_texts}),
         ]
-        procs, threads = self.shape(self.hi)
+        names = {
+            key: f"SearchMemories k={K} {name}, bare grpcio server around the engine"
+            for key, name, _ in kinds
+        }
         outs: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in kinds}
+        saved = self.pool, self.server
         with BareServer(data_dir) as bare:
-            pool = LoadPool(bare.target, self.args.procs)
+            # (its loads timed as the server's: ``_measure`` waits for it idle and reads its CPU)
+            self.pool, self.server = LoadPool(bare.target, self.args.procs), bare  # type: ignore[assignment]
             try:
                 for rnd in range(rounds):
-                    for key, name, data in kinds if rnd % 2 == 0 else kinds[::-1]:
-                        print(
-                            f"[alone] bare gRPC server, {name}, round {rnd + 1} of {rounds} ...", flush=True
+                    for key, _, data in kinds if rnd % 2 == 0 else kinds[::-1]:
+                        label = f"{names[key]} (round {rnd + 1} of {rounds})"
+                        outs[key].append(
+                            self._measure(
+                                "alone", label, "search", self.hi, seconds, queries=self.data.queries, **data
+                            )
                         )
-                        cpu0 = cpu_of([bare.pid])
-                        out = pool.run(
-                            "search",
-                            procs,
-                            threads,
-                            seconds,
-                            tag=f"bare{key}{rnd}",
-                            model=self.data.model,
-                            queries=self.data.queries,
-                            **data,
-                        )
-                        outs[key].append(out | {"server_cpu_s": cpu_of([bare.pid]) - cpu0})
             finally:
-                pool.close()
-        for key, name, _ in kinds:
-            name = f"SearchMemories k={K} {name}, bare grpcio server around the engine"
-            row = self._row("alone", name, "search", self.hi, outs[key])
+                self.pool.close()
+                self.pool, self.server = saved
+        for key, _, _ in kinds:
+            row = self._row("alone", names[key], "search", self.hi, outs[key])
             self.figures[f"bare_{key}_hi_ops"] = row["ops_per_s"]
 
     # -- phases ----------------------------------------------------------------------------------------

@@ -59,9 +59,12 @@ class SharedRates:
             raise
 
     @classmethod
-    def inherited(cls) -> SharedRates:
-        """The table whose descriptor the leader handed this process (``FD_ENV``)."""
+    def inherited(cls) -> SharedRates | None:
+        """The table whose descriptor the leader handed this process (``FD_ENV``), if it handed one
+        (it decides, and clears the variable when it does not)."""
         value = os.environ.get(FD_ENV, "")
+        if not value:
+            return None
         try:
             fd = int(value)
             st = os.fstat(fd)

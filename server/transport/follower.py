@@ -364,7 +364,7 @@ def run(config: ServerConfig, leader: str, port: int, leader_pid: int) -> int:
         routing_of=engine.scope_routing,
         stored_space=lambda m: m in engine.spaces,
         stopping=lambda: servicer.stopping,
-        rates=SharedRates.inherited() if config.api_keys and config.key_rate_per_second > 0 else None,
+        rates=SharedRates.inherited(),
     )
     forwarder = Forwarder(
         channel,
