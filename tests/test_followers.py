@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import ServerProcess, create_memories, make_record, wait_indexed
+from conftest import ServerProcess, create_memories, make_record, spawn_server, wait_indexed
 
 from tiermem.client import MemoryClient, UnavailableError
 from tiermem.client.errors import InvalidArgumentError
@@ -741,3 +741,87 @@ def test_index_snapshots_for_followers_wait_for_their_bytes_at_the_capped_rate(
         assert quiet <= 5 * took
     assert not snaps.take_indexes()  # (the glacial tier is due too: it waits)
     assert len(list(data.rglob("*.faiss"))) == 1
+
+
+def test_a_followers_count_of_its_own_searches_follows_them_in_and_out(tmp_path: Path) -> None:
+    """The count a follower's helper rule reads (``_Serving``) holds the searches the follower is
+    ranking itself while they run, and is back at 0 whichever way they end: answered, refused as
+    undecodable or invalid, or out of time after waiting for a ranking turn. Searches it forwards
+    (once it stopped following) are not counted."""
+    from concurrent import futures
+
+    from tiermem.server.core.engine import Engine
+    from tiermem.server.transport.follower import SEARCHES, _local_searches, _Serving
+    from tiermem.server.transport.forward import Forwarder, methods_of
+    from tiermem.server.transport.servicer import MemoryServicer
+
+    data = tmp_path / "data"
+    leader = spawn_server(data, "--search-processes", "2")  # (it keeps the commit log followers read)
+    rng = np.random.default_rng(5)
+    with MemoryClient(leader.target, timeout=30) as c:
+        for i in range(20):
+            c.create("f", f"memory {i}", embedding=_vec(rng), embedding_model="t", id=f"m{i}")
+    config = ServerConfig(data_dir=data, maintenance_interval_seconds=0, search_concurrency=1)
+    engine = Engine(config, follower=True)  # (a follower of the leader, in this process)
+    upstream = grpc.insecure_channel(leader.target)
+    service = pb.DESCRIPTOR.services_by_name["MemoryService"]
+    forwarder = Forwarder(
+        upstream, service.full_name, methods_of(service), keep=set(SEARCHES), upstream="the leader"
+    )
+    serving = _Serving()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers(
+        (forwarder, _local_searches(MemoryServicer(engine), engine, forwarder, serving))
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    raw = channel.unary_unary("/tiermem.v1.MemoryService/SearchMemories")  # (bytes in and out)
+    good = pb.SearchMemoriesRequest(
+        namespaces=["f"], query_embedding=_vec(rng), embedding_model="t", read_only=True
+    ).SerializeToString()
+
+    def wait_count(n: int) -> None:
+        deadline = time.monotonic() + 20
+        while serving() != n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert serving() == n
+
+    try:
+        assert len(pb.SearchMemoriesResponse.FromString(raw(good, timeout=30)).results) == 10
+        assert serving() == 0
+        with engine.searcher.turns.take():  # (the one ranking turn: searches wait for it)
+            running = [raw.future(good, timeout=30) for _ in range(3)]
+            late = raw.future(good, timeout=1.0)
+            wait_count(4)
+            with pytest.raises(grpc.RpcError) as waited:
+                late.result()
+            assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            for bad in (
+                b"\xff\xff",
+                pb.SearchMemoriesRequest(namespaces=["f"], limit=-1).SerializeToString(),
+            ):
+                with pytest.raises(grpc.RpcError) as refused:
+                    raw(bad, timeout=30)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert serving() == 4  # (the late one leaves once it has a turn: then it finds its time out)
+        for call in running:
+            assert len(pb.SearchMemoriesResponse.FromString(call.result()).results) == 10
+        wait_count(0)
+        engine.state.follow_error = RuntimeError("stopped following")  # (as a failed catch-up leaves it)
+        leader.proc.send_signal(signal.SIGSTOP)  # (the forwarded search waits at the leader)
+        try:
+            forwarded = raw.future(good, timeout=30)
+            time.sleep(0.5)
+            assert not forwarded.done() and serving() == 0
+        finally:
+            leader.proc.send_signal(signal.SIGCONT)
+        assert len(pb.SearchMemoriesResponse.FromString(forwarded.result()).results) == 10
+        assert serving() == 0
+    finally:
+        channel.close()
+        server.stop(None).wait()
+        upstream.close()
+        engine.close()
+        leader.stop()
+        leader.close()

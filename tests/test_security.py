@@ -752,7 +752,6 @@ def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Pa
     assert "TLS" in proc.stderr and "insecure" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.slow
 def _through_follower(
     running: RunningServer, token: str, namespace: str
 ) -> tuple[grpc.Channel, MemoryClient]:
