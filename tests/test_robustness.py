@@ -865,6 +865,34 @@ def test_searches_take_turns_search_concurrency_at_a_time(tmp_path: Path, turns:
         engine.close()
 
 
+def test_a_search_past_its_deadline_while_waiting_for_its_turn_frees_its_handler(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """A search still waiting for a ranking turn when its deadline passes gives up then
+    (DEADLINE_EXCEEDED), not when a turn comes: its handler thread serves the next call while the
+    turns stay taken."""
+    import grpc
+
+    from tiermem.v1 import memory_pb2 as pb
+
+    srv = server_factory(max_workers=2, search_concurrency=1)
+    with _client(srv) as c:
+        vec = _unit(np.random.default_rng(4), 1, 8)[0]
+        c.create("ns", "a memory", embedding=vec.tolist(), embedding_model=MODEL, id="m0")
+        req = pb.SearchMemoriesRequest(
+            namespaces=["ns"], query_embedding=vec.tolist(), embedding_model=MODEL, read_only=True
+        )
+        with srv.engine.searcher.turns.take():  # (the one turn, held: searches wait for it)
+            waiting = [c.stub.SearchMemories.future(req, timeout=0.5) for _ in range(2)]  # (both handlers)
+            for call in waiting:
+                with pytest.raises(grpc.RpcError) as late:
+                    call.result()
+                assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            got = c.stub.GetMemory(pb.GetMemoryRequest(namespace="ns", id="m0"), timeout=10)
+            assert got.memory.id == "m0"
+        assert [r.memory.id for r in c.stub.SearchMemories(req, timeout=10).results] == ["m0"]
+
+
 def test_a_search_that_waited_for_its_turn_ranks_at_the_time_it_runs(tmp_path: Path) -> None:
     """Recency is computed at the moment the search ranks, not when it queued for its turn."""
     from contextlib import contextmanager

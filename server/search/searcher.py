@@ -101,6 +101,9 @@ class SearchHits(list[SearchHit]):
         self.warnings = [KEYWORD_ONLY] if keyword_only else []
 
 
+PATIENCE_SECONDS = 0.05  # how often a search waiting for its turn asks whether its caller still waits
+
+
 class Turns:
     """Rankings take turns, ``size`` at a time: more than the cores only contend for them and for
     the GIL (see ServerConfig.search_concurrency)."""
@@ -132,14 +135,19 @@ class Turns:
 
     @contextmanager
     def take(self, wanted: Callable[[], bool] | None = None) -> Iterator[None]:
-        """Hold a turn; ``wanted`` is asked once it is taken: False raises DeadlineExceeded."""
+        """Hold a turn; ``wanted`` is asked once it is taken, and every ``PATIENCE_SECONDS`` while
+        it waits: False raises DeadlineExceeded (a caller gone, or past its deadline, frees its
+        handler thread then, not when a turn comes)."""
         with self._count:
             self._waiting += 1
         got = False
         try:
-            self._slots.acquire()
-            got = True
-            if wanted is not None and not wanted():
+            if wanted is None:
+                got = self._slots.acquire()
+            else:
+                while not (got := self._slots.acquire(timeout=PATIENCE_SECONDS)) and wanted():
+                    pass
+            if not got or (wanted is not None and not wanted()):
                 raise DeadlineExceeded(
                     "the caller's deadline passed or it went away while the search waited for its turn"
                 )
