@@ -798,11 +798,17 @@ def test_an_imported_edge_needs_its_nodes_and_replacing_one_moves_its_links(clie
     assert (moved.id, moved.source_id, moved.target_id) == (edge.id, "n3", "n4")
     assert [e.id for e in client.neighbors("g", "n1").edges] == []
 
-    # an edge without a relation is refused, as AddGraphEdge refuses one, and nothing is stored
+    # an edge without a relation, or with one that is no label, is refused as AddGraphEdge refuses
+    # one, and nothing is stored
     blank = pb.GraphEdge(id="e3", source_id="n1", target_id="n2")
     with pytest.raises(InvalidArgumentError) as bad:
         client.import_memories([head, pb.ExportMemoriesResponse(edge=blank, graph_namespace="g")])
     assert bad.value.fields == ["chunks[1].edge.relation"]
+    for relation in ("knows\n", " "):  # (a label, as AddGraphEdge's)
+        odd = pb.GraphEdge(id="e3", source_id="n1", target_id="n2", relation=relation)
+        with pytest.raises(InvalidArgumentError) as bad:
+            client.import_memories([head, pb.ExportMemoriesResponse(edge=odd, graph_namespace="g")])
+        assert bad.value.fields == ["chunks[1].edge.relation"]
     assert [e.id for e in client.neighbors("g", "n1").edges] == []
 
 

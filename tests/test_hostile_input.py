@@ -645,6 +645,66 @@ def test_names_with_a_trailing_newline_are_invalid_argument(
     assert namespaces(client) == []
 
 
+@pytest.mark.parametrize("model", ["m\n", " ", "\u3000", " m", "m ", "m\u202e", "m\u200b"])
+def test_an_embedding_model_name_no_one_meant_is_invalid_argument(client: MemoryClient, model: str) -> None:
+    """A model's name is a label, not blank, without whitespace at its ends: "m\\n" or " m" would
+    be an embedding space of its own beside "m" (refused when storing and when searching)."""
+    vec = [1.0, 0.0, 0.0]
+    expect_invalid(
+        lambda: client.create(NS, "a memory", embedding=vec, embedding_model=model), "memory.embedding_model"
+    )
+    assert memory_count(client) == 0 and list(client.stats().spaces) == []
+    client.create(NS, "a memory", embedding=vec, embedding_model="m")
+    expect_invalid(lambda: client.search(NS, vec, embedding_model=model), "embedding_model")
+    assert [s.embedding_model for s in client.stats().spaces] == ["m"]
+
+
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        ({"tags": [" "]}, "memory.tags[0]"),
+        ({"tags": ["ok", "\u3000\u3000"]}, "memory.tags[1]"),
+        ({"metadata": {" ": "x"}}, "memory.metadata[' ']"),
+    ],
+)
+def test_blank_labels_are_invalid_argument(client: MemoryClient, fields: dict[str, Any], field: str) -> None:
+    expect_invalid(lambda: client.create(NS, "a memory", **fields), field)
+    assert memory_count(client) == 0
+
+
+@pytest.mark.parametrize("questions, field", [(["why?", ""], "questions[1]"), (["  "], "questions[0]")])
+def test_an_empty_question_of_a_reflection_is_invalid_argument(
+    client: MemoryClient, questions: list[str], field: str
+) -> None:
+    client.create(NS, "what happened", id="m0")
+    with pytest.raises(grpc.RpcError) as ei:
+        client.stub.CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=pb.Memory(
+                    namespace=NS,
+                    content="an insight",
+                    kind="reflection",
+                    questions=questions,
+                    source_memory_ids=["m0"],
+                )
+            ),
+            timeout=TIMEOUT,
+        )
+    e = from_rpc_error(ei.value)
+    assert e.code == grpc.StatusCode.INVALID_ARGUMENT and e.fields == [f"memory.{field}"], e
+    assert memory_count(client) == 1
+
+
+def test_an_edge_relation_is_a_label(client: MemoryClient) -> None:
+    client.upsert_node(NS, "ana", label="Ana")
+    client.upsert_node(NS, "bob", label="Bob")
+    for relation in ("knows\n", "kno\u200bws", " "):
+        expect_invalid(lambda r=relation: client.add_edge(NS, "ana", r, "bob"), "edge.relation")
+    assert [e.relation for e in client.neighbors(NS, "ana").edges] == []
+    client.add_edge(NS, "ana", "knows well", "bob")
+    assert [e.relation for e in client.neighbors(NS, "ana").edges] == ["knows well"]
+
+
 def test_an_error_repeating_megabytes_of_input_still_fits_its_trailers(client: MemoryClient) -> None:
     """A field violation whose description (or field name) quotes a huge input is cut with the
     message: the client gets INVALID_ARGUMENT naming the field, not a bare RESOURCE_EXHAUSTED for

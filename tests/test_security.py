@@ -39,6 +39,7 @@ from tiermem.client import (
     UnavailableError,
 )
 from tiermem.server.config import ServerConfig
+from tiermem.server.model.types import Under
 from tiermem.server.security.keys import add_key
 from tiermem.server.transport.app import RunningServer
 from tiermem.v1 import memory_pb2 as pb
@@ -199,6 +200,121 @@ def test_listings_stats_and_exports_show_only_what_the_key_covers(
             list(c.export_memories("user:bob"))
     with client(running, root) as g:
         assert g.stats().memory_count == 4 and g.stats().storage_bytes > 0
+
+
+def test_stats_under_a_key_add_up_what_each_covered_namespace_reports(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """GetStats under a key for two prefixes and an exact neighbour's lookalikes: every figure is the
+    sum of the namespaces it covers (asked one by one with a key for all), nothing of the names
+    beside them ("user:ana0", "user:ana.x", "user:anabel": "0" follows "/", "." precedes it), and
+    nothing of a namespace deleted since."""
+    both = add_key(keys_file, ["user:ana", "team:x"], "admin")
+    root = add_key(keys_file, [""], "admin")
+    running = server_factory(api_keys=str(keys_file))
+    covered = ["user:ana", "user:ana/p", "user:ana/p/q", "team:x", "team:x/y"]
+    beside = ["user:ana0", "user:ana.x", "user:anabel", "team:xy", "team", "user:bob"]
+    with client(running, root) as g:
+        for i, ns in enumerate(covered + beside + ["user:ana/gone"]):
+            for j in range(1 + i % 3):
+                g.create(ns, f"note {j} about {ns}", id=f"m{j}", token_cost=10)
+        for ns in covered + beside:
+            g.search(ns, "note about", limit=3)  # a hit each
+            g.search(ns, "nothing like it", min_similarity=0.99)  # a miss each
+        for ns in ("user:ana/p", "team:x", "user:anabel"):
+            g.delete(ns, "m0")
+        for ns in ("user:ana/p/q", "team:x/y", "team:xy"):  # (three memories each)
+            g.update_namespace_config(ns, max_items=1)
+        g.consolidate()  # lifecycle totals: the memories past max_items leave
+        g.delete_namespace("user:ana/gone")
+        each = [g.stats(ns) for ns in covered]
+    with client(running, both) as c:
+        got = c.stats()
+    assert got.memory_count == sum(s.memory_count for s in each) > 0
+    assert got.namespace_count == sum(s.namespace_count for s in each) == len(covered) - 1  # (team:x emptied)
+    assert (got.search_hits, got.search_misses) == (
+        sum(s.search_hits for s in each),
+        sum(s.search_misses for s in each),
+    )
+    assert got.search_hits == len(covered) and got.search_misses == len(covered)
+    figures = ("memory_count", "promotions_total", "demotions_total", "evictions_total", "deleted_total")
+    figures += ("promotions_last_hour", "demotions_last_hour", "evictions_last_hour")
+    for t, tier in enumerate(got.tiers):
+        for f in figures:
+            assert getattr(tier, f) == sum(getattr(s.tiers[t], f) for s in each), (tier.tier, f)
+    moved = sum(t.evictions_total + t.deleted_total + t.demotions_total for t in got.tiers)
+    assert moved > 0
+    with client(running, root) as g:  # (team:xy's are not the key's)
+        assert sum(t.evictions_total + t.deleted_total + t.demotions_total for t in g.stats().tiers) > moved
+
+
+def test_a_keys_namespace_listing_pages_through_its_names_far_apart(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """ListNamespaces under a key for three prefixes, whose names lie far apart among others:
+    every page size and string prefix lists exactly the covered names holding memories, in name
+    order, each once, with a next token only while another follows."""
+    key = add_key(keys_file, ["b", "m/k", "y"], "read")
+    root = add_key(keys_file, [""], "admin")
+    running = server_factory(api_keys=str(keys_file))
+    names = [f"{a}{b}" for a in "abmxyz" for b in ("", "/k", "/k/q", "0", ".k", "k", "/z")]
+    names += ["m/k", "m/k/1", "m/k0", "m/kk"]
+    with client(running, root) as g:
+        g.create_batch([{"namespace": ns, "content": f"in {ns}"} for ns in names])
+    covers = Under(frozenset(["b", "m/k", "y"]))
+    with client(running, key) as c:
+        for prefix in ("", "b", "b/", "m", "m/k/", "y/k", "q"):
+            want = sorted(n for n in set(names) if covers(n) and n.startswith(prefix))
+            for size in (1, 2, 3, 100):
+                pages, req = [], pb.ListNamespacesRequest(prefix=prefix, page_size=size)
+                while True:
+                    resp = c.stub.ListNamespaces(req, timeout=10)
+                    pages.append([n.name for n in resp.namespaces])
+                    if not resp.next_page_token:
+                        break
+                    req.page_token = resp.next_page_token
+                assert [n for p in pages for n in p] == want, (prefix, size)
+                assert all(len(p) == size for p in pages[:-1]) and (len(pages[-1]) > 0 or not want)
+
+
+def test_a_keys_lifecycle_totals_stay_its_own_while_the_writer_adds_names() -> None:
+    """The lifecycle totals' sorted names change under the writer thread without a lock: a key's
+    figures read meanwhile never take in a neighbour's (``user:ana.x`` sorts right before
+    ``user:ana/``) nor miss its own."""
+    from tiermem.server.core.counters import LifecycleTotals
+
+    totals = LifecycleTotals({("p.x", 2): [1000, 0, 0, 0], ("p/x", 2): [1, 0, 0, 0]})
+    key, stop, seen = Under(frozenset(["p"])), threading.Event(), set()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            totals.add({(f"a{i % 50:02d}", 1): [1, 0, 0, 0]}, 0.0)
+            totals.retire({f"a{(i + 25) % 50:02d}"})
+            i += 1
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            seen.add(int(totals.by_tier(key)[2, 0]))
+    finally:
+        stop.set()
+        writer.join()
+    assert seen == {1}
+
+
+def test_a_keys_namespaces_read_by_bisection_are_those_it_covers() -> None:
+    """``Under.within`` over a sorted list finds exactly the names the key's predicate accepts,
+    among names that sort right beside its prefixes."""
+    rng = np.random.default_rng(11)
+    parts = ["a", "a.", "a0", "ab", "a/b", "b", "b/a", "-", "z~", "ä"]
+    names = sorted({"/".join(rng.choice(parts, rng.integers(1, 4))) for _ in range(3000)})
+    for _ in range(200):
+        under = Under(frozenset(rng.choice(names, rng.integers(1, 4)).tolist()))
+        assert under.within(names) == {n for n in names if under(n)}
+    assert Under(frozenset(["a"])).within(["a", "a.", "a/b", "a/b/c", "a0", "ab"]) == {"a", "a/b", "a/b/c"}
 
 
 def test_an_export_under_a_key_for_several_prefixes_is_one_snapshot_in_the_export_order(

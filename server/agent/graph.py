@@ -56,7 +56,7 @@ class GraphMemory:
         check.memory_id("edge.target_id", edge["target_id"])
         if not edge.get("relation"):
             raise InvalidArgument("edge.relation", "is required")
-        check.text("edge.relation", edge["relation"], 128)
+        check.label("edge.relation", edge["relation"], 128)
         check.metadata("edge.properties", edge.get("properties", {}), self.config)
         check.memory_ids("edge.memory_ids", edge.get("memory_ids", []))
         now = self.clock()

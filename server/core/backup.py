@@ -359,7 +359,7 @@ def _checked_graph_item(st: EngineState, i: int, item: ExportedGraphItem) -> dic
     check.memory_id(f + "target_id", g.get("target_id", ""))
     if not g.get("relation"):
         raise InvalidArgument(f + "relation", "is required")
-    check.text(f + "relation", g["relation"], 128)
+    check.label(f + "relation", g["relation"], 128)
     g["created"] = now if g.get("created") is None else check.finite_time(f + "create_time", g["created"])
     g["valid_from"] = (
         g["created"] if g.get("valid_from") is None else check.finite_time(f + "valid_from", g["valid_from"])

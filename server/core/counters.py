@@ -11,9 +11,12 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from tiermem.server.model.types import Under, insort_new, remove_sorted
 from tiermem.server.storage.lifecycle_counters import RETIRED
 
-# Which namespaces a figure counts: "" every one, a name that one, a predicate those it accepts.
+# Which namespaces a figure counts: "" every one, a name that one, a predicate those it accepts
+# (``Under``, an API key's namespaces: read from each table's sorted names, not by asking the
+# predicate about every name the table holds).
 Selection = str | Callable[[str], bool]
 
 
@@ -40,6 +43,7 @@ class SearchCounts:
         self._freed = True  # ... and whether that made room
         self._lock = threading.Lock()
         self._by_namespace: dict[str, list[int]] = {}  # namespace -> [hits, misses]
+        self._names: list[str] = []  # its keys, sorted
         self._total = [0, 0]  # [searches returning something, searches returning nothing]
 
     def count(self, namespaces: Iterable[str], found: set[str], any_hit: bool) -> None:
@@ -53,6 +57,9 @@ class SearchCounts:
         """A namespace's [hits, misses], every search's (``""``), or the sums over the namespaces
         a predicate accepts."""
         with self._lock:
+            if isinstance(namespace, Under):
+                rows = [self._by_namespace[ns] for ns in namespace.within(self._names)]
+                return sum(r[0] for r in rows), sum(r[1] for r in rows)
             if callable(namespace):
                 rows = [c for ns, c in self._by_namespace.items() if namespace(ns)]
                 return sum(r[0] for r in rows), sum(r[1] for r in rows)
@@ -70,21 +77,24 @@ class SearchCounts:
             now = time.monotonic()
             if self._freed or now - self._pruned >= PRUNE_SECONDS:
                 self._by_namespace = {ns: c for ns, c in self._by_namespace.items() if holds(ns)}
+                self._names = sorted(self._by_namespace)
                 self._pruned, self._freed = now, len(self._by_namespace) < self.most
         if counts is None and len(self._by_namespace) < self.most:
             counts = self._by_namespace[namespace] = [0, 0]
+            insort_new(self._names, namespace)
         return counts
 
     def forget(self, namespaces: set[str]) -> None:
         """Drop deleted namespaces' counts (the totals keep them)."""
         with self._lock:
             for ns in namespaces:
-                self._by_namespace.pop(ns, None)
+                if self._by_namespace.pop(ns, None) is not None:
+                    remove_sorted(self._names, ns)
 
     def take(self) -> tuple[dict[str, list[int]], list[int]]:
         """The counts so far (per namespace, total), leaving zero (a follower hands them over)."""
         with self._lock:
-            counts, self._by_namespace = self._by_namespace, {}
+            counts, self._by_namespace, self._names = self._by_namespace, {}, []
             total, self._total = self._total, [0, 0]
         return counts, total
 
@@ -130,13 +140,17 @@ class LifecycleTotals:
 
     def __init__(self, totals: dict[tuple[str, int], list[int]] | None = None) -> None:
         self.totals: dict[tuple[str, int], list[int]] = {}
+        self._names: list[str] = []  # the namespaces in ``totals``, sorted
         self._all = np.zeros((5, 4), np.int64)  # (their sum: the server's, read without a loop)
         self._events: deque[tuple[float, str, int, int, int]] = deque()  # (time, ns, tier, kind, n)
         self.add(totals or {}, -np.inf)
 
     def add(self, deltas: dict[tuple[str, int], list[int]], when: float) -> None:
         for (ns, tier), d in deltas.items():
-            total = self.totals.setdefault((ns, tier), [0, 0, 0, 0])
+            total = self.totals.get((ns, tier))
+            if total is None:
+                total = self.totals[(ns, tier)] = [0, 0, 0, 0]
+                insort_new(self._names, ns)
             for kind in range(4):
                 total[kind] += d[kind]
                 self._all[tier, kind] += d[kind]
@@ -154,6 +168,8 @@ class LifecycleTotals:
                 if counts is not None:
                     kept = self.totals.setdefault((RETIRED, tier), [0, 0, 0, 0])
                     kept[:] = [a + b for a, b in zip(kept, counts, strict=True)]
+                    insort_new(self._names, RETIRED)
+            remove_sorted(self._names, ns)
         if any(e[1] in namespaces for e in list(self._events)):
             self._events = deque(
                 (e if e[1] not in namespaces else (e[0], RETIRED, *e[2:])) for e in self._events
@@ -164,9 +180,16 @@ class LifecycleTotals:
         if not namespace:
             return self._all.copy()
         totals = np.zeros((5, 4), np.int64)
-        if not callable(namespace):
-            for t in range(5):
-                totals[t] += self.totals.get((namespace, t), (0, 0, 0, 0))
+        if not callable(namespace) or isinstance(namespace, Under):
+            # (a copy: the writer changes the list without a lock, and bisection reads it several times)
+            names = (
+                namespace.within(list(self._names)) - {RETIRED}
+                if isinstance(namespace, Under)
+                else [namespace]
+            )
+            for ns in names:
+                for t in range(5):
+                    totals[t] += self.totals.get((ns, t), (0, 0, 0, 0))
             return totals
         for (ns, t), c in list(self.totals.items()):
             if ns != RETIRED and namespace(ns):
@@ -189,16 +212,24 @@ class SummaryCounts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_namespace: dict[str, list[int]] = {}  # namespace -> [stored, tokens saved, failures]
+        self._names: list[str] = []  # its keys, sorted
 
     def stored(self, namespace: str, tokens_saved: int) -> None:
         with self._lock:
-            counts = self._by_namespace.setdefault(namespace, [0, 0, 0])
+            counts = self._counts(namespace)
             counts[0] += 1
             counts[1] += tokens_saved
 
     def failed(self, namespace: str) -> None:
         with self._lock:
-            self._by_namespace.setdefault(namespace, [0, 0, 0])[2] += 1
+            self._counts(namespace)[2] += 1
+
+    def _counts(self, namespace: str) -> list[int]:
+        counts = self._by_namespace.get(namespace)
+        if counts is None:
+            counts = self._by_namespace[namespace] = [0, 0, 0]
+            insort_new(self._names, namespace)
+        return counts
 
     def forget(self, namespaces: set[str]) -> None:
         """Deleted namespaces' figures, kept in the server's only (as ``RETIRED``'s)."""
@@ -206,13 +237,16 @@ class SummaryCounts:
             for ns in namespaces - {RETIRED}:
                 counts = self._by_namespace.pop(ns, None)
                 if counts is not None:
-                    kept = self._by_namespace.setdefault(RETIRED, [0, 0, 0])
+                    remove_sorted(self._names, ns)
+                    kept = self._counts(RETIRED)
                     kept[:] = [a + b for a, b in zip(kept, counts, strict=True)]
 
     def figures(self, namespace: Selection = "") -> tuple[int, int, int]:
         """(stored, tokens saved, failures) of the namespaces selected."""
         with self._lock:
-            if namespace and not callable(namespace):
+            if isinstance(namespace, Under):
+                rows = [self._by_namespace[ns] for ns in namespace.within(self._names) - {RETIRED}]
+            elif namespace and not callable(namespace):
                 rows = [self._by_namespace.get(namespace, [0, 0, 0])]
             else:
                 rows = [

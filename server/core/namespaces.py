@@ -19,6 +19,7 @@ from tiermem.server.core.state import EngineState
 from tiermem.server.model import validation as check
 from tiermem.server.model.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from tiermem.server.model.records import Record
+from tiermem.server.model.types import Under
 from tiermem.server.storage.store import Txn
 
 CONFIRMED_KINDS = ("preference", "summary")  # stored in a protected namespace only with confirm
@@ -240,6 +241,9 @@ def list_namespaces(
     size = check.page_size("page_size", page_size, st.config)
     listing = f"namespaces:{prefix}"
     after = decode_token("page_token", page_token, str, st.page_secret, listing) if page_token else ""
+    if isinstance(within, Under):  # (an API key's: its names by bisection, however far apart)
+        page, more = st.columns.namespaces_page_under(within, prefix, after, size)
+        return page, (encode_token(page[-1][0], st.page_secret, listing) if more and page else "")
     out: list[tuple[str, int]] = []
     # With ``within``, a next token only when a namespace it accepts follows: one it hides must not
     # show through the token.

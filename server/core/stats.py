@@ -15,6 +15,7 @@ from tiermem.server.core.counters import Selection, selected
 from tiermem.server.core.state import EngineState
 from tiermem.server.model import validation as check
 from tiermem.server.model.reports import SpaceStats, StatsReport, TierStats
+from tiermem.server.model.types import Under
 
 
 def stats(st: EngineState, namespace: str = "", within: Callable[[str], bool] | None = None) -> StatsReport:
@@ -28,7 +29,11 @@ def stats(st: EngineState, namespace: str = "", within: Callable[[str], bool] | 
         mask &= view.ns == st.columns.namespaces.get(namespace)
     elif within is not None:
         sel = within
-        ids = [i for i, name in enumerate(list(st.columns.namespaces.names)) if within(name)]
+        if isinstance(within, Under):  # (an API key's: its names by bisection, not every name asked)
+            live = st.columns.namespaces_under(within)
+            ids = [st.columns.namespaces.get(name) for name in live]
+        else:
+            ids = [i for i, name in enumerate(list(st.columns.namespaces.names)) if within(name)]
         mask &= np.isin(view.ns, np.asarray(ids, np.int32))
     tiers = view.tier[mask]
     counts = np.bincount(tiers, minlength=5)
@@ -38,6 +43,8 @@ def stats(st: EngineState, namespace: str = "", within: Callable[[str], bool] | 
         ns_count = int(namespace in st.columns.ns_counts)
     elif within is None:
         ns_count = len(st.columns.ns_counts)
+    elif isinstance(within, Under):
+        ns_count = len(live)
     else:
         ns_count = sum(1 for n in list(st.columns.ns_counts) if selected(sel, n))
     totals = st.lifecycle.by_tier(sel)

@@ -18,6 +18,7 @@ import numpy as np
 
 from tiermem.server.config import Tuning
 from tiermem.server.model.records import Record
+from tiermem.server.model.types import Under
 
 _CHANGE_LOG = Tuning().columns_change_log
 EXACT_INT = 2**53  # float64 holds every integer up to this exactly, not all past it
@@ -449,6 +450,29 @@ class Columns:
             with self._ns_lock:
                 self._ns_sorted.pop(bisect.bisect_left(self._ns_sorted, namespace))
         return row
+
+    def namespaces_under(self, under: Under) -> frozenset[str]:
+        """The names with live memories that ``under`` covers (found by bisection)."""
+        with self._ns_lock:
+            return frozenset(under.within(self._ns_sorted))
+
+    def namespaces_page_under(
+        self, under: Under, prefix: str, after: str, size: int
+    ) -> tuple[list[tuple[str, int]], bool]:
+        """``namespaces_page`` of the names ``under`` covers, read from their ranges of the sorted
+        names: a page costs its own names, however many others lie between them."""
+        with self._ns_lock:
+            names = self._ns_sorted
+            lo = bisect.bisect_right(names, after) if after >= prefix else bisect.bisect_left(names, prefix)
+            page: list[tuple[str, int]] = []
+            for i, j in under.spans(names):
+                for k in range(max(i, lo), j):
+                    if not names[k].startswith(prefix):  # (past lo, none after it has the prefix)
+                        return page, False
+                    if len(page) == size:
+                        return page, True
+                    page.append((names[k], self.ns_counts.get(names[k], 0)))
+            return page, False
 
     def namespaces_page(self, prefix: str, after: str, size: int) -> tuple[list[tuple[str, int]], bool]:
         """Up to ``size`` (name, count) with ``prefix``, names > ``after``; and whether more follow."""

@@ -88,12 +88,14 @@ def text(field: str, value: str, limit: int = MAX_TEXT_FIELD) -> str:
 
 
 def label(field: str, value: str, limit: int) -> str:
-    """A tag or a metadata key: ``text`` within ``limit`` bytes, its characters as ``label_fault``
-    allows."""
+    """A tag, a metadata key, an edge's relation or an embedding model's name: ``text`` within
+    ``limit`` bytes, not blank, its characters as ``label_fault`` allows."""
     text(field, value, limit)
     fault = label_fault(value)
     if fault:
         raise InvalidArgument(field, fault)
+    if value and value.isspace():
+        raise InvalidArgument(field, "must not be blank")
     return value
 
 
@@ -197,9 +199,14 @@ def same_dimension(field: str, model: str, dim: int, space_dim: int | None) -> N
 
 
 def model(field: str, value: str) -> str:
+    """An embedding space's name: a label ("m\\n" or " " would be a space of its own no one meant),
+    without whitespace at either end."""
     if not value:
         raise InvalidArgument(field, "is required with an embedding")
-    return text(field, value, MAX_MODEL)
+    label(field, value, MAX_MODEL)
+    if value != value.strip():
+        raise InvalidArgument(field, "must not begin or end with whitespace")
+    return value
 
 
 def memory_ids(field: str, values: list[str]) -> None:
@@ -256,6 +263,8 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
         )
     for i, q in enumerate(m.questions):
         text(f"{prefix}questions[{i}]", q, 1024)
+        if not q.strip():
+            raise InvalidArgument(f"{prefix}questions[{i}]", "must not be empty")
     return m
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiermem.server.config import UnusableSetting
+from tiermem.server.model.types import Under
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ class ApiKey:
     @functools.cached_property
     def _below(self) -> tuple[str, ...]:
         return ("",) if self.everything else tuple(p + "/" for p in self.namespaces)
+
+    @functools.cached_property
+    def under(self) -> Under:
+        """The namespaces the key covers, as a selection of the server's figures (``covers`` of a
+        key that does not cover every namespace)."""
+        return Under(self._exact)
 
     def covers_tree(self, prefix: str) -> bool:
         """Whether every namespace at or below ``prefix`` ("" for all) is covered."""

@@ -412,7 +412,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     @_rpc
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
         key = caller()
-        within = None if key is None or key.everything else key.covers
+        within = None if key is None or key.everything else key.under
         report = self._engine.stats(request.namespace, within=within)
         scope = self._engine.scope(request.namespace) if request.namespace else None
         return convert.stats_to_pb(report, scope)
@@ -422,7 +422,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
     ) -> pb.ListNamespacesResponse:
         key = caller()
-        within = None if key is None or key.everything else key.covers
+        within = None if key is None or key.everything else key.under
         page, token = self._engine.list_namespaces(
             request.prefix, request.page_size, request.page_token, within=within
         )

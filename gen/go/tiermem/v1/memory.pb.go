@@ -813,7 +813,7 @@ type Memory struct {
 	Source string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
 	// topic is a free-text subject (up to 256 bytes).
 	Topic string `protobuf:"bytes,8,opt,name=topic,proto3" json:"topic,omitempty"`
-	// tags are labels (at most 32, each 1-128 bytes, duplicates removed), without control characters,
+	// tags are labels (at most 32, each 1-128 bytes, not blank, duplicates removed), without control characters,
 	// line and paragraph separators or invisible characters (Unicode format characters), but for
 	// joiners (U+200C, U+200D) between two non-ASCII characters and tag characters in the run after a
 	// black flag (U+1F3F4), which words and emoji need.
@@ -824,8 +824,8 @@ type Memory struct {
 	// embedding is the memory's vector. Empty on create: the server embeds content with its built-in
 	// embedder. Returned only when a request sets include_embedding. Stored normalized (cosine).
 	Embedding []float32 `protobuf:"fixed32,11,rep,packed,name=embedding,proto3" json:"embedding,omitempty"`
-	// embedding_model names the embedding space of `embedding`; required when embedding is set. With
-	// API keys, a key for part of the namespaces may name only the server's shared models and models
+	// embedding_model names the embedding space of `embedding`; required when embedding is set; a label
+	// as tags are, without whitespace at either end (up to 256 bytes). With API keys, a key for part of the namespaces may name only the server's shared models and models
 	// named under a namespace it covers ("user:ana/minilm"), else PERMISSION_DENIED
 	// EMBEDDING_MODEL_NOT_ALLOWED.
 	// Vectors of different models are never compared.
@@ -858,7 +858,7 @@ type Memory struct {
 	// origin, when set, is the memory this one was transferred (moved or copied) from.
 	Origin *MemoryOrigin `protobuf:"bytes,23,opt,name=origin,proto3" json:"origin,omitempty"`
 	// questions are the questions a reflection addresses: at most max_tags of them (32 by default),
-	// each up to 1,024 bytes.
+	// each 1-1,024 bytes and not blank.
 	Questions []string `protobuf:"bytes,24,rep,name=questions,proto3" json:"questions,omitempty"`
 }
 
@@ -6599,7 +6599,7 @@ type GraphEdge struct {
 	SourceId string `protobuf:"bytes,2,opt,name=source_id,json=sourceId,proto3" json:"source_id,omitempty"`
 	// target_id is the node the edge points to.
 	TargetId string `protobuf:"bytes,3,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
-	// relation names the link ("works_on", "depends_on"); 1-128 bytes.
+	// relation names the link ("works_on", "depends_on"); 1-128 bytes, a label as tags are.
 	Relation string `protobuf:"bytes,4,opt,name=relation,proto3" json:"relation,omitempty"`
 	// properties are typed attributes.
 	Properties map[string]*Value `protobuf:"bytes,5,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
