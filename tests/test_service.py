@@ -752,6 +752,8 @@ BAD_INPUT: list[tuple[str, Callable[[MemoryClient], Any], str, str | None]] = [
     ("update_empty_content", lambda c: c.update(NS, E, content=""), "memory.content", None),
     ("update_blank_content", lambda c: c.update(NS, E, content=" \n\t "), "memory.content", None),
     ("create_blank_content", lambda c: c.create(NS, "   "), "memory.content", None),
+    ("create_invisible_content", lambda c: c.create(NS, "\u200b\ufeff \u2028"), "memory.content", None),
+    ("update_invisible_content", lambda c: c.update(NS, E, content=" \u200b "), "memory.content", None),
     (
         "update_too_many_tags",
         lambda c: c.update(NS, E, tags=[f"t{i}" for i in range(33)]),

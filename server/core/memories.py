@@ -190,8 +190,10 @@ def update(
 
 def _check_fields(st: EngineState, c: NewMemory, fields_: set[str]) -> None:
     if "content" in fields_:
-        if not c.content.strip():
-            raise InvalidArgument("memory.content", "is required (white space alone is no content)")
+        if check.blank(c.content):
+            raise InvalidArgument(
+                "memory.content", "is required (white space or invisible characters alone are no content)"
+            )
         check.text("memory.content", c.content, st.config.max_content_bytes)
     if "kind" in fields_:
         c.kind = check.kind("memory.kind", c.kind) if c.kind else st.config.default_kind

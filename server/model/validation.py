@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,6 +86,17 @@ def text(field: str, value: str, limit: int = MAX_TEXT_FIELD) -> str:
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL characters")
     return value
+
+
+def blank(value: str) -> bool:
+    """Whether ``value`` shows nothing: white space, and invisible characters (zero-width spaces,
+    byte-order marks, line separators), alone."""
+    if value.isascii():
+        return not value.strip()
+    return all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in value)
+
+
+_INVISIBLE = frozenset(("Cf", "Zl", "Zp"))
 
 
 def label(field: str, value: str, limit: int) -> str:
@@ -231,8 +243,10 @@ def new_memory(prefix: str, m: NewMemory, config: ServerConfig) -> NewMemory:
     namespace(f"{prefix}namespace", m.namespace)
     if m.id:
         memory_id(f"{prefix}id", m.id)
-    if not m.content.strip():  # (white space alone: nothing to find it by, a blank line in a context)
-        raise InvalidArgument(f"{prefix}content", "is required (white space alone is no content)")
+    if blank(m.content):  # (nothing to find it by, a blank line in a context)
+        raise InvalidArgument(
+            f"{prefix}content", "is required (white space or invisible characters alone are no content)"
+        )
     text(f"{prefix}content", m.content, config.max_content_bytes)
     m.kind = kind(f"{prefix}kind", m.kind) if m.kind else config.default_kind
     m.tier = tier(f"{prefix}tier", m.tier) if m.tier else config.default_tier
