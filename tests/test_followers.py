@@ -810,13 +810,17 @@ def test_a_followers_count_of_its_own_searches_follows_them_in_and_out(tmp_path:
             assert len(pb.SearchMemoriesResponse.FromString(call.result()).results) == 10
         wait_count(0)
         engine.state.follow_error = RuntimeError("stopped following")  # (as a failed catch-up leaves it)
-        leader.proc.send_signal(signal.SIGSTOP)  # (the forwarded search waits at the leader)
+        # (the forwarded search waits there: the leader and its own follower, which shares its port)
+        stopped = [leader.proc.pid, *map(int, _children(leader.proc.pid))]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
         try:
             forwarded = raw.future(good, timeout=30)
             time.sleep(0.5)
             assert not forwarded.done() and serving() == 0
         finally:
-            leader.proc.send_signal(signal.SIGCONT)
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
         assert len(pb.SearchMemoriesResponse.FromString(forwarded.result()).results) == 10
         assert serving() == 0
     finally:

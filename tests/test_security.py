@@ -847,6 +847,34 @@ def test_answers_of_memories_with_every_field_large_are_measured_whole(
         assert len(candidates.observations) == 100 and candidates.ByteSize() < 4 << 20
 
 
+@pytest.mark.parametrize(
+    "namespaces",
+    ['"user:ana"', '["user:ana", 7]', '[["user:ana"]]', '{"user:ana": 1}', '["user:ana/"]', '[" user:ana"]'],
+)
+def test_a_keys_line_whose_namespaces_are_not_a_list_of_prefixes_is_refused(
+    tmp_path: Path, namespaces: str
+) -> None:
+    """A hand-edited keys line whose namespaces are a string (read as its characters, it made a
+    key for "u", "s", "e", ...), hold a non-string or a malformed prefix: the file is refused,
+    naming its line, and a server does not start on it (exit status 2, no traceback)."""
+    from tiermem.server.security.keys import KeysFileError, parse
+
+    path = tmp_path / "keys.jsonl"
+    good = add_key(path, ["team:x"], "read")
+    assert good and len(parse(path)) == 1
+    with path.open("a") as f:
+        f.write(f'{{"id": "k2", "sha256": "{"a" * 64}", "namespaces": {namespaces}, "role": "write"}}\n')
+    with pytest.raises(KeysFileError) as e:
+        parse(path)
+    assert f"{path}:2" in str(e.value)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tiermem.server", "--host", "127.0.0.1", "--port", "0",
+         "--data-dir", str(tmp_path / "data"), "--api-keys", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and f"{path}:2" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
@@ -869,12 +897,15 @@ def test_the_server_refuses_an_exposed_address_without_tls_and_keys(tmp_path: Pa
 
 
 def _through_follower(
-    running: RunningServer, token: str, namespace: str
+    running: RunningServer, token: str, namespace: str, leader: bool = False
 ) -> tuple[grpc.Channel, MemoryClient]:
-    """A client on a connection the kernel gave to the server's (one) search follower, found by the
-    process a search of ``namespace`` names in its trailing metadata."""
+    """A client on a connection the kernel gave to the server's (one) search follower (or, with
+    ``leader``, to the leader: this process), found by the process a search of ``namespace`` names
+    in its trailing metadata."""
     assert running.followers is not None
     (fpid,) = running.followers.pids()
+    if leader:
+        fpid = os.getpid()
     deadline = time.monotonic() + 60
     while True:
         channel = grpc.insecure_channel(
@@ -907,6 +938,34 @@ def test_search_followers_check_keys_too(
     with pytest.raises(UnauthenticatedError):
         anonymous.search("user:ana", "anything")
     channel.close()
+
+
+def test_calls_a_follower_forwards_leave_the_keys_cap_on_the_leader_as_it_was(
+    server_factory: Callable[..., RunningServer], keys_file: Path
+) -> None:
+    """A call a search follower forwards was counted against its key's cap on calls in flight
+    where it arrived, not on the leader: it gives no place back on the leader either. (Each gave
+    one back, so after N of them the key ran N calls past its cap on the leader.)"""
+    cap = add_key(keys_file, ["user:cap", "probe"], "admin")
+    running = server_factory(search_processes=2, api_keys=str(keys_file), key_max_concurrent_rpcs=1)
+    f_channel, f = _through_follower(running, cap, "probe")
+    l_channel, c = _through_follower(running, cap, "probe", leader=True)
+    try:
+        for _ in range(5):
+            f.get_namespace_config("user:cap")  # (forwarded to the leader)
+        release, threads = _held_imports(c, 1)  # the key's one call in flight on the leader
+        try:
+            with pytest.raises(ResourceExhaustedError) as e:
+                c.get_namespace_config("user:cap")
+            assert e.value.reason == "KEY_RATE_LIMITED"
+        finally:
+            release.set()
+            for t in threads:
+                t.join(10)
+        c.get_namespace_config("user:cap")  # (its place given back)
+    finally:
+        f_channel.close()
+        l_channel.close()
 
 
 def test_admission_keeps_a_share_for_monitoring_and_reclaims_lost_leases() -> None:

@@ -96,14 +96,27 @@ def parse(path: Path) -> dict[str, ApiKey]:
         try:
             entry = json.loads(line)
             digest, role = str(entry["sha256"]), str(entry["role"])
-            namespaces = tuple(str(p) for p in entry["namespaces"])
+            listed = entry["namespaces"]
+            # (a string here would be read as its characters: "user:ana" as keys for "u", "s", ...)
+            if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+                raise TypeError("namespaces must be a list of strings")
+            namespaces = tuple(listed)
             key = ApiKey(str(entry["id"]), namespaces, role)
         except (ValueError, KeyError, TypeError) as e:
             raise KeysFileError(f"{path}:{n}: not a key entry ({type(e).__name__}: {e})") from None
         if role not in ROLES or not namespaces or len(digest) != 64:
             raise KeysFileError(f"{path}:{n}: needs a role of {sorted(ROLES)}, namespaces and a sha256")
+        fault = next((f for f in map(_prefix_fault, namespaces) if f), None)
+        if fault:
+            raise KeysFileError(f"{path}:{n}: {fault}")
         keys[digest] = key
     return keys
+
+
+def _prefix_fault(p: str) -> str | None:
+    if p != p.strip() or p.endswith("/") or any(ord(c) < 32 for c in p):
+        return f"namespace prefix {p!r}: no surrounding spaces, control characters or final '/'"
+    return None
 
 
 def add_key(path: Path, namespaces: list[str], role: str) -> str:
@@ -113,11 +126,9 @@ def add_key(path: Path, namespaces: list[str], role: str) -> str:
         raise KeysFileError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     if not namespaces:
         raise KeysFileError("a key needs at least one namespace prefix ('' for every namespace)")
-    for p in namespaces:
-        if p != p.strip() or p.endswith("/") or any(ord(c) < 32 for c in p):
-            raise KeysFileError(
-                f"namespace prefix {p!r}: no surrounding spaces, control characters or final '/'"
-            )
+    fault = next((f for f in map(_prefix_fault, namespaces) if f), None)
+    if fault:
+        raise KeysFileError(fault)
     key_id = secrets.token_hex(6)
     token = (
         TOKEN_PREFIX + key_id + "_" + base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")

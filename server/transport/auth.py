@@ -355,6 +355,7 @@ class _Call:
         self.named: Callable[[Any], list[str]] | None = None  # the namespaces a request names
         self.route: str | None = None  # the call's routing key
         self.token: str | None = None  # the call's bearer token (when the server has keys)
+        self.counted = False  # whether the call holds a place in its key's calls in flight
         self._key_checked = time.monotonic()
 
     def key_still_valid(self) -> None:
@@ -386,6 +387,7 @@ class _Call:
                         ResourceExhausted(f"key {key.id} is over its limits", "KEY_RATE_LIMITED"),
                         wait,
                     )
+                self.counted = True
         except BaseException:
             self._release()
             raise
@@ -410,7 +412,8 @@ class _Call:
             self.lease = None
 
     def leave(self, key: ApiKey | None) -> None:
-        if key is not None:
+        if key is not None and self.counted:  # (a forwarded call took no place: it gives none back)
+            self.counted = False
             self.owner.limits.leave(key.id)
         self._release()
 
