@@ -62,6 +62,32 @@ def _state(m: pb.Memory) -> tuple:
     )
 
 
+def test_a_restore_keeps_the_order_memories_were_stored_in(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """An export sends memories in the order they were stored (not by id), so a restore stores them
+    in that order again: listings, and what breaks ties by it (the oldest duplicate reinforced,
+    the earliest evicted among equals), come out as on the original, into the same namespaces or
+    under a target."""
+    src = server_factory()
+    dst = server_factory(data_dir=src.engine.config.data_dir.parent / "restored")
+    with _client(src) as a, _client(dst) as b:
+        ids = ["z1", "y2", "x3", "w4", "m5"]
+        for ns in ("o", "o/child"):
+            for mid in ids:
+                a.create(ns, f"memory {mid} of {ns}", id=mid)
+        a.observe("dup", "the same words", id="zz-first")
+        a.observe("dup", "the same words", id="aa-second")
+        whole = list(a.export_memories())
+        assert [c.memory.id for c in whole if c.WhichOneof("chunk") == "memory"][:5] == ids  # (not by id)
+        b.import_memories(whole)
+        b.import_memories(list(a.export_memories("o", include_children=True)), target_namespace="t")
+        for ns, there in (("o", "o"), ("o/child", "o/child"), ("o", "t"), ("o/child", "t/child")):
+            assert [m.id for m in b.list_memories(there)] == [m.id for m in a.list_memories(ns)] == ids
+        for c in (a, b):  # (an exact duplicate reinforces the oldest: the one stored first)
+            assert c.create("dup", "the same words").id == "zz-first"
+
+
 def test_export_import_round_trip_under_concurrent_writes(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

@@ -459,6 +459,27 @@ class Store(CommitLog, LifecycleCounters):
                 if rec is not None:
                     yield rec
 
+    def namespace_records_stored(
+        self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
+    ) -> Iterator[Record]:
+        """``namespace_records`` in the order they were stored (by rid): what an import stores in
+        the order it reads, so that order (listings, ties) survives a backup and restore."""
+        if not namespace:
+            yield from self.iter_records(txn)
+            return
+        cur = txn.cursor(db=self.ids)
+        rids: list[int] = []
+        for prefix in namespace_prefixes(namespace, include_children):
+            if cur.set_range(prefix):
+                for key, value in cur:
+                    if not bytes(key).startswith(prefix):
+                        break
+                    rids.append(rid_of(bytes(value)))
+        for rid in sorted(rids):
+            rec = self.get(txn, rid)
+            if rec is not None:
+                yield rec
+
     def iter_records(self, txn: lmdb.Transaction) -> Iterator[Record]:
         for _, raw in txn.cursor(db=self.records):
             yield Record.unpack(raw)
