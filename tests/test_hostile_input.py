@@ -540,6 +540,19 @@ def test_a_where_key_given_twice_in_one_object_is_invalid_argument(
     expect_invalid(lambda: _searched(counted, where), "filter.where")
 
 
+def test_string_ranges_keep_trailing_nul_characters(client: MemoryClient) -> None:
+    """A metadata string ending in NUL ("a\\x00") orders after "a", as Python orders them: range
+    operators compare the whole string (NumPy's str scalars drop trailing NULs)."""
+    values = {"plain": "a", "nul_end": "a\x00", "two_nul": "a\x00\x00", "nul_mid": "a\x00b", "b": "b"}
+    for mid, v in values.items():
+        client.create(NS, f"memory {mid}", id=mid, metadata={"s": v})
+    checks = {"$lt": str.__lt__, "$lte": str.__le__, "$gt": str.__gt__, "$gte": str.__ge__, "$eq": str.__eq__}
+    for op, holds in checks.items():
+        for operand in ("a", "a\x00", "a\x00\x00", "a\x00c"):
+            want = sorted(m for m, v in values.items() if holds(v, operand))
+            assert _listed(client, {"metadata.s": {op: operand}}) == want, (op, operand)
+
+
 @pytest.mark.parametrize("where", ['{"tags": []}', '{"tags": {"$all": []}}', '{"$or": [{"tags": []}]}'])
 def test_all_of_no_tags_is_invalid_argument(counted: MemoryClient, where: str) -> None:
     """Every memory has all of no tags: a list built empty by a client would let every memory

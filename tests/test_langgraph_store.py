@@ -827,6 +827,18 @@ def test_batch_puts_of_new_and_existing_keys(store: TiermemStore, raw: MemoryCli
     assert len(list(raw.list_memories(f"{PREFIX}/b"))) == 5
 
 
+@pytest.mark.parametrize("bad", [{"when": datetime(2026, 1, 1)}, {"n": 10**5000}, {(1, 2): "x"}])
+def test_a_batch_with_a_value_json_cannot_carry_changes_nothing(store: TiermemStore, bad: dict) -> None:
+    """A value JSON cannot carry (a datetime, an integer past Python's digit limit, a tuple key)
+    fails its batch before anything is written: the batch's deletes too."""
+    store.put(("b",), "keep", {"v": 1})
+    ops = [PutOp(("b",), "keep", None), PutOp(("b",), "new", {"v": 2}), PutOp(("b",), "bad", bad)]
+    with pytest.raises((TypeError, ValueError)):
+        store.batch(ops)
+    assert store.get(("b",), "keep").value == {"v": 1}  # type: ignore[union-attr]
+    assert store.get(("b",), "new") is None
+
+
 def test_invalid_namespaces_are_refused(store: TiermemStore) -> None:
     with pytest.raises(InvalidNamespaceError):
         store.put((), "k", {"v": 1})

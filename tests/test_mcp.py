@@ -426,6 +426,27 @@ def test_out_of_range_arguments_are_tool_errors_naming_what_is_wrong(client: Mem
     _run(scenario)
 
 
+def test_numbers_and_flags_of_another_json_type_are_tool_errors(client: MemoryClient) -> None:
+    """A number or a flag given as another JSON type (true for an importance, "yes" for a flag, a
+    flag for a count) is a tool error naming the argument, not read as 1.0, true or 1."""
+
+    async def scenario() -> None:
+        async with Client(build_server(client, namespace="agent:x")) as c:
+            for tool, args, name in (
+                ("remember", {"content": "c", "importance": True}, "importance"),
+                ("recall", {"query": "q", "include_ancestors": "yes"}, "include_ancestors"),
+                ("recall", {"query": "q", "limit": True}, "limit"),
+                ("build_context", {"token_budget": False}, "token_budget"),
+            ):
+                result = await c.call_tool(tool, args)
+                assert result.is_error and name in _text(result), (tool, args, _text(result))
+            assert client.stats().memory_count == 0
+            ok = await c.call_tool("remember", {"content": "c", "importance": 1})
+            assert not ok.is_error and ok.structured_content and ok.structured_content["importance"] == 1.0
+
+    _run(scenario)
+
+
 def test_an_argument_a_tool_does_not_take_is_a_tool_error_and_changes_nothing(client: MemoryClient) -> None:
     """A misspelled namespace must not land the memory in the default namespace."""
 

@@ -407,10 +407,11 @@ class TiermemStore(BaseStore):
                 yield Call.to("update", after.namespace, after.id, expire_time=expire)
 
     def _put(self, ops: list[PutOp]) -> Steps[None]:
+        # (the values first: one that cannot be stored fails the batch before anything is deleted)
+        memories = [self._memory(op, self._now()) for op in ops if op.value is not None]
         deletes = [self._delete(op) for op in ops if op.value is None and op.namespace]
         if deletes:
             yield All(deletes)
-        memories = [self._memory(op, self._now()) for op in ops if op.value is not None]
         for chunk in _chunks(memories, MAX_BATCH):
             if len(chunk) > 1:
                 try:

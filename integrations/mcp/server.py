@@ -188,7 +188,12 @@ class MemoryTools:
         ] = "observation",
         importance: Annotated[
             float | None,
-            Field(ge=0, le=1, description="0 to 1; estimated from the content and kind when not given."),
+            Field(
+                ge=0,
+                le=1,
+                strict=True,
+                description="0 to 1; estimated from the content and kind when not given.",
+            ),
         ] = None,
         tags: Tags = None,
         metadata: Annotated[
@@ -228,14 +233,19 @@ class MemoryTools:
         query: Annotated[
             str, Field(description="What to look for, in words (matched by meaning and keywords).")
         ],
-        limit: Annotated[int, Field(ge=1, le=100, description="At most this many memories.")] = 10,
+        limit: Annotated[
+            int, Field(ge=1, le=100, strict=True, description="At most this many memories.")
+        ] = 10,
         namespaces: Annotated[
             list[str] | None,
             Field(description="The namespaces to search; default: the server's default namespace."),
         ] = None,
         include_ancestors: Annotated[
             bool,
-            Field(description="Also search the namespaces' parents ('a/b/c' -> 'a/b', 'a'), weighted less."),
+            Field(
+                strict=True,
+                description="Also search the namespaces' parents ('a/b/c' -> 'a/b', 'a'), weighted less.",
+            ),
         ] = False,
         tags_any: Annotated[
             list[str] | None, Field(description="Only memories with one of these tags.")
@@ -263,7 +273,13 @@ class MemoryTools:
     def build_context(
         self,
         token_budget: Annotated[
-            int, Field(gt=0, le=2**31 - 1, description="The most tokens the context may use (estimated).")
+            int,
+            Field(
+                gt=0,
+                le=2**31 - 1,
+                strict=True,
+                description="The most tokens the context may use (estimated).",
+            ),
         ] = 1000,
         query: Annotated[
             str, Field(description="What the next turn is about: drives which memories are chosen.")
@@ -318,7 +334,7 @@ class MemoryTools:
             list[str] | None, Field(description="With insight: the questions it answers.")
         ] = None,
         limit: Annotated[
-            int, Field(ge=1, le=1000, description="How many recent observations to return.")
+            int, Field(ge=1, le=1000, strict=True, description="How many recent observations to return.")
         ] = 50,
         namespace: Namespace = None,
     ) -> Reflection:
@@ -348,7 +364,7 @@ class MemoryTools:
         prefix: Annotated[
             str, Field(description="Only namespaces starting with this, e.g. 'user:ana'.")
         ] = "",
-        limit: Annotated[int, Field(ge=1, le=10000, description="At most this many.")] = 200,
+        limit: Annotated[int, Field(ge=1, le=10000, strict=True, description="At most this many.")] = 200,
     ) -> Namespaces:
         """The namespaces holding memories (those the API key covers) and the default namespace
         the other tools act on when given none."""

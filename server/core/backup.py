@@ -112,7 +112,7 @@ def _snapshot(st: EngineState, txn: Txn, parts: list[tuple[str, bool]], now: flo
             ):
                 yield ExportedSettings(ns, settings)
     for namespace, children in parts:
-        for rec in st.store.namespace_records_stored(txn, namespace, children):
+        for rec in st.store.namespace_records(txn, namespace, children, stored=True):
             if not rec.expired(now):
                 yield ExportedMemory(rec, st.store.get_vector(txn, rec.rid))
     for namespace, children in parts:

@@ -408,7 +408,10 @@ def _metadata(key: str, op: str, arg: Any, path: str) -> Mask:
             if op in ("$in", "$nin", "$eq", "$ne"):
                 res = np.isin(col, np.array(wanted, dtype=col.dtype))
             else:
-                res = np.asarray(_ORDER[op](col, wanted[0]), np.bool_)
+                # (a string as a 0-d object array: as a bare str NumPy would make it a np.str_,
+                # which drops trailing NULs, and "a\x00" would compare as "a")
+                bound = np.array(wanted[0], dtype=object) if k == 2 else wanted[0]
+                res = np.asarray(_ORDER[op](col, bound), np.bool_)
             if k == 1 and (inexact or exact is not None):
                 _compare_exactly(op, col, exact, numbers, wanted, res)
             found.append(rows[res])

@@ -444,38 +444,14 @@ class Store(CommitLog, LifecycleCounters):
         return rec if ok else None
 
     def namespace_records(
-        self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
+        self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False, stored: bool = False
     ) -> Iterator[Record]:
         """The records of ``namespace`` (and of ``namespace/...`` with ``include_children``; ``""``:
-        of every namespace), by namespace and id, as ``txn`` sees them."""
-        cur = txn.cursor(db=self.ids)
-        for prefix in namespace_prefixes(namespace, include_children):
-            if not cur.set_range(prefix):
-                continue
-            for key, value in cur:
-                if not bytes(key).startswith(prefix):
-                    break
-                rec = self.get(txn, rid_of(bytes(value)))
-                if rec is not None:
-                    yield rec
-
-    def namespace_records_stored(
-        self, txn: lmdb.Transaction, namespace: str = "", include_children: bool = False
-    ) -> Iterator[Record]:
-        """``namespace_records`` in the order they were stored (by rid): what an import stores in
-        the order it reads, so that order (listings, ties) survives a backup and restore."""
-        if not namespace:
-            yield from self.iter_records(txn)
-            return
-        cur = txn.cursor(db=self.ids)
-        rids: list[int] = []
-        for prefix in namespace_prefixes(namespace, include_children):
-            if cur.set_range(prefix):
-                for key, value in cur:
-                    if not bytes(key).startswith(prefix):
-                        break
-                    rids.append(rid_of(bytes(value)))
-        for rid in sorted(rids):
+        of every namespace), by namespace and id, or with ``stored`` in the order they were stored
+        (an import stores in the order it reads: a restore keeps it), as ``txn`` sees them."""
+        prefixes = namespace_prefixes(namespace, include_children)
+        rids = (rid_of(v) for p in prefixes for _, v in self._prefixed(txn, p, self.ids))
+        for rid in sorted(rids) if stored else rids:
             rec = self.get(txn, rid)
             if rec is not None:
                 yield rec
@@ -666,8 +642,10 @@ class Store(CommitLog, LifecycleCounters):
             while cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):
                 cur.delete()
 
-    def _prefixed(self, txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        cur = txn.cursor(db=self.meta)
+    def _prefixed(
+        self, txn: lmdb.Transaction, prefix: bytes, db: Any = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        cur = txn.cursor(db=self.meta if db is None else db)
         if cur.set_range(prefix):
             for k, v in cur:
                 key = bytes(k)
