@@ -908,6 +908,15 @@ def test_ttl_config_default_ttl(target: str, raw: MemoryClient, make: Callable[.
         assert _expiry(raw, "t", "forever") is None
 
 
+@pytest.mark.parametrize("default", [-5, 0, "5", True, float("nan")])
+def test_a_ttl_config_whose_default_no_put_could_take_is_refused_at_once(
+    target: str, raw: MemoryClient, default: Any
+) -> None:
+    """A default_ttl that would fail every put taking it is a ValueError when the store is made."""
+    with pytest.raises(ValueError, match="default_ttl"):
+        TiermemStore(target, namespace_prefix=PREFIX, ttl={"default_ttl": default})
+
+
 # -- async and graphs ------------------------------------------------------------------------------
 def test_async_api(store: TiermemStore) -> None:
     async def run() -> None:

@@ -213,6 +213,8 @@ class TiermemStore(BaseStore):
             if fields in ([], ["$"]):
                 fields = None  # the whole value (as its JSON), the default
         self.prefix = keys.check_prefix(namespace_prefix)
+        if ttl is not None:  # (checked here: a bad default would fail every put that takes it)
+            values.check_ttl("ttl's default_ttl", ttl.get("default_ttl"))
         self.kind = kind
         self.fields: list[str] | None = fields
         self.ttl_config = ttl

@@ -203,10 +203,15 @@ def check_put(key: str, value: Any, ttl: Any) -> None:
     if not isinstance(value, dict):
         raise TypeError(f"a value must be a dict, not {type(value).__name__}")
     _check_depth(value)
+    check_ttl("ttl", ttl)
+
+
+def check_ttl(name: str, ttl: Any) -> None:
+    """ValueError unless ``ttl`` is None or a number of minutes in (0, MAX_TTL_MINUTES]."""
     if ttl is not None and (
         isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_MINUTES
     ):
-        raise ValueError(f"ttl is a number of minutes in (0, {MAX_TTL_MINUTES:g}], got {ttl!r}")
+        raise ValueError(f"{name} is a number of minutes in (0, {MAX_TTL_MINUTES:g}], got {ttl!r}")
 
 
 def _check_depth(value: dict[str, Any]) -> None:
