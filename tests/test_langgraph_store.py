@@ -839,6 +839,14 @@ def test_a_batch_with_a_value_json_cannot_carry_changes_nothing(store: TiermemSt
     assert store.get(("b",), "new") is None
 
 
+def test_an_indexed_field_of_invisible_characters_alone_is_stored_unindexed(store: TiermemStore) -> None:
+    """A value whose indexed text shows nothing (a zero-width space) is stored as one with no text
+    to search: the server refuses such content, so it must not be sent as the memory's content."""
+    store.put(("b",), "k", {"text": "\u200b\ufeff", "body": "x"}, index=["text"])
+    assert store.get(("b",), "k").value == {"text": "\u200b\ufeff", "body": "x"}  # type: ignore[union-attr]
+    assert [i.key for i in store.search(("b",), filter={"body": "x"})] == ["k"]
+
+
 def test_invalid_namespaces_are_refused(store: TiermemStore) -> None:
     with pytest.raises(InvalidNamespaceError):
         store.put((), "k", {"v": 1})

@@ -427,11 +427,15 @@ def test_out_of_range_arguments_are_tool_errors_naming_what_is_wrong(client: Mem
 
 
 def test_numbers_and_flags_of_another_json_type_are_tool_errors(client: MemoryClient) -> None:
-    """A number or a flag given as another JSON type (true for an importance, "yes" for a flag, a
-    flag for a count) is a tool error naming the argument, not read as 1.0, true or 1."""
+    """A flag given for a number (true for an importance or a count) or anything but a flag for a
+    flag ("yes") is a tool error naming the argument, not read as 1 or true; a number as models
+    send one (2, 2.0, "2") is read as the number."""
 
     async def scenario() -> None:
         async with Client(build_server(client, namespace="agent:x")) as c:
+            (recall,) = [t for t in (await c.list_tools()).tools if t.name == "recall"]
+            limit = recall.input_schema["properties"]["limit"]  # (the bounds stay in the schema)
+            assert (limit["type"], limit["minimum"], limit["maximum"]) == ("integer", 1, 100)
             for tool, args, name in (
                 ("remember", {"content": "c", "importance": True}, "importance"),
                 ("recall", {"query": "q", "include_ancestors": "yes"}, "include_ancestors"),
@@ -443,6 +447,9 @@ def test_numbers_and_flags_of_another_json_type_are_tool_errors(client: MemoryCl
             assert client.stats().memory_count == 0
             ok = await c.call_tool("remember", {"content": "c", "importance": 1})
             assert not ok.is_error and ok.structured_content and ok.structured_content["importance"] == 1.0
+            for limit in (2, 2.0, "2"):  # (a number as models send one)
+                ok = await c.call_tool("recall", {"query": "c", "limit": limit, "include_ancestors": False})
+                assert not ok.is_error, (limit, _text(ok))
 
     _run(scenario)
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from langgraph.store.base import get_text_at_path
 
-from tiermem._labels import label_fault
+from tiermem._labels import blank, label_fault
 
 from .keys import key_of
 from .keys import memory_id as id_of_key
@@ -166,7 +166,7 @@ def store(
         meta[TTL] = float(ttl_minutes)
     text = None if paths is False else value_json if paths is None else _search_text(value, paths)
     content = value_json
-    if text is None or not text.strip():
+    if text is None or blank(text):  # (the server refuses such content: stored unindexed)
         meta[UNINDEXED] = True
     elif (
         text != value_json

@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import Tool as MCPTool
 from mcp.types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from tiermem.client import MemoryClient, TiermemError, to_python
 
@@ -43,6 +43,24 @@ Namespace = Annotated[
     ),
 ]
 Tags = Annotated[list[str] | None, Field(description="Labels to file the memory under, e.g. ['billing'].")]
+
+
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):  # (pydantic's lax mode would read true as 1)
+        raise ValueError("is a number, not true or false")
+    return v
+
+
+def _only_bool(v: Any) -> Any:
+    if not isinstance(v, bool):  # (pydantic's lax mode would read "yes" or 1 as true)
+        raise ValueError("is true or false")
+    return v
+
+
+# Numbers keep the lax reading models need ("5" and 5.0 for 5); a flag given for a number, or
+# anything but a flag for a flag, is an error naming the argument.
+_NO_BOOL = BeforeValidator(_no_bool)
+_ONLY_BOOL = BeforeValidator(_only_bool)
 Scalar = str | int | float | bool
 
 
@@ -191,9 +209,9 @@ class MemoryTools:
             Field(
                 ge=0,
                 le=1,
-                strict=True,
                 description="0 to 1; estimated from the content and kind when not given.",
             ),
+            _NO_BOOL,
         ] = None,
         tags: Tags = None,
         metadata: Annotated[
@@ -233,19 +251,15 @@ class MemoryTools:
         query: Annotated[
             str, Field(description="What to look for, in words (matched by meaning and keywords).")
         ],
-        limit: Annotated[
-            int, Field(ge=1, le=100, strict=True, description="At most this many memories.")
-        ] = 10,
+        limit: Annotated[int, Field(ge=1, le=100, description="At most this many memories."), _NO_BOOL] = 10,
         namespaces: Annotated[
             list[str] | None,
             Field(description="The namespaces to search; default: the server's default namespace."),
         ] = None,
         include_ancestors: Annotated[
             bool,
-            Field(
-                strict=True,
-                description="Also search the namespaces' parents ('a/b/c' -> 'a/b', 'a'), weighted less.",
-            ),
+            Field(description="Also search the namespaces' parents ('a/b/c' -> 'a/b', 'a'), weighted less."),
+            _ONLY_BOOL,
         ] = False,
         tags_any: Annotated[
             list[str] | None, Field(description="Only memories with one of these tags.")
@@ -277,9 +291,9 @@ class MemoryTools:
             Field(
                 gt=0,
                 le=2**31 - 1,
-                strict=True,
                 description="The most tokens the context may use (estimated).",
             ),
+            _NO_BOOL,
         ] = 1000,
         query: Annotated[
             str, Field(description="What the next turn is about: drives which memories are chosen.")
@@ -334,7 +348,7 @@ class MemoryTools:
             list[str] | None, Field(description="With insight: the questions it answers.")
         ] = None,
         limit: Annotated[
-            int, Field(ge=1, le=1000, strict=True, description="How many recent observations to return.")
+            int, Field(ge=1, le=1000, description="How many recent observations to return."), _NO_BOOL
         ] = 50,
         namespace: Namespace = None,
     ) -> Reflection:
@@ -364,7 +378,7 @@ class MemoryTools:
         prefix: Annotated[
             str, Field(description="Only namespaces starting with this, e.g. 'user:ana'.")
         ] = "",
-        limit: Annotated[int, Field(ge=1, le=10000, strict=True, description="At most this many.")] = 200,
+        limit: Annotated[int, Field(ge=1, le=10000, description="At most this many."), _NO_BOOL] = 200,
     ) -> Namespaces:
         """The namespaces holding memories (those the API key covers) and the default namespace
         the other tools act on when given none."""

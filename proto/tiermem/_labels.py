@@ -28,6 +28,14 @@ def label_fault(text: str) -> str | None:
     return None
 
 
+def blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: white space, and invisible characters (zero-width spaces,
+    byte-order marks, line separators), alone (the server refuses such content)."""
+    if text.isascii():
+        return not text.strip()
+    return all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in text)
+
+
 def _kept(text: str, i: int) -> bool:
     code = ord(text[i])
     if code in (0x200C, 0x200D):  # a joiner, between two characters it can join

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from tiermem._labels import label_fault
+from tiermem._labels import blank, label_fault
 from tiermem.server.config import TIERS, ServerConfig
 from tiermem.server.model import importance
 from tiermem.server.model.errors import InvalidArgument
@@ -86,17 +85,6 @@ def text(field: str, value: str, limit: int = MAX_TEXT_FIELD) -> str:
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL characters")
     return value
-
-
-def blank(value: str) -> bool:
-    """Whether ``value`` shows nothing: white space, and invisible characters (zero-width spaces,
-    byte-order marks, line separators), alone."""
-    if value.isascii():
-        return not value.strip()
-    return all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in value)
-
-
-_INVISIBLE = frozenset(("Cf", "Zl", "Zp"))
 
 
 def label(field: str, value: str, limit: int) -> str:
