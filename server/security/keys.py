@@ -21,6 +21,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,22 +53,13 @@ class ApiKey:
         return "" in self.namespaces
 
     def covers(self, namespace: str) -> bool:
-        # (asked of every namespace by a key's stats: one startswith of a tuple, not a loop)
-        return namespace in self._exact or namespace.startswith(self._below)
-
-    @functools.cached_property
-    def _exact(self) -> frozenset[str]:
-        return frozenset(self.namespaces)
-
-    @functools.cached_property
-    def _below(self) -> tuple[str, ...]:
-        return ("",) if self.everything else tuple(p + "/" for p in self.namespaces)
+        return self.everything or self.under(namespace)
 
     @functools.cached_property
     def under(self) -> Under:
-        """The namespaces the key covers, as a selection of the server's figures (``covers`` of a
-        key that does not cover every namespace)."""
-        return Under(self._exact)
+        """The namespaces the key names and those below them: ``covers`` of a key that does not
+        cover every namespace, and the selection of the server's figures such a key sees."""
+        return Under(frozenset(self.namespaces))
 
     def covers_tree(self, prefix: str) -> bool:
         """Whether every namespace at or below ``prefix`` ("" for all) is covered."""
@@ -106,16 +98,18 @@ def parse(path: Path) -> dict[str, ApiKey]:
             raise KeysFileError(f"{path}:{n}: not a key entry ({type(e).__name__}: {e})") from None
         if role not in ROLES or not namespaces or len(digest) != 64:
             raise KeysFileError(f"{path}:{n}: needs a role of {sorted(ROLES)}, namespaces and a sha256")
-        fault = next((f for f in map(_prefix_fault, namespaces) if f), None)
+        fault = _prefix_fault(namespaces)
         if fault:
             raise KeysFileError(f"{path}:{n}: {fault}")
         keys[digest] = key
     return keys
 
 
-def _prefix_fault(p: str) -> str | None:
-    if p != p.strip() or p.endswith("/") or any(ord(c) < 32 for c in p):
-        return f"namespace prefix {p!r}: no surrounding spaces, control characters or final '/'"
+def _prefix_fault(prefixes: Iterable[str]) -> str | None:
+    """What is wrong with the first malformed prefix, if one is."""
+    for p in prefixes:
+        if p != p.strip() or p.endswith("/") or any(ord(c) < 32 for c in p):
+            return f"namespace prefix {p!r}: no surrounding spaces, control characters or final '/'"
     return None
 
 
@@ -126,7 +120,7 @@ def add_key(path: Path, namespaces: list[str], role: str) -> str:
         raise KeysFileError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     if not namespaces:
         raise KeysFileError("a key needs at least one namespace prefix ('' for every namespace)")
-    fault = next((f for f in map(_prefix_fault, namespaces) if f), None)
+    fault = _prefix_fault(namespaces)
     if fault:
         raise KeysFileError(fault)
     key_id = secrets.token_hex(6)
