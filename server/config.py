@@ -127,11 +127,16 @@ class Tuning:
 
     # core/: writes, followers, compaction, deduplication
     follow_interval_seconds: float = 0.05  # a follower looks for new commits this often when idle
+    # An idle follower (no search for the first) leaves the commits while its leader commits, until
+    # the leader is quiet for the second or for at most the third (core/follow.py Pace)
+    follower_idle_seconds: float = 2.0
+    follower_quiet_seconds: float = 0.25
+    follower_defer_seconds: float = 30.0
+    follower_forward_backlog: int = 4096  # more records to apply: its leader answers its searches
     follower_max_pending: int = 8 * 4096  # a follower's adds wait for its indexer beyond this many
-    # With search followers, the leader writes an index's snapshot alone once this many entries
-    # (or a 64th of the index, whichever is more) entered its HNSW since the last one (at most a
-    # fifth of the time spent writing them), so that followers map it instead of searching a
-    # growing index of their own (0: never; core/background.py).
+    # With followers, the leader snapshots an index alone once this many entries (or a 64th of it)
+    # entered its HNSW since the last (at most a fifth of the time spent writing them), so that
+    # followers map it instead of searching a growing index of their own (0: never; background.py).
     follower_snapshot_entries: int = 2048
     # ... and after writing one waits as long as its bytes take at this rate (or four times as long
     # as the write took, if more), so rewriting a large index does not keep the disk busy (0: no cap).

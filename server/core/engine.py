@@ -459,6 +459,9 @@ class Engine:
     def catch_up(self) -> int:
         return follow.catch_up(self.state)
 
+    def may_rank(self) -> bool:
+        return follow.may_rank(self.state)
+
     # -- namespaces ----------------------------------------------------------------------------------
     def get_namespace_config(self, namespace: str) -> tuple[dict[str, Any], Policy]:
         return namespaces.get_namespace_config(self.state, namespace)

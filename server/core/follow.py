@@ -95,12 +95,54 @@ def follow_records(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
     upkeep.index_new(st, fresh)
 
 
+def may_rank(st: EngineState) -> bool:
+    """A search came (the follower counts as searched from now): whether this follower ranks it
+    itself. Not while more than ``follower_forward_backlog`` records wait to be applied (after a
+    bulk write it left alone): its leader answers then, while the follow thread catches up."""
+    st.searched_at = time.monotonic()
+    most = st.config.tuning.follower_forward_backlog
+    with st.store.read() as txn:
+        return (
+            st.store.committed_seq(txn) == st.applied or st.store.records_after(txn, st.applied, most) <= most
+        )
+
+
+class Pace:
+    """When the follow thread catches up: at once while searches come. A follower no search came
+    to for ``follower_idle_seconds`` leaves the commits while its leader keeps committing (a bulk
+    write alone, which applying it again beside it would slow on the same cores) until the
+    leader has been quiet for ``follower_quiet_seconds``, or for at most ``follower_defer_seconds``."""
+
+    def __init__(self, st: EngineState) -> None:
+        self.st = st
+        self.seq = st.applied
+        self.moved = time.monotonic()  # when the leader's last commit was seen
+        self.behind: float | None = None  # since when commits wait
+
+    def due(self) -> bool:
+        st, tuning, now = self.st, self.st.config.tuning, time.monotonic()
+        with st.store.read() as txn:
+            seq = st.store.committed_seq(txn)
+        if seq != self.seq:
+            self.seq, self.moved = seq, now
+        if seq == st.applied:
+            self.behind = None
+            return False
+        self.behind = self.behind or now
+        idle = now - st.searched_at >= tuning.follower_idle_seconds
+        writing = now - self.moved < tuning.follower_quiet_seconds
+        return not (idle and writing) or now - self.behind >= tuning.follower_defer_seconds
+
+
 def follow_loop(st: EngineState) -> None:
-    """The follow thread: catch up every ``follow_interval_seconds`` when no search does."""
+    """The follow thread: catch up every ``follow_interval_seconds`` when no search does (at the
+    ``Pace`` of the searches)."""
     compacted = remapped = time.monotonic()
+    pace = Pace(st)
     while not st.stop.wait(st.config.tuning.follow_interval_seconds):
         try:
-            catch_up(st)
+            if pace.due():
+                catch_up(st)
             if time.monotonic() - compacted >= COMPACT_EVERY_SECONDS:
                 compacted = time.monotonic()
                 compact_indexes(st)

@@ -98,6 +98,7 @@ class EngineState:
         self.max_pending = config.tuning.follower_max_pending if following else 0
         self.follow_lock = threading.Lock()
         self.follow_error: BaseException | None = None  # why a follower stopped following, if it did
+        self.searched_at = 0.0  # a follower: when a search last came (monotonic; follow.py's pace)
         self.columns = Columns(change_log=config.tuning.columns_change_log)
         self.keywords = KeywordIndex()  # postings of the rows' content, by namespace (keyword search)
         self.spaces: dict[str, Space] = {}

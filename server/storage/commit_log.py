@@ -83,6 +83,18 @@ class CommitLog:
             parts.append(np.frombuffer(rids, np.uint64))
         return first, settings, np.unique(np.concatenate(parts)).astype(np.int64)
 
+    def records_after(self, txn: lmdb.Transaction, seq: int, most: int) -> int:
+        """The rids the commits after ``seq`` wrote or deleted, repeats counted, counted only up to
+        just past ``most`` (0 when none is logged)."""
+        cur = txn.cursor(db=self.commits)
+        n = 0
+        if cur.set_range(RID.pack(seq + 1)):
+            for _, raw in cur:
+                n += len(msgpack.unpackb(raw)[2]) // np.dtype(np.uint64).itemsize
+                if n > most:
+                    break
+        return n
+
     def commit_log_entry(
         self, txn: lmdb.Transaction, seq: int
     ) -> tuple[bool, list[int], list[tuple[str, bool]], list[str] | None] | None:

@@ -301,15 +301,15 @@ def _local_searches(
     servicer: MemoryServicer, engine: Engine, forwarder: Forwarder, serving: _Serving
 ) -> grpc.GenericRpcHandler:
     """The searches a follower ranks itself (counted in ``serving``); once it has stopped following
-    (it is about to exit and be replaced), the leader answers them instead, so no search fails
-    meanwhile."""
+    (it is about to exit and be replaced), or while it has many commits to apply (``may_rank``),
+    the leader answers them instead, so no search fails or waits meanwhile."""
 
     def handler(name: str) -> grpc.RpcMethodHandler:
         request_type = getattr(pb, f"{name}Request")
         local, forward = getattr(servicer, name), forwarder.behavior(name)
 
         def serve(raw: bytes, context: grpc.ServicerContext) -> bytes:
-            if engine.follow_error is not None:
+            if engine.follow_error is not None or not engine.may_rank():
                 return bytes(forward(raw, context))
             serving.enter()
             try:
