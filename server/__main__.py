@@ -47,8 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--search-processes",
         type=int,
-        help="processes serving the port: N > 1 adds N - 1 search followers, 0 one process per core "
-        "(default 1, env TIERMEM_SEARCH_PROCESSES; see README, Configuration)",
+        help="processes serving the port: N > 1 adds N - 1 search followers, 0 one process per core, "
+        "at most 4 (default 0, env TIERMEM_SEARCH_PROCESSES; see README, Configuration)",
     )
     p.add_argument(
         "--api-keys", help="keys file (`tiermem keys add`): every call needs a key (env TIERMEM_API_KEYS)"

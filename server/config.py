@@ -211,9 +211,9 @@ class ServerConfig:
     search_concurrency: int = 0
     # Processes serving calls on the port: 1 is this one alone. N > 1 starts N - 1 search followers
     # (docs/followers.md) that serve searches from their own columns and the mapped index
-    # snapshots, and forward every other call to this process, which alone writes. 0: one per core of the CPU affinity (resolved
-    # here, so every reader sees the count).
-    search_processes: int = 1
+    # snapshots, and forward every other call to this process, which alone writes. 0 (default):
+    # one per core, at most 4, resolved as the server starts (transport/follower.py processes).
+    search_processes: int = 0
     max_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace_seconds: float = 5.0
     # The server process fixes glibc's mmap threshold at this many bytes (0: glibc's default, whose
@@ -356,9 +356,6 @@ class ServerConfig:
                     value = getattr(value, part)
                 raise ValueError(f"setting {name}={value!r}: {rule}")
 
-        if self.search_processes == 0:
-            object.__setattr__(self, "search_processes", usable_cores())  # (frozen: set once, here)
-
         need(self.replica_ack in ("async", "sync"), "replica_ack", "must be async or sync")
         need(self.replica_ack == "async" or self.replication, "replica_ack", "sync needs replication")
         ack = self.replica_ack_timeout_seconds  # (at most a day: a longer wait overflows thread timers)
@@ -402,7 +399,7 @@ class ServerConfig:
         ):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.hnsw_m >= 2, "hnsw_m", "must be >= 2")
-        need(self.search_processes >= 1, "search_processes", "must be >= 0 (0: one per core)")
+        need(self.search_processes >= 0, "search_processes", "must be >= 0 (0: one per core)")
         levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
         need(self.log_level.upper() in levels, "log_level", f"must be one of {', '.join(levels)}")
         need(self.log_format in ("text", "json"), "log_format", "must be text or json")

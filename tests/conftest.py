@@ -26,6 +26,10 @@ from tiermem.server.transport.app import RunningServer, create_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Servers the tests start as processes inherit this: one process unless a test asks for search
+# followers (the default, one per core, has tests of its own that drop the variable).
+os.environ.setdefault("TIERMEM_SEARCH_PROCESSES", "1")
+
 
 class FakeClock:
     """An injectable clock for engine time (creation, expiry, recency): tests never sleep."""
@@ -53,6 +57,8 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         overrides.setdefault("maintenance_interval_seconds", 0)
         # Likewise searches counting as accesses would change recency between a test's searches.
         overrides.setdefault("search_records_access", False)
+        # One process unless a test asks for search followers (the default's own tests do).
+        overrides.setdefault("search_processes", 1)
         config = ServerConfig(host="127.0.0.1", port=0, data_dir=data_dir or tmp_path / "data", **overrides)
         running = create_server(config, clock=clock)
         started.append(running)

@@ -212,6 +212,7 @@ def _config(data_dir: Path, port: int) -> ServerConfig:
         data_dir=data_dir,
         maintenance_interval_seconds=0,
         search_records_access=False,
+        search_processes=1,
     )
 
 

@@ -28,6 +28,7 @@ from tiermem.server.core.background import Snapshots
 from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.storage.store import Store
 from tiermem.server.transport.app import RunningServer, create_server
+from tiermem.server.transport.follower import AUTO_PROCESSES_MOST
 from tiermem.v1 import memory_pb2 as pb
 
 DIM = 32
@@ -218,7 +219,7 @@ def test_stopping_the_leader_stops_its_followers(server_factory: Callable[..., R
 
 
 def test_zero_search_processes_means_one_per_core(server_factory: Callable[..., RunningServer]) -> None:
-    cores = usable_cores()
+    cores = min(usable_cores(), AUTO_PROCESSES_MOST)
     srv = server_factory(search_processes=0)
     assert srv.engine.config.search_processes == cores  # (resolved once: every reader sees the count)
     if cores == 1:

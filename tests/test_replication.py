@@ -89,7 +89,9 @@ def test_a_replica_says_when_it_cannot_reach_its_leader_and_when_it_does_again(
     from tiermem.server.transport.app import create_server
 
     leader = create_server(
-        ServerConfig(host="127.0.0.1", port=port, data_dir=tmp_path / "leader", replication=True)
+        ServerConfig(
+            host="127.0.0.1", port=port, data_dir=tmp_path / "leader", replication=True, search_processes=1
+        )
     )
     try:
         _eventually(lambda: f"reached its leader 127.0.0.1:{port} again" in caplog.text)

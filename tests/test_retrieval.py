@@ -158,6 +158,7 @@ def rfc3339(t: float, offset_hours: int = 0) -> str:
 def start_server(data_dir: Path, clock: Callable[[], float], **overrides: Any) -> RunningServer:
     overrides.setdefault("maintenance_interval_seconds", 0)
     overrides.setdefault("search_records_access", False)
+    overrides.setdefault("search_processes", 1)
     cfg = ServerConfig(host="127.0.0.1", port=0, data_dir=data_dir, **overrides)
     return create_server(cfg, clock=clock)
 

@@ -314,7 +314,9 @@ def test_a_declared_space_of_another_dimension_than_the_data_stops_the_server(tm
     from tiermem.client import MemoryClient
     from tiermem.server.transport.app import create_server
 
-    running = create_server(ServerConfig(port=0, data_dir=tmp_path / "data", maintenance_interval_seconds=0))
+    running = create_server(
+        ServerConfig(port=0, data_dir=tmp_path / "data", maintenance_interval_seconds=0, search_processes=1)
+    )
     with MemoryClient(f"127.0.0.1:{running.port}") as c:
         c.create("ns", "eight", embedding=[1.0] + [0.0] * 7, embedding_model="m8")
     running.stop(None)
@@ -324,7 +326,11 @@ def test_a_declared_space_of_another_dimension_than_the_data_stops_the_server(tm
     assert "m8=4" in err and "EMBEDDING_SPACE_CONFLICT" in err and "Traceback" not in err
     running = create_server(  # declared as stored: it serves
         ServerConfig(
-            port=0, data_dir=tmp_path / "data", maintenance_interval_seconds=0, embedding_spaces="m8=8"
+            port=0,
+            data_dir=tmp_path / "data",
+            maintenance_interval_seconds=0,
+            embedding_spaces="m8=8",
+            search_processes=1,
         )
     )
     try:

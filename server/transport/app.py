@@ -112,6 +112,7 @@ def _attach(servicer: MemoryServicer, engine: Engine, config: ServerConfig) -> N
 def create_server(config: ServerConfig, clock: Callable[[], float] | None = None) -> RunningServer:
     """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), start the search
     followers if any and wait for them, then report SERVING."""
+    config = follower.processes(config)
     leading = config.search_processes > 1
     if leading and config.port:
         _check_port_free(config.host, config.port)
@@ -262,6 +263,7 @@ def serve(config: ServerConfig) -> None:
     # From here a stop signal is noted: one during start-up (health may already say SERVING) stops
     # the server cleanly once it is up, instead of killing it halfway.
     stops = StopSignals()
+    config = follower.processes(config)
     logger.info("settings: %s", config.summary())
     if not is_loopback(config.host) and not (config.tls_cert and config.api_keys):
         logger.warning(

@@ -31,13 +31,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import IO, Any
 
 import grpc
 import msgpack
 from google.protobuf.message import DecodeError
 
-from tiermem.server.config import ServerConfig
+from tiermem.server.config import ServerConfig, usable_cores
 from tiermem.server.core.engine import Engine
 from tiermem.server.model.errors import TiermemError
 from tiermem.server.model.reports import FollowerReport
@@ -118,6 +119,19 @@ if os.getppid() != int(sys.argv[1]):
 from tiermem.server.transport.follower import main
 main(sys.argv[1:])
 """
+
+
+AUTO_PROCESSES_MOST = 4  # search_processes 0: one per core up to this (each holds its own columns)
+
+
+def processes(config: ServerConfig) -> ServerConfig:
+    """``config`` with ``search_processes`` 0 resolved, as the server starts: one process per core
+    of its CPU affinity, at most ``AUTO_PROCESSES_MOST``, on Linux (the kernel spreads connections
+    over the processes there); one elsewhere, and for a replica (it serves in one process)."""
+    if config.search_processes:
+        return config
+    auto = sys.platform == "linux" and not config.replica_of
+    return replace(config, search_processes=min(usable_cores(), AUTO_PROCESSES_MOST) if auto else 1)
 
 
 class Followers:

@@ -1,22 +1,27 @@
-"""When a search follower applies its leader's commits: at once while searches come to it; left
-while no search comes and the leader keeps committing (a bulk write alone runs at one process's
-speed); a search reaching it far behind is answered by the leader while it catches up.
+"""Search followers by default: a server started with no setting serves the port from one process
+per core (at most 4). When a follower applies its leader's commits: at once while searches come
+to it; left while no search comes and the leader keeps committing (a bulk write alone runs at one
+process's speed); a search reaching it far behind is answered by the leader while it catches up.
 
 Real processes on one port over loopback, one LMDB; the follower's pace set short by tuning."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
+from conftest import ServerProcess
 
 from tiermem.client import MemoryClient
-from tiermem.server.config import Tuning
+from tiermem.server.config import ServerConfig, Tuning, usable_cores
 from tiermem.server.transport.app import RunningServer
+from tiermem.server.transport.follower import AUTO_PROCESSES_MOST, processes
 from tiermem.v1 import memory_pb2 as pb
 
 IDLE = 0.5  # follower_idle_seconds
@@ -147,3 +152,42 @@ def test_an_idle_follower_leaves_the_commits_for_at_most_its_defer_time(
         by, found = _ranked_by(follow, "steady")
     assert by == fpid
     assert before <= found
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+def test_a_server_started_with_no_setting_serves_from_one_process_per_core(
+    server_process: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The command line's default: one process per core, at most 4; every process serves searches
+    and writes through any of them are read from all."""
+    monkeypatch.delenv("TIERMEM_SEARCH_PROCESSES")  # (the tests' own pin to one process)
+    want = min(usable_cores(), AUTO_PROCESSES_MOST)
+    srv = server_process(tmp_path / "data")
+    followers = _children(srv.proc.pid)
+    assert len(followers) == want - 1
+    with MemoryClient(srv.target, connections=16) as c:
+        c.wait_ready()
+        for i in range(32):  # (over the 16 connections in turn)
+            c.create("ns", f"note {i}")
+        seen = set()
+        for _ in range(48):
+            by, found = _ranked_by(c, "ns")
+            assert found == {f"note {i}" for i in range(32)}
+            seen.add(by)
+    assert seen == {srv.proc.pid, *followers}
+
+
+def test_search_processes_zero_is_resolved_as_the_server_starts() -> None:
+    """0 (the default) stays 0 in the settings (an ``Engine`` alone leads no followers) and is
+    resolved by the server: one per core up to the most, one for a replica; a number is kept."""
+    assert ServerConfig().search_processes == 0
+    auto = processes(ServerConfig())
+    assert auto.search_processes == (
+        min(usable_cores(), AUTO_PROCESSES_MOST) if sys.platform == "linux" else 1
+    )
+    assert processes(ServerConfig(replica_of="127.0.0.1:1")).search_processes == 1
+    assert processes(ServerConfig(search_processes=3)).search_processes == 3
+    assert processes(auto) == auto
