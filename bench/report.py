@@ -310,40 +310,43 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
     # server (its processes serve it too) and against Chroma; and the gain over one process.
     fol = res.get("memory", {}).get("followers")
     if fol:
+        who = (
+            f"the default, {fol} processes" if res["memory"].get("followers_default") else f"{fol} processes"
+        )
         ge(
-            f"{fol} processes: search c{hi} / their empty-RPC c{hi}",
+            f"{who}: search c{hi} / their empty-RPC c{hi}",
             f.get("fol_search_hi_ops"),
             f.get("fol_empty_hi_ops"),
             0.7,
         )
         ge(
-            f"{fol} processes: search c{hi} / Chroma c{hi}",
+            f"{who}: search c{hi} / Chroma c{hi}",
             f.get("fol_search_hi_ops"),
             f.get("chroma_search_hi_ops"),
             10,
         )
         ge(
-            f"{fol} processes: similarity search c{hi} / Chroma c{hi}",
+            f"{who}: similarity search c{hi} / Chroma c{hi}",
             f.get("fol_sim_hi_ops"),
             f.get("chroma_search_hi_ops"),
             10,
         )
         ge(
-            f"{fol} processes: default with text c{hi} / Chroma c{hi} (ops/s)",
+            f"{who}: default with text c{hi} / Chroma c{hi} (ops/s)",
             f.get("fol_text_hi_ops"),
             f.get("chroma_search_hi_ops"),
             2,
         )
         out.append(
             ratio(
-                f"{fol} processes: server CPU cores at c{hi} with text / Chroma's",
+                f"{who}: server CPU cores at c{hi} with text / Chroma's",
                 _div(f.get("fol_text_hi_cores"), chroma_cores),
                 "context (the cores behind the rate above)",
                 None,
             )
         )
         le(
-            f"{fol} processes: search c1 p50 / empty-RPC c1 p50",
+            f"{who}: search c1 p50 / empty-RPC c1 p50",
             f.get("fol_search_c1_p50"),
             f.get("empty_c1_p50"),
             1.5,
@@ -357,7 +360,7 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         ):
             out.append(
                 ratio(
-                    f"{fol} processes / one process, same connections, alternating rounds: {label}"
+                    f"{who} / one process, same connections, alternating rounds: {label}"
                     + (" p50" if key.endswith("p50") else ""),
                     _div(f.get("fol_" + key), f.get("fol1_" + key)),
                     "context (the gain of the followers)",
@@ -366,7 +369,7 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
             )
         out.append(
             ratio(
-                f"{fol} processes: anonymous RSS of all (total / n) / (vector + links)",
+                f"{who}: anonymous RSS of all (total / n) / (vector + links)",
                 f.get("fol_anon_ratio"),
                 "context (includes each process's own start: Python, NumPy, Numba, FAISS, gRPC)",
                 None,
@@ -375,7 +378,7 @@ def compute_ratios(res: dict[str, Any]) -> list[dict[str, Any]]:
         fg = f.get("fol_anon_growth_ratio")
         out.append(
             ratio(
-                f"{fol} processes: anonymous RSS growth of all, less each process's on the empty "
+                f"{who}: anonymous RSS growth of all, less each process's on the empty "
                 "data dir, per memory / (vector + links)",
                 fg,
                 "< 2 (followers map the index snapshots; columns and later entries are their own)",

@@ -86,7 +86,8 @@ K = 10
 TARGET = 0.7  # searches/s of N shards / (N x one shard), up to the core count
 TIMEOUT = 600.0
 QUERIES = 1024
-SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}  # the lifecycle would move memories meanwhile
+# The lifecycle would move memories meanwhile; one process a shard (the shards share the cores).
+SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0", "TIERMEM_SEARCH_PROCESSES": "1"}
 
 
 # -- data ----------------------------------------------------------------------------------------------

@@ -115,7 +115,9 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BATCH = 256
 HNSW_M, HNSW_EFC, HNSW_EFS = 32, 128, 64  # ServerConfig defaults
-SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}
+# One process for every phase but the followers': the phases before it measure what one process
+# does (the bare server, the engine alone beside it); the followers phase runs the default's.
+SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0", "TIERMEM_SEARCH_PROCESSES": "1"}
 ALONE_FIELDS = ("ops", "ops_per_s", "p50_ms", "p95_ms", "p99_ms")  # (a row of the engine alone)
 SWEEP = (1, 2, 4, 8, 16)
 SELECTIVITIES = (10, 1)  # percent of the memories a filtered search may return
@@ -678,14 +680,18 @@ class Suite:
                 self.search("filtered_search", f"SearchMemories k={K} where keeps {sel}%", conc, where=where)
 
     def followers(self) -> None:
-        """Searches with search followers (``--search-processes`` N) against one process, on the
-        same data, the same connections and in alternating rounds (N, 1, N, 1: the machine's
+        """Searches with search followers (``--search-processes`` N; 0, the default: the server's
+        default, one process per core up to AUTO_PROCESSES_MOST) against one process, on the same data, the same connections and in alternating rounds (N, 1, N, 1: the machine's
         speed drifts): the server is restarted each round; load processes open
         ``--connections`` connections each, spread evenly over the server's processes (see
         ``load._balanced_channels``). Per round: the empty RPC, default-score searches at
         concurrency 1 and high, similarity searches and searches with their text at high. Then the
         server is restarted as it was."""
-        n = self.args.search_processes
+        from tiermem.server.config import usable_cores
+        from tiermem.server.transport.follower import AUTO_PROCESSES_MOST
+
+        setting = self.args.search_processes
+        n = setting or min(usable_cores(), AUTO_PROCESSES_MOST)
         if n <= 1:
             return
         assert self.pool is not None
@@ -695,7 +701,7 @@ class Suite:
         for rnd, procs in enumerate((n, 1, n, 1), start=1):
             print(f"[followers] round {rnd}: restarting the server with {procs} process(es) ...", flush=True)
             self.server.stop()
-            self.server.env = SERVER_ENV | {"TIERMEM_SEARCH_PROCESSES": str(procs)}
+            self.server.env = SERVER_ENV | {"TIERMEM_SEARCH_PROCESSES": str(setting if procs > 1 else 1)}
             s = self.server.start()
             self.timing(f"start-up with {procs} search process(es) (clean stop before)", self.args.n, s)
             self.pool = LoadPool(
@@ -718,6 +724,7 @@ class Suite:
                     "followers_anon_growth_bytes": growth,
                     "followers_rss_bytes": rss,
                     "followers": n,
+                    "followers_default": not setting,
                 }
                 self.figures["fol_anon_ratio"] = anon / self.args.n / per_vec
                 self.figures["fol_anon_growth_ratio"] = growth / self.args.n / per_vec
@@ -1370,8 +1377,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--search-processes",
         type=int,
-        default=2,
-        help="also measure searches with this many server processes (search followers; 1: skip)",
+        default=0,
+        help="also measure searches with this many server processes (search followers; 0: the server's "
+        "default, one per core up to 4; 1: skip)",
     )
     p.add_argument(
         "--connections", type=int, default=4, help="connections per load process in the followers phase"

@@ -43,7 +43,8 @@ from load import LoadPool
 from suite import BATCH, batch_request, make_data
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0"}  # (the lifecycle would move memories mid-load)
+# (the lifecycle would move memories mid-load; one process each: two builds' rankings side by side)
+SERVER_ENV = {"TIERMEM_MAINTENANCE_INTERVAL_SECONDS": "0", "TIERMEM_SEARCH_PROCESSES": "1"}
 
 # Runs a checkout's server: its packages mapped as its pyproject maps them, ahead of this install.
 BOOT = """
