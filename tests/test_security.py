@@ -508,6 +508,39 @@ def test_tls_with_a_token_in_one_argument_each(
     assert "it answers with TLS" in str(e.value)
 
 
+def test_tls_and_keys_reach_every_search_process(
+    server_factory: Callable[..., RunningServer], keys_file: Path, pki: dict[str, Path]
+) -> None:
+    """Search followers (the default on more than one core) serve TLS and check keys as the leader
+    does: a key's searches reach every process, each finds what any of them stored, and a key
+    refused on one is refused on all."""
+    token = add_key(keys_file, ["user:ana"], "write")
+    other = add_key(keys_file, ["user:bo"], "write")
+    running = server_factory(
+        search_processes=2,
+        api_keys=str(keys_file),
+        tls_cert=str(pki["server_crt"]),
+        tls_key=str(pki["server_key"]),
+    )
+    assert running.followers is not None
+    processes = {os.getpid(), *running.followers.pids()}
+    req = pb.SearchMemoriesRequest(namespaces=["user:ana"], query_text="note", read_only=True, limit=100)
+    with client(running, token, tls=str(pki["ca"]), connections=8) as c:
+        c.wait_ready()
+        for i in range(16):  # (over the 8 connections in turn: through either process)
+            c.create("user:ana", f"note {i}")
+        seen = set()
+        for _ in range(40):
+            reply, call = c.stub.SearchMemories.with_call(req, timeout=20)
+            assert {r.memory.content for r in reply.results} == {f"note {i}" for i in range(16)}
+            seen.add(int(dict(call.trailing_metadata())["tiermem-search-process"]))
+        assert seen == processes
+    with client(running, other, tls=str(pki["ca"]), connections=8) as c:
+        for _ in range(16):
+            with pytest.raises(PermissionDeniedError):
+                c.search("user:ana", "note")
+
+
 def test_mutual_tls_needs_a_client_certificate_from_the_ca(
     server_factory: Callable[..., RunningServer], pki: dict[str, Path]
 ) -> None:
