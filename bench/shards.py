@@ -78,7 +78,7 @@ from common import (
     wait_serving,
 )
 
-from tiermem.server.config import usable_cores
+from tiermem.server.cores import usable_cores
 
 BATCH = 256
 DIM = 384

@@ -687,7 +687,7 @@ class Suite:
         ``load._balanced_channels``). Per round: the empty RPC, default-score searches at
         concurrency 1 and high, similarity searches and searches with their text at high. Then the
         server is restarted as it was."""
-        from tiermem.server.config import usable_cores
+        from tiermem.server.cores import usable_cores
         from tiermem.server.transport.follower import AUTO_PROCESSES_MOST
 
         setting = self.args.search_processes

@@ -71,14 +71,6 @@ def is_loopback(host: str) -> bool:
         return False  # another name, or "" / "0.0.0.0"-like wildcards: other machines may reach it
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
-
-
 class UnusableSetting(ValueError):
     """A setting found unusable only as the server starts (a model directory missing, an optional
     package not installed): the server stops before it serves, naming it in one line."""
@@ -206,7 +198,7 @@ class ServerConfig:
     # Prometheus metrics over HTTP at metrics_host:metrics_port/metrics (-1: none; 0: a free port).
     metrics_port: int = -1
     metrics_host: str = "127.0.0.1"
-    # Searches ranking at once (0: the cores of the process's CPU affinity); the others wait their
+    # Searches ranking at once (0: the cores it may use, server/cores.py); the others wait their
     # turn: more than the cores only contend for them and for the GIL (docs/perf-log.md).
     search_concurrency: int = 0
     # Processes serving calls on the port: 1 is this one alone. N > 1 starts N - 1 search followers

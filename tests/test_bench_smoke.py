@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tiermem.server.config import usable_cores
+from tiermem.server.cores import usable_cores
 from tiermem.server.transport.follower import AUTO_PROCESSES_MOST
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,8 @@ import pytest
 from conftest import ServerProcess
 
 from tiermem.client import MemoryClient
-from tiermem.server.config import ServerConfig, Tuning, usable_cores
+from tiermem.server.config import ServerConfig, Tuning
+from tiermem.server.cores import usable_cores
 from tiermem.server.transport.app import RunningServer
 from tiermem.server.transport.follower import AUTO_PROCESSES_MOST, processes
 from tiermem.v1 import memory_pb2 as pb

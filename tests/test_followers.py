@@ -23,8 +23,9 @@ from conftest import ServerProcess, create_memories, make_record, spawn_server, 
 
 from tiermem.client import MemoryClient, UnavailableError
 from tiermem.client.errors import InvalidArgumentError
-from tiermem.server.config import ServerConfig, Tuning, usable_cores
+from tiermem.server.config import ServerConfig, Tuning
 from tiermem.server.core.background import Snapshots
+from tiermem.server.cores import usable_cores
 from tiermem.server.model.errors import FailedPrecondition
 from tiermem.server.storage.store import Store
 from tiermem.server.transport.app import RunningServer, create_server

@@ -34,7 +34,7 @@ from typing import IO, Any
 import numpy as np
 
 from tiermem import kernels
-from tiermem.server.config import ServerConfig, usable_cores
+from tiermem.server.config import ServerConfig
 from tiermem.server.core import (
     access,
     backup,
@@ -52,6 +52,7 @@ from tiermem.server.core import stats as stats_module
 from tiermem.server.core.background import BackgroundThreads, Snapshots
 from tiermem.server.core.policy import Policy, Tables
 from tiermem.server.core.state import PROMOTED, AccessSink, EngineState
+from tiermem.server.cores import usable_cores
 from tiermem.server.embedding.providers import Embedder
 from tiermem.server.index.columns import Columns, ColumnsView
 from tiermem.server.index.spaces import Space

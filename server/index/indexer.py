@@ -15,7 +15,8 @@ import threading
 import time
 from typing import Protocol
 
-from tiermem.server.config import Tuning, usable_cores
+from tiermem.server.config import Tuning
+from tiermem.server.cores import usable_cores
 from tiermem.server.index.threads import set_faiss_threads
 
 logger = logging.getLogger(__name__)

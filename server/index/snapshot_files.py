@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 import faiss
 import numpy as np
 
-from tiermem.server.config import usable_cores
+from tiermem.server.cores import usable_cores
 from tiermem.server.model.manifests import FILE_HASH, file_digest, file_hash_of, sealed, unseal
 
 logger = logging.getLogger(__name__)

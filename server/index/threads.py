@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import faiss
 
-from tiermem.server.config import usable_cores
+from tiermem.server.cores import usable_cores
 
 
 def set_faiss_threads(n: int | None = None) -> None:

@@ -26,7 +26,8 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from tiermem import kernels
-from tiermem.server.config import TIERS, usable_cores
+from tiermem.server.config import TIERS
+from tiermem.server.cores import usable_cores
 from tiermem.server.embedding.providers import EmbedderError
 from tiermem.server.index.columns import ColumnsView
 from tiermem.server.index.spaces import Index, Space

@@ -38,8 +38,9 @@ import grpc
 import msgpack
 from google.protobuf.message import DecodeError
 
-from tiermem.server.config import ServerConfig, usable_cores
+from tiermem.server.config import ServerConfig
 from tiermem.server.core.engine import Engine
+from tiermem.server.cores import usable_cores
 from tiermem.server.model.errors import TiermemError
 from tiermem.server.model.reports import FollowerReport
 from tiermem.server.security.shared_rates import FD_ENV as RATES_FD_ENV
@@ -126,8 +127,8 @@ AUTO_PROCESSES_MOST = 4  # search_processes 0: one per core up to this (each hol
 
 def processes(config: ServerConfig) -> ServerConfig:
     """``config`` with ``search_processes`` 0 resolved, as the server starts: one process per core
-    of its CPU affinity, at most ``AUTO_PROCESSES_MOST``, on Linux (the kernel spreads connections
-    over the processes there); one elsewhere, and for a replica (it serves in one process)."""
+    it may use (``usable_cores``), at most ``AUTO_PROCESSES_MOST``, on Linux (the kernel spreads
+    connections over the processes there); one elsewhere, and for a replica (it serves in one)."""
     if config.search_processes:
         return config
     auto = sys.platform == "linux" and not config.replica_of
