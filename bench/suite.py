@@ -687,11 +687,11 @@ class Suite:
         ``load._balanced_channels``). Per round: the empty RPC, default-score searches at
         concurrency 1 and high, similarity searches and searches with their text at high. Then the
         server is restarted as it was."""
-        from tiermem.server.cores import usable_cores
-        from tiermem.server.transport.follower import AUTO_PROCESSES_MOST
+        from tiermem.server.config import ServerConfig
+        from tiermem.server.transport.follower import processes
 
         setting = self.args.search_processes
-        n = setting or min(usable_cores(), AUTO_PROCESSES_MOST)
+        n = setting or processes(ServerConfig()).search_processes
         if n <= 1:
             return
         assert self.pool is not None

@@ -1,6 +1,8 @@
 """The cores this process may use: its CPU affinity (a container's cpuset, say), and no more than a
 cgroup CPU quota allows (a container's or a systemd unit's ``--cpus`` / ``CPUQuota``), which the
-affinity does not show. Sizes the search turns, FAISS's threads and the search processes."""
+affinity does not show. Sizes the search turns, FAISS's threads and the search processes. Quotas
+are read where the hierarchies are usually mounted (``/sys/fs/cgroup``); one set above a cgroup
+namespace's root cannot be seen from inside it."""
 
 from __future__ import annotations
 
@@ -45,8 +47,10 @@ def quota_cores(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> in
 
 def _each_up(base: Path, path: str, read: Callable[[Path], int | None]) -> list[int]:
     """The quota at the cgroup ``path`` under ``base`` and at each of its ancestors, where set."""
-    out = []
+    out: list[int] = []
     parts = [p for p in path.split("/") if p]
+    if ".." in parts:  # (a cgroup outside this namespace's root: not under the mount)
+        return out
     for depth in range(len(parts), -1, -1):
         cores = read(base.joinpath(*parts[:depth]))
         if cores:

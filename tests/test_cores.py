@@ -3,10 +3,9 @@ trees laid out in a temporary directory as the kernel lays them out)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from tiermem.server.cores import quota_cores, usable_cores
+from tiermem.server.cores import quota_cores
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:
@@ -56,7 +55,9 @@ def test_no_quota_where_nothing_can_be_read(tmp_path: Path) -> None:
     assert quota_cores(proc, tmp_path / "fs") is None
 
 
-def test_usable_cores_is_the_affinity_capped_by_the_quota() -> None:
-    affinity = len(os.sched_getaffinity(0))
-    quota = quota_cores()
-    assert usable_cores() == (min(affinity, quota) if quota else affinity)
+def test_a_cgroup_outside_the_namespace_root_reads_nothing_above_the_mount(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/../../elsewhere\n")
+    _tree(tmp_path / "fs", {"cpu.max": "100000 100000\n"})
+    _tree(tmp_path, {"elsewhere/cpu.max": "100000 100000\n"})
+    assert quota_cores(proc, tmp_path / "fs") is None

@@ -20,6 +20,7 @@ from conftest import ServerProcess
 
 from tiermem.client import MemoryClient
 from tiermem.server.config import ServerConfig, Tuning
+from tiermem.server.core.follow import Pace
 from tiermem.server.cores import usable_cores
 from tiermem.server.transport.app import RunningServer
 from tiermem.server.transport.follower import AUTO_PROCESSES_MOST, processes
@@ -87,7 +88,7 @@ def pair(
     for at most ``defer`` seconds); the follower's pid, a client of each."""
     clients: list[MemoryClient] = []
 
-    def start(defer: float = 600.0) -> tuple[int, MemoryClient, MemoryClient]:
+    def start(defer: float = 300.0) -> tuple[int, MemoryClient, MemoryClient]:
         tuning = Tuning(
             follower_idle_seconds=IDLE,
             follower_quiet_seconds=QUIET,
@@ -192,3 +193,61 @@ def test_search_processes_zero_is_resolved_as_the_server_starts() -> None:
     assert processes(ServerConfig(replica_of="127.0.0.1:1")).search_processes == 1
     assert processes(ServerConfig(search_processes=3)).search_processes == 3
     assert processes(auto) == auto
+
+
+def _simulate(
+    tuning: Tuning,
+    seconds: float,
+    commits_every: float | None,
+    searches: list[float] = (),  # type: ignore[assignment]
+) -> list[float]:
+    """The times the follow loop (every 50 ms) catches up while its leader commits every
+    ``commits_every`` s (None: never) and searches come at ``searches``; each catch-up applies
+    everything committed."""
+    pace = Pace(tuning, 0, 0.0)
+    seq = applied = 0
+    searched_at = -1e9
+    caught = []
+    step, now, next_commit = 0.05, 0.0, commits_every
+    while now < seconds:
+        now = round(now + step, 6)
+        while next_commit is not None and commits_every is not None and next_commit <= now:
+            seq += 1
+            next_commit += commits_every
+        searched_at = max([searched_at, *(t for t in searches if t <= now)])
+        if pace.due(seq, applied, searched_at, now):
+            applied = seq
+            caught.append(now)
+    return caught
+
+
+def test_the_pace_defers_again_after_each_catch_up_while_the_leader_keeps_committing() -> None:
+    """Idle, the leader committing without a pause: one catch-up a defer period, not one a tick
+    once the first period has passed."""
+    caught = _simulate(Tuning(follower_defer_seconds=30.0), 95.0, commits_every=0.05)
+    assert [round(t) for t in caught] == [30, 60, 90]
+
+
+def test_the_pace_catches_up_once_the_leader_is_quiet_and_at_once_while_searches_come() -> None:
+    tuning = Tuning(follower_idle_seconds=2.0, follower_quiet_seconds=0.25, follower_defer_seconds=30.0)
+    # commits every 0.5 s: each is applied once the leader has been quiet 0.25 s after it
+    caught = _simulate(tuning, 5.0, commits_every=0.5)
+    assert caught == [0.75 + 0.5 * i for i in range(9)]
+    # a bulk write (a commit every 50 ms) with searches from 10 s to 12 s: applied every tick from
+    # the first search until 2 s after the last, then left again
+    busy = _simulate(tuning, 20.0, commits_every=0.05, searches=[10.0 + 0.5 * i for i in range(5)])
+    during = [t for t in busy if 10.0 <= t <= 14.0]
+    assert len(during) >= 70 and [t for t in busy if t < 10.0] == [] and [t for t in busy if t > 14.1] == []
+
+
+def test_a_defer_time_past_half_the_commit_logs_keeping_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"tuning\.follower_defer_seconds"):
+        ServerConfig(tuning=Tuning(follower_defer_seconds=301.0, commit_log_seconds=600.0))
+
+
+def test_a_server_on_its_own_clock_serves_from_one_process(
+    server_factory: Callable[..., RunningServer],
+) -> None:
+    """Followers would rank recency by the real clock: a server given another clock has none."""
+    srv = server_factory(search_processes=0, clock=lambda: 1_700_000_000.0)
+    assert srv.followers is None and srv.engine.config.search_processes == 1

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from tiermem.server.config import Tuning
 from tiermem.server.core import upkeep
 from tiermem.server.core.lifecycle import compact_indexes
 from tiermem.server.core.remap import remap_indexes
@@ -111,37 +112,43 @@ class Pace:
     """When the follow thread catches up: at once while searches come. A follower no search came
     to for ``follower_idle_seconds`` leaves the commits while its leader keeps committing (a bulk
     write alone, which applying it again beside it would slow on the same cores) until the
-    leader has been quiet for ``follower_quiet_seconds``, or for at most ``follower_defer_seconds``."""
+    leader has been quiet for ``follower_quiet_seconds``, or for at most ``follower_defer_seconds``
+    since the last catch-up. Fed what the loop reads, so it is a plain state machine."""
 
-    def __init__(self, st: EngineState) -> None:
-        self.st = st
-        self.seq = st.applied
-        self.moved = time.monotonic()  # when the leader's last commit was seen
-        self.behind: float | None = None  # since when commits wait
+    def __init__(self, tuning: Tuning, applied: int, now: float) -> None:
+        self.tuning = tuning
+        self.seq = self.applied = applied
+        self.moved = now  # when the leader's last commit was seen
+        self.behind: float | None = None  # since when commits wait (since the last catch-up)
 
-    def due(self) -> bool:
-        st, tuning, now = self.st, self.st.config.tuning, time.monotonic()
-        with st.store.read() as txn:
-            seq = st.store.committed_seq(txn)
+    def due(self, seq: int, applied: int, searched_at: float, now: float) -> bool:
+        """``seq``: the leader's last commit; ``applied``: the follower's (a search's catch-up
+        counts too); ``searched_at``: when a search last came."""
+        if applied != self.applied:  # (caught up since: the wait starts again)
+            self.applied, self.behind = applied, None
         if seq != self.seq:
             self.seq, self.moved = seq, now
-        if seq == st.applied:
+        if seq == applied:
             self.behind = None
             return False
-        self.behind = self.behind or now
-        idle = now - st.searched_at >= tuning.follower_idle_seconds
-        writing = now - self.moved < tuning.follower_quiet_seconds
-        return not (idle and writing) or now - self.behind >= tuning.follower_defer_seconds
+        if self.behind is None:
+            self.behind = now
+        t = self.tuning
+        idle = now - searched_at >= t.follower_idle_seconds
+        writing = now - self.moved < t.follower_quiet_seconds
+        return not (idle and writing) or now - self.behind >= t.follower_defer_seconds
 
 
 def follow_loop(st: EngineState) -> None:
     """The follow thread: catch up every ``follow_interval_seconds`` when no search does (at the
     ``Pace`` of the searches)."""
     compacted = remapped = time.monotonic()
-    pace = Pace(st)
+    pace = Pace(st.config.tuning, st.applied, compacted)
     while not st.stop.wait(st.config.tuning.follow_interval_seconds):
         try:
-            if pace.due():
+            with st.store.read() as txn:
+                seq = st.store.committed_seq(txn)
+            if pace.due(seq, st.applied, st.searched_at, time.monotonic()):
                 catch_up(st)
             if time.monotonic() - compacted >= COMPACT_EVERY_SECONDS:
                 compacted = time.monotonic()

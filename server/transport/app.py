@@ -8,7 +8,7 @@ import logging
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -112,7 +112,10 @@ def _attach(servicer: MemoryServicer, engine: Engine, config: ServerConfig) -> N
 def create_server(config: ServerConfig, clock: Callable[[], float] | None = None) -> RunningServer:
     """Bind, start serving health (NOT_SERVING), open the engine (load, warm up), start the search
     followers if any and wait for them, then report SERVING."""
-    config = follower.processes(config)
+    # (followers keep the real clock: a server on another clock is one process)
+    config = follower.processes(
+        config if clock is None else replace(config, search_processes=config.search_processes or 1)
+    )
     leading = config.search_processes > 1
     if leading and config.port:
         _check_port_free(config.host, config.port)
