@@ -463,12 +463,6 @@ class ServerConfig:
             value = getattr(self.tuning, f.name)
             need(math.isfinite(value) and value >= 0, f"tuning.{f.name}", "must be a finite number >= 0")
         need(self.tuning.eviction_summary_tokens > 0, "tuning.eviction_summary_tokens", "must be > 0")
-        t = self.tuning  # (a follower that left commits longer than the log keeps them would reload)
-        need(
-            t.follower_defer_seconds * 2 <= t.commit_log_seconds,
-            "tuning.follower_defer_seconds",
-            "at most half of commit_log_seconds",
-        )
 
     def _check_lifecycle(self, need: Callable[[bool, str, str], None]) -> None:
         for name in PER_TIER:

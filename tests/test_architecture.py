@@ -11,19 +11,32 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"server": "tiermem.server", "client": "tiermem.client", "kernels": "tiermem.kernels"}
 
-# Which layers of tiermem.server each layer may import (itself included). config and model are the floor.
+# Which layers of tiermem.server each layer may import (itself included). config and model are the
+# floor; cores (the cores the process may use) stands beside config, importing nothing of ours.
 LAYERS: dict[str, set[str]] = {
     "config_rules": set(),
+    "cores": set(),
     "config": {"config_rules"},
     "model": {"config"},
     "storage": {"model", "config"},
-    "index": {"model", "config"},
+    "index": {"model", "config", "cores"},
     "embedding": {"model", "config"},
-    "search": {"index", "storage", "embedding", "model", "config"},
-    "core": {"search", "index", "storage", "embedding", "model", "config"},
+    "search": {"index", "storage", "embedding", "model", "config", "cores"},
+    "core": {"search", "index", "storage", "embedding", "model", "config", "cores"},
     "agent": {"core", "search", "index", "storage", "embedding", "model", "config"},
     "security": {"model", "config"},
-    "transport": {"agent", "core", "security", "search", "index", "storage", "embedding", "model", "config"},
+    "transport": {
+        "agent",
+        "core",
+        "security",
+        "search",
+        "index",
+        "storage",
+        "embedding",
+        "model",
+        "config",
+        "cores",
+    },
     "__main__": {"transport", "config"},
     "cli": {"security", "config"},
     "__init__": set(),

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 COMPACT_EVERY_SECONDS = 5.0  # the leader's passes kill entries here too
 REMAP_EVERY_SECONDS = 1.0  # a look at each index's snapshot manifest: the leader's newer snapshots
+APPLY_SLICE = 4096  # records a catch-up reads back and applies at a time
 
 
 def catch_up(st: EngineState) -> int:
@@ -71,8 +72,15 @@ def follow_settings(st: EngineState, txn: Txn) -> None:
 
 
 def follow_records(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
-    """Bring the rows of ``rids`` in line with their records, as the leader's writes did:
-    new rows indexed then shown, changed vectors added before the old entry dies, deleted rows
+    """Bring the rows of ``rids`` in line with their records, as the leader's writes did, a slice
+    of ``APPLY_SLICE`` at a time (a catch-up after a bulk write left alone holds that many records
+    read back, not all of them)."""
+    for start in range(0, rids.shape[0], APPLY_SLICE):
+        _follow_slice(st, txn, rids[start : start + APPLY_SLICE])
+
+
+def _follow_slice(st: EngineState, txn: Txn, rids: np.ndarray) -> None:
+    """New rows indexed then shown, changed vectors added before the old entry dies, deleted rows
     hidden before their entries die."""
     cols = st.columns
     fresh: list[tuple[Record, np.ndarray]] = []
@@ -113,7 +121,7 @@ class Pace:
     to for ``follower_idle_seconds`` leaves the commits while its leader keeps committing (a bulk
     write alone, which applying it again beside it would slow on the same cores) until the
     leader has been quiet for ``follower_quiet_seconds``, or for at most ``follower_defer_seconds``
-    since the last catch-up. Fed what the loop reads, so it is a plain state machine."""
+    (and half of ``commit_log_seconds``) since the last catch-up. Fed what the loop reads, so it is a plain state machine."""
 
     def __init__(self, tuning: Tuning, applied: int, now: float) -> None:
         self.tuning = tuning
@@ -136,7 +144,9 @@ class Pace:
         t = self.tuning
         idle = now - searched_at >= t.follower_idle_seconds
         writing = now - self.moved < t.follower_quiet_seconds
-        return not (idle and writing) or now - self.behind >= t.follower_defer_seconds
+        # (never near the commit log's keeping: commits it dropped would make the follower reload)
+        most = min(t.follower_defer_seconds, t.commit_log_seconds / 2)
+        return not (idle and writing) or now - self.behind >= most
 
 
 def follow_loop(st: EngineState) -> None:
