@@ -1026,3 +1026,32 @@ def test_lookups_read_the_storage_as_it_stands_after_moves_and_a_compaction(tuni
     new_ids = np.array([moved[r] for r in rows.tolist()])
     np.testing.assert_allclose(idx.similarities(new_ids, q), vecs[rows] @ q, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(idx.vectors(new_ids), vecs[rows])
+
+
+def test_a_masks_selector_is_kept_while_no_entry_changes_and_never_serves_a_kill(
+    indexer: Indexer, tuning: Tuning
+) -> None:
+    """A mask allowing part of the entries (a namespace beside others in one index): its selector
+    is built once and reused by the searches with the same mask; a kill makes it stale, and no
+    search returns the killed entry or misses an allowed one."""
+    rng = np.random.default_rng(11)
+    vecs = unit(rng, 600)
+    idx = VectorIndex(DIM, m=16, ef_construction=200, tuning=tuning)
+    indexer.attach(idx)
+    idx.add(vecs, np.arange(600), np.arange(600) + 1000)
+    wait_indexed(idx)
+    allowed = np.zeros(600, np.bool_)
+    allowed[::3] = True  # a third of the entries
+    query = vecs[9]
+    check_search(idx, vecs, query, allowed, 10)
+    kept = dict(idx._selections)
+    check_search(idx, vecs, query, allowed, 10)
+    if idx.indexed > idx.exact_entries:  # (the graph searched: a selector built, and kept)
+        assert len(kept) == 1 and idx._selections[id(allowed)][3] is kept[id(allowed)][3]
+    rows, _, _ = idx.search(query, 1, allowed, ef_search=400)
+    idx.kill([int(rows[0])])  # (rows are entry ids here)
+    for _ in range(2):
+        check_search(idx, vecs, query, allowed, 10)
+        assert int(rows[0]) not in idx.search(query, 10, allowed, ef_search=400)[0].tolist()
+    other = allowed.copy()  # the same rows, another mask: a selector of its own, the same answer
+    check_search(idx, vecs, query, other, 10)

@@ -33,6 +33,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -66,6 +67,9 @@ def top_k(sims: np.ndarray, k: int) -> tuple[np.ndarray, float]:
     part = np.argpartition(-sims, k)
     top = part[:k]
     return top[np.argsort(-sims[top], kind="stable")], float(sims[part[k:]].max())
+
+
+SELECTIONS_KEPT = 8  # masks whose selectors an index keeps (a few large namespaces searched in turn)
 
 
 class VectorIndex:
@@ -128,6 +132,8 @@ class VectorIndex:
         self.indexer: Indexer | None = None
         self._saving = 0  # snapshots serializing: moves into HNSW wait rather than stall searches
         self.damaged = False  # a failed FAISS add left linked-or-not entries: no more snapshots
+        self._kills = 0  # changes of entries' slots (kills, compactions): kept selectors go stale
+        self._selections: dict[int, tuple[Any, int, int, np.ndarray, int]] = {}  # see _selection
         self._backlog = 0  # pending entries deferred at start-up, still waiting: writes do not wait for them
         self.max_pause_seconds = 0.0  # longest write-lock hold of an add (searches wait that long)
         self.last_search = -math.inf  # time.monotonic() when a search last read (bulk moves wait for quiet)
@@ -322,6 +328,7 @@ class VectorIndex:
             self.slots[live] = -1
             self._set_bits(live, False)
             self.dead += int(live.shape[0])
+            self._kills += 1
 
     def _set_bits(self, ids: np.ndarray, on: bool) -> None:
         if ids.shape[0] <= 4:  # single creates and deletes: a loop costs far less than ufunc.at
@@ -412,7 +419,7 @@ class VectorIndex:
                 bitmap = live_bits if dead else None
                 n_allowed = live - int(np.count_nonzero(slots[lo:n] >= 0))
             elif lo:
-                bitmap, n_allowed = kernels.selection_bitmap(slots[:lo], allowed)
+                bitmap, n_allowed = self._selection(slots, lo, allowed)
             else:
                 bitmap, n_allowed = None, 0
             if n_allowed <= 0:
@@ -436,6 +443,21 @@ class VectorIndex:
         if not math.isnan(bound):
             bound = max(bound, cut)
         return rows[top], sims[top], bound
+
+    def _selection(self, slots: np.ndarray, lo: int, allowed: np.ndarray) -> tuple[np.ndarray, int]:
+        """The selector of the first ``lo`` entries that ``allowed`` allows, and their count; kept
+        for the next searches with the same mask while no entry's slot changed. MaskCache hands a
+        namespace's searches one shared mask (never changed) while none of its rows changes, so a
+        large namespace beside others in one index skips the pass over every entry."""
+        kills = self._kills  # (read first: a kill meanwhile leaves what is kept stale, not wrong)
+        kept = self._selections.get(id(allowed))
+        if kept is not None and kept[0]() is allowed and kept[1] == lo and kept[2] == kills:
+            return kept[3], kept[4]
+        bitmap, count = kernels.selection_bitmap(slots[:lo], allowed)
+        if len(self._selections) >= SELECTIONS_KEPT:
+            self._selections.clear()  # (one step that cannot fail while other searches add theirs)
+        self._selections[id(allowed)] = (weakref.ref(allowed), lo, kills, bitmap, count)
+        return bitmap, count
 
     def _hnsw(
         self,
@@ -658,6 +680,7 @@ class VectorIndex:
                     self.slots, self.vks, self.live_bits = slots, new_vks, bits
                     self._pbuf, self._pbase = vectors, 0
                     self.n, self.indexed, self.dead = count, 0, 0
+                    self._kills += 1
                     self._backlog = count
                     self.damaged = False
                     self._state.notify_all()
@@ -674,3 +697,4 @@ class VectorIndex:
         self.slots[internal_ids] = slots
         self._set_bits(internal_ids, True)
         self.dead -= int(internal_ids.shape[0])
+        self._kills += 1
