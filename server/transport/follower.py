@@ -135,6 +135,14 @@ def processes(config: ServerConfig) -> ServerConfig:
     return replace(config, search_processes=min(usable_cores(), AUTO_PROCESSES_MOST) if auto else 1)
 
 
+def _status(proc: subprocess.Popen[str]) -> int | None:
+    """A follower's exit status once its output ended (it may not be reaped yet); None if alive."""
+    try:
+        return proc.wait(5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 class Followers:
     """The leader's follower processes: started, watched (restarted when one exits early, with a
     growing delay if they keep failing), stopped. One thread does all of it, started by ``start``
@@ -208,7 +216,7 @@ class Followers:
             procs = [self._spawn(i) for i in range(self.count)]
             for proc in procs:
                 if proc is not None and not self._wait_ready(proc):
-                    raise RuntimeError(f"follower {proc.pid} exited with {proc.poll()} before serving")
+                    raise RuntimeError(f"follower {proc.pid} exited with {_status(proc)} before serving")
         except BaseException as e:
             self._error = e
             self._ready.set()
@@ -242,7 +250,7 @@ class Followers:
             return
         self.restarts += 1
         if not self._wait_ready(new) and not self._stopping.is_set():
-            logger.error("search follower %d exited with %s before serving", new.pid, new.poll())
+            logger.error("search follower %d exited with %s before serving", new.pid, _status(new))
 
     def _wait_ready(self, proc: subprocess.Popen[str]) -> bool:
         """Read the follower's output up to its ready line (then drain the rest in the background);
