@@ -31,6 +31,35 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TIERMEM_SEARCH_PROCESSES", "1")
 
 
+def search_pid(c: MemoryClient) -> int:
+    """The process that ranks this connection's searches (their trailing metadata names it)."""
+    from tiermem.v1 import memory_pb2 as pb
+
+    req = pb.SearchMemoriesRequest(namespaces=["probe"], query_text="probe", read_only=True)
+    _, call = c.stub.SearchMemories.with_call(req, timeout=30)
+    return int(dict(call.trailing_metadata())["tiermem-search-process"])
+
+
+def client_on(port: int, pid: int) -> MemoryClient:
+    """A client whose connection the kernel gave to process ``pid`` (new connections until one is)."""
+    import grpc
+
+    deadline = time.monotonic() + 60  # (a replacement follower is listed before it listens)
+    while time.monotonic() < deadline:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        c = MemoryClient(channel=channel, timeout=30)
+        c.wait_ready()
+        if search_pid(c) == pid:
+            return c
+        channel.close()
+    raise AssertionError(f"no connection reached process {pid} in 60 s")
+
+
+def child_pids(pid: int) -> list[int]:
+    """Child processes of every thread of ``pid`` (a leader's Followers thread starts them)."""
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
 class FakeClock:
     """An injectable clock for engine time (creation, expiry, recency): tests never sleep."""
 

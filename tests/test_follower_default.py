@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, child_pids, client_on
 
 from tiermem.client import MemoryClient
 from tiermem.server.config import ServerConfig, Tuning
@@ -39,19 +38,6 @@ def _ranked_by(c: MemoryClient, namespace: str) -> tuple[int, set[str]]:
     return int(dict(call.trailing_metadata())["tiermem-search-process"]), {
         r.memory.content for r in reply.results
     }
-
-
-def _client_on(port: int, pid: int) -> MemoryClient:
-    """A client whose connection the kernel gave to process ``pid``."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
-        c = MemoryClient(channel=channel, timeout=30)
-        c.wait_ready()
-        if _ranked_by(c, "probe")[0] == pid:
-            return c
-        channel.close()
-    raise AssertionError(f"no connection reached process {pid} in 60 s")
 
 
 class Writer:
@@ -98,7 +84,7 @@ def pair(
         srv = server_factory(search_processes=2, tuning=tuning)
         assert srv.followers is not None
         (fpid,) = srv.followers.pids()
-        clients.extend([_client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)])
+        clients.extend([client_on(srv.port, os.getpid()), client_on(srv.port, fpid)])
         time.sleep(IDLE * 2)  # (the probes were searches: idle from here)
         return fpid, clients[-2], clients[-1]
 
@@ -156,10 +142,6 @@ def test_an_idle_follower_leaves_the_commits_for_at_most_its_defer_time(
     assert before <= found
 
 
-def _children(pid: int) -> list[int]:
-    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
-
-
 def test_a_server_started_with_no_setting_serves_from_one_process_per_core(
     server_process: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -168,7 +150,7 @@ def test_a_server_started_with_no_setting_serves_from_one_process_per_core(
     monkeypatch.delenv("TIERMEM_SEARCH_PROCESSES")  # (the tests' own pin to one process)
     want = min(usable_cores(), AUTO_PROCESSES_MOST)
     srv = server_process(tmp_path / "data")
-    followers = _children(srv.proc.pid)
+    followers = child_pids(srv.proc.pid)
     assert len(followers) == want - 1
     with MemoryClient(srv.target, connections=16) as c:
         c.wait_ready()

@@ -19,7 +19,16 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import ServerProcess, create_memories, make_record, spawn_server, wait_indexed
+from conftest import (
+    ServerProcess,
+    child_pids,
+    client_on,
+    create_memories,
+    make_record,
+    search_pid,
+    spawn_server,
+    wait_indexed,
+)
 
 from tiermem.client import MemoryClient, UnavailableError
 from tiermem.client.errors import InvalidArgumentError
@@ -40,26 +49,6 @@ def _vec(rng: np.random.Generator) -> list[float]:
     return (v / np.linalg.norm(v)).tolist()
 
 
-def _search_pid(c: MemoryClient) -> int:
-    """The process that ranks this connection's searches (their trailing metadata names it)."""
-    req = pb.SearchMemoriesRequest(namespaces=["probe"], query_text="probe", read_only=True)
-    _, call = c.stub.SearchMemories.with_call(req, timeout=30)
-    return int(dict(call.trailing_metadata())["tiermem-search-process"])
-
-
-def _client_on(port: int, pid: int) -> MemoryClient:
-    """A client whose connection the kernel gave to process ``pid`` (new connections until one is)."""
-    deadline = time.monotonic() + 60  # (a replacement follower is listed before it listens)
-    while time.monotonic() < deadline:
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
-        c = MemoryClient(channel=channel, timeout=30)
-        c.wait_ready()
-        if _search_pid(c) == pid:
-            return c
-        channel.close()
-    raise AssertionError(f"no connection reached process {pid} in 60 s")
-
-
 @pytest.fixture
 def pair(
     server_factory: Callable[..., RunningServer],
@@ -68,7 +57,7 @@ def pair(
     srv = server_factory(search_processes=2, access_flush_seconds=0.2)
     assert srv.followers is not None
     (fpid,) = srv.followers.pids()
-    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
+    lead, follow = client_on(srv.port, os.getpid()), client_on(srv.port, fpid)
     yield srv, lead, follow
     lead.channel.close()
     follow.channel.close()
@@ -89,11 +78,6 @@ def test_a_followers_refusal_carries_the_retry_hint_the_leaders_does(
         with pytest.raises(UnavailableError) as e:
             c.search_many([{"namespaces": ["user:ana"], "query": "memory"}], timeout=2)
         assert (e.value.reason, e.value.retry_after) == ("SCOPE_MOVED", 0.5)
-
-
-def _children(pid: int) -> list[str]:
-    """Child processes of every thread of ``pid`` (the leader's Followers thread starts them)."""
-    return [c for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
 
 
 def _ids(results: list[pb.SearchResult]) -> list[str]:
@@ -178,7 +162,7 @@ def test_follower_searches_count_as_accesses_on_the_leader(
 ) -> None:
     srv = server_factory(search_processes=2, access_flush_seconds=0.2, search_records_access=True)
     assert srv.followers is not None
-    follow = _client_on(srv.port, srv.followers.pids()[0])
+    follow = client_on(srv.port, srv.followers.pids()[0])
     v = _vec(np.random.default_rng(5))
     follow.create("acc", "remember me", id="r", embedding=v, embedding_model="t")
     for _ in range(3):
@@ -203,7 +187,7 @@ def test_a_killed_follower_is_replaced(pair: tuple[RunningServer, MemoryClient, 
     assert new != old
     v = _vec(np.random.default_rng(6))
     lead.create("k", "after the restart", id="a", embedding=v, embedding_model="t")
-    c = _client_on(srv.port, new)
+    c = client_on(srv.port, new)
     assert _ids(c.search("k", v, embedding_model="t", read_only=True)) == ["a"]
     c.channel.close()
 
@@ -229,7 +213,7 @@ def test_zero_search_processes_means_one_per_core(server_factory: Callable[..., 
     assert srv.followers is not None and len(srv.followers.pids()) == cores - 1
     with MemoryClient(f"127.0.0.1:{srv.port}", connections=16) as c:
         c.wait_ready()
-        pids = {_search_pid(c) for _ in range(48)}
+        pids = {search_pid(c) for _ in range(48)}
     assert len(pids) >= 2 and pids <= {os.getpid(), *srv.followers.pids()}
 
 
@@ -239,7 +223,7 @@ def test_followers_exit_when_the_leader_is_killed(
     srv = server_process(tmp_path / "data", "--search-processes", "2")
     with MemoryClient(srv.target) as c:
         c.create("ns", "durable", id="d")
-    children = _children(srv.proc.pid)
+    children = child_pids(srv.proc.pid)
     assert len(children) == 1
     srv.kill9()
     deadline = time.monotonic() + 30
@@ -329,7 +313,7 @@ def test_a_follower_behind_the_commit_log_is_replaced(
     while srv.followers.pids() == [old] and time.monotonic() < deadline:
         time.sleep(0.1)
     (new,) = srv.followers.pids()
-    c = _client_on(srv.port, new)  # loaded afresh: has what the old one missed
+    c = client_on(srv.port, new)  # loaded afresh: has what the old one missed
     assert _ids(c.search("b", v2, embedding_model="t", limit=1, read_only=True)) == ["two"]
     c.channel.close()
 
@@ -377,7 +361,7 @@ def test_a_burst_of_sigterms_stops_leader_and_followers(
     """A second SIGTERM arriving while the first is handled must not hang a process (a follower
     got its leader's and its death signal at once and hung in Event.set)."""
     srv = server_process(tmp_path / "data", "--search-processes", "2")
-    (child,) = _children(srv.proc.pid)
+    (child,) = child_pids(srv.proc.pid)
     for _ in range(30):
         for pid in (int(child), srv.proc.pid):
             with contextlib.suppress(ProcessLookupError):
@@ -402,7 +386,7 @@ def test_a_client_with_several_connections_reaches_every_process(
         c.create("cc", "spread", id="s", embedding=v, embedding_model="t")
         for _ in range(20):  # every connection finds it, whichever process serves it
             assert _ids(c.search("cc", v, embedding_model="t", limit=1, read_only=True)) == ["s"]
-        pids = {_search_pid(c) for _ in range(48)}
+        pids = {search_pid(c) for _ in range(48)}
     assert pids == {os.getpid(), *srv.followers.pids()}
     with pytest.raises(ValueError, match="connections"):
         MemoryClient(channel=grpc.insecure_channel("127.0.0.1:1"), connections=2)
@@ -491,7 +475,7 @@ def _leader_and_follower(
     )
     assert srv.followers is not None
     (fpid,) = srv.followers.pids()
-    return srv, vecs, fpid, _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
+    return srv, vecs, fpid, client_on(srv.port, os.getpid()), client_on(srv.port, fpid)
 
 
 def _mapped_snapshots(pid: int) -> set[str]:
@@ -522,7 +506,7 @@ def test_a_follower_maps_its_leaders_snapshot_and_ranks_alike(
     (fpid,) = srv.followers.pids()
     assert _mapped_snapshots(fpid) == snapshots
     assert not _mapped_snapshots(os.getpid()) & snapshots  # the leader reads its copy, to add to it
-    lead, follow = _client_on(srv.port, os.getpid()), _client_on(srv.port, fpid)
+    lead, follow = client_on(srv.port, os.getpid()), client_on(srv.port, fpid)
     create_memories(lead, vecs, range(2500, 3000))
     for i in range(0, 3000, 7):
         lead.delete("m", f"m{i}")
@@ -813,7 +797,7 @@ def test_a_followers_count_of_its_own_searches_follows_them_in_and_out(tmp_path:
         wait_count(0)
         engine.state.follow_error = RuntimeError("stopped following")  # (as a failed catch-up leaves it)
         # (the forwarded search waits there: the leader and its own follower, which shares its port)
-        stopped = [leader.proc.pid, *map(int, _children(leader.proc.pid))]
+        stopped = [leader.proc.pid, *map(int, child_pids(leader.proc.pid))]
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
         try:

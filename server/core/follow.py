@@ -136,8 +136,7 @@ class Pace:
             self.applied, self.behind = applied, None
         if seq != self.seq:
             self.seq, self.moved = seq, now
-        if seq == applied:
-            self.behind = None
+        if seq == applied:  # (nothing waits: ``behind`` was cleared when ``applied`` moved)
             return False
         if self.behind is None:
             self.behind = now

@@ -4,7 +4,7 @@ what each commit changed. ``Store`` (store.py) inherits these methods; they run 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import lmdb
 import msgpack
@@ -71,29 +71,33 @@ class CommitLog:
         """What the commits after ``seq`` changed, as seen by ``txn``: (their first sequence
         number, whether any changed settings or spaces, the rids they wrote or deleted, sorted and
         distinct); None when none is logged (nothing committed, or the log was dropped)."""
-        cur = txn.cursor(db=self.commits)
-        if not cur.set_range(RID.pack(seq + 1)):
+        first, settings, parts = None, False, []
+        for at, changed, rids in self._entries_after(txn, seq):
+            first = at if first is None else first
+            settings = settings or changed
+            parts.append(rids)
+        if first is None:
             return None
-        first = rid_of(bytes(cur.key()))
-        settings = False
-        parts = []
-        for _, raw in cur:
-            _, changed, rids = msgpack.unpackb(raw)[:3]
-            settings = settings or bool(changed)
-            parts.append(np.frombuffer(rids, np.uint64))
         return first, settings, np.unique(np.concatenate(parts)).astype(np.int64)
 
     def records_after(self, txn: lmdb.Transaction, seq: int, most: int) -> int:
         """The rids the commits after ``seq`` wrote or deleted, repeats counted, counted only up to
         just past ``most`` (0 when none is logged)."""
-        cur = txn.cursor(db=self.commits)
         n = 0
-        if cur.set_range(RID.pack(seq + 1)):
-            for _, raw in cur:
-                n += len(msgpack.unpackb(raw)[2]) // np.dtype(np.uint64).itemsize
-                if n > most:
-                    break
+        for _, _, rids in self._entries_after(txn, seq):
+            n += rids.shape[0]
+            if n > most:
+                break
         return n
+
+    def _entries_after(self, txn: lmdb.Transaction, seq: int) -> Iterator[tuple[int, bool, np.ndarray]]:
+        """Each logged commit after ``seq``: (its sequence number, whether it changed settings or
+        spaces, the rids it wrote or deleted)."""
+        cur = txn.cursor(db=self.commits)
+        if cur.set_range(RID.pack(seq + 1)):
+            for key, raw in cur:
+                _, changed, rids = msgpack.unpackb(raw)[:3]
+                yield rid_of(bytes(key)), bool(changed), np.frombuffer(rids, np.uint64)
 
     def commit_log_entry(
         self, txn: lmdb.Transaction, seq: int
